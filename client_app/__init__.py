@@ -1,0 +1,1 @@
+"""The ClientApp side: data, models, local training loops."""

@@ -1,0 +1,83 @@
+"""Client-side training routines, one module per method, found by name.
+
+A routine turns a :class:`TrainJob` (the model already holding the global weights, the
+client's data, a seeded batch generator, the request and the node's persistent state)
+into a :class:`TrainOutcome` (extra metrics and extra records for the reply). The
+ClientApp does everything around it (loading data and weights, the ``loss-before``
+metric, packing the reply), so a routine holds only what its method changes.
+
+Modules in this package register themselves with :func:`register_client_method`; the
+server names the routine in each request (``client-method``), so any strategy can reuse
+any routine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+from torch import nn
+
+from fedpcd_app.config import RunConfig
+
+
+@dataclasses.dataclass
+class TrainJob:
+    cfg: RunConfig
+    server_round: int
+    partition_id: int
+    lr: float  # this round's client learning rate
+    model: nn.Module  # holds the global weights on entry; trained in place
+    global_arrays: ArrayRecord
+    x: torch.Tensor
+    y: torch.Tensor
+    generator: torch.Generator  # seeded from (seed, partition id, round)
+    request: RecordDict  # the whole request (strategy extras: control variates, ...)
+    state: RecordDict  # the node's persistent context.state (per-client memory)
+    config: dict  # the request's ConfigRecord as a dict (per-round values included)
+
+
+@dataclasses.dataclass
+class TrainOutcome:
+    metrics: dict[str, float | int] = dataclasses.field(default_factory=dict)
+    records: dict[str, ArrayRecord] = dataclasses.field(default_factory=dict)
+    num_steps: int = 0
+    train_loss: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientMethod:
+    name: str
+    train: Callable[[TrainJob], TrainOutcome]
+    # Which model a personalised method scores (Ditto: the personal one); None = global.
+    eval_model: Callable[[TrainJob], nn.Module] | None = None
+
+
+_REGISTRY: dict[str, ClientMethod] = {}
+
+
+def register_client_method(name: str, eval_model: Callable | None = None):
+    def deco(fn: Callable[[TrainJob], TrainOutcome]):
+        if name in _REGISTRY:
+            raise ValueError(f"client method {name!r} registered twice")
+        _REGISTRY[name] = ClientMethod(name, fn, eval_model)
+        return fn
+
+    return deco
+
+
+def _discover() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def get_client_method(name: str) -> ClientMethod:
+    if not _REGISTRY:
+        _discover()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown client method {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]

@@ -1,0 +1,22 @@
+"""Plain local SGD (FedAvg's client, and every server-side-only method's)."""
+
+from __future__ import annotations
+
+from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.training import local_sgd
+
+
+def run_sgd(job: TrainJob, **hooks) -> TrainOutcome:
+    """Local SGD on the job's data with the run's epochs/batch/lr (hooks pass through)."""
+    res = local_sgd(
+        job.model, job.x, job.y,
+        epochs=job.cfg.local_epochs, batch_size=job.cfg.batch_size, lr=job.lr,
+        momentum=job.cfg.momentum, weight_decay=job.cfg.weight_decay,
+        generator=job.generator, **hooks,
+    )
+    return TrainOutcome(num_steps=res.num_steps, train_loss=res.train_loss)
+
+
+@register_client_method("sgd")
+def sgd(job: TrainJob) -> TrainOutcome:
+    return run_sgd(job)

@@ -1,0 +1,104 @@
+"""Local training and scoring loops shared by every client method.
+
+:func:`local_sgd` is plain mini-batch SGD over a seeded batch order; methods change it
+through two hooks rather than copies of the loop: ``loss_fn`` (how the batch loss is
+formed, e.g. FedeRage's CVaR weights) and ``before_step`` (a gradient correction after
+``backward``, e.g. FedProx's proximal pull or SCAFFOLD's control variates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def device() -> torch.device:
+    """CUDA when present (Flower's client resources decide which GPU share), else CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def batch_indices(n: int, batch_size: int, epochs: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Seeded shuffled batches over ``epochs`` passes; ``batch_size`` 0 = full batch."""
+    bs = n if batch_size <= 0 else min(batch_size, n)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, bs):
+            yield perm[start : start + bs]
+
+
+def num_local_steps(n: int, batch_size: int, epochs: int) -> int:
+    bs = n if batch_size <= 0 else min(batch_size, n)
+    return epochs * ((n + bs - 1) // bs)
+
+
+@dataclasses.dataclass
+class LocalResult:
+    num_steps: int
+    train_loss: float  # mean of the (unweighted) batch losses
+
+
+def mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y)
+
+
+def local_sgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    loss_fn: LossFn | None = None,
+    before_step: Callable[[nn.Module], None] | None = None,
+) -> LocalResult:
+    """Train ``model`` in place with SGD; returns the step count and mean batch loss.
+
+    ``loss_fn(logits, y)`` returns the scalar to differentiate (default: mean cross-entropy);
+    the reported loss is always the plain mean cross-entropy of the batch.
+    """
+    dev = next(model.parameters()).device
+    x, y = x.to(dev), y.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    model.train()
+    steps, total = 0, 0.0
+    for idx in batch_indices(len(y), batch_size, epochs, generator):
+        idx = idx.to(dev)
+        xb, yb = x[idx], y[idx]
+        opt.zero_grad(set_to_none=True)
+        logits = model(xb)
+        plain = F.cross_entropy(logits, yb)
+        loss = plain if loss_fn is None else loss_fn(logits, yb)
+        loss.backward()
+        if before_step is not None:
+            before_step(model)
+        opt.step()
+        steps += 1
+        total += float(plain.detach())
+    return LocalResult(num_steps=steps, train_loss=total / max(steps, 1))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> tuple[float, float]:
+    """(accuracy in [0, 1], mean cross-entropy) of ``model`` on (x, y)."""
+    if len(y) == 0:
+        return 0.0, 0.0
+    dev = next(model.parameters()).device
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(y), batch_size):
+        xb = x[start : start + batch_size].to(dev)
+        yb = y[start : start + batch_size].to(dev)
+        logits = model(xb)
+        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    return correct / len(y), loss_sum / len(y)

@@ -1,0 +1,259 @@
+"""The run config, parsed and validated once into a typed object.
+
+Flower hands the ServerApp a flat ``dict`` of scalars (``[tool.flwr.app.config]`` fused
+with ``--run-config`` overrides). :func:`parse_run_config` turns it into a
+:class:`RunConfig`; every later stage reads that object, never ``context.run_config``.
+Method-specific keys (``fedpcd-tau``, ``qffl-q``, ...) stay in :attr:`RunConfig.params`
+and are read, typed and range-checked by the method's builder through
+:meth:`RunConfig.get_float` and friends, so a bad value fails before any training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110")
+PARTITIONERS = ("dirichlet", "pathological", "iid")
+EVAL_MODES = ("server", "federated")
+
+
+class ConfigError(ValueError):
+    """A run-config value is invalid; the message names the key and the fix."""
+
+
+Scalar = bool | int | float | str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Typed run config. Field names mirror the run-config keys (``-`` → ``_``)."""
+
+    method: str
+    model: str
+    dataset: str
+    dataset_path: str
+    partitioner: str
+    dirichlet_alpha: float
+    classes_per_client: int
+    num_clients: int
+    fraction_train: float
+    num_server_rounds: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    eval_every: int
+    output_dir: str
+    local_test_fraction: float
+    central_test_fraction: float
+    min_partition_size: int
+    momentum: float
+    weight_decay: float
+    lr_decay: float
+    server_lr: float
+    eval_mode: str
+    eval_batch_size: int
+    round_timeout: float
+    log_every: int
+    params: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
+
+    # -- raw access ---------------------------------------------------------------
+    def as_dict(self) -> dict[str, Scalar]:
+        """The full flat config (run-config key names), as sent to clients."""
+        out: dict[str, Scalar] = {}
+        for f in dataclasses.fields(self):
+            if f.name != "params":
+                out[f.name.replace("_", "-")] = getattr(self, f.name)
+        out.update(self.params)
+        return out
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some fields changed (field names, not keys)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, int(round(self.fraction_train * self.num_clients)))
+
+    def lr_at(self, server_round: int) -> float:
+        """Client learning rate of a round: ``lr · lr-decay^(round-1)``."""
+        return self.lr * self.lr_decay ** (server_round - 1)
+
+    # -- typed access to method-specific keys ----------------------------------------
+    def _get(self, key: str, default: Scalar | None) -> Scalar:
+        if key in self.params:
+            return self.params[key]
+        if default is None:
+            raise ConfigError(
+                f"run-config key '{key}' is missing: add it to [tool.flwr.app.config] "
+                "in pyproject.toml or pass it with --run-config"
+            )
+        return default
+
+    def get_float(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        low: float | None = None,
+        high: float | None = None,
+        low_open: bool = False,
+    ) -> float:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
+        value = float(value)
+        _check_range(key, value, low, high, low_open)
+        return value
+
+    def get_int(
+        self, key: str, default: int | None = None, *, low: int | None = None, high: int | None = None
+    ) -> int:
+        value = self._get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
+        _check_range(key, value, low, high, False)
+        return int(value)
+
+    def get_bool(self, key: str, default: bool | None = None) -> bool:
+        value = self._get(key, default)
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+        return value
+
+    def get_choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
+        value = self._get(key, default)
+        if value not in choices:
+            raise ConfigError(
+                f"run-config key '{key}' = {value!r} is not one of {', '.join(choices)}"
+            )
+        return str(value)
+
+
+def _check_range(key: str, value: float, low, high, low_open: bool) -> None:
+    if low is not None and (value < low or (low_open and value == low)):
+        op = ">" if low_open else ">="
+        raise ConfigError(f"run-config key '{key}' = {value} must be {op} {low}")
+    if high is not None and value > high:
+        raise ConfigError(f"run-config key '{key}' = {value} must be <= {high}")
+
+
+def default_run_config() -> dict[str, Scalar]:
+    """The defaults of ``[tool.flwr.app.config]`` in this project's pyproject.toml."""
+    with open(PROJECT_DIR / "pyproject.toml", "rb") as fh:
+        return dict(tomllib.load(fh)["tool"]["flwr"]["app"]["config"])
+
+
+def parse_overrides(text: str) -> dict[str, Scalar]:
+    """Parse ``"key=value key2='text'"`` (flwr's ``--run-config`` syntax) or a TOML file path."""
+    from flwr.common.config import parse_config_args
+
+    return dict(parse_config_args([text])) if text.strip() else {}
+
+
+def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
+    """Defaults fused with overrides; an unknown key is rejected as ``flwr run`` does."""
+    full = default_run_config()
+    for key, value in (overrides or {}).items():
+        if key not in full:
+            raise ConfigError(
+                f"unknown run-config key '{key}': see [tool.flwr.app.config] in pyproject.toml"
+            )
+        full[key] = value
+    return full
+
+
+def parse_run_config(raw: Mapping[str, Scalar], check_method: bool = True) -> RunConfig:
+    """Validate a full flat run config and return the typed object.
+
+    Raises :class:`ConfigError` (one line, naming the key and the fix) on any problem.
+    The method's own keys are checked later by its builder (``strategies.registry.build``).
+    Clients pass ``check_method=False``: they need not import the server's strategies.
+    """
+    raw = dict(raw)
+    kwargs: dict[str, Any] = {}
+    fields = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "params"}
+    tmp = RunConfig(**{n: None for n in fields}, params=raw)  # typed getters over raw
+    for name, f in fields.items():
+        key = name.replace("_", "-")
+        if key not in raw:
+            raise ConfigError(f"run-config key '{key}' is missing from the run config")
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        if kind == "int":
+            kwargs[name] = tmp.get_int(key)
+        elif kind == "float":
+            kwargs[name] = tmp.get_float(key)
+        else:
+            value = raw[key]
+            if not isinstance(value, str):
+                raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
+            kwargs[name] = value
+        del raw[key]
+    cfg = RunConfig(**kwargs, params=raw)
+    _validate(cfg, check_method)
+    return cfg
+
+
+def _validate(cfg: RunConfig, check_method: bool) -> None:
+    def choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+        if value not in allowed:
+            raise ConfigError(
+                f"run-config key '{key}' = {value!r} is not one of {', '.join(allowed)}"
+            )
+
+    if check_method:
+        from strategies import registry  # local import: the registry imports every method
+
+        choice("method", cfg.method, tuple(registry.names()))
+    choice("model", cfg.model, MODELS)
+    choice("partitioner", cfg.partitioner, PARTITIONERS)
+    choice("eval-mode", cfg.eval_mode, EVAL_MODES)
+    if cfg.dataset not in DATASETS and not cfg.dataset_path:
+        raise ConfigError(
+            f"run-config key 'dataset' = {cfg.dataset!r} is not one of {', '.join(DATASETS)} "
+            "(or give a local copy with dataset-path=<folder with train.parquet, test.parquet>)"
+        )
+    checks = [
+        ("num-clients", cfg.num_clients >= 1, "must be >= 1"),
+        ("fraction-train", 0.0 < cfg.fraction_train <= 1.0, "must be in (0, 1]"),
+        ("num-server-rounds", cfg.num_server_rounds >= 1, "must be >= 1"),
+        ("local-epochs", cfg.local_epochs >= 1, "must be >= 1"),
+        ("batch-size", cfg.batch_size >= 0, "must be >= 0 (0 = full batch)"),
+        ("lr", cfg.lr > 0.0, "must be > 0"),
+        ("eval-every", cfg.eval_every >= 0, "must be >= 0 (0 = only the last round)"),
+        ("dirichlet-alpha", cfg.dirichlet_alpha > 0.0, "must be > 0"),
+        ("classes-per-client", cfg.classes_per_client >= 1, "must be >= 1"),
+        ("local-test-fraction", 0.0 < cfg.local_test_fraction < 1.0, "must be in (0, 1)"),
+        ("central-test-fraction", 0.0 < cfg.central_test_fraction < 1.0, "must be in (0, 1)"),
+        ("min-partition-size", cfg.min_partition_size >= 2, "must be >= 2"),
+        ("momentum", 0.0 <= cfg.momentum < 1.0, "must be in [0, 1)"),
+        ("weight-decay", cfg.weight_decay >= 0.0, "must be >= 0"),
+        ("lr-decay", 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
+        ("server-lr", cfg.server_lr >= 0.0, "must be >= 0 (0 = the method's default)"),
+        ("eval-batch-size", cfg.eval_batch_size >= 1, "must be >= 1"),
+        ("round-timeout", cfg.round_timeout >= 0.0, "must be >= 0 (0 = wait for all replies)"),
+        ("log-every", cfg.log_every >= 1, "must be >= 1"),
+        ("seed", cfg.seed >= 0, "must be >= 0"),
+    ]
+    for key, ok, what in checks:
+        if not ok:
+            raise ConfigError(f"run-config key '{key}' = {cfg.as_dict()[key]!r} {what}")
+
+
+def load_config(overrides: Mapping[str, Scalar] | str | None = None) -> RunConfig:
+    """Defaults + overrides (a dict or flwr's ``"k=v ..."`` text) → validated RunConfig."""
+    if isinstance(overrides, str):
+        overrides = parse_overrides(overrides)
+    return parse_run_config(resolve(overrides))

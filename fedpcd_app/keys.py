@@ -1,0 +1,25 @@
+"""Message and metric names, defined once (server, clients and strategies share them)."""
+
+# RecordDict entries
+ARRAYS = "arrays"  # the model (global in requests, local in train replies)
+CONFIG = "config"  # the run config + per-round values, in every request
+METRICS = "metrics"  # the MetricRecord of a reply
+
+# Per-round values the server puts into the ConfigRecord (besides the run config)
+SERVER_ROUND = "server-round"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+ROUND_LR = "round-lr"  # client learning rate of this round (after lr-decay)
+
+# Train-reply metrics (every client sends these)
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train-loss"  # mean loss over the local steps
+LOSS_BEFORE = "loss-before"  # loss of the received global model on the local train data
+NUM_STEPS = "num-steps"  # local SGD steps taken (FedNova, SCAFFOLD need it)
+
+# Evaluate-reply metrics
+EVAL_ACC = "accuracy"
+EVAL_LOSS = "loss"
+NUM_TEST = "num-test"
+
+REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, LOSS_BEFORE, PARTITION_ID)

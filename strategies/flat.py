@@ -1,0 +1,164 @@
+"""One flat parameter vector per model: the shared conversion every method uses.
+
+Flower moves models as ``ArrayRecord``s whose ``Array.data`` holds ``np.save`` bytes.
+Deserialising each array with ``Array.numpy()`` copies it through a BytesIO; here the
+array bytes are viewed in place (``np.frombuffer`` past the ``.npy`` header) and copied
+once, straight into a preallocated row of the (m, d) update matrix.
+
+Also the small vector steps several methods share (unit normalisation, simplex
+projection, the minimum-norm point of a Gram matrix over the simplex).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pure maths stays importable without Flower
+    from flwr.app import ArrayRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatSpec:
+    """Names, shapes and dtypes of a model's arrays, in ArrayRecord order."""
+
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+    @property
+    def dim(self) -> int:
+        return int(sum(self.sizes))
+
+    def offsets(self) -> list[tuple[int, int]]:
+        out, start = [], 0
+        for n in self.sizes:
+            out.append((start, start + n))
+            start += n
+        return out
+
+
+def spec_of(arrays: ArrayRecord) -> FlatSpec:
+    return FlatSpec(
+        keys=tuple(arrays.keys()),
+        shapes=tuple(tuple(int(s) for s in a.shape) for a in arrays.values()),
+        dtypes=tuple(str(a.dtype) for a in arrays.values()),
+    )
+
+
+def array_view(array) -> np.ndarray:
+    """A read-only numpy view of a Flower ``Array`` without copying its data."""
+    buf = array.data
+    fp = io.BytesIO(buf)  # shares the bytes (copy-on-write): no copy here
+    version = np.lib.format.read_magic(fp)
+    read_header = (
+        np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    )
+    shape, fortran, dtype = read_header(fp)
+    if fortran or dtype.hasobject:
+        return array.numpy()
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=fp.tell()).reshape(shape)
+
+
+def record_to_flat(arrays: ArrayRecord, out: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:
+    """The model as one (d,) tensor (written into ``out`` when given)."""
+    views = [array_view(a).reshape(-1) for a in arrays.values()]
+    d = sum(v.size for v in views)
+    if out is None:
+        out = torch.empty(d, dtype=dtype)
+    elif out.numel() != d:
+        raise ValueError(f"model has {d} parameters, the output row has {out.numel()}")
+    start = 0
+    out_np = out.numpy()
+    for v in views:
+        out_np[start : start + v.size] = v  # one copy (with dtype cast if needed)
+        start += v.size
+    return out
+
+
+def records_to_matrix(records: list[ArrayRecord], dtype=torch.float32) -> torch.Tensor:
+    """Stack m models into an (m, d) tensor."""
+    if not records:
+        return torch.empty(0, 0, dtype=dtype)
+    d = sum(int(np.prod(a.shape, dtype=np.int64)) for a in records[0].values())
+    out = torch.empty(len(records), d, dtype=dtype)
+    for i, rec in enumerate(records):
+        record_to_flat(rec, out=out[i], dtype=dtype)
+    return out
+
+
+def flat_to_record(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
+    """Inverse of :func:`record_to_flat` (arrays get the spec's shapes and dtypes)."""
+    from flwr.app import Array, ArrayRecord
+
+    flat_np = flat.detach().cpu().numpy()
+    arrays = {}
+    for key, shape, dt, (a, b) in zip(spec.keys, spec.shapes, spec.dtypes, spec.offsets()):
+        arrays[key] = Array(np.ascontiguousarray(flat_np[a:b].reshape(shape), dtype=dt))
+    return ArrayRecord(arrays)
+
+
+def model_deltas(current: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """Δ_i = θ_t − θ_i for each row of ``local`` (in place on ``local``: no second copy)."""
+    return torch.sub(current.unsqueeze(0), local, out=local)
+
+
+# -- small shared vector steps ---------------------------------------------------------
+def unit_rows(mat: torch.Tensor, eps: float = 1e-12) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows / (‖row‖ + eps), ‖row‖)."""
+    norms = torch.linalg.vector_norm(mat, dim=1)
+    return mat / (norms + eps).unsqueeze(1), norms
+
+
+def project_simplex(v: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Euclidean projection onto the probability simplex (Duchi et al., 2008)."""
+    v = np.asarray(v, dtype=np.float64)
+    n = v.size
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    rho = np.nonzero(u * np.arange(1, n + 1) > css)[0][-1]
+    theta = css[rho] / (rho + 1.0)
+    return np.maximum(v - theta, 0.0)
+
+
+def min_norm_simplex(
+    gram: np.ndarray | torch.Tensor,
+    lower: np.ndarray | None = None,
+    upper: np.ndarray | None = None,
+) -> np.ndarray:
+    """argmin_λ λᵀ G λ over the simplex (optionally with box bounds), via cvxpy + Clarabel.
+
+    The minimum-norm point of the convex hull of rows whose Gram matrix is ``gram``
+    (MGDA, FedMGDA+, FedLF). Bounds: lower ≤ λ ≤ upper elementwise.
+    """
+    import cvxpy as cp
+
+    g = np.asarray(gram, dtype=np.float64)
+    g = 0.5 * (g + g.T)
+    m = g.shape[0]
+    # Factor G = LLᵀ (with a tiny ridge for PSD rank-deficient Grams) so the objective is
+    # a plain sum of squares: robust across solvers and scales.
+    scale = max(float(np.abs(np.diag(g)).max()), 1e-30)
+    w, v = np.linalg.eigh(g / scale)
+    factor = v * np.sqrt(np.clip(w, 0.0, None))
+    lam = cp.Variable(m)
+    cons = [lam >= 0.0, cp.sum(lam) == 1.0]
+    if lower is not None:
+        cons.append(lam >= lower)
+    if upper is not None:
+        cons.append(lam <= upper)
+    prob = cp.Problem(cp.Minimize(cp.sum_squares(factor.T @ lam)), cons)
+    prob.solve(solver=cp.CLARABEL)
+    if lam.value is None:
+        raise RuntimeError(f"min-norm QP failed: {prob.status}")
+    out = np.clip(np.asarray(lam.value, dtype=np.float64), 0.0, None)  # solver round-off
+    return out / out.sum()
