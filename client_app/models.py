@@ -118,5 +118,37 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     raise ValueError(f"unknown model {name!r}")
 
 
+# Input shape and classes of the known datasets: the server builds the model without
+# touching the data (on a real deployment it has none).
+DATASET_META = {
+    "digits": ((1, 8, 8), 10),
+    "mnist": ((1, 28, 28), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "femnist": ((1, 28, 28), 62),
+}
+
+
+def input_spec(cfg) -> tuple[tuple[int, ...], int]:
+    """(input shape C×H×W, number of classes) of the run's dataset."""
+    if cfg.dataset_path:
+        from client_app.data import load_federated_data
+
+        data = load_federated_data(cfg)
+        return data.input_shape, data.num_classes
+    return DATASET_META[cfg.dataset]
+
+
+def initial_model(cfg) -> nn.Module:
+    """The run's model with the seeded initial weights (the same for every method under
+    one seed). Also the template for the model's structure (e.g. CRAFT's layer groups)."""
+    from fedpcd_app.seeding import derive_seed
+
+    shape, classes = input_spec(cfg)
+    torch.manual_seed(derive_seed(cfg.seed, "init"))
+    return build_model(cfg.model, shape, classes)
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp import Grid, ServerApp
 
 from client_app.data import load_federated_data
-from client_app.models import build_model
+from client_app.models import initial_model
 from client_app.training import device
 from fedpcd_app import keys
 from fedpcd_app.config import RunConfig, parse_run_config, resolve
@@ -29,22 +29,9 @@ from fedpcd_app.metrics import fairness_metrics
 from fedpcd_app.replies import validate_train_replies
 from fedpcd_app.results import ResultsWriter
 from fedpcd_app.sampler import build_sampler
-from fedpcd_app.seeding import derive_seed
 from strategies import flat, registry
 
 log = logging.getLogger("fedpcd")
-
-# Input shape and classes of the hub datasets: the server builds the model without
-# touching the data (on a real deployment it has none).
-DATASET_META = {
-    "digits": ((1, 8, 8), 10),
-    "mnist": ((1, 28, 28), 10),
-    "fashion-mnist": ((1, 28, 28), 10),
-    "cifar10": ((3, 32, 32), 10),
-    "cifar100": ((3, 32, 32), 100),
-    "femnist": ((1, 28, 28), 62),
-}
-
 
 def _setup_logging() -> None:
     if not log.handlers:
@@ -53,17 +40,6 @@ def _setup_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-
-
-def initial_model(cfg: RunConfig) -> torch.nn.Module:
-    """The seeded initial global model (identical for every method under one seed)."""
-    if cfg.dataset_path:
-        data = load_federated_data(cfg)
-        shape, classes = data.input_shape, data.num_classes
-    else:
-        shape, classes = DATASET_META[cfg.dataset]
-    torch.manual_seed(derive_seed(cfg.seed, "init"))
-    return build_model(cfg.model, shape, classes)
 
 
 class Experiment:
