@@ -159,6 +159,11 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
     )
 
     n = cfg.num_clients
+    if 2 * n > len(labels):
+        raise DataError(
+            f"{len(labels)} examples cannot give {n} clients a local train and test split "
+            "(>= 2 examples each): use fewer clients or a larger dataset"
+        )
     pseed = derive_seed(cfg.seed, "partition") % (2**32)
     if cfg.partitioner == "iid":
         part = IidPartitioner(num_partitions=n)
@@ -171,18 +176,17 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
         part = PathologicalPartitioner(
             num_partitions=n, partition_by="label",
             num_classes_per_partition=cfg.classes_per_client,
-            class_assignment_mode="random", seed=pseed,
+            # first class of client i is i mod C (every class used when N >= C), rest random
+            class_assignment_mode="first-deterministic", seed=pseed,
         )
-    part.dataset = Dataset.from_dict(
-        {"label": labels.astype(np.int64), "idx": np.arange(len(labels), dtype=np.int64)}
-    )
+    order = np.arange(len(labels), dtype=np.int64)
     if cfg.partitioner == "iid":
         # IidPartitioner shards in order: shuffle the pool first (seeded) to make it iid.
-        perm = numpy_rng(cfg.seed, "iid").permutation(len(labels))
-        part.dataset = part.dataset.select(perm)
+        order = numpy_rng(cfg.seed, "iid").permutation(len(labels))
+    part.dataset = Dataset.from_dict({"label": labels[order].astype(np.int64), "idx": order})
     try:
         parts = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
-    except ValueError as exc:
+    except (ValueError, IndexError) as exc:
         raise DataError(
             f"cannot partition {len(labels)} examples into {n} clients with "
             f"partitioner={cfg.partitioner!r} ({exc}); use fewer clients, a larger "
@@ -284,7 +288,7 @@ def _read_parquet(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         images = [np.asarray(Image.open(io.BytesIO(im["bytes"]))) for im in images]
     try:
         arr = np.asarray(images, dtype=np.float32)
-    except ValueError as exc:
+    except (ValueError, IndexError) as exc:
         raise DataError(f"dataset-path: images in {path} do not all have the same shape") from exc
     return _images_to_nchw(arr), labels
 

@@ -126,6 +126,9 @@ class Experiment:
             replies, expected, self.spec,
             getattr(self.strategy, "required_metrics", ()), getattr(self.strategy, "required_records", ()),
         )
+        # Replies arrive in whatever order the nodes finish: sort by partition id so that
+        # float sums (and so every result) do not depend on arrival order.
+        valid.sort(key=lambda r: expected[int(r.metadata.src_node_id)])
         answered = {int(r.metadata.src_node_id) for r in replies}
         for node, pid in expected.items():
             if node not in answered:

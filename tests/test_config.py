@@ -1,0 +1,60 @@
+"""Run-config parsing: typed, validated, one-line errors before any training."""
+
+import pytest
+
+from fedpcd_app.config import ConfigError, default_run_config, load_config, parse_overrides
+
+CONTRACT_KEYS = [
+    "method", "model", "dataset", "dataset-path", "partitioner", "dirichlet-alpha",
+    "classes-per-client", "num-clients", "fraction-train", "num-server-rounds", "local-epochs",
+    "batch-size", "lr", "seed", "eval-every", "output-dir",
+]
+
+
+def test_contract_keys_present():
+    defaults = default_run_config()
+    for key in CONTRACT_KEYS:
+        assert key in defaults, key
+
+
+def test_flwr_override_syntax():
+    cfg = load_config("method='fedavg' num-server-rounds=7 lr=0.5 dataset='digits'")
+    assert cfg.num_server_rounds == 7 and cfg.lr == 0.5 and cfg.method == "fedavg"
+    assert parse_overrides("") == {}
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"method": "nope"}, "'method'"),
+        ({"model": "vgg"}, "'model'"),
+        ({"dataset": "imagenet"}, "dataset-path"),
+        ({"partitioner": "shards"}, "'partitioner'"),
+        ({"fraction-train": 1.5}, "'fraction-train'"),
+        ({"num-clients": 0}, "'num-clients'"),
+        ({"lr": -1.0}, "'lr'"),
+        ({"num-server-rounds": "ten"}, "'num-server-rounds'"),
+        ({"no-such-key": 1}, "unknown run-config key 'no-such-key'"),
+    ],
+)
+def test_bad_values_fail_with_one_line(override, fragment):
+    with pytest.raises(ConfigError) as exc:
+        load_config(override)
+    assert fragment in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_typed_getters_check_ranges():
+    cfg = load_config({})
+    assert cfg.get_float("absent", 0.5, low=0.0) == 0.5
+    with pytest.raises(ConfigError, match="'absent'"):
+        cfg.get_float("absent", -1.0, low=0.0)
+    with pytest.raises(ConfigError, match="one of"):
+        cfg.get_choice("absent", ("a", "b"), "c")
+
+
+def test_clients_per_round_and_lr_schedule():
+    cfg = load_config({"num-clients": 20, "fraction-train": 0.25, "lr": 0.1, "lr-decay": 0.5})
+    assert cfg.clients_per_round == 5
+    assert cfg.lr_at(1) == 0.1 and cfg.lr_at(3) == pytest.approx(0.025)
+    assert cfg.as_dict()["num-clients"] == 20

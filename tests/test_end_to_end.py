@@ -1,0 +1,84 @@
+"""End to end through Flower: the in-process simulation and `flwr run .`."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedpcd_app.results import read_rounds, read_summary
+from fedpcd_app.simulate import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 2, "eval-every": 1,
+         "dirichlet-alpha": 0.5, "seed": 7}
+SUMMARY_KEYS = ["method", "seed", "rounds", "mean_acc", "std_acc", "worst10_acc", "best10_acc",
+                "min_acc", "jain", "central_acc", "config"]
+METRICS = ["mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain", "central_acc", "client_acc"]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    return simulate({**SMALL, "output-dir": str(tmp_path_factory.mktemp("run1"))})
+
+
+@pytest.mark.slow
+def test_simulation_writes_the_three_result_files(first_run):
+    summary = read_summary(first_run)
+    for key in SUMMARY_KEYS:
+        assert key in summary, key
+    assert summary["method"] == "fedavg" and summary["seed"] == 7 and summary["rounds"] == 2
+    for key in ("mean_acc", "worst10_acc", "best10_acc", "min_acc", "central_acc"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert summary["config"]["num-clients"] == 6
+    rounds = read_rounds(first_run)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert r["num_replies"] == 3 and r["num_dropped"] == 0 and "train_loss" in r
+        assert len(r["eval"]["client_acc"]) == 6  # every client scored, not a sample
+    with open(first_run / "clients.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["partition_id"]) for r in rows] == list(range(6))
+    assert sum(int(r["times_sampled"]) for r in rows) == 2 * 3
+    assert all(int(r["num_train"]) > 0 and int(r["num_test"]) > 0 for r in rows)
+    assert [float(r["final_acc"]) for r in rows] == pytest.approx(summary["client_acc"])
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_metrics(first_run, tmp_path):
+    again = simulate({**SMALL, "output-dir": str(tmp_path)})
+    a, b = read_summary(first_run), read_summary(again)
+    assert {k: a[k] for k in METRICS} == {k: b[k] for k in METRICS}
+    ra, rb = read_rounds(first_run), read_rounds(again)
+    assert [r["sampled"] for r in ra] == [r["sampled"] for r in rb]
+    assert [r["train_loss"] for r in ra] == [r["train_loss"] for r in rb]
+
+
+@pytest.mark.slow
+def test_flwr_run_completes(tmp_path):
+    """`flwr run .` through the local SuperLink: the run status, not just the exit code."""
+    out = tmp_path / "out"
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr_home")}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "flwr_run.sh"), "--run-config",
+         f"num-clients=4 num-server-rounds=2 fraction-train=0.5 output-dir='{out}'"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert "run status: finished:completed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and 0.0 <= summary["mean_acc"] <= 1.0
+    assert len(read_rounds(out)) == 2 and (out / "clients.csv").is_file()
+
+
+def test_simulate_cli_rejects_bad_config_in_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedpcd_app.simulate", "--run-config", "method='nope'"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: run-config key 'method'")
+    assert len(proc.stderr.strip().splitlines()) == 1
