@@ -52,6 +52,8 @@ class Experiment:
         self.strategy = registry.build(cfg)
         self.personal_eval = self.strategy.personalized
         self.eval_mode = "federated" if self.personal_eval else cfg.eval_mode
+        if self.eval_mode == "server":
+            load_federated_data(cfg)  # a data problem stops the run here, before any training
         model = initial_model(cfg)
         self.arrays = ArrayRecord(model.state_dict())
         self.spec = flat.spec_of(self.arrays)

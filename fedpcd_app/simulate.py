@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from client_app.data import DataError
 from fedpcd_app.config import ConfigError, parse_overrides, parse_run_config, resolve
 
 
@@ -35,6 +36,10 @@ def simulate(
     from strategies import registry
 
     registry.build(cfg)  # and on a bad method hyperparameter
+    if cfg.eval_mode == "server":
+        from client_app.data import load_federated_data
+
+        load_federated_data(cfg)  # and on data that cannot be loaded or partitioned
     if not cfg.output_dir:
         from fedpcd_app.results import default_output_dir
 
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = simulate(args.run_config, num_cpus=args.num_cpus, num_gpus=args.num_gpus, verbose=args.verbose)
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(out)
