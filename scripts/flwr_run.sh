@@ -25,6 +25,15 @@ export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
 export FEDPCD_OUTPUT_ROOT=${FEDPCD_OUTPUT_ROOT:-$ROOT/outputs}
 mkdir -p "$FLWR_HOME"
+FLWR_HOME=$(cd "$FLWR_HOME" && pwd)
+# `flwr run` reuses any local SuperLink already listening on its fixed port (39091), even
+# one started from another FLWR_HOME without this environment: refuse rather than mix runs.
+if python -c 'import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(("127.0.0.1",39091))!=0)'; then
+  if ! pgrep -f "flower-superlink.*$FLWR_HOME/local-superlink/" >/dev/null; then
+    echo "error: another local SuperLink is running on 127.0.0.1:39091; stop it first (pkill -f flower-superlink)" >&2
+    exit 3
+  fi
+fi
 
 # One supernode per client partition: num-clients from the overrides or pyproject.
 NUM_CLIENTS=$(python - "$RUN_CONFIG" <<'PY'
@@ -48,7 +57,8 @@ runs = json.load(sys.stdin).get("runs", [])
 runs.sort(key=lambda r: r.get("created-at", ""))
 print(runs[-1].get("status", "unknown") if runs else "unknown")
 ')
-# Stop the local SuperLink that `flwr run` started (it outlives the run).
-pkill -f "flower-superlink.*--simulation" 2>/dev/null || true
+# Stop the local SuperLink that `flwr run` started for this FLWR_HOME (it outlives the
+# run); its command line names its log file under $FLWR_HOME/local-superlink/.
+pkill -f "flower-superlink.*$FLWR_HOME/local-superlink/" 2>/dev/null || true
 echo "run status: $STATUS ($(( $(date +%s) - start )) s)"
 [ "$STATUS" = "finished:completed" ]
