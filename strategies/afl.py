@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from strategies.base import FairStrategy, unpack_replies
-from strategies.flat import model_deltas, project_simplex
+from strategies.flat import model_deltas, project_simplex, spec_of
 from strategies.registry import register
 
 MASS_EPS = 1e-12
@@ -104,6 +104,8 @@ class AFLStrategy(FairStrategy):
     def evaluation_arrays(self, arrays):
         if self.avg_model is None:
             return arrays
+        if self.spec is None:  # resumed from a checkpoint, evaluated before any round
+            self.spec = spec_of(arrays)
         return self.to_record(self.avg_model)
 
     def state_dict(self):

@@ -6,6 +6,8 @@ two calls); checkpoint state round-trips (a resumed run equals the uninterrupted
 """
 
 import pickle
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -410,3 +412,21 @@ def test_secure_aggregation_flags():
     sums_only = {m for m in ("qffl", "afl", "fedmgda", "fedfv", "fednova", "fedavgm", "fedadam", "fedyogi",
                              "fedadagrad") if not build(m).needs_individual_updates}
     assert sums_only == {"fedavgm", "fedadam", "fedyogi", "fedadagrad"}
+
+
+PRESETS = sorted((Path(__file__).parent.parent / "run_configs" / "baselines").glob("*.toml"))
+OURS = ("qffl", "afl", "fedmgda", "fedfv", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p.name.split("_")[0] in OURS], ids=lambda p: p.name)
+def test_presets_are_the_digits_setting_plus_method_keys(preset):
+    with open(preset, "rb") as fh:
+        raw = tomllib.load(fh)
+    with open(preset.parent.parent / "digits.toml", "rb") as fh:
+        digits = tomllib.load(fh)
+    cfg = load_config(str(preset))
+    assert cfg.method == preset.name.split("_")[0]
+    assert {k: v for k, v in raw.items() if k in digits and k != "method"} == {k: v for k, v in digits.items()
+                                                                               if k != "method"}
+    assert all(k in digits or k.startswith(cfg.method + "-") for k in raw)
+    registry.build(cfg)
