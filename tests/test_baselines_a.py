@@ -322,6 +322,19 @@ def test_fedadam_two_rounds_by_hand(rng):
         theta = new
 
 
+@pytest.mark.parametrize("method", ["fedyogi", "fedadagrad"])
+def test_fedyogi_fedadagrad_first_round_by_hand(rng, method):
+    theta = rng.normal(size=D)
+    xs = [theta + rng.normal(size=D) for _ in range(2)]
+    new, _ = run_round(build(method), 1, theta, make_replies(xs))
+    delta = np.mean(xs, axis=0) - theta
+    if method == "fedyogi":  # from v = 0: v = (1−β₂)Δ², m = (1−β₁)Δ, η = 0.01
+        expected = theta + 0.01 * 0.1 * delta / (np.sqrt(0.01 * delta**2) + 1e-3)
+    else:  # v = Δ², m = Δ, η = 0.1
+        expected = theta + 0.1 * delta / (np.abs(delta) + 1e-3)
+    np.testing.assert_allclose(new, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_fedadam_equals_flower_driven_directly(rng):
     theta = rng.normal(size=D)
     xs = [theta + rng.normal(size=D) for _ in range(3)]
