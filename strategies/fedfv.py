@@ -1,0 +1,163 @@
+"""FedFV (Wang, Xu, Liu, Lv, Zhang, "Federated Learning with Fair Averaging", IJCAI 2021;
+reference code ``WwZzz/easyFL`` ``method/fedfv.py``).
+
+Inputs: Δ_i = θ_t − θ_i (not divided by η_l) and F_i, the loss of θ_t on client i
+(``loss-before``). One round:
+
+1. Internal conflicts. Sort the sampled clients by F ascending. The clients
+   order[⌈(m−1)(1−α)⌉:] (≈ the α·m highest losses; none when α = 0) keep their update.
+   Every other g̃_i starts at Δ_i and, for j in ascending-loss order (j ≠ i), is projected
+   off the *original* Δ_j whenever Δ_j·g̃_i < 0: g̃_i −= (Δ_j·g̃_i / ‖Δ_j‖²) Δ_j.
+   g = uniform mean of the g̃_i.
+2. External conflicts. For k = τ, …, 1: g_con = Σ of the stored updates of clients last
+   seen in round t−k whose stored update h has h·g < 0; if g·g_con < 0, project g off g_con.
+3. Rescale ‖g‖ to ‖mean_i Δ_i‖; θ_{t+1} = θ_t − g.
+
+Each client's latest update and the round it was sent are stored (only those of the last
+τ rounds are ever used, older ones are dropped).
+
+Hyperparameters
+---------------
+fedfv-alpha : float, default 0.1
+    α ∈ [0, 1] (paper grid 0, 0.1, 0.2, 0.33, 0.5).
+fedfv-tau : int, default 1
+    τ ≥ 0 rounds of stored updates (paper grid 0, 1, 3, 10). Degenerate case: α = 0 and
+    τ = 0 with no conflicting pair is the uniform mean of the updates (FedAvg, equal weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from strategies.base import FairStrategy, unpack_replies
+from strategies.flat import model_deltas
+from strategies.registry import register
+
+NORM_EPS = 1e-30
+
+
+def project_off(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """g − (g·ref / ‖ref‖²) ref (the component of g orthogonal to ref)."""
+    return g - (torch.dot(g, ref) / max(float(torch.dot(ref, ref)), NORM_EPS)) * ref
+
+
+def fedfv_internal(deltas: torch.Tensor, losses: torch.Tensor, alpha: float) -> tuple[torch.Tensor, int]:
+    """Step 1: the uniform mean of the conflict-projected updates, and how many
+    projections were made."""
+    m = deltas.shape[0]
+    order = [int(i) for i in torch.argsort(losses, stable=True)]
+    keep = set(order[math.ceil((m - 1) * (1.0 - alpha)) :]) if alpha > 0 else set()
+    projected = deltas.clone()
+    count = 0
+    for i in range(m):
+        if i in keep:
+            continue
+        for j in order:
+            if j != i and float(torch.dot(deltas[j], projected[i])) < 0.0:
+                projected[i] = project_off(projected[i], deltas[j])
+                count += 1
+    return projected.mean(dim=0), count
+
+
+def fedfv_external(g: torch.Tensor, history_by_age: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Step 2. ``history_by_age[k-1]``: (n_k, d) stored updates of clients last seen k
+    rounds ago; ages are visited from the oldest (τ) to the newest (1)."""
+    count = 0
+    for stored in reversed(history_by_age):
+        if stored.shape[0] == 0:
+            continue
+        conflicting = stored[stored @ g < 0.0]
+        if conflicting.shape[0] == 0:
+            continue
+        g_con = conflicting.sum(dim=0)
+        if float(torch.dot(g, g_con)) < 0.0:
+            g = project_off(g, g_con)
+            count += 1
+    return g, count
+
+
+def rescale(g: torch.Tensor, norm: float) -> torch.Tensor:
+    g_norm = float(g.norm())
+    return g * (norm / g_norm) if g_norm > NORM_EPS else g
+
+
+@dataclasses.dataclass
+class UpdateHistory:
+    """Each client's latest update and the round it arrived (partition id → ...)."""
+
+    last_round: dict[int, int] = dataclasses.field(default_factory=dict)
+    update: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def by_age(self, server_round: int, tau: int, d: int, dtype) -> list[torch.Tensor]:
+        out = []
+        for k in range(1, tau + 1):
+            rows = [self.update[p] for p, r in self.last_round.items() if r == server_round - k]
+            out.append(torch.stack(rows) if rows else torch.empty(0, d, dtype=dtype))
+        return out
+
+    def store(self, server_round: int, tau: int, partition_ids: list[int], deltas: torch.Tensor) -> None:
+        for pid, row in zip(partition_ids, deltas):
+            self.last_round[pid] = server_round
+            self.update[pid] = row.clone()
+        for pid in [p for p, r in self.last_round.items() if r <= server_round - tau]:
+            # Seen τ or more rounds ago: round t+1 looks back to t+1−τ at most.
+            del self.last_round[pid], self.update[pid]
+
+
+class FedFVStrategy(FairStrategy):
+    """FedFV server step (client: plain local SGD). State: the stored updates."""
+
+    # Pairwise conflict tests need each client's update.
+    needs_individual_updates = True
+
+    def __init__(self, cfg, alpha: float, tau: int) -> None:
+        super().__init__(cfg)
+        self.alpha = alpha
+        self.tau = tau
+        self.history = UpdateHistory()
+
+    def aggregate_train(self, server_round, replies):
+        from flwr.app import MetricRecord
+
+        batch = unpack_replies(replies)
+        theta = self.current_flat()
+        deltas = model_deltas(theta, batch.local)
+        target_norm = float(deltas.mean(dim=0).norm())
+        g, n_internal = fedfv_internal(deltas, batch.loss_before, self.alpha)
+        past = self.history.by_age(server_round, self.tau, deltas.shape[1], deltas.dtype)
+        g, n_external = fedfv_external(g, past)
+        g = rescale(g, target_norm)
+        self.history.store(server_round, self.tau, batch.partition_ids, deltas)
+        metrics = {
+            "fedfv-internal-projections": n_internal,
+            "fedfv-external-projections": n_external,
+            "update-norm": float(g.norm()),
+        }
+        return self.to_record(theta - g), MetricRecord(metrics)
+
+    def state_dict(self):
+        pids = sorted(self.history.last_round)
+        return {
+            "partition_ids": pids,
+            "last_round": [self.history.last_round[p] for p in pids],
+            "updates": [self.history.update[p].clone() for p in pids],
+        }
+
+    def load_state_dict(self, state):
+        self.history = UpdateHistory()
+        for pid, r, row in zip(state["partition_ids"], state["last_round"], state["updates"]):
+            self.history.last_round[int(pid)] = int(r)
+            self.history.update[int(pid)] = torch.as_tensor(np.asarray(row)).clone()
+
+
+@register("fedfv")
+def build(cfg):
+    return FedFVStrategy(
+        cfg,
+        alpha=cfg.get_float("fedfv-alpha", low=0.0, high=1.0),
+        tau=cfg.get_int("fedfv-tau", low=0),
+    )

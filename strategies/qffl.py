@@ -1,0 +1,68 @@
+"""q-FedAvg / q-FFL (Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in Federated
+Learning", ICLR 2020; reference code ``litian96/fair_flearn``, Flower's
+``serverapp/strategy/qfedavg.py``).
+
+With L = 1/η_l (η_l = this round's client learning rate) and F_k the loss of θ_t on
+client k's training data *before* local training (the ``loss-before`` metric):
+
+    Δw_k = L (θ_t − θ_k),   Δ_k = F_k^q Δw_k,
+    h_k  = q F_k^(q−1) ‖Δw_k‖² + L F_k^q,
+    θ_{t+1} = θ_t − Σ_k Δ_k / Σ_k h_k.
+
+Hyperparameters
+---------------
+qffl-q : float, default 1.0
+    Fairness exponent q ≥ 0 (paper grid 0.1, 0.2, 1, 2, 5). Degenerate case: q = 0 gives
+    θ_t − Σ Δw_k / (m L) = the uniform mean of the local models, i.e. FedAvg with equal
+    client weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strategies.base import FairStrategy, unpack_replies
+from strategies.flat import model_deltas
+from strategies.registry import register
+
+LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a loss is 0
+
+
+def qffl_step(deltas: torch.Tensor, losses: torch.Tensor, q: float, lipschitz: float) -> tuple[torch.Tensor, float]:
+    """The q-FFL displacement Σ Δ_k / Σ h_k and Σ h_k.
+
+    ``deltas``: (m, d) rows θ_t − θ_k; ``losses``: (m,) F_k ≥ 0; ``lipschitz``: L = 1/η_l.
+    """
+    f = losses.to(torch.float64) + LOSS_EPS
+    sq_norms = torch.linalg.vector_norm(deltas.to(torch.float64), dim=1) ** 2 * lipschitz**2  # ‖Δw_k‖²
+    f_q = f.pow(q)
+    h = q * f.pow(q - 1.0) * sq_norms + lipschitz * f_q
+    coef = (lipschitz * f_q).to(deltas.dtype)  # Δ_k = F_k^q · L (θ_t − θ_k)
+    sum_h = float(h.sum())
+    return (coef @ deltas) / sum_h, sum_h
+
+
+class QFFLStrategy(FairStrategy):
+    """q-FFL server step (client: plain local SGD, reporting ``loss-before``)."""
+
+    # h_k needs each client's ‖Δw_k‖²: the server must see every update.
+    needs_individual_updates = True
+
+    def __init__(self, cfg, q: float) -> None:
+        super().__init__(cfg)
+        self.q = q
+
+    def aggregate_train(self, server_round, replies):
+        from flwr.app import MetricRecord
+
+        batch = unpack_replies(replies)
+        theta = self.current_flat()
+        deltas = model_deltas(theta, batch.local)
+        step, sum_h = qffl_step(deltas, batch.loss_before, self.q, 1.0 / self.round_lr(server_round))
+        metrics = {"qffl-sum-h": sum_h, "update-norm": float(step.norm())}
+        return self.to_record(theta - step), MetricRecord(metrics)
+
+
+@register("qffl")
+def build(cfg):
+    return QFFLStrategy(cfg, q=cfg.get_float("qffl-q", low=0.0))
