@@ -19,12 +19,14 @@ and their losses l_i = F_i (the global model's loss on their data, before traini
    paper uses decay 0.999), or ``server-lr`` when it is set (> 0).
 
 History rows: the stored g of every client absent this round whose last round is within
-τ = ⌊(clients ever seen) / m⌋ rounds; used only once more than m distinct clients have
-been seen (before that no client can be missing). Stored g are updated for every sampled
-client after the step.
+τ rounds (t − last ≤ τ). The authors' τ = ⌊(clients ever seen) / m⌋, used only once more
+than m distinct clients have been seen; the FedPCD paper instead evaluates FedLF with a
+fixed window H = 10 (``fedlf-window``), then every absent client seen within H rounds
+counts. Stored g are updated for every sampled client after the step.
 
-Hyperparameters: ``fedlf-history`` (default true) — switch the history rows off (an
-ablation; the paper always uses them). FedLF has no other knob besides the learning rate.
+Hyperparameters: ``fedlf-history`` (default true; false drops the history rows, an
+ablation) and ``fedlf-window`` (default 0 = the authors' adaptive τ; H ≥ 1 = fixed window
+of H rounds, FedPCD's setting is 10). FedLF has no other knob besides the learning rate.
 
 Degenerate cases: when all losses are equal h = 0 and the fairness row carries no
 direction; it is then left out (the authors' code would divide 0 by 0). With equal
@@ -47,6 +49,7 @@ from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
 
 HISTORY = "fedlf-history"
+WINDOW = "fedlf-window"
 CONFLICT_TOL = 1e-6  # g_i·d below −tol counts as a conflict (the authors' tolerance)
 
 
@@ -140,12 +143,18 @@ class FedLFState:
     last_round: dict[int, int] = dataclasses.field(default_factory=dict)
     last_grad: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
-    def history_rows(self, server_round: int, present: list[int], m: int) -> tuple[list[int], torch.Tensor | None]:
-        """Stored g of absent clients seen within τ = ⌊seen/m⌋ rounds (once seen > m)."""
+    def history_rows(
+        self, server_round: int, present: list[int], m: int, window: int = 0
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """Stored g of absent clients seen within τ rounds: τ = ``window`` if ≥ 1, else
+        the authors' ⌊seen/m⌋ (only once more than m clients have been seen)."""
         seen = len(self.last_round)
-        if seen <= m:
+        if window >= 1:
+            tau = window
+        elif seen <= m:
             return [], None
-        tau = seen // m
+        else:
+            tau = seen // m
         now = set(present)
         ids = sorted(
             pid for pid, r in self.last_round.items() if pid not in now and server_round - r <= tau
@@ -161,9 +170,10 @@ class FedLFState:
 
 
 class FedLFStrategy(FairStrategy):
-    def __init__(self, cfg, use_history: bool = True) -> None:
+    def __init__(self, cfg, use_history: bool = True, window: int = 0) -> None:
         super().__init__(cfg)
         self.use_history = use_history
+        self.window = window
         self.state = FedLFState()
 
     def aggregate_train(self, server_round, replies):
@@ -175,7 +185,7 @@ class FedLFStrategy(FairStrategy):
         grads = flat.model_deltas(theta, batch.local) / eta_l  # g_i = Δ_i / η_l
         m = grads.shape[0]
         hist_ids, hist = (
-            self.state.history_rows(server_round, batch.partition_ids, m) if self.use_history else ([], None)
+            self.state.history_rows(server_round, batch.partition_ids, m, self.window) if self.use_history else ([], None)
         )
         groups = self.spec.offsets()
         step = fedlf_direction(grads, batch.loss_before, groups, hist)
@@ -219,4 +229,4 @@ class FedLFStrategy(FairStrategy):
 
 @register("fedlf")
 def build(cfg):
-    return FedLFStrategy(cfg, use_history=cfg.get_bool(HISTORY, True))
+    return FedLFStrategy(cfg, use_history=cfg.get_bool(HISTORY, True), window=cfg.get_int(WINDOW, 0, low=0))

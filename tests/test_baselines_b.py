@@ -143,6 +143,8 @@ def test_fedlf_history_rows_follow_tau():
     assert st.history_rows(4, [0, 1], m=2)[0] == [2, 3]
     st.remember(4, [0, 1], row)
     assert st.history_rows(5, [0, 1], m=2)[0] == [2]  # client 3 last seen at 2: 5 − 2 > τ
+    assert st.history_rows(5, [0, 1], m=2, window=3)[0] == [2, 3]  # fixed window H = 3
+    assert st.history_rows(5, [0, 1], m=2, window=1)[0] == []  # 5 − 3 > 1
 
 
 def test_fedlf_adapter_step_is_lr_times_direction():
@@ -160,15 +162,16 @@ def test_fedlf_adapter_step_is_lr_times_direction():
     np.testing.assert_allclose(new, theta - 2 * (theta - local), atol=1e-5)
 
 
-def test_fedlf_uses_history_and_resumes_exactly():
+@pytest.mark.parametrize("keys", [{}, {"fedlf-window": 10}])
+def test_fedlf_uses_history_and_resumes_exactly(keys):
     template = tiny_template()
     d = flat.spec_of(template).dim
-    strat = _strategy("fedlf")
+    strat = _strategy("fedlf", **keys)
     theta = np.zeros(d)
     for r, clients in enumerate(_random_rounds(d, 3), start=1):
         theta, metrics = _round(strat, r, theta, template, [(p, theta + 0.1 * x, lb, tl, n) for p, x, lb, tl, n in clients])
     assert metrics["fedlf-history-rows"] > 0  # round 3: clients 3, 4 absent, seen 6 > m = 3
-    _resume_equals_uninterrupted("fedlf", {})
+    _resume_equals_uninterrupted("fedlf", keys)
 
 
 # ----------------------------------------------------------------------------- FedHEAL
@@ -317,7 +320,8 @@ def test_fedpw_resumes_exactly():
 
 
 @pytest.mark.parametrize("key,value", [("fedheal-beta", 1.5), ("fedheal-threshold", 2.0),
-                                       ("fedpw-drop-rate", -0.1), ("fedpw-beta", 2.0), ("fedlf-history", 3)])
+                                       ("fedpw-drop-rate", -0.1), ("fedpw-beta", 2.0), ("fedlf-history", 3),
+                                       ("fedlf-window", -1)])
 def test_bad_values_fail_with_the_key(key, value):
     method = key.split("-")[0]
     with pytest.raises(ConfigError, match=key):
