@@ -7,9 +7,9 @@ and their losses l_i = F_i (the global model's loss on their data, before traini
 
 1. Fairness direction in loss space, p = 1/√m · 1:
    h = ((l·p) l/‖l‖ − p ‖l‖) / ‖l‖²  (the tangent that turns l towards the uniform vector).
-2. For each layer group q (here: one group per array of the model's state dict — weight
-   and bias of a layer are separate groups; documented deviation, the authors group by
-   layer module): rescale the rows of G_q to their mean norm μ_q; f_q = h·G_q rescaled to
+2. For each layer group q (one group per array of the model's state dict, as the authors'
+   ``Loc_list`` has one group per parameter tensor, ``gfedplat/Module.py``; here running
+   statistics of normalisation layers, when the model has them, are groups too): rescale the rows of G_q to their mean norm μ_q; f_q = h·G_q rescaled to
    μ_q; history rows (stored g of clients absent now, see below) rescaled to μ_q;
    λ_q = min-norm point of the convex hull of all these rows; d_q = λ_qᵀ V_q.
 3. d_raw = concat(d_q); d = d_raw rescaled to ‖mean_i g_i‖ (uniform mean). While some
