@@ -1,0 +1,152 @@
+"""FedHEAL (Chen et al., 2024, "Fair Federated Learning under Domain Skew with Local
+Consistency and Domain Diversity", CVPR): sign-consistency masks + distance-based weights.
+
+Following the authors' code (``yuhangchen0/FedHEAL``, ``models/fedavgheal.py`` and
+``models/utils/federated_model.py``), with Δ_i = θ_t − θ_i:
+
+* Mask (local consistency). Each client keeps r_i, the running frequency with which each
+  coordinate of its update was ≥ 0. On the client's first participation m_i = 1 and
+  r_i = [Δ_i ≥ 0]; afterwards c_j = r_i,j where Δ_i,j ≥ 0 else 1 − r_i,j (how often the
+  current sign occurred before), m_i = [c > τ_s], then r_i ← (n r_i + [Δ_i ≥ 0])/(n + 1)
+  with n the client's number of earlier participations.
+* Weights (domain diversity). D_i = Σ_arrays ‖m_i ⊙ Δ_i‖ (the sum of per-array norms, as
+  the code sums per-parameter norms); δ_i ← (1 − β) δ_i + β D_i / Σ_{j∈S_t} D_j;
+  w_i ← w_i + δ_i (w_i starts at 1/m, δ_i at 0; the stored w_i stay unnormalised, as in
+  the code); the round's weights are w_i / Σ_{j∈S_t} w_j.
+* Aggregation, per coordinate: θ ← θ − s Σ_i [w_i m_i / Σ_j w_j m_j] m_i Δ_i (where no
+  client keeps a coordinate the masked updates are all zero and θ stays put there),
+  with s = ``server-lr``/``lr`` (1 when ``server-lr`` is 0, the default).
+
+Partial participation: r_i, n_i, δ_i and w_i persist across rounds keyed by partition id.
+The code counts n by the global round index (it runs all clients every round); here n is
+the client's own number of participations, and Σ D sums over this round's clients only
+(the code's dict also held stale distances of absent clients).
+
+Hyperparameters: ``fedheal-threshold`` τ_s = 0.3 (the code's default; τ_s = 0 keeps
+every coordinate whose sign occurred before; any τ_s < 0 keeps all) and ``fedheal-beta``
+β = 0.4 (β = 0 keeps the weights at uniform 1/m: with τ_s < 0 that is FedAvg with
+uniform weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from strategies import flat
+from strategies.base import FairStrategy, unpack_replies
+from strategies.registry import register
+
+THRESHOLD = "fedheal-threshold"
+BETA = "fedheal-beta"
+
+
+def consistency_mask(
+    deltas: torch.Tensor, up_freq: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """m = [frequency of the current sign in the client's past > threshold] (float)."""
+    positive = deltas >= 0
+    consistency = torch.where(positive, up_freq, 1.0 - up_freq)
+    return (consistency > threshold).to(deltas.dtype)
+
+
+def masked_distances(masked: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
+    """D_i = Σ_q ‖(m_i ⊙ Δ_i)_q‖ over the column groups q (the model's arrays)."""
+    return sum(torch.linalg.vector_norm(masked[:, a:b].to(torch.float64), dim=1) for a, b in groups)
+
+
+def masked_weighted_update(masked: torch.Tensor, masks: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_i [w_i m_i / Σ_j w_j m_j] (m_i ⊙ Δ_i) per coordinate (w_i where Σ_j w_j m_j = 0)."""
+    w = weights.to(masked.dtype).unsqueeze(1)
+    wm = w * masks
+    total = wm.sum(0, keepdim=True)
+    coef = torch.where(total == 0, w.expand_as(wm), wm / torch.where(total == 0, 1.0, total))
+    return (coef * masked).sum(0)
+
+
+@dataclasses.dataclass
+class ClientMemory:
+    up_freq: torch.Tensor  # (d,) running frequency of Δ ≥ 0
+    count: int  # participations so far
+    delta: float  # weight momentum δ_i
+    weight: float  # unnormalised weight w_i
+
+
+class FedHEALStrategy(FairStrategy):
+    def __init__(self, cfg, threshold: float = 0.3, beta: float = 0.4) -> None:
+        super().__init__(cfg)
+        self.threshold = threshold
+        self.beta = beta
+        self.clients: dict[int, ClientMemory] = {}
+
+    def aggregate_train(self, server_round, replies):
+        from flwr.app import MetricRecord
+
+        batch = unpack_replies(replies)
+        theta = self.current_flat()
+        deltas = flat.model_deltas(theta, batch.local)
+        m = deltas.shape[0]
+        positive = (deltas >= 0).to(deltas.dtype)
+
+        masks = torch.empty_like(deltas)
+        for row, pid in enumerate(batch.partition_ids):
+            mem = self.clients.get(pid)
+            if mem is None:  # first participation: keep everything, start the frequency
+                masks[row] = 1.0
+                self.clients[pid] = ClientMemory(positive[row].clone(), 1, 0.0, 1.0 / m)
+            else:
+                masks[row] = consistency_mask(deltas[row], mem.up_freq, self.threshold)
+                mem.up_freq = (mem.up_freq * mem.count + positive[row]) / (mem.count + 1)
+                mem.count += 1
+        masked = deltas * masks
+
+        dist = masked_distances(masked, self.spec.offsets())
+        share = dist / dist.sum() if dist.sum() > 0 else torch.full_like(dist, 1.0 / m)
+        for pid, s in zip(batch.partition_ids, share.tolist()):
+            mem = self.clients[pid]
+            mem.delta = (1.0 - self.beta) * mem.delta + self.beta * s
+            mem.weight = mem.weight + mem.delta
+        raw = torch.tensor([self.clients[pid].weight for pid in batch.partition_ids], dtype=torch.float64)
+        weights = raw / raw.sum()
+
+        update = masked_weighted_update(masked, masks, weights)
+        eta_l = self.round_lr(server_round)
+        scale = (self.cfg.server_lr or eta_l) / eta_l
+        new = theta - scale * update
+        metrics = {
+            "fedheal-weights": [float(x) for x in weights],
+            "fedheal-momentum": [self.clients[pid].delta for pid in batch.partition_ids],
+            "fedheal-mask-density": [float(x) for x in masks.mean(1)],
+            "fedheal-uncovered": float((masks.sum(0) == 0).to(torch.float64).mean()),
+            "update-norm": float(scale * update.norm()),
+        }
+        return self.to_record(new), MetricRecord(metrics)
+
+    def state_dict(self):
+        ids = sorted(self.clients)
+        mems = [self.clients[i] for i in ids]
+        return {
+            "ids": ids,
+            "up_freq": torch.stack([c.up_freq for c in mems]) if ids else torch.empty(0),
+            "count": [c.count for c in mems],
+            "delta": [c.delta for c in mems],
+            "weight": [c.weight for c in mems],
+        }
+
+    def load_state_dict(self, state):
+        freq = torch.as_tensor(state["up_freq"])
+        self.clients = {
+            int(pid): ClientMemory(freq[k].clone(), int(state["count"][k]), float(state["delta"][k]),
+                                   float(state["weight"][k]))
+            for k, pid in enumerate(state["ids"])
+        }
+
+
+@register("fedheal")
+def build(cfg):
+    return FedHEALStrategy(
+        cfg,
+        threshold=cfg.get_float(THRESHOLD, 0.3, high=1.0),
+        beta=cfg.get_float(BETA, 0.4, low=0.0, high=1.0),
+    )

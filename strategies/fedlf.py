@@ -1,0 +1,232 @@
+"""FedLF (Pan et al., 2024, "FedLF: Layer-wise Fair Federated Learning", AAAI): layer-wise MGDA.
+
+Per round, with pseudo-gradients g_i = Δ_i / η_l of the sampled clients (the authors'
+code, ``zibinpan/FedLF`` ``gfedplat/algorithm/FedLF/FedLF.py``, uses full-batch gradients
+at θ_t; with local training the displacement over the learning rate stands in for them)
+and their losses l_i = F_i (the global model's loss on their data, before training):
+
+1. Fairness direction in loss space, p = 1/√m · 1:
+   h = ((l·p) l/‖l‖ − p ‖l‖) / ‖l‖²  (the tangent that turns l towards the uniform vector).
+2. For each layer group q (one group per array of the model's state dict, as the authors'
+   ``Loc_list`` has one group per parameter tensor, ``gfedplat/Module.py``; here running
+   statistics of normalisation layers, when the model has them, are groups too): rescale the rows of G_q to their mean norm μ_q; f_q = h·G_q rescaled to
+   μ_q; history rows (stored g of clients absent now, see below) rescaled to μ_q;
+   λ_q = min-norm point of the convex hull of all these rows; d_q = λ_qᵀ V_q.
+3. d_raw = concat(d_q); d = d_raw rescaled to ‖mean_i g_i‖ (uniform mean). While some
+   client conflicts with d (g_i·d < −1e−6): halve d if ‖d‖ > 2‖d_raw‖, else fall back to
+   d = d_raw and stop.
+4. θ ← θ − η d with η = the round's client learning rate (``lr``·``lr-decay``^(t−1), the
+   paper uses decay 0.999), or ``server-lr`` when it is set (> 0).
+
+History rows: the stored g of every client absent this round whose last round is within
+τ rounds (t − last ≤ τ). The authors' τ = ⌊(clients ever seen) / m⌋, used only once more
+than m distinct clients have been seen; the FedPCD paper instead evaluates FedLF with a
+fixed window H = 10 (``fedlf-window``), then every absent client seen within H rounds
+counts. Stored g are updated for every sampled client after the step.
+
+Hyperparameters: ``fedlf-history`` (default true; false drops the history rows, an
+ablation) and ``fedlf-window`` (default 0 = the authors' adaptive τ; H ≥ 1 = fixed window
+of H rounds, FedPCD's setting is 10). FedLF has no other knob besides the learning rate.
+
+Degenerate cases: when all losses are equal h = 0 and the fairness row carries no
+direction; it is then left out (the authors' code would divide 0 by 0). With equal
+losses and equal pseudo-gradients d = g (FedAvg with uniform weights: the step η_l·g is
+the common Δ). With equal pseudo-gradients but unequal losses, f_q = (Σh) g_q and
+Σh ≤ 0, so the fairness row is −g_q and the min-norm point is 0: FedLF stands still.
+In exact arithmetic g_i·d ≥ 0 for every row of each group's problem, so the halving
+loop only guards against the QP's round-off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from strategies import flat
+from strategies.base import FairStrategy, unpack_replies
+from strategies.registry import register
+
+HISTORY = "fedlf-history"
+WINDOW = "fedlf-window"
+CONFLICT_TOL = 1e-6  # g_i·d below −tol counts as a conflict (the authors' tolerance)
+
+
+def loss_fairness_direction(losses: torch.Tensor) -> torch.Tensor:
+    """h = ((l·p) l/‖l‖ − p‖l‖)/‖l‖² with p = 1/√m (zero when all losses are equal).
+
+    ‖h‖‖l‖ is the sine of the angle between l and p; below 1e-9 (equal losses up to
+    round-off) h is set to exactly 0 so that no direction is made of round-off.
+    """
+    l = losses.to(torch.float64)
+    m = l.numel()
+    p = torch.full_like(l, 1.0 / math.sqrt(m))
+    ln = torch.linalg.vector_norm(l)
+    if ln == 0:
+        return torch.zeros_like(l)
+    h = ((l @ p) * l / ln - p * ln) / ln**2
+    return h if float(h.norm() * ln) > 1e-9 else torch.zeros_like(l)
+
+
+@dataclasses.dataclass
+class FedLFStep:
+    direction: torch.Tensor  # (d,) the final d (before the step size η)
+    group_weights: list[torch.Tensor]  # per group: λ_q over [clients, fair row?, history]
+    fair_row_used: bool
+    halvings: int
+    reverted: bool  # the halving loop fell back to d_raw
+    conflicts: int  # clients with g_i·d < −tol after the loop
+
+
+def fedlf_direction(
+    grads: torch.Tensor,
+    losses: torch.Tensor,
+    groups: list[tuple[int, int]],
+    history: torch.Tensor | None = None,
+) -> FedLFStep:
+    """FedLF's common direction for (m, d) pseudo-gradients, (m,) losses, column groups.
+
+    ``history`` holds (k, d) stored pseudo-gradients of absent clients (or None).
+    """
+    g = grads.to(torch.float64)
+    m = g.shape[0]
+    h = loss_fairness_direction(losses)
+    fair = bool(torch.any(h != 0)) and m > 1
+    hist = history.to(torch.float64) if history is not None and history.shape[0] else None
+    if m == 1 and hist is None:
+        return FedLFStep(g[0].clone(), [torch.ones(1, dtype=torch.float64)], False, 0, False, 0)
+
+    parts, lambdas = [], []
+    for a, b in groups:
+        unit, norms = flat.unit_rows(g[:, a:b])
+        mu = norms.mean()
+        rows = [unit * mu]
+        if fair:
+            f = h @ rows[0]
+            rows.append((f / (f.norm() + 1e-12) * mu).unsqueeze(0))
+        if hist is not None:
+            rows.append(flat.unit_rows(hist[:, a:b])[0] * mu)
+        v = torch.cat(rows)
+        lam = torch.from_numpy(flat.min_norm_simplex((v @ v.T).numpy()))
+        lambdas.append(lam)
+        parts.append(lam @ v)
+    d_raw = torch.cat(parts)
+
+    raw_norm = d_raw.norm()
+    target = g.mean(0).norm()
+    d = d_raw * (target / raw_norm) if raw_norm > 0 else d_raw.clone()
+    d, halvings, reverted = resolve_conflicts(g, d, d_raw)
+    conflicts = int((g @ d < -CONFLICT_TOL).sum())
+    return FedLFStep(d, lambdas, fair, halvings, reverted, conflicts)
+
+
+def resolve_conflicts(grads: torch.Tensor, d: torch.Tensor, d_raw: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
+    """While some g_i·d < −tol: halve d if ‖d‖ > 2‖d_raw‖, else return d_raw.
+
+    Returns (d, number of halvings, whether it fell back to d_raw).
+    """
+    halvings = 0
+    while torch.max(-(grads @ d)) > CONFLICT_TOL:
+        if d.norm() > 2 * d_raw.norm():
+            d = d / 2
+            halvings += 1
+        else:
+            return d_raw.clone(), halvings, True
+    return d, halvings, False
+
+
+@dataclasses.dataclass
+class FedLFState:
+    """Each client's last round and last pseudo-gradient, keyed by partition id."""
+
+    last_round: dict[int, int] = dataclasses.field(default_factory=dict)
+    last_grad: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def history_rows(
+        self, server_round: int, present: list[int], m: int, window: int = 0
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """Stored g of absent clients seen within τ rounds: τ = ``window`` if ≥ 1, else
+        the authors' ⌊seen/m⌋ (only once more than m clients have been seen)."""
+        seen = len(self.last_round)
+        if window >= 1:
+            tau = window
+        elif seen <= m:
+            return [], None
+        else:
+            tau = seen // m
+        now = set(present)
+        ids = sorted(
+            pid for pid, r in self.last_round.items() if pid not in now and server_round - r <= tau
+        )
+        if not ids:
+            return [], None
+        return ids, torch.stack([self.last_grad[pid] for pid in ids])
+
+    def remember(self, server_round: int, ids: list[int], grads: torch.Tensor) -> None:
+        for pid, row in zip(ids, grads):
+            self.last_round[pid] = server_round
+            self.last_grad[pid] = row.detach().clone()
+
+
+class FedLFStrategy(FairStrategy):
+    def __init__(self, cfg, use_history: bool = True, window: int = 0) -> None:
+        super().__init__(cfg)
+        self.use_history = use_history
+        self.window = window
+        self.state = FedLFState()
+
+    def aggregate_train(self, server_round, replies):
+        from flwr.app import MetricRecord
+
+        batch = unpack_replies(replies)
+        theta = self.current_flat()
+        eta_l = self.round_lr(server_round)
+        grads = flat.model_deltas(theta, batch.local) / eta_l  # g_i = Δ_i / η_l
+        m = grads.shape[0]
+        hist_ids, hist = (
+            self.state.history_rows(server_round, batch.partition_ids, m, self.window) if self.use_history else ([], None)
+        )
+        groups = self.spec.offsets()
+        step = fedlf_direction(grads, batch.loss_before, groups, hist)
+        eta = self.cfg.server_lr or eta_l
+        new = theta.to(torch.float64) - eta * step.direction
+        self.state.remember(server_round, batch.partition_ids, grads)
+
+        # λ on the current clients (mean over groups) and on the fairness row: what the
+        # layer-wise min-norm problems gave to each participant and to fairness.
+        client_w = torch.stack([lam[:m] for lam in step.group_weights]).mean(0)
+        fair_w = (
+            float(torch.stack([lam[m] for lam in step.group_weights]).mean()) if step.fair_row_used else 0.0
+        )
+        metrics = {
+            "fedlf-client-weights": [float(x) for x in client_w],
+            "fedlf-fair-weight": fair_w,
+            "fedlf-history-rows": len(hist_ids),
+            "fedlf-halvings": step.halvings,
+            "fedlf-reverted": int(step.reverted),
+            "fedlf-conflicts": step.conflicts,
+            "update-norm": float(eta * step.direction.norm()),
+        }
+        return self.to_record(new.to(theta.dtype)), MetricRecord(metrics)
+
+    def state_dict(self):
+        ids = sorted(self.state.last_round)
+        return {
+            "ids": ids,
+            "last_round": [self.state.last_round[i] for i in ids],
+            "last_grad": torch.stack([self.state.last_grad[i] for i in ids]) if ids else torch.empty(0),
+        }
+
+    def load_state_dict(self, state):
+        ids = [int(i) for i in state["ids"]]
+        grads = torch.as_tensor(state["last_grad"])
+        self.state = FedLFState(
+            last_round={pid: int(r) for pid, r in zip(ids, state["last_round"])},
+            last_grad={pid: grads[k].clone() for k, pid in enumerate(ids)},
+        )
+
+
+@register("fedlf")
+def build(cfg):
+    return FedLFStrategy(cfg, use_history=cfg.get_bool(HISTORY, True), window=cfg.get_int(WINDOW, 0, low=0))
