@@ -20,7 +20,9 @@ applied through the m×m Gram system, U⁺ v = Uᵀ (U Uᵀ)⁺ v, never an SVD 
 and the Gram of the *raw* rows gives everything else for free: the norms (its diagonal),
 the Gram of the unit rows (D⁻¹ G D⁻¹), and the per-client inner products with the
 plain average and with g that the diagnostics need. So each group costs three passes
-over its (m × d_q) block (Gram, Δ ĝ, Δᵀ c) and no (m × d) temporary.
+over its (m × d_q) block (Gram, Δ ĝ, Δᵀ c) and no (m × d) temporary; the (m × d) update
+matrix itself is written straight from the reply bytes into a buffer kept across rounds
+(:func:`strategies.flat.records_to_deltas`).
 
 Layer groups (:func:`layer_groups`) come from the model's module structure: a module's
 weight and bias form one group, a GroupNorm/LayerNorm joins the convolution before it
@@ -50,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strategies import flat
-from strategies.base import FairStrategy, unpack_replies
+from fedpcd_app import keys
+from strategies.base import FairStrategy
 from strategies.registry import register
 
 if TYPE_CHECKING:
@@ -181,7 +184,7 @@ def solve_group(
         residual = rho - ref_dots[active] / n_a  # ρ − U ĝ
         rcond = 10.0 * k * torch.finfo(updates.dtype).eps  # eigenvalues of U Uᵀ are σ²
         coef[active] = pinv_solve(unit_gram, residual, rcond) / n_a  # U⁺ v = Δᵀ D⁻¹ (UUᵀ)⁺ v
-    direction = coef.to(updates.dtype) @ updates
+    direction = updates.T @ coef.to(updates.dtype)  # (faster than coef @ updates on a column slice)
     if ref is not None:
         direction += ref
     return GroupSolution(direction, gram, ref_dots + gram @ coef, active)
@@ -258,6 +261,7 @@ class GroupedStrategy(FairStrategy):
         self.layerwise = layerwise
         self.tol = tol
         self._groups: list[tuple[int, int]] | None = None
+        self._buffer: torch.Tensor | None = None  # (m, d) updates, reused every round
 
     def groups(self) -> list[tuple[int, int]]:
         if self._groups is None:
@@ -272,11 +276,15 @@ class GroupedStrategy(FairStrategy):
                 self._groups = [(g.start, g.stop) for g in layer_groups(model, self.spec.keys)]
         return self._groups
 
-    def deltas(self, replies) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """(θ_t, Δ matrix, reply batch): Δ_i = θ_t − θ_i computed in place."""
-        batch = unpack_replies(replies)
+    def deltas(self, replies) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(θ_t, Δ matrix, n_i): Δ_i = θ_t − θ_i written into a buffer kept across rounds."""
+        replies = list(replies)
         theta = self.current_flat()
-        return theta, flat.model_deltas(theta, batch.local), batch
+        if self._buffer is None or self._buffer.shape[0] < len(replies):
+            self._buffer = torch.empty(len(replies), theta.numel(), dtype=theta.dtype)
+        deltas = flat.records_to_deltas(theta, [r.content[keys.ARRAYS] for r in replies], out=self._buffer)
+        sizes = [float(r.content[keys.METRICS][keys.NUM_EXAMPLES]) for r in replies]
+        return theta, deltas, torch.tensor(sizes, dtype=torch.float64)
 
 
 class CraftStrategy(GroupedStrategy):
@@ -296,8 +304,8 @@ class CraftStrategy(GroupedStrategy):
     def aggregate_train(self, server_round, replies):
         from flwr.app import MetricRecord
 
-        theta, deltas, batch = self.deltas(replies)
-        weights = batch.num_examples if self.rho == "data-size" else torch.ones_like(batch.num_examples)
+        theta, deltas, sizes = self.deltas(replies)
+        weights = sizes if self.rho == "data-size" else torch.ones_like(sizes)
         agg = aggregate_groups(deltas, weights, self.groups(), self.reference, self.tol)
         self.reference, self.last_round = agg.direction, int(server_round)
         theta.sub_(agg.direction, alpha=self.server_lr)

@@ -325,3 +325,18 @@ def test_craft_end_to_end_writes_diagnostics(tmp_path):
         assert diag[craft.ACTIVE] == rec["num_replies"] == 3
         assert diag[craft.CONFLICT_AFTER] == 0.0 and 0.0 <= diag[craft.CONFLICT_BEFORE] <= 1.0
     assert read_summary(out)
+
+
+def test_records_to_deltas_matches_and_reuses_its_buffer(digits_round):
+    template, theta, replies = digits_round
+    msgs, locals_ = replies()
+    records = [m.content["arrays"] for m in msgs]
+    cur = torch.tensor(theta, dtype=torch.float32)
+    buf = torch.full((6, cur.numel()), float("nan"))
+    got = flat.records_to_deltas(cur, records, out=buf)
+    assert got.data_ptr() == buf.data_ptr() and got.shape == (4, cur.numel())
+    np.testing.assert_array_equal(got.numpy(), (cur.unsqueeze(0) - flat.records_to_matrix(records)).numpy())
+    with pytest.raises(ValueError, match="cannot hold"):
+        flat.records_to_deltas(cur, records, out=torch.empty(3, cur.numel()))
+    with pytest.raises(ValueError, match="parameters"):
+        flat.records_to_deltas(cur[:-1].contiguous(), records)
