@@ -162,22 +162,25 @@ def solve_group(
     is fine: no copy is made); ``weights`` (m,) non-negative; ``reference`` (d_q,) or None.
     """
     m, d = updates.shape
+    if bool((weights < 0).any()):
+        raise ValueError("CRAFT client weights must be non-negative")
     gram = (updates @ updates.T).double()
     norms = gram.diagonal().clamp_min(0.0).sqrt()
     active = norms > tol
-    ref = unit_reference(reference)
-    ref = None if ref is None else ref.to(updates.dtype)
-    ref_dots = torch.zeros(m, dtype=torch.float64) if ref is None else (updates @ ref).double()
     coef = torch.zeros(m, dtype=torch.float64)  # g = ĝ + Σ_i coef_i Δ_i
+    ref_dots = torch.zeros(m, dtype=torch.float64)  # ⟨Δ_i, ĝ⟩
+    ref = None
     k = int(active.sum())
     if k == 0:
-        zero = updates.new_zeros(d)
-        return GroupSolution(zero, gram, torch.zeros(m, dtype=torch.float64), active)
+        return GroupSolution(updates.new_zeros(d), gram, ref_dots, active)
     if k == 1:
-        coef[active] = 1.0
-        ref, ref_dots = None, torch.zeros(m, dtype=torch.float64)  # the raw update itself
+        coef[active] = 1.0  # the one active client's raw update (no reference)
     else:
-        rho = weights.double()[active].clamp_min(0.0)
+        ref = unit_reference(reference)
+        if ref is not None:
+            ref = ref.to(updates.dtype)
+            ref_dots = (updates @ ref).double()
+        rho = weights.double()[active]
         rho = rho / rho.sum() if float(rho.sum()) > 0 else torch.full_like(rho, 1.0 / k)
         n_a = norms[active]
         unit_gram = gram[active][:, active] / torch.outer(n_a, n_a)

@@ -96,6 +96,11 @@ def test_no_active_client_gives_zero_and_one_gives_its_raw_update():
     assert torch.equal(g, one[2])
 
 
+def test_negative_weights_are_rejected():
+    with pytest.raises(ValueError, match="non-negative"):
+        craft_direction(torch.eye(2, dtype=T), t([1.0, -1.0]))
+
+
 def test_zero_reference_is_the_minimum_norm_solution():
     rng = np.random.default_rng(4)
     updates = rng.normal(size=(5, 40))
