@@ -96,6 +96,35 @@ def records_to_matrix(records: list[ArrayRecord], dtype=torch.float32) -> torch.
     return out
 
 
+def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord], out: torch.Tensor | None = None) -> torch.Tensor:
+    """Δ_i = θ_t − θ_i as an (m, d) matrix, computed straight from the reply bytes.
+
+    One pass per reply (no copy of θ_i before the subtraction). ``out``, when given, is a
+    persistent buffer of at least m rows of ``current``'s dtype; reusing it across rounds
+    spares the page faults of a fresh (m, d) allocation (for a ResNet-18 with 10 replies,
+    a 447 MB buffer; about as long again as the subtraction itself). Shared helper: any
+    method that works on the raw updates can use it.
+    """
+    m, d = len(records), current.numel()
+    if out is None:
+        out = torch.empty(m, d, dtype=current.dtype)
+    elif out.shape[0] < m or out.shape[1] != d or out.dtype != current.dtype:
+        raise ValueError(f"delta buffer {tuple(out.shape)} {out.dtype} cannot hold {m} x {d} {current.dtype}")
+    cur = current.numpy()
+    rows = out.numpy()
+    for i, rec in enumerate(records):
+        start = 0
+        for array in rec.values():
+            v = array_view(array).reshape(-1)
+            if start + v.size > d:
+                raise ValueError(f"reply {i} has more than the model's {d} parameters")
+            np.subtract(cur[start : start + v.size], v, out=rows[i, start : start + v.size])
+            start += v.size
+        if start != d:
+            raise ValueError(f"reply {i} has {start} parameters, the model {d}")
+    return out[:m]
+
+
 def flat_to_record(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
     """Inverse of :func:`record_to_flat` (arrays get the spec's shapes and dtypes)."""
     from flwr.app import Array, ArrayRecord

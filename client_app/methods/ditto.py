@@ -1,0 +1,57 @@
+"""Ditto's client (Li et al., 2021): plain SGD on the shared model, and the personal model
+trained on the same mini-batches with the proximal pull λ (v − θ_t) towards the round's
+global model θ_t. The personal model persists in the node's ``context.state`` (lost when
+a run is resumed in a new process: it then restarts from the global model).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+
+from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.methods.sgd import run_sgd
+
+PERSONAL = "ditto-personal"  # context.state entry: the personal model's ArrayRecord
+PERSONAL_LOSS = "ditto-personal-loss"  # reply metric: the personal model's mean batch loss
+
+
+def personal_model(job: TrainJob) -> nn.Module:
+    """The client's personal model; the global one (``job.model``) on its first round."""
+    model = copy.deepcopy(job.model)
+    if PERSONAL in job.state:
+        model.load_state_dict(job.state[PERSONAL].to_torch_state_dict(), strict=True)
+    return model
+
+
+def proximal_pull(anchor: list[torch.Tensor], lam: float):
+    """``before_step`` hook: grad += λ (v − θ_t) (the gradient of λ/2 ‖v − θ_t‖²)."""
+
+    @torch.no_grad()
+    def hook(model: nn.Module) -> None:
+        for p, a in zip(model.parameters(), anchor):
+            if p.grad is not None:
+                p.grad.add_(p - a, alpha=lam)
+
+    return hook
+
+
+@register_client_method("ditto", eval_model=personal_model)
+def ditto(job: TrainJob) -> TrainOutcome:
+    lam = job.cfg.get_float("ditto-lambda", low=0.0)
+    personal = personal_model(job)
+    anchor = [p.detach().clone() for p in job.model.parameters()]  # θ_t
+    same_batches = torch.Generator()
+    same_batches.set_state(job.generator.get_state())  # before the shared model draws
+    outcome = run_sgd(job)  # the shared model: plain SGD, sent back to the server
+    personal_run = run_sgd(
+        dataclasses.replace(job, model=personal, generator=same_batches),
+        before_step=proximal_pull(anchor, lam),
+    )
+    job.state[PERSONAL] = ArrayRecord(personal.state_dict())
+    outcome.metrics[PERSONAL_LOSS] = personal_run.train_loss
+    return outcome

@@ -1,0 +1,54 @@
+"""ConFIG as a federated baseline (Liu et al., 2024, "ConFIG: towards conflict-free training
+of physics informed neural networks"; the CRAFT paper 002_* compares against it).
+
+Per round, with the raw updates Δ_i = θ_t − θ_i of the m replies and U their unit rows:
+
+    g_v = U⁺ 1,   g_u = g_v / ‖g_v‖,   g = (1/m) Σ_i ⟨Δ_i, g_u⟩ g_u,
+    θ_{t+1} = θ_t − (η_g / η_l) g.
+
+The direction is CRAFT's with a zero reference and equal weights (U⁺ 1 ∝ U⁺ ρ for ρ = 1/m),
+so :func:`strategies.craft.aggregate_groups` computes it. ConFIG's magnitude is the *sum*
+of the projections of the raw updates on g_u; it is divided here by m so that the step
+has FedAvg's scale (with no conflict and equal updates g is exactly FedAvg's mean update),
+which lets ``server-lr`` keep FedAvg's meaning: 0 (default) → η_g = η_l, a step of 1×g.
+
+Global, as ConFIG: one group holding the whole model (CRAFT's layer-wise variant is
+``method=craft``). Clients with a zero update are inactive (they still count in m, as in
+FedAvg's mean). Stateless: nothing to checkpoint. One active client: its raw update / m.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strategies.craft import GroupedStrategy, aggregate_groups
+from strategies.registry import register
+
+
+def config_step(updates: torch.Tensor, tol: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """ConFIG's update g (d,) for (m, d) raw updates, and CRAFT's diagnostics for it."""
+    m, d = updates.shape
+    weights = torch.ones(m, dtype=torch.float64)
+    agg = aggregate_groups(updates, weights, [(0, d)], None, tol)
+    norm = float(torch.linalg.vector_norm(agg.direction))
+    if norm <= 0.0:
+        return agg.direction.zero_(), agg.diagnostics()
+    # Σ_i ⟨Δ_i, g_u⟩ = Σ_i ⟨Δ_i, g_v⟩ / ‖g_v‖, already in agg.dots: no extra pass over Δ
+    scale = float(agg.dots.sum()) / (norm * norm * m)
+    return agg.direction.mul_(scale), agg.diagnostics()
+
+
+class ConfigFLStrategy(GroupedStrategy):
+    def aggregate_train(self, server_round, replies):
+        from flwr.app import MetricRecord
+
+        theta, deltas, _ = self.deltas(replies)
+        step, diagnostics = config_step(deltas, self.tol)
+        eta_l = self.round_lr(server_round)
+        theta.sub_(step, alpha=(self.cfg.server_lr or eta_l) / eta_l)
+        return self.to_record(theta), MetricRecord({**diagnostics, "update-norm": float(step.norm())})
+
+
+@register("config-fl")
+def build(cfg):
+    return ConfigFLStrategy(cfg, layerwise=False, tol=cfg.get_float("craft-tol", low=0.0))

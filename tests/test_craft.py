@@ -1,0 +1,347 @@
+"""CRAFT and ConFIG: exact maths against numpy's pseudo-inverse, layer groups of the real
+models, the strategies on built replies (incl. a checkpoint round-trip), presets."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+
+from client_app.models import build_model, initial_model
+from fedpcd_app.config import ConfigError, load_config
+from strategies import craft, flat, registry
+from strategies.config_fl import config_step
+from strategies.craft import aggregate_groups, craft_direction, layer_groups
+from tests.helpers import arrays_from_flat, train_reply
+
+T = torch.float64
+
+
+def reference_craft(updates, weights, reference=None):
+    """The authors' formula with numpy's SVD pseudo-inverse (an independent solver)."""
+    norms = np.linalg.norm(updates, axis=1)
+    act = norms > 0
+    if act.sum() == 0:
+        return np.zeros(updates.shape[1])
+    if act.sum() == 1:
+        return updates[act][0]
+    u = updates[act] / norms[act, None]
+    rho = weights[act] / weights[act].sum()
+    r = np.zeros(updates.shape[1]) if reference is None else reference / np.linalg.norm(reference)
+    return r + np.linalg.pinv(u) @ (rho - u @ r)
+
+
+def t(x):
+    return torch.tensor(x, dtype=T)
+
+
+# -- exact maths --------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+def test_agrees_with_numpy_pinv(seed):
+    rng = np.random.default_rng(seed)
+    m, d = rng.integers(2, 9), rng.integers(10, 60)
+    updates = rng.normal(size=(m, d)) * rng.uniform(0.01, 10, size=(m, 1))
+    weights = rng.uniform(0.1, 5, size=m)
+    reference = rng.normal(size=d) if seed % 2 else None
+    ours = craft_direction(t(updates), t(weights), None if reference is None else t(reference))
+    np.testing.assert_allclose(ours.numpy(), reference_craft(updates, weights, reference), atol=1e-8, rtol=1e-8)
+
+
+def test_orthogonal_unit_clients_meet_their_weights_exactly():
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.normal(size=(20, 4)))  # 4 orthonormal columns
+    updates = 3.0 * q.T  # orthogonal rows of norm 3
+    weights = np.array([1.0, 2.0, 3.0, 4.0])
+    g = craft_direction(t(updates), t(weights)).numpy()
+    np.testing.assert_allclose(q.T @ g, weights / weights.sum(), atol=1e-14)
+
+
+def test_rank_deficient_gives_least_squares_without_nan():
+    rng = np.random.default_rng(2)
+    base = rng.normal(size=(2, 30))
+    updates = np.vstack([base[0], base[0], base[1]])  # two identical clients: U Uᵀ singular
+    weights = np.array([1.0, 1.0, 2.0])
+    for reference in (None, rng.normal(size=30)):
+        g = craft_direction(t(updates), t(weights), None if reference is None else t(reference)).numpy()
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, reference_craft(updates, weights, reference), atol=1e-9)
+    # the duplicated client's two targets (¼, ¼) are met by their least-squares compromise
+    u0 = base[0] / np.linalg.norm(base[0])
+    g = craft_direction(t(updates), t(weights)).numpy()
+    assert u0 @ g == pytest.approx(0.25, abs=1e-9)
+
+
+def test_inactive_clients_are_dropped_and_weights_renormalised():
+    rng = np.random.default_rng(3)
+    updates = rng.normal(size=(4, 12))
+    updates[1] = 0.0
+    weights = np.array([1.0, 50.0, 2.0, 3.0])
+    ref = rng.normal(size=12)
+    g = craft_direction(t(updates), t(weights), t(ref)).numpy()
+    keep = [0, 2, 3]
+    np.testing.assert_allclose(g, reference_craft(updates[keep], weights[keep], ref), atol=1e-10)
+    # a tolerance makes small updates inactive too
+    updates[2] *= 1e-6
+    g_tol = craft_direction(t(updates), t(weights), t(ref), tol=1e-3).numpy()
+    np.testing.assert_allclose(g_tol, reference_craft(updates[[0, 3]], weights[[0, 3]], ref), atol=1e-10)
+
+
+def test_no_active_client_gives_zero_and_one_gives_its_raw_update():
+    zeros = torch.zeros(3, 5, dtype=T)
+    assert torch.equal(craft_direction(zeros, torch.ones(3, dtype=T), torch.ones(5, dtype=T)), torch.zeros(5, dtype=T))
+    one = zeros.clone()
+    one[2] = torch.arange(5, dtype=T) + 1.0
+    g = craft_direction(one, torch.ones(3, dtype=T), torch.ones(5, dtype=T))  # reference ignored
+    assert torch.equal(g, one[2])
+
+
+def test_negative_weights_are_rejected():
+    with pytest.raises(ValueError, match="non-negative"):
+        craft_direction(torch.eye(2, dtype=T), t([1.0, -1.0]))
+
+
+def test_zero_reference_is_the_minimum_norm_solution():
+    rng = np.random.default_rng(4)
+    updates = rng.normal(size=(5, 40))
+    weights = rng.uniform(1, 3, size=5)
+    u = updates / np.linalg.norm(updates, axis=1, keepdims=True)
+    min_norm = np.linalg.lstsq(u, weights / weights.sum(), rcond=None)[0]  # independent solver
+    for reference in (None, np.zeros(40)):
+        g = craft_direction(t(updates), t(weights), None if reference is None else t(reference)).numpy()
+        np.testing.assert_allclose(g, min_norm, atol=1e-10)
+
+
+def test_no_conflict_after_correction_when_feasible():
+    rng = np.random.default_rng(5)
+    updates = rng.normal(size=(6, 50))
+    updates[5] = -updates[0] * 0.1 + 0.01 * rng.normal(size=50)  # a client opposing another
+    weights = rng.uniform(1, 5, size=6)
+    ref = rng.normal(size=50)
+    agg = aggregate_groups(t(updates), t(weights), [(0, 20), (20, 50)], t(ref))
+    assert (agg.dots > 0).all()  # ⟨Δ_i, g⟩ = Σ_q ‖Δ_iq‖ ρ_i > 0
+    diag = agg.diagnostics()
+    assert diag[craft.CONFLICT_AFTER] == 0.0 and diag[craft.ACTIVE] == 6
+
+
+def test_diagnostics_count_conflicts_with_the_plain_average():
+    # two large updates along e0 and a small one against it: the average conflicts with it
+    updates = np.array([[1.0, 0.0, 0.0], [1.0, 0.1, 0.0], [-0.5, 0.0, 0.1], [0.0, 0.0, 0.0]])
+    agg = aggregate_groups(t(updates), t(np.ones(4)), [(0, 3)])
+    avg = updates.mean(axis=0)
+    assert agg.avg_dots.numpy() == pytest.approx(updates @ avg)
+    g = reference_craft(updates, np.ones(4))
+    assert agg.dots.numpy() == pytest.approx(updates @ g)
+    assert agg.diagnostics() == {craft.ACTIVE: 3, craft.CONFLICT_BEFORE: 1 / 3, craft.CONFLICT_AFTER: 0.0}
+
+
+def test_groups_are_solved_independently():
+    rng = np.random.default_rng(6)
+    updates, weights, ref = rng.normal(size=(4, 30)), rng.uniform(1, 2, size=4), rng.normal(size=30)
+    groups = [(0, 7), (7, 8), (8, 30)]
+    got = aggregate_groups(t(updates), t(weights), groups, t(ref)).direction.numpy()
+    want = np.concatenate([reference_craft(updates[:, a:b], weights, ref[a:b]) for a, b in groups])
+    np.testing.assert_allclose(got, want, atol=1e-10)
+
+
+def test_config_step_closed_form():
+    rng = np.random.default_rng(7)
+    updates = rng.normal(size=(5, 25))
+    u = updates / np.linalg.norm(updates, axis=1, keepdims=True)
+    gv = np.linalg.pinv(u) @ np.ones(5)
+    gu = gv / np.linalg.norm(gv)
+    want = (updates @ gu).sum() * gu / 5
+    got, diag = config_step(t(updates))
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-10)
+    assert diag[craft.CONFLICT_AFTER] == 0.0
+    # identical clients: ConFIG's step is FedAvg's mean update
+    same = np.tile(updates[0], (4, 1))
+    np.testing.assert_allclose(config_step(t(same))[0].numpy(), updates[0], atol=1e-10)
+
+
+# -- layer groups -------------------------------------------------------------------------------
+def _check_cover(groups, model):
+    assert groups[0].start == 0 and groups[-1].stop == sum(v.numel() for v in model.state_dict().values())
+    assert all(a.stop == b.start for a, b in zip(groups, groups[1:]))
+    assert [k for g in groups for k in g.keys] == list(model.state_dict())
+
+
+def test_layer_groups_cnn():
+    model = build_model("cnn", (3, 32, 32), 10)
+    groups = layer_groups(model)
+    print("\n".join(f"{g.name}: {g.keys}" for g in groups))
+    assert [(g.name, g.keys) for g in groups] == [
+        ("features.0", ("features.0.weight", "features.0.bias", "features.1.weight", "features.1.bias")),
+        ("features.4", ("features.4.weight", "features.4.bias", "features.5.weight", "features.5.bias")),
+        ("features.8", ("features.8.weight", "features.8.bias", "features.9.weight", "features.9.bias")),
+        ("head.1", ("head.1.weight", "head.1.bias")),
+        ("head.3", ("head.3.weight", "head.3.bias")),
+    ]
+    _check_cover(groups, model)
+
+
+def test_layer_groups_resnet18():
+    model = build_model("resnet18", (3, 32, 32), 100)
+    groups = layer_groups(model)
+    print("\n".join(f"{g.name}: {g.keys}" for g in groups))
+    names = [g.name for g in groups]
+    # stem + 8 blocks × 2 convs + 3 projection shortcuts + fc
+    assert len(groups) == 21
+    assert names[:3] == ["stem.0", "stages.0.conv1", "stages.0.conv2"]
+    assert groups[0].keys == ("stem.0.weight", "stem.1.weight", "stem.1.bias")
+    assert "stages.2.shortcut.0" in names and names[-1] == "fc"
+    sc = groups[names.index("stages.2.shortcut.0")]
+    assert sc.keys == ("stages.2.shortcut.0.weight", "stages.2.shortcut.1.weight", "stages.2.shortcut.1.bias")
+    _check_cover(groups, model)
+
+
+def test_layer_groups_reject_a_foreign_key_order():
+    model = build_model("mlp", (1, 8, 8), 10)
+    with pytest.raises(ValueError, match="state_dict keys differ"):
+        layer_groups(model, tuple(reversed(list(model.state_dict()))))
+
+
+# -- strategies on built replies -------------------------------------------------------------
+@pytest.fixture
+def digits_round():
+    cfg = load_config({"method": "craft"})
+    template = ArrayRecord(initial_model(cfg).state_dict())
+    theta = flat.record_to_flat(template, dtype=torch.float64).numpy()
+    rng = np.random.default_rng(0)
+
+    def replies(scale=0.01, n=(10, 30, 60, 20)):
+        locals_ = [theta + scale * rng.normal(size=theta.size) for _ in n]
+        msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k) for pid, (x, k) in enumerate(zip(locals_, n))]
+        return msgs, np.stack(locals_).astype(np.float32).astype(np.float64)
+
+    return template, theta.astype(np.float32).astype(np.float64), replies
+
+
+def _run(strat, server_round, arrays, msgs):
+    strat.begin_round(server_round, arrays)
+    return strat.aggregate_train(server_round, msgs)
+
+
+def test_craft_strategy_two_rounds_layerwise(digits_round):
+    template, theta, replies = digits_round
+    strat = registry.build(load_config({"method": "craft"}))
+    groups = [(g.start, g.stop) for g in layer_groups(build_model("mlp", (1, 8, 8), 10))]
+    n = np.array([10, 30, 60, 20], dtype=np.float64)
+    msgs, locals_ = replies()
+    arrays, metrics = _run(strat, 1, template, msgs)
+    deltas = theta - locals_
+    g1 = np.concatenate([reference_craft(deltas[:, a:b], n) for a, b in groups])
+    new = flat.record_to_flat(arrays, dtype=torch.float64).numpy()
+    np.testing.assert_allclose(new, theta - 0.1 * g1, atol=2e-5)  # float32 model
+    assert metrics[craft.ACTIVE] == 4 and metrics[craft.CONFLICT_AFTER] == 0.0
+    # round 2 uses round 1's unscaled aggregate as the reference
+    theta2 = new.astype(np.float32).astype(np.float64)
+    msgs2, locals2 = replies()
+    arrays2, _ = _run(strat, 2, arrays, msgs2)
+    deltas2 = theta2 - locals2
+    g2 = np.concatenate([reference_craft(deltas2[:, a:b], n, g1[a:b]) for a, b in groups])
+    np.testing.assert_allclose(flat.record_to_flat(arrays2, dtype=torch.float64).numpy(), theta2 - 0.1 * g2, atol=2e-5)
+
+
+def test_craft_global_variant_and_options(digits_round):
+    template, theta, replies = digits_round
+    msgs, locals_ = replies()
+    strat = registry.build(load_config({"method": "craft", "craft-layerwise": False, "craft-rho": "uniform",
+                                        "server-lr": 0.5}))
+    arrays, _ = _run(strat, 1, template, msgs)
+    g = reference_craft(theta - locals_, np.ones(4))
+    np.testing.assert_allclose(flat.record_to_flat(arrays, dtype=torch.float64).numpy(), theta - 0.5 * g, atol=2e-5)
+
+
+def test_craft_checkpoint_round_trip_resumes_identically(digits_round):
+    template, _, replies = digits_round
+    rounds = [replies()[0] for _ in range(3)]
+    cfg = load_config({"method": "craft"})
+    straight = registry.build(cfg)
+    arrays = template
+    for r, msgs in enumerate(rounds, start=1):
+        arrays, _ = _run(straight, r, arrays, msgs)
+    first = registry.build(cfg)
+    mid, _ = _run(first, 1, template, rounds[0])
+    state = first.state_dict()
+    assert state["round"] == 1 and state["reference"].numel() == flat.spec_of(template).dim
+    resumed = registry.build(cfg)
+    resumed.load_state_dict(state)
+    for r, msgs in enumerate(rounds[1:], start=2):
+        mid, _ = _run(resumed, r, mid, msgs)
+    assert torch.equal(flat.record_to_flat(mid), flat.record_to_flat(arrays))
+    assert torch.equal(resumed.state_dict()["reference"], straight.state_dict()["reference"])
+    fresh = registry.build(cfg)
+    fresh.load_state_dict(registry.build(cfg).state_dict())  # empty state → no reference
+    assert fresh.reference is None
+
+
+def test_config_fl_strategy(digits_round):
+    template, theta, replies = digits_round
+    msgs, locals_ = replies()
+    strat = registry.build(load_config({"method": "config-fl", "lr": 0.1}))
+    assert not strat.layerwise
+    arrays, metrics = _run(strat, 1, template, msgs)
+    want = config_step(t(theta - locals_))[0].numpy()
+    np.testing.assert_allclose(flat.record_to_flat(arrays, dtype=torch.float64).numpy(), theta - want, atol=2e-5)
+    assert metrics[craft.ACTIVE] == 4
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [({"craft-rho": "size"}, "craft-rho"), ({"craft-tol": -1.0}, "craft-tol"), ({"craft-layerwise": 3}, "craft-layerwise")],
+)
+def test_bad_keys_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        registry.build(load_config({"method": "craft", **overrides}))
+
+
+PRESETS = sorted(Path(__file__).resolve().parents[1].glob("run_configs/craft_*.toml")) + [
+    Path(__file__).resolve().parents[1] / "run_configs/digits_craft.toml"
+]
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_presets_load_and_build(path):
+    cfg = load_config(str(path))
+    assert cfg.method == "craft" and cfg.dirichlet_alpha == 0.1
+    registry.build(cfg)
+
+
+def test_digits_preset_repeats_the_shared_setting():
+    root = Path(__file__).resolve().parents[1] / "run_configs"
+    shared = load_config(str(root / "digits.toml")).as_dict()
+    ours = load_config(str(root / "digits_craft.toml")).as_dict()
+    assert {k: v for k, v in ours.items() if k != "method"} == {k: v for k, v in shared.items() if k != "method"}
+
+
+# -- end to end ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_craft_end_to_end_writes_diagnostics(tmp_path):
+    from fedpcd_app.results import read_rounds, read_summary
+    from fedpcd_app.simulate import simulate
+
+    out = simulate({"method": "craft", "num-server-rounds": 2, "num-clients": 6, "fraction-train": 0.5,
+                    "eval-every": 1, "output-dir": str(tmp_path)})
+    rounds = read_rounds(out)
+    assert len(rounds) == 2
+    for rec in rounds:
+        diag = rec["strategy"]
+        assert diag[craft.ACTIVE] == rec["num_replies"] == 3
+        assert diag[craft.CONFLICT_AFTER] == 0.0 and 0.0 <= diag[craft.CONFLICT_BEFORE] <= 1.0
+    assert read_summary(out)
+
+
+def test_records_to_deltas_matches_and_reuses_its_buffer(digits_round):
+    template, theta, replies = digits_round
+    msgs, locals_ = replies()
+    records = [m.content["arrays"] for m in msgs]
+    cur = torch.tensor(theta, dtype=torch.float32)
+    buf = torch.full((6, cur.numel()), float("nan"))
+    got = flat.records_to_deltas(cur, records, out=buf)
+    assert got.data_ptr() == buf.data_ptr() and got.shape == (4, cur.numel())
+    np.testing.assert_array_equal(got.numpy(), (cur.unsqueeze(0) - flat.records_to_matrix(records)).numpy())
+    with pytest.raises(ValueError, match="cannot hold"):
+        flat.records_to_deltas(cur, records, out=torch.empty(3, cur.numel()))
+    with pytest.raises(ValueError, match="parameters"):
+        flat.records_to_deltas(cur[:-1].contiguous(), records)
