@@ -34,7 +34,8 @@ def scaffold_server_step(theta: torch.Tensor, local: torch.Tensor, delta_c: torc
 
 class ScaffoldStrategy(FairStrategy):
     client_method = "scaffold"
-    needs_individual_updates = False  # means of y_i and Δc_i: sums suffice (not the mirror)
+    # The update needs only sums, but the exact c_i mirror (for resume) needs each Δc_i.
+    needs_individual_updates = True
     required_records = (DELTA_C,)
 
     def __init__(self, cfg) -> None:

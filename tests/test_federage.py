@@ -198,3 +198,16 @@ def test_state_round_trip(replies):
 def test_bad_config_is_one_clear_error(bad, key):
     with pytest.raises(ConfigError, match=key):
         registry.build(load_config({"method": "federage", **bad}))
+
+
+@pytest.mark.parametrize("preset", sorted(
+    str(p) for pattern in ("federage_*.toml", "digits_federage*.toml")
+    for p in __import__("pathlib").Path(__file__).resolve().parent.parent.joinpath("run_configs").glob(pattern)))
+def test_presets_load_with_the_papers_setting(preset):
+    from fedpcd_app.config import parse_overrides
+    from fedpcd_app.sampler import PARTICIPATION
+
+    c = load_config(parse_overrides(preset))
+    registry.build(c)
+    assert (c.num_clients, c.clients_per_round, c.partitioner, c.classes_per_client) == (30, 3, "pathological", 2)
+    assert c.params["participation"] in PARTICIPATION
