@@ -1,33 +1,175 @@
-"""Which partitions train in which round: the server's own seeded sampler.
+"""Which partitions train in which round: the server's own seeded availability model.
 
 The draw of round t depends only on (seed, t) — not on the method, nor on what happened
 in earlier rounds — so every method under one seed sees the same clients in the same
 rounds, and a run resumed at round k draws exactly what the uninterrupted run drew.
+
+Three availability models (``participation``), after the random access model (RAM) of
+FedeRage (paper 003, Sec. II-B): an external mechanism, hidden from the strategy, decides
+who reaches the server.
+
+* ``uniform`` (default) — M = round(fraction-train · N) clients without replacement,
+  every client equally likely.
+* ``skewed`` — exactly M clients per round, client i present with the per-round
+  probability π_i of a skewed profile (Σ π_i = M). Drawn by systematic πps sampling over
+  a fresh random order each round (Madow, 1949), which gives exactly these inclusion
+  probabilities with a fixed round size.
+* ``bernoulli`` — each client present independently with probability π_i: variable-size
+  rounds (E|S_t| = M), possibly empty.
+
+The profile π (``availability-*`` keys): ``availability-rare-clients`` = k clients are
+present with probability ``availability-rare-prob`` per round, the other N − k share the
+remaining M − k·p_rare equally (capped at 1). Which clients are rare:
+``availability-rare-choice`` = ``rarest-classes`` (the holders of the classes held by the
+fewest clients, as in the paper's experiments: the rarest data arrives the least often)
+or ``last`` (partition ids N − k … N − 1). The strategy never sees π; the server writes
+it to ``availability.json`` for the figures.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedpcd_app.config import RunConfig
+from fedpcd_app.config import ConfigError, RunConfig
 from fedpcd_app.seeding import numpy_rng
+
+PARTICIPATION = ("uniform", "skewed", "bernoulli")
+RARE_CHOICES = ("rarest-classes", "last")
+
+
+def inclusion_probabilities(weights: np.ndarray, m: float) -> np.ndarray:
+    """π ∝ weights with Σ π = m and π ≤ 1 (clients that would exceed 1 are capped at 1).
+
+    The standard πps construction: cap, then spread the rest over the uncapped clients in
+    proportion to their weights, until no value exceeds 1.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if np.any(w < 0) or w.sum() <= 0:
+        raise ValueError("availability weights must be >= 0 with a positive sum")
+    if m > np.count_nonzero(w):
+        raise ValueError(f"cannot draw {m} clients from {np.count_nonzero(w)} with nonzero availability")
+    pi = np.zeros_like(w)
+    capped = np.zeros(w.size, dtype=bool)
+    while True:
+        free = ~capped
+        pi[free] = (m - capped.sum()) * w[free] / w[free].sum()
+        over = free & (pi > 1.0)
+        if not over.any():
+            break
+        capped |= over
+        pi[capped] = 1.0
+    return pi
+
+
+def systematic_sample(pi: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of a fixed-size sample with P(i in sample) = π_i exactly (Σ π integer).
+
+    Madow's systematic sampling: lay the π_i end to end in a random order and take the
+    items under the points u, u + 1, …, u + M − 1 with u ~ U[0, 1).
+    """
+    order = rng.permutation(pi.size)
+    edges = np.concatenate([[0.0], np.cumsum(pi[order])])
+    m = int(round(edges[-1]))
+    edges *= m / edges[-1]  # exact total: no point can fall past the last edge
+    points = rng.uniform() + np.arange(m)
+    picked = np.searchsorted(edges, points, side="right") - 1
+    return order[np.clip(picked, 0, pi.size - 1)]
+
+
+def rarest_class_holders(label_counts: np.ndarray, k: int) -> list[int]:
+    """The k clients holding the classes held by the fewest clients (ties: fewer examples).
+
+    Walks the classes from the rarest and takes each one's holders (largest share first)
+    until k clients are chosen.
+    """
+    holders = (label_counts > 0).sum(axis=0)
+    totals = label_counts.sum(axis=0)
+    chosen: list[int] = []
+    for c in np.lexsort((totals, holders)):  # by holder count, then by size
+        if holders[c] == 0:
+            continue
+        for client in np.argsort(-label_counts[:, c], kind="stable"):
+            if label_counts[client, c] > 0 and int(client) not in chosen:
+                chosen.append(int(client))
+            if len(chosen) == k:
+                return sorted(chosen)
+    return sorted(chosen)
 
 
 class Sampler:
-    """Uniform sampling of ``round(fraction-train · N)`` partition ids without replacement."""
+    """Seeded availability model over the present partition ids (see the module doc)."""
 
     def __init__(self, cfg: RunConfig, available: list[int] | None = None) -> None:
         self.cfg = cfg
         self.available = np.array(sorted(available if available is not None else range(cfg.num_clients)))
         self.per_round = min(cfg.clients_per_round, len(self.available))
+        self.participation = cfg.get_choice("participation", PARTICIPATION, "uniform")
+        self.rare_clients: list[int] = []
+        if self.participation == "uniform":
+            self.probabilities = np.full(len(self.available), self.per_round / len(self.available))
+        else:
+            self.probabilities = self._skewed_profile()
+
+    def _skewed_profile(self) -> np.ndarray:
+        cfg = self.cfg
+        n = len(self.available)
+        k = cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
+        p_rare = cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
+        choice = cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
+        if k * p_rare >= self.per_round:
+            raise ConfigError(
+                f"run-config key 'availability-rare-prob' = {p_rare}: {k} rare clients would fill the "
+                f"{self.per_round} places of a round; lower it or availability-rare-clients"
+            )
+        if choice == "last":
+            rare = list(range(cfg.num_clients - k, cfg.num_clients))
+        else:
+            from client_app.data import load_federated_data  # the server holds the data already
+
+            rare = rarest_class_holders(load_federated_data(cfg).label_counts(), k)
+        self.rare_clients = [r for r in rare if r in set(self.available.tolist())]
+        is_rare = np.isin(self.available, self.rare_clients)
+        # Rare clients keep their probability; the others share what remains of M equally.
+        weights = np.where(is_rare, 0.0, 1.0)
+        pi = np.where(is_rare, p_rare, 0.0)
+        rest = self.per_round - pi.sum()
+        if (~is_rare).sum() < rest:
+            raise ConfigError(
+                f"run-config key 'fraction-train': {self.per_round} per round cannot be filled by "
+                f"{(~is_rare).sum()} frequent clients; lower fraction-train or availability-rare-clients"
+            )
+        pi[~is_rare] = inclusion_probabilities(weights[~is_rare], rest) if (~is_rare).any() else 0.0
+        return pi
 
     def sample(self, server_round: int) -> list[int]:
         rng = numpy_rng(self.cfg.seed, "sample", server_round)
-        picked = rng.choice(len(self.available), size=self.per_round, replace=False)
+        if self.participation == "uniform":
+            picked = rng.choice(len(self.available), size=self.per_round, replace=False)
+        elif self.participation == "skewed":
+            picked = systematic_sample(self.probabilities, rng)
+        else:
+            picked = np.flatnonzero(rng.uniform(size=len(self.available)) < self.probabilities)
         return sorted(int(p) for p in self.available[picked])
 
+    def profile(self) -> dict:
+        """The availability profile (for ``availability.json``; never given to a strategy)."""
+        probs = np.zeros(self.cfg.num_clients)
+        probs[self.available] = self.probabilities
+        return {
+            "participation": self.participation,
+            "per_round": self.per_round,
+            "probabilities": probs.tolist(),
+            "rare_clients": self.rare_clients,
+            "available": self.available.tolist(),
+        }
+
     def describe(self) -> str:
-        return f"uniform, {self.per_round} of {len(self.available)} per round"
+        n = len(self.available)
+        if self.participation == "uniform":
+            return f"uniform, {self.per_round} of {n} per round"
+        size = f"{self.per_round}" if self.participation == "skewed" else f"~{self.per_round} (variable)"
+        return (f"{self.participation}, {size} of {n} per round; rare clients {self.rare_clients} "
+                f"at p={self.probabilities[np.isin(self.available, self.rare_clients)].max(initial=0):.3g}")
 
 
 def build_sampler(cfg: RunConfig, available: list[int] | None = None) -> Sampler:

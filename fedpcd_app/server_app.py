@@ -27,7 +27,7 @@ from fedpcd_app.config import RunConfig, parse_run_config, resolve
 from fedpcd_app.evaluation import score_central, score_clients
 from fedpcd_app.metrics import fairness_metrics
 from fedpcd_app.replies import validate_train_replies
-from fedpcd_app.results import ResultsWriter
+from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.sampler import build_sampler
 from strategies import flat, registry
 
@@ -93,6 +93,7 @@ class Experiment:
             log.warning("%d of %d partitions have no node: sampling among the %d present",
                         missing, self.cfg.num_clients, len(self.node_of))
         self.sampler = build_sampler(self.cfg, sorted(self.node_of))
+        write_json_atomic(self.writer.dir / "availability.json", self.sampler.profile())
 
     # -- one round -----------------------------------------------------------------------
     def request_config(self, server_round: int, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,10 +120,12 @@ class Experiment:
                 keys.ARRAYS: self.arrays,
                 keys.CONFIG: ConfigRecord({**base, keys.PARTITION_ID: pid}),
                 **plan.records,
+                **plan.client_records.get(pid, {}),
             })
             msgs.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                 group_id=str(server_round)))
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None))
+        # A Bernoulli availability round can be empty: nothing to send, the model stays.
+        replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None)) if msgs else []
         t_train = time.perf_counter() - t0
         valid, dropped = validate_train_replies(
             replies, expected, self.spec,

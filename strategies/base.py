@@ -43,6 +43,9 @@ class RoundPlan:
 
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     records: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> ArrayRecord
+    # Extra records for one partition only (partition id -> name -> ArrayRecord), sent
+    # when that partition is sampled (SCAFFOLD: a client's control variate after a resume).
+    client_records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -76,7 +76,7 @@ def _discover() -> None:
 
 
 def get_client_method(name: str) -> ClientMethod:
-    if not _REGISTRY:
+    if name not in _REGISTRY:  # not "if empty": importing one method module registers only it
         _discover()
     if name not in _REGISTRY:
         raise ValueError(f"unknown client method {name!r}; known: {', '.join(sorted(_REGISTRY))}")

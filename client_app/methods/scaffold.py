@@ -1,0 +1,83 @@
+"""SCAFFOLD's client (Karimireddy et al., ICML 2020), option II.
+
+Each local step uses the corrected gradient g − c_i + c (c: the server's control
+variate, sent each round as the ArrayRecord ``scaffold-c``; c_i: this client's, kept in
+its context state under ``scaffold-c-i``). After K steps of size η_l from θ_t to y_i:
+
+    c_i⁺ = c_i − c + (θ_t − y_i) / (K · η_l)
+
+The reply carries y_i (the model) and Δc_i = c_i⁺ − c_i (ArrayRecord ``scaffold-delta-c``);
+the client stores c_i + Δc_i, the very float32 sum the server forms to mirror c_i, so the
+server's copy stays bit-identical. A request that carries ``scaffold-c-i`` (the server
+does so once per client after resuming from a checkpoint, when context states are gone)
+sets c_i before training. Control variates cover the model's parameters; buffers (e.g.
+BatchNorm statistics) keep zero entries. With momentum the (θ_t − y_i)/(K η_l) estimate
+is no longer the mean gradient: SCAFFOLD assumes plain SGD.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.methods.sgd import run_sgd
+from strategies import flat
+
+C_GLOBAL = "scaffold-c"  # request: the server control variate c
+C_CLIENT = "scaffold-c-i"  # context state (and request after a resume): this client's c_i
+DELTA_C = "scaffold-delta-c"  # reply: Δc_i
+
+
+def control_update(c_i: torch.Tensor, c: torch.Tensor, theta: torch.Tensor, y: torch.Tensor,
+                   num_steps: int, lr: float) -> torch.Tensor:
+    """Option II: c_i⁺ = c_i − c + (θ_t − y_i) / (K · η_l)."""
+    return c_i - c + (theta - y) / (num_steps * lr)
+
+
+def parameter_mask(model: nn.Module, spec: flat.FlatSpec) -> torch.Tensor:
+    """(d,) bool: which entries of the flat state-dict vector are trainable parameters."""
+    names = {n for n, _ in model.named_parameters()}
+    mask = torch.zeros(spec.dim, dtype=torch.bool)
+    for key, (a, b) in zip(spec.keys, spec.offsets()):
+        mask[a:b] = key in names
+    return mask
+
+
+def corrected_gradients(model: nn.Module, spec: flat.FlatSpec, correction: torch.Tensor):
+    """A ``before_step`` hook adding ``correction`` (c − c_i, flat) to each parameter's gradient."""
+    slices = dict(zip(spec.keys, spec.offsets()))
+    pieces = []
+    for name, p in model.named_parameters():
+        a, b = slices[name]
+        pieces.append((p, correction[a:b].reshape(p.shape).to(p.device, p.dtype)))
+
+    @torch.no_grad()
+    def hook(_: nn.Module) -> None:
+        for p, corr in pieces:
+            if p.grad is not None:
+                p.grad.add_(corr)
+
+    return hook
+
+
+def _flat_or_zeros(record, d: int) -> torch.Tensor:
+    return flat.record_to_flat(record) if record is not None else torch.zeros(d)
+
+
+@register_client_method("scaffold")
+def scaffold(job: TrainJob) -> TrainOutcome:
+    spec = flat.spec_of(job.global_arrays)
+    theta = flat.record_to_flat(job.global_arrays)
+    c = _flat_or_zeros(job.request.get(C_GLOBAL), spec.dim)
+    c_i = _flat_or_zeros(job.request.get(C_CLIENT, job.state.get(C_CLIENT)), spec.dim)
+    outcome = run_sgd(job, before_step=corrected_gradients(job.model, spec, c - c_i))
+    from flwr.app import ArrayRecord
+
+    y = flat.record_to_flat(ArrayRecord(job.model.state_dict()))
+    mask = parameter_mask(job.model, spec)
+    c_new = torch.where(mask, control_update(c_i, c, theta, y, max(outcome.num_steps, 1), job.lr), 0.0)
+    delta = c_new - c_i
+    job.state[C_CLIENT] = flat.flat_to_record(c_i + delta, spec)
+    outcome.records[DELTA_C] = flat.flat_to_record(delta, spec)
+    return outcome
