@@ -9,6 +9,8 @@ node config (``partition-id``, set by the simulation engine or by
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -20,6 +22,7 @@ from client_app.training import device, evaluate
 from fedpcd_app import keys
 from fedpcd_app.config import RunConfig, parse_run_config
 from fedpcd_app.seeding import derive_seed, torch_generator
+from strategies import flat
 
 app = ClientApp()
 
@@ -47,9 +50,29 @@ def request_config(msg: Message) -> tuple[RunConfig, dict]:
 
 def model_for(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
     data = load_federated_data(cfg)
-    model = build_model(cfg.model, data.input_shape, data.num_classes)
-    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-    return model.to(device())
+    model = build_model(cfg.model, data.input_shape, data.num_classes).to(device())
+    load_arrays(model, arrays)
+    return model
+
+
+@torch.no_grad()
+def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
+    """``model.load_state_dict(arrays.to_torch_state_dict(), strict=True)`` with one copy
+    per tensor instead of three (the bytes are read in place and copied straight to the
+    model's device): a third of a CNN message's client overhead."""
+    state = model.state_dict()
+    if list(state) != list(arrays.keys()):
+        raise ValueError(
+            f"the received model's keys {list(arrays.keys())[:4]}... do not match the run's model "
+            f"{list(state)[:4]}...: the server and the clients must use the same model and dataset"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only view: only read from, never written
+        for name, tensor in state.items():
+            view = torch.from_numpy(flat.array_view(arrays[name]))
+            if view.shape != tensor.shape:
+                raise ValueError(f"received {name} of shape {tuple(view.shape)}, the model has {tuple(tensor.shape)}")
+            tensor.copy_(view)
 
 
 @app.query()

@@ -280,7 +280,10 @@ def _read_parquet(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     for col in ("image", "label"):
         if col not in table.column_names:
             raise DataError(f"dataset-path: {path} has no '{col}' column (has {table.column_names})")
-    labels = np.asarray(table.column("label").to_pylist(), dtype=np.int64)
+    labels = table.column("label").to_numpy().astype(np.int64)
+    numeric = _numeric_lists(table.column("image"))
+    if numeric is not None:  # fast path: no per-pixel Python objects
+        return _images_to_nchw(numeric), labels
     images = table.column("image").to_pylist()
     if images and isinstance(images[0], dict):  # encoded image as written by `datasets`
         from PIL import Image
@@ -291,6 +294,31 @@ def _read_parquet(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     except (ValueError, IndexError) as exc:
         raise DataError(f"dataset-path: images in {path} do not all have the same shape") from exc
     return _images_to_nchw(arr), labels
+
+
+def _numeric_lists(column) -> np.ndarray | None:
+    """A column of equal-shape nested numeric lists as one float32 array, else None.
+
+    The same values as ``np.asarray(column.to_pylist(), dtype=np.float32)``, without
+    building a Python object per pixel (seconds per process for CIFAR-sized data).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    shape = [len(arr)]
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        if arr.null_count or len(arr) == 0:
+            return None
+        lengths = pc.list_value_length(arr)
+        lo, hi = pc.min(lengths).as_py(), pc.max(lengths).as_py()
+        if lo != hi:
+            return None  # ragged: the slow path reports the shape error
+        shape.append(lo)
+        arr = arr.flatten()
+    if len(shape) < 3 or not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)) or arr.null_count:
+        return None
+    return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(shape)
 
 
 def _images_to_nchw(arr: np.ndarray) -> np.ndarray:
