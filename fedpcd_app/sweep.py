@@ -15,8 +15,11 @@ A sweep file (TOML)::
     name = "fedpcd"             # the label in tables and figures
     method = "fedpcd"
     fedpcd-tau = [0.01, 0.02]   # a list forms a grid (Cartesian product over list keys)
+    [methods.by-setting."alpha0.1"] # optional: keys (or grids) for one setting only
+    fedpcd-tau = 0.05
 
-Precedence (later wins): pyproject defaults < ``[base]`` < setting < method < grid point <
+Precedence (later wins): pyproject defaults < ``[base]`` < setting < method (its
+``by-setting`` table over its other keys) < grid point <
 ``seed`` and ``output-dir``. Paired seeds come from the run config: ``seed`` alone fixes the
 partition, initial model, sampled clients and batch order, so every method under one seed
 sees the same federation (FedPCD paper, Sec. 5: "five paired random seeds").
@@ -162,6 +165,12 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     for setting, skeys in settings:
         skeys = _scalars(skeys, f"[[settings]] '{setting}'", allow_lists=False)
         for label, mkeys in methods:
+            mkeys = dict(mkeys)
+            per_setting = mkeys.pop("by-setting", {})
+            if not isinstance(per_setting, dict) or set(per_setting) - {n for n, _ in settings}:
+                raise SweepError(f"[[methods]] '{label}': 'by-setting' must be a table keyed by setting names "
+                                 f"({', '.join(n for n, _ in settings)})")
+            mkeys.update(per_setting.get(setting, {}))
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
             grid_keys = [k for k, v in mkeys.items() if isinstance(v, list)]
             fixed = {k: v for k, v in mkeys.items() if not isinstance(v, list)}

@@ -140,3 +140,13 @@ def test_interrupted_sweep_restarts_and_finishes_the_rest(tmp_path):
     expected = [(r["round"], r["eval"]["mean_acc"]) for r in read_rounds(second)]
     assert [s for s, _ in logged] == [1, 2]
     assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def test_by_setting_keys_override_the_method_entry_for_that_setting_only():
+    s = _sweep(methods=[{"name": "m", "method": "fedavg", "lr": 0.1,
+                         "by-setting": {"a1": {"lr": [0.3, 0.4]}}}])
+    assert [r.overrides["lr"] for r in s.runs if r.setting == "a0.1"] == [0.1, 0.1]
+    assert [(r.variant, r.seed) for r in s.runs if r.setting == "a1"] == [
+        ("lr=0.3", 0), ("lr=0.3", 1), ("lr=0.4", 0), ("lr=0.4", 1)]
+    with pytest.raises(sweep.SweepError, match="keyed by setting names"):
+        _sweep(methods=[{"name": "m", "by-setting": {"nosuch": {"lr": 0.2}}}])
