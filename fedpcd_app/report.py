@@ -12,7 +12,8 @@ over seeds of the best FedAvg entry), read from the evaluation records of ``roun
 (a run reaches the target at its first evaluation round with ā ≥ target).
 
 The std over seeds is the sample std (ddof = 1; 0 for a single seed). The best value of
-each column is in bold (highest, except σ_c and rounds: lowest). Markdown shows
+each column is in bold (highest, except σ_c and rounds: lowest; only when there is a
+comparison). Markdown shows
 accuracies as percentages with 2 decimals and Jain's index (a ratio in [1/N, 1]) with 4;
 the CSV holds raw fractions.
 """
@@ -168,10 +169,10 @@ def _best_marks(rows: list[Row]) -> dict[tuple[str, str, str], bool]:
             vals = [r.stats[key][0] for r in group]
             finite = [v for v in vals if not math.isnan(v)]
             for r, v in zip(group, vals):
-                marks[(setting, r.method, key)] = bool(finite) and v == (max(finite) if high else min(finite))
+                marks[(setting, r.method, key)] = len(finite) > 1 and v == (max(finite) if high else min(finite))
         reach = [r.rounds[0] for r in group if r.rounds and r.rounds[2] == len(r.seeds)]
         for r in group:
-            marks[(setting, r.method, "rounds")] = (bool(reach) and r.rounds is not None
+            marks[(setting, r.method, "rounds")] = (len(group) > 1 and bool(reach) and r.rounds is not None
                                                     and r.rounds[2] == len(r.seeds) and r.rounds[0] == min(reach))
     return marks
 

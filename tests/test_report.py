@@ -137,3 +137,10 @@ def test_explicit_target_and_unreached(sweep_out):
 def test_report_of_empty_folder_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="no finished run"):
         report.report(tmp_path)
+
+
+def test_no_bold_without_a_comparison(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, "solo", "fedavg", seed, [0.5, 0.7, 0.9])
+    md, _ = report.report(tmp_path)
+    assert "**" not in md.read_text()
