@@ -90,7 +90,7 @@ def client_histograms(chosen: dict[str, list[Run]], setting: str, path: Path) ->
         acc = 100 * np.array([a for r in rs for a in r.summary["client_acc"] if a is not None])
         ax.hist(acc, bins=bins, color="tab:blue", alpha=0.8, edgecolor="white")
         ax.axvline(acc.mean(), color="k", ls="--", lw=1, label=f"mean {acc.mean():.1f}%")
-        ax.set(title=f"{method} ({len(rs)} seeds, {acc.size} clients)", xlabel="client accuracy (%)",
+        ax.set(title=f"{method} ({len(rs)} seeds × {acc.size // len(rs)} clients)", xlabel="client accuracy (%)",
                ylabel="clients")
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[n:]:

@@ -66,11 +66,18 @@ class Run:
 
 
 def load_runs(out: str | Path) -> list[Run]:
-    """Every finished run (``run.json`` and ``summary.json``) under a sweep output folder."""
+    """Every finished run (``run.json`` and ``summary.json``) of a sweep output folder: the
+    runs its ``sweep.json`` lists (the current sweep file), or every run folder below it."""
     out = Path(out)
+    if (out / MANIFEST).is_file():
+        run_files = [out / r["folder"] / RUN_FILE for r in json.loads((out / MANIFEST).read_text())["runs"]]
+    else:
+        run_files = sorted(out.rglob(RUN_FILE))
     runs = []
-    for run_file in sorted(out.rglob(RUN_FILE)):
+    for run_file in run_files:
         folder = run_file.parent
+        if not run_file.is_file():
+            continue
         if not (folder / SUMMARY).is_file():
             continue
         labels = json.loads(run_file.read_text())

@@ -227,10 +227,23 @@ def _run_one(overrides: dict[str, Scalar], folder: str) -> str:
     return str(simulate({**overrides, "output-dir": folder}))
 
 
+def check_finished(sweep: Sweep, out: Path) -> None:
+    """A finished run is reused only if it was made with the same overrides (an edited
+    sweep file must not silently mix old results into a new table)."""
+    for run in sweep.runs:
+        folder = run.folder(out)
+        if is_done(folder) and (folder / RUN_FILE).is_file():
+            old = json.loads((folder / RUN_FILE).read_text()).get("overrides")
+            if old != json.loads(json.dumps(run.overrides)):
+                raise SweepError(f"{folder} holds a finished run made with other settings ({old}); "
+                                 "delete that folder or use another --out")
+
+
 def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True) -> list[tuple[RunSpec, str]]:
     """Run every pending run; returns the failures ``(run, reason)`` (finished runs are kept)."""
     from tqdm import tqdm
 
+    check_finished(sweep, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / MANIFEST, {"name": sweep.name, "seeds": sweep.seeds, "source": sweep.source,
                                        "runs": [{**r.labels(), "folder": str(r.folder(out).relative_to(out))}
@@ -272,10 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweep(args.sweep)
         validate(sweep)
+        out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
+        check_finished(sweep, out)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
     done = sum(is_done(r.folder(out)) for r in sweep.runs)
     print(f"{sweep.name}: {len(sweep.runs)} runs ({done} already done) -> {out}")
     if args.dry_run:

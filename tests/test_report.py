@@ -144,3 +144,11 @@ def test_no_bold_without_a_comparison(tmp_path):
         make_run(tmp_path, "solo", "fedavg", seed, [0.5, 0.7, 0.9])
     md, _ = report.report(tmp_path)
     assert "**" not in md.read_text()
+
+
+def test_manifest_limits_the_report_to_the_current_sweep(sweep_out):
+    # the sweep file now lists only FedAvg: the old FedPCD folders are not in the table
+    runs = [{"setting": "alpha0.1", "method": "fedavg", "folder": f"alpha0.1/fedavg/base/seed{k}"} for k in range(3)]
+    (sweep_out / "sweep.json").write_text(json.dumps({"name": "only-fedavg", "runs": runs}))
+    _, csv_path = report.report(sweep_out)
+    assert [r["method"] for r in csv.DictReader(open(csv_path))] == ["fedavg"]

@@ -150,3 +150,16 @@ def test_by_setting_keys_override_the_method_entry_for_that_setting_only():
         ("lr=0.3", 0), ("lr=0.3", 1), ("lr=0.4", 0), ("lr=0.4", 1)]
     with pytest.raises(sweep.SweepError, match="keyed by setting names"):
         _sweep(methods=[{"name": "m", "by-setting": {"nosuch": {"lr": 0.2}}}])
+
+
+def test_finished_run_with_other_overrides_is_not_reused(tmp_path):
+    s = _sweep()
+    run = s.runs[0]
+    folder = run.folder(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    (folder / "run.json").write_text(json.dumps({**run.labels(), "overrides": {**run.overrides, "lr": 0.3}}))
+    with pytest.raises(sweep.SweepError, match="finished run made with other settings"):
+        sweep.check_finished(s, tmp_path)
+    (folder / "run.json").write_text(json.dumps(run.labels()))
+    sweep.check_finished(s, tmp_path)  # same overrides: reused
