@@ -10,7 +10,7 @@ Per setting (each method at its best grid point, chosen as in :mod:`fedpcd_app.r
   over seeds, one panel per method (FedPCD Fig. 4, CRAFT Fig. 3).
 * ``<setting>_frontier.png`` — ā against σ_c: the seed mean, with bars spanning the
   seeds' range on both axes (FedPCD's accuracy–spread frontier, Figs. 5, 15, 16).
-* ``<setting>_history.png`` — only for runs with ``fedpcd-history`` in their config: ā,
+* ``<setting>_history.png`` — for method entries run at several ``fedpcd-history`` values: ā,
   W₁₀ and the mean number of active constraints (``fedpcd-active`` in the ``strategy``
   entries of ``rounds.jsonl``, averaged over rounds) against H, mean ± std over seeds
   (FedPCD Fig. 17); one line per method entry and values of its other grid keys.
@@ -131,6 +131,9 @@ def history_sweep(runs: list[Run], setting: str, path: Path) -> Path | None:
     for r in runs:
         others = ",".join(f"{k}={v}" for k, v in r.grid.items() if k != HISTORY_KEY)
         lines[r.method + (f" ({others})" if others else "")][int(r.summary["config"][HISTORY_KEY])].append(r)
+    lines = {name: by_h for name, by_h in lines.items() if len(by_h) > 1}  # a sweep over H, not one fixed H
+    if not lines:
+        return None
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     panels = ((lambda r: 100 * r.summary["mean_acc"], "ā (%)"), (lambda r: 100 * r.summary["worst10_acc"], "W₁₀ (%)"),
               (mean_active, "active constraints (mean over rounds)"))

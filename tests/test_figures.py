@@ -55,3 +55,11 @@ def test_no_history_or_availability_figure_without_their_data(tmp_path):
         make_run(tmp_path, "s", "fedavg", seed, [0.5, 0.7, 0.9])
     names = {p.name for p in figures.make_figures(tmp_path)}
     assert {"s_convergence.png", "s_client_hist.png", "s_frontier.png", "s_labels.png"} == names
+
+
+def test_history_figure_needs_several_windows(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, "s", "fedpcd", seed, [0.5, 0.7, 0.9], registered="fedpcd", extra={"num-clients": 3},
+                 grid={"fedpcd-history": 10})
+    run_paths = {p.name for p in figures.make_figures(tmp_path)}
+    assert "s_history.png" not in run_paths and "s_convergence.png" in run_paths
