@@ -29,6 +29,7 @@ from fedpcd_app.metrics import fairness_metrics
 from fedpcd_app.replies import validate_train_replies
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.sampler import build_sampler
+from fedpcd_app.tracking import tracker_for
 from strategies import flat, registry
 
 log = logging.getLogger("fedpcd")
@@ -63,6 +64,7 @@ class Experiment:
         self.spec = flat.spec_of(self.arrays)
         self.eval_model = model.to(device()) if self.eval_mode == "server" else None
         self.writer = ResultsWriter(cfg)
+        self.tracker = tracker_for(cfg, self.writer.dir)  # TensorBoard, when tensorboard = true
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.sampler = None
         self.times_sampled = np.zeros(cfg.num_clients, dtype=np.int64)
@@ -237,6 +239,8 @@ class Experiment:
                 record["eval"] = self.evaluate(server_round)
             self.history.append(record)
             self.writer.round(record)
+            if self.tracker is not None:
+                self.tracker.round(record)
             self.log_round(record)
             self.after_round(server_round)
         return self.finish()
@@ -290,6 +294,8 @@ class Experiment:
         }
         self.writer.summary(summary)
         self.writer.close()
+        if self.tracker is not None:
+            self.tracker.close()
         log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                  summary["mean_acc"], summary["worst10_acc"], summary["jain"],
                  summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)

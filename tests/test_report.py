@@ -1,0 +1,154 @@
+"""The report table from fake run folders: hand-computed means/stds, best grid point, rounds."""
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from fedpcd_app import report
+from fedpcd_app.config import resolve
+from fedpcd_app.metrics import fairness_metrics
+from fedpcd_app.results import write_json_atomic
+
+
+def make_run(out: Path, setting: str, method: str, seed: int, client_acc: list[float], *,
+             grid: dict | None = None, registered: str | None = None, curve: dict[int, float] | None = None,
+             strategy: dict[int, dict] | None = None, central: float = 0.5, extra: dict | None = None) -> Path:
+    """A finished run folder as the sweep and the server write it (run.json, summary.json,
+    rounds.jsonl, clients.csv); the final metrics are computed from ``client_acc``."""
+    grid = grid or {}
+    variant = ",".join(f"{k}={v}" for k, v in grid.items()) or "base"
+    folder = out / setting / method / variant / f"seed{seed}"
+    folder.mkdir(parents=True)
+    config = resolve({"method": "fedavg", "num-clients": len(client_acc), "num-server-rounds": 30, "seed": seed,
+                      **(extra or {})})
+    config["method"] = registered or method  # FedPCD etc. are not on this branch: fake their name only
+    config.update(grid)
+    metrics = fairness_metrics(client_acc)
+    write_json_atomic(folder / "run.json", {"setting": setting, "method": method, "variant": variant,
+                                            "grid": grid, "seed": seed, "overrides": {}})
+    write_json_atomic(folder / "summary.json", {"method": config["method"], "seed": seed, "rounds": 30, **metrics,
+                                                "central_acc": central, "client_acc": client_acc, "config": config})
+    curve = curve or {30: metrics["mean_acc"]}
+    with open(folder / "rounds.jsonl", "w") as fh:
+        for r in range(1, 31):
+            rec = {"round": r, "num_replies": 5}
+            if r in curve:
+                rec["eval"] = {"mean_acc": curve[r], "worst10_acc": curve[r] - 0.1}
+            if strategy and r in strategy:
+                rec["strategy"] = strategy[r]
+            fh.write(json.dumps(rec) + "\n")
+    with open(folder / "clients.csv", "w") as fh:
+        fh.write("partition_id,num_train,num_test,times_sampled,final_acc,final_loss\n")
+        for i, a in enumerate(client_acc):
+            fh.write(f"{i},10,3,{(i % 3) * 5},{a},0.1\n")
+    return folder
+
+
+# per seed: client accuracies (10 clients) → final mean_acc = their mean
+FEDAVG = {0: [0.5] * 5 + [0.9] * 5, 1: [0.6] * 5 + [0.9] * 5, 2: [0.55] * 5 + [0.95] * 5}  # means .70 .75 .75
+TAU1 = {0: [0.8] * 10, 1: [0.7] * 10, 2: [0.7] * 10}       # means .80 .70 .70 → mean .7333
+TAU2 = {0: [0.78] * 10, 1: [0.76] * 10, 2: [0.74] * 10}    # means .78 .76 .74 → mean .76 (best by mean)
+CURVES = {  # eval rounds 10/20/30; target = FedAvg's mean final = (0.70+0.75+0.75)/3 = 0.7333...
+    0: {10: 0.60, 20: 0.74, 30: 0.78},  # reaches at 20
+    1: {10: 0.74, 20: 0.75, 30: 0.76},  # reaches at 10
+    2: {10: 0.50, 20: 0.60, 30: 0.74},  # reaches at 30
+}
+
+
+@pytest.fixture
+def sweep_out(tmp_path):
+    for seed in range(3):
+        acc = FEDAVG[seed]
+        make_run(tmp_path, "alpha0.1", "fedavg", seed, acc, central=0.6 + 0.01 * seed,
+                 curve={10: 0.3, 20: 0.5, 30: sum(acc) / len(acc)})
+        make_run(tmp_path, "alpha0.1", "fedpcd", seed, TAU1[seed], grid={"fedpcd-tau": 0.01})
+        make_run(tmp_path, "alpha0.1", "fedpcd", seed, TAU2[seed], grid={"fedpcd-tau": 0.02}, curve=CURVES[seed])
+    return tmp_path
+
+
+def test_best_grid_point_is_chosen_by_mean_over_seeds(sweep_out):
+    # Prepare: τ=0.01 wins seed 0 (0.80 vs 0.78) but τ=0.02 has the higher mean (0.76 vs 0.7333)
+    runs = [r for r in report.load_runs(sweep_out) if r.method == "fedpcd"]
+    # Execute
+    best, by_variant = report.best_variant(runs)
+    # Assert
+    assert best == "fedpcd-tau=0.02"
+    assert sorted(by_variant) == ["fedpcd-tau=0.01", "fedpcd-tau=0.02"]
+
+
+def test_report_numbers_equal_hand_computed(sweep_out):
+    md, csv_path = report.report(sweep_out)
+    rows = {r["method"]: r for r in csv.DictReader(open(csv_path))}
+    assert set(rows) == {"fedavg", "fedpcd"}
+    assert rows["fedpcd"]["hyperparameters"] == "fedpcd-tau=0.02"
+    fedavg_means = [0.70, 0.75, 0.75]
+    assert float(rows["fedavg"]["mean_acc_mean"]) == pytest.approx(statistics.mean(fedavg_means))
+    assert float(rows["fedavg"]["mean_acc_std"]) == pytest.approx(statistics.stdev(fedavg_means))
+    # σ_c of two equal halves a, b is |a − b| / 2 (population std over the 10 clients)
+    spreads = [0.2, 0.15, 0.2]
+    assert float(rows["fedavg"]["std_acc_mean"]) == pytest.approx(statistics.mean(spreads))
+    assert float(rows["fedavg"]["std_acc_std"]) == pytest.approx(statistics.stdev(spreads))
+    # worst-10% of 10 clients = the single lowest; best-10% = the single highest
+    assert float(rows["fedavg"]["worst10_acc_mean"]) == pytest.approx(statistics.mean([0.5, 0.6, 0.55]))
+    assert float(rows["fedavg"]["best10_acc_mean"]) == pytest.approx(statistics.mean([0.9, 0.9, 0.95]))
+    jain = [sum(a) ** 2 / (len(a) * sum(x * x for x in a)) for a in FEDAVG.values()]
+    assert float(rows["fedavg"]["jain_mean"]) == pytest.approx(statistics.mean(jain))
+    assert float(rows["fedavg"]["jain_std"]) == pytest.approx(statistics.stdev(jain))
+    assert float(rows["fedavg"]["central_acc_mean"]) == pytest.approx(0.61)
+    assert float(rows["fedpcd"]["mean_acc_mean"]) == pytest.approx(0.76)
+    assert float(rows["fedpcd"]["mean_acc_std"]) == pytest.approx(0.02)
+    assert float(rows["fedpcd"]["std_acc_mean"]) == pytest.approx(0.0, abs=1e-12)
+    assert float(rows["fedpcd"]["jain_mean"]) == pytest.approx(1.0)
+    # rounds to FedAvg's final mean (0.7333): fedpcd seeds reach it at 20, 10, 30
+    assert float(rows["fedpcd"]["target_acc"]) == pytest.approx(statistics.mean(fedavg_means))
+    assert float(rows["fedpcd"]["rounds_to_target_mean"]) == pytest.approx(20.0)
+    assert float(rows["fedpcd"]["rounds_to_target_std"]) == pytest.approx(10.0)
+    assert rows["fedpcd"]["seeds_reaching_target"] == "3"
+    # FedAvg's seed 0 ends at 0.70 < target: 2 of 3 seeds reach it, both at round 30
+    assert rows["fedavg"]["seeds_reaching_target"] == "2"
+    assert float(rows["fedavg"]["rounds_to_target_mean"]) == pytest.approx(30.0)
+
+
+def test_markdown_percentages_and_bold_best(sweep_out):
+    md, _ = report.report(sweep_out)
+    text = md.read_text()
+    fedpcd = next(line for line in text.splitlines() if line.startswith("| fedpcd"))
+    fedavg = next(line for line in text.splitlines() if line.startswith("| fedavg"))
+    assert "**76.00 ± 2.00**" in fedpcd              # best ā, in %, 2 decimals
+    assert "**0.00 ± 0.00**" in fedpcd               # lowest σ_c is best
+    assert "**1.0000 ± 0.0000**" in fedpcd           # Jain as an index
+    assert "73.33 ± 2.89" in fedavg and "**73.33" not in fedavg
+    assert "**61.00 ± 1.00**" in fedavg              # best central accuracy
+    assert "**20.0 ± 10.0**" in fedpcd               # all seeds reached: fastest is bold
+    assert "30.0 ± 0.0 (2/3 seeds)" in fedavg
+    assert "rounds to 73.33%" in text
+
+
+def test_explicit_target_and_unreached(sweep_out):
+    _, csv_path = report.report(sweep_out, target=0.99)
+    rows = {r["method"]: r for r in csv.DictReader(open(csv_path))}
+    assert rows["fedpcd"]["seeds_reaching_target"] == "0"
+    assert "not reached (0/3)" in (sweep_out / "report.md").read_text()
+
+
+def test_report_of_empty_folder_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no finished run"):
+        report.report(tmp_path)
+
+
+def test_no_bold_without_a_comparison(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, "solo", "fedavg", seed, [0.5, 0.7, 0.9])
+    md, _ = report.report(tmp_path)
+    assert "**" not in md.read_text()
+
+
+def test_manifest_limits_the_report_to_the_current_sweep(sweep_out):
+    # the sweep file now lists only FedAvg: the old FedPCD folders are not in the table
+    runs = [{"setting": "alpha0.1", "method": "fedavg", "folder": f"alpha0.1/fedavg/base/seed{k}"} for k in range(3)]
+    (sweep_out / "sweep.json").write_text(json.dumps({"name": "only-fedavg", "runs": runs}))
+    _, csv_path = report.report(sweep_out)
+    assert [r["method"] for r in csv.DictReader(open(csv_path))] == ["fedavg"]

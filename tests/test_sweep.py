@@ -1,0 +1,165 @@
+"""Sweep files: expansion into runs, validation before launch, presets, restart after interruption."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedpcd_app import sweep
+from fedpcd_app.results import read_rounds, read_summary
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sweep(**extra):
+    source = {
+        "name": "t",
+        "seeds": [0, 1],
+        "base": {"num-clients": 6, "lr": 0.1},
+        "settings": [{"name": "a0.1", "dirichlet-alpha": 0.1}, {"name": "a1", "dirichlet-alpha": 1.0}],
+        "methods": [{"name": "fedavg", "method": "fedavg"},
+                    {"name": "grid", "method": "fedavg", "lr": [0.05, 0.2], "local-epochs": [1, 2]}],
+    }
+    source.update(extra)
+    return sweep.parse_sweep(source)
+
+
+def test_expansion_counts_labels_and_precedence():
+    s = _sweep()
+    # 2 settings × (1 + 2·2 grid points) × 2 seeds
+    assert len(s.runs) == 2 * 5 * 2
+    grid = [r for r in s.runs if r.method == "grid" and r.setting == "a1" and r.seed == 1]
+    assert [r.variant for r in grid] == ["lr=0.05,local-epochs=1", "lr=0.05,local-epochs=2",
+                                         "lr=0.2,local-epochs=1", "lr=0.2,local-epochs=2"]
+    r = grid[1]
+    # method grid beats base (lr), setting key present, seed from the seeds list
+    assert r.overrides == {"num-clients": 6, "lr": 0.05, "dirichlet-alpha": 1.0, "method": "fedavg",
+                           "local-epochs": 2, "seed": 1}
+    assert r.folder(Path("/o")) == Path("/o/a1/grid/lr=0.05,local-epochs=2/seed1")
+    plain = next(x for x in s.runs if x.method == "fedavg")
+    assert plain.variant == "base" and plain.overrides["lr"] == 0.1
+
+
+def test_paired_seeds_share_everything_but_the_method_keys():
+    s = _sweep()
+    for seed in (0, 1):
+        runs = [r for r in s.runs if r.seed == seed and r.setting == "a0.1"]
+        common = {k: v for k, v in runs[0].overrides.items() if k not in ("lr", "local-epochs")}
+        for r in runs:
+            assert {k: v for k, v in r.overrides.items() if k not in ("lr", "local-epochs")} == common
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"methods": [{"name": "x", "method": "fedpcd"}]}, "method 'fedpcd' is not registered"),
+    ({"methods": [{"name": "x", "method": "fedavg", "fedavg-foo": 1}]}, "unknown run-config key 'fedavg-foo'"),
+    ({"methods": [{"name": "x", "method": "fedavg", "lr": [0.1, -1.0]}]}, "'lr' = -1.0 must be > 0"),
+])
+def test_validate_fails_at_once_with_one_line(change, message):
+    s = _sweep(**change)
+    with pytest.raises(sweep.SweepError, match=message) as info:
+        sweep.validate(s)
+    assert "\n" not in str(info.value) and "method entry 'x'" in str(info.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"base": {"lr": [0.1, 0.2]}}, "grids go in \\[\\[methods\\]\\] entries only"),
+    ({"base": {"seed": 3}}, "use 'seeds'"),
+    ({"methods": [{"method": "fedavg"}]}, "has no 'name'"),
+    ({"methods": [{"name": "a"}, {"name": "a"}]}, "used twice"),
+    ({"seeds": []}, "non-empty list"),
+    ({"metods": []}, "unknown top-level key"),
+    ({"methods": [{"name": "a", "lr": []}]}, "empty list"),
+])
+def test_malformed_sweep_files(change, message):
+    with pytest.raises(sweep.SweepError, match=message):
+        _sweep(**change)
+
+
+def test_cli_unknown_method_fails_before_any_run(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('name = "s"\nseeds = [0]\n[[methods]]\nname = "a"\nmethod = "fedavg"\n'
+                 '[[methods]]\nname = "b"\nmethod = "nosuch"\n')
+    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.sweep", str(f), "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "method 'nosuch' is not registered" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+PRESETS = sorted((ROOT / "run_configs" / "sweeps").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=[p.stem for p in PRESETS])
+def test_presets_parse(path):
+    s = sweep.load_sweep(path)
+    assert s.runs and len({r.folder(Path("/o")) for r in s.runs}) == len(s.runs)
+    if all(r.overrides.get("method", "fedavg") == "fedavg" for r in s.runs):
+        sweep.validate(s)
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_restarts_and_finishes_the_rest(tmp_path):
+    # Prepare: a real 2-run fedavg sweep (2 rounds each), TensorBoard on to cover the hook
+    f = tmp_path / "tiny.toml"
+    f.write_text('name = "tiny"\nseeds = [0, 1]\n[base]\nnum-clients = 4\nnum-server-rounds = 2\n'
+                 'eval-every = 1\ntensorboard = true\n[[methods]]\nname = "fedavg"\nmethod = "fedavg"\n')
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "fedpcd_app.sweep", str(f), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first, second = (out / "default" / "fedavg" / "base" / f"seed{k}" for k in (0, 1))
+    # Execute: interrupt the sweep once the first run has finished
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (first / "summary.json").is_file() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (first / "summary.json").is_file()
+    assert not (second / "summary.json").is_file()
+    stamp = (first / "summary.json").stat().st_mtime_ns
+    rerun = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # Assert: the finished run is kept as it was, the other one is done now
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "2 runs (1 already done)" in rerun.stdout
+    assert (first / "summary.json").stat().st_mtime_ns == stamp
+    s0, s1 = read_summary(first), read_summary(second)
+    assert (s0["seed"], s1["seed"]) == (0, 1) and s1["rounds"] == 2
+    assert json.loads((second / "run.json").read_text())["seed"] == 1
+    # TensorBoard scalars equal the rounds.jsonl records
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(second / "tensorboard"))
+    acc.Reload()
+    logged = [(e.step, e.value) for e in acc.Scalars("eval/mean_acc")]
+    expected = [(r["round"], r["eval"]["mean_acc"]) for r in read_rounds(second)]
+    assert [s for s, _ in logged] == [1, 2]
+    assert [v for _, v in logged] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def test_by_setting_keys_override_the_method_entry_for_that_setting_only():
+    s = _sweep(methods=[{"name": "m", "method": "fedavg", "lr": 0.1,
+                         "by-setting": {"a1": {"lr": [0.3, 0.4]}}}])
+    assert [r.overrides["lr"] for r in s.runs if r.setting == "a0.1"] == [0.1, 0.1]
+    assert [(r.variant, r.seed) for r in s.runs if r.setting == "a1"] == [
+        ("lr=0.3", 0), ("lr=0.3", 1), ("lr=0.4", 0), ("lr=0.4", 1)]
+    with pytest.raises(sweep.SweepError, match="keyed by setting names"):
+        _sweep(methods=[{"name": "m", "by-setting": {"nosuch": {"lr": 0.2}}}])
+
+
+def test_finished_run_with_other_overrides_is_not_reused(tmp_path):
+    s = _sweep()
+    run = s.runs[0]
+    folder = run.folder(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("{}")
+    (folder / "run.json").write_text(json.dumps({**run.labels(), "overrides": {**run.overrides, "lr": 0.3}}))
+    with pytest.raises(sweep.SweepError, match="finished run made with other settings"):
+        sweep.check_finished(s, tmp_path)
+    (folder / "run.json").write_text(json.dumps(run.labels()))
+    sweep.check_finished(s, tmp_path)  # same overrides: reused
