@@ -22,7 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 from client_app.data import load_federated_data
 from client_app.models import initial_model
 from client_app.training import device
-from fedpcd_app import checkpoint, keys
+from fedpcd_app import checkpoint, keys, secagg
 from fedpcd_app.config import ConfigError, RunConfig, parse_run_config, resolve
 from fedpcd_app.evaluation import score_central, score_clients
 from fedpcd_app.metrics import fairness_metrics
@@ -63,6 +63,7 @@ class Experiment:
         self.last_eval: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
         self.start_round = 1
+        self.secure = secagg.SecureAggregator(cfg, self.strategy, self.spec) if secagg.enabled(cfg) else None
         self.checkpoint_every = cfg.get_int("checkpoint-every", 0, low=0)
         self.checkpoint_keep = cfg.get_int("checkpoint-keep", 2, low=1)
         resume_from = str(cfg.params.get("resume-from", ""))
@@ -125,22 +126,26 @@ class Experiment:
             })
             msgs.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                 group_id=str(server_round)))
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None))
-        t_train = time.perf_counter() - t0
-        valid, dropped = validate_train_replies(
-            replies, expected, self.spec,
-            getattr(self.strategy, "required_metrics", ()), getattr(self.strategy, "required_records", ()),
-        )
-        answered = {int(r.metadata.src_node_id) for r in replies}
-        for node, pid in expected.items():
-            if node not in answered:
-                dropped.append(_no_reply(pid, node))
+        if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
+            valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round)
+            t_train = time.perf_counter() - t0
+        else:
+            replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None))
+            t_train = time.perf_counter() - t0
+            valid, dropped = validate_train_replies(
+                replies, expected, self.spec,
+                getattr(self.strategy, "required_metrics", ()), getattr(self.strategy, "required_records", ()),
+            )
+            answered = {int(r.metadata.src_node_id) for r in replies}
+            for node, pid in expected.items():
+                if node not in answered:
+                    dropped.append(_no_reply(pid, node))
         for d in dropped:
             log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
         record: dict[str, Any] = {
             "round": server_round,
             "sampled": pids,
-            "num_replies": len(valid),
+            "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
             "dropped": [d.as_dict() for d in dropped],
             "num_dropped": len(dropped),
             "lr": self.cfg.lr_at(server_round),

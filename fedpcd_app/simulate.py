@@ -32,9 +32,10 @@ def simulate(
         overrides = parse_overrides(overrides)
     raw = resolve(overrides)
     cfg = parse_run_config(raw)  # fail on a bad key before Ray starts
+    from fedpcd_app import secagg
     from strategies import registry
 
-    registry.build(cfg)  # and on a bad method hyperparameter
+    secagg.check_strategy(cfg, registry.build(cfg))  # and on a bad method hyperparameter or secure-aggregation
     if not cfg.output_dir:
         from fedpcd_app.results import default_output_dir
 

@@ -10,6 +10,7 @@ model-shaped ``required_records``.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
@@ -77,3 +78,48 @@ class FakeGrid:
 
 def flat_of(arrays: ArrayRecord) -> np.ndarray:
     return np.concatenate([a.numpy().ravel().astype(np.float64) for a in arrays.values()])
+
+
+class ClientAppGrid:
+    """Delivers every message to a real ClientApp, one persistent Context per node (as a
+    SuperNode does), in this process; a handler that raises yields an error reply."""
+
+    def __init__(self, num_nodes: int, client_app, tamper=None) -> None:
+        from flwr.app import Context
+
+        self.app = client_app
+        self.tamper = tamper  # tamper(partition_id, message) edits a delivered message in place
+        self.replies: list[Message] = []
+        self.contexts = {
+            1000 + p: Context(run_id=1, node_id=1000 + p, state=RecordDict(), run_config={},
+                              node_config={keys.PARTITION_ID: p, keys.NUM_PARTITIONS: num_nodes})
+            for p in range(num_nodes)
+        }
+        self.calls = 0
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def partition_of(self, node: int) -> int:
+        return int(self.contexts[node].node_config[keys.PARTITION_ID])
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.app.error import Error
+
+        del timeout
+        out = []
+        for msg in messages:
+            self.calls += 1
+            node = int(msg.metadata.dst_node_id)
+            msg.metadata.__dict__["_message_id"] = f"req-{self.calls}"  # set by the SuperLink in a real run
+            msg = copy.deepcopy(msg)  # a real node gets its own deserialised copy (mods mutate it)
+            if self.tamper is not None:
+                self.tamper(self.partition_of(node), msg)
+            try:
+                reply = self.app(msg, self.contexts[node])
+            except Exception as exc:  # noqa: BLE001 - as a SuperNode reports a failed ClientApp
+                reply = Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            reply.metadata.__dict__["_src_node_id"] = node
+            out.append(reply)
+        self.replies.extend(out)
+        return out
