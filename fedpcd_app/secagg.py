@@ -30,7 +30,8 @@ mean differs from the exact one by about 2·clip/levels/Σ(w_i/max_w) per entry.
 Run-config keys (``[tool.flwr.app.config]``):
     secure-aggregation (false), secagg-num-shares (1.0: a fraction of the sampled clients,
     or an int), secagg-reconstruction-threshold (0.7: fraction of the shares, or an int),
-    secagg-clipping-range (8.0), secagg-quantization-range (4194304), secagg-max-weight (1000).
+    secagg-clipping-range (8.0), secagg-quantization-range (4194304), secagg-max-weight (1000: at
+    least the largest client's example count; a client above it withholds its update).
 """
 
 from __future__ import annotations
@@ -255,6 +256,8 @@ def _as_fitres(request: Message, reply: Message) -> Message:
     metrics = dict(content[keys.METRICS])
     max_weight = float(config.get("secagg-max-weight", 1000.0))
     weight = int(metrics[keys.NUM_EXAMPLES]) if config.get(WEIGHTING) == "num-examples" else int(max_weight)
+    if weight > max_weight:  # SecAgg+ would scale the update by weight/max_weight > 1 and clip it
+        raise ValueError(f"num-examples {weight} exceeds run-config key 'secagg-max-weight' = {max_weight}: raise it")
     fitres = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(arrays),
                     num_examples=weight, metrics={k: v for k, v in metrics.items() if not isinstance(v, list)})
     return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=request)

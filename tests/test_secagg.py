@@ -118,3 +118,14 @@ def test_secagg_through_flower_simulation(method, tmp_path):
     rounds = read_rounds(out)
     assert [r["num_replies"] for r in rounds] == [3, 3] and all(r["num_dropped"] == 0 for r in rounds)
     assert read_summary(out)["mean_acc"] == pytest.approx(plain["mean_acc"], abs=0.02)
+
+
+def test_weight_above_max_weight_is_withheld_not_silently_clipped(tmp_path):
+    # Execute: every client holds more examples than secagg-max-weight
+    secure, grid, _ = _run(tmp_path, "secure", **{"secure-aggregation": True, "secagg-max-weight": 2.0})
+    # Assert: the clients refused to contribute, the protocol halted, the model is unchanged
+    errors = [r.error.reason for r in grid.replies if r.has_error()]
+    assert len(errors) == 3 and all("secagg-max-weight" in e for e in errors)
+    (rec,) = read_rounds(secure.writer.dir)
+    assert rec["num_replies"] == 0 and rec["num_dropped"] == 3
+    np.testing.assert_array_equal(flat_of(secure.arrays), flat_of(_initial(tmp_path)))
