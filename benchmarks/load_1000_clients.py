@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/fedpcd-load")
     args = parser.parse_args()
     work = Path(args.work)
-    data = write_dataset(work / "digits4x")
+    data = write_dataset(work / "digits-shifted")
     ref = run(100, 10, args.rounds, data, work / "ref")
     big = run(args.clients, args.per_round, args.rounds, data, work / "load")
     print(f"{'setting':>16} {'wall s':>8} {'round 1 s':>9} {'later round s':>13} {'eval s':>7} "
