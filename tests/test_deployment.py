@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -103,7 +104,7 @@ def test_tls_superlink_three_supernodes_flwr_run(tmp_path):
             start(f"supernode{i}", [str(BIN / "flower-supernode"), "--root-certificates", str(certs["ca.crt"]),
                                     "--superlink", f"127.0.0.1:{port}", "--port", str(_free_port()),
                                     "--node-config", f"partition-id={i} num-partitions={NUM_NODES}"])
-        _wait_for(lambda: superlink_log.read_text().count("Activated node_id") >= NUM_NODES, 60,
+        _wait_for(lambda: len(set(re.findall(r"Activated node_id=(\d+)", superlink_log.read_text()))) >= NUM_NODES, 60,
                   "three SuperNodes to register over TLS", procs)
 
         # Execute: flwr run of this app against the TLS federation
