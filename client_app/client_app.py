@@ -21,6 +21,7 @@ from client_app.models import build_model
 from client_app.training import device, evaluate
 from fedpcd_app import keys
 from fedpcd_app.config import RunConfig, parse_run_config
+from fedpcd_app.secagg import secure_aggregation_mod
 from fedpcd_app.seeding import derive_seed, torch_generator
 from strategies import flat
 
@@ -83,7 +84,7 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[secure_aggregation_mod])  # SecAgg+ when the request asks for it, else a no-op
 def train(msg: Message, context: Context) -> Message:
     cfg, raw = request_config(msg)
     pid = node_partition(context, raw)

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from client_app.data import load_federated_data
 from client_app.models import initial_model
 from client_app.training import device
-from fedpcd_app import keys
-from fedpcd_app.config import RunConfig, parse_run_config, resolve
+from fedpcd_app import checkpoint, keys, secagg
+from fedpcd_app.config import ConfigError, RunConfig, parse_run_config, resolve
 from fedpcd_app.evaluation import score_central, score_clients
 from fedpcd_app.metrics import fairness_metrics
 from fedpcd_app.replies import validate_train_replies
@@ -71,6 +71,12 @@ class Experiment:
         self.last_eval: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
         self.start_round = 1
+        self.secure = secagg.SecureAggregator(cfg, self.strategy, self.spec) if secagg.enabled(cfg) else None
+        self.checkpoint_every = cfg.get_int("checkpoint-every", 0, low=0)
+        self.checkpoint_keep = cfg.get_int("checkpoint-keep", 2, low=1)
+        resume_from = str(cfg.params.get("resume-from", ""))
+        if resume_from:
+            self.resume(resume_from)
 
     # -- setup -------------------------------------------------------------------------
     def map_nodes(self) -> None:
@@ -130,26 +136,30 @@ class Experiment:
             })
             msgs.append(Message(content, dst_node_id=node, message_type=MessageType.TRAIN,
                                 group_id=str(server_round)))
-        # A Bernoulli availability round can be empty: nothing to send, the model stays.
-        replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None)) if msgs else []
-        t_train = time.perf_counter() - t0
-        valid, dropped = validate_train_replies(
-            replies, expected, self.spec,
-            getattr(self.strategy, "required_metrics", ()), getattr(self.strategy, "required_records", ()),
-        )
-        # Replies arrive in whatever order the nodes finish: sort by partition id so that
-        # float sums (and so every result) do not depend on arrival order.
-        valid.sort(key=lambda r: expected[int(r.metadata.src_node_id)])
-        answered = {int(r.metadata.src_node_id) for r in replies}
-        for node, pid in expected.items():
-            if node not in answered:
-                dropped.append(_no_reply(pid, node))
+        if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
+            valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round)
+            t_train = time.perf_counter() - t0
+        else:
+            # A Bernoulli availability round can be empty: nothing to send, the model stays.
+            replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None)) if msgs else []
+            t_train = time.perf_counter() - t0
+            valid, dropped = validate_train_replies(
+                replies, expected, self.spec,
+                getattr(self.strategy, "required_metrics", ()), getattr(self.strategy, "required_records", ()),
+            )
+            # Replies arrive in whatever order the nodes finish: sort by partition id so that
+            # float sums (and so every result) do not depend on arrival order.
+            valid.sort(key=lambda r: expected[int(r.metadata.src_node_id)])
+            answered = {int(r.metadata.src_node_id) for r in replies}
+            for node, pid in expected.items():
+                if node not in answered:
+                    dropped.append(_no_reply(pid, node))
         for d in dropped:
             log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
         record: dict[str, Any] = {
             "round": server_round,
             "sampled": pids,
-            "num_replies": len(valid),
+            "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
             "dropped": [d.as_dict() for d in dropped],
             "num_dropped": len(dropped),
             "lr": self.cfg.lr_at(server_round),
@@ -246,7 +256,42 @@ class Experiment:
         return self.finish()
 
     def after_round(self, server_round: int) -> None:
-        """Hook called after each round's record is written (checkpoints go here)."""
+        """Hook called after each round's record is written: the checkpoint, when due."""
+        every = self.checkpoint_every
+        if every and (server_round % every == 0 or server_round == self.cfg.num_server_rounds):
+            self.save_checkpoint(server_round)
+
+    # -- checkpoints (fedpcd_app.checkpoint) ---------------------------------------------
+    def save_checkpoint(self, server_round: int) -> None:
+        ckpt = checkpoint.Checkpoint(
+            round=server_round, method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
+            arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=self.strategy.state_dict(),
+            times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
+        )
+        path = checkpoint.write(self.writer.dir, ckpt, keep=self.checkpoint_keep)
+        log.info("round %d: checkpoint %s", server_round, path)
+
+    def resume(self, folder: str) -> None:
+        """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir);
+        its history is copied into this run's rounds.jsonl first."""
+        ckpt = checkpoint.latest(folder)
+        checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
+                                    {k: v.numpy() for k, v in self.arrays.items()})
+        if ckpt.round >= self.cfg.num_server_rounds:
+            raise ConfigError(
+                f"run-config key 'num-server-rounds' = {self.cfg.num_server_rounds}: the checkpoint in "
+                f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
+            )
+        self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
+        self.strategy.load_state_dict(ckpt.strategy)
+        self.times_sampled = np.asarray(ckpt.times_sampled, dtype=np.int64).copy()
+        self.history = list(ckpt.history)
+        self.last_eval = dict(ckpt.last_eval)
+        self.start_round = ckpt.round + 1
+        for record in self.history:
+            self.writer.round(record)
+        _setup_logging()
+        log.info("resumed from round %d of %s", ckpt.round, folder)
 
     def log_round(self, rec: dict[str, Any]) -> None:
         r = rec["round"]

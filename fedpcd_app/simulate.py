@@ -33,9 +33,10 @@ def simulate(
         overrides = parse_overrides(overrides)
     raw = resolve(overrides)
     cfg = parse_run_config(raw)  # fail on a bad key before Ray starts
+    from fedpcd_app import secagg
     from strategies import registry
 
-    registry.build(cfg)  # and on a bad method hyperparameter
+    secagg.check_strategy(cfg, registry.build(cfg))  # and on a bad method hyperparameter or secure-aggregation
     if cfg.eval_mode == "server":
         from client_app.data import load_federated_data
 

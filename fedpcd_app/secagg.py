@@ -1,0 +1,263 @@
+"""Secure aggregation (Flower's SecAgg+) inside this app's own round loop.
+
+With ``secure-aggregation = true`` the server never sees a client's model: each train
+round runs Flower's SecAgg+ protocol (Bell et al., CCS 2020; ``flwr.server.workflow.
+SecAggPlusWorkflow`` on the server, ``flwr.client.mod.secaggplus_mod`` on the clients)
+and learns only the weighted mean Σ w_i θ_i / Σ w_i of the clients' arrays (the model and
+any model-shaped records the strategy asks for). The strategy then aggregates ONE
+reply that holds this mean. That is exact for every method whose update is linear in
+the client models — FedAvg (w_i = n_i), FedeRage (uniform w_i = 1) — which declare
+``needs_individual_updates = False``; a strategy may set ``secagg_weighting = "uniform"``
+(default ``"num-examples"``). Methods that must see each client's update (FedPCD,
+CRAFT, q-FFL, AFL, ...) refuse to start, with a one-line error.
+
+Flower 1.42 ships SecAgg+ only for its legacy API: the workflow drives a legacy
+``Strategy`` through a ``LegacyContext`` and the client mod speaks FitIns/FitRes. This
+module bridges both ends without touching the protocol: a legacy strategy shim that
+hands over the sampled nodes and receives the unmasked mean, a workflow subclass that
+sends this app's own request content in the masked-vector stage, and a client mod
+(:func:`secure_aggregation_mod`, on the ClientApp's train handler) that turns this app's
+reply into the FitRes the SecAgg+ mod masks. Plain requests pass through untouched.
+
+What the server still sees: each client's metrics (losses, example counts) in clear,
+as in Flower's own SecAgg+; only the arrays are masked. Per-reply validation of arrays
+is impossible under SecAgg+: a client withholds a non-finite update itself (it then
+counts as a dropout, which SecAgg+ tolerates down to the reconstruction threshold), and
+the server checks the aggregate. Quantisation: arrays are clipped to
+±``secagg-clipping-range`` and quantised to ``secagg-quantization-range`` levels, so the
+mean differs from the exact one by about 2·clip/levels/Σ(w_i/max_w) per entry.
+
+Run-config keys (``[tool.flwr.app.config]``):
+    secure-aggregation (false), secagg-num-shares (1.0: a fraction of the sampled clients,
+    or an int), secagg-reconstruction-threshold (0.7: fraction of the shares, or an int),
+    secagg-clipping-range (8.0), secagg-quantization-range (4194304), secagg-max-weight (1000: at
+    least the largest client's example count; a client above it withholds its update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app.metadata import Metadata
+
+from fedpcd_app import keys
+from fedpcd_app.config import ConfigError, RunConfig
+from fedpcd_app.replies import Dropped, check_train_reply
+
+log = logging.getLogger("fedpcd")
+
+ENABLE = "secure-aggregation"
+WEIGHTING = "secagg-weighting"  # request config: "num-examples" or "uniform"
+RECORDS = "secagg-records"  # request config: names of the extra ArrayRecords summed with the model
+WEIGHTINGS = ("num-examples", "uniform")
+
+
+def enabled(cfg: RunConfig) -> bool:
+    return cfg.get_bool(ENABLE, False)
+
+
+def check_strategy(cfg: RunConfig, strategy) -> None:
+    """Refuse (one-line :class:`ConfigError`) a method that must see individual updates."""
+    if not enabled(cfg):
+        return
+    if strategy.needs_individual_updates:
+        raise ConfigError(
+            f"run-config key 'secure-aggregation' = true, but method '{cfg.method}' needs each client's "
+            "individual update and SecAgg+ shows the server only their weighted sum: set "
+            "secure-aggregation=false or use a method that needs only sums (fedavg, federage)"
+        )
+    weighting = getattr(strategy, "secagg_weighting", "num-examples")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"strategy {cfg.method}: secagg_weighting {weighting!r} is not one of {WEIGHTINGS}")
+
+
+# -- server side ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Proxy:
+    """All the workflow reads of a legacy ClientProxy."""
+
+    node_id: int
+
+
+def _legacy_shim(node_ids: list[int]):
+    """A legacy ``flwr.server.strategy.Strategy`` that samples ``node_ids`` and keeps the results."""
+    from flwr.common import FitIns, Parameters
+    from flwr.server.strategy import Strategy as LegacyStrategy
+
+    class Shim(LegacyStrategy):
+        def __init__(self) -> None:
+            self.results: list = []
+            self.failures: list = []
+            self.aggregated = None
+
+        def initialize_parameters(self, client_manager):
+            return None
+
+        def configure_fit(self, server_round, parameters, client_manager):
+            # The content is replaced by this app's request in _Workflow.setup_stage.
+            return [(_Proxy(n), FitIns(Parameters(tensors=[], tensor_type=""), {})) for n in node_ids]
+
+        def aggregate_fit(self, server_round, results, failures):
+            self.results, self.failures = list(results), list(failures)
+            self.aggregated = results[0][1].parameters if results else None
+            return self.aggregated, {}
+
+        def configure_evaluate(self, server_round, parameters, client_manager):
+            return []
+
+        def aggregate_evaluate(self, server_round, results, failures):
+            return None, {}
+
+        def evaluate(self, server_round, parameters):
+            return None
+
+    return Shim()
+
+
+def _workflow_class():
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    class Workflow(SecAggPlusWorkflow):
+        """SecAgg+ that sends this app's own request content in the masked-vector stage."""
+
+        def __init__(self, requests: dict[int, RecordDict], **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.requests = requests
+
+        def setup_stage(self, grid, context, state) -> bool:
+            ok = super().setup_stage(grid, context, state)
+            state.nid_to_fitins = {nid: RecordDict(dict(self.requests[nid].items())) for nid in state.nid_to_fitins}
+            return ok
+
+    return Workflow
+
+
+class SecureAggregator:
+    """Runs the train exchange of one round under SecAgg+ and returns one aggregate reply."""
+
+    def __init__(self, cfg: RunConfig, strategy, spec) -> None:
+        check_strategy(cfg, strategy)
+        self.cfg, self.spec = cfg, spec
+        self.weighting = getattr(strategy, "secagg_weighting", "num-examples")
+        self.records = tuple(getattr(strategy, "required_records", ()))
+        self.max_weight = cfg.get_float("secagg-max-weight", 1000.0, low=1.0)
+        shares = cfg.get_float("secagg-num-shares", 1.0, low=0.0, low_open=True)
+        threshold = cfg.get_float("secagg-reconstruction-threshold", 0.7, low=0.0, low_open=True)
+        # Flower reads a float as a fraction and an int as a count.
+        self.kwargs = dict(
+            num_shares=shares if shares <= 1.0 else int(shares),
+            reconstruction_threshold=threshold if threshold <= 1.0 else int(threshold),
+            max_weight=self.max_weight,
+            clipping_range=cfg.get_float("secagg-clipping-range", 8.0, low=0.0, low_open=True),
+            quantization_range=cfg.get_int("secagg-quantization-range", 4194304, low=2),
+            timeout=cfg.round_timeout or None,
+        )
+        self.num_contributors = 0
+
+    def exchange(self, grid, msgs: list[Message], expected: dict[int, int],
+                 server_round: int) -> tuple[list[Message], list[Dropped]]:
+        """(valid, dropped): valid is [the aggregate reply] or []; dropped names each client
+        that left the protocol, or every client when the protocol halted."""
+        from flwr.common import parameters_to_ndarrays
+        from flwr.server.client_manager import SimpleClientManager
+        from flwr.server.compat.legacy_context import LegacyContext
+        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+
+        extra = {WEIGHTING: self.weighting, RECORDS: list(self.records)}
+        requests = {}
+        for msg in msgs:
+            content = RecordDict(dict(msg.content.items()))
+            content[keys.CONFIG] = ConfigRecord({**dict(msg.content[keys.CONFIG]), **extra})
+            requests[int(msg.metadata.dst_node_id)] = content
+        shim = _legacy_shim(list(requests))
+        ctx = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+                            strategy=shim, client_manager=SimpleClientManager())
+        ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: server_round})
+        ctx.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
+        _workflow_class()(requests, **self.kwargs)(grid, ctx)
+
+        contributors = {}
+        for proxy, fitres in shim.results:
+            contributors[int(proxy.node_id)] = dict(fitres.metrics)
+        self.num_contributors = len(contributors) if shim.aggregated is not None else 0
+        halted = shim.aggregated is None
+        dropped = [
+            Dropped(pid, node, "secure aggregation halted (too few clients for the reconstruction threshold)"
+                    if halted else "left the SecAgg+ protocol (error or no reply)")
+            for node, pid in expected.items() if halted or node not in contributors
+        ]
+        if halted:
+            return [], dropped
+        flat = parameters_to_ndarrays(shim.aggregated)
+        reply = self._aggregate_reply(flat, list(contributors.values()), server_round)
+        pid, reason = check_train_reply(reply, self.spec, (), self.records)
+        if reason is not None:
+            return [], dropped + [Dropped(None, 0, f"secure aggregate rejected: {reason}")]
+        return [reply], dropped
+
+    def _aggregate_reply(self, flat: list[np.ndarray], metrics: list[dict], server_round: int) -> Message:
+        n_layers = len(self.spec.keys)
+        if len(flat) != n_layers * (1 + len(self.records)):
+            raise RuntimeError(f"secure aggregate has {len(flat)} arrays, expected {n_layers * (1 + len(self.records))}")
+
+        def record(chunk: list[np.ndarray]) -> ArrayRecord:
+            return ArrayRecord({k: Array(np.ascontiguousarray(a, dtype=dt).reshape(s))
+                                for k, a, s, dt in zip(self.spec.keys, chunk, self.spec.shapes, self.spec.dtypes)})
+
+        content = RecordDict({keys.ARRAYS: record(flat[:n_layers])})
+        for i, name in enumerate(self.records, start=1):
+            content[name] = record(flat[i * n_layers:(i + 1) * n_layers])
+        n = np.array([float(m[keys.NUM_EXAMPLES]) for m in metrics])
+        w = n if self.weighting == "num-examples" else np.ones_like(n)
+        means = {}
+        for key in metrics[0]:
+            vals = [m.get(key) for m in metrics]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                means[key] = float(np.dot(w, vals) / w.sum())
+        means[keys.NUM_EXAMPLES] = int(n.sum())
+        means[keys.PARTITION_ID] = -1  # the aggregate of the round's contributors
+        meta = Metadata(run_id=0, message_id=f"secagg-{server_round}", src_node_id=0, dst_node_id=0,
+                        reply_to_message_id="", group_id=str(server_round), created_at=time.time(),
+                        ttl=3600.0, message_type="train")
+        return Message(RecordDict({**dict(content.items()), keys.METRICS: MetricRecord(means)}), metadata=meta)
+
+
+# -- client side ---------------------------------------------------------------------------
+def secure_aggregation_mod(msg: Message, ctxt: Context, call_next) -> Message:
+    """ClientApp train mod: SecAgg+ for requests that carry its stage config, else a no-op."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        return call_next(msg, ctxt)
+    return secaggplus_mod(msg, ctxt, lambda m, c: _as_fitres(m, call_next(m, c)))
+
+
+def _as_fitres(request: Message, reply: Message) -> Message:
+    """This app's train reply → the legacy FitRes content the SecAgg+ mod masks."""
+    import flwr.compat.common.recorddict_compat as compat
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    if reply.has_error():
+        return reply
+    config = request.content[keys.CONFIG]
+    content = reply.content
+    arrays = [a.numpy() for a in content[keys.ARRAYS].values()]
+    for name in config.get(RECORDS, []):
+        arrays += [a.numpy() for a in content[name].values()]
+    if not all(np.isfinite(a).all() for a in arrays):
+        # A masked update cannot be inspected by the server: withhold it (a dropout).
+        raise ValueError("non-finite local update withheld from secure aggregation")
+    metrics = dict(content[keys.METRICS])
+    max_weight = float(config.get("secagg-max-weight", 1000.0))
+    weight = int(metrics[keys.NUM_EXAMPLES]) if config.get(WEIGHTING) == "num-examples" else int(max_weight)
+    if weight > max_weight:  # SecAgg+ would scale the update by weight/max_weight > 1 and clip it
+        raise ValueError(f"num-examples {weight} exceeds run-config key 'secagg-max-weight' = {max_weight}: raise it")
+    fitres = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(arrays),
+                    num_examples=weight, metrics={k: v for k, v in metrics.items() if not isinstance(v, list)})
+    return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=request)
