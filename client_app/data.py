@@ -164,34 +164,45 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
             f"{len(labels)} examples cannot give {n} clients a local train and test split "
             "(>= 2 examples each): use fewer clients or a larger dataset"
         )
-    pseed = derive_seed(cfg.seed, "partition") % (2**32)
-    if cfg.partitioner == "iid":
-        part = IidPartitioner(num_partitions=n)
-    elif cfg.partitioner == "dirichlet":
-        part = DirichletPartitioner(
-            num_partitions=n, partition_by="label", alpha=cfg.dirichlet_alpha,
-            min_partition_size=cfg.min_partition_size, self_balancing=False, seed=pseed,
-        )
-    else:
-        part = PathologicalPartitioner(
-            num_partitions=n, partition_by="label",
-            num_classes_per_partition=cfg.classes_per_client,
-            # first class of client i is i mod C (every class used when N >= C), rest random
-            class_assignment_mode="first-deterministic", seed=pseed,
-        )
     order = np.arange(len(labels), dtype=np.int64)
     if cfg.partitioner == "iid":
         # IidPartitioner shards in order: shuffle the pool first (seeded) to make it iid.
         order = numpy_rng(cfg.seed, "iid").permutation(len(labels))
-    part.dataset = Dataset.from_dict({"label": labels[order].astype(np.int64), "idx": order})
-    try:
-        parts = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
-    except (ValueError, IndexError) as exc:
-        raise DataError(
-            f"cannot partition {len(labels)} examples into {n} clients with "
-            f"partitioner={cfg.partitioner!r} ({exc}); use fewer clients, a larger "
-            "dirichlet-alpha or a smaller min-partition-size"
-        ) from exc
+    pool = Dataset.from_dict({"label": labels[order].astype(np.int64), "idx": order})
+    # flwr-datasets' Dirichlet partitioner gives up after 10 draws that leave a client under
+    # min-partition-size; at strong skew (alpha 0.1, small data) some seeds always do. Retry
+    # with further seeds derived from the run's seed: still deterministic and the same for
+    # every method under that seed.
+    attempts = 20 if cfg.partitioner == "dirichlet" else 1
+    for attempt in range(attempts):
+        extra = (attempt,) if attempt else ()
+        pseed = derive_seed(cfg.seed, "partition", *extra) % (2**32)
+        if cfg.partitioner == "iid":
+            part = IidPartitioner(num_partitions=n)
+        elif cfg.partitioner == "dirichlet":
+            part = DirichletPartitioner(
+                num_partitions=n, partition_by="label", alpha=cfg.dirichlet_alpha,
+                min_partition_size=cfg.min_partition_size, self_balancing=False, seed=pseed,
+            )
+        else:
+            part = PathologicalPartitioner(
+                num_partitions=n, partition_by="label",
+                num_classes_per_partition=cfg.classes_per_client,
+                # first class of client i is i mod C (every class used when N >= C), rest random
+                class_assignment_mode="first-deterministic", seed=pseed,
+            )
+        part.dataset = pool
+        try:
+            parts = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
+            break
+        except (ValueError, IndexError) as exc:
+            if attempt + 1 < attempts:
+                continue
+            raise DataError(
+                f"cannot partition {len(labels)} examples into {n} clients with "
+                f"partitioner={cfg.partitioner!r} ({exc}); use fewer clients, a larger "
+                "dirichlet-alpha or a smaller min-partition-size"
+            ) from exc
     for i, p in enumerate(parts):
         if len(p) < 2:
             raise DataError(

@@ -118,3 +118,14 @@ def test_hub_dataset_without_network_says_how_to_use_dataset_path(monkeypatch):
     monkeypatch.setattr(data_mod, "_hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataError, match="dataset-path"):
         load_federated_data(_cfg(dataset="cifar10", model="cnn"))
+
+
+def test_dirichlet_retries_seeds_where_flwr_datasets_gives_up():
+    # digits preset, seed 2: every one of flwr-datasets' 10 draws leaves a client under
+    # min-partition-size; the partition must still be built (deterministically).
+    cfg = _cfg(num_clients=20, dirichlet_alpha=0.1, seed=2)
+    fd = load_federated_data(cfg)
+    sizes = [len(a) + len(b) for a, b in zip(fd.train_idx, fd.test_idx)]
+    assert min(sizes) >= cfg.min_partition_size
+    again = partition_labels(fd.y.numpy(), cfg)
+    assert len(again) == 20
