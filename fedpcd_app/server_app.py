@@ -81,23 +81,34 @@ class Experiment:
     # -- setup -------------------------------------------------------------------------
     def map_nodes(self) -> None:
         """QUERY every node for its partition id (Flower's node ids change every run)."""
-        node_ids = list(self.grid.get_node_ids())
-        msgs = [
-            Message(RecordDict({keys.CONFIG: ConfigRecord({"query": "partition-id"})}), dst_node_id=n,
-                    message_type=MessageType.QUERY)
-            for n in node_ids
-        ]
-        for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None):
-            if reply.has_error():
-                log.warning("node %s did not report its partition: %s", reply.metadata.src_node_id, reply.error.reason)
-                continue
-            pid = int(reply.content[keys.METRICS][keys.PARTITION_ID])
-            if not 0 <= pid < self.cfg.num_clients:
-                raise ValueError(
-                    f"node {reply.metadata.src_node_id} reports partition-id {pid}, outside 0..{self.cfg.num_clients - 1}: "
-                    "set num-clients to the number of partitions of the federation"
-                )
-            self.node_of.setdefault(pid, int(reply.metadata.src_node_id))
+        pending = list(self.grid.get_node_ids())
+        # A node can fail its first message (e.g. a simulation actor still starting on a
+        # loaded machine): ask the silent or failed ones again, a few times.
+        for attempt in range(3):
+            if not pending:
+                break
+            if attempt:
+                log.warning("asking %d node(s) again for their partition id", len(pending))
+            msgs = [
+                Message(RecordDict({keys.CONFIG: ConfigRecord({"query": "partition-id"})}), dst_node_id=n,
+                        message_type=MessageType.QUERY)
+                for n in pending
+            ]
+            answered: set[int] = set()
+            for reply in self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None):
+                node = int(reply.metadata.src_node_id)
+                if reply.has_error():
+                    log.warning("node %s did not report its partition: %s", node, reply.error.reason)
+                    continue
+                answered.add(node)
+                pid = int(reply.content[keys.METRICS][keys.PARTITION_ID])
+                if not 0 <= pid < self.cfg.num_clients:
+                    raise ValueError(
+                        f"node {node} reports partition-id {pid}, outside 0..{self.cfg.num_clients - 1}: "
+                        "set num-clients to the number of partitions of the federation"
+                    )
+                self.node_of.setdefault(pid, node)
+            pending = [n for n in pending if n not in answered]
         if not self.node_of:
             raise RuntimeError("no node reported a partition id: is the federation running?")
         missing = self.cfg.num_clients - len(self.node_of)
