@@ -134,7 +134,8 @@ class HistoryCache:
 
         ``rows`` is a float32 (n_new + e, d) matrix: its first ``n_new`` rows are the
         directions c̃_i of ``pids``; any extra rows (e.g. ḡ) are only multiplied with the
-        entries. Expires old entries first. Returns the products of the extra rows with
+        entries. Expires old entries first. With 16-bit storage the new rows are rounded
+        in place to the stored values, so the Gram matrix is that of what is stored. Returns the products of the extra rows with
         every entry, (e, m') in ``active_slots()`` order (squeezed when e = 1).
         """
         if len(pids) != n_new or len(set(pids)) != n_new:
@@ -149,6 +150,8 @@ class HistoryCache:
             slot = self._slot_for(pid)
             self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
             self.row(slot).copy_(rows[i])
+            if self.dtype != rows.dtype:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
+                rows[i].copy_(self.row(slot))
             new_slots.append(slot)
         slots = self.active_slots()
         prods = self._products(rows, slots)  # (n_new + e, capacity); only ``slots`` valid
