@@ -200,6 +200,8 @@ class FedPCDStrategy(FairStrategy):
         super().__init__(cfg)
         self.tau, self.eps, self.normalize, self.primary = tau, eps, normalize, primary
         self.cache = HistoryCache(history, dtype=getattr(torch, cache_dtype), ema_beta=ema_beta)
+        import clarabel  # noqa: F401 - imported here, not inside the first round's solve time
+        import scipy.sparse  # noqa: F401
         self.fallbacks = 0
         self._work: torch.Tensor | None = None  # (rows, d) float32: replies, then g̃ rows, then ḡ
         self._theta: torch.Tensor | None = None
@@ -230,37 +232,35 @@ class FedPCDStrategy(FairStrategy):
         eta_g = self.cfg.server_lr or eta_l
 
         # Δ_i straight into the persistent rows; a non-finite update drops its client.
-        pids, n_ex, rows = [], [], []
+        pids, n_ex, norms = [], [], []
         for msg in replies:
             met = msg.content[keys.METRICS]
-            row = work[len(rows)]
+            row = work[len(pids)]
             flat.record_to_flat(msg.content[keys.ARRAYS], out=row)
             torch.sub(theta, row, out=row)
-            pid = int(met[keys.PARTITION_ID])
-            if not bool(torch.isfinite(torch.linalg.vector_norm(row))):
+            pid, norm = int(met[keys.PARTITION_ID]), float(torch.linalg.vector_norm(row))
+            if not np.isfinite(norm):  # the row is overwritten by the next reply
                 log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf",
                             server_round, pid)
                 continue
             pids.append(pid)
             n_ex.append(float(met[keys.NUM_EXAMPLES]))
-            rows.append(len(rows))
+            norms.append(norm / eta_l)  # ‖g_i‖ = ‖Δ_i‖/η_l
         dropped = len(replies) - len(pids)
         k = len(pids)
         if k == 0:  # nothing usable: keep the model, never crash the round
             self.cache.expire(server_round)
             return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.fallbacks})
-        g = work[:k]
-        g.mul_(1.0 / eta_l)  # g_i = Δ_i / η_l
+        delta = work[:k]
         p = torch.tensor(n_ex, dtype=torch.float64)
-        p = (p / p.sum()).to(torch.float32)
+        p = p / p.sum()
         g_bar = work[k]
-        torch.mv(g.T, p, out=g_bar)  # ḡ = Σ p_i g_i (current participants only)
+        torch.mv(delta.T, (p / eta_l).to(torch.float32), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
-        norms = torch.linalg.vector_norm(g, dim=1).double()
 
-        # Constraint directions c̃_i in place of g_i (g is not needed any more).
-        scale = self.cache.scales(pids, norms, self.normalize, self.eps)
-        g.mul_(scale.to(torch.float32).unsqueeze(1))
+        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i, in place (one pass).
+        scale = self.cache.scales(pids, torch.tensor(norms, dtype=torch.float64), self.normalize, self.eps)
+        delta.mul_((scale / eta_l).to(torch.float32).unsqueeze(1))
         if self.primary == "fedavg":
             g0_scale = 1.0 if self.normalize == "none" else 1.0 / (g_bar_norm + self.eps)
         else:

@@ -8,13 +8,13 @@ the run's normalisation), keyed by partition id and stamped with the round it wa
 * an entry stamped s is a constraint in rounds s … s+H and gone afterwards (H = 0: the
   current round only);
 * the Gram matrix Q_jk = c̃_jᵀc̃_k of the entries is kept; a round computes only the
-  rows of its k new/replaced entries — O(k·m'·d) — as one matmul per storage block.
+  rows of its k new/replaced entries — O(k·m'·d) — as one matmul.
 
 Normalisation statistics (``ema`` mode) are per client and updated when it is seen, so a
 cached entry's direction never changes: its Gram entries stay valid until it expires.
 
-Storage is a list of fixed-size (rows × d) blocks reused across rounds (no reallocation,
-no first-touch page faults after warm-up). ``dtype`` may be ``bfloat16``/``float16`` to
+Storage is one (capacity × d) tensor reused across rounds (it grows geometrically during
+warm-up only; no first-touch page faults afterwards). ``dtype`` may be ``bfloat16``/``float16`` to
 halve the memory; products are then computed in float32 chunk by chunk.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-_BLOCK_ROWS = 16
-_CHUNK_COLS = 1 << 18  # columns converted to float32 at a time (16-bit storage)
+_MIN_ROWS = 16
+_CHUNK_ELEMS = 1 << 22  # float32 elements converted at a time from 16-bit storage (16 MB)
 
 
 class HistoryCache:
@@ -49,7 +49,7 @@ class HistoryCache:
         self.dtype = dtype
         self.ema_beta = float(ema_beta)
         self.dim: int | None = None
-        self.blocks: list[torch.Tensor] = []
+        self.store = torch.empty(0, 0, dtype=dtype)  # (capacity, d): entry j in row slot_j
         self.slot_pid: dict[int, int] = {}
         self.pid_slot: dict[int, int] = {}
         self.stamp: dict[int, int] = {}
@@ -64,7 +64,7 @@ class HistoryCache:
 
     @property
     def capacity(self) -> int:
-        return len(self.blocks) * _BLOCK_ROWS
+        return int(self.store.shape[0])
 
     def active_slots(self) -> list[int]:
         """Slots of the entries, in slot order (the constraint order of the QP)."""
@@ -77,7 +77,7 @@ class HistoryCache:
         return self.gram[np.ix_(slots, slots)]
 
     def row(self, slot: int) -> torch.Tensor:
-        return self.blocks[slot // _BLOCK_ROWS][slot % _BLOCK_ROWS]
+        return self.store[slot]
 
     def matrix(self, slots: list[int] | None = None) -> torch.Tensor:
         """The entries as an (m', d) float32 matrix (a copy: for tests and checks)."""
@@ -121,13 +121,21 @@ class HistoryCache:
         used = set(self.slot_pid)
         slot = next((s for s in range(self.capacity) if s not in used), self.capacity)
         if slot >= self.capacity:
-            self.blocks.append(torch.zeros(_BLOCK_ROWS, self.dim, dtype=self.dtype))
-            cap = self.capacity
-            grown = np.zeros((cap, cap), dtype=np.float64)
-            old = self.gram.shape[0]
-            grown[:old, :old] = self.gram
-            self.gram = grown
+            self._grow(slot + 1)
         return slot
+
+    def _grow(self, need: int) -> None:
+        """Geometric growth (warm-up only); the lowest free slot is reused first, so the
+        entries stay in a compact prefix and one matmul covers them."""
+        cap = max(need, _MIN_ROWS, int(self.capacity * 1.5))
+        store = torch.empty(cap, self.dim, dtype=self.dtype)  # pages are touched on first write
+        if self.capacity:
+            store[: self.capacity].copy_(self.store)
+        self.store = store
+        gram = np.zeros((cap, cap), dtype=np.float64)
+        old = self.gram.shape[0]
+        gram[:old, :old] = self.gram
+        self.gram = gram
 
     def insert(self, server_round: int, pids: list[int], rows: torch.Tensor, n_new: int) -> np.ndarray:
         """Store the current clients' directions and update the Gram matrix.
@@ -166,24 +174,25 @@ class HistoryCache:
         return extra[0] if extra.shape[0] == 1 else extra
 
     def _products(self, rows: torch.Tensor, slots: list[int]) -> np.ndarray:
-        """rows @ entriesᵀ over every block holding an entry (float32 maths)."""
+        """rows @ entriesᵀ over the prefix of slots holding entries: one pass (float32)."""
         out = np.zeros((rows.shape[0], self.capacity), dtype=np.float64)
-        used = set(s // _BLOCK_ROWS for s in slots)
-        for b in sorted(used):
-            hi = max(s for s in slots if s // _BLOCK_ROWS == b) % _BLOCK_ROWS + 1
-            block = self.blocks[b][:hi]
-            if block.dtype == torch.float32:
-                res = rows @ block.T
-            else:
-                res = torch.zeros(rows.shape[0], hi, dtype=torch.float32)
-                if self._chunk is None or self._chunk.shape[0] < _BLOCK_ROWS:
-                    self._chunk = torch.empty(_BLOCK_ROWS, _CHUNK_COLS, dtype=torch.float32)
-                for a in range(0, self.dim, _CHUNK_COLS):
-                    e = min(a + _CHUNK_COLS, self.dim)
-                    tmp = self._chunk[:hi, : e - a]
-                    tmp.copy_(block[:, a:e])
-                    res.addmm_(rows[:, a:e], tmp.T)
-            out[:, b * _BLOCK_ROWS : b * _BLOCK_ROWS + hi] = res.double().numpy()
+        if not slots:
+            return out
+        hi = max(slots) + 1
+        entries = self.store[:hi]
+        if entries.dtype == torch.float32:
+            res = rows @ entries.T
+        else:  # 16-bit storage: convert column chunks into a reused float32 buffer
+            res = torch.zeros(rows.shape[0], hi, dtype=torch.float32)
+            cols = max(1, _CHUNK_ELEMS // hi)
+            if self._chunk is None or self._chunk.numel() < hi * cols:
+                self._chunk = torch.empty(hi * cols, dtype=torch.float32)
+            for a in range(0, self.dim, cols):
+                e = min(a + cols, self.dim)
+                tmp = self._chunk[: hi * (e - a)].view(hi, e - a)
+                tmp.copy_(entries[:, a:e])
+                res.addmm_(rows[:, a:e], tmp.T)
+        out[:, :hi] = res.double().numpy()
         return out
 
     def add_rows(self, out: torch.Tensor, slots: list[int], coefs) -> torch.Tensor:
@@ -224,7 +233,7 @@ class HistoryCache:
         dim = int(state["dim"])
         self.dim = None if dim < 0 else dim
         cap = int(state["capacity"])
-        self.blocks = [torch.zeros(_BLOCK_ROWS, dim, dtype=dtype) for _ in range(cap // _BLOCK_ROWS)]
+        self.store = torch.empty(cap, max(dim, 0), dtype=dtype)
         self.gram = np.zeros((cap, cap), dtype=np.float64)
         self.slot_pid, self.pid_slot, self.stamp = {}, {}, {}
         slots = [int(s) for s in np.asarray(state["slots"])]
