@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import statistics
 import sys
 import time
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.timed <= args.rounds or args.replies > args.clients:
         parser.error("need 1 <= --timed <= --rounds and --replies <= --clients")
     torch.set_grad_enabled(False)
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every call
     if not args.json:
         print(f"{'strategy':<12} {'size':<9} {'params':>10} {'replies':>7} {'cache':>5} "
               f"{'seconds':>8} {'fedavg_s':>8} {'ratio':>6}")

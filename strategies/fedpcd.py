@@ -22,13 +22,20 @@ fedpcd-eps : float, default 1e-12
 fedpcd-normalize : ``l2`` (default) | ``none`` | ``ema``
     How directions are scaled before the QP (paper Table 4/5 ablations).
 fedpcd-ema-beta : float, default 0.9
-    β of the per-client bias-corrected EMA of ‖g_i‖² (``ema`` only).
+    β of the per-client bias-corrected EMA of ‖g_i‖² (``ema`` only; updated when the
+    client is seen; ḡ stays ℓ2-normalised). β = 0 is ``l2``.
 fedpcd-primary : ``fedavg`` (default) | ``none``
     ``none``: g̃_0 = 0, i.e. the minimum-norm feasible direction (needs τ > 0).
 fedpcd-cache-dtype : ``float32`` (default) | ``bfloat16`` | ``float16``
     Storage of cached directions; the maths runs in float32 either way.
 server-lr : float, default 0 = the client ``lr``
     η_g. With η_g = η_l and no active constraint a round is exactly FedAvg.
+
+Diagnostics per round (MetricRecord → rounds.jsonl): ``fedpcd-constraints`` (m'),
+``fedpcd-active`` (#μ_j > 0), ``fedpcd-corrected`` (0/1), ``fedpcd-cosine`` (cos(d_t, ḡ)),
+``fedpcd-solver-ok`` (0/1), ``fedpcd-solver-status`` (0 feasible, 1 solved, 2 elastic,
+3 primary), ``fedpcd-solve-seconds``, ``fedpcd-fallbacks`` (cumulative),
+``fedpcd-dropped`` (non-finite updates), ``fedpcd-cache-size``.
 
 Failure handling (never crashes a round): if the dual QP is unbounded (the constraints
 are jointly infeasible) or the solver fails, the elastic relaxation
@@ -304,7 +311,7 @@ class FedPCDStrategy(FairStrategy):
             M_FALLBACKS: self.fallbacks,
             M_DROPPED: dropped,
             M_CACHE: self.cache.size,
-            "update-norm": eta_g * g_bar_norm / eta_l,
+            "update-norm": eta_l * g_bar_norm,  # ‖Σ p_i Δ_i‖, as FedAvg reports it
         }
         return self.to_record(theta), MetricRecord(metrics)
 
