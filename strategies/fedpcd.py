@@ -210,7 +210,7 @@ class FedPCDStrategy(FairStrategy):
         import clarabel  # noqa: F401 - imported here, not inside the first round's solve time
         import scipy.sparse  # noqa: F401
         self.fallbacks = 0
-        self._work: torch.Tensor | None = None  # (rows, d) float32: replies, then g̃ rows, then ḡ
+        self._work: torch.Tensor | None = None  # (m + 1, d) float32: Δ_i rows, then ḡ
         self._theta: torch.Tensor | None = None
         self._dir: torch.Tensor | None = None
 
@@ -265,15 +265,15 @@ class FedPCDStrategy(FairStrategy):
         torch.mv(delta.T, (p / eta_l).to(torch.float32), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
 
-        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i, in place (one pass).
+        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i: scaled as they are cached.
         scale = self.cache.scales(pids, torch.tensor(norms, dtype=torch.float64), self.normalize, self.eps)
-        delta.mul_((scale / eta_l).to(torch.float32).unsqueeze(1))
         if self.primary == "fedavg":
             g0_scale = 1.0 if self.normalize == "none" else 1.0 / (g_bar_norm + self.eps)
         else:
             g0_scale = 0.0
-        # Cache update + the new Gram rows as one matmul (rows of c̃_i and of ḡ).
-        c_dot_gbar = self.cache.insert(server_round, pids, work[: k + 1], n_new=k)
+        # Cache update + the new Gram rows as one matmul (rows of Δ_i and of ḡ).
+        c_dot_gbar = self.cache.insert(server_round, pids, work[: k + 1], n_new=k,
+                                       scales=(scale / eta_l).numpy())
         slots = self.cache.active_slots()
         gram = self.cache.gram_of(slots)
         sq = np.diag(gram).copy()

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 _MIN_ROWS = 16
+_GROUP_SPAN = 16  # add_rows: entries this close are summed in one pass
 _CHUNK_ELEMS = 1 << 22  # float32 elements converted at a time from 16-bit storage (16 MB)
 
 
@@ -137,14 +138,17 @@ class HistoryCache:
         gram[:old, :old] = self.gram
         self.gram = gram
 
-    def insert(self, server_round: int, pids: list[int], rows: torch.Tensor, n_new: int) -> np.ndarray:
+    def insert(self, server_round: int, pids: list[int], rows: torch.Tensor, n_new: int,
+               scales=None) -> np.ndarray:
         """Store the current clients' directions and update the Gram matrix.
 
-        ``rows`` is a float32 (n_new + e, d) matrix: its first ``n_new`` rows are the
-        directions c̃_i of ``pids``; any extra rows (e.g. ḡ) are only multiplied with the
-        entries. Expires old entries first. With 16-bit storage the new rows are rounded
-        in place to the stored values, so the Gram matrix is that of what is stored. Returns the products of the extra rows with
-        every entry, (e, m') in ``active_slots()`` order (squeezed when e = 1).
+        ``rows`` is a float32 (n_new + e, d) matrix: its first ``n_new`` rows v_i belong
+        to ``pids`` and are stored as c̃_i = scales_i · v_i (scales default to 1: one fused
+        pass, no separate scaling of the rows); the e extra rows (e.g. ḡ) are only
+        multiplied with the entries. Expires old entries first. With 16-bit storage the
+        new rows are replaced in place by their stored values c̃_i, so the Gram matrix is
+        exactly that of what is stored. Returns the products of the extra rows with every
+        entry, (e, m') in ``active_slots()`` order (squeezed when e = 1).
         """
         if len(pids) != n_new or len(set(pids)) != n_new:
             raise ValueError("insert() needs one distinct partition id per new row")
@@ -152,20 +156,22 @@ class HistoryCache:
             self.dim = int(rows.shape[1])
         elif rows.shape[1] != self.dim:
             raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
+        scales = np.ones(n_new) if scales is None else np.asarray(scales, dtype=np.float64)
         self.expire(server_round)
         new_slots = []
+        exact = self.dtype == rows.dtype
         for i, pid in enumerate(pids):
             slot = self._slot_for(pid)
             self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
-            self.row(slot).copy_(rows[i])
-            if self.dtype != rows.dtype:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
+            torch.mul(rows[i], float(scales[i]), out=self.row(slot))
+            if not exact:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
                 rows[i].copy_(self.row(slot))
             new_slots.append(slot)
         slots = self.active_slots()
         prods = self._products(rows, slots)  # (n_new + e, capacity); only ``slots`` valid
         if n_new:
             new = np.asarray(new_slots)
-            block = prods[:n_new]
+            block = prods[:n_new] * (scales[:, None] if exact else 1.0)  # c̃_iᵀ c̃_j
             self.gram[new, :] = block
             self.gram[:, new] = block.T
             nn = block[:, new]
@@ -196,10 +202,29 @@ class HistoryCache:
         return out
 
     def add_rows(self, out: torch.Tensor, slots: list[int], coefs) -> torch.Tensor:
-        """out += Σ coef_j · entry_j (in float32, in place)."""
-        for slot, c in zip(slots, np.asarray(coefs, dtype=np.float64).tolist()):
-            row = self.row(slot)
-            out.add_(row if row.dtype == out.dtype else row.to(out.dtype), alpha=c)
+        """out += Σ coef_j · entry_j (float32, in place).
+
+        Nearby slots are summed as one matrix-vector product over their span (zero
+        coefficients in the gaps): ``out`` is read and written once per group, not once
+        per entry.
+        """
+        order = np.argsort(slots)
+        slots = [int(slots[i]) for i in order]
+        coefs = np.asarray(coefs, dtype=np.float64)[order]
+        if self.dtype != out.dtype:  # 16-bit storage: one converted row at a time
+            for slot, c in zip(slots, coefs.tolist()):
+                out.add_(self.row(slot).to(out.dtype), alpha=c)
+            return out
+        i = 0
+        while i < len(slots):
+            j = i
+            while j + 1 < len(slots) and slots[j + 1] - slots[i] < _GROUP_SPAN:
+                j += 1
+            lo, hi = slots[i], slots[j] + 1
+            vec = torch.zeros(hi - lo, dtype=out.dtype)
+            vec[torch.tensor(slots[i : j + 1]) - lo] = torch.tensor(coefs[i : j + 1], dtype=out.dtype)
+            out.addmv_(self.store[lo:hi].T, vec)
+            i = j + 1
         return out
 
     # -- checkpoint state ----------------------------------------------------------------

@@ -54,7 +54,11 @@ def test_incremental_gram_equals_full_recomputation(dtype):
     for rnd in range(1, 12):
         pids = sorted(rng.choice(40, size=6, replace=False).tolist())
         new = rows(7, d=300, seed=rnd)  # 6 entries + one extra row (plays ḡ)
-        extra = cache.insert(rnd, pids, new, n_new=6)
+        scales = rng.uniform(0.1, 2.0, size=6)
+        raw = new[:6].clone()
+        extra = cache.insert(rnd, pids, new, n_new=6, scales=scales)
+        for pid, v, s in zip(pids, raw, scales):  # stored c̃_i = s_i v_i
+            torch.testing.assert_close(cache.row(cache.pid_slot[pid]).float(), (s * v).to(dtype).float())
         full = cache.matrix().double()
         np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(),
                                    rtol=1e-4, atol=1e-3)
@@ -75,6 +79,18 @@ def test_cache_state_round_trip():
     np.testing.assert_array_equal(a.gram_of(a.active_slots()), b.gram_of(b.active_slots()))
     with pytest.raises(ValueError, match="resume with the same settings"):
         HistoryCache(history=3).load_state_dict(a.state_dict())
+
+
+def test_add_rows_matches_dense_sum():
+    cache = HistoryCache(history=50)
+    for rnd in range(1, 6):
+        cache.insert(rnd, list(range(10 * rnd, 10 * rnd + 9)), rows(9, d=64, seed=rnd), n_new=9)
+    slots = [0, 2, 3, 17, 40, 44]
+    coefs = np.array([0.5, 1.0, 2.0, 0.25, 3.0, 1.5])
+    out = torch.ones(64)
+    cache.add_rows(out, slots, coefs)
+    expected = 1.0 + torch.tensor(coefs, dtype=torch.float32) @ cache.matrix(slots)
+    torch.testing.assert_close(out, expected)
 
 
 def test_ema_scale_closed_form():
