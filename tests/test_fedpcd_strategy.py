@@ -277,3 +277,26 @@ def test_bad_config_is_one_line_error(params, match):
     with pytest.raises(ConfigError, match=match) as err:
         strategy(**params)
     assert "\n" not in str(err.value)
+
+
+def test_16bit_cache_multipliers_close_to_float32():
+    # Fixed instance: 30 unit directions sharing a component, 3 rounds of 10 clients.
+    rng = np.random.default_rng(12)
+    common = rng.normal(size=2000)
+    mus = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        cache = HistoryCache(history=5, dtype=dtype)
+        for rnd in range(1, 4):
+            g = common + 4.0 * np.random.default_rng(rnd).normal(size=(10, 2000))
+            g_bar = g.mean(0)
+            work = torch.tensor(np.vstack([g, g_bar]), dtype=torch.float32)
+            scales = 1.0 / np.linalg.norm(g, axis=1)
+            cg = cache.insert(rnd, list(range(10 * rnd, 10 * rnd + 10)), work, 10, scales=scales)
+        gram = cache.gram_of(cache.active_slots())
+        mu, status, _ = fedpcd.dual_multipliers(gram, cg / np.linalg.norm(g_bar), 0.3 * np.diag(gram))
+        assert status == fedpcd.STATUS_SOLVED
+        mus[dtype] = mu
+    ref = mus[torch.float32]
+    assert (ref > 0).sum() >= 3
+    for dtype in (torch.bfloat16, torch.float16):
+        np.testing.assert_allclose(mus[dtype], ref, atol=5e-3 * ref.max())
