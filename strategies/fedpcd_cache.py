@@ -1,0 +1,274 @@
+"""FedPCD's server-side history cache with an incrementally maintained Gram matrix.
+
+Paper ``000_*`` §3 (history window H) and ``../shared/spec/ALGORITHMS.md`` step 3/4/6.
+Each entry is a client's latest *constraint direction* c̃_i (its pseudo-gradient after
+the run's normalisation), keyed by partition id and stamped with the round it was seen:
+
+* a returning client overwrites its entry (same slot, so it is never counted twice);
+* an entry stamped s is a constraint in rounds s … s+H and gone afterwards (H = 0: the
+  current round only);
+* the Gram matrix Q_jk = c̃_jᵀc̃_k of the entries is kept; a round computes only the
+  rows of its k new/replaced entries — O(k·m'·d) — as one matmul.
+
+Normalisation statistics (``ema`` mode) are per client and updated when it is seen, so a
+cached entry's direction never changes: its Gram entries stay valid until it expires.
+
+Storage is one (capacity × d) tensor reused across rounds (it grows geometrically during
+warm-up only; no first-touch page faults afterwards). ``dtype`` may be ``bfloat16``/``float16`` to
+halve the memory; products are then computed in float32 chunk by chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+_MIN_ROWS = 16
+_GROUP_SPAN = 16  # add_rows: entries this close are summed in one pass
+_CHUNK_ELEMS = 1 << 22  # float32 elements converted at a time from 16-bit storage (16 MB)
+
+
+class HistoryCache:
+    """Latest direction per client within a window of H rounds, with their Gram matrix.
+
+    Parameters
+    ----------
+    history : int
+        H ≥ 0, the window in rounds (0 = current round only).
+    dtype : torch.dtype, default float32
+        Storage of the entries (float32, bfloat16 or float16).
+    ema_beta : float, default 0.9
+        β of the per-client EMA of ‖g_i‖² used by ``scales(..., mode="ema")``.
+    """
+
+    def __init__(self, history: int, dtype: torch.dtype = torch.float32, ema_beta: float = 0.9) -> None:
+        if history < 0:
+            raise ValueError(f"history window must be >= 0, got {history}")
+        self.history = int(history)
+        self.dtype = dtype
+        self.ema_beta = float(ema_beta)
+        self.dim: int | None = None
+        self.store = torch.empty(0, 0, dtype=dtype)  # (capacity, d): entry j in row slot_j
+        self.slot_pid: dict[int, int] = {}
+        self.pid_slot: dict[int, int] = {}
+        self.stamp: dict[int, int] = {}
+        self.gram = np.zeros((0, 0), dtype=np.float64)
+        self.ema: dict[int, tuple[float, int]] = {}  # pid -> (EMA of ‖g‖², times seen)
+        self._chunk: torch.Tensor | None = None
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.slot_pid)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.store.shape[0])
+
+    def active_slots(self) -> list[int]:
+        """Slots of the entries, in slot order (the constraint order of the QP)."""
+        return sorted(self.slot_pid)
+
+    def pids(self, slots: list[int] | None = None) -> list[int]:
+        return [self.slot_pid[s] for s in (self.active_slots() if slots is None else slots)]
+
+    def gram_of(self, slots: list[int]) -> np.ndarray:
+        return self.gram[np.ix_(slots, slots)]
+
+    def row(self, slot: int) -> torch.Tensor:
+        return self.store[slot]
+
+    def matrix(self, slots: list[int] | None = None) -> torch.Tensor:
+        """The entries as an (m', d) float32 matrix (a copy: for tests and checks)."""
+        slots = self.active_slots() if slots is None else slots
+        if not slots:
+            return torch.empty(0, self.dim or 0)
+        return torch.stack([self.row(s).float() for s in slots])
+
+    # -- normalisation -------------------------------------------------------------------
+    def scales(self, pids: list[int], norms: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
+        """Factor s_i with c̃_i = s_i g_i for the current clients (float64).
+
+        ``l2``: 1/(‖g_i‖ + ε); ``none``: 1; ``ema``: 1/(√v̂_i + ε) with v̂_i the
+        bias-corrected EMA of ‖g_i‖² of client i, updated here with this round's norm.
+        """
+        norms = norms.double()
+        if mode == "l2":
+            return 1.0 / (norms + eps)
+        if mode == "none":
+            return torch.ones_like(norms)
+        if mode != "ema":
+            raise ValueError(f"unknown normalisation {mode!r}")
+        beta, out = self.ema_beta, torch.empty_like(norms)
+        for i, (pid, n) in enumerate(zip(pids, norms.tolist())):
+            v, k = self.ema.get(pid, (0.0, 0))
+            v, k = beta * v + (1.0 - beta) * n * n, k + 1
+            self.ema[pid] = (v, k)
+            out[i] = 1.0 / (np.sqrt(v / (1.0 - beta**k)) + eps)
+        return out
+
+    # -- updates -------------------------------------------------------------------------
+    def expire(self, server_round: int) -> None:
+        """Drop entries older than H rounds (stamp < round − H)."""
+        for slot in [s for s, t in self.stamp.items() if t < server_round - self.history]:
+            pid = self.slot_pid.pop(slot)
+            del self.pid_slot[pid], self.stamp[slot]
+
+    def _slot_for(self, pid: int) -> int:
+        if pid in self.pid_slot:  # returning client: overwrite its entry in place
+            return self.pid_slot[pid]
+        used = set(self.slot_pid)
+        slot = next((s for s in range(self.capacity) if s not in used), self.capacity)
+        if slot >= self.capacity:
+            self._grow(slot + 1)
+        return slot
+
+    def _grow(self, need: int) -> None:
+        """Geometric growth (warm-up only); the lowest free slot is reused first, so the
+        entries stay in a compact prefix and one matmul covers them."""
+        cap = max(need, _MIN_ROWS, int(self.capacity * 1.5))
+        store = torch.empty(cap, self.dim, dtype=self.dtype)  # pages are touched on first write
+        if self.capacity:
+            store[: self.capacity].copy_(self.store)
+        self.store = store
+        gram = np.zeros((cap, cap), dtype=np.float64)
+        old = self.gram.shape[0]
+        gram[:old, :old] = self.gram
+        self.gram = gram
+
+    def insert(self, server_round: int, pids: list[int], rows: torch.Tensor, n_new: int,
+               scales=None) -> np.ndarray:
+        """Store the current clients' directions and update the Gram matrix.
+
+        ``rows`` is a float32 (n_new + e, d) matrix: its first ``n_new`` rows v_i belong
+        to ``pids`` and are stored as c̃_i = scales_i · v_i (scales default to 1: one fused
+        pass, no separate scaling of the rows); the e extra rows (e.g. ḡ) are only
+        multiplied with the entries. Expires old entries first. With 16-bit storage the
+        new rows are replaced in place by their stored values c̃_i, so the Gram matrix is
+        exactly that of what is stored. Returns the products of the extra rows with every
+        entry, (e, m') in ``active_slots()`` order (squeezed when e = 1).
+        """
+        if len(pids) != n_new or len(set(pids)) != n_new:
+            raise ValueError("insert() needs one distinct partition id per new row")
+        if self.dim is None:
+            self.dim = int(rows.shape[1])
+        elif rows.shape[1] != self.dim:
+            raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
+        scales = np.ones(n_new) if scales is None else np.asarray(scales, dtype=np.float64)
+        self.expire(server_round)
+        new_slots = []
+        exact = self.dtype == rows.dtype
+        for i, pid in enumerate(pids):
+            slot = self._slot_for(pid)
+            self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
+            torch.mul(rows[i], float(scales[i]), out=self.row(slot))
+            if not exact:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
+                rows[i].copy_(self.row(slot))
+            new_slots.append(slot)
+        slots = self.active_slots()
+        prods = self._products(rows, slots)  # (n_new + e, capacity); only ``slots`` valid
+        if n_new:
+            new = np.asarray(new_slots)
+            block = prods[:n_new] * (scales[:, None] if exact else 1.0)  # c̃_iᵀ c̃_j
+            self.gram[new, :] = block
+            self.gram[:, new] = block.T
+            nn = block[:, new]
+            self.gram[np.ix_(new, new)] = 0.5 * (nn + nn.T)  # one value per pair
+        extra = prods[n_new:][:, slots]
+        return extra[0] if extra.shape[0] == 1 else extra
+
+    def _products(self, rows: torch.Tensor, slots: list[int]) -> np.ndarray:
+        """rows @ entriesᵀ over the prefix of slots holding entries: one pass (float32)."""
+        out = np.zeros((rows.shape[0], self.capacity), dtype=np.float64)
+        if not slots:
+            return out
+        hi = max(slots) + 1
+        entries = self.store[:hi]
+        if entries.dtype == torch.float32:
+            res = rows @ entries.T
+        else:  # 16-bit storage: convert column chunks into a reused float32 buffer
+            res = torch.zeros(rows.shape[0], hi, dtype=torch.float32)
+            cols = max(1, _CHUNK_ELEMS // hi)
+            if self._chunk is None or self._chunk.numel() < hi * cols:
+                self._chunk = torch.empty(hi * cols, dtype=torch.float32)
+            for a in range(0, self.dim, cols):
+                e = min(a + cols, self.dim)
+                tmp = self._chunk[: hi * (e - a)].view(hi, e - a)
+                tmp.copy_(entries[:, a:e])
+                res.addmm_(rows[:, a:e], tmp.T)
+        out[:, :hi] = res.double().numpy()
+        return out
+
+    def add_rows(self, out: torch.Tensor, slots: list[int], coefs) -> torch.Tensor:
+        """out += Σ coef_j · entry_j (float32, in place).
+
+        Nearby slots are summed as one matrix-vector product over their span (zero
+        coefficients in the gaps): ``out`` is read and written once per group, not once
+        per entry.
+        """
+        order = np.argsort(slots)
+        slots = [int(slots[i]) for i in order]
+        coefs = np.asarray(coefs, dtype=np.float64)[order]
+        if self.dtype != out.dtype:  # 16-bit storage: one converted row at a time
+            for slot, c in zip(slots, coefs.tolist()):
+                out.add_(self.row(slot).to(out.dtype), alpha=c)
+            return out
+        i = 0
+        while i < len(slots):
+            j = i
+            while j + 1 < len(slots) and slots[j + 1] - slots[i] < _GROUP_SPAN:
+                j += 1
+            lo, hi = slots[i], slots[j] + 1
+            vec = torch.zeros(hi - lo, dtype=out.dtype)
+            vec[torch.tensor(slots[i : j + 1]) - lo] = torch.tensor(coefs[i : j + 1], dtype=out.dtype)
+            out.addmv_(self.store[lo:hi].T, vec)
+            i = j + 1
+        return out
+
+    # -- checkpoint state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Entries (in their slots), round stamps, Gram matrix and EMA statistics."""
+        slots = self.active_slots()
+        ema_pids = sorted(self.ema)
+        return {
+            "history": self.history,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "dim": -1 if self.dim is None else self.dim,
+            "capacity": self.capacity,
+            "slots": np.asarray(slots, dtype=np.int64),
+            "pids": np.asarray([self.slot_pid[s] for s in slots], dtype=np.int64),
+            "stamps": np.asarray([self.stamp[s] for s in slots], dtype=np.int64),
+            "entries": torch.stack([self.row(s).clone() for s in slots]) if slots else torch.empty(0),
+            "gram": self.gram_of(slots).copy(),
+            "ema_pids": np.asarray(ema_pids, dtype=np.int64),
+            "ema_values": np.asarray([self.ema[p][0] for p in ema_pids], dtype=np.float64),
+            "ema_counts": np.asarray([self.ema[p][1] for p in ema_pids], dtype=np.int64),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (same slots, so the QP sees the same order)."""
+        dtype = getattr(torch, str(state["dtype"]))
+        if int(state["history"]) != self.history or dtype != self.dtype:
+            raise ValueError(
+                f"checkpointed cache has history={state['history']} dtype={state['dtype']}, "
+                f"this run has history={self.history} dtype={self.dtype}: resume with the same settings"
+            )
+        dim = int(state["dim"])
+        self.dim = None if dim < 0 else dim
+        cap = int(state["capacity"])
+        self.store = torch.empty(cap, max(dim, 0), dtype=dtype)
+        self.gram = np.zeros((cap, cap), dtype=np.float64)
+        self.slot_pid, self.pid_slot, self.stamp = {}, {}, {}
+        slots = [int(s) for s in np.asarray(state["slots"])]
+        entries = torch.as_tensor(state["entries"])
+        for i, (slot, pid, stamp) in enumerate(zip(slots, np.asarray(state["pids"]), np.asarray(state["stamps"]))):
+            self.slot_pid[slot], self.pid_slot[int(pid)], self.stamp[slot] = int(pid), slot, int(stamp)
+            self.row(slot).copy_(entries[i])
+        if slots:
+            self.gram[np.ix_(slots, slots)] = np.asarray(state["gram"], dtype=np.float64)
+        self.ema = {
+            int(p): (float(v), int(k))
+            for p, v, k in zip(state["ema_pids"], state["ema_values"], state["ema_counts"])
+        }

@@ -1,0 +1,302 @@
+"""FedPCD cache semantics and the strategy adapter on built replies."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedpcd_app.config import ConfigError, load_config
+from strategies import fedpcd, flat, registry
+from strategies.fedpcd import fedpcd_direction
+from strategies.fedpcd_cache import HistoryCache
+from tests.helpers import arrays_from_flat, tiny_template, train_reply
+
+SIZES = ((6, 5), (5,), (4, 3))  # d = 47
+
+
+# -- cache ---------------------------------------------------------------------------------
+def rows(n, d=8, seed=0):
+    return torch.tensor(np.random.default_rng(seed).normal(size=(n, d)), dtype=torch.float32)
+
+
+def test_cache_overwrite_and_no_double_counting():
+    cache = HistoryCache(history=5)
+    r1, r2 = rows(2, seed=1), rows(2, seed=2)
+    cache.insert(1, [7, 8], r1, n_new=2)
+    cache.insert(2, [8, 9], r2, n_new=2)  # client 8 returns: overwrite, not a second entry
+    assert cache.size == 3 and sorted(cache.pids()) == [7, 8, 9]
+    slot8 = cache.pid_slot[8]
+    assert cache.stamp[slot8] == 2
+    torch.testing.assert_close(cache.row(slot8), r2[0])
+
+
+def test_cache_expiry_after_h_rounds():
+    cache = HistoryCache(history=2)
+    cache.insert(1, [0], rows(1, seed=1), n_new=1)
+    cache.insert(3, [1], rows(1, seed=2), n_new=1)  # round 3 = 1 + H: client 0 still there
+    assert sorted(cache.pids()) == [0, 1]
+    cache.insert(4, [2], rows(1, seed=3), n_new=1)  # round 4 > 1 + H: client 0 expired
+    assert sorted(cache.pids()) == [1, 2]
+    cache.expire(6)
+    assert cache.pids() == [2]
+
+
+def test_cache_h0_is_current_round_only():
+    cache = HistoryCache(history=0)
+    cache.insert(1, [0, 1], rows(2, seed=1), n_new=2)
+    cache.insert(2, [2], rows(1, seed=2), n_new=1)
+    assert cache.pids() == [2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_incremental_gram_equals_full_recomputation(dtype):
+    rng = np.random.default_rng(0)
+    cache = HistoryCache(history=3, dtype=dtype)
+    for rnd in range(1, 12):
+        pids = sorted(rng.choice(40, size=6, replace=False).tolist())
+        new = rows(7, d=300, seed=rnd)  # 6 entries + one extra row (plays ḡ)
+        scales = rng.uniform(0.1, 2.0, size=6)
+        raw = new[:6].clone()
+        extra = cache.insert(rnd, pids, new, n_new=6, scales=scales)
+        for pid, v, s in zip(pids, raw, scales):  # stored c̃_i = s_i v_i
+            torch.testing.assert_close(cache.row(cache.pid_slot[pid]).float(), (s * v).to(dtype).float())
+        full = cache.matrix().double()
+        np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(),
+                                   rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(extra, (full @ new[6].double()).numpy(), rtol=1e-4, atol=1e-3)
+    assert cache.size > 6 and cache.capacity >= cache.size  # several blocks were exercised
+
+
+def test_cache_state_round_trip():
+    a = HistoryCache(history=2, ema_beta=0.8)
+    a.scales([1, 2], torch.tensor([2.0, 3.0]), "ema", 1e-12)
+    for rnd in range(1, 5):
+        a.insert(rnd, [rnd, rnd + 10], rows(2, d=20, seed=rnd), n_new=2)
+    b = HistoryCache(history=2, ema_beta=0.8)
+    b.load_state_dict(a.state_dict())
+    assert b.active_slots() == a.active_slots() and b.pids() == a.pids() and b.ema == a.ema
+    nxt = rows(3, d=20, seed=9)
+    np.testing.assert_array_equal(a.insert(5, [3, 99], nxt, 2), b.insert(5, [3, 99], nxt, 2))
+    np.testing.assert_array_equal(a.gram_of(a.active_slots()), b.gram_of(b.active_slots()))
+    with pytest.raises(ValueError, match="resume with the same settings"):
+        HistoryCache(history=3).load_state_dict(a.state_dict())
+
+
+def test_add_rows_matches_dense_sum():
+    cache = HistoryCache(history=50)
+    for rnd in range(1, 6):
+        cache.insert(rnd, list(range(10 * rnd, 10 * rnd + 9)), rows(9, d=64, seed=rnd), n_new=9)
+    slots = [0, 2, 3, 17, 40, 44]
+    coefs = np.array([0.5, 1.0, 2.0, 0.25, 3.0, 1.5])
+    out = torch.ones(64)
+    cache.add_rows(out, slots, coefs)
+    expected = 1.0 + torch.tensor(coefs, dtype=torch.float32) @ cache.matrix(slots)
+    torch.testing.assert_close(out, expected)
+
+
+def test_ema_scale_closed_form():
+    cache, beta = HistoryCache(history=1, ema_beta=0.5), 0.5
+    cache.scales([4], torch.tensor([2.0]), "ema", 0.0)
+    s = cache.scales([4], torch.tensor([4.0]), "ema", 0.0)
+    v = beta * (1 - beta) * 4.0 + (1 - beta) * 16.0
+    assert s.item() == pytest.approx(1.0 / np.sqrt(v / (1 - beta**2)))
+    # first sight: the bias correction makes the scale exactly 1/‖g‖
+    assert cache.scales([5], torch.tensor([3.0]), "ema", 0.0).item() == pytest.approx(1 / 3)
+
+
+# -- strategy adapter ----------------------------------------------------------------------
+class Round:
+    """Replies whose pseudo-gradients are known: θ_i = θ − η_l g_i."""
+
+    def __init__(self, template, theta, grads, pids, n, lr):
+        self.theta, self.grads, self.pids, self.n = theta, grads, pids, n
+        self.replies = [
+            train_reply(arrays_from_flat(theta - lr * g, template), pid, num_examples=k)
+            for g, pid, k in zip(grads, pids, n)
+        ]
+
+    @property
+    def g_bar(self):
+        p = np.asarray(self.n, dtype=np.float64) / sum(self.n)
+        return p @ self.grads
+
+
+def strategy(**params):
+    return registry.build(load_config({"method": "fedpcd", "lr": 0.1, **params}))
+
+
+def run_round(strat, template, rnd, theta, r: Round):
+    strat.begin_round(rnd, arrays_from_flat(theta, template))
+    arrays, metrics = strat.aggregate_train(rnd, r.replies)
+    return flat.record_to_flat(arrays).double().numpy(), dict(metrics)
+
+
+def conflicting(seed, m, d, spread=10.0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=d) + spread * rng.normal(size=(m, d))
+
+
+@pytest.fixture
+def template():
+    return tiny_template(SIZES)
+
+
+def test_feasible_round_equals_fedavg(template):
+    rng = np.random.default_rng(1)
+    theta = rng.normal(size=47)
+    grads = rng.normal(size=47) + 0.05 * rng.normal(size=(4, 47))  # nearly aligned clients
+    r = Round(template, theta, grads, [0, 1, 2, 3], [10, 20, 30, 40], 0.1)
+    ours, metrics = run_round(strategy(), template, 1, theta, r)
+    avg = registry.build(load_config({"method": "fedavg", "lr": 0.1}))
+    avg.begin_round(1, arrays_from_flat(theta, template))
+    ref, _ = avg.aggregate_train(1, r.replies)
+    np.testing.assert_allclose(ours, flat.record_to_flat(ref).numpy(), rtol=1e-6, atol=1e-6)
+    assert metrics[fedpcd.M_CORRECTED] == 0 and metrics[fedpcd.M_ACTIVE] == 0
+    assert metrics[fedpcd.M_COSINE] == 1.0 and metrics[fedpcd.M_SOLVER_STATUS] == fedpcd.STATUS_FEASIBLE
+
+
+def test_corrected_round_matches_pure_function(template):
+    theta = np.random.default_rng(2).normal(size=47)
+    grads = conflicting(2, 5, 47)
+    r = Round(template, theta, grads, [3, 4, 5, 6, 7], [10, 20, 30, 40, 50], 0.1)
+    ours, metrics = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0}), template, 1, theta, r)
+    d, mu = fedpcd_direction(torch.tensor(r.g_bar), torch.tensor(grads), 0.5)
+    np.testing.assert_allclose(ours, theta - 0.1 * d.numpy(), atol=2e-5)
+    assert metrics[fedpcd.M_CORRECTED] == 1 and metrics[fedpcd.M_SOLVER_OK] == 1
+    assert metrics[fedpcd.M_ACTIVE] == int((mu > 0).sum()) > 0
+    assert metrics[fedpcd.M_CONSTRAINTS] == 5 and metrics[fedpcd.M_COSINE] < 1.0
+    assert metrics[fedpcd.M_SOLVE_SECONDS] >= 0.0
+
+
+def test_history_constraints_across_rounds(template):
+    strat = strategy(**{"fedpcd-tau": 0.2, "fedpcd-history": 3, "server-lr": 0.05})
+    theta = np.random.default_rng(3).normal(size=47)
+    g1, g2 = conflicting(4, 3, 47), conflicting(5, 3, 47)
+    r1 = Round(template, theta, g1, [0, 1, 2], [10, 10, 10], 0.1)
+    theta2, _ = run_round(strat, template, 1, theta, r1)
+    r2 = Round(template, theta2, g2, [2, 3, 4], [10, 20, 30], 0.1)
+    ours, metrics = run_round(strat, template, 2, theta2, r2)
+    # constraints: clients 0, 1 from the cache (round 1), 2 overwritten, 3, 4 new
+    cons = np.vstack([g1[:2], g2])
+    d, _ = fedpcd_direction(torch.tensor(r2.g_bar), torch.tensor(cons), 0.2)
+    np.testing.assert_allclose(ours, theta2 - 0.05 * d.numpy(), atol=2e-5)
+    assert metrics[fedpcd.M_CONSTRAINTS] == 5 and metrics[fedpcd.M_CACHE] == 5
+    assert metrics[fedpcd.M_CORRECTED] == 1
+
+
+def test_nan_update_drops_client(template):
+    theta = np.random.default_rng(6).normal(size=47)
+    grads = conflicting(6, 4, 47)
+    r = Round(template, theta, grads, [0, 1, 2, 3], [10, 10, 10, 10], 0.1)
+    bad = theta.copy()
+    bad[5] = np.nan
+    with_bad = r.replies + [train_reply(arrays_from_flat(bad, template), 9)]
+    strat = strategy(**{"fedpcd-tau": 0.2})
+    strat.begin_round(1, arrays_from_flat(theta, template))
+    arrays, metrics = strat.aggregate_train(1, with_bad)
+    ref, _ = run_round(strategy(**{"fedpcd-tau": 0.2}), template, 1, theta, r)
+    np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), ref, atol=1e-6)
+    assert metrics[fedpcd.M_DROPPED] == 1 and 9 not in strat.cache.pids()
+
+
+def test_forced_solver_failure_falls_back_to_fedavg(template, monkeypatch):
+    def broken(*_a, **_k):
+        raise fedpcd.SolverError("forced failure")
+
+    monkeypatch.setattr(fedpcd, "_clarabel_qp", broken)
+    theta = np.random.default_rng(7).normal(size=47)
+    r = Round(template, theta, conflicting(7, 4, 47), [0, 1, 2, 3], [10, 20, 30, 40], 0.1)
+    strat = strategy(**{"fedpcd-tau": 0.3})
+    ours, m1 = run_round(strat, template, 1, theta, r)
+    np.testing.assert_allclose(ours, theta - 0.1 * r.g_bar, atol=1e-5)
+    assert m1[fedpcd.M_SOLVER_OK] == 0 and m1[fedpcd.M_SOLVER_STATUS] == fedpcd.STATUS_PRIMARY
+    assert m1[fedpcd.M_CORRECTED] == 0 and m1[fedpcd.M_FALLBACKS] == 1
+    _, m2 = run_round(strat, template, 2, theta, r)
+    assert m2[fedpcd.M_FALLBACKS] == 2  # cumulative
+
+
+def test_bfloat16_cache_close_to_float32(template):
+    theta = np.random.default_rng(8).normal(size=47)
+    outs = {}
+    for dtype in ("float32", "bfloat16", "float16"):
+        strat = strategy(**{"fedpcd-tau": 0.2, "fedpcd-cache-dtype": dtype})
+        th = theta
+        for rnd, seed in enumerate((10, 11, 12), start=1):
+            r = Round(template, th, conflicting(seed, 4, 47), [rnd, rnd + 1, rnd + 2, rnd + 3], [10] * 4, 0.1)
+            th, m = run_round(strat, template, rnd, th, r)
+        assert strat.cache.row(0).dtype == getattr(torch, dtype)
+        outs[dtype] = (th, m)
+    ref = outs["float32"][0]
+    for dtype in ("bfloat16", "float16"):
+        assert outs[dtype][1][fedpcd.M_ACTIVE] == outs["float32"][1][fedpcd.M_ACTIVE] > 0
+        assert np.linalg.norm(outs[dtype][0] - ref) < 2e-2 * np.linalg.norm(ref - theta)
+
+
+def test_strategy_state_round_trip(template):
+    params = {"fedpcd-tau": 0.2, "fedpcd-normalize": "ema", "fedpcd-ema-beta": 0.8}
+    theta = np.random.default_rng(9).normal(size=47)
+    a = strategy(**params)
+    th1, _ = run_round(a, template, 1, theta, Round(template, theta, conflicting(1, 4, 47), [0, 1, 2, 3], [10] * 4, 0.1))
+    b = strategy(**params)
+    b.load_state_dict(a.state_dict())
+    r2 = Round(template, th1, conflicting(2, 3, 47), [2, 5, 6], [10, 20, 30], 0.1)
+    out_a, m_a = run_round(a, template, 2, th1, r2)
+    assert m_a[fedpcd.M_CORRECTED] == 1 and m_a[fedpcd.M_CONSTRAINTS] == 6
+    out_b, m_b = run_round(b, template, 2, th1, r2)
+    np.testing.assert_array_equal(out_a, out_b)
+    assert {k: v for k, v in m_a.items() if k != fedpcd.M_SOLVE_SECONDS} == \
+        {k: v for k, v in m_b.items() if k != fedpcd.M_SOLVE_SECONDS}
+
+
+def test_no_normalisation_and_no_primary_ablations(template):
+    from tests.test_fedpcd_math import primal_reference
+
+    theta = np.random.default_rng(11).normal(size=47)
+    grads = conflicting(11, 4, 47)
+    r = Round(template, theta, grads, [0, 1, 2, 3], [10, 20, 30, 40], 0.1)
+    gb = r.g_bar
+    # none: raw g_i and ḡ in the QP, b_j = τ‖g_j‖²
+    ours, _ = run_round(strategy(**{"fedpcd-tau": 0.05, "fedpcd-normalize": "none"}), template, 1, theta, r)
+    ref = primal_reference(gb, grads, 0.05 * np.sum(grads**2, axis=1))
+    np.testing.assert_allclose(ours, theta - 0.1 * np.linalg.norm(gb) * ref / np.linalg.norm(ref), atol=1e-4)
+    # no primary: the minimum-norm feasible direction, rescaled to ‖ḡ‖
+    ours, m = run_round(strategy(**{"fedpcd-tau": 0.1, "fedpcd-primary": "none"}), template, 1, theta, r)
+    c = grads / np.linalg.norm(grads, axis=1, keepdims=True)
+    ref = primal_reference(np.zeros(47), c, 0.1 * np.ones(4))
+    np.testing.assert_allclose(ours, theta - 0.1 * np.linalg.norm(gb) * ref / np.linalg.norm(ref), atol=1e-4)
+    assert m[fedpcd.M_CORRECTED] == 1
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"fedpcd-normalize": "l1"}, "fedpcd-normalize"),
+    ({"fedpcd-tau": -0.1}, "fedpcd-tau"),
+    ({"fedpcd-history": -1}, "fedpcd-history"),
+    ({"fedpcd-cache-dtype": "int8"}, "fedpcd-cache-dtype"),
+    ({"fedpcd-primary": "none", "fedpcd-tau": 0.0}, "fedpcd-primary"),
+])
+def test_bad_config_is_one_line_error(params, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        strategy(**params)
+    assert "\n" not in str(err.value)
+
+
+def test_16bit_cache_multipliers_close_to_float32():
+    # Fixed instance: 30 unit directions sharing a component, 3 rounds of 10 clients.
+    rng = np.random.default_rng(12)
+    common = rng.normal(size=2000)
+    mus = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        cache = HistoryCache(history=5, dtype=dtype)
+        for rnd in range(1, 4):
+            g = common + 4.0 * np.random.default_rng(rnd).normal(size=(10, 2000))
+            g_bar = g.mean(0)
+            work = torch.tensor(np.vstack([g, g_bar]), dtype=torch.float32)
+            scales = 1.0 / np.linalg.norm(g, axis=1)
+            cg = cache.insert(rnd, list(range(10 * rnd, 10 * rnd + 10)), work, 10, scales=scales)
+        gram = cache.gram_of(cache.active_slots())
+        mu, status, _ = fedpcd.dual_multipliers(gram, cg / np.linalg.norm(g_bar), 0.3 * np.diag(gram))
+        assert status == fedpcd.STATUS_SOLVED
+        mus[dtype] = mu
+    ref = mus[torch.float32]
+    assert (ref > 0).sum() >= 3
+    for dtype in (torch.bfloat16, torch.float16):
+        np.testing.assert_allclose(mus[dtype], ref, atol=5e-3 * ref.max())
