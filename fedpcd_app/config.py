@@ -158,9 +158,26 @@ def default_run_config() -> dict[str, Scalar]:
 
 def parse_overrides(text: str) -> dict[str, Scalar]:
     """Parse ``"key=value key2='text'"`` (flwr's ``--run-config`` syntax) or a TOML file path."""
+    import shlex
+
     from flwr.common.config import parse_config_args
 
-    return dict(parse_config_args([text])) if text.strip() else {}
+    text = text.strip()
+    if not text:
+        return {}
+    if not text.endswith(".toml"):
+        # flwr's parser silently drops malformed pairs ("key = value" parses to nothing,
+        # so the run would quietly use the defaults): refuse them instead.
+        bad = [tok for tok in shlex.split(text) if "=" not in tok or tok.startswith("=")]
+        if bad:
+            raise ConfigError(
+                f"run-config overrides must be key=value pairs without spaces around '=' "
+                f"(got {bad[0]!r} in {text!r})"
+            )
+    parsed = dict(parse_config_args([text]))
+    if not parsed:
+        raise ConfigError(f"no key=value pair could be read from the run-config overrides {text!r}")
+    return parsed
 
 
 def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:

@@ -58,3 +58,15 @@ def test_clients_per_round_and_lr_schedule():
     assert cfg.clients_per_round == 5
     assert cfg.lr_at(1) == 0.1 and cfg.lr_at(3) == pytest.approx(0.025)
     assert cfg.as_dict()["num-clients"] == 20
+
+
+@pytest.mark.parametrize("text", ["method = 'afl' seed = 3", "method 'afl'", "=3"])
+def test_malformed_overrides_are_refused_not_silently_dropped(text):
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(text)
+
+
+def test_toml_file_overrides(tmp_path):
+    f = tmp_path / "preset.toml"
+    f.write_text('method = "fedavg"\nseed = 4\n')
+    assert load_config(str(f)).seed == 4
