@@ -119,6 +119,7 @@ def run(method: str, size: str, args) -> dict:
     return row
 
 
+@torch.no_grad()  # not torch.set_grad_enabled(False): main() is also called from tests
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="", help="comma-separated (default: every registered method)")
@@ -139,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sizes: unknown size {bad!r}; choose from {', '.join(SIZE_CONFIGS)}")
     if not 1 <= args.timed <= args.rounds or args.replies > args.clients:
         parser.error("need 1 <= --timed <= --rounds and --replies <= --clients")
-    torch.set_grad_enabled(False)
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower's FedAvg logs every call
     if not args.json:
         print(f"{'strategy':<12} {'size':<9} {'params':>10} {'replies':>7} {'cache':>5} "
