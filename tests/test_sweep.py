@@ -55,7 +55,7 @@ def test_paired_seeds_share_everything_but_the_method_keys():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"methods": [{"name": "x", "method": "fedpcd"}]}, "method 'fedpcd' is not registered"),
+    ({"methods": [{"name": "x", "method": "no-such-method"}]}, "method 'no-such-method' is not registered"),
     ({"methods": [{"name": "x", "method": "fedavg", "fedavg-foo": 1}]}, "unknown run-config key 'fedavg-foo'"),
     ({"methods": [{"name": "x", "method": "fedavg", "lr": [0.1, -1.0]}]}, "'lr' = -1.0 must be > 0"),
 ])
