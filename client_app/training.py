@@ -87,6 +87,19 @@ def local_sgd(
     return LocalResult(num_steps=steps, train_loss=total / max(steps, 1))
 
 
+def proximal_pull(anchor: list[torch.Tensor], coeff: float) -> Callable[[nn.Module], None]:
+    """``before_step`` hook: grad += coeff·(w − anchor), the gradient of (coeff/2)‖w − anchor‖²
+    (FedProx's μ with the global model as anchor; Ditto's λ for the personal model)."""
+
+    @torch.no_grad()
+    def hook(model: nn.Module) -> None:
+        for p, a in zip(model.parameters(), anchor):
+            if p.grad is not None:
+                p.grad.add_(p - a, alpha=coeff)
+
+    return hook
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> tuple[float, float]:
     """(accuracy in [0, 1], mean cross-entropy) of ``model`` on (x, y)."""

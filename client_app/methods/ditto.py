@@ -15,6 +15,7 @@ from torch import nn
 
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
+from client_app.training import proximal_pull
 
 PERSONAL = "ditto-personal"  # context.state entry: the personal model's ArrayRecord
 PERSONAL_LOSS = "ditto-personal-loss"  # reply metric: the personal model's mean batch loss
@@ -26,18 +27,6 @@ def personal_model(job: TrainJob) -> nn.Module:
     if PERSONAL in job.state:
         model.load_state_dict(job.state[PERSONAL].to_torch_state_dict(), strict=True)
     return model
-
-
-def proximal_pull(anchor: list[torch.Tensor], lam: float):
-    """``before_step`` hook: grad += λ (v − θ_t) (the gradient of λ/2 ‖v − θ_t‖²)."""
-
-    @torch.no_grad()
-    def hook(model: nn.Module) -> None:
-        for p, a in zip(model.parameters(), anchor):
-            if p.grad is not None:
-                p.grad.add_(p - a, alpha=lam)
-
-    return hook
 
 
 @register_client_method("ditto", eval_model=personal_model)

@@ -7,28 +7,14 @@ exactly.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
-
-
-def proximal_pull(model: nn.Module, mu: float):
-    """A ``before_step`` hook adding μ(w − θ_t) to each parameter's gradient (θ_t = the
-    parameters on entry, i.e. the global model)."""
-    anchors = [p.detach().clone() for p in model.parameters()]
-
-    @torch.no_grad()
-    def hook(m: nn.Module) -> None:
-        for p, p0 in zip(m.parameters(), anchors):
-            if p.grad is not None:
-                p.grad.add_(p - p0, alpha=mu)
-
-    return hook
+from client_app.training import proximal_pull
 
 
 @register_client_method("fedprox")
 def fedprox(job: TrainJob) -> TrainOutcome:
     mu = job.cfg.get_float("fedprox-mu", 0.01, low=0.0)
-    return run_sgd(job, before_step=proximal_pull(job.model, mu))
+    # θ_t = the parameters on entry (the received global model)
+    anchor = [p.detach().clone() for p in job.model.parameters()]
+    return run_sgd(job, before_step=proximal_pull(anchor, mu))
