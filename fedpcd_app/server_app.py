@@ -79,9 +79,20 @@ class Experiment:
             self.resume(resume_from)
 
     # -- setup -------------------------------------------------------------------------
+    def wait_for_nodes(self, timeout: float = 120.0) -> list[int]:
+        """The connected node ids, once ``num-clients`` nodes are there (or after ``timeout``
+        seconds with fewer). On a loaded machine the ServerApp can start before the
+        simulation engine has registered its nodes: asking at once found none."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = list(self.grid.get_node_ids())
+            if len(ids) >= self.cfg.num_clients or time.monotonic() > deadline:
+                return ids
+            time.sleep(0.2)
+
     def map_nodes(self) -> None:
         """QUERY every node for its partition id (Flower's node ids change every run)."""
-        pending = list(self.grid.get_node_ids())
+        pending = self.wait_for_nodes()
         # A node can fail its first message (e.g. a simulation actor still starting on a
         # loaded machine): ask the silent or failed ones again, a few times.
         for attempt in range(3):
