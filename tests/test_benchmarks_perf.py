@@ -81,12 +81,12 @@ def _truncated(template):
 
 
 def test_aggregation_json_contract(capsys):
-    # Execute: two methods, tiny model, 4 rounds (FedPCD's cache fills with the 6 clients)
-    assert aggregation.main(["--methods", "fedavg,fedpcd", "--sizes", "mlp", "--replies", "3",
+    # Execute: three methods, tiny model, 4 rounds (FedPCD's cache fills with the 6 clients)
+    assert aggregation.main(["--methods", "fedavg,fedpcd,federage", "--sizes", "mlp", "--replies", "3",
                              "--clients", "6", "--rounds", "4", "--timed", "2", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     # Assert: the contract fields, the ratio's definition and the reported cache sizes
-    assert [r["strategy"] for r in rows] == ["fedavg", "fedpcd"]
+    assert [r["strategy"] for r in rows] == ["fedavg", "fedpcd", "federage"]  # federage: needs its beta metric
     for r in rows:
         assert {"strategy", "params", "replies", "cache", "seconds", "fedavg_seconds", "ratio"} <= set(r)
         assert r["replies"] == 3 and r["params"] > 0
