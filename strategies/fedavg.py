@@ -19,7 +19,9 @@ from strategies import flat
 from strategies.base import FairStrategy
 from strategies.registry import register
 
-_BLOCK = 1 << 14  # columns per block: an (m, block) float32 slab stays in cache
+_BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough that each
+# product is one substantial BLAS call (many tiny calls stall on thread barriers when
+# the cores are shared), small enough that no (m, d) matrix is ever built
 
 
 def fedavg_direction(pseudo_gradients: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -32,28 +34,34 @@ def weighted_sum_records(records: list, weights: torch.Tensor, out: torch.Tensor
 
     Equals ``fedavg_direction(records_to_matrix(records), weights)`` bit for bit: each
     column block is the same float32 matrix-vector product over the same m values in the
-    same order (``tests/test_benchmarks_fedavg.py`` checks it). ``out``: a (d,) float32
+    same order (``tests/test_benchmarks_perf.py`` checks it). ``out``: a (d,) float32
     tensor to write into.
     """
     views = [[flat.array_view(a).reshape(-1) for a in rec.values()] for rec in records]
     sizes = [v.size for v in views[0]]
-    d = int(sum(sizes))
     for i, vs in enumerate(views):
         if [v.size for v in vs] != sizes:
             raise ValueError(f"reply {i} has arrays of sizes {[v.size for v in vs]}, the first reply {sizes}")
+    m, d = len(records), int(sum(sizes))
     if out is None:
         out = torch.empty(d, dtype=torch.float32)
     w = weights.to(torch.float32)
-    buf = np.empty((len(records), min(_BLOCK, max(sizes, default=1))), dtype=np.float32)
-    block = torch.from_numpy(buf)
-    start = 0
-    for k, n in enumerate(sizes):
-        for a in range(0, n, _BLOCK):
-            e = min(a + _BLOCK, n)
-            for i, vs in enumerate(views):
-                buf[i, : e - a] = vs[k][a:e]  # one copy (cast to float32 if needed)
-            torch.mv(block[:, : e - a].T, w, out=out[start + a : start + e])
-        start += n
+    cols = max(1, min(d, _BLOCK_ELEMS // max(m, 1)))
+    buf = np.empty(m * cols, dtype=np.float32)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    k = 0  # first array overlapping the block
+    for a in range(0, d, cols):
+        e = min(a + cols, d)
+        block = buf[: m * (e - a)].reshape(m, e - a)
+        while starts[k + 1] <= a:
+            k += 1
+        j = k
+        while j < len(sizes) and starts[j] < e:  # the arrays' pieces inside [a, e)
+            lo, hi = max(a, starts[j]), min(e, starts[j + 1])
+            for i in range(m):
+                block[i, lo - a : hi - a] = views[i][j][lo - starts[j] : hi - starts[j]]  # one copy
+            j += 1
+        torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
     return out
 
 
