@@ -30,7 +30,10 @@ import numpy as np
 import torch
 
 from fedpcd_app.config import load_config
+from fedpcd_app import keys
 from strategies import flat, registry
+
+_BASE_METRICS = (keys.NUM_EXAMPLES, keys.TRAIN_LOSS, keys.LOSS_BEFORE, keys.PARTITION_ID, keys.NUM_STEPS)
 
 SIZE_CONFIGS = {  # model size -> the run config that builds it
     "mlp": {"model": "mlp", "dataset": "fashion-mnist"},
@@ -59,16 +62,21 @@ def reply_pool(theta: torch.Tensor, spec, count: int, seed: int, lr: float) -> l
     return pool
 
 
-def build_replies(pool, pids, sizes, extra_records, spec):
-    """Train replies carrying the pool's models for the sampled partition ids."""
+def build_replies(pool, pids, sizes, extra_records, spec, extra_metrics=()):
+    """Train replies carrying the pool's models for the sampled partition ids.
+
+    ``extra_metrics``: a method's further ``required_metrics`` (e.g. FedeRage's β_i), each
+    a per-client value in (0, 1).
+    """
     from tests.helpers import train_reply
 
     out = []
     for i, pid in enumerate(pids):
         extra = {name: pool[(i + 1) % len(pool)] for name in extra_records}
+        metrics = {name: 0.5 + 0.004 * (int(pid) % 100) for name in extra_metrics}
         out.append(train_reply(pool[i % len(pool)], int(pid), num_examples=int(sizes[pid]),
                                loss_before=1.0 + 0.01 * pid, train_loss=0.9, num_steps=10,
-                               extra_records=extra or None))
+                               extra_records=extra or None, extra_metrics=metrics or None))
     return out
 
 
@@ -95,10 +103,11 @@ def run(method: str, size: str, args) -> dict:
     sizes = rng.integers(50, 500, size=args.clients)
     pool = reply_pool(theta, spec, args.replies, args.seed, lr)
     extras = tuple(getattr(strategy, "required_records", ()))
+    metric_keys = tuple(k for k in getattr(strategy, "required_metrics", ()) if k not in _BASE_METRICS)
     ours, theirs, metrics = [], [], None
     for rnd in range(1, args.rounds + 1):
         pids = np.sort(rng.choice(args.clients, size=args.replies, replace=False))
-        replies = build_replies(pool, pids, sizes, extras, spec)
+        replies = build_replies(pool, pids, sizes, extras, spec, metric_keys)
         strategy.begin_round(rnd, arrays)
         t0 = time.perf_counter()
         _, metrics = strategy.aggregate_train(rnd, replies)

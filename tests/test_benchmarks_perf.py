@@ -1,0 +1,116 @@
+"""The fast FedAvg path equals the matrix path bit for bit; the benchmarks' outputs hold
+their contract (fields, cache sizes, memory arithmetic). No timings are asserted."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import strategies.fedavg as fedavg
+from benchmarks import aggregation, cache_memory
+from fedpcd_app.config import load_config
+from strategies import flat, registry
+from strategies.base import unpack_replies
+from tests.helpers import arrays_from_flat, tiny_template, train_reply
+
+
+def _replies(m: int, seed: int = 0):
+    template = tiny_template()
+    d = flat.spec_of(template).dim
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=d)
+    replies = [train_reply(arrays_from_flat(theta + rng.normal(size=d), template), pid,
+                           num_examples=int(rng.integers(5, 80))) for pid in range(m)]
+    return template, theta, replies
+
+
+def _matrix_path(strat, server_round, replies):
+    """FedAvg as it was computed before the streaming sum: (m, d) matrix, then a gemv."""
+    batch = unpack_replies(replies)
+    theta = strat.current_flat()
+    eta_l = strat.round_lr(server_round)
+    eta_g = strat.cfg.server_lr or eta_l
+    g_bar = torch.sub(theta, fedavg.fedavg_direction(batch.local, batch.fedavg_weights))
+    return theta - (eta_g / eta_l) * g_bar, float(g_bar.norm())
+
+
+@pytest.mark.parametrize("block", [3, 7, 40, 1 << 22])
+@pytest.mark.parametrize("m", [1, 4, 11])
+def test_weighted_sum_equals_matrix_product_bitwise(monkeypatch, block, m):
+    # Prepare: blocks (of m x columns elements) smaller than, straddling and larger than the arrays
+    monkeypatch.setattr(fedavg, "_BLOCK_ELEMS", block)
+    _, _, replies = _replies(m, seed=m)
+    records = [r.content["arrays"] for r in replies]
+    w = torch.rand(m, dtype=torch.float64)
+    w = w / w.sum()
+    # Execute
+    fast = fedavg.weighted_sum_records(records, w)
+    # Assert: identical float32 values, not merely close
+    assert torch.equal(fast, fedavg.fedavg_direction(flat.records_to_matrix(records), w))
+
+
+@pytest.mark.parametrize("server_lr", [0.0, 0.3])
+def test_fedavg_strategy_identical_to_matrix_path(monkeypatch, server_lr):
+    monkeypatch.setattr(fedavg, "_BLOCK_ELEMS", 13)
+    template, theta, replies = _replies(6)
+    strat = registry.build(load_config({"method": "fedavg", "lr": 0.1, "server-lr": server_lr}))
+    for rnd in (1, 2):  # the second round starts from the first round's output
+        strat.begin_round(rnd, arrays_from_flat(theta, template))
+        arrays, metrics = strat.aggregate_train(rnd, replies)
+        expected, norm = _matrix_path(strat, rnd, replies)
+        assert torch.equal(flat.record_to_flat(arrays), expected)
+        assert metrics["update-norm"] == norm
+        theta = flat.record_to_flat(arrays).numpy()
+
+
+def test_weighted_sum_rejects_mismatched_reply():
+    template, theta, replies = _replies(2)
+    short = train_reply(arrays_from_flat(theta[:-1], _truncated(template)), 9, num_examples=3)
+    with pytest.raises(ValueError, match="reply 2 has arrays of sizes"):
+        fedavg.weighted_sum_records([r.content["arrays"] for r in [*replies, short]], torch.ones(3) / 3)
+
+
+def _truncated(template):
+    from flwr.app import Array, ArrayRecord
+
+    items = list(template.items())
+    last_key, last = items[-1]
+    arr = last.numpy().reshape(-1)[:-1]
+    return ArrayRecord({**dict(items[:-1]), last_key: Array(arr)})
+
+
+def test_aggregation_json_contract(capsys):
+    # Execute: three methods, tiny model, 4 rounds (FedPCD's cache fills with the 6 clients)
+    assert aggregation.main(["--methods", "fedavg,fedpcd,federage", "--sizes", "mlp", "--replies", "3",
+                             "--clients", "6", "--rounds", "4", "--timed", "2", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    # Assert: the contract fields, the ratio's definition and the reported cache sizes
+    assert [r["strategy"] for r in rows] == ["fedavg", "fedpcd", "federage"]  # federage: needs its beta metric
+    for r in rows:
+        assert {"strategy", "params", "replies", "cache", "seconds", "fedavg_seconds", "ratio"} <= set(r)
+        assert r["replies"] == 3 and r["params"] > 0
+        assert r["ratio"] == pytest.approx(r["seconds"] / r["fedavg_seconds"])
+    assert rows[0]["cache"] == 0 and 3 <= rows[1]["cache"] <= 6
+
+
+def test_cache_memory_row_counts_entries_and_halves_with_16_bit():
+    # Prepare / Execute: 3 rounds of 4 distinct clients at the MLP size
+    f32 = cache_memory.memory_row("float32", "mlp", entries=12, replies=4, seed=0)
+    bf16 = cache_memory.memory_row("bfloat16", "mlp", entries=12, replies=4, seed=0)
+    # Assert: exactly 12 entries of d values, 4 or 2 bytes each
+    assert f32["entries"] == bf16["entries"] == 12
+    assert f32["entries_mb"] == pytest.approx(12 * f32["params"] * 4 / 2**20)
+    assert bf16["entries_mb"] == pytest.approx(f32["entries_mb"] / 2)
+    assert f32["peak_rss_mb"] >= f32["rss_before_mb"] > 0
+
+
+def test_real_update_accuracy_rows():
+    rows = cache_memory.real_updates_rows(rounds=3, model="mlp", seed=0)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["constraints"] >= rows[0]["constraints"] > 0
+    for r in rows:
+        for dt in ("bfloat16", "float16"):
+            # 16-bit storage perturbs d_t by about the storage's rounding, never by O(1)
+            assert 0.0 <= r[f"d_rel_{dt}"] < 0.05
+            assert np.isfinite(r[f"mu_rel_{dt}"])
