@@ -49,11 +49,11 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
 
 
+@torch.no_grad()  # not a global switch: tests call this in the pytest process
 def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> dict:
     """One dtype's memory figures (call in a fresh process: peak RSS is per process)."""
     from benchmarks.aggregation import SIZE_CONFIGS, build_replies, model_record, reply_pool
 
-    torch.set_grad_enabled(False)
     arrays = model_record(size)
     spec = flat.spec_of(arrays)
     theta = flat.record_to_flat(arrays)

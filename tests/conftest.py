@@ -1,0 +1,13 @@
+"""Guards shared by every test."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _autograd_stays_on():
+    """A test (or code it calls) must not leave autograd switched off for later tests."""
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        pytest.fail("autograd was left disabled (torch.set_grad_enabled(False) without restore)")
