@@ -90,8 +90,9 @@ def settings(args, data_dir: Path) -> dict[str, dict]:
 
 
 def round_seconds(rec: dict) -> tuple[float, float]:
-    """(train + aggregate seconds, eval seconds) of one app round record."""
-    work = rec["train_seconds"] + rec.get("aggregate_seconds", 0.0)
+    """(training round seconds, eval seconds) of one app round record: the whole training
+    round (sampling, messages, replies, validation, aggregation) as the server timed it."""
+    work = rec.get("round_seconds", rec["train_seconds"] + rec.get("aggregate_seconds", 0.0))
     return work, rec.get("eval", {}).get("eval_seconds", 0.0)
 
 
@@ -105,22 +106,41 @@ def load_vector(theta: torch.Tensor, params: list[torch.Tensor]) -> None:
         start += p.numel()
 
 
-def floor_run(overrides: dict, rounds: list[dict]) -> list[dict]:
-    """Replay the app's rounds as a plain in-process PyTorch loop; per-round seconds."""
+def app_global_models(out_dir: Path, rounds: list[dict], model: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """The app's global model (its parameters as one vector) at the start of each round:
+    round r starts from the checkpoint of round r − 1, round 1 from ``model`` (the initial one)."""
+    from fedpcd_app import checkpoint
+
+    names = [n for n, _ in model.named_parameters()]
+    start = {1: torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()}
+    for rec in rounds[:-1]:
+        arrays = checkpoint.load(checkpoint.path_for(out_dir, rec["round"])).arrays
+        start[rec["round"] + 1] = torch.cat([torch.from_numpy(np.ascontiguousarray(arrays[n])).reshape(-1).float()
+                                             for n in names])
+    return start
+
+
+def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tensor]) -> list[dict]:
+    """Replay the app's rounds as a plain in-process PyTorch loop; per-round seconds.
+
+    Each round starts from the app's own global model of that round (``starts``), so the
+    two sides train from identical weights every round and their train losses agree to
+    float rounding; the floor's own average is computed (and timed) all the same."""
     cfg = load_config(overrides)
     data = load_federated_data(cfg)
     model = initial_model(cfg)
     params = list(model.parameters())
-    theta = torch.nn.utils.parameters_to_vector(params).detach().clone()
     out = []
     for rec in rounds:
         r = rec["round"]
+        theta = starts[r]
         t0 = time.perf_counter()
         locals_, sizes, losses = [], [], []
         for pid in rec["sampled"]:
             load_vector(theta, params)
             x, y = data.client_train(pid)
-            evaluate(model, x, y, cfg.eval_batch_size)  # loss-before, as the client computes it
+            if "loss_before" in rec:  # the app's clients computed loss-before: so does the floor
+                evaluate(model, x, y, cfg.eval_batch_size)
             res = local_sgd(model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
                             lr=cfg.lr_at(r), momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                             generator=torch_generator(cfg.seed, "batches", pid, r))
@@ -130,6 +150,8 @@ def floor_run(overrides: dict, rounds: list[dict]) -> list[dict]:
         w = torch.tensor(sizes, dtype=torch.float32)
         theta = (w / w.sum()) @ torch.stack(locals_)
         work = time.perf_counter() - t0
+        # The floor's FedAvg result vs the app's next global model (None after the last round).
+        gap = float((theta - starts[r + 1]).abs().max()) if r + 1 in starts else None
         ev = 0.0
         if "eval" in rec:
             t1 = time.perf_counter()
@@ -138,7 +160,7 @@ def floor_run(overrides: dict, rounds: list[dict]) -> list[dict]:
             score_central(model, data, cfg.eval_batch_size)
             ev = time.perf_counter() - t1
         n = np.asarray(sizes, dtype=np.float64)
-        out.append({"round": r, "work": work, "eval": ev,
+        out.append({"round": r, "work": work, "eval": ev, "model_gap": gap,
                     "train_loss": float(np.dot(n, losses) / n.sum())})
     return out
 
@@ -159,6 +181,9 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
     raw = {**cfg.as_dict(), "server-round": rec["round"], "round-lr": cfg.lr}
     parts = dict.fromkeys(("config parse", "model build + load", "loss-before pass", "local training",
                            "reply ArrayRecord", "pickle request + reply"), 0.0)
+    import client_app.client_app as ca
+
+    ca._MODELS.clear()  # the first client builds the model, the others reuse it (as an actor does)
 
     def timed(name, fn):
         t = time.perf_counter()
@@ -170,7 +195,8 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
         x, y = data.client_train(pid)
         timed("config parse", lambda: parse_run_config(raw, check_method=False))
         model = timed("model build + load", lambda: model_for(cfg, arrays))
-        timed("loss-before pass", lambda: evaluate(model, x, y, cfg.eval_batch_size))
+        if "loss_before" in rec:
+            timed("loss-before pass", lambda: evaluate(model, x, y, cfg.eval_batch_size))
         timed("local training", lambda: local_sgd(
             model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
             generator=torch_generator(cfg.seed, "batches", pid, rec["round"])))
@@ -185,7 +211,10 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
     from fedpcd_app.simulate import simulate
 
     overrides = {**overrides, "num-server-rounds": args.rounds, "eval-every": args.eval_every,
-                 "seed": args.seed, "output-dir": str(workdir / f"run-{name}")}
+                 "seed": args.seed, "client-loss-before": args.loss_before,
+                 # every round's global model on disk: the floor starts each round from it
+                 "checkpoint-every": 1, "checkpoint-keep": args.rounds,
+                 "output-dir": str(workdir / f"run-{name}")}
     t0 = time.perf_counter()
     out = simulate(overrides, num_cpus=args.num_cpus)
     app_total = time.perf_counter() - t0
@@ -193,10 +222,11 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
     # The floor runs several passes, alternating torch's default thread count and one
     # thread (small batches and a busy machine favour one), and each round keeps its
     # fastest pass: this favours the floor, so the ratio is if anything pessimistic.
+    starts = app_global_models(out, rounds, initial_model(load_config(overrides)))
     default_threads, floors = torch.get_num_threads(), []
     for i in range(args.floor_repeats):
         torch.set_num_threads(default_threads if i % 2 == 0 else 1)
-        floors.append(floor_run(overrides, rounds))
+        floors.append(floor_run(overrides, rounds, starts))
     torch.set_num_threads(default_threads)
     floor = [min(fs, key=lambda f: f["work"] + f["eval"]) for fs in zip(*floors)]
     parts = breakdown(overrides, rounds[1])
@@ -205,7 +235,7 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
         work, ev = round_seconds(rec)
         rows.append({"round": rec["round"], "eval_round": "eval" in rec, "app_work": work,
                      "app_eval": ev, "floor_work": fl["work"], "floor_eval": fl["eval"],
-                     "loss_diff": abs(rec["train_loss"] - fl["train_loss"])})
+                     "loss_diff": abs(rec["train_loss"] - fl["train_loss"]), "model_gap": fl["model_gap"]})
     body = [r for r in rows if r["round"] > 1]  # round 1 carries Ray start-up
     plain = [r for r in body if not r["eval_round"]]
 
@@ -228,6 +258,7 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
         "eval_round_cost": {"app_s": statistics.mean(r["app_eval"] for r in evals) if evals else None,
                             "floor_s": statistics.mean(r["floor_eval"] for r in evals) if evals else None},
         "max_train_loss_diff": max(r["loss_diff"] for r in rows),
+        "max_model_gap": max(r["model_gap"] for r in rows if r["model_gap"] is not None),
         "aggregate_s": statistics.mean(r.get("aggregate_seconds", 0.0) for r in rounds[1:]),
         "breakdown_round": rounds[1]["round"],
         "breakdown_s": parts,
@@ -240,8 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settings", default="cnn,digits", help="comma list of: cnn, digits")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--eval-every", type=int, default=3)
-    p.add_argument("--train-images", type=int, default=5000)
-    p.add_argument("--test-images", type=int, default=1000)
+    p.add_argument("--train-images", type=int, default=50000,
+                   help="generated train images (default: CIFAR-10's 50,000, ~500 per client)")
+    p.add_argument("--test-images", type=int, default=10000, help="generated test images (CIFAR-10: 10,000)")
+    p.add_argument("--loss-before", choices=("auto", "always"), default="auto",
+                   help="client-loss-before: FedAvg does not use it (auto); 'always' adds the pass to both sides")
     p.add_argument("--num-cpus", type=float, default=1.0, help="client-resources-num-cpus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--floor-repeats", type=int, default=2)
@@ -260,17 +294,19 @@ def main(argv: list[str] | None = None) -> int:
             results.append(bench_setting(name, table[name], args, tmp))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "num_cpus_per_client": args.num_cpus}
+            "num_cpus_per_client": args.num_cpus, "train_images": args.train_images,
+            "test_images": args.test_images, "client_loss_before": args.loss_before}
     print(f"# {meta['date']}  {meta['machine']}  {meta['cpus']} CPUs, torch {meta['torch']}, "
-          f"client-resources-num-cpus={args.num_cpus}")
+          f"client-resources-num-cpus={args.num_cpus}, cnn data {args.train_images}/{args.test_images} "
+          f"train/test images, client-loss-before={args.loss_before}")
     print(f"{'setting':8} {'rounds':>6} {'app s/rnd':>10} {'floor s/rnd':>12} {'ratio':>6}   "
-          f"{'+eval app':>10} {'+eval floor':>12} {'ratio':>6}   {'eval app/floor s':>17}  {'max |Δloss|':>11}")
+          f"{'+eval app':>10} {'+eval floor':>12} {'ratio':>6}   {'eval app/floor s':>17}  {'max |Δloss|':>11}  {'max |Δθ|':>9}")
     for r in results:
         ne, we, ec = r["no_eval"], r["with_eval"], r["eval_round_cost"]
         ecs = f"{ec['app_s']:.3f}/{ec['floor_s']:.3f}" if ec["app_s"] is not None else "-"
         print(f"{r['setting']:8} {ne['rounds']:>6} {ne['app_s']:>10.3f} {ne['floor_s']:>12.3f} {ne['ratio']:>6.2f}   "
               f"{we['app_s']:>10.3f} {we['floor_s']:>12.3f} {we['ratio']:>6.2f}   {ecs:>17}  "
-              f"{r['max_train_loss_diff']:>11.2e}")
+              f"{r['max_train_loss_diff']:>11.2e}  {r['max_model_gap']:>9.2e}")
     print("\nwhere a training round's time goes (seconds per round, in this process, summed over the"
           " round's clients;\nthe app runs them on parallel Ray actors; grid polling adds 0-0.1 s twice):")
     names = list(results[0]["breakdown_s"]) + ["server aggregation"]

@@ -101,7 +101,7 @@ def proximal_pull(anchor: list[torch.Tensor], coeff: float) -> Callable[[nn.Modu
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> tuple[float, float]:
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 128) -> tuple[float, float]:
     """(accuracy in [0, 1], mean cross-entropy) of ``model`` on (x, y)."""
     if len(y) == 0:
         return 0.0, 0.0

@@ -22,6 +22,9 @@ DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist"
 MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110")
 PARTITIONERS = ("dirichlet", "pathological", "iid")
 EVAL_MODES = ("server", "federated")
+# When clients compute loss-before F_i(θ_t) (a forward pass over the local train split):
+# "auto" = only for methods that use it (q-FFL, AFL, FedFV, FedLF), "always" = every reply.
+LOSS_BEFORE_MODES = ("auto", "always")
 
 
 class ConfigError(ValueError):
@@ -60,6 +63,7 @@ class RunConfig:
     server_lr: float
     eval_mode: str
     eval_batch_size: int
+    client_loss_before: str
     round_timeout: float
     log_every: int
     params: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
@@ -237,6 +241,7 @@ def _validate(cfg: RunConfig, check_method: bool) -> None:
     choice("model", cfg.model, MODELS)
     choice("partitioner", cfg.partitioner, PARTITIONERS)
     choice("eval-mode", cfg.eval_mode, EVAL_MODES)
+    choice("client-loss-before", cfg.client_loss_before, LOSS_BEFORE_MODES)
     if cfg.dataset not in DATASETS and not cfg.dataset_path:
         raise ConfigError(
             f"run-config key 'dataset' = {cfg.dataset!r} is not one of {', '.join(DATASETS)} "

@@ -21,7 +21,7 @@ from client_app.training import evaluate
 
 
 @torch.no_grad()
-def score_clients(model: torch.nn.Module, data: FederatedData, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+def score_clients(model: torch.nn.Module, data: FederatedData, batch_size: int = 128) -> tuple[np.ndarray, np.ndarray]:
     """(accuracy, mean loss) per client, in partition-id order, in one batched pass."""
     dev = next(model.parameters()).device
     model.eval()
@@ -41,6 +41,6 @@ def score_clients(model: torch.nn.Module, data: FederatedData, batch_size: int =
     return acc, loss
 
 
-def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int = 1024) -> tuple[float, float]:
+def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int = 128) -> tuple[float, float]:
     """(accuracy, loss) on the central test set."""
     return evaluate(model, data.x_central, data.y_central, batch_size)

@@ -10,6 +10,7 @@ SERVER_ROUND = "server-round"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 ROUND_LR = "round-lr"  # client learning rate of this round (after lr-decay)
+WANT_LOSS_BEFORE = "want-loss-before"  # the reply must carry loss-before (bool)
 
 # Train-reply metrics (every client sends these)
 NUM_EXAMPLES = "num-examples"
@@ -22,4 +23,5 @@ EVAL_ACC = "accuracy"
 EVAL_LOSS = "loss"
 NUM_TEST = "num-test"
 
-REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, LOSS_BEFORE, PARTITION_ID)
+# LOSS_BEFORE is required too in rounds whose requests ask for it (want-loss-before).
+REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)

@@ -136,9 +136,20 @@ class Experiment:
             keys.SERVER_ROUND: server_round,
             keys.ROUND_LR: self.cfg.lr_at(server_round),
             "client-method": self.strategy.client_method,
+            keys.WANT_LOSS_BEFORE: self.want_loss_before,
         })
         conf.update(extra)
         return conf
+
+    @property
+    def want_loss_before(self) -> bool:
+        """Whether clients compute loss-before F_i(θ_t): a forward pass over their train split
+        that only some methods use (``client-loss-before=always`` asks for it every round)."""
+        return self.cfg.client_loss_before == "always" or keys.LOSS_BEFORE in self.required_metrics
+
+    @property
+    def required_metrics(self) -> tuple[str, ...]:
+        return tuple(getattr(self.strategy, "required_metrics", ()))
 
     def train_round(self, server_round: int) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -167,7 +178,8 @@ class Experiment:
             t_train = time.perf_counter() - t0
             valid, dropped = validate_train_replies(
                 replies, expected, self.spec,
-                getattr(self.strategy, "required_metrics", ()), getattr(self.strategy, "required_records", ()),
+                (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ())),
+                getattr(self.strategy, "required_records", ()),
             )
             # Replies arrive in whatever order the nodes finish: sort by partition id so that
             # float sums (and so every result) do not depend on arrival order.
@@ -190,7 +202,8 @@ class Experiment:
             metrics = [r.content[keys.METRICS] for r in valid]
             n = np.array([m[keys.NUM_EXAMPLES] for m in metrics], dtype=np.float64)
             record["train_loss"] = float(np.dot(n, [m[keys.TRAIN_LOSS] for m in metrics]) / n.sum())
-            record["loss_before"] = float(np.dot(n, [m[keys.LOSS_BEFORE] for m in metrics]) / n.sum())
+            if self.want_loss_before:
+                record["loss_before"] = float(np.dot(n, [m[keys.LOSS_BEFORE] for m in metrics]) / n.sum())
             t1 = time.perf_counter()
             try:
                 new_arrays, agg_metrics = self.strategy.aggregate_train(server_round, valid)
@@ -206,6 +219,8 @@ class Experiment:
         else:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
         record["train_seconds"] = t_train
+        # The whole training round: sampling, requests, replies, validation, aggregation.
+        record["round_seconds"] = time.perf_counter() - t0
         return record
 
     # -- evaluation ----------------------------------------------------------------------
@@ -263,8 +278,8 @@ class Experiment:
         cfg = self.cfg
         if self.sampler is None:
             self.map_nodes()
-        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, cfg.dataset, cfg.model,
-                 cfg.num_clients, self.sampler.describe(), cfg.num_server_rounds, self.writer.dir)
+        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method,
+                 cfg.dataset_path or cfg.dataset, cfg.model, cfg.num_clients, self.sampler.describe(), cfg.num_server_rounds, self.writer.dir)
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             record = self.train_round(server_round)
             if self.is_eval_round(server_round):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedpcd_app import keys
 from strategies.base import FairStrategy, unpack_replies
 from strategies.flat import model_deltas, project_simplex, spec_of
 from strategies.registry import register
@@ -65,6 +66,7 @@ class AFLStrategy(FairStrategy):
     # The mixture weights change per client each round from individual losses, and the
     # weighted sum uses server-side weights: each update must be seen.
     needs_individual_updates = True
+    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
     def __init__(self, cfg, lambda_lr: float) -> None:
         super().__init__(cfg)

@@ -18,6 +18,7 @@ State that must survive a checkpoint is returned by :meth:`state_dict` and resto
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,7 @@ def unpack_replies(replies: Iterable[Message], dtype=torch.float32) -> ReplyBatc
     return ReplyBatch(
         partition_ids=[int(m[keys.PARTITION_ID]) for m in metrics],
         num_examples=col(keys.NUM_EXAMPLES),
-        loss_before=col(keys.LOSS_BEFORE),
+        loss_before=col(keys.LOSS_BEFORE, math.nan),  # NaN unless the round asked for it
         train_loss=col(keys.TRAIN_LOSS),
         num_steps=col(keys.NUM_STEPS),
         local=local,
@@ -95,11 +96,15 @@ class FairStrategy(_FlowerStrategy):  # type: ignore[misc,valid-type]
     * ``personalized`` — clients are scored with their personal models (federated eval).
     * ``needs_individual_updates`` — True when the method must see each client's update
       (it then refuses to run under secure aggregation); False when sums suffice.
+    * ``required_metrics`` — reply metrics beyond ``keys.REQUIRED_TRAIN_METRICS``; a reply
+      without one is dropped. ``keys.LOSS_BEFORE`` here makes the clients compute F_i(θ_t)
+      (otherwise they skip that forward pass unless ``client-loss-before=always``).
     """
 
     client_method: str = "sgd"
     personalized: bool = False
     needs_individual_updates: bool = True
+    required_metrics: tuple[str, ...] = ()
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

@@ -57,12 +57,15 @@ def masked_distances(masked: torch.Tensor, groups: list[tuple[int, int]]) -> tor
 
 
 def masked_weighted_update(masked: torch.Tensor, masks: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Σ_i [w_i m_i / Σ_j w_j m_j] (m_i ⊙ Δ_i) per coordinate (w_i where Σ_j w_j m_j = 0)."""
-    w = weights.to(masked.dtype).unsqueeze(1)
-    wm = w * masks
-    total = wm.sum(0, keepdim=True)
-    coef = torch.where(total == 0, w.expand_as(wm), wm / torch.where(total == 0, 1.0, total))
-    return (coef * masked).sum(0)
+    """Σ_i [w_i m_i / Σ_j w_j m_j] (m_i ⊙ Δ_i) per coordinate (w_i where Σ_j w_j m_j = 0).
+
+    With 0/1 masks m_i ⊙ m_i = m_i, so this is (w·(m ⊙ Δ)) / (w·m) per coordinate: two
+    matrix-vector products and no (m, d) temporaries. Where no client keeps a coordinate
+    every masked entry is 0 and so is the result, as with the weights w_i there.
+    """
+    w = weights.to(masked.dtype)
+    total = w @ masks
+    return (w @ masked) / torch.where(total == 0, 1.0, total)
 
 
 @dataclasses.dataclass

@@ -44,6 +44,7 @@ import math
 
 import torch
 
+from fedpcd_app import keys
 from strategies import flat
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
@@ -88,37 +89,82 @@ def fedlf_direction(
     """FedLF's common direction for (m, d) pseudo-gradients, (m,) losses, column groups.
 
     ``history`` holds (k, d) stored pseudo-gradients of absent clients (or None).
+
+    Per group every row of the min-norm problem (client rows, fairness row, history rows,
+    all rescaled to μ_q) is a combination of the group's raw rows x = [g_q; hist_q], so
+    the problem's Gram matrix comes from the one Gram matrix x xᵀ and d_q = coef·x: one
+    float64 pass per group instead of building and multiplying the rescaled rows (same
+    values to float rounding; tested against that direct construction).
     """
-    g = grads.to(torch.float64)
-    m = g.shape[0]
+    m = grads.shape[0]
     h = loss_fairness_direction(losses)
     fair = bool(torch.any(h != 0)) and m > 1
-    hist = history.to(torch.float64) if history is not None and history.shape[0] else None
+    hist = history if history is not None and history.shape[0] else None
     if m == 1 and hist is None:
-        return FedLFStep(g[0].clone(), [torch.ones(1, dtype=torch.float64)], False, 0, False, 0)
-
-    parts, lambdas = [], []
+        return FedLFStep(grads[0].to(torch.float64).clone(), [torch.ones(1, dtype=torch.float64)], False, 0, False, 0)
+    k = 0 if hist is None else hist.shape[0]
+    d_raw = torch.zeros(grads.shape[1], dtype=torch.float64)
+    dots_raw = torch.zeros(m, dtype=torch.float64)  # g_i · d_raw
+    lambdas = []
     for a, b in groups:
-        unit, norms = flat.unit_rows(g[:, a:b])
-        mu = norms.mean()
-        rows = [unit * mu]
-        if fair:
-            f = h @ rows[0]
-            rows.append((f / (f.norm() + 1e-12) * mu).unsqueeze(0))
+        x = torch.empty((m + k, b - a), dtype=torch.float64)
+        x[:m] = grads[:, a:b]
         if hist is not None:
-            rows.append(flat.unit_rows(hist[:, a:b])[0] * mu)
-        v = torch.cat(rows)
-        lam = torch.from_numpy(flat.min_norm_simplex((v @ v.T).numpy()))
+            x[m:] = hist[:, a:b]
+        gram = x @ x.T
+        norms = gram.diagonal().clamp_min(0).sqrt()
+        inv = 1.0 / (norms + 1e-12)  # unit rows = x / (‖x‖ + eps), as flat.unit_rows
+        unit_gram = gram * inv[:, None] * inv[None, :]
+        mu = norms[:m].mean()
+        # V = [μ·unit_c; t·(h·unit_c) (the fairness row f/‖f‖·μ); μ·unit_h]
+        u_cc, u_all_c = unit_gram[:m, :m], unit_gram[:, :m]
+        blocks = mu * mu * unit_gram
+        if fair:
+            hu = u_all_c @ h  # (m + k,): unit_j · (h·unit_c)
+            f_norm = mu * torch.sqrt((h @ u_cc @ h).clamp_min(0))  # ‖h·(μ unit_c)‖
+            t = mu * mu / (f_norm + 1e-12)
+            n = m + k
+            v = torch.empty((n + 1, n + 1), dtype=torch.float64)
+            v[:m, :m], v[:m, m + 1:] = blocks[:m, :m], blocks[:m, m:]
+            v[m + 1:, :m], v[m + 1:, m + 1:] = blocks[m:, :m], blocks[m:, m:]
+            v[:m, m] = v[m, :m] = mu * t * hu[:m]
+            v[m + 1:, m] = v[m, m + 1:] = mu * t * hu[m:]
+            v[m, m] = t * t * (h @ hu[:m])
+        else:
+            v = blocks
+        lam = torch.from_numpy(flat.min_norm_simplex(v.numpy()))
         lambdas.append(lam)
-        parts.append(lam @ v)
-    d_raw = torch.cat(parts)
+        # d_q = λ·V as a combination of the raw rows x
+        if fair:
+            lam_c, lam_f, lam_h = lam[:m], lam[m], lam[m + 1:]
+            coef_c = mu * lam_c + t * lam_f * h
+        else:
+            lam_c, lam_h = lam[:m], lam[m:]
+            coef_c = mu * lam_c
+        coef = torch.cat([coef_c, mu * lam_h]) * inv
+        d_q = coef @ x
+        d_raw[a:b] = d_q
+        dots_raw += x[:m] @ d_q
 
-    raw_norm = d_raw.norm()
-    target = g.mean(0).norm()
-    d = d_raw * (target / raw_norm) if raw_norm > 0 else d_raw.clone()
-    d, halvings, reverted = resolve_conflicts(g, d, d_raw)
-    conflicts = int((g @ d < -CONFLICT_TOL).sum())
+    raw_norm = float(d_raw.norm())
+    target = float(torch.linalg.vector_norm(grads.sum(0, dtype=torch.float64))) / m  # ‖mean_i g_i‖
+    scale = target / raw_norm if raw_norm > 0 else 1.0
+    scale, halvings, reverted = _halve_scale(dots_raw, scale)
+    d = d_raw * scale
+    conflicts = int((dots_raw * scale < -CONFLICT_TOL).sum())
     return FedLFStep(d, lambdas, fair, halvings, reverted, conflicts)
+
+
+def _halve_scale(dots_raw: torch.Tensor, scale: float) -> tuple[float, int, bool]:
+    """:func:`resolve_conflicts` for d = scale·d_raw, from the dot products g_i·d_raw."""
+    halvings = 0
+    while float(torch.max(-(dots_raw * scale))) > CONFLICT_TOL:
+        if scale > 2:
+            scale /= 2
+            halvings += 1
+        else:
+            return 1.0, halvings, True
+    return scale, halvings, False
 
 
 def resolve_conflicts(grads: torch.Tensor, d: torch.Tensor, d_raw: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
@@ -170,6 +216,8 @@ class FedLFState:
 
 
 class FedLFStrategy(FairStrategy):
+    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+
     def __init__(self, cfg, use_history: bool = True, window: int = 0) -> None:
         super().__init__(cfg)
         self.use_history = use_history

@@ -164,30 +164,37 @@ def min_norm_simplex(
     lower: np.ndarray | None = None,
     upper: np.ndarray | None = None,
 ) -> np.ndarray:
-    """argmin_λ λᵀ G λ over the simplex (optionally with box bounds), via cvxpy + Clarabel.
+    """argmin_λ λᵀ G λ over the simplex (optionally with box bounds), with Clarabel.
 
     The minimum-norm point of the convex hull of rows whose Gram matrix is ``gram``
     (MGDA, FedMGDA+, FedLF). Bounds: lower ≤ λ ≤ upper elementwise.
+
+    The QP goes to Clarabel directly (the interior-point solver cvxpy would call): G
+    scaled by its largest diagonal entry, Σλ = 1 as a zero cone, the bounds as one
+    nonnegative cone. No cvxpy canonicalisation and no eigendecomposition per call: this
+    runs once per layer group per round (FedLF), so it has to cost about a millisecond.
     """
-    import cvxpy as cp
+    import clarabel
+    from scipy import sparse
 
     g = np.asarray(gram, dtype=np.float64)
-    g = 0.5 * (g + g.T)
     m = g.shape[0]
-    # Factor G = LLᵀ (with a tiny ridge for PSD rank-deficient Grams) so the objective is
-    # a plain sum of squares: robust across solvers and scales.
+    if m == 1:
+        return np.ones(1)
     scale = max(float(np.abs(np.diag(g)).max()), 1e-30)
-    w, v = np.linalg.eigh(g / scale)
-    factor = v * np.sqrt(np.clip(w, 0.0, None))
-    lam = cp.Variable(m)
-    cons = [lam >= 0.0, cp.sum(lam) == 1.0]
-    if lower is not None:
-        cons.append(lam >= lower)
+    p = sparse.triu(sparse.csc_matrix((g + g.T) / scale)).tocsc()  # ½λᵀPλ = λᵀGλ/scale
+    eye = sparse.identity(m, format="csc")
+    lo = np.zeros(m) if lower is None else np.maximum(np.asarray(lower, dtype=np.float64), 0.0)
+    rows, rhs = [sparse.csc_matrix(np.ones((1, m))), -eye], [np.ones(1), -lo]  # Σλ = 1; −λ ≤ −lo
     if upper is not None:
-        cons.append(lam <= upper)
-    prob = cp.Problem(cp.Minimize(cp.sum_squares(factor.T @ lam)), cons)
-    prob.solve(solver=cp.CLARABEL)
-    if lam.value is None:
-        raise RuntimeError(f"min-norm QP failed: {prob.status}")
-    out = np.clip(np.asarray(lam.value, dtype=np.float64), 0.0, None)  # solver round-off
+        rows.append(eye)  # λ ≤ upper
+        rhs.append(np.asarray(upper, dtype=np.float64) * np.ones(m))
+    a = sparse.vstack(rows).tocsc()
+    cones = [clarabel.ZeroConeT(1), clarabel.NonnegativeConeT(a.shape[0] - 1)]
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    sol = clarabel.DefaultSolver(p, np.zeros(m), a, np.concatenate(rhs), cones, settings).solve()
+    if sol.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
+        raise RuntimeError(f"min-norm QP failed: {sol.status}")
+    out = np.clip(np.asarray(sol.x, dtype=np.float64), 0.0, None)  # solver round-off
     return out / out.sum()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from fedpcd_app import keys
 from strategies.base import FairStrategy, unpack_replies
 from strategies.flat import model_deltas
 from strategies.registry import register
@@ -47,6 +48,7 @@ class QFFLStrategy(FairStrategy):
 
     # h_k needs each client's ‖Δw_k‖²: the server must see every update.
     needs_individual_updates = True
+    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
     def __init__(self, cfg, q: float) -> None:
         super().__init__(cfg)

@@ -443,3 +443,58 @@ def test_presets_are_the_digits_setting_plus_method_keys(preset):
                                                                                if k != "method"}
     assert all(k in digits or k.startswith(cfg.method + "-") for k in raw)
     registry.build(cfg)
+
+
+def _fedfv_internal_loop(deltas, losses, alpha):
+    """FedFV step 1 as the paper's loop over d-long vectors (the reference)."""
+    import math as _math
+
+    m = deltas.shape[0]
+    order = [int(i) for i in torch.argsort(losses, stable=True)]
+    keep = set(order[_math.ceil((m - 1) * (1.0 - alpha)):]) if alpha > 0 else set()
+    projected = deltas.clone()
+    count = 0
+    for i in range(m):
+        if i in keep:
+            continue
+        for j in order:
+            if j != i and float(torch.dot(deltas[j], projected[i])) < 0.0:
+                projected[i] = fedfv.project_off(projected[i], deltas[j])
+                count += 1
+    return projected.mean(dim=0), count
+
+
+@pytest.mark.parametrize("seed,m,alpha", [(0, 5, 0.0), (1, 10, 0.1), (2, 12, 0.5), (3, 20, 0.33)])
+def test_fedfv_internal_gram_form_equals_the_vector_loop(seed, m, alpha):
+    gen = torch.Generator().manual_seed(seed)
+    common = torch.randn(300, generator=gen, dtype=torch.float64)
+    # Updates sharing a direction plus large individual parts: many, but not all, pairs conflict.
+    deltas = 0.05 * common + torch.randn(m, 300, generator=gen, dtype=torch.float64)
+    losses = torch.rand(m, generator=gen, dtype=torch.float64)
+    g, count = fedfv.fedfv_internal(deltas, losses, alpha)
+    g_ref, count_ref = _fedfv_internal_loop(deltas, losses, alpha)
+    assert count == count_ref and count > 0
+    torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed,m,d,bounded", [(0, 2, 5, False), (1, 8, 50, False), (2, 30, 10, False),
+                                              (3, 12, 40, True), (4, 71, 200, False)])
+def test_min_norm_simplex_equals_cvxpy(seed, m, d, bounded):
+    """flat.min_norm_simplex (Clarabel, called directly) vs the same QP stated in cvxpy."""
+    import cvxpy as cp
+
+    rng_ = np.random.default_rng(seed)
+    rows = rng_.normal(size=(m, d)) + 0.3 * rng_.normal(size=d)  # d < m: a rank-deficient Gram
+    gram = rows @ rows.T
+    p = rng_.dirichlet(np.ones(m))
+    lower, upper = (np.clip(p - 0.05, 0, None), np.clip(p + 0.05, None, 1)) if bounded else (None, None)
+    got = flat.min_norm_simplex(gram, lower=lower, upper=upper)
+    lam = cp.Variable(m)
+    cons = [lam >= 0, cp.sum(lam) == 1] + ([lam >= lower, lam <= upper] if bounded else [])
+    cp.Problem(cp.Minimize(cp.sum_squares(rows.T @ lam)), cons).solve(solver=cp.CLARABEL)
+    ref = np.asarray(lam.value)
+    assert got.sum() == pytest.approx(1.0) and got.min() >= 0
+    # same minimum norm; λ itself may differ where the minimiser is not unique (d < m)
+    assert got @ gram @ got == pytest.approx(ref @ gram @ ref, rel=1e-6, abs=1e-9)
+    if bounded:
+        assert np.all(got >= lower - 1e-8) and np.all(got <= upper + 1e-8)

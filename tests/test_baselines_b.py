@@ -342,3 +342,97 @@ def test_two_round_simulation(tmp_path, method, key):
     assert len(rounds) == 2 and all(key in r["strategy"] for r in rounds)
     summary = read_summary(out)
     assert summary  # written at the end of the run
+
+
+# FedLF: the Gram form of the strategy equals the direct construction of the rescaled rows.
+import strategies.fedlf as fedlf_mod  # noqa: E402
+from strategies import flat  # noqa: E402
+
+def _fedlf_direction_rows(
+    grads: torch.Tensor,
+    losses: torch.Tensor,
+    groups: list[tuple[int, int]],
+    history: torch.Tensor | None = None,
+) -> "fedlf_mod.FedLFStep":
+    """FedLF built row by row as the paper states it (the reference for the Gram form)."""
+    g = grads.to(torch.float64)
+    m = g.shape[0]
+    h = fedlf_mod.loss_fairness_direction(losses)
+    fair = bool(torch.any(h != 0)) and m > 1
+    hist = history.to(torch.float64) if history is not None and history.shape[0] else None
+    if m == 1 and hist is None:
+        return fedlf_mod.FedLFStep(g[0].clone(), [torch.ones(1, dtype=torch.float64)], False, 0, False, 0)
+
+    parts, lambdas = [], []
+    for a, b in groups:
+        unit, norms = flat.unit_rows(g[:, a:b])
+        mu = norms.mean()
+        rows = [unit * mu]
+        if fair:
+            f = h @ rows[0]
+            rows.append((f / (f.norm() + 1e-12) * mu).unsqueeze(0))
+        if hist is not None:
+            rows.append(flat.unit_rows(hist[:, a:b])[0] * mu)
+        v = torch.cat(rows)
+        lam = torch.from_numpy(flat.min_norm_simplex((v @ v.T).numpy()))
+        lambdas.append(lam)
+        parts.append(lam @ v)
+    d_raw = torch.cat(parts)
+
+    raw_norm = d_raw.norm()
+    target = g.mean(0).norm()
+    d = d_raw * (target / raw_norm) if raw_norm > 0 else d_raw.clone()
+    d, halvings, reverted = resolve_conflicts(g, d, d_raw)
+    conflicts = int((g @ d < -fedlf_mod.CONFLICT_TOL).sum())
+    return fedlf_mod.FedLFStep(d, lambdas, fair, halvings, reverted, conflicts)
+
+
+
+@pytest.mark.parametrize("seed,m,k,equal_losses", [(0, 5, 0, False), (1, 6, 9, False), (2, 10, 40, False),
+                                                    (3, 4, 3, True), (4, 1, 5, False)])
+def test_fedlf_gram_form_equals_row_construction(seed, m, k, equal_losses):
+    gen = torch.Generator().manual_seed(seed)
+    d = 240
+    groups = [(0, 30), (30, 110), (110, 111), (111, 240)]
+    common = torch.randn(d, generator=gen)
+    grads = (0.5 * common + torch.randn(m, d, generator=gen)).float()
+    hist = (0.5 * common + torch.randn(k, d, generator=gen)).float() if k else None
+    losses = torch.ones(m, dtype=torch.float64) if equal_losses else 0.5 + torch.rand(m, generator=gen, dtype=torch.float64)
+    got = fedlf_direction(grads, losses, groups, hist)
+    ref = _fedlf_direction_rows(grads, losses, groups, hist)
+    torch.testing.assert_close(got.direction, ref.direction, rtol=1e-7, atol=1e-9)
+    for a, b in zip(got.group_weights, ref.group_weights):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert (got.fair_row_used, got.halvings, got.reverted, got.conflicts) == \
+        (ref.fair_row_used, ref.halvings, ref.reverted, ref.conflicts)
+
+
+@pytest.mark.parametrize("n,k", [(1000, 1), (1000, 300), (5000, 4980), (17, 17)])
+def test_fedpw_smallest_k_is_topk_set(n, k):
+    from strategies.fedpw import smallest_k
+
+    values = torch.randn(n, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64)
+    got = smallest_k(values, k)
+    want = torch.topk(values, k, largest=False).indices
+    assert sorted(got.tolist()) == sorted(want.tolist())
+    spread = values.clone()
+    spread[:10] = torch.inf  # undefined spreads sort last, as with topk
+    assert sorted(smallest_k(spread, min(k, n - 10)).tolist()) == sorted(
+        torch.topk(spread, min(k, n - 10), largest=False).indices.tolist())
+
+
+def test_fedheal_masked_weighted_update_equals_per_coordinate_formula():
+    gen = torch.Generator().manual_seed(5)
+    deltas = torch.randn(7, 400, generator=gen, dtype=torch.float64)
+    masks = (torch.rand(7, 400, generator=gen) > 0.6).to(torch.float64)
+    masks[:, :20] = 0.0  # coordinates no client keeps
+    w = torch.rand(7, generator=gen, dtype=torch.float64)
+    w /= w.sum()
+    got = masked_weighted_update(deltas * masks, masks, w)
+    want = torch.zeros(400, dtype=torch.float64)
+    for j in range(400):
+        total = float((w * masks[:, j]).sum())
+        coef = w if total == 0 else w * masks[:, j] / total
+        want[j] = (coef * masks[:, j] * deltas[:, j]).sum()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    assert torch.all(got[:20] == 0)

@@ -135,9 +135,15 @@ def test_eval_modes_agree_and_metrics_match_recorded_reference(tmp_path):
     from fedpcd_app.simulate import simulate
 
     ref = json.loads(RECORDED.read_text())
-    server = simulate({**TINY, "eval-mode": "server", "output-dir": str(tmp_path / "server")})
+    # The server-eval run asks every client for loss-before (the foundation computed it in
+    # every reply); the federated one leaves it to the default (FedAvg does not use it).
+    server = simulate({**TINY, "eval-mode": "server", "client-loss-before": "always",
+                       "output-dir": str(tmp_path / "server")})
     fed = simulate({**TINY, "eval-mode": "federated", "output-dir": str(tmp_path / "federated")})
     (s_srv, r_srv), (s_fed, r_fed) = _metrics(server), _metrics(fed)
+    # Skipping loss-before changes nothing else: the same training, bit for bit.
+    assert [r["train_loss"] for r in r_fed] == [r["train_loss"] for r in r_srv]
+    assert all("loss_before" not in r for r in r_fed) and all("loss_before" in r for r in r_srv)
     for a, b in zip(r_srv, r_fed):
         np.testing.assert_array_equal(a["eval"]["client_acc"], b["eval"]["client_acc"])
         np.testing.assert_allclose(a["eval"]["client_loss"], b["eval"]["client_loss"], rtol=0, atol=1e-6)
@@ -149,3 +155,69 @@ def test_eval_modes_agree_and_metrics_match_recorded_reference(tmp_path):
     np.testing.assert_allclose([r["loss_before"] for r in r_srv], ref["loss_before"], rtol=0, atol=1e-6)
     np.testing.assert_allclose([r["eval"]["client_loss"] for r in r_srv], ref["client_loss"], rtol=0, atol=1e-6)
     assert s_srv["central_acc"] == pytest.approx(ref["central_acc"], abs=0)
+
+
+# -- loss-before only where a method uses it; one model object per process ----------------
+def _client_train(cfg, pid, *, server_round=1, want=None, arrays=None):
+    """Run the ClientApp's train handler on one request, as a node receives it."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
+
+    from client_app.client_app import train
+    from fedpcd_app import keys
+    from tests.fakegrid import task_identity
+    from tests.helpers import make_reply
+
+    conf = {**cfg.as_dict(), keys.SERVER_ROUND: server_round, keys.ROUND_LR: cfg.lr_at(server_round),
+            "client-method": "sgd"}
+    if want is not None:
+        conf[keys.WANT_LOSS_BEFORE] = want
+    arrays = arrays if arrays is not None else ArrayRecord(initial_model(cfg).state_dict())
+    with task_identity():
+        msg = make_reply(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(conf)}), 0,
+                         message_type=MessageType.TRAIN)
+        ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: pid}, state=RecordDict(),
+                      run_config={})
+        reply = train(msg, ctx)
+    return dict(reply.content["metrics"]), {k: a.numpy().copy() for k, a in reply.content["arrays"].items()}
+
+
+def test_client_computes_loss_before_only_when_asked():
+    from fedpcd_app import keys
+
+    cfg = load_config({"model": "mlp", "num-clients": 6})
+    skipped, w_skipped = _client_train(cfg, 2, want=False)
+    asked, w_asked = _client_train(cfg, 2, want=True)
+    legacy, _ = _client_train(cfg, 2)  # a request without the flag (older server): computed
+    assert keys.LOSS_BEFORE not in skipped
+    x, y = load_federated_data(cfg).client_train(2)
+    assert asked[keys.LOSS_BEFORE] == pytest.approx(evaluate(initial_model(cfg), x, y)[1], rel=1e-12)
+    assert legacy[keys.LOSS_BEFORE] == asked[keys.LOSS_BEFORE]
+    # Skipping the pass changes nothing else: same local model, same train loss.
+    assert skipped[keys.TRAIN_LOSS] == asked[keys.TRAIN_LOSS]
+    for k in w_asked:
+        np.testing.assert_array_equal(w_skipped[k], w_asked[k])
+
+
+def test_reused_client_model_gives_the_reply_of_a_fresh_one():
+    from flwr.app import ArrayRecord
+
+    import client_app.client_app as ca
+
+    cfg = load_config({"model": "cnn", "num-clients": 6, "batch-size": 8})
+    ca._MODELS.clear()
+    first, w_first = _client_train(cfg, 1)  # builds the process's model
+    (model,) = ca._MODELS.values()
+    # Another message trains the same object from other weights, at another round.
+    other = initial_model(cfg)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
+    _client_train(cfg, 4, server_round=7, arrays=ArrayRecord(other.state_dict()))
+    again, w_again = _client_train(cfg, 1)
+    assert list(ca._MODELS.values()) == [model]  # reused, not rebuilt
+    ca._MODELS.clear()
+    fresh, w_fresh = _client_train(cfg, 1)  # a new process would build it anew
+    for k in w_first:
+        np.testing.assert_array_equal(w_again[k], w_first[k])
+        np.testing.assert_array_equal(w_fresh[k], w_first[k])
+    assert again == first == fresh

@@ -64,7 +64,7 @@ MALFORMED = {
                     "has dtype"),
     "missing-metric": (lambda r: [_with_metrics(r, lambda m: m.pop(keys.TRAIN_LOSS))],
                        f"missing metric '{keys.TRAIN_LOSS}'"),
-    "non-numeric-metric": (lambda r: [_with_metrics(r, lambda m: m.update({keys.LOSS_BEFORE: [1.0, 2.0]}))],
+    "non-numeric-metric": (lambda r: [_with_metrics(r, lambda m: m.update({keys.TRAIN_LOSS: [1.0, 2.0]}))],
                            "not a finite number"),
     "non-finite-metric": (lambda r: [_with_metrics(r, lambda m: m.update({keys.TRAIN_LOSS: math.inf}))],
                           "not a finite number"),
@@ -130,3 +130,42 @@ def test_no_valid_reply_keeps_the_model(method, tmp_path):
     assert rec["num_replies"] == 0 and rec["num_dropped"] == len(rec["sampled"])
     assert all("NaN or Inf" in d["reason"] for d in rec["dropped"])
     np.testing.assert_array_equal(flat_of(exp.arrays), before)
+
+
+# -- loss-before: asked for only by methods that use it ------------------------------------
+@pytest.mark.parametrize("method,mode,wanted", [
+    ("fedavg", "auto", False), ("fedpcd", "auto", False), ("craft", "auto", False),
+    ("qffl", "auto", True), ("afl", "auto", True), ("fedfv", "auto", True), ("fedlf", "auto", True),
+    ("fedavg", "always", True),
+])
+def test_requests_ask_for_loss_before_only_when_used(method, mode, wanted, tmp_path):
+    with task_identity():
+        cfg = _config(method, tmp_path, **{"client-loss-before": mode})
+        holder = {}
+        grid = FakeGrid(NUM_CLIENTS, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy)])
+        exp = holder["exp"] = Experiment(grid, cfg)
+        exp.run()
+    assert grid.train_requests
+    assert all(r.content[keys.CONFIG][keys.WANT_LOSS_BEFORE] is wanted for r in grid.train_requests)
+    (rec,) = read_rounds(tmp_path)
+    assert ("loss_before" in rec) is wanted
+    assert rec["num_dropped"] == 0
+
+
+@pytest.mark.parametrize("method,mode,dropped", [("qffl", "auto", 1), ("fedavg", "always", 1), ("fedavg", "auto", 0)])
+def test_reply_without_asked_loss_before_is_dropped(method, mode, dropped, tmp_path):
+    with task_identity():
+        cfg = _config(method, tmp_path, **{"client-loss-before": mode})
+        victim = build_sampler(cfg).sample(1)[0]
+        holder = {}
+
+        def craft(request, pid, node):
+            good = honest_reply(request, pid, node, holder["exp"].strategy)
+            return [_with_metrics(good, lambda m: m.pop(keys.LOSS_BEFORE))] if pid == victim else [good]
+
+        exp = holder["exp"] = Experiment(FakeGrid(NUM_CLIENTS, craft), cfg)
+        exp.run()
+    (rec,) = read_rounds(tmp_path)
+    assert rec["num_dropped"] == dropped
+    if dropped:
+        assert f"missing metric '{keys.LOSS_BEFORE}'" in rec["dropped"][0]["reason"]
