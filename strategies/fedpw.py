@@ -93,15 +93,17 @@ def smallest_k(values: torch.Tensor, k: int) -> torch.Tensor:
 def drop_smallest(block: torch.Tensor, rates: torch.Tensor) -> tuple[torch.Tensor, list[float], int]:
     """Zero each row's ⌊ρ_i n⌋ smallest |entries|; (dropped block, mean |dropped| per row, count)."""
     out = block.clone()
+    mags = block.abs()
     n = block.shape[1]
     means, count = [], 0
     for i, rate in enumerate(rates.tolist()):
         k = int(n * rate)
         if k == 0:
             continue
-        idx = smallest_k(block[i].abs(), k)
-        means.append(float(block[i, idx].abs().mean()))
-        out[i, idx] = 0.0
+        row, out_row = mags[i].numpy(), out[i].numpy()  # views: gather/scatter in numpy
+        idx = smallest_k(mags[i], k).numpy()
+        means.append(float(row[idx].mean()))
+        out_row[idx] = 0.0
         count += k
     return out, means, count
 
