@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -84,11 +85,12 @@ def fedlf_direction(
     grads: torch.Tensor,
     losses: torch.Tensor,
     groups: list[tuple[int, int]],
-    history: torch.Tensor | None = None,
+    history: torch.Tensor | Sequence[torch.Tensor] | None = None,
 ) -> FedLFStep:
     """FedLF's common direction for (m, d) pseudo-gradients, (m,) losses, column groups.
 
-    ``history`` holds (k, d) stored pseudo-gradients of absent clients (or None).
+    ``history`` holds the k stored pseudo-gradients of absent clients: a (k, d) tensor or
+    a sequence of k (d,) tensors (no stacked copy needed), or None.
 
     Per group every row of the min-norm problem (client rows, fairness row, history rows,
     all rescaled to μ_q) is a combination of the group's raw rows x = [g_q; hist_q], so
@@ -99,18 +101,19 @@ def fedlf_direction(
     m = grads.shape[0]
     h = loss_fairness_direction(losses)
     fair = bool(torch.any(h != 0)) and m > 1
-    hist = history if history is not None and history.shape[0] else None
+    hist = history if history is not None and len(history) else None
     if m == 1 and hist is None:
         return FedLFStep(grads[0].to(torch.float64).clone(), [torch.ones(1, dtype=torch.float64)], False, 0, False, 0)
-    k = 0 if hist is None else hist.shape[0]
+    k = 0 if hist is None else len(hist)
     d_raw = torch.zeros(grads.shape[1], dtype=torch.float64)
     dots_raw = torch.zeros(m, dtype=torch.float64)  # g_i · d_raw
     lambdas = []
     for a, b in groups:
         x = torch.empty((m + k, b - a), dtype=torch.float64)
         x[:m] = grads[:, a:b]
-        if hist is not None:
-            x[m:] = hist[:, a:b]
+        if hist is not None:  # row by row: the history need not be one stacked tensor
+            for j, row in enumerate(hist):
+                x[m + j] = row[a:b]
         gram = x @ x.T
         norms = gram.diagonal().clamp_min(0).sqrt()
         inv = 1.0 / (norms + 1e-12)  # unit rows = x / (‖x‖ + eps), as flat.unit_rows
@@ -191,7 +194,7 @@ class FedLFState:
 
     def history_rows(
         self, server_round: int, present: list[int], m: int, window: int = 0
-    ) -> tuple[list[int], torch.Tensor | None]:
+    ) -> tuple[list[int], list[torch.Tensor] | None]:
         """Stored g of absent clients seen within τ rounds: τ = ``window`` if ≥ 1, else
         the authors' ⌊seen/m⌋ (only once more than m clients have been seen)."""
         seen = len(self.last_round)
@@ -207,7 +210,7 @@ class FedLFState:
         )
         if not ids:
             return [], None
-        return ids, torch.stack([self.last_grad[pid] for pid in ids])
+        return ids, [self.last_grad[pid] for pid in ids]  # the stored rows, not a stacked copy
 
     def remember(self, server_round: int, ids: list[int], grads: torch.Tensor) -> None:
         for pid, row in zip(ids, grads):

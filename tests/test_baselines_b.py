@@ -400,6 +400,9 @@ def test_fedlf_gram_form_equals_row_construction(seed, m, k, equal_losses):
     losses = torch.ones(m, dtype=torch.float64) if equal_losses else 0.5 + torch.rand(m, generator=gen, dtype=torch.float64)
     got = fedlf_direction(grads, losses, groups, hist)
     ref = _fedlf_direction_rows(grads, losses, groups, hist)
+    if hist is not None:  # the strategy passes its stored rows unstacked: the same result
+        as_rows = fedlf_direction(grads, losses, groups, list(hist))
+        torch.testing.assert_close(as_rows.direction, got.direction, rtol=0, atol=0)
     torch.testing.assert_close(got.direction, ref.direction, rtol=1e-7, atol=1e-9)
     for a, b in zip(got.group_weights, ref.group_weights):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
