@@ -90,19 +90,19 @@ class FedHEALStrategy(FairStrategy):
         theta = self.current_flat()
         deltas = flat.model_deltas(theta, batch.local)
         m = deltas.shape[0]
-        positive = (deltas >= 0).to(deltas.dtype)
-
+        # Row by row, no (m, d) sign matrix: 100 ResNet-18 replies are 4.5 GB per such matrix.
         masks = torch.empty_like(deltas)
         for row, pid in enumerate(batch.partition_ids):
+            positive = (deltas[row] >= 0).to(deltas.dtype)
             mem = self.clients.get(pid)
             if mem is None:  # first participation: keep everything, start the frequency
                 masks[row] = 1.0
-                self.clients[pid] = ClientMemory(positive[row].clone(), 1, 0.0, 1.0 / m)
+                self.clients[pid] = ClientMemory(positive, 1, 0.0, 1.0 / m)
             else:
                 masks[row] = consistency_mask(deltas[row], mem.up_freq, self.threshold)
-                mem.up_freq = (mem.up_freq * mem.count + positive[row]) / (mem.count + 1)
+                mem.up_freq = (mem.up_freq * mem.count + positive) / (mem.count + 1)
                 mem.count += 1
-        masked = deltas * masks
+        masked = deltas.mul_(masks)  # m_i ⊙ Δ_i in place (Δ is not needed afterwards)
 
         dist = masked_distances(masked, self.spec.offsets())
         share = dist / dist.sum() if dist.sum() > 0 else torch.full_like(dist, 1.0 / m)

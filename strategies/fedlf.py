@@ -233,7 +233,7 @@ class FedLFStrategy(FairStrategy):
         batch = unpack_replies(replies)
         theta = self.current_flat()
         eta_l = self.round_lr(server_round)
-        grads = flat.model_deltas(theta, batch.local) / eta_l  # g_i = Δ_i / η_l
+        grads = flat.model_deltas(theta, batch.local).div_(eta_l)  # g_i = Δ_i / η_l, in place
         m = grads.shape[0]
         hist_ids, hist = (
             self.state.history_rows(server_round, batch.partition_ids, m, self.window) if self.use_history else ([], None)
