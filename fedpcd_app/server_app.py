@@ -278,8 +278,8 @@ class Experiment:
         cfg = self.cfg
         if self.sampler is None:
             self.map_nodes()
-        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method,
-                 cfg.dataset_path or cfg.dataset, cfg.model, cfg.num_clients, self.sampler.describe(), cfg.num_server_rounds, self.writer.dir)
+        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, cfg.dataset_path or cfg.dataset,
+                 cfg.model, cfg.num_clients, self.sampler.describe(), cfg.num_server_rounds, self.writer.dir)
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             record = self.train_round(server_round)
             if self.is_eval_round(server_round):

@@ -159,7 +159,9 @@ def fedlf_direction(
 
 
 def _halve_scale(dots_raw: torch.Tensor, scale: float) -> tuple[float, int, bool]:
-    """:func:`resolve_conflicts` for d = scale·d_raw, from the dot products g_i·d_raw."""
+    """FedLF's conflict guard for d = scale·d_raw, from the dot products g_i·d_raw: while
+    some g_i·d < −tol, halve the scale if it is > 2, else fall back to scale 1 (d_raw).
+    Returns (scale, number of halvings, whether it fell back)."""
     halvings = 0
     while float(torch.max(-(dots_raw * scale))) > CONFLICT_TOL:
         if scale > 2:
@@ -173,16 +175,15 @@ def _halve_scale(dots_raw: torch.Tensor, scale: float) -> tuple[float, int, bool
 def resolve_conflicts(grads: torch.Tensor, d: torch.Tensor, d_raw: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
     """While some g_i·d < −tol: halve d if ‖d‖ > 2‖d_raw‖, else return d_raw.
 
-    Returns (d, number of halvings, whether it fell back to d_raw).
+    ``d`` is a positive multiple of ``d_raw`` (FedLF's rescaled direction), so this is
+    :func:`_halve_scale` on g_i·d_raw. Returns (d, number of halvings, whether it fell
+    back to d_raw).
     """
-    halvings = 0
-    while torch.max(-(grads @ d)) > CONFLICT_TOL:
-        if d.norm() > 2 * d_raw.norm():
-            d = d / 2
-            halvings += 1
-        else:
-            return d_raw.clone(), halvings, True
-    return d, halvings, False
+    raw_norm = float(d_raw.norm())
+    scale = float(d.norm()) / raw_norm if raw_norm > 0 else 1.0
+    dots_raw = grads.to(torch.float64) @ d_raw.to(torch.float64)
+    scale, halvings, reverted = _halve_scale(dots_raw, scale)
+    return d_raw * scale, halvings, reverted
 
 
 @dataclasses.dataclass

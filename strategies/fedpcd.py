@@ -56,7 +56,7 @@ import torch
 
 from strategies.base import FairStrategy
 from strategies.fedpcd_cache import HistoryCache
-from strategies.flat import unit_rows
+from strategies.flat import clarabel_qp, unit_rows
 from strategies.registry import register
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,6 @@ def _clarabel_qp(gram: np.ndarray, lin: np.ndarray, upper: float | None) -> np.n
     from scipy import sparse
 
     m = gram.shape[0]
-    p = sparse.triu(sparse.csc_matrix(0.5 * (gram + gram.T))).tocsc()
     eye = sparse.identity(m, format="csc")
     if upper is None:
         a, rhs, cones = -eye, np.zeros(m), [clarabel.NonnegativeConeT(m)]
@@ -111,12 +110,10 @@ def _clarabel_qp(gram: np.ndarray, lin: np.ndarray, upper: float | None) -> np.n
         a = sparse.vstack([-eye, eye]).tocsc()
         rhs = np.concatenate([np.zeros(m), np.full(m, upper)])
         cones = [clarabel.NonnegativeConeT(2 * m)]
-    settings = clarabel.DefaultSettings()
-    settings.verbose = False
-    sol = clarabel.DefaultSolver(p, np.asarray(lin, dtype=np.float64), a, rhs, cones, settings).solve()
-    if sol.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
-        raise SolverError(f"clarabel: {sol.status}")
-    mu = np.clip(np.asarray(sol.x, dtype=np.float64), 0.0, upper)
+    x, status = clarabel_qp(0.5 * (gram + gram.T), lin, a, rhs, cones)
+    if x is None:
+        raise SolverError(f"clarabel: {status}")
+    mu = np.clip(x, 0.0, upper)
     # An interior-point μ_j of an inactive constraint is ~1e-9, not 0: snap it to 0 so
     # "active" means μ_j > 0 and complementary slackness holds to round-off.
     mu[mu < _MU_ZERO * max(1.0, float(mu.max(initial=0.0)))] = 0.0

@@ -159,6 +159,24 @@ def project_simplex(v: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.maximum(v - theta, 0.0)
 
 
+def clarabel_qp(quad: np.ndarray, lin: np.ndarray, a, rhs: np.ndarray, cones: list) -> tuple[np.ndarray | None, str]:
+    """argmin ½ xᵀ Q x + linᵀ x  s.t.  A x + s = rhs, s ∈ ``cones`` (Clarabel's standard form).
+
+    ``quad``: the dense symmetric Q (its upper triangle goes to the solver); ``a``: a scipy
+    sparse matrix. Returns (x, status): x is None unless the solver reports Solved or
+    AlmostSolved. Shared by FedPCD's dual QP and :func:`min_norm_simplex`.
+    """
+    import clarabel
+    from scipy import sparse
+
+    p = sparse.triu(sparse.csc_matrix(quad)).tocsc()
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    sol = clarabel.DefaultSolver(p, np.asarray(lin, dtype=np.float64), a, rhs, cones, settings).solve()
+    solved = sol.status in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved)
+    return (np.asarray(sol.x, dtype=np.float64) if solved else None), f"{sol.status}"
+
+
 def min_norm_simplex(
     gram: np.ndarray | torch.Tensor,
     lower: np.ndarray | None = None,
@@ -182,7 +200,6 @@ def min_norm_simplex(
     if m == 1:
         return np.ones(1)
     scale = max(float(np.abs(np.diag(g)).max()), 1e-30)
-    p = sparse.triu(sparse.csc_matrix((g + g.T) / scale)).tocsc()  # ½λᵀPλ = λᵀGλ/scale
     eye = sparse.identity(m, format="csc")
     lo = np.zeros(m) if lower is None else np.maximum(np.asarray(lower, dtype=np.float64), 0.0)
     rows, rhs = [sparse.csc_matrix(np.ones((1, m))), -eye], [np.ones(1), -lo]  # Σλ = 1; −λ ≤ −lo
@@ -191,10 +208,9 @@ def min_norm_simplex(
         rhs.append(np.asarray(upper, dtype=np.float64) * np.ones(m))
     a = sparse.vstack(rows).tocsc()
     cones = [clarabel.ZeroConeT(1), clarabel.NonnegativeConeT(a.shape[0] - 1)]
-    settings = clarabel.DefaultSettings()
-    settings.verbose = False
-    sol = clarabel.DefaultSolver(p, np.zeros(m), a, np.concatenate(rhs), cones, settings).solve()
-    if sol.status not in (clarabel.SolverStatus.Solved, clarabel.SolverStatus.AlmostSolved):
-        raise RuntimeError(f"min-norm QP failed: {sol.status}")
-    out = np.clip(np.asarray(sol.x, dtype=np.float64), 0.0, None)  # solver round-off
+    # ½λᵀPλ with P = (G + Gᵀ)/scale is λᵀGλ/scale
+    x, status = clarabel_qp((g + g.T) / scale, np.zeros(m), a, np.concatenate(rhs), cones)
+    if x is None:
+        raise RuntimeError(f"min-norm QP failed: {status}")
+    out = np.clip(x, 0.0, None)  # solver round-off
     return out / out.sum()
