@@ -29,8 +29,8 @@ import time
 import numpy as np
 import torch
 
-from fedpcd_app.config import load_config
-from fedpcd_app import keys
+from fedcore.config import load_config
+from fedcore import keys
 from strategies import flat, registry
 
 _BASE_METRICS = (keys.NUM_EXAMPLES, keys.TRAIN_LOSS, keys.LOSS_BEFORE, keys.PARTITION_ID, keys.NUM_STEPS)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _typed(kv: str) -> str:
     """``key=value`` with the value parsed like flwr's --run-config (numbers, bools)."""
-    from fedpcd_app.config import parse_overrides
+    from fedcore.config import parse_overrides
 
     if "=" not in kv:
         raise SystemExit(f"error: --set {kv!r}: expected KEY=VALUE")

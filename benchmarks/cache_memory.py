@@ -32,7 +32,7 @@ import sys
 import numpy as np
 import torch
 
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 from strategies import flat, registry
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -89,7 +89,7 @@ def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
     from client_app.models import initial_model
     from client_app.training import local_sgd
     from fedpcd_app.sampler import build_sampler
-    from fedpcd_app.seeding import derive_seed
+    from fedcore.seeding import derive_seed
     from tests.helpers import train_reply
 
     overrides = {"method": "fedpcd", "model": model, "seed": seed}

@@ -48,10 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from client_app.data import load_federated_data  # noqa: E402
 from client_app.models import initial_model  # noqa: E402
 from client_app.training import evaluate, local_sgd  # noqa: E402
-from fedpcd_app.config import load_config  # noqa: E402
+from fedcore.config import load_config  # noqa: E402
 from fedpcd_app.evaluation import score_central, score_clients  # noqa: E402
 from fedpcd_app.results import read_rounds  # noqa: E402
-from fedpcd_app.seeding import numpy_rng, torch_generator  # noqa: E402
+from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
 
 
 def write_cifar_like(folder: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
@@ -173,7 +173,7 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from client_app.client_app import model_for
-    from fedpcd_app.config import parse_run_config
+    from fedcore.config import parse_run_config
 
     cfg = load_config(overrides)
     data = load_federated_data(cfg)

@@ -20,11 +20,11 @@ from client_app.data import load_federated_data
 from client_app.methods import TrainJob, get_client_method
 from client_app.models import build_model
 from client_app.training import device, evaluate
-from fedpcd_app import keys
-from fedpcd_app.config import RunConfig, parse_run_config
+from fedcore import keys
+from fedcore.config import RunConfig, parse_run_config
 from fedpcd_app.secagg import secure_aggregation_mod
-from fedpcd_app.seeding import derive_seed, torch_generator
-from strategies import flat
+from fedcore.seeding import derive_seed, torch_generator
+from fedcore import flat
 
 app = ClientApp()
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedpcd_app.config import ConfigError, RunConfig
-from fedpcd_app.seeding import derive_seed, numpy_rng
+from fedcore.config import ConfigError, RunConfig
+from fedcore.seeding import derive_seed, numpy_rng
 
 HUB_NAMES = {
     "mnist": ("ylecun/mnist", "image", "label"),

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedpcd_app.config import ConfigError
+from fedcore.config import ConfigError
 
 log = logging.getLogger("fedpcd")
 

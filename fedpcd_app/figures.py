@@ -153,7 +153,7 @@ def history_sweep(runs: list[Run], setting: str, path: Path) -> Path | None:
 
 def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
     from client_app.data import load_federated_data
-    from fedpcd_app.config import parse_run_config
+    from fedcore.config import parse_run_config
 
     try:
         data = load_federated_data(parse_run_config(run.summary["config"], check_method=False))

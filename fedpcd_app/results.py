@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedpcd_app.config import RunConfig
+from fedcore.config import RunConfig
 
 SUMMARY = "summary.json"
 ROUNDS = "rounds.jsonl"

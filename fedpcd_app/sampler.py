@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedpcd_app.config import ConfigError, RunConfig
-from fedpcd_app.seeding import numpy_rng
+from fedcore.config import ConfigError, RunConfig
+from fedcore.seeding import numpy_rng
 
 PARTICIPATION = ("uniform", "skewed", "bernoulli")
 RARE_CHOICES = ("rarest-classes", "last")

@@ -45,9 +45,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.app.metadata import Metadata
 
-from fedpcd_app import keys
-from fedpcd_app.config import ConfigError, RunConfig
-from fedpcd_app.replies import Dropped, check_train_reply
+from fedcore import keys
+from fedcore.config import ConfigError, RunConfig
+from fedcore.replies import Dropped, check_train_reply
 
 log = logging.getLogger("fedpcd")
 

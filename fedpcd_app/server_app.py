@@ -22,11 +22,12 @@ from flwr.serverapp import Grid, ServerApp
 from client_app.data import load_federated_data
 from client_app.models import initial_model
 from client_app.training import device
-from fedpcd_app import checkpoint, keys, secagg
-from fedpcd_app.config import ConfigError, RunConfig, parse_run_config, resolve
+from fedcore import keys
+from fedpcd_app import checkpoint, secagg
+from fedcore.config import ConfigError, RunConfig, parse_run_config, resolve
 from fedpcd_app.evaluation import score_central, score_clients
 from fedpcd_app.metrics import fairness_metrics
-from fedpcd_app.replies import validate_train_replies
+from fedcore.replies import validate_train_replies
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.sampler import build_sampler
 from fedpcd_app.tracking import tracker_for
@@ -385,7 +386,7 @@ class Experiment:
 
 
 def _no_reply(pid: int, node: int):
-    from fedpcd_app.replies import Dropped
+    from fedcore.replies import Dropped
 
     return Dropped(pid, node, "no reply (timeout or lost)")
 

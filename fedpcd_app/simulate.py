@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from client_app.data import DataError
-from fedpcd_app.config import ConfigError, parse_overrides, parse_run_config, resolve
+from fedcore.config import ConfigError, parse_overrides, parse_run_config, resolve
 
 
 def simulate(

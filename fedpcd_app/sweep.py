@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedpcd_app.config import ConfigError, Scalar, parse_run_config, resolve
+from fedcore.config import ConfigError, Scalar, parse_run_config, resolve
 from fedpcd_app.results import SUMMARY, write_json_atomic
 
 RUN_FILE = "run.json"

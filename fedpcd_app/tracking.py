@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fedpcd_app.config import RunConfig
+from fedcore.config import RunConfig
 
 KEY = "tensorboard"
 SUBDIR = "tensorboard"

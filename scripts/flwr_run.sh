@@ -38,7 +38,7 @@ fi
 # One supernode per client partition: num-clients from the overrides or pyproject.
 NUM_CLIENTS=$(python - "$RUN_CONFIG" <<'PY'
 import sys
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 print(load_config(sys.argv[1]).num_clients)
 PY
 )

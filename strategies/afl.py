@@ -32,9 +32,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedpcd_app import keys
+from fedcore import keys
 from strategies.base import FairStrategy, unpack_replies
-from strategies.flat import model_deltas, project_simplex, spec_of
+from fedcore.flat import model_deltas, spec_of
+from strategies.linalg import project_simplex
 from strategies.registry import register
 
 MASS_EPS = 1e-12

@@ -1,52 +1,55 @@
-"""The strategy contract every method in this package follows.
+"""The contract every method follows, and the Flower ``Strategy`` they all are.
 
-The ServerApp (``fedpcd_app.server_app``) drives the rounds itself — seeded sampling by
-partition id, reply validation, evaluation of every client, results, checkpoints — and
-calls into a :class:`FairStrategy` at two points per round:
+A method module holds, in this order:
 
-1. :meth:`FairStrategy.begin_round` with the current global model θ_t; it returns what
-   the round's train requests carry besides the model (:class:`RoundPlan`: extra config
-   values such as FedeRage's β̂, extra ArrayRecords such as SCAFFOLD's control variate).
-2. Flower's own ``aggregate_train(server_round, replies)`` with the validated replies; it
-   returns the new global model and a MetricRecord of per-round diagnostics (they go into
-   rounds.jsonl).
+* ``Params`` — a frozen dataclass of its hyperparameters (:mod:`fedcore.params`), declared
+  once: keyword construction, the run config and pyproject.toml all read it;
+* ``State`` — a dataclass of what survives a round (checkpointed as it is, by
+  :mod:`fedcore.state`; no per-method save/load code), and ``init_state``;
+* pure functions on flat torch tensors, importable without Flower, that do the maths;
+* a thin :class:`FairStrategy` subclass that unpacks replies, calls them and packs the result.
 
-State that must survive a checkpoint is returned by :meth:`state_dict` and restored by
-:meth:`load_state_dict` (numpy arrays, torch tensors and scalars, in nested dicts/lists).
+A :class:`FairStrategy` is a complete ``flwr.serverapp.strategy.Strategy``::
+
+    strategy = FedPCD(fraction_train=0.25, tau=0.02, history=10, seed=0)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3)
+
+``configure_train`` samples nodes with a generator seeded by (seed, round) and sends each the
+model, a ``config`` record (the round, the client learning rate, the client routine, the
+method's client-side values) and any method records (SCAFFOLD's control variate).
+``aggregate_train`` drops malformed replies (recorded in :attr:`FairStrategy.last_dropped`,
+never a crash), then calls the method. A method whose clients must do something special
+names the client routine in ``client_method``; ``client_app.methods`` documents the
+function a foreign ClientApp calls for it.
+
+This app's ServerApp (``fedpcd_app``) drives the same objects. It sets :attr:`select`
+(its seeded sampler over partition ids, mapped to nodes) and :attr:`run_config` (sent with
+every request as the ``run-config`` record), and calls :meth:`aggregate_valid` itself for
+the one aggregate reply of a secure-aggregation round.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+import random
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
-from fedpcd_app import keys
-from strategies import flat
+from fedcore import flat, keys
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, NoParams
+from fedcore.replies import Dropped, validate_train_replies
+from fedcore.seeding import derive_seed
 
-try:  # pure maths modules stay importable without Flower
-    from flwr.serverapp.strategy import Strategy as _FlowerStrategy
-except ImportError:  # pragma: no cover - only without Flower installed
-    _FlowerStrategy = object  # type: ignore[assignment,misc]
-
-if TYPE_CHECKING:
-    from flwr.app import ArrayRecord, Message, MetricRecord
-
-    from fedpcd_app.config import RunConfig
-
-
-@dataclasses.dataclass
-class RoundPlan:
-    """What a round's train requests carry besides the model and the run config."""
-
-    config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    records: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> ArrayRecord
-    # Extra records for one partition only (partition id -> name -> ArrayRecord), sent
-    # when that partition is sampled (SCAFFOLD: a client's control variate after a resume).
-    client_records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+log = logging.getLogger("fedpcd")
 
 
 @dataclasses.dataclass
@@ -58,7 +61,7 @@ class ReplyBatch:
     loss_before: torch.Tensor  # (m,) float64: F_i, the global model's loss on client i
     train_loss: torch.Tensor  # (m,) float64
     num_steps: torch.Tensor  # (m,) float64
-    local: torch.Tensor  # (m, d) local models θ_i (becomes Δ_i after to_deltas)
+    local: torch.Tensor  # (m, d) local models θ_i (becomes Δ_i after model_deltas)
     metrics: list[dict]  # each reply's raw metrics
 
     @property
@@ -67,90 +70,300 @@ class ReplyBatch:
         return self.num_examples / self.num_examples.sum()
 
 
+def reply_metrics(replies: Iterable[Message]) -> list[dict]:
+    return [dict(msg.content[keys.METRICS]) for msg in replies]
+
+
+def metric_column(metrics: list[dict], key: str, default: float = 0.0) -> torch.Tensor:
+    return torch.tensor([float(m.get(key, default)) for m in metrics], dtype=torch.float64)
+
+
 def unpack_replies(replies: Iterable[Message], dtype=torch.float32) -> ReplyBatch:
     """Validated train replies → tensors (one (m, d) matrix of local models)."""
     replies = list(replies)
-    metrics = [dict(msg.content[keys.METRICS]) for msg in replies]
+    metrics = reply_metrics(replies)
     local = flat.records_to_matrix([msg.content[keys.ARRAYS] for msg in replies], dtype=dtype)
-
-    def col(key: str, default: float = 0.0) -> torch.Tensor:
-        return torch.tensor([float(m.get(key, default)) for m in metrics], dtype=torch.float64)
-
     return ReplyBatch(
         partition_ids=[int(m[keys.PARTITION_ID]) for m in metrics],
-        num_examples=col(keys.NUM_EXAMPLES),
-        loss_before=col(keys.LOSS_BEFORE, math.nan),  # NaN unless the round asked for it
-        train_loss=col(keys.TRAIN_LOSS),
-        num_steps=col(keys.NUM_STEPS),
+        num_examples=metric_column(metrics, keys.NUM_EXAMPLES),
+        loss_before=metric_column(metrics, keys.LOSS_BEFORE, math.nan),  # NaN unless asked for
+        train_loss=metric_column(metrics, keys.TRAIN_LOSS),
+        num_steps=metric_column(metrics, keys.NUM_STEPS),
         local=local,
         metrics=metrics,
     )
 
 
-class FairStrategy(_FlowerStrategy):  # type: ignore[misc,valid-type]
-    """Base of every strategy here. Subclasses implement ``aggregate_train``.
+def server_step_scale(server_lr: float, client_lr: float) -> float:
+    """η_g/η_l: the one meaning of ``server-lr``. A method's direction is in the clients'
+    update space (Σ p_i Δ_i for FedAvg) and the step is θ_t − (η_g/η_l)·direction;
+    ``server-lr`` = 0 means η_g = η_l, i.e. the plain aggregate of the local models."""
+    return (server_lr or client_lr) / client_lr
 
-    Class attributes a method may change:
 
-    * ``client_method`` — the client routine (``client_app.methods``) its clients run.
-    * ``personalized`` — clients are scored with their personal models (federated eval).
-    * ``needs_individual_updates`` — True when the method must see each client's update
-      (it then refuses to run under secure aggregation); False when sums suffice.
-    * ``required_metrics`` — reply metrics beyond ``keys.REQUIRED_TRAIN_METRICS``; a reply
-      without one is dropped. ``keys.LOSS_BEFORE`` here makes the clients compute F_i(θ_t)
-      (otherwise they skip that forward pass unless ``client-loss-before=always``).
+Selector = Callable[[int, Grid], dict[int, "int | None"]]
+
+
+class FairStrategy(Strategy):
+    """Base of every strategy here (see the module docstring).
+
+    Parameters (keyword only; ``**hyper`` are the method's ``Params`` fields)
+    ----------
+    fraction_train : float, default 1.0
+        Fraction of the connected nodes sampled each round (at least ``min_train_nodes``).
+    fraction_evaluate : float, default 1.0
+        Fraction of nodes asked to evaluate each round (0 = no federated evaluation).
+    min_train_nodes : int, default 1
+    seed : int, default 0
+        Seeds the node sampling (one generator per round: a resumed run draws the same).
+    lr : float, default 0.1
+        The clients' learning rate η_l (sent as ``round-lr``; methods divide Δ_i by it).
+    lr_decay : float, default 1.0
+        η_l of round t is ``lr · lr_decay^(t−1)``.
+    server_lr : float, default 0.0
+        η_g; 0 = η_l (see :func:`server_step_scale`).
+    num_clients : int or None
+        N, the federation's size (SCAFFOLD's 1/N); None = the number of connected nodes.
+    loss_before : bool, default False
+        Ask every client for ``loss-before`` even when the method does not use it.
+    params : the method's ``Params``, instead of ``**hyper``.
     """
 
-    client_method: str = "sgd"
-    personalized: bool = False
-    needs_individual_updates: bool = True
-    required_metrics: tuple[str, ...] = ()
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[MethodParams]] = NoParams
+    client_method: ClassVar[str] = "sgd"
+    personalized: ClassVar[bool] = False  # clients are scored with their personal models
+    needs_individual_updates: ClassVar[bool] = True  # False: sums suffice (secure aggregation)
+    secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": weights of a secure sum
+    required_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics beyond the required ones
+    required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
+    app_arguments: ClassVar[tuple[str, ...]] = ()  # extra __init__ arguments the app passes
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 1,
+        seed: int = 0,
+        lr: float = 0.1,
+        lr_decay: float = 1.0,
+        server_lr: float = 0.0,
+        num_clients: int | None = None,
+        loss_before: bool = False,
+        params: MethodParams | None = None,
+        **hyper: Any,
+    ) -> None:
+        if params is None:
+            names = {f.name for f in dataclasses.fields(self.Params)}
+            unknown = sorted(set(hyper) - names)
+            if unknown:
+                raise TypeError(f"{type(self).__name__}() got unknown argument(s) {unknown}; "
+                                f"its hyperparameters are {sorted(names) or 'none'}")
+            params = self.Params(**hyper)
+        elif hyper:
+            raise TypeError(f"{type(self).__name__}(): give either params= or keyword hyperparameters")
+        if not isinstance(params, self.Params):
+            raise TypeError(f"{type(self).__name__}(): params must be a {self.Params.__qualname__}")
+        if not 0.0 < fraction_train <= 1.0:
+            raise ConfigError(f"fraction_train = {fraction_train} must be in (0, 1]")
+        if not 0.0 <= fraction_evaluate <= 1.0:
+            raise ConfigError(f"fraction_evaluate = {fraction_evaluate} must be in [0, 1]")
+        if lr <= 0.0 or server_lr < 0.0:
+            raise ConfigError(f"lr = {lr} must be > 0 and server_lr = {server_lr} >= 0")
+        self.params = params
+        self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
+        self.min_train_nodes, self.seed = min_train_nodes, seed
+        self.lr, self.lr_decay, self.server_lr = lr, lr_decay, server_lr
+        self.num_clients = num_clients
+        self.loss_before = loss_before
+        self.state = self.init_state()
+        self.select: Selector | None = None  # set by an app with its own sampler
+        self.run_config: Mapping[str, Any] | None = None  # sent as the run-config record
         self.current_arrays: ArrayRecord | None = None
         self.spec: flat.FlatSpec | None = None
+        self.expected: dict[int, int | None] = {}  # node → partition id of this round's requests
+        self.last_dropped: list[Dropped] = []
+        self.last_valid: list[Message] = []
+        self.last_evaluation: dict[int, dict[str, float]] = {}  # client → accuracy, loss, num-test
 
-    # -- round protocol ------------------------------------------------------------
-    def begin_round(self, server_round: int, arrays: ArrayRecord) -> RoundPlan:
-        """Remember θ_t; return the round's extra request content (none by default)."""
-        self.current_arrays = arrays
-        if self.spec is None:
-            self.spec = flat.spec_of(arrays)
-        return RoundPlan()
+    # -- the method's part ------------------------------------------------------------------
+    def init_state(self) -> Any:
+        """The method's State at round 0 (None: the method keeps nothing across rounds)."""
+        return None
+
+    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate well-formed replies (sorted by partition id): the method's own step."""
+        raise NotImplementedError
+
+    def client_config(self) -> dict[str, Any]:
+        """Values every request carries for the client routine (FedProx's μ, ...)."""
+        return {}
+
+    def round_config(self, server_round: int) -> dict[str, Any]:
+        """Per-round values besides the model (FedeRage's β̂)."""
+        return {}
+
+    def round_records(self, server_round: int) -> dict[str, ArrayRecord]:
+        """ArrayRecords every request of the round carries (SCAFFOLD's c)."""
+        return {}
+
+    def client_records(self, client: int | None) -> dict[str, ArrayRecord]:
+        """ArrayRecords for one client only (SCAFFOLD's c_i after a resume)."""
+        return {}
+
+    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model that evaluation scores (AFL: the running average of iterates)."""
+        return arrays
+
+    def on_dropped(self, server_round: int, client: int | None) -> None:
+        """A sampled client gave no usable reply (FedLF forgets its history row)."""
+
+    # -- shared helpers ---------------------------------------------------------------------
+    def round_lr(self, server_round: int) -> float:
+        """η_l of a round."""
+        return self.lr * self.lr_decay ** (server_round - 1)
+
+    def step_scale(self, server_round: int) -> float:
+        """η_g/η_l for this round (:func:`server_step_scale`)."""
+        return server_step_scale(self.server_lr, self.round_lr(server_round))
 
     def current_flat(self, dtype=torch.float32) -> torch.Tensor:
         if self.current_arrays is None:
-            raise RuntimeError("begin_round() must be called before aggregate_train()")
+            raise RuntimeError("configure_train() must run before aggregate_train(): it hands over θ_t")
         return flat.record_to_flat(self.current_arrays, dtype=dtype)
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
         assert self.spec is not None
         return flat.flat_to_record(flat_vec, self.spec)
 
-    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The model that evaluation scores (AFL: the running average of iterates)."""
-        return arrays
+    @property
+    def want_loss_before(self) -> bool:
+        return self.loss_before or keys.LOSS_BEFORE in self.required_metrics
 
-    def round_lr(self, server_round: int) -> float:
-        return self.cfg.lr_at(server_round)
+    def set_model(self, arrays: ArrayRecord) -> None:
+        """θ_t: what the round's replies are compared with."""
+        self.current_arrays = arrays
+        if self.spec is None:
+            self.spec = flat.spec_of(arrays)
 
-    # -- checkpoint state ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {}
+    # -- Flower's Strategy --------------------------------------------------------------------
+    def sample(self, server_round: int, grid: Grid) -> dict[int, int | None]:
+        """node → client id (partition id, or None when unknown) of this round's clients."""
+        if self.select is not None:
+            return self.select(server_round, grid)
+        nodes = sorted(int(n) for n in grid.get_node_ids())
+        k = min(len(nodes), max(self.min_train_nodes, int(round(self.fraction_train * len(nodes)))))
+        rng = random.Random(derive_seed(self.seed, "flower-sample", server_round))
+        return {n: None for n in sorted(rng.sample(nodes, k))}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+    def _config(self, server_round: int, config: ConfigRecord | Mapping[str, Any] | None) -> dict[str, Any]:
+        return {
+            **dict(config or {}),
+            keys.SERVER_ROUND: server_round,
+            keys.ROUND_LR: self.round_lr(server_round),
+            keys.CLIENT_METHOD: self.client_method,
+            keys.WANT_LOSS_BEFORE: self.want_loss_before,
+            **self.client_config(),
+        }
 
-    # -- Flower's Strategy ABC: the rounds are driven by fedpcd_app.server_app ------------
-    def configure_train(self, server_round, arrays, config, grid):  # noqa: D102
-        raise NotImplementedError("rounds are driven by fedpcd_app.server_app (seeded sampling)")
+    def _message(self, content: dict[str, Any], node: int, kind: str, group: str) -> Message:
+        if self.run_config is not None:
+            content[keys.RUN_CONFIG] = ConfigRecord(dict(self.run_config))
+        return Message(RecordDict(content), dst_node_id=node, message_type=kind, group_id=group)
 
-    def configure_evaluate(self, server_round, arrays, config, grid):  # noqa: D102
-        raise NotImplementedError("evaluation is driven by fedpcd_app.server_app")
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
+        self.set_model(arrays)
+        targets = self.sample(server_round, grid)
+        base = {**self._config(server_round, config), **self.round_config(server_round)}
+        records = self.round_records(server_round)
+        msgs = []
+        for node, client in targets.items():
+            conf = base if client is None else {**base, keys.PARTITION_ID: client}
+            content = {keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(conf), **records,
+                       **self.client_records(client)}
+            msgs.append(self._message(content, node, MessageType.TRAIN, str(server_round)))
+        self.expected = dict(targets)
+        return msgs
 
-    def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:  # noqa: D102
-        return None
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Drop malformed replies (:attr:`last_dropped`), then :meth:`aggregate_valid`."""
+        replies = list(replies)
+        required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
+        valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records)
+        # Replies arrive in whatever order the nodes finish: sort by client so that float
+        # sums (and so every result) do not depend on arrival order.
+        valid.sort(key=lambda r: client_of(r))
+        answered = {int(r.metadata.src_node_id) for r in replies}
+        dropped += [Dropped(pid, node, "no reply (timeout or lost)")
+                    for node, pid in self.expected.items() if node not in answered]
+        for d in dropped:
+            log.warning("round %d: dropped reply of client %s: %s", server_round,
+                        d.partition if d.partition is not None else d.node, d.reason)
+            self.on_dropped(server_round, d.partition if d.partition is not None else d.node)
+        self.last_valid, self.last_dropped = valid, dropped
+        if not valid:
+            log.warning("round %d: no valid reply; the model stays as it was", server_round)
+            return None, None
+        return self.aggregate_valid(server_round, valid)
 
-    def summary(self) -> None:  # noqa: D102
-        pass
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> list[Message]:
+        if self.fraction_evaluate == 0.0 and self.select is None:
+            return []
+        if self.select is not None:
+            targets = self.select(-server_round, grid)  # the app's selector: every client
+        else:
+            nodes = sorted(int(n) for n in grid.get_node_ids())
+            k = max(1, int(round(self.fraction_evaluate * len(nodes))))
+            rng = random.Random(derive_seed(self.seed, "flower-evaluate", server_round))
+            targets = {n: None for n in sorted(rng.sample(nodes, k))}
+        arrays = self.evaluation_arrays(arrays)
+        base = self._config(server_round, config)
+        self.expected_eval = dict(targets)
+        return [
+            self._message({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(
+                base if client is None else {**base, keys.PARTITION_ID: client})},
+                node, MessageType.EVALUATE, f"eval-{server_round}")
+            for node, client in targets.items()
+        ]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Per-client scores into :attr:`last_evaluation`; their test-size-weighted mean."""
+        scores: dict[int, dict[str, float]] = {}
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error() or keys.METRICS not in reply.content:
+                log.warning("evaluation reply of node %s dropped: %s", node,
+                            reply.error.reason if reply.has_error() else "no metrics")
+                continue
+            m = reply.content[keys.METRICS]
+            try:
+                score = {"accuracy": float(m[keys.EVAL_ACC]), "loss": float(m[keys.EVAL_LOSS]),
+                         "num-test": float(m.get(keys.NUM_TEST, 1))}
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("evaluation reply of node %s dropped: %s", node, exc)
+                continue
+            want = getattr(self, "expected_eval", {}).get(node)
+            scores[want if want is not None else int(m.get(keys.PARTITION_ID, node))] = score
+        self.last_evaluation = scores
+        if not scores:
+            return None
+        n = np.array([s["num-test"] for s in scores.values()])
+        return MetricRecord({
+            "accuracy": float(np.dot(n, [s["accuracy"] for s in scores.values()]) / n.sum()),
+            "loss": float(np.dot(n, [s["loss"] for s in scores.values()]) / n.sum()),
+            "num-scored": len(scores),
+        })
+
+    def summary(self) -> None:
+        log.info("%s: %s (fraction_train=%s, seed=%s, lr=%s, server_lr=%s)", type(self).__name__,
+                 self.params, self.fraction_train, self.seed, self.lr, self.server_lr)
+
+
+def client_of(reply: Message) -> int:
+    """The client a reply speaks for: its partition id, else its node id."""
+    m = reply.content[keys.METRICS]
+    pid = m.get(keys.PARTITION_ID)
+    return int(pid) if pid is not None else int(reply.metadata.src_node_id)

@@ -22,7 +22,7 @@ the Gram of the unit rows (D⁻¹ G D⁻¹), and the per-client inner products w
 plain average and with g that the diagnostics need. So each group costs three passes
 over its (m × d_q) block (Gram, Δ ĝ, Δᵀ c) and no (m × d) temporary; the (m × d) update
 matrix itself is written straight from the reply bytes into a buffer kept across rounds
-(:func:`strategies.flat.records_to_deltas`).
+(:func:`fedcore.flat.records_to_deltas`).
 
 Layer groups (:func:`layer_groups`) come from the model's module structure: a module's
 weight and bias form one group, a GroupNorm/LayerNorm joins the convolution before it
@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strategies import flat
-from fedpcd_app import keys
+from fedcore import flat
+from fedcore import keys
 from strategies.base import FairStrategy
 from strategies.registry import register
 

@@ -1,7 +1,8 @@
 """FedAvg (McMahan et al., 2017): the data-size-weighted mean of the local models.
 
 θ_{t+1} = Σ_i p_i θ_i with p_i = n_i / Σ_j n_j. With ``server-lr`` η_g set (> 0) the step
-is θ_t − η_g/η_l · Σ p_i Δ_i, i.e. η_g = η_l (the default) is plain FedAvg.
+is θ_t − η_g/η_l · Σ p_i Δ_i, i.e. η_g = η_l (the default) is plain FedAvg. No
+hyperparameters of its own.
 
 The mean is taken straight from the replies' bytes, one column block at a time
 (:func:`weighted_sum_records`): no (m, d) matrix is built, so a round reads each reply once
@@ -14,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedpcd_app import keys
-from strategies import flat
-from strategies.base import FairStrategy
+from flwr.app import MetricRecord
+
+from fedcore import flat, keys
+from strategies.base import FairStrategy, metric_column, reply_metrics
 from strategies.registry import register
 
 _BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough that each
@@ -65,24 +67,16 @@ def weighted_sum_records(records: list, weights: torch.Tensor, out: torch.Tensor
     return out
 
 
-class FedAvgStrategy(FairStrategy):
-    needs_individual_updates = False  # a weighted sum: works under secure aggregation
+@register("fedavg")
+class FedAvg(FairStrategy):
+    """FedAvg (see the module docstring); a weighted sum, so it runs under secure aggregation."""
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
+    needs_individual_updates = False
 
-        replies = list(replies)
-        n = torch.tensor([float(msg.content[keys.METRICS][keys.NUM_EXAMPLES]) for msg in replies],
-                         dtype=torch.float64)
+    def aggregate_valid(self, server_round, replies):
+        n = metric_column(reply_metrics(replies), keys.NUM_EXAMPLES)
         theta = self.current_flat()
-        eta_l = self.round_lr(server_round)
-        eta_g = self.cfg.server_lr or eta_l
         g_bar = weighted_sum_records([msg.content[keys.ARRAYS] for msg in replies], n / n.sum())  # Σ p_i θ_i
         g_bar = torch.sub(theta, g_bar, out=g_bar)  # Σ p_i Δ_i
-        new = theta - (eta_g / eta_l) * g_bar
+        new = theta - self.step_scale(server_round) * g_bar
         return self.to_record(new), MetricRecord({"update-norm": float(g_bar.norm())})
-
-
-@register("fedavg")
-def build(cfg):
-    return FedAvgStrategy(cfg)

@@ -33,9 +33,9 @@ import math
 import numpy as np
 import torch
 
-from fedpcd_app import keys
+from fedcore import keys
 from strategies.base import FairStrategy, unpack_replies
-from strategies.flat import model_deltas
+from fedcore.flat import model_deltas
 from strategies.registry import register
 
 NORM_EPS = 1e-30

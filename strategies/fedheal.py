@@ -34,7 +34,7 @@ import dataclasses
 
 import torch
 
-from strategies import flat
+from fedcore import flat
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
 

@@ -45,8 +45,9 @@ from collections.abc import Sequence
 
 import torch
 
-from fedpcd_app import keys
-from strategies import flat
+from fedcore import keys
+from fedcore import flat
+from strategies import linalg
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
 
@@ -135,7 +136,7 @@ def fedlf_direction(
             v[m, m] = t * t * (h @ hu[:m])
         else:
             v = blocks
-        lam = torch.from_numpy(flat.min_norm_simplex(v.numpy()))
+        lam = torch.from_numpy(linalg.min_norm_simplex(v.numpy()))
         lambdas.append(lam)
         # d_q = λ·V as a combination of the raw rows x
         if fair:

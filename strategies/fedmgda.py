@@ -8,7 +8,7 @@ weights p_i = n_i / Σ n_j:
     λ* = argmin_λ ‖Σ_i λ_i ĝ_i‖²  s.t. λ ∈ simplex, |λ_i − p_i| ≤ ε,
     θ_{t+1} = θ_t − η Σ_i λ*_i ĝ_i.
 
-The QP over the m×m Gram matrix is :func:`strategies.flat.min_norm_simplex`.
+The QP over the m×m Gram matrix is :func:`strategies.linalg.min_norm_simplex`.
 
 Hyperparameters
 ---------------
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from strategies.base import FairStrategy, unpack_replies
-from strategies.flat import min_norm_simplex, model_deltas, unit_rows
+from fedcore.flat import model_deltas
+from strategies.linalg import min_norm_simplex, unit_rows
 from strategies.registry import register
 
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from fedpcd_app import keys
+from fedcore import keys
 from strategies.base import FairStrategy, unpack_replies
-from strategies.flat import model_deltas
+from fedcore.flat import model_deltas
 from strategies.registry import register
 
 

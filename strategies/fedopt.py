@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies import flat
+from fedcore import flat
 from strategies.base import FairStrategy
 from strategies.registry import register
 
@@ -115,7 +115,7 @@ def _eta(cfg, method):
 def _beta(cfg, key):
     value = cfg.get_float(key, low=0.0)
     if value >= 1.0:
-        from fedpcd_app.config import ConfigError
+        from fedcore.config import ConfigError
 
         raise ConfigError(f"run-config key '{key}' = {value} must be < 1")
     return value

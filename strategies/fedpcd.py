@@ -56,7 +56,7 @@ import torch
 
 from strategies.base import FairStrategy
 from strategies.fedpcd_cache import HistoryCache
-from strategies.flat import clarabel_qp, unit_rows
+from strategies.linalg import clarabel_qp, unit_rows
 from strategies.registry import register
 
 log = logging.getLogger(__name__)
@@ -223,8 +223,8 @@ class FedPCDStrategy(FairStrategy):
     def aggregate_train(self, server_round, replies):
         from flwr.app import MetricRecord
 
-        from fedpcd_app import keys
-        from strategies import flat
+        from fedcore import keys
+        from fedcore import flat
 
         replies = list(replies)
         if self.current_arrays is None:
@@ -323,7 +323,7 @@ class FedPCDStrategy(FairStrategy):
 
 @register("fedpcd")
 def build(cfg):
-    from fedpcd_app.config import ConfigError
+    from fedcore.config import ConfigError
 
     tau = cfg.get_float(TAU, 0.02, low=0.0)
     primary = cfg.get_choice(PRIMARY, ("fedavg", "none"), "fedavg")

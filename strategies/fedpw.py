@@ -49,7 +49,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from strategies import flat
+from fedcore import flat
+from strategies import linalg
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
 
@@ -116,7 +117,7 @@ def consensus_rescale(
     k = int(n * avg_rate)
     if k == 0 or m < 2 or dropped_mean is None:
         return g, 0
-    rows = flat.unit_rows(block.to(torch.float64))[0]
+    rows = linalg.unit_rows(block.to(torch.float64))[0]
     col_norm = torch.linalg.vector_norm(rows, dim=0)
     cols = rows / torch.where(col_norm > 0, col_norm, 1.0)
     spread = torch.where(col_norm > 0, cols.std(0, unbiased=True), torch.inf)

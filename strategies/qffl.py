@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from fedpcd_app import keys
+from fedcore import keys
 from strategies.base import FairStrategy, unpack_replies
-from strategies.flat import model_deltas
+from fedcore.flat import model_deltas
 from strategies.registry import register
 
 LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a loss is 0

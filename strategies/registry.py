@@ -1,34 +1,35 @@
-"""Method name → strategy builder. Modules of this package register themselves.
+"""Method name → strategy class. Modules of this package register their class.
 
-A builder takes the typed :class:`~fedpcd_app.config.RunConfig`, reads and validates its
-method's own keys (one-line :class:`~fedpcd_app.config.ConfigError` on a bad value) and
-returns a :class:`~strategies.base.FairStrategy`.
+:func:`build` makes a strategy from the typed run config with no per-method code: the
+method's ``Params`` read their own keys, the common arguments come from the experiment
+fields. ``extra`` are app-side arguments some methods take (CRAFT's ``model`` for its
+layer groups).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from fedcore.config import ConfigError, RunConfig
 
 if TYPE_CHECKING:
-    from fedpcd_app.config import RunConfig
     from strategies.base import FairStrategy
 
-Builder = Callable[["RunConfig"], "FairStrategy"]
-_BUILDERS: dict[str, Builder] = {}
-_NOT_METHODS = {"base", "flat", "registry", "qp"}
+_CLASSES: dict[str, type[FairStrategy]] = {}
+_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache"}
 
 
-def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: ``@register("fedavg") def build(cfg): ...``."""
+def register(name: str):
+    """Class decorator: ``@register("fedavg") class FedAvg(FairStrategy): ...``."""
 
-    def deco(fn: Builder) -> Builder:
-        if name in _BUILDERS and _BUILDERS[name] is not fn:
+    def deco(cls):
+        if name in _CLASSES and _CLASSES[name] is not cls:
             raise ValueError(f"method {name!r} registered twice")
-        _BUILDERS[name] = fn
-        return fn
+        cls.name = name
+        _CLASSES[name] = cls
+        return cls
 
     return deco
 
@@ -44,13 +45,35 @@ def _discover() -> None:
 def names() -> list[str]:
     """Registered method names, ``fedavg`` first."""
     _discover()
-    return sorted(_BUILDERS, key=lambda n: (n != "fedavg", n))
+    return sorted(_CLASSES, key=lambda n: (n != "fedavg", n))
 
 
-def build(cfg: RunConfig) -> FairStrategy:
+def strategy_class(method: str) -> type[FairStrategy]:
     _discover()
-    if cfg.method not in _BUILDERS:
-        from fedpcd_app.config import ConfigError
+    if method not in _CLASSES:
+        raise ConfigError(f"run-config key 'method' = {method!r} is not one of {', '.join(names())}")
+    return _CLASSES[method]
 
-        raise ConfigError(f"run-config key 'method' = {cfg.method!r} is not one of {', '.join(names())}")
-    return _BUILDERS[cfg.method](cfg)
+
+def method_keys() -> dict[str, Any]:
+    """Every method's run-config keys with their defaults (from the ``Params`` declarations)."""
+    out: dict[str, Any] = {}
+    for name in names():
+        out.update(_CLASSES[name].Params.run_config_keys())
+    return out
+
+
+def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
+    """The run's strategy: its Params from the run config, the common arguments from ``cfg``."""
+    cls = strategy_class(cfg.method)
+    return cls(
+        params=cls.Params.from_run_config(cfg.params),
+        fraction_train=cfg.fraction_train,
+        seed=cfg.seed,
+        lr=cfg.lr,
+        lr_decay=cfg.lr_decay,
+        server_lr=cfg.server_lr,
+        num_clients=cfg.num_clients,
+        loss_before=cfg.client_loss_before == "always",
+        **{k: v for k, v in extra.items() if k in cls.app_arguments},
+    )

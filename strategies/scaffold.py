@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from client_app.methods.scaffold import C_CLIENT, C_GLOBAL, DELTA_C
-from strategies import flat
+from fedcore import flat
 from strategies.base import FairStrategy, RoundPlan, unpack_replies
 from strategies.registry import register
 

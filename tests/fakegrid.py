@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedpcd_app import keys
+from fedcore import keys
 from tests.helpers import make_reply, train_reply
 
 

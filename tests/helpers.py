@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, Rec
 from flwr.app.error import Error
 from flwr.app.metadata import Metadata
 
-from fedpcd_app import keys
+from fedcore import keys
 
 
 def _metadata(src_node_id: int, message_type: str = MessageType.TRAIN) -> Metadata:

@@ -15,8 +15,8 @@ import torch
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import QFedAvg
 
-from fedpcd_app import keys
-from fedpcd_app.config import ConfigError, load_config
+from fedcore import keys
+from fedcore.config import ConfigError, load_config
 from strategies import afl, fedfv, fedmgda, fednova, flat, qffl, registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 
@@ -112,13 +112,13 @@ def brute_force_projection(v, fixed=None, total=1.0):
 @pytest.mark.parametrize("seed", range(5))
 def test_simplex_projection_vs_brute_force(seed):
     v = np.random.default_rng(seed).normal(scale=2.0, size=7)
-    np.testing.assert_allclose(flat.project_simplex(v), brute_force_projection(v), atol=1e-6)
+    np.testing.assert_allclose(linalg.project_simplex(v), brute_force_projection(v), atol=1e-6)
 
 
 def test_afl_lambda_full_participation_is_the_paper_update():
     lam, losses = np.full(4, 0.25), np.array([0.1, 0.5, 2.0, 3.0])
     out = afl.afl_lambda_update(lam, [0, 1, 2, 3], losses, lr=0.5)
-    np.testing.assert_allclose(out, flat.project_simplex(lam + 0.5 * losses), atol=1e-12)
+    np.testing.assert_allclose(out, linalg.project_simplex(lam + 0.5 * losses), atol=1e-12)
 
 
 def test_afl_lambda_partial_participation_moves_only_sampled_entries():
@@ -157,7 +157,7 @@ def test_afl_two_rounds_weights_lambda_and_averaged_iterate(rng):
 # FedMGDA+
 # ---------------------------------------------------------------------------------------
 def test_fedmgda_eps0_returns_fedavg_weights(rng):
-    units, _ = flat.unit_rows(torch.tensor(rng.normal(size=(3, D))))
+    units, _ = linalg.unit_rows(torch.tensor(rng.normal(size=(3, D))))
     p = np.array([0.2, 0.3, 0.5])
     np.testing.assert_array_equal(fedmgda.fedmgda_weights(units, p, 0.0), p)
     # and the solver path with a tiny ε lands there too
@@ -172,7 +172,7 @@ def two_vector_mgda(g1, g2, lo=0.0, hi=1.0):
 
 @pytest.mark.parametrize("eps", [0.05, 0.2, 1.0])
 def test_fedmgda_two_clients_closed_form(rng, eps):
-    units, _ = flat.unit_rows(torch.tensor(rng.normal(size=(2, D))))
+    units, _ = linalg.unit_rows(torch.tensor(rng.normal(size=(2, D))))
     g1, g2 = units.numpy()
     p = np.array([0.3, 0.7])
     lam = fedmgda.fedmgda_weights(units, p, eps)
@@ -488,7 +488,7 @@ def test_min_norm_simplex_equals_cvxpy(seed, m, d, bounded):
     gram = rows @ rows.T
     p = rng_.dirichlet(np.ones(m))
     lower, upper = (np.clip(p - 0.05, 0, None), np.clip(p + 0.05, None, 1)) if bounded else (None, None)
-    got = flat.min_norm_simplex(gram, lower=lower, upper=upper)
+    got = linalg.min_norm_simplex(gram, lower=lower, upper=upper)
     lam = cp.Variable(m)
     cons = [lam >= 0, cp.sum(lam) == 1] + ([lam >= lower, lam <= upper] if bounded else [])
     cp.Problem(cp.Minimize(cp.sum_squares(rows.T @ lam)), cons).solve(solver=cp.CLARABEL)

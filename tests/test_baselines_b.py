@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedpcd_app.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config
 from strategies import flat, registry
 from strategies.fedheal import consistency_mask, masked_weighted_update
 from strategies.fedlf import FedLFState, fedlf_direction, loss_fairness_direction, resolve_conflicts
@@ -346,7 +346,7 @@ def test_two_round_simulation(tmp_path, method, key):
 
 # FedLF: the Gram form of the strategy equals the direct construction of the rescaled rows.
 import strategies.fedlf as fedlf_mod  # noqa: E402
-from strategies import flat  # noqa: E402
+from strategies import linalg  # noqa: E402
 
 def _fedlf_direction_rows(
     grads: torch.Tensor,
@@ -365,16 +365,16 @@ def _fedlf_direction_rows(
 
     parts, lambdas = [], []
     for a, b in groups:
-        unit, norms = flat.unit_rows(g[:, a:b])
+        unit, norms = linalg.unit_rows(g[:, a:b])
         mu = norms.mean()
         rows = [unit * mu]
         if fair:
             f = h @ rows[0]
             rows.append((f / (f.norm() + 1e-12) * mu).unsqueeze(0))
         if hist is not None:
-            rows.append(flat.unit_rows(hist[:, a:b])[0] * mu)
+            rows.append(linalg.unit_rows(hist[:, a:b])[0] * mu)
         v = torch.cat(rows)
-        lam = torch.from_numpy(flat.min_norm_simplex((v @ v.T).numpy()))
+        lam = torch.from_numpy(linalg.min_norm_simplex((v @ v.T).numpy()))
         lambdas.append(lam)
         parts.append(lam @ v)
     d_raw = torch.cat(parts)

@@ -9,7 +9,7 @@ import torch
 
 import strategies.fedavg as fedavg
 from benchmarks import aggregation, cache_memory
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 from strategies import flat, registry
 from strategies.base import unpack_replies
 from tests.helpers import arrays_from_flat, tiny_template, train_reply

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedpcd_app.config import ConfigError, default_run_config, load_config, parse_overrides
+from fedcore.config import ConfigError, default_run_config, load_config, parse_overrides
 
 CONTRACT_KEYS = [
     "method", "model", "dataset", "dataset-path", "partitioner", "dirichlet-alpha",

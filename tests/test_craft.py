@@ -9,7 +9,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from client_app.models import build_model, initial_model
-from fedpcd_app.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config
 from strategies import craft, flat, registry
 from strategies.config_fl import config_step
 from strategies.craft import aggregate_groups, craft_direction, layer_groups

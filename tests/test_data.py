@@ -9,7 +9,7 @@ import pytest
 
 from client_app import data as data_mod
 from client_app.data import DataError, load_federated_data, partition_labels
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 
 
 def _cfg(**kw):

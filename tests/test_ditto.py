@@ -14,9 +14,9 @@ from client_app.methods.ditto import PERSONAL, PERSONAL_LOSS, personal_model
 from client_app.methods.sgd import run_sgd
 from client_app.models import initial_model
 from client_app.training import evaluate
-from fedpcd_app import keys
-from fedpcd_app.config import ConfigError, load_config
-from fedpcd_app.seeding import torch_generator
+from fedcore import keys
+from fedcore.config import ConfigError, load_config
+from fedcore.seeding import torch_generator
 from strategies import craft, flat, registry
 from strategies.craft import CraftStrategy
 from strategies.fedavg import FedAvgStrategy

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 from strategies import flat, registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 

@@ -9,8 +9,8 @@ from torch.nn import functional as F
 
 from client_app.methods import TrainJob, get_client_method
 from client_app.methods.federage import BETA, BETA_HAT, RiskAverseLoss, RiskParams, beta_step, risk_weights
-from fedpcd_app.config import ConfigError, load_config
-from fedpcd_app.replies import validate_train_replies
+from fedcore.config import ConfigError, load_config
+from fedcore.replies import validate_train_replies
 from strategies import flat, registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 
@@ -204,7 +204,7 @@ def test_bad_config_is_one_clear_error(bad, key):
     str(p) for pattern in ("federage_*.toml", "digits_federage*.toml")
     for p in __import__("pathlib").Path(__file__).resolve().parent.parent.joinpath("run_configs").glob(pattern)))
 def test_presets_load_with_the_papers_setting(preset):
-    from fedpcd_app.config import parse_overrides
+    from fedcore.config import parse_overrides
     from fedpcd_app.sampler import PARTICIPATION
 
     c = load_config(parse_overrides(preset))

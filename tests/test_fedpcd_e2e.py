@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 from strategies import fedpcd, registry
 
 ROOT = Path(__file__).resolve().parents[1]

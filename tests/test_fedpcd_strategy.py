@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedpcd_app.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config
 from strategies import fedpcd, flat, registry
 from strategies.fedpcd import fedpcd_direction
 from strategies.fedpcd_cache import HistoryCache

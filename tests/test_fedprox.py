@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from client_app.methods import get_client_method
 from client_app.training import batch_indices
-from fedpcd_app.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config
 from strategies import flat, registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 from tests.test_federage import make_job, toy_problem

@@ -22,9 +22,9 @@ from client_app.client_app import model_for
 from client_app.data import load_federated_data
 from client_app.models import initial_model
 from client_app.training import evaluate, local_sgd
-from fedpcd_app.config import load_config
+from fedcore.config import load_config
 from fedpcd_app.evaluation import score_clients
-from fedpcd_app.seeding import torch_generator
+from fedcore.seeding import torch_generator
 
 RECORDED = Path(__file__).parent / "data" / "perf_reference.json"
 
@@ -163,7 +163,7 @@ def _client_train(cfg, pid, *, server_round=1, want=None, arrays=None):
     from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
 
     from client_app.client_app import train
-    from fedpcd_app import keys
+    from fedcore import keys
     from tests.fakegrid import task_identity
     from tests.helpers import make_reply
 
@@ -182,7 +182,7 @@ def _client_train(cfg, pid, *, server_round=1, want=None, arrays=None):
 
 
 def test_client_computes_loss_before_only_when_asked():
-    from fedpcd_app import keys
+    from fedcore import keys
 
     cfg = load_config({"model": "mlp", "num-clients": 6})
     skipped, w_skipped = _client_train(cfg, 2, want=False)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedpcd_app import keys
-from fedpcd_app.config import load_config
+from fedcore import keys
+from fedcore.config import load_config
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.sampler import build_sampler
 from fedpcd_app.server_app import Experiment

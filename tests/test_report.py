@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedpcd_app import report
-from fedpcd_app.config import resolve
+from fedcore.config import resolve
 from fedpcd_app.metrics import fairness_metrics
 from fedpcd_app.results import write_json_atomic
 

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from fedpcd_app.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config
 from fedpcd_app.sampler import (
     build_sampler,
     inclusion_probabilities,
     rarest_class_holders,
     systematic_sample,
 )
-from fedpcd_app.seeding import numpy_rng
+from fedcore.seeding import numpy_rng
 
 ROUNDS = 20000
 

@@ -9,9 +9,9 @@ from torch.nn import functional as F
 
 from client_app.methods import get_client_method
 from client_app.methods.scaffold import C_CLIENT, C_GLOBAL, DELTA_C
-from fedpcd_app import keys
-from fedpcd_app.config import load_config
-from fedpcd_app.replies import validate_train_replies
+from fedcore import keys
+from fedcore.config import load_config
+from fedcore.replies import validate_train_replies
 from strategies import flat, registry
 from tests.helpers import arrays_from_flat, train_reply
 from tests.test_federage import make_job, toy_problem

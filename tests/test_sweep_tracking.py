@@ -3,7 +3,7 @@
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedpcd_app.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config
 from fedpcd_app.tracking import SUBDIR, TensorBoardLogger, tracker_for
 
 

@@ -22,7 +22,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedpcd_app.config import RunConfig
+from fedcore.config import RunConfig
 
 
 @dataclasses.dataclass

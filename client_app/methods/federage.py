@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
-from fedpcd_app.config import ConfigError, RunConfig
+from fedcore.config import ConfigError, RunConfig
 
 BETA = "federage-beta"  # reply metric: the client's β after its local steps
 BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂

@@ -22,7 +22,7 @@ from torch import nn
 
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
-from strategies import flat
+from fedcore import flat
 
 C_GLOBAL = "scaffold-c"  # request: the server control variate c
 C_CLIENT = "scaffold-c-i"  # context state (and request after a resume): this client's c_i

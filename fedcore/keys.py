@@ -2,7 +2,8 @@
 
 # RecordDict entries
 ARRAYS = "arrays"  # the model (global in requests, local in train replies)
-CONFIG = "config"  # the run config + per-round values, in every request
+CONFIG = "config"  # per-round values (round, learning rate, client method, method values)
+RUN_CONFIG = "run-config"  # the app's full run config (this app's requests only)
 METRICS = "metrics"  # the MetricRecord of a reply
 
 # Per-round values the server puts into the ConfigRecord (besides the run config)
@@ -11,6 +12,7 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 ROUND_LR = "round-lr"  # client learning rate of this round (after lr-decay)
 WANT_LOSS_BEFORE = "want-loss-before"  # the reply must carry loss-before (bool)
+CLIENT_METHOD = "client-method"  # the client routine to run (sgd, fedprox, scaffold, ...)
 
 # Train-reply metrics (every client sends these)
 NUM_EXAMPLES = "num-examples"
@@ -25,3 +27,10 @@ NUM_TEST = "num-test"
 
 # LOSS_BEFORE is required too in rounds whose requests ask for it (want-loss-before).
 REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
+
+# Method records and metrics that clients and strategies exchange
+FEDERAGE_BETA = "federage-beta"  # reply metric: the client's β after its local steps
+FEDERAGE_BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂
+SCAFFOLD_C = "scaffold-c"  # request record: the server control variate c
+SCAFFOLD_C_CLIENT = "scaffold-c-i"  # request record after a resume (and client state): c_i
+SCAFFOLD_DELTA_C = "scaffold-delta-c"  # reply record: Δc_i

@@ -1,8 +1,8 @@
 """Reply validation: a bad reply from one client is dropped and reported, never a crash.
 
 Flower's own FedAvg raises on inconsistent replies and takes the ServerApp down with it;
-the round loop filters every reply through :func:`validate_train_replies` first, so a
-strategy only ever sees well-formed replies.
+every strategy here filters its replies through :func:`validate_train_replies` first
+(``strategies.base.FairStrategy.aggregate_train``), so a method only sees well-formed ones.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from fedpcd_app import keys
-from strategies.flat import FlatSpec, array_view
+from fedcore import keys
+from fedcore.flat import FlatSpec, array_view
 
 
 @dataclasses.dataclass
@@ -58,9 +58,11 @@ def _is_number(v) -> bool:
 
 
 def check_train_reply(
-    msg, spec: FlatSpec, required_metrics: Iterable[str] = (), required_records: Iterable[str] = ()
+    msg, spec: FlatSpec, required_metrics: Iterable[str] = (), required_records: Iterable[str] = (),
+    partition_required: bool = True,
 ) -> tuple[int | None, str | None]:
-    """(partition id or None, reason to drop or None) for one train reply."""
+    """(partition id or None, reason to drop or None) for one train reply. Without
+    ``partition_required`` (a foreign app's clients, keyed by node id) partition-id may be absent."""
     from flwr.app import MetricRecord
 
     if msg.has_error():
@@ -72,6 +74,8 @@ def check_train_reply(
     pid = metrics.get(keys.PARTITION_ID)
     pid = int(pid) if _is_number(pid) and float(pid).is_integer() else None
     for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics):
+        if key == keys.PARTITION_ID and not partition_required and key not in metrics:
+            continue
         if key not in metrics:
             return pid, f"missing metric '{key}'"
         if not _is_number(metrics[key]):
@@ -99,15 +103,18 @@ def validate_train_replies(
     required_metrics: Iterable[str] = (),
     required_records: Iterable[str] = (),
 ) -> tuple[list, list[Dropped]]:
-    """Split replies into (valid, dropped). ``expected`` maps node id → partition id sent."""
+    """Split replies into (valid, dropped). ``expected`` maps node id → partition id sent
+    (None: the client is known by its node id)."""
     valid, dropped, seen = [], [], set()
     for msg in replies:
         node = int(msg.metadata.src_node_id)
-        pid, reason = check_train_reply(msg, spec, required_metrics, required_records)
         want = expected.get(node)
+        pid, reason = check_train_reply(msg, spec, required_metrics, required_records, want is not None)
         if reason is None:
-            if want is None:
+            if node not in expected:
                 reason = "reply from a node that was not asked this round"
+            elif want is None:  # clients known by node id only
+                pid = node if pid is None else pid
             elif pid != want:
                 reason = f"partition-id {pid} does not match the partition {want} of this node"
             elif pid in seen:

@@ -1,0 +1,141 @@
+"""A method's hyperparameters, declared once: a frozen dataclass with run-config keys.
+
+Each method module declares::
+
+    @dataclasses.dataclass(frozen=True)
+    class Params(MethodParams):
+        prefix = "fedpcd"                     # run-config keys: fedpcd-<field name>
+        tau: float = hyper(0.02, low=0.0)     # key fedpcd-tau, default 0.02, ≥ 0
+        normalize: str = hyper("l2", choices=("l2", "none", "ema"))
+
+The same declaration serves three readers: keyword construction (``FedPCD(tau=0.05)``,
+checked in ``__post_init__``), the run config (:meth:`MethodParams.from_run_config`
+reads ``fedpcd-tau``), and the test that compares every key and default with
+``[tool.flwr.app.config]`` in pyproject.toml (:meth:`MethodParams.run_config_keys`).
+
+A field whose type is itself a ``MethodParams`` (Ditto's CRAFT aggregator settings) is read
+with that class's own keys. Errors are one line: the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from fedcore.config import ConfigError
+
+_KINDS = {"float": float, "int": int, "bool": bool, "str": str}
+
+
+def hyper(default: Any, *, key: str | None = None, low: float | None = None, high: float | None = None,
+          low_open: bool = False, choices: tuple[str, ...] | None = None) -> Any:
+    """A hyperparameter field: its default, its run-config key (default ``<prefix>-<name>``
+    with ``_`` → ``-``) and what values are allowed."""
+    return dataclasses.field(default=default, metadata={
+        "key": key, "low": low, "high": high, "low_open": low_open, "choices": choices})
+
+
+def nested(cls: type) -> Any:
+    """A field holding another method's Params (read with that method's keys)."""
+    return dataclasses.field(default_factory=cls, metadata={"nested": True})
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodParams:
+    """Base of every method's ``Params`` (see the module docstring)."""
+
+    prefix: ClassVar[str] = ""
+
+    # -- declaration ------------------------------------------------------------------------
+    @classmethod
+    def _fields(cls) -> list[tuple[dataclasses.Field, Any]]:
+        hints = typing.get_type_hints(cls)
+        return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
+        return f.metadata.get("key") or f"{cls.prefix}-{name.replace('_', '-')}"
+
+    @classmethod
+    def run_config_keys(cls) -> dict[str, Any]:
+        """Run-config key → default, nested Params included."""
+        out: dict[str, Any] = {}
+        for f, kind in cls._fields():
+            if f.metadata.get("nested"):
+                out.update(kind.run_config_keys())
+            else:
+                out[cls.key_of(f.name)] = f.default
+        return out
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_run_config(cls, raw: Mapping[str, Any]):
+        """The method's values from a flat run config (a missing key takes its default)."""
+        kwargs = {}
+        for f, kind in cls._fields():
+            if f.metadata.get("nested"):
+                kwargs[f.name] = kind.from_run_config(raw)
+            elif cls.key_of(f.name) in raw:
+                kwargs[f.name] = raw[cls.key_of(f.name)]
+        return cls(**kwargs)
+
+    def to_run_config(self) -> dict[str, Any]:
+        """Run-config key → value (nested Params included)."""
+        out: dict[str, Any] = {}
+        for f, _ in self._fields():
+            value = getattr(self, f.name)
+            if f.metadata.get("nested"):
+                out.update(value.to_run_config())
+            else:
+                out[self.key_of(f.name)] = value
+        return out
+
+    def __post_init__(self) -> None:
+        for f, kind in self._fields():
+            if f.metadata.get("nested"):
+                if not isinstance(getattr(self, f.name), kind):
+                    raise ConfigError(f"{type(self).__qualname__}.{f.name} must be a {kind.__qualname__}")
+                continue
+            object.__setattr__(self, f.name, self._coerce(f, kind, getattr(self, f.name)))
+        self.check()
+
+    def _coerce(self, f: dataclasses.Field, kind: Any, value: Any) -> Any:
+        key = self.key_of(f.name)
+        name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+        want = _KINDS.get(name)
+        if want is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                value = value.lower() == "true"
+            if not isinstance(value, bool):
+                raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+        elif want is int:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
+        elif want is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
+            value = float(value)
+        elif want is str and not isinstance(value, str):
+            raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
+        meta = f.metadata
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise ConfigError(f"run-config key '{key}' = {value!r} is not one of {', '.join(meta['choices'])}")
+        low, high = meta.get("low"), meta.get("high")
+        if low is not None and (value < low or (meta.get("low_open") and value == low)):
+            raise ConfigError(f"run-config key '{key}' = {value} must be {'>' if meta.get('low_open') else '>='} {low}")
+        if high is not None and value > high:
+            raise ConfigError(f"run-config key '{key}' = {value} must be <= {high}")
+        return value
+
+    def check(self) -> None:
+        """Checks across fields (one-line :class:`ConfigError`); none by default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams(MethodParams):
+    """A method without hyperparameters of its own."""
