@@ -11,8 +11,8 @@ client direction it knows about (current participants and a cache of recent ones
 The QP is solved in its dual over the m' constraint multipliers (Gram matrix Q = C Cᵀ),
 never in R^d:  μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),  d̃* = g̃_0 + Cᵀμ*.
 
-Hyperparameters (run config)
-----------------------------
+Hyperparameters (:class:`Params`; run-config keys in brackets)
+--------------------------------------------------------------
 fedpcd-tau : float, default 0.02
     Required progress τ ≥ 0 per constraint. τ = 0 only asks for non-negative progress.
 fedpcd-history : int, default 10
@@ -47,27 +47,57 @@ dropped for the round with a logged reason.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from typing import Any
 
 import numpy as np
 import torch
 
+from flwr.app import MetricRecord
+
+from fedcore import flat, keys
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedpcd_cache import HistoryCache
-from strategies.linalg import clarabel_qp, unit_rows
+from strategies.linalg import clarabel_qp
 from strategies.registry import register
 
 log = logging.getLogger(__name__)
 
-TAU = "fedpcd-tau"
-HISTORY = "fedpcd-history"
-EPS = "fedpcd-eps"
-NORMALIZE = "fedpcd-normalize"
-EMA_BETA = "fedpcd-ema-beta"
-PRIMARY = "fedpcd-primary"
-CACHE_DTYPE = "fedpcd-cache-dtype"
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """FedPCD's hyperparameters (see the module docstring)."""
+
+    prefix = "fedpcd"
+    tau: float = hyper(0.02, low=0.0)
+    history: int = hyper(10, low=0)
+    eps: float = hyper(1e-12, low=0.0, low_open=True)
+    normalize: str = hyper("l2", choices=("l2", "none", "ema"))
+    ema_beta: float = hyper(0.9, low=0.0, high=0.999)
+    primary: str = hyper("fedavg", choices=("fedavg", "none"))
+    cache_dtype: str = hyper("float32", choices=("float32", "bfloat16", "float16"))
+
+    def check(self) -> None:
+        if self.primary == "none" and self.tau == 0.0:
+            raise ConfigError("run-config key 'fedpcd-primary' = 'none' needs 'fedpcd-tau' > 0 "
+                              "(with τ = 0 the minimum-norm feasible direction is 0)")
+
+
+@dataclasses.dataclass
+class State:
+    """What survives a round: the history cache (entries, Gram, EMA statistics) and the
+    number of solver fallbacks so far."""
+
+    cache: HistoryCache
+    fallbacks: int = 0
+
+
+def init_state(params: Params) -> State:
+    return State(HistoryCache(params.history, dtype=getattr(torch, params.cache_dtype), ema_beta=params.ema_beta))
+
 
 # Per-round diagnostics (MetricRecord keys, they land in rounds.jsonl under "strategy").
 M_CONSTRAINTS = "fedpcd-constraints"
@@ -149,6 +179,60 @@ def dual_multipliers(gram, c_dot_g0, b) -> tuple[np.ndarray, int, str]:
         return np.zeros(m), STATUS_PRIMARY, f"{reason}; elastic: {type(exc).__name__}: {exc}"
 
 
+@dataclasses.dataclass
+class Correction:
+    """What :func:`correct_direction` found."""
+
+    mu: np.ndarray  # (m',) multipliers in ``slots`` order
+    status: int  # a STATUS_* code
+    reason: str  # why a fallback was taken ("" otherwise)
+    active: np.ndarray  # indices j with μ_j > 0
+    corrected: bool  # the direction differs from ḡ
+    step: float  # θ_{t+1} = θ_t − step·direction
+    cosine: float  # cos(d_t, ḡ)
+    solve_seconds: float
+
+
+def correct_direction(
+    cache: HistoryCache,
+    slots: list[int],
+    g_bar: torch.Tensor,
+    c_dot_gbar: np.ndarray,
+    g0_scale: float,
+    tau: float,
+    eta_g: float,
+    out: torch.Tensor,
+) -> tuple[torch.Tensor, Correction]:
+    """FedPCD's corrected step from the cache (paper eq. 10-11, dual form): one code path for
+    the strategy and :func:`fedpcd_direction`.
+
+    The constraints are the cache entries c̃_j in ``slots``, their Gram matrix is the cache's;
+    ``c_dot_gbar`` are c̃_jᵀḡ and g̃_0 = ``g0_scale``·ḡ. Solves the dual for μ, then writes
+    d̃ = g̃_0 + Σ_{μ_j>0} μ_j c̃_j into ``out`` (only the *active* entries are read). Returns
+    the direction to step along (``out``, or ``g_bar`` itself when nothing is corrected) and
+    the step length: η_g‖ḡ‖/‖d̃‖ (so that d_t = ‖ḡ‖ d̃/‖d̃‖), or η_g along ḡ.
+    """
+    gram = cache.gram_of(slots)
+    t0 = time.perf_counter()
+    mu, status, reason = dual_multipliers(gram, g0_scale * c_dot_gbar, tau * np.diag(gram).copy())
+    solve_s = time.perf_counter() - t0
+    active = np.nonzero(mu > 0.0)[0]
+    corrected = status in (STATUS_SOLVED, STATUS_ELASTIC) and active.size > 0
+    g_bar_norm = float(torch.linalg.vector_norm(g_bar))
+    direction, step, cosine = g_bar, eta_g, 1.0
+    if corrected:
+        torch.mul(g_bar, g0_scale, out=out)
+        cache.add_rows(out, [slots[j] for j in active], mu[active])
+        dn = float(torch.linalg.vector_norm(out))
+        if np.isfinite(dn) and dn > 1e-30:
+            direction = out
+            cosine = float(out @ g_bar) / (dn * max(g_bar_norm, 1e-30))
+            step = eta_g * g_bar_norm / dn  # θ − η_g ‖ḡ‖ d̃/‖d̃‖
+        else:  # degenerate d̃ = 0: keep the primary direction
+            corrected = False
+    return direction, Correction(mu, status, reason, active, corrected, step, cosine, solve_s)
+
+
 def fedpcd_direction(
     g_bar: torch.Tensor, constraints: torch.Tensor, tau: float, eps: float = 1e-12
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,44 +256,44 @@ def fedpcd_direction(
         d_t is rescaled to ‖ḡ‖; it *is* ``g_bar`` when ḡ already satisfies every
         constraint. If the program is infeasible the least-violation (elastic) solution is
         returned; if the solver fails, ḡ.
+
+    The constraints go through a one-round :class:`HistoryCache` and :func:`correct_direction`,
+    the strategy's own code path.
     """
     m = constraints.shape[0]
     if m == 0:
         return g_bar, torch.zeros(0, dtype=torch.float64)
-    c_unit, _ = unit_rows(constraints, eps)
-    g0 = g_bar / (torch.linalg.vector_norm(g_bar) + eps)
-    gram = (c_unit @ c_unit.T).double()
-    sq = torch.diagonal(gram)
-    mu, status, _ = dual_multipliers(gram.numpy(), (c_unit @ g0).double().numpy(), (tau * sq).numpy())
-    mu_t = torch.from_numpy(mu)
-    if status in (STATUS_FEASIBLE, STATUS_PRIMARY):
-        return g_bar, mu_t
-    d = g0 + mu_t.to(c_unit.dtype) @ c_unit
-    return rescale(d, torch.linalg.vector_norm(g_bar), g_bar), mu_t
+    dtype = torch.float64 if torch.float64 in (g_bar.dtype, constraints.dtype) else torch.float32
+    cache = HistoryCache(0, dtype=dtype)
+    rows = torch.cat([constraints.to(dtype), g_bar.to(dtype).unsqueeze(0)])
+    norms = torch.linalg.vector_norm(constraints.double(), dim=1)
+    c_dot_gbar = cache.insert(1, list(range(m)), rows, n_new=m, scales=(1.0 / (norms + eps)).numpy())
+    g32 = rows[m]
+    direction, corr = correct_direction(cache, cache.active_slots(), g32, np.atleast_1d(c_dot_gbar),
+                                        1.0 / (float(torch.linalg.vector_norm(g32)) + eps), tau, 1.0,
+                                        torch.empty_like(g32))
+    mu = torch.from_numpy(corr.mu)
+    if not corr.corrected:
+        return g_bar, mu
+    return (direction * corr.step).to(g_bar.dtype), mu
 
 
-def rescale(d: torch.Tensor, norm: torch.Tensor | float, fallback: torch.Tensor) -> torch.Tensor:
-    """‖ḡ‖ · d/‖d‖; ``fallback`` (ḡ) when d vanishes (nothing to rescale)."""
-    dn = float(torch.linalg.vector_norm(d))
-    if not np.isfinite(dn) or dn <= 1e-30:
-        return fallback
-    return d * (float(norm) / dn)
+@register("fedpcd")
+class FedPCD(FairStrategy):
+    """FedPCD (see the module docstring): ``FedPCD(fraction_train=0.1, tau=0.02, history=10, seed=0)``."""
 
+    Params = Params
 
-class FedPCDStrategy(FairStrategy):
-    """FedPCD on the project's round protocol (see the module docstring)."""
-
-    def __init__(self, cfg, *, tau: float, history: int, eps: float, normalize: str,
-                 ema_beta: float, primary: str, cache_dtype: str) -> None:
-        super().__init__(cfg)
-        self.tau, self.eps, self.normalize, self.primary = tau, eps, normalize, primary
-        self.cache = HistoryCache(history, dtype=getattr(torch, cache_dtype), ema_beta=ema_beta)
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
         import clarabel  # noqa: F401 - imported here, not inside the first round's solve time
         import scipy.sparse  # noqa: F401
-        self.fallbacks = 0
         self._work: torch.Tensor | None = None  # (m + 1, d) float32: Δ_i rows, then ḡ
         self._theta: torch.Tensor | None = None
         self._dir: torch.Tensor | None = None
+
+    def init_state(self) -> State:
+        return init_state(self.params)
 
     # -- persistent buffers (first-touch page faults of big tensors cost more than FedAvg)
     def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -220,20 +304,12 @@ class FedPCDStrategy(FairStrategy):
             self._dir = torch.empty(d, dtype=torch.float32)
         return self._work, self._theta, self._dir
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        from fedcore import keys
-        from fedcore import flat
-
-        replies = list(replies)
-        if self.current_arrays is None:
-            raise RuntimeError("begin_round() must be called before aggregate_train()")
-        d = self.spec.dim
-        work, theta, direction = self._buffers(len(replies), d)
+    def aggregate_valid(self, server_round, replies):
+        p_, cache = self.params, self.state.cache
+        work, theta, out = self._buffers(len(replies), self.spec.dim)
         flat.record_to_flat(self.current_arrays, out=theta)
         eta_l = self.round_lr(server_round)
-        eta_g = self.cfg.server_lr or eta_l
+        eta_g = self.step_scale(server_round) * eta_l
 
         # Δ_i straight into the persistent rows; a non-finite update drops its client.
         pids, n_ex, norms = [], [], []
@@ -253,90 +329,39 @@ class FedPCDStrategy(FairStrategy):
         dropped = len(replies) - len(pids)
         k = len(pids)
         if k == 0:  # nothing usable: keep the model, never crash the round
-            self.cache.expire(server_round)
-            return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.fallbacks})
-        delta = work[:k]
+            cache.expire(server_round)
+            return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks})
         p = torch.tensor(n_ex, dtype=torch.float64)
         p = p / p.sum()
         g_bar = work[k]
-        torch.mv(delta.T, (p / eta_l).to(torch.float32), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
+        torch.mv(work[:k].T, (p / eta_l).to(torch.float32), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
 
         # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i: scaled as they are cached.
-        scale = self.cache.scales(pids, torch.tensor(norms, dtype=torch.float64), self.normalize, self.eps)
-        if self.primary == "fedavg":
-            g0_scale = 1.0 if self.normalize == "none" else 1.0 / (g_bar_norm + self.eps)
+        scale = cache.scales(pids, torch.tensor(norms, dtype=torch.float64), p_.normalize, p_.eps)
+        if p_.primary == "fedavg":
+            g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
             g0_scale = 0.0
         # Cache update + the new Gram rows as one matmul (rows of Δ_i and of ḡ).
-        c_dot_gbar = self.cache.insert(server_round, pids, work[: k + 1], n_new=k,
-                                       scales=(scale / eta_l).numpy())
-        slots = self.cache.active_slots()
-        gram = self.cache.gram_of(slots)
-        sq = np.diag(gram).copy()
-        cg0 = g0_scale * c_dot_gbar
-        t0 = time.perf_counter()
-        mu, status, reason = dual_multipliers(gram, cg0, self.tau * sq)
-        solve_s = time.perf_counter() - t0
-        if status >= STATUS_ELASTIC:
-            self.fallbacks += 1
-            log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[status], reason)
-
-        active = np.nonzero(mu > 0.0)[0]
-        corrected = status in (STATUS_SOLVED, STATUS_ELASTIC) and active.size > 0
-        if corrected:
-            # d̃ = g̃_0 + Σ_{μ_j > 0} μ_j c̃_j (inactive constraints contribute nothing).
-            torch.mul(g_bar, g0_scale, out=direction)
-            self.cache.add_rows(direction, [slots[j] for j in active], mu[active])
-            dn = float(torch.linalg.vector_norm(direction))
-            if np.isfinite(dn) and dn > 1e-30:
-                cosine = float(direction @ g_bar) / (dn * max(g_bar_norm, 1e-30))
-                step = eta_g * g_bar_norm / dn  # θ − η_g ‖ḡ‖ d̃/‖d̃‖
-            else:  # degenerate d̃ = 0: keep the primary direction
-                corrected, cosine = False, 1.0
-        if not corrected:
-            direction, step, cosine = g_bar, eta_g, 1.0
-        theta.sub_(direction, alpha=step)
+        c_dot_gbar = cache.insert(server_round, pids, work[: k + 1], n_new=k, scales=(scale / eta_l).numpy())
+        slots = cache.active_slots()
+        direction, corr = correct_direction(cache, slots, g_bar, c_dot_gbar, g0_scale, p_.tau, eta_g, out)
+        if corr.status >= STATUS_ELASTIC:
+            self.state.fallbacks += 1
+            log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[corr.status], corr.reason)
+        theta.sub_(direction, alpha=corr.step)
         metrics = {
             M_CONSTRAINTS: len(slots),
-            M_ACTIVE: int(active.size),
-            M_CORRECTED: int(corrected),
-            M_COSINE: cosine,
-            M_SOLVER_OK: int(status <= STATUS_SOLVED),
-            M_SOLVER_STATUS: status,
-            M_SOLVE_SECONDS: solve_s,
-            M_FALLBACKS: self.fallbacks,
+            M_ACTIVE: int(corr.active.size),
+            M_CORRECTED: int(corr.corrected),
+            M_COSINE: corr.cosine,
+            M_SOLVER_OK: int(corr.status <= STATUS_SOLVED),
+            M_SOLVER_STATUS: corr.status,
+            M_SOLVE_SECONDS: corr.solve_seconds,
+            M_FALLBACKS: self.state.fallbacks,
             M_DROPPED: dropped,
-            M_CACHE: self.cache.size,
+            M_CACHE: cache.size,
             "update-norm": eta_l * g_bar_norm,  # ‖Σ p_i Δ_i‖, as FedAvg reports it
         }
         return self.to_record(theta), MetricRecord(metrics)
-
-    # -- checkpoint state ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {"cache": self.cache.state_dict(), "fallbacks": self.fallbacks}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cache.load_state_dict(state["cache"])
-        self.fallbacks = int(state["fallbacks"])
-
-
-@register("fedpcd")
-def build(cfg):
-    from fedcore.config import ConfigError
-
-    tau = cfg.get_float(TAU, 0.02, low=0.0)
-    primary = cfg.get_choice(PRIMARY, ("fedavg", "none"), "fedavg")
-    if primary == "none" and tau == 0.0:
-        raise ConfigError(f"run-config key '{PRIMARY}' = 'none' needs '{TAU}' > 0 "
-                          "(with τ = 0 the minimum-norm feasible direction is 0)")
-    return FedPCDStrategy(
-        cfg,
-        tau=tau,
-        history=cfg.get_int(HISTORY, 10, low=0),
-        eps=cfg.get_float(EPS, 1e-12, low=0.0, low_open=True),
-        normalize=cfg.get_choice(NORMALIZE, ("l2", "none", "ema"), "l2"),
-        ema_beta=cfg.get_float(EMA_BETA, 0.9, low=0.0, high=0.999),
-        primary=primary,
-        cache_dtype=cfg.get_choice(CACHE_DTYPE, ("float32", "bfloat16", "float16"), "float32"),
-    )

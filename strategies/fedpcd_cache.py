@@ -20,18 +20,23 @@ halve the memory; products are then computed in float32 chunk by chunk.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import numpy as np
 import torch
+
+from fedcore.state import transient
 
 _MIN_ROWS = 16
 _GROUP_SPAN = 16  # add_rows: entries this close are summed in one pass
 _CHUNK_ELEMS = 1 << 22  # float32 elements converted at a time from 16-bit storage (16 MB)
 
 
+@dataclasses.dataclass
 class HistoryCache:
     """Latest direction per client within a window of H rounds, with their Gram matrix.
+
+    A plain dataclass: it *is* FedPCD's checkpointed state (:mod:`fedcore.state`).
 
     Parameters
     ----------
@@ -43,20 +48,24 @@ class HistoryCache:
         β of the per-client EMA of ‖g_i‖² used by ``scales(..., mode="ema")``.
     """
 
-    def __init__(self, history: int, dtype: torch.dtype = torch.float32, ema_beta: float = 0.9) -> None:
-        if history < 0:
-            raise ValueError(f"history window must be >= 0, got {history}")
-        self.history = int(history)
-        self.dtype = dtype
-        self.ema_beta = float(ema_beta)
-        self.dim: int | None = None
-        self.store = torch.empty(0, 0, dtype=dtype)  # (capacity, d): entry j in row slot_j
-        self.slot_pid: dict[int, int] = {}
-        self.pid_slot: dict[int, int] = {}
-        self.stamp: dict[int, int] = {}
-        self.gram = np.zeros((0, 0), dtype=np.float64)
-        self.ema: dict[int, tuple[float, int]] = {}  # pid -> (EMA of ‖g‖², times seen)
-        self._chunk: torch.Tensor | None = None
+    history: int
+    dtype: torch.dtype = torch.float32
+    ema_beta: float = 0.9
+    dim: int | None = None
+    store: torch.Tensor = dataclasses.field(default_factory=lambda: torch.empty(0, 0))  # (capacity, d)
+    slot_pid: dict[int, int] = dataclasses.field(default_factory=dict)
+    pid_slot: dict[int, int] = dataclasses.field(default_factory=dict)
+    stamp: dict[int, int] = dataclasses.field(default_factory=dict)
+    gram: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.float64))
+    ema: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # pid -> (EMA of ‖g‖², seen)
+    _chunk: torch.Tensor | None = transient()  # float32 scratch for 16-bit storage
+
+    def __post_init__(self) -> None:
+        if self.history < 0:
+            raise ValueError(f"history window must be >= 0, got {self.history}")
+        self.history, self.ema_beta = int(self.history), float(self.ema_beta)
+        if self.store.dtype != self.dtype:
+            self.store = self.store.to(self.dtype)
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -186,7 +195,7 @@ class HistoryCache:
             return out
         hi = max(slots) + 1
         entries = self.store[:hi]
-        if entries.dtype == torch.float32:
+        if entries.dtype == rows.dtype:
             res = rows @ entries.T
         else:  # 16-bit storage: convert column chunks into a reused float32 buffer
             res = torch.zeros(rows.shape[0], hi, dtype=torch.float32)
@@ -226,49 +235,3 @@ class HistoryCache:
             out.addmv_(self.store[lo:hi].T, vec)
             i = j + 1
         return out
-
-    # -- checkpoint state ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Entries (in their slots), round stamps, Gram matrix and EMA statistics."""
-        slots = self.active_slots()
-        ema_pids = sorted(self.ema)
-        return {
-            "history": self.history,
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "dim": -1 if self.dim is None else self.dim,
-            "capacity": self.capacity,
-            "slots": np.asarray(slots, dtype=np.int64),
-            "pids": np.asarray([self.slot_pid[s] for s in slots], dtype=np.int64),
-            "stamps": np.asarray([self.stamp[s] for s in slots], dtype=np.int64),
-            "entries": torch.stack([self.row(s).clone() for s in slots]) if slots else torch.empty(0),
-            "gram": self.gram_of(slots).copy(),
-            "ema_pids": np.asarray(ema_pids, dtype=np.int64),
-            "ema_values": np.asarray([self.ema[p][0] for p in ema_pids], dtype=np.float64),
-            "ema_counts": np.asarray([self.ema[p][1] for p in ema_pids], dtype=np.int64),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (same slots, so the QP sees the same order)."""
-        dtype = getattr(torch, str(state["dtype"]))
-        if int(state["history"]) != self.history or dtype != self.dtype:
-            raise ValueError(
-                f"checkpointed cache has history={state['history']} dtype={state['dtype']}, "
-                f"this run has history={self.history} dtype={self.dtype}: resume with the same settings"
-            )
-        dim = int(state["dim"])
-        self.dim = None if dim < 0 else dim
-        cap = int(state["capacity"])
-        self.store = torch.empty(cap, max(dim, 0), dtype=dtype)
-        self.gram = np.zeros((cap, cap), dtype=np.float64)
-        self.slot_pid, self.pid_slot, self.stamp = {}, {}, {}
-        slots = [int(s) for s in np.asarray(state["slots"])]
-        entries = torch.as_tensor(state["entries"])
-        for i, (slot, pid, stamp) in enumerate(zip(slots, np.asarray(state["pids"]), np.asarray(state["stamps"]))):
-            self.slot_pid[slot], self.pid_slot[int(pid)], self.stamp[slot] = int(pid), slot, int(stamp)
-            self.row(slot).copy_(entries[i])
-        if slots:
-            self.gram[np.ix_(slots, slots)] = np.asarray(state["gram"], dtype=np.float64)
-        self.ema = {
-            int(p): (float(v), int(k))
-            for p, v, k in zip(state["ema_pids"], state["ema_values"], state["ema_counts"])
-        }

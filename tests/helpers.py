@@ -66,3 +66,30 @@ def train_reply(
 def tiny_template(sizes=((3, 2), (2,))) -> ArrayRecord:
     """A small two-array 'model' for adapter tests."""
     return ArrayRecord({f"w{i}": Array(np.zeros(s, dtype=np.float32)) for i, s in enumerate(sizes)})
+
+
+def aggregate_round(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message]):
+    """What ``configure_train`` + the round loop do around a strategy's aggregation: θ_t in,
+    each replying node expected with the partition it reports (node id − 1000 if none),
+    then ``aggregate_train`` (validation included). Returns its (arrays, metrics)."""
+    strategy.set_model(arrays)
+    expected = {}
+    for r in replies:
+        node = int(r.metadata.src_node_id)
+        pid = None if r.has_error() else r.content[keys.METRICS].get(keys.PARTITION_ID) if keys.METRICS in r.content else None
+        expected[node] = int(pid) if pid is not None else node - 1000
+    strategy.expected = expected
+    return strategy.aggregate_train(server_round, replies)
+
+
+def state_round_trip(strategy):
+    """A copy of ``strategy.state`` through a checkpoint file's tree (torch.save, then
+    torch.load with weights_only=True)."""
+    import io
+
+    from fedcore.state import from_tree, to_tree
+
+    buf = io.BytesIO()
+    torch.save(to_tree(strategy.state), buf)
+    buf.seek(0)
+    return from_tree(torch.load(buf, weights_only=True))

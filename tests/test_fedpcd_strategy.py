@@ -5,10 +5,12 @@ import pytest
 import torch
 
 from fedcore.config import ConfigError, load_config
-from strategies import fedpcd, flat, registry
+from fedcore import flat
+from strategies import fedpcd, registry
 from strategies.fedpcd import fedpcd_direction
 from strategies.fedpcd_cache import HistoryCache
-from tests.helpers import arrays_from_flat, tiny_template, train_reply
+from fedcore.state import from_tree, to_tree
+from tests.helpers import aggregate_round, arrays_from_flat, state_round_trip, tiny_template, train_reply
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47
 
@@ -71,14 +73,11 @@ def test_cache_state_round_trip():
     a.scales([1, 2], torch.tensor([2.0, 3.0]), "ema", 1e-12)
     for rnd in range(1, 5):
         a.insert(rnd, [rnd, rnd + 10], rows(2, d=20, seed=rnd), n_new=2)
-    b = HistoryCache(history=2, ema_beta=0.8)
-    b.load_state_dict(a.state_dict())
+    b = from_tree(to_tree(a))
     assert b.active_slots() == a.active_slots() and b.pids() == a.pids() and b.ema == a.ema
     nxt = rows(3, d=20, seed=9)
     np.testing.assert_array_equal(a.insert(5, [3, 99], nxt, 2), b.insert(5, [3, 99], nxt, 2))
     np.testing.assert_array_equal(a.gram_of(a.active_slots()), b.gram_of(b.active_slots()))
-    with pytest.raises(ValueError, match="resume with the same settings"):
-        HistoryCache(history=3).load_state_dict(a.state_dict())
 
 
 def test_add_rows_matches_dense_sum():
@@ -125,8 +124,7 @@ def strategy(**params):
 
 
 def run_round(strat, template, rnd, theta, r: Round):
-    strat.begin_round(rnd, arrays_from_flat(theta, template))
-    arrays, metrics = strat.aggregate_train(rnd, r.replies)
+    arrays, metrics = aggregate_round(strat, rnd, arrays_from_flat(theta, template), r.replies)
     return flat.record_to_flat(arrays).double().numpy(), dict(metrics)
 
 
@@ -147,8 +145,7 @@ def test_feasible_round_equals_fedavg(template):
     r = Round(template, theta, grads, [0, 1, 2, 3], [10, 20, 30, 40], 0.1)
     ours, metrics = run_round(strategy(), template, 1, theta, r)
     avg = registry.build(load_config({"method": "fedavg", "lr": 0.1}))
-    avg.begin_round(1, arrays_from_flat(theta, template))
-    ref, _ = avg.aggregate_train(1, r.replies)
+    ref, _ = aggregate_round(avg, 1, arrays_from_flat(theta, template), r.replies)
     np.testing.assert_allclose(ours, flat.record_to_flat(ref).numpy(), rtol=1e-6, atol=1e-6)
     assert metrics[fedpcd.M_CORRECTED] == 0 and metrics[fedpcd.M_ACTIVE] == 0
     assert metrics[fedpcd.M_COSINE] == 1.0 and metrics[fedpcd.M_SOLVER_STATUS] == fedpcd.STATUS_FEASIBLE
@@ -191,11 +188,12 @@ def test_nan_update_drops_client(template):
     bad[5] = np.nan
     with_bad = r.replies + [train_reply(arrays_from_flat(bad, template), 9)]
     strat = strategy(**{"fedpcd-tau": 0.2})
-    strat.begin_round(1, arrays_from_flat(theta, template))
-    arrays, metrics = strat.aggregate_train(1, with_bad)
+    arrays, metrics = aggregate_round(strat, 1, arrays_from_flat(theta, template), with_bad)
     ref, _ = run_round(strategy(**{"fedpcd-tau": 0.2}), template, 1, theta, r)
     np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), ref, atol=1e-6)
-    assert metrics[fedpcd.M_DROPPED] == 1 and 9 not in strat.cache.pids()
+    # the reply validation drops it before FedPCD sees it, with the reason recorded
+    assert [d.partition for d in strat.last_dropped] == [9] and "NaN" in strat.last_dropped[0].reason
+    assert 9 not in strat.state.cache.pids()
 
 
 def test_forced_solver_failure_falls_back_to_fedavg(template, monkeypatch):
@@ -223,7 +221,7 @@ def test_bfloat16_cache_close_to_float32(template):
         for rnd, seed in enumerate((10, 11, 12), start=1):
             r = Round(template, th, conflicting(seed, 4, 47), [rnd, rnd + 1, rnd + 2, rnd + 3], [10] * 4, 0.1)
             th, m = run_round(strat, template, rnd, th, r)
-        assert strat.cache.row(0).dtype == getattr(torch, dtype)
+        assert strat.state.cache.row(0).dtype == getattr(torch, dtype)
         outs[dtype] = (th, m)
     ref = outs["float32"][0]
     for dtype in ("bfloat16", "float16"):
@@ -237,7 +235,7 @@ def test_strategy_state_round_trip(template):
     a = strategy(**params)
     th1, _ = run_round(a, template, 1, theta, Round(template, theta, conflicting(1, 4, 47), [0, 1, 2, 3], [10] * 4, 0.1))
     b = strategy(**params)
-    b.load_state_dict(a.state_dict())
+    b.state = state_round_trip(a)
     r2 = Round(template, th1, conflicting(2, 3, 47), [2, 5, 6], [10, 20, 30], 0.1)
     out_a, m_a = run_round(a, template, 2, th1, r2)
     assert m_a[fedpcd.M_CORRECTED] == 1 and m_a[fedpcd.M_CONSTRAINTS] == 6
