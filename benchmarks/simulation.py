@@ -193,7 +193,7 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
 
     for pid in rec["sampled"]:
         x, y = data.client_train(pid)
-        timed("config parse", lambda: parse_run_config(raw, check_method=False))
+        timed("config parse", lambda: parse_run_config(raw))
         model = timed("model build + load", lambda: model_for(cfg, arrays))
         if "loss_before" in rec:
             timed("loss-before pass", lambda: evaluate(model, x, y, cfg.eval_batch_size))

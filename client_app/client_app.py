@@ -1,38 +1,39 @@
 """The ClientApp: answers the server's query, train and evaluate messages.
 
-Everything a client needs comes in the request's ConfigRecord (the full resolved run
-config plus per-round values), so the same code runs in Flower's simulation, in the
-in-process entry point and on real SuperNodes. The client's partition id comes from its
+Everything a client needs comes in the request: the ``run-config`` record (the full
+resolved run config, parsed once per process) and the ``config`` record (the round, its
+learning rate, the client routine and the method's values), so the same code runs in
+Flower's simulation, in the in-process entry point and on real SuperNodes.
+:func:`train_reply` and :func:`evaluate_reply` are the client side of every method for a
+foreign ClientApp too. The client's partition id comes from its
 node config (``partition-id``, set by the simulation engine or by
 ``flower-supernode --node-config "partition-id=3 num-partitions=10"``).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
+from collections.abc import Mapping
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.data import load_federated_data
-from client_app.methods import TrainJob, get_client_method
+from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model
+from client_app.secagg import secure_aggregation_mod
 from client_app.training import device, evaluate
-from fedcore import keys
+from fedcore import flat, keys
 from fedcore.config import RunConfig, parse_run_config
-from fedpcd_app.secagg import secure_aggregation_mod
 from fedcore.seeding import derive_seed, torch_generator
-from fedcore import flat
 
 app = ClientApp()
 
-# Keys the server adds to the run config in each request (not run-config keys).
-ROUND_KEYS = (keys.SERVER_ROUND, keys.PARTITION_ID, keys.ROUND_LR, keys.WANT_LOSS_BEFORE, "client-method")
 
-
-def node_partition(context: Context, config: dict | None = None) -> int:
+def node_partition(context: Context, config: Mapping | None = None) -> int:
     """This node's partition id: its node config, else the one the server assigned."""
     if keys.PARTITION_ID in context.node_config:
         return int(context.node_config[keys.PARTITION_ID])
@@ -44,10 +45,18 @@ def node_partition(context: Context, config: dict | None = None) -> int:
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _parse(items: tuple) -> RunConfig:
+    return parse_run_config(dict(items))
+
+
 def request_config(msg: Message) -> tuple[RunConfig, dict]:
-    raw = dict(msg.content[keys.CONFIG])
-    run_raw = {k: v for k, v in raw.items() if k not in ROUND_KEYS}
-    return parse_run_config(run_raw, check_method=False), raw
+    """(the run config, parsed once per distinct record; the request's per-round values)."""
+    if keys.RUN_CONFIG not in msg.content:
+        raise ValueError(f"the request has no '{keys.RUN_CONFIG}' record: this ClientApp serves this app's "
+                         "ServerApp; a foreign ServerApp's ClientApp calls train_reply() instead")
+    run = msg.content[keys.RUN_CONFIG]
+    return _parse(tuple(sorted(run.items()))), dict(msg.content[keys.CONFIG])
 
 
 # One model object per (architecture, input shape, classes, device, thread), reused across
@@ -102,28 +111,41 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-@app.train(mods=[secure_aggregation_mod])  # SecAgg+ when the request asks for it, else a no-op
-def train(msg: Message, context: Context) -> Message:
-    cfg, raw = request_config(msg)
-    pid = node_partition(context, raw)
-    server_round = int(raw[keys.SERVER_ROUND])
-    data = load_federated_data(cfg)
-    x, y = data.client_train(pid)
-    global_arrays = msg.content[keys.ARRAYS]
-    # Pin torch's global RNG so that nothing depends on what ran before in this process
-    # (model construction draws from it; the batch order has its own generator).
-    torch.manual_seed(derive_seed(cfg.seed, "client-init", pid, server_round))
-    model = model_for(cfg, global_arrays)
-    torch.manual_seed(derive_seed(cfg.seed, "client-train", pid, server_round))
+def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0) -> Message:
+    """The reply to a train request of any strategy in ``strategies`` — the client side of
+    every method in one call, for this app's ClientApp and for a foreign one alike.
+
+    ``model`` must already hold the received weights (``load_arrays(model, msg.content["arrays"])``);
+    it is trained in place with the routine the request names (``client-method``: plain SGD,
+    FedProx's proximal pull, SCAFFOLD's control variates, Ditto's personal model, FedeRage's
+    CVaR steps and β), with the method's values from the request's config record (μ, λ, α, ...)
+    and the node's ``context.state`` for what a client keeps between rounds. ``settings`` are the
+    local-training values (epochs, batch size, momentum, weight decay); the learning rate is the
+    request's ``round-lr``. Batch order is seeded by (``seed``, partition, round). A foreign
+    ClientApp::
+
+        @app.train()
+        def train(msg, context):
+            net = Net()
+            load_arrays(net, msg.content["arrays"])
+            x, y = my_local_data(context)
+            return train_reply(msg, context, net, x, y, LocalTraining(local_epochs=1, batch_size=32),
+                               partition_id=context.node_config["partition-id"])
+    """
+    config = dict(msg.content[keys.CONFIG])
+    pid = partition_id if partition_id is not None else node_partition(context, config)
+    server_round = int(config[keys.SERVER_ROUND])
+    torch.manual_seed(derive_seed(seed, "client-train", pid, server_round))
     # F_i(θ_t): one forward pass over the train split, only for methods that use it.
-    want_before = bool(raw.get(keys.WANT_LOSS_BEFORE, True))
-    loss_before = evaluate(model, x, y, cfg.eval_batch_size)[1] if want_before else None
-    method = get_client_method(str(raw.get("client-method", "sgd")))
+    want_before = bool(config.get(keys.WANT_LOSS_BEFORE, True))
+    loss_before = evaluate(model, x, y, settings.eval_batch_size)[1] if want_before else None
+    method = get_client_method(str(config.get(keys.CLIENT_METHOD, "sgd")))
     job = TrainJob(
-        cfg=cfg, server_round=server_round, partition_id=pid,
-        lr=float(raw.get(keys.ROUND_LR, cfg.lr)), model=model, global_arrays=global_arrays,
-        x=x, y=y, generator=torch_generator(cfg.seed, "batches", pid, server_round),
-        request=msg.content, state=context.state, config=raw,
+        cfg=settings, server_round=server_round, partition_id=pid,
+        lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
+        x=x, y=y, generator=torch_generator(seed, "batches", pid, server_round),
+        request=msg.content, state=context.state, config=config,
     )
     outcome = method.train(job)
     metrics = {
@@ -135,37 +157,52 @@ def train(msg: Message, context: Context) -> Message:
     if loss_before is not None:
         metrics[keys.LOSS_BEFORE] = float(loss_before)
     metrics.update({k: _scalar(v) for k, v in outcome.metrics.items()})
-    content = RecordDict(
-        {
-            keys.ARRAYS: ArrayRecord(model.state_dict()),
-            keys.METRICS: MetricRecord(metrics),
-            **outcome.records,
-        }
-    )
+    content = RecordDict({keys.ARRAYS: ArrayRecord(model.state_dict()), keys.METRICS: MetricRecord(metrics),
+                          **outcome.records})
     return Message(content=content, reply_to=msg)
+
+
+def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0) -> Message:
+    """The reply to an evaluate request: accuracy and loss of the received model (a
+    personalised method's own model, e.g. Ditto's) on (x, y). ``model`` holds the received
+    weights. For this app's ClientApp and for a foreign one (see :func:`train_reply`)."""
+    config = dict(msg.content[keys.CONFIG])
+    pid = partition_id if partition_id is not None else node_partition(context, config)
+    method = get_client_method(str(config.get(keys.CLIENT_METHOD, "sgd")))
+    if method.eval_model is not None:
+        job = TrainJob(
+            cfg=settings, server_round=int(config[keys.SERVER_ROUND]), partition_id=pid,
+            lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
+            x=x, y=y, generator=torch_generator(seed, "eval", pid), request=msg.content,
+            state=context.state, config=config,
+        )
+        model = method.eval_model(job)
+    acc, loss = evaluate(model, x, y, settings.eval_batch_size)
+    metrics = {keys.EVAL_ACC: acc, keys.EVAL_LOSS: loss, keys.NUM_TEST: int(len(y)), keys.PARTITION_ID: pid}
+    return Message(content=RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+
+@app.train(mods=[secure_aggregation_mod])  # SecAgg+ when the request asks for it, else a no-op
+def train(msg: Message, context: Context) -> Message:
+    cfg, config = request_config(msg)
+    pid = node_partition(context, config)
+    x, y = load_federated_data(cfg).client_train(pid)
+    # Pin torch's global RNG so that nothing depends on what ran before in this process
+    # (model construction draws from it; the batch order has its own generator).
+    torch.manual_seed(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
+    model = model_for(cfg, msg.content[keys.ARRAYS])
+    return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed)
 
 
 @app.evaluate()
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Score the received global model (or this client's personal model) on the local test split."""
-    cfg, raw = request_config(msg)
-    pid = node_partition(context, raw)
-    data = load_federated_data(cfg)
-    x, y = data.client_test(pid)
+    cfg, config = request_config(msg)
+    pid = node_partition(context, config)
+    x, y = load_federated_data(cfg).client_test(pid)
     model = model_for(cfg, msg.content[keys.ARRAYS])
-    method = get_client_method(str(raw.get("client-method", "sgd")))
-    if method.eval_model is not None:
-        job = TrainJob(
-            cfg=cfg, server_round=int(raw[keys.SERVER_ROUND]), partition_id=pid,
-            lr=float(raw.get(keys.ROUND_LR, cfg.lr)), model=model,
-            global_arrays=msg.content[keys.ARRAYS], x=x, y=y,
-            generator=torch_generator(cfg.seed, "eval", pid), request=msg.content,
-            state=context.state, config=raw,
-        )
-        model = method.eval_model(job)
-    acc, loss = evaluate(model, x, y, cfg.eval_batch_size)
-    metrics = {keys.EVAL_ACC: acc, keys.EVAL_LOSS: loss, keys.NUM_TEST: int(len(y)), keys.PARTITION_ID: pid}
-    return Message(content=RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
+    return evaluate_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed)
 
 
 def _scalar(v):

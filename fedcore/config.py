@@ -4,8 +4,10 @@ Flower hands the ServerApp a flat ``dict`` of scalars (``[tool.flwr.app.config]`
 with ``--run-config`` overrides). :func:`parse_run_config` turns it into a
 :class:`RunConfig`; every later stage reads that object, never ``context.run_config``.
 Method-specific keys (``fedpcd-tau``, ``qffl-q``, ...) stay in :attr:`RunConfig.params`
-and are read, typed and range-checked by the method's builder through
-:meth:`RunConfig.get_float` and friends, so a bad value fails before any training.
+and are read, typed and range-checked by the method's ``Params``
+(:mod:`fedcore.params`); app-level keys (sampler, checkpoints, secure aggregation) by
+:meth:`RunConfig.get_float` and friends. ``fedpcd_app.config.validate`` does all of it once,
+before any node starts.
 """
 
 from __future__ import annotations
@@ -196,12 +198,12 @@ def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
     return full
 
 
-def parse_run_config(raw: Mapping[str, Scalar], check_method: bool = True) -> RunConfig:
-    """Validate a full flat run config and return the typed object.
+def parse_run_config(raw: Mapping[str, Scalar]) -> RunConfig:
+    """Validate the experiment keys of a full flat run config and return the typed object.
 
     Raises :class:`ConfigError` (one line, naming the key and the fix) on any problem.
-    The method's own keys are checked later by its builder (``strategies.registry.build``).
-    Clients pass ``check_method=False``: they need not import the server's strategies.
+    Method keys stay in :attr:`RunConfig.params`: the app checks them against the method's
+    ``Params`` (``fedpcd_app.config.validate``); clients need not know the strategies.
     """
     raw = dict(raw)
     kwargs: dict[str, Any] = {}
@@ -223,21 +225,17 @@ def parse_run_config(raw: Mapping[str, Scalar], check_method: bool = True) -> Ru
             kwargs[name] = value
         del raw[key]
     cfg = RunConfig(**kwargs, params=raw)
-    _validate(cfg, check_method)
+    _validate(cfg)
     return cfg
 
 
-def _validate(cfg: RunConfig, check_method: bool) -> None:
+def _validate(cfg: RunConfig) -> None:
     def choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
         if value not in allowed:
             raise ConfigError(
                 f"run-config key '{key}' = {value!r} is not one of {', '.join(allowed)}"
             )
 
-    if check_method:
-        from strategies import registry  # local import: the registry imports every method
-
-        choice("method", cfg.method, tuple(registry.names()))
     choice("model", cfg.model, MODELS)
     choice("partitioner", cfg.partitioner, PARTITIONERS)
     choice("eval-mode", cfg.eval_mode, EVAL_MODES)

@@ -34,3 +34,8 @@ FEDERAGE_BETA_HAT = "federage-beta-hat"  # request config: the server's averaged
 SCAFFOLD_C = "scaffold-c"  # request record: the server control variate c
 SCAFFOLD_C_CLIENT = "scaffold-c-i"  # request record after a resume (and client state): c_i
 SCAFFOLD_DELTA_C = "scaffold-delta-c"  # reply record: Δc_i
+
+# Secure aggregation (request config of a SecAgg+ round)
+SECAGG_WEIGHTING = "secagg-weighting"  # "num-examples" or "uniform"
+SECAGG_RECORDS = "secagg-records"  # names of the extra ArrayRecords summed with the model
+SECAGG_MAX_WEIGHT = "secagg-max-weight"  # the largest weight SecAgg+ takes unclipped

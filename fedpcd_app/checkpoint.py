@@ -4,8 +4,9 @@ Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
 ``<output-dir>/checkpoints/round-<t>.pt`` holding
 
 * the global model θ_t (name → numpy array, in ArrayRecord order),
-* ``strategy.state_dict()`` (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
-  control variate, AFL's λ and averaged model, FedeRage's β, ...),
+* the strategy's ``state`` (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
+  control variate, AFL's λ and averaged model, FedeRage's β, ...) as a plain tree
+  (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
 * the round t, ``times_sampled`` per partition and the metric history (every
   rounds.jsonl record so far, plus the last evaluation),
 * the method, seed, number of clients and the model's array spec, checked on resume.
@@ -27,7 +28,8 @@ checkpoint: SCAFFOLD's strategy mirrors the client control variates c_i on the s
 re-sends them after a resume; Ditto's personal models are lost on resume (each client
 restarts its personal model from the global one), because they exist only on the nodes.
 
-Checkpoints are Python pickles (``torch.save``): load only checkpoints you wrote.
+Checkpoints hold only dicts, lists, tensors and scalars: ``torch.load(path, weights_only=True)``
+reads one (:func:`load` rebuilds the objects).
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ import numpy as np
 import torch
 
 from fedcore.config import ConfigError
+from fedcore.state import from_tree, to_tree
 
 log = logging.getLogger("fedpcd")
 
 FOLDER = "checkpoints"
-FORMAT = 1
+FORMAT = 2  # 2: a weights_only tree (fedcore.state), the method's params
 _NAME = re.compile(r"^round-(\d{6})\.pt$")
 
 
@@ -60,13 +63,15 @@ class Checkpoint:
     seed: int
     num_clients: int
     arrays: dict[str, np.ndarray]
-    strategy: dict[str, Any]
+    strategy: Any  # fedcore.state.to_tree(strategy.state)
+    params: dict[str, Any]  # the method's hyperparameters (run-config keys): must match on resume
     times_sampled: np.ndarray
     history: list[dict[str, Any]]
     last_eval: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, **dataclasses.asdict(self)}
+        """A tree of dicts, lists, tensors and scalars (``torch.load(weights_only=True)`` reads it)."""
+        return {"format": FORMAT, **{f.name: to_tree(getattr(self, f.name)) for f in dataclasses.fields(self)}}
 
 
 def checkpoint_dir(folder: str | Path) -> Path:
@@ -117,11 +122,11 @@ def rounds_in(folder: str | Path) -> list[int]:
 
 def load(path: str | Path) -> Checkpoint:
     """Load one checkpoint file; raises on a damaged or foreign file."""
-    raw = torch.load(path, map_location="cpu", weights_only=False)
+    raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
-    fields = {f.name for f in dataclasses.fields(Checkpoint)}
-    return Checkpoint(**{k: v for k, v in raw.items() if k in fields})
+    return Checkpoint(**{f.name: (raw[f.name] if f.name == "strategy" else from_tree(raw[f.name]))
+                         for f in dataclasses.fields(Checkpoint)})
 
 
 def latest(folder: str | Path) -> Checkpoint:
@@ -142,8 +147,15 @@ def latest(folder: str | Path) -> Checkpoint:
 
 
 def check_compatible(ckpt: Checkpoint, method: str, seed: int, num_clients: int,
-                     arrays: dict[str, np.ndarray]) -> None:
+                     arrays: dict[str, np.ndarray], params: dict[str, Any] | None = None) -> None:
     """Raise a one-line :class:`ConfigError` unless ``ckpt`` continues this run's setting."""
+    for key, want in (params or {}).items():
+        have = ckpt.params.get(key)
+        if have != want:
+            raise ConfigError(
+                f"run-config key '{key}' = {want!r} but the checkpoint of round {ckpt.round} was written "
+                f"with {have!r}: resume with the same {key}"
+            )
     for key, have, want in (("method", ckpt.method, method), ("seed", ckpt.seed, seed),
                             ("num-clients", ckpt.num_clients, num_clients)):
         if have != want:

@@ -52,8 +52,8 @@ from fedcore.replies import Dropped, check_train_reply
 log = logging.getLogger("fedpcd")
 
 ENABLE = "secure-aggregation"
-WEIGHTING = "secagg-weighting"  # request config: "num-examples" or "uniform"
-RECORDS = "secagg-records"  # request config: names of the extra ArrayRecords summed with the model
+WEIGHTING = keys.SECAGG_WEIGHTING
+RECORDS = keys.SECAGG_RECORDS
 WEIGHTINGS = ("num-examples", "uniform")
 
 
@@ -168,7 +168,7 @@ class SecureAggregator:
         from flwr.server.compat.legacy_context import LegacyContext
         from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
-        extra = {WEIGHTING: self.weighting, RECORDS: list(self.records)}
+        extra = {WEIGHTING: self.weighting, RECORDS: list(self.records), keys.SECAGG_MAX_WEIGHT: self.max_weight}
         requests = {}
         for msg in msgs:
             content = RecordDict(dict(msg.content.items()))
@@ -225,39 +225,3 @@ class SecureAggregator:
                         reply_to_message_id="", group_id=str(server_round), created_at=time.time(),
                         ttl=3600.0, message_type="train")
         return Message(RecordDict({**dict(content.items()), keys.METRICS: MetricRecord(means)}), metadata=meta)
-
-
-# -- client side ---------------------------------------------------------------------------
-def secure_aggregation_mod(msg: Message, ctxt: Context, call_next) -> Message:
-    """ClientApp train mod: SecAgg+ for requests that carry its stage config, else a no-op."""
-    from flwr.client.mod import secaggplus_mod
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-
-    if RECORD_KEY_CONFIGS not in msg.content.config_records:
-        return call_next(msg, ctxt)
-    return secaggplus_mod(msg, ctxt, lambda m, c: _as_fitres(m, call_next(m, c)))
-
-
-def _as_fitres(request: Message, reply: Message) -> Message:
-    """This app's train reply → the legacy FitRes content the SecAgg+ mod masks."""
-    import flwr.compat.common.recorddict_compat as compat
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-
-    if reply.has_error():
-        return reply
-    config = request.content[keys.CONFIG]
-    content = reply.content
-    arrays = [a.numpy() for a in content[keys.ARRAYS].values()]
-    for name in config.get(RECORDS, []):
-        arrays += [a.numpy() for a in content[name].values()]
-    if not all(np.isfinite(a).all() for a in arrays):
-        # A masked update cannot be inspected by the server: withhold it (a dropout).
-        raise ValueError("non-finite local update withheld from secure aggregation")
-    metrics = dict(content[keys.METRICS])
-    max_weight = float(config.get("secagg-max-weight", 1000.0))
-    weight = int(metrics[keys.NUM_EXAMPLES]) if config.get(WEIGHTING) == "num-examples" else int(max_weight)
-    if weight > max_weight:  # SecAgg+ would scale the update by weight/max_weight > 1 and clip it
-        raise ValueError(f"num-examples {weight} exceeds run-config key 'secagg-max-weight' = {max_weight}: raise it")
-    fitres = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(arrays),
-                    num_examples=weight, metrics={k: v for k, v in metrics.items() if not isinstance(v, list)})
-    return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=request)

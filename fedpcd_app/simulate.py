@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from client_app.data import DataError
-from fedcore.config import ConfigError, parse_overrides, parse_run_config, resolve
+from fedcore.config import ConfigError
+from fedpcd_app.config import load_setup
 
 
 def simulate(
@@ -29,22 +30,8 @@ def simulate(
     verbose: bool = False,
 ) -> Path:
     """Run one experiment in this process; returns its output folder."""
-    if isinstance(overrides, str):
-        overrides = parse_overrides(overrides)
-    raw = resolve(overrides)
-    cfg = parse_run_config(raw)  # fail on a bad key before Ray starts
-    from fedpcd_app import secagg
-    from strategies import registry
-
-    secagg.check_strategy(cfg, registry.build(cfg))  # and on a bad method hyperparameter or secure-aggregation
-    if cfg.eval_mode == "server":
-        from client_app.data import load_federated_data
-
-        load_federated_data(cfg)  # and on data that cannot be loaded or partitioned
-    if not cfg.output_dir:
-        from fedpcd_app.results import default_output_dir
-
-        raw["output-dir"] = str(default_output_dir(cfg))
+    setup = load_setup(overrides)  # every key checked, strategy built: before Ray starts
+    cfg = setup.cfg
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     from flwr.simulation import run_simulation
@@ -55,7 +42,7 @@ def simulate(
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     run_simulation(
-        server_app=make_server_app(raw),
+        server_app=make_server_app(setup),
         client_app=client_app,
         num_supernodes=cfg.num_clients,
         backend_config={
@@ -64,7 +51,7 @@ def simulate(
         },
         verbose_logging=verbose,
     )
-    out = Path(str(raw["output-dir"])).resolve()
+    out = Path(cfg.output_dir).resolve()
     if not (out / "summary.json").is_file():
         raise RuntimeError(f"the run did not finish: no summary.json in {out} (see the log above)")
     return out

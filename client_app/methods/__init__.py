@@ -25,9 +25,21 @@ from torch import nn
 from fedcore.config import RunConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+    """The local-training values a routine reads (this app passes its RunConfig, which has
+    the same fields; a foreign ClientApp passes one of these)."""
+
+    local_epochs: int = 1
+    batch_size: int = 32  # 0 = full batch
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    eval_batch_size: int = 128  # batch size of scoring passes (loss-before, evaluation)
+
+
 @dataclasses.dataclass
 class TrainJob:
-    cfg: RunConfig
+    cfg: RunConfig | LocalTraining
     server_round: int
     partition_id: int
     lr: float  # this round's client learning rate
