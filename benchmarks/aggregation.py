@@ -2,7 +2,7 @@
 
 For each model size and method: realistic train replies (the model's real ArrayRecord
 shapes from ``client_app.models``, random perturbations of the seeded initial model),
-``--rounds`` rounds of ``begin_round`` + ``aggregate_train`` with ``--replies`` clients
+``--rounds`` rounds of ``set_model`` + ``aggregate_valid`` (the aggregation itself; reply validation is not timed) with ``--replies`` clients
 sampled from ``--clients`` (so stateful methods such as FedPCD's history cache reach their
 steady state), the last ``--timed`` rounds timed; in the same rounds Flower's
 ``flwr.serverapp.strategy.FedAvg().aggregate_train`` is timed on the SAME replies.
@@ -31,7 +31,8 @@ import torch
 
 from fedcore.config import load_config
 from fedcore import keys
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 
 _BASE_METRICS = (keys.NUM_EXAMPLES, keys.TRAIN_LOSS, keys.LOSS_BEFORE, keys.PARTITION_ID, keys.NUM_STEPS)
 
@@ -108,9 +109,9 @@ def run(method: str, size: str, args) -> dict:
     for rnd in range(1, args.rounds + 1):
         pids = np.sort(rng.choice(args.clients, size=args.replies, replace=False))
         replies = build_replies(pool, pids, sizes, extras, spec, metric_keys)
-        strategy.begin_round(rnd, arrays)
+        strategy.set_model(arrays)
         t0 = time.perf_counter()
-        _, metrics = strategy.aggregate_train(rnd, replies)
+        _, metrics = strategy.aggregate_valid(rnd, replies)
         t1 = time.perf_counter()
         if rnd > args.rounds - args.timed:
             ours.append(t1 - t0)

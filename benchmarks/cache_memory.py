@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from fedcore.config import load_config
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -64,13 +65,13 @@ def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> 
     strategy = registry.build(load_config({
         "method": "fedpcd", "num-clients": entries, "fraction-train": replies / entries, "lr": lr,
         "fedpcd-cache-dtype": dtype, **SIZE_CONFIGS[size]}))
-    if strategy.cache.history < -(-entries // replies) - 1:
-        raise SystemExit(f"fedpcd-history={strategy.cache.history} keeps fewer than {entries} entries")
+    if strategy.state.cache.history < -(-entries // replies) - 1:
+        raise SystemExit(f"fedpcd-history={strategy.state.cache.history} keeps fewer than {entries} entries")
     for rnd in range(1, -(-entries // replies) + 1):
         pids = list(range((rnd - 1) * replies, min(rnd * replies, entries)))  # all distinct
-        strategy.begin_round(rnd, arrays)
-        strategy.aggregate_train(rnd, build_replies(pool, pids, sizes, (), spec))
-    cache = strategy.cache
+        strategy.set_model(arrays)
+        strategy.aggregate_valid(rnd, build_replies(pool, pids, sizes, (), spec))
+    cache = strategy.state.cache
     el = cache.store.element_size()
     other = sum(t.numel() * t.element_size() for t in (strategy._work, strategy._theta, strategy._dir))
     chunk = 0 if cache._chunk is None else cache._chunk.numel() * 4
@@ -126,8 +127,8 @@ def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
             out = {}
             for dt, strat in runs.items():  # the same θ_t and replies for every dtype
                 captured.clear()
-                strat.begin_round(rnd, arrays)
-                new, metrics = strat.aggregate_train(rnd, replies)
+                strat.set_model(arrays)
+                new, metrics = strat.aggregate_valid(rnd, replies)
                 mu = captured[0] if captured else np.zeros(0)
                 out[dt] = (mu, (theta - flat.record_to_flat(new)) / eta_g, dict(metrics), new)
             mu32, d32, m32, arrays = out["float32"]  # the float32 run drives the model

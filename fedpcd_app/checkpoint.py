@@ -63,7 +63,7 @@ class Checkpoint:
     seed: int
     num_clients: int
     arrays: dict[str, np.ndarray]
-    strategy: Any  # fedcore.state.to_tree(strategy.state)
+    strategy: Any  # the strategy's state object (saved as a fedcore.state tree)
     params: dict[str, Any]  # the method's hyperparameters (run-config keys): must match on resume
     times_sampled: np.ndarray
     history: list[dict[str, Any]]
@@ -125,8 +125,7 @@ def load(path: str | Path) -> Checkpoint:
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
-    return Checkpoint(**{f.name: (raw[f.name] if f.name == "strategy" else from_tree(raw[f.name]))
-                         for f in dataclasses.fields(Checkpoint)})
+    return Checkpoint(**{f.name: from_tree(raw[f.name]) for f in dataclasses.fields(Checkpoint)})
 
 
 def latest(folder: str | Path) -> Checkpoint:

@@ -26,7 +26,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedcore.config import ConfigError, RunConfig
-from fedcore.state import from_tree, to_tree
 from fedpcd_app import checkpoint, secagg
 from fedpcd_app.config import Setup, validate
 from fedpcd_app.evaluation import Evaluator
@@ -166,7 +165,7 @@ class Experiment:
     def save_checkpoint(self, server_round: int) -> None:
         ckpt = checkpoint.Checkpoint(
             round=server_round, method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
-            arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=to_tree(self.strategy.state),
+            arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=self.strategy.state,
             params=self.strategy.params.to_run_config(),
             times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
         )
@@ -186,7 +185,7 @@ class Experiment:
                 f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
             )
         self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
-        self.strategy.state = from_tree(ckpt.strategy)
+        self.strategy.state = ckpt.strategy
         if hasattr(self.strategy, "restored"):
             self.strategy.restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
         self.times_sampled = np.asarray(ckpt.times_sampled, dtype=np.int64).copy()

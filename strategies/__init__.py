@@ -1,2 +1,30 @@
-"""Aggregation methods: one module per method (pure maths + a thin Strategy), and a
-registry (:mod:`strategies.registry`) that picks one by the ``method`` run-config key."""
+"""Aggregation methods, one module each, and the Flower strategies that run them.
+
+``from strategies import FedPCD, Craft, FedeRage`` — every class is a complete
+``flwr.serverapp.strategy.Strategy`` built with keyword arguments (its ``Params`` fields plus
+the common ones of :class:`strategies.base.FairStrategy`). ``strategies.registry`` maps
+run-config method names to them.
+"""
+
+from strategies.afl import AFL
+from strategies.base import FairStrategy
+from strategies.config_fl import ConFIG
+from strategies.craft import Craft
+from strategies.ditto import Ditto
+from strategies.fedavg import FedAvg
+from strategies.federage import FedeRage
+from strategies.fedfv import FedFV
+from strategies.fedheal import FedHEAL
+from strategies.fedlf import FedLF
+from strategies.fedmgda import FedMGDA
+from strategies.fednova import FedNova
+from strategies.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
+from strategies.fedpcd import FedPCD
+from strategies.fedprox import FedProx
+from strategies.fedpw import FedPW
+from strategies.qffl import QFFL
+from strategies.scaffold import Scaffold
+
+__all__ = ["AFL", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM",
+           "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedNova", "FedPCD", "FedProx", "FedPW", "FedYogi",
+           "FedeRage", "QFFL", "Scaffold"]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedcore.config import ConfigError, load_config
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 from strategies.fedheal import consistency_mask, masked_weighted_update
 from strategies.fedlf import FedLFState, fedlf_direction, loss_fairness_direction, resolve_conflicts
 from strategies.fedpw import consensus_rescale, drop_rates, drop_smallest, momentum_weights, FedPWState

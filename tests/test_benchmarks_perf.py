@@ -10,7 +10,8 @@ import torch
 import strategies.fedavg as fedavg
 from benchmarks import aggregation, cache_memory
 from fedcore.config import load_config
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 from strategies.base import unpack_replies
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 
@@ -56,8 +57,8 @@ def test_fedavg_strategy_identical_to_matrix_path(monkeypatch, server_lr):
     template, theta, replies = _replies(6)
     strat = registry.build(load_config({"method": "fedavg", "lr": 0.1, "server-lr": server_lr}))
     for rnd in (1, 2):  # the second round starts from the first round's output
-        strat.begin_round(rnd, arrays_from_flat(theta, template))
-        arrays, metrics = strat.aggregate_train(rnd, replies)
+        strat.set_model(arrays_from_flat(theta, template))
+        arrays, metrics = strat.aggregate_valid(rnd, replies)
         expected, norm = _matrix_path(strat, rnd, replies)
         assert torch.equal(flat.record_to_flat(arrays), expected)
         assert metrics["update-norm"] == norm

@@ -26,7 +26,7 @@ def _ckpt(server_round: int, size: int = 10) -> checkpoint.Checkpoint:
     return checkpoint.Checkpoint(
         round=server_round, method="fedavg", seed=0, num_clients=4,
         arrays={"w": rng.normal(size=(size,)).astype(np.float32)},
-        strategy={"beta": 0.5 * server_round, "cache": rng.normal(size=(2, 3))},
+        strategy={"beta": 0.5 * server_round, "cache": rng.normal(size=(2, 3))}, params={"fedavg-x": 1},
         times_sampled=np.arange(4), history=[{"round": r} for r in range(1, server_round + 1)],
         last_eval={"mean_acc": 0.25},
     )

@@ -3,6 +3,8 @@
 import pytest
 
 from fedcore.config import ConfigError, default_run_config, load_config, parse_overrides
+from fedpcd_app.config import load_setup
+from strategies import registry
 
 CONTRACT_KEYS = [
     "method", "model", "dataset", "dataset-path", "partitioner", "dirichlet-alpha",
@@ -35,11 +37,20 @@ def test_flwr_override_syntax():
         ({"lr": -1.0}, "'lr'"),
         ({"num-server-rounds": "ten"}, "'num-server-rounds'"),
         ({"no-such-key": 1}, "unknown run-config key 'no-such-key'"),
+        # the method's Params, the sampler, checkpoints and resume: all before any node starts
+        ({"method": "fedpcd", "fedpcd-tau": -1.0}, "'fedpcd-tau'"),
+        ({"method": "fedpcd", "fedpcd-normalize": "l1"}, "'fedpcd-normalize'"),
+        ({"method": "fedpcd", "fedpcd-primary": "none", "fedpcd-tau": 0.0}, "'fedpcd-tau' > 0"),
+        ({"method": "fedpcd", "fedpcd-history": 2.5}, "'fedpcd-history'"),
+        ({"participation": "foo"}, "'participation'"),
+        ({"checkpoint-every": -1}, "'checkpoint-every'"),
+        ({"resume-from": "/no/such/folder"}, "'resume-from'"),
+        ({"tensorboard": "yes"}, "'tensorboard'"),
     ],
 )
 def test_bad_values_fail_with_one_line(override, fragment):
     with pytest.raises(ConfigError) as exc:
-        load_config(override)
+        load_setup(override)
     assert fragment in str(exc.value)
     assert "\n" not in str(exc.value)
 
@@ -70,3 +81,27 @@ def test_toml_file_overrides(tmp_path):
     f = tmp_path / "preset.toml"
     f.write_text('method = "fedavg"\nseed = 4\n')
     assert load_config(str(f)).seed == 4
+
+
+def test_pyproject_method_keys_are_the_params_declarations():
+    """Every method's hyperparameters are declared once (its Params): pyproject.toml's
+    [tool.flwr.app.config] holds exactly those keys with exactly those defaults."""
+    defaults = default_run_config()
+    declared = registry.method_keys()
+    prefixes = {registry.strategy_class(m).Params.prefix for m in registry.names()} - {""}
+    in_pyproject = {k for k in defaults if k.split("-")[0] in prefixes or k.rsplit("-", 1)[0] in prefixes}
+    assert set(declared) <= set(defaults), f"declared but not in pyproject: {sorted(set(declared) - set(defaults))}"
+    assert in_pyproject <= set(declared), f"in pyproject but no Params field: {sorted(in_pyproject - set(declared))}"
+    for key, default in declared.items():
+        assert defaults[key] == default and type(defaults[key]) is type(default), (key, defaults[key], default)
+
+
+def test_strategies_construct_with_keywords_like_flowers_fedavg():
+    from strategies import FedPCD
+
+    s = FedPCD(fraction_train=0.1, tau=0.05, history=3, seed=4)
+    assert (s.params.tau, s.params.history, s.fraction_train, s.seed) == (0.05, 3, 0.1, 4)
+    with pytest.raises(ConfigError, match="'fedpcd-tau'"):
+        FedPCD(tau=-1.0)
+    with pytest.raises(TypeError, match="hyperparameters are"):
+        FedPCD(taus=0.1)

@@ -11,7 +11,8 @@ from client_app.methods import TrainJob, get_client_method
 from client_app.methods.federage import BETA, BETA_HAT, RiskAverseLoss, RiskParams, beta_step, risk_weights
 from fedcore.config import ConfigError, load_config
 from fedcore.replies import validate_train_replies
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 
 

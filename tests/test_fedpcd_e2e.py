@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_presets_build_fedpcd(preset):
     raw = tomllib.loads((ROOT / "run_configs" / preset).read_text())
     strat = registry.build(load_config(raw))
-    assert isinstance(strat, fedpcd.FedPCDStrategy)
+    assert isinstance(strat, fedpcd.FedPCD)
 
 
 def test_digits_preset_is_the_shared_setting_plus_method():

@@ -10,7 +10,8 @@ from torch.nn import functional as F
 from client_app.methods import get_client_method
 from client_app.training import batch_indices
 from fedcore.config import ConfigError, load_config
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 from tests.test_federage import make_job, toy_problem
 

@@ -12,7 +12,8 @@ from client_app.methods.scaffold import C_CLIENT, C_GLOBAL, DELTA_C
 from fedcore import keys
 from fedcore.config import load_config
 from fedcore.replies import validate_train_replies
-from strategies import flat, registry
+from fedcore import flat
+from strategies import registry
 from tests.helpers import arrays_from_flat, train_reply
 from tests.test_federage import make_job, toy_problem
 

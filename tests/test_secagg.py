@@ -92,9 +92,9 @@ def test_every_method_either_supports_secagg_or_refuses_in_one_line(method):
 
 def test_a_method_needing_individual_updates_refuses_to_start(tmp_path, monkeypatch):
     # Prepare: FedAvg posing as a method that must see each update (FedPCD, CRAFT, ...)
-    from strategies.fedavg import FedAvgStrategy
+    from strategies.fedavg import FedAvg
 
-    monkeypatch.setattr(FedAvgStrategy, "needs_individual_updates", True)
+    monkeypatch.setattr(FedAvg, "needs_individual_updates", True)
     overrides = {**BASE, "secure-aggregation": True, "output-dir": str(tmp_path)}
     # Execute / Assert: the ServerApp and the in-process entry point refuse before any round
     with task_identity(), pytest.raises(ConfigError, match="needs each client's individual update"):
