@@ -34,22 +34,20 @@ class Setup:
     resume_from: str
 
 
-def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Setup:
-    """Check every key of a run config and build the run's strategy and initial model."""
-    from client_app.models import initial_model
+def check(raw: Mapping[str, Scalar]) -> RunConfig:
+    """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
     from fedpcd_app import checkpoint, secagg
-    from fedpcd_app.results import default_output_dir
     from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
 
-    raw = resolve(raw) if resolve_defaults else dict(raw)
     cfg = parse_run_config(raw)
-    registry.strategy_class(cfg.method)  # the method exists
+    cls = registry.strategy_class(cfg.method)
+    cls.Params.from_run_config(cfg.params)
     cfg.get_choice("participation", PARTICIPATION, "uniform")
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
     cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
-    every = cfg.get_int("checkpoint-every", 0, low=0)
-    keep = cfg.get_int("checkpoint-keep", 2, low=1)
+    cfg.get_int("checkpoint-every", 0, low=0)
+    cfg.get_int("checkpoint-keep", 2, low=1)
     cfg.get_bool("tensorboard", False)
     resume_from = str(cfg.params.get("resume-from", ""))
     if resume_from:
@@ -60,14 +58,26 @@ def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Se
             raise ConfigError(f"run-config key 'resume-from' = '{resume_from}': no checkpoint in "
                               f"{checkpoint.checkpoint_dir(resume_from)}; give the output-dir of a run "
                               "with checkpoint-every > 0")
+    if secagg.enabled(cfg):
+        secagg.check_strategy(cfg, cls)
+        secagg.workflow_settings(cfg)
+    return cfg
+
+
+def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Setup:
+    """:func:`check` every key, then build the run's strategy (once) and initial model."""
+    from client_app.models import initial_model
+    from fedpcd_app.results import default_output_dir
+
+    raw = resolve(raw) if resolve_defaults else dict(raw)
+    cfg = check(raw)
     model = initial_model(cfg)
     strategy = registry.build(cfg, model=model)
-    if secagg.enabled(cfg):
-        secagg.check_strategy(cfg, strategy)
     if not cfg.output_dir:
         raw["output-dir"] = str(default_output_dir(cfg))
         cfg = cfg.replace(output_dir=raw["output-dir"])
-    return Setup(raw, cfg, strategy, model, every, keep, resume_from)
+    return Setup(raw, cfg, strategy, model, cfg.get_int("checkpoint-every", 0), cfg.get_int("checkpoint-keep", 2),
+                 str(cfg.params.get("resume-from", "")))
 
 
 def load_setup(overrides: Mapping[str, Any] | str | None = None) -> Setup:

@@ -76,6 +76,21 @@ def check_strategy(cfg: RunConfig, strategy) -> None:
         raise ValueError(f"strategy {cfg.method}: secagg_weighting {weighting!r} is not one of {WEIGHTINGS}")
 
 
+def workflow_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The SecAgg+ workflow's arguments from the run config (one-line errors on bad values)."""
+    shares = cfg.get_float("secagg-num-shares", 1.0, low=0.0, low_open=True)
+    threshold = cfg.get_float("secagg-reconstruction-threshold", 0.7, low=0.0, low_open=True)
+    # Flower reads a float as a fraction and an int as a count.
+    return dict(
+        num_shares=shares if shares <= 1.0 else int(shares),
+        reconstruction_threshold=threshold if threshold <= 1.0 else int(threshold),
+        max_weight=cfg.get_float("secagg-max-weight", 1000.0, low=1.0),
+        clipping_range=cfg.get_float("secagg-clipping-range", 8.0, low=0.0, low_open=True),
+        quantization_range=cfg.get_int("secagg-quantization-range", 4194304, low=2),
+        timeout=cfg.round_timeout or None,
+    )
+
+
 # -- server side ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Proxy:
@@ -145,18 +160,8 @@ class SecureAggregator:
         self.cfg, self.spec = cfg, spec
         self.weighting = getattr(strategy, "secagg_weighting", "num-examples")
         self.records = tuple(getattr(strategy, "required_records", ()))
-        self.max_weight = cfg.get_float("secagg-max-weight", 1000.0, low=1.0)
-        shares = cfg.get_float("secagg-num-shares", 1.0, low=0.0, low_open=True)
-        threshold = cfg.get_float("secagg-reconstruction-threshold", 0.7, low=0.0, low_open=True)
-        # Flower reads a float as a fraction and an int as a count.
-        self.kwargs = dict(
-            num_shares=shares if shares <= 1.0 else int(shares),
-            reconstruction_threshold=threshold if threshold <= 1.0 else int(threshold),
-            max_weight=self.max_weight,
-            clipping_range=cfg.get_float("secagg-clipping-range", 8.0, low=0.0, low_open=True),
-            quantization_range=cfg.get_int("secagg-quantization-range", 4194304, low=2),
-            timeout=cfg.round_timeout or None,
-        )
+        self.kwargs = workflow_settings(cfg)
+        self.max_weight = self.kwargs["max_weight"]
         self.num_contributors = 0
 
     def exchange(self, grid, msgs: list[Message], expected: dict[int, int],

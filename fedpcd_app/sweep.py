@@ -50,7 +50,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedcore.config import ConfigError, Scalar, parse_run_config, resolve
+from fedcore.config import ConfigError, Scalar, resolve
+from fedpcd_app.config import check
 from fedpcd_app.results import SUMMARY, write_json_atomic
 
 RUN_FILE = "run.json"
@@ -206,7 +207,7 @@ def validate(sweep: Sweep) -> None:
         if method not in methods:
             raise SweepError(f"{where}: method '{method}' is not registered (available: {', '.join(methods)})")
         try:
-            registry.build(parse_run_config(resolve(run.overrides)))
+            check(resolve(run.overrides))
         except ConfigError as exc:
             raise SweepError(f"{where} ({run.variant}, seed {run.seed}): {exc}") from None
 
