@@ -9,7 +9,8 @@ over ALL N clients, initially uniform) ascends on it:
 
 with Δ_k = θ_t − θ_k and F_k the loss of θ_t on client k before training
 (``loss-before``). The model that is evaluated and reported is the running average of
-the iterates θ_0, θ_1, …, θ_t (:meth:`AFLStrategy.evaluation_arrays`).
+the iterates θ_0, θ_1, …, θ_t (:meth:`AFL.evaluation_arrays`); θ_0 is the first model
+the strategy is handed. λ, the averaged iterate and its count are the :class:`State`.
 
 Partial participation. AFL assumes every client every round. When only S_t is sampled,
 only the sampled entries λ_S are updated: λ_S ← Proj_{c·Δ}(λ_S + γ_λ F_S), the Euclidean
@@ -24,21 +25,47 @@ afl-lambda-lr : float, default 0.01
     γ_λ ≥ 0, the step of the mixture weights (paper grid 0.01, 0.1, 0.5). Degenerate case:
     γ_λ = 0 keeps λ uniform, i.e. uniform-weight FedAvg evaluated on the averaged iterate.
 server-lr : float, default 0 (= η_l)
-    η_g, as for FedAvg.
+    η_g, as for FedAvg (the step factor η_g/η_l is :meth:`FairStrategy.step_scale`).
+
+N is ``num_clients`` (the app passes the run's ``num-clients``; a foreign app may leave it
+None, and then N is the number of nodes connected at the first ``configure_train``). λ_k
+belongs to client id k when the ids are 0 … N−1 (this app's partition ids); other ids (a
+foreign app's node ids) get the free slots in the order they are first seen
+(:func:`afl_slots`). The method is ``afl``; the strategy is :class:`AFL`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
+from flwr.app import MetricRecord
 
 from fedcore import keys
-from strategies.base import FairStrategy, unpack_replies
-from fedcore.flat import model_deltas, spec_of
+from fedcore.flat import spec_of
+from fedcore.params import MethodParams, hyper
+from strategies.base import FairStrategy
 from strategies.linalg import project_simplex
 from strategies.registry import register
 
 MASS_EPS = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "afl"
+    lambda_lr: float = hyper(0.01, low=0.0)  # afl-lambda-lr: γ_λ
+
+
+@dataclasses.dataclass
+class State:
+    """What AFL carries across rounds."""
+
+    lam: np.ndarray | None = None  # (N,) mixture weights on the simplex; None until N is known
+    avg_model: torch.Tensor | None = None  # float64 mean of θ_0 … θ_t
+    num_averaged: int = 0
+    slots: dict[int, int] = dataclasses.field(default_factory=dict)  # client id → index of λ
 
 
 def afl_lambda_update(lam: np.ndarray, sampled: list[int], losses: np.ndarray, lr: float) -> np.ndarray:
@@ -61,73 +88,79 @@ def afl_model_weights(lam: np.ndarray, sampled: list[int], fallback: np.ndarray)
     return w / total if total > MASS_EPS else np.asarray(fallback, dtype=np.float64)
 
 
-class AFLStrategy(FairStrategy):
-    """AFL server (client: plain local SGD). State: λ, the averaged iterate and its count."""
+def afl_slots(slots: dict[int, int], clients: list[int], n: int) -> list[int]:
+    """The λ index of each client, recording new ones in ``slots``: a client id in 0 … n−1
+    keeps its own index while it is free, any other id takes the lowest free index."""
+    taken = set(slots.values())
+    out = []
+    for c in clients:
+        if c not in slots:
+            if 0 <= c < n and c not in taken:
+                slots[c] = c
+            else:
+                free = next((i for i in range(n) if i not in taken), None)
+                if free is None:
+                    raise ValueError(f"AFL: client {c} is client number {n + 1}, but λ has N = {n} entries "
+                                     "(set num_clients to the federation's size)")
+                slots[c] = free
+            taken.add(slots[c])
+        out.append(slots[c])
+    return out
 
+
+@register("afl")
+class AFL(FairStrategy):
+    """AFL server (client: plain local SGD); see the module docstring::
+
+        AFL(lambda_lr=0.01, num_clients=20, fraction_train=0.25, lr=0.1, seed=0)
+    """
+
+    Params = Params
     # The mixture weights change per client each round from individual losses, and the
     # weighted sum uses server-side weights: each update must be seen.
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
-    def __init__(self, cfg, lambda_lr: float) -> None:
-        super().__init__(cfg)
-        self.lambda_lr = lambda_lr
-        self.lam = np.full(cfg.num_clients, 1.0 / cfg.num_clients)
-        self.avg_model: torch.Tensor | None = None  # mean of θ_0 … θ_t
-        self.num_averaged = 0
+    def init_state(self) -> State:
+        n = self.num_clients
+        return State(lam=None if n is None else np.full(n, 1.0 / n))
 
-    def begin_round(self, server_round, arrays):
-        plan = super().begin_round(server_round, arrays)
-        if self.avg_model is None:  # the average starts with the initial model θ_0
-            self.avg_model = self.current_flat(torch.float64)
-            self.num_averaged = 1
-        return plan
+    def set_model(self, arrays):
+        super().set_model(arrays)
+        if self.state.avg_model is None:  # the average starts with the initial model θ_0
+            self.state.avg_model = self.current_flat(torch.float64)
+            self.state.num_averaged = 1
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
+    def configure_train(self, server_round, arrays, config, grid):
+        if self.state.lam is None:  # N unknown: the federation connected now
+            n = len(list(grid.get_node_ids()))
+            self.state.lam = np.full(n, 1.0 / n)
+        return super().configure_train(server_round, arrays, config, grid)
 
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        eta_l = self.round_lr(server_round)
-        eta_g = self.cfg.server_lr or eta_l
-        w = afl_model_weights(self.lam, batch.partition_ids, batch.fedavg_weights.numpy())
-        deltas = model_deltas(theta, batch.local)
+    def aggregate_valid(self, server_round, replies):
+        st = self.state
+        if st.lam is None:
+            raise RuntimeError("AFL needs num_clients (or configure_train()) before aggregate_train()")
+        if self.num_clients is not None and st.lam.size != self.num_clients:
+            raise ValueError(f"AFL state has λ for {st.lam.size} clients, this run has {self.num_clients}")
+        theta, batch, deltas = self.unpack_deltas(replies)
+        idx = afl_slots(st.slots, batch.partition_ids, st.lam.size)
+        w = afl_model_weights(st.lam, idx, batch.fedavg_weights.numpy())
         step = torch.from_numpy(w).to(deltas.dtype) @ deltas
-        new = theta - (eta_g / eta_l) * step
-        self.lam = afl_lambda_update(self.lam, batch.partition_ids, batch.loss_before.numpy(), self.lambda_lr)
-        self.num_averaged += 1
-        self.avg_model += (new.to(torch.float64) - self.avg_model) / self.num_averaged
+        new = theta - self.step_scale(server_round) * step
+        st.lam = afl_lambda_update(st.lam, idx, batch.loss_before.numpy(), self.params.lambda_lr)
+        st.num_averaged += 1
+        st.avg_model += (new.to(torch.float64) - st.avg_model) / st.num_averaged
         metrics = {
-            "afl-lambda": [float(x) for x in self.lam],
+            "afl-lambda": [float(x) for x in st.lam],
             "afl-weights": [float(x) for x in w],
             "update-norm": float(step.norm()),
         }
         return self.to_record(new), MetricRecord(metrics)
 
     def evaluation_arrays(self, arrays):
-        if self.avg_model is None:
+        if self.state.avg_model is None:
             return arrays
         if self.spec is None:  # resumed from a checkpoint, evaluated before any round
             self.spec = spec_of(arrays)
-        return self.to_record(self.avg_model)
-
-    def state_dict(self):
-        return {
-            "lambda": self.lam.copy(),
-            "avg_model": None if self.avg_model is None else self.avg_model.clone(),
-            "num_averaged": self.num_averaged,
-        }
-
-    def load_state_dict(self, state):
-        lam = np.asarray(state["lambda"], dtype=np.float64)
-        if lam.shape != self.lam.shape:
-            raise ValueError(f"AFL checkpoint has λ for {lam.size} clients, this run has {self.lam.size}")
-        self.lam = lam.copy()
-        avg = state["avg_model"]
-        self.avg_model = None if avg is None else torch.as_tensor(avg, dtype=torch.float64).clone()
-        self.num_averaged = int(state["num_averaged"])
-
-
-@register("afl")
-def build(cfg):
-    return AFLStrategy(cfg, lambda_lr=cfg.get_float("afl-lambda-lr", low=0.0))
+        return self.to_record(self.state.avg_model)

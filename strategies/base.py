@@ -233,6 +233,13 @@ class FairStrategy(Strategy):
             raise RuntimeError("configure_train() must run before aggregate_train(): it hands over θ_t")
         return flat.record_to_flat(self.current_arrays, dtype=dtype)
 
+    def unpack_deltas(self, replies: list[Message]) -> tuple[torch.Tensor, ReplyBatch, torch.Tensor]:
+        """(θ_t, the replies as tensors, Δ_i = θ_t − θ_i as an (m, d) float32 matrix); the
+        matrix is ``batch.local`` turned into Δ in place (no second (m, d) copy)."""
+        batch = unpack_replies(replies)
+        theta = self.current_flat()
+        return theta, batch, flat.model_deltas(theta, batch.local)
+
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
         assert self.spec is not None
         return flat.flat_to_record(flat_vec, self.spec)

@@ -13,8 +13,8 @@ Inputs: Δ_i = θ_t − θ_i (not divided by η_l) and F_i, the loss of θ_t on 
    seen in round t−k whose stored update h has h·g < 0; if g·g_con < 0, project g off g_con.
 3. Rescale ‖g‖ to ‖mean_i Δ_i‖; θ_{t+1} = θ_t − g.
 
-Each client's latest update and the round it was sent are stored (only those of the last
-τ rounds are ever used, older ones are dropped).
+Each client's latest update and the round it was sent are stored, in the :class:`State`
+(only those of the last τ rounds are ever used, older ones are dropped).
 
 Hyperparameters
 ---------------
@@ -23,6 +23,9 @@ fedfv-alpha : float, default 0.1
 fedfv-tau : int, default 1
     τ ≥ 0 rounds of stored updates (paper grid 0, 1, 3, 10). Degenerate case: α = 0 and
     τ = 0 with no conflicting pair is the uniform mean of the updates (FedAvg, equal weights).
+
+``server-lr`` is not used: the step is g, rescaled to ‖mean_i Δ_i‖. The method is ``fedfv``;
+the strategy is :class:`FedFV`.
 """
 
 from __future__ import annotations
@@ -30,15 +33,45 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 import torch
+from flwr.app import MetricRecord
 
 from fedcore import keys
-from strategies.base import FairStrategy, unpack_replies
-from fedcore.flat import model_deltas
+from fedcore.params import MethodParams, hyper
+from strategies.base import FairStrategy
 from strategies.registry import register
 
 NORM_EPS = 1e-30
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "fedfv"
+    alpha: float = hyper(0.1, low=0.0, high=1.0)  # fedfv-alpha: α
+    tau: int = hyper(1, low=0)  # fedfv-tau: τ rounds of stored updates
+
+
+@dataclasses.dataclass
+class State:
+    """Each client's latest update and the round it arrived (client id → ...)."""
+
+    last_round: dict[int, int] = dataclasses.field(default_factory=dict)
+    update: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def by_age(self, server_round: int, tau: int, d: int, dtype) -> list[torch.Tensor]:
+        out = []
+        for k in range(1, tau + 1):
+            rows = [self.update[p] for p, r in self.last_round.items() if r == server_round - k]
+            out.append(torch.stack(rows) if rows else torch.empty(0, d, dtype=dtype))
+        return out
+
+    def store(self, server_round: int, tau: int, partition_ids: list[int], deltas: torch.Tensor) -> None:
+        for pid, row in zip(partition_ids, deltas):
+            self.last_round[pid] = server_round
+            self.update[pid] = row.clone()
+        for pid in [p for p, r in self.last_round.items() if r <= server_round - tau]:
+            # Seen τ or more rounds ago: round t+1 looks back to t+1−τ at most.
+            del self.last_round[pid], self.update[pid]
 
 
 def project_off(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -97,80 +130,33 @@ def rescale(g: torch.Tensor, norm: float) -> torch.Tensor:
     return g * (norm / g_norm) if g_norm > NORM_EPS else g
 
 
-@dataclasses.dataclass
-class UpdateHistory:
-    """Each client's latest update and the round it arrived (partition id → ...)."""
+@register("fedfv")
+class FedFV(FairStrategy):
+    """FedFV server step (client: plain local SGD)::
 
-    last_round: dict[int, int] = dataclasses.field(default_factory=dict)
-    update: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+        FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)
+    """
 
-    def by_age(self, server_round: int, tau: int, d: int, dtype) -> list[torch.Tensor]:
-        out = []
-        for k in range(1, tau + 1):
-            rows = [self.update[p] for p, r in self.last_round.items() if r == server_round - k]
-            out.append(torch.stack(rows) if rows else torch.empty(0, d, dtype=dtype))
-        return out
-
-    def store(self, server_round: int, tau: int, partition_ids: list[int], deltas: torch.Tensor) -> None:
-        for pid, row in zip(partition_ids, deltas):
-            self.last_round[pid] = server_round
-            self.update[pid] = row.clone()
-        for pid in [p for p, r in self.last_round.items() if r <= server_round - tau]:
-            # Seen τ or more rounds ago: round t+1 looks back to t+1−τ at most.
-            del self.last_round[pid], self.update[pid]
-
-
-class FedFVStrategy(FairStrategy):
-    """FedFV server step (client: plain local SGD). State: the stored updates."""
-
+    Params = Params
     # Pairwise conflict tests need each client's update.
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
-    def __init__(self, cfg, alpha: float, tau: int) -> None:
-        super().__init__(cfg)
-        self.alpha = alpha
-        self.tau = tau
-        self.history = UpdateHistory()
+    def init_state(self) -> State:
+        return State()
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        deltas = model_deltas(theta, batch.local)
+    def aggregate_valid(self, server_round, replies):
+        theta, batch, deltas = self.unpack_deltas(replies)
+        alpha, tau = self.params.alpha, self.params.tau
         target_norm = float(deltas.mean(dim=0).norm())
-        g, n_internal = fedfv_internal(deltas, batch.loss_before, self.alpha)
-        past = self.history.by_age(server_round, self.tau, deltas.shape[1], deltas.dtype)
+        g, n_internal = fedfv_internal(deltas, batch.loss_before, alpha)
+        past = self.state.by_age(server_round, tau, deltas.shape[1], deltas.dtype)
         g, n_external = fedfv_external(g, past)
         g = rescale(g, target_norm)
-        self.history.store(server_round, self.tau, batch.partition_ids, deltas)
+        self.state.store(server_round, tau, batch.partition_ids, deltas)
         metrics = {
             "fedfv-internal-projections": n_internal,
             "fedfv-external-projections": n_external,
             "update-norm": float(g.norm()),
         }
         return self.to_record(theta - g), MetricRecord(metrics)
-
-    def state_dict(self):
-        pids = sorted(self.history.last_round)
-        return {
-            "partition_ids": pids,
-            "last_round": [self.history.last_round[p] for p in pids],
-            "updates": [self.history.update[p].clone() for p in pids],
-        }
-
-    def load_state_dict(self, state):
-        self.history = UpdateHistory()
-        for pid, r, row in zip(state["partition_ids"], state["last_round"], state["updates"]):
-            self.history.last_round[int(pid)] = int(r)
-            self.history.update[int(pid)] = torch.as_tensor(np.asarray(row)).clone()
-
-
-@register("fedfv")
-def build(cfg):
-    return FedFVStrategy(
-        cfg,
-        alpha=cfg.get_float("fedfv-alpha", low=0.0, high=1.0),
-        tau=cfg.get_int("fedfv-tau", low=0),
-    )

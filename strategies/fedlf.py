@@ -15,18 +15,25 @@ and their losses l_i = F_i (the global model's loss on their data, before traini
 3. d_raw = concat(d_q); d = d_raw rescaled to ‖mean_i g_i‖ (uniform mean). While some
    client conflicts with d (g_i·d < −1e−6): halve d if ‖d‖ > 2‖d_raw‖, else fall back to
    d = d_raw and stop.
-4. θ ← θ − η d with η = the round's client learning rate (``lr``·``lr-decay``^(t−1), the
-   paper uses decay 0.999), or ``server-lr`` when it is set (> 0).
+4. θ ← θ − η d with η = the round's client learning rate η_l (``lr``·``lr-decay``^(t−1), the
+   paper uses decay 0.999) times the server step factor η_g/η_l
+   (:meth:`FairStrategy.step_scale`: 1 by default, ``server-lr``/η_l when it is set).
 
 History rows: the stored g of every client absent this round whose last round is within
 τ rounds (t − last ≤ τ). The authors' τ = ⌊(clients ever seen) / m⌋, used only once more
 than m distinct clients have been seen; the FedPCD paper instead evaluates FedLF with a
 fixed window H = 10 (``fedlf-window``), then every absent client seen within H rounds
-counts. Stored g are updated for every sampled client after the step.
+counts. Stored g are updated for every client that replied, after the step (the
+:class:`State`; a sampled client whose reply was dropped keeps its older row, as before).
 
-Hyperparameters: ``fedlf-history`` (default true; false drops the history rows, an
-ablation) and ``fedlf-window`` (default 0 = the authors' adaptive τ; H ≥ 1 = fixed window
-of H rounds, FedPCD's setting is 10). FedLF has no other knob besides the learning rate.
+Hyperparameters
+---------------
+fedlf-history : bool, default true
+    false drops the history rows (an ablation).
+fedlf-window : int, default 0
+    0 = the authors' adaptive τ; H ≥ 1 = a fixed window of H rounds (FedPCD's setting is 10).
+FedLF has no other knob besides the learning rate. The method is ``fedlf``; the strategy
+is :class:`FedLF`.
 
 Degenerate cases: when all losses are equal h = 0 and the fairness row carries no
 direction; it is then left out (the authors' code would divide 0 by 0). With equal
@@ -44,15 +51,14 @@ import math
 from collections.abc import Sequence
 
 import torch
+from flwr.app import MetricRecord
 
 from fedcore import keys
-from fedcore import flat
+from fedcore.params import MethodParams, hyper
 from strategies import linalg
-from strategies.base import FairStrategy, unpack_replies
+from strategies.base import FairStrategy
 from strategies.registry import register
 
-HISTORY = "fedlf-history"
-WINDOW = "fedlf-window"
 CONFLICT_TOL = 1e-6  # g_i·d below −tol counts as a conflict (the authors' tolerance)
 
 
@@ -70,6 +76,13 @@ def loss_fairness_direction(losses: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(l)
     h = ((l @ p) * l / ln - p * ln) / ln**2
     return h if float(h.norm() * ln) > 1e-9 else torch.zeros_like(l)
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "fedlf"
+    history: bool = hyper(True)  # fedlf-history: use the stored rows of absent clients
+    window: int = hyper(0, low=0)  # fedlf-window: 0 = the authors' adaptive τ, H ≥ 1 = fixed
 
 
 @dataclasses.dataclass
@@ -117,7 +130,7 @@ def fedlf_direction(
                 x[m + j] = row[a:b]
         gram = x @ x.T
         norms = gram.diagonal().clamp_min(0).sqrt()
-        inv = 1.0 / (norms + 1e-12)  # unit rows = x / (‖x‖ + eps), as flat.unit_rows
+        inv = 1.0 / (norms + 1e-12)  # unit rows = x / (‖x‖ + eps), as linalg.unit_rows
         unit_gram = gram * inv[:, None] * inv[None, :]
         mu = norms[:m].mean()
         # V = [μ·unit_c; t·(h·unit_c) (the fairness row f/‖f‖·μ); μ·unit_h]
@@ -188,8 +201,8 @@ def resolve_conflicts(grads: torch.Tensor, d: torch.Tensor, d_raw: torch.Tensor)
 
 
 @dataclasses.dataclass
-class FedLFState:
-    """Each client's last round and last pseudo-gradient, keyed by partition id."""
+class State:
+    """Each client's last round and last pseudo-gradient, keyed by client id."""
 
     last_round: dict[int, int] = dataclasses.field(default_factory=dict)
     last_grad: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
@@ -220,29 +233,30 @@ class FedLFState:
             self.last_grad[pid] = row.detach().clone()
 
 
-class FedLFStrategy(FairStrategy):
+@register("fedlf")
+class FedLF(FairStrategy):
+    """FedLF server step (client: plain local SGD, reporting ``loss-before``)::
+
+        FedLF(history=True, window=10, fraction_train=0.25, lr=0.1, seed=0)
+    """
+
+    Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
-    def __init__(self, cfg, use_history: bool = True, window: int = 0) -> None:
-        super().__init__(cfg)
-        self.use_history = use_history
-        self.window = window
-        self.state = FedLFState()
+    def init_state(self) -> State:
+        return State()
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
+    def aggregate_valid(self, server_round, replies):
         eta_l = self.round_lr(server_round)
-        grads = flat.model_deltas(theta, batch.local).div_(eta_l)  # g_i = Δ_i / η_l, in place
+        theta, batch, grads = self.unpack_deltas(replies)
+        grads = grads.div_(eta_l)  # g_i = Δ_i / η_l, in place
         m = grads.shape[0]
         hist_ids, hist = (
-            self.state.history_rows(server_round, batch.partition_ids, m, self.window) if self.use_history else ([], None)
+            self.state.history_rows(server_round, batch.partition_ids, m, self.params.window)
+            if self.params.history else ([], None)
         )
-        groups = self.spec.offsets()
-        step = fedlf_direction(grads, batch.loss_before, groups, hist)
-        eta = self.cfg.server_lr or eta_l
+        step = fedlf_direction(grads, batch.loss_before, self.spec.offsets(), hist)
+        eta = self.step_scale(server_round) * eta_l
         new = theta.to(torch.float64) - eta * step.direction
         self.state.remember(server_round, batch.partition_ids, grads)
 
@@ -262,24 +276,3 @@ class FedLFStrategy(FairStrategy):
             "update-norm": float(eta * step.direction.norm()),
         }
         return self.to_record(new.to(theta.dtype)), MetricRecord(metrics)
-
-    def state_dict(self):
-        ids = sorted(self.state.last_round)
-        return {
-            "ids": ids,
-            "last_round": [self.state.last_round[i] for i in ids],
-            "last_grad": torch.stack([self.state.last_grad[i] for i in ids]) if ids else torch.empty(0),
-        }
-
-    def load_state_dict(self, state):
-        ids = [int(i) for i in state["ids"]]
-        grads = torch.as_tensor(state["last_grad"])
-        self.state = FedLFState(
-            last_round={pid: int(r) for pid, r in zip(ids, state["last_round"])},
-            last_grad={pid: grads[k].clone() for k, pid in enumerate(ids)},
-        )
-
-
-@register("fedlf")
-def build(cfg):
-    return FedLFStrategy(cfg, use_history=cfg.get_bool(HISTORY, True), window=cfg.get_int(WINDOW, 0, low=0))

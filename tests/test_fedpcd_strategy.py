@@ -10,7 +10,7 @@ from strategies import fedpcd, registry
 from strategies.fedpcd import fedpcd_direction
 from strategies.fedpcd_cache import HistoryCache
 from fedcore.state import from_tree, to_tree
-from tests.helpers import aggregate_round, arrays_from_flat, state_round_trip, tiny_template, train_reply
+from tests.helpers import aggregate_arrays, arrays_from_flat, state_through_bytes, tiny_template, train_reply
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47
 
@@ -124,7 +124,7 @@ def strategy(**params):
 
 
 def run_round(strat, template, rnd, theta, r: Round):
-    arrays, metrics = aggregate_round(strat, rnd, arrays_from_flat(theta, template), r.replies)
+    arrays, metrics = aggregate_arrays(strat, rnd, arrays_from_flat(theta, template), r.replies)
     return flat.record_to_flat(arrays).double().numpy(), dict(metrics)
 
 
@@ -145,7 +145,7 @@ def test_feasible_round_equals_fedavg(template):
     r = Round(template, theta, grads, [0, 1, 2, 3], [10, 20, 30, 40], 0.1)
     ours, metrics = run_round(strategy(), template, 1, theta, r)
     avg = registry.build(load_config({"method": "fedavg", "lr": 0.1}))
-    ref, _ = aggregate_round(avg, 1, arrays_from_flat(theta, template), r.replies)
+    ref, _ = aggregate_arrays(avg, 1, arrays_from_flat(theta, template), r.replies)
     np.testing.assert_allclose(ours, flat.record_to_flat(ref).numpy(), rtol=1e-6, atol=1e-6)
     assert metrics[fedpcd.M_CORRECTED] == 0 and metrics[fedpcd.M_ACTIVE] == 0
     assert metrics[fedpcd.M_COSINE] == 1.0 and metrics[fedpcd.M_SOLVER_STATUS] == fedpcd.STATUS_FEASIBLE
@@ -188,7 +188,7 @@ def test_nan_update_drops_client(template):
     bad[5] = np.nan
     with_bad = r.replies + [train_reply(arrays_from_flat(bad, template), 9)]
     strat = strategy(**{"fedpcd-tau": 0.2})
-    arrays, metrics = aggregate_round(strat, 1, arrays_from_flat(theta, template), with_bad)
+    arrays, metrics = aggregate_arrays(strat, 1, arrays_from_flat(theta, template), with_bad)
     ref, _ = run_round(strategy(**{"fedpcd-tau": 0.2}), template, 1, theta, r)
     np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), ref, atol=1e-6)
     # the reply validation drops it before FedPCD sees it, with the reason recorded
@@ -235,7 +235,7 @@ def test_strategy_state_round_trip(template):
     a = strategy(**params)
     th1, _ = run_round(a, template, 1, theta, Round(template, theta, conflicting(1, 4, 47), [0, 1, 2, 3], [10] * 4, 0.1))
     b = strategy(**params)
-    b.state = state_round_trip(a)
+    b.state = state_through_bytes(to_tree(a.state))
     r2 = Round(template, th1, conflicting(2, 3, 47), [2, 5, 6], [10, 20, 30], 0.1)
     out_a, m_a = run_round(a, template, 2, th1, r2)
     assert m_a[fedpcd.M_CORRECTED] == 1 and m_a[fedpcd.M_CONSTRAINTS] == 6
