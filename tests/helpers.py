@@ -66,3 +66,71 @@ def train_reply(
 def tiny_template(sizes=((3, 2), (2,))) -> ArrayRecord:
     """A small two-array 'model' for adapter tests."""
     return ArrayRecord({f"w{i}": Array(np.zeros(s, dtype=np.float32)) for i, s in enumerate(sizes)})
+
+
+# -- driving a strategy without a round loop ----------------------------------------------------
+def aggregate_round(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message]):
+    """One aggregation as the round loop does it: θ_t handed over (``set_model``, what
+    ``configure_train`` does), the replies' nodes expected, then ``aggregate_train``.
+    Returns (new ArrayRecord, metrics dict)."""
+    strategy.set_model(arrays)
+    strategy.expected = {int(r.metadata.src_node_id): int(r.content[keys.METRICS][keys.PARTITION_ID])
+                         for r in replies if not r.has_error()}
+    new, metrics = strategy.aggregate_train(server_round, replies)
+    return new, dict(metrics or {})
+
+
+def flat64(arrays: ArrayRecord) -> np.ndarray:
+    """An ArrayRecord's values as one float64 vector."""
+    return np.concatenate([a.numpy().ravel().astype(np.float64) for a in arrays.values()])
+
+
+def state_through_bytes(state):
+    """A strategy State saved and loaded as a checkpoint does it: ``fedcore.state.to_tree``,
+    ``torch.save``, ``torch.load(weights_only=True)``, ``from_tree``."""
+    import io
+
+    from fedcore.state import from_tree, to_tree
+
+    buf = io.BytesIO()
+    torch.save(to_tree(state), buf)
+    buf.seek(0)
+    return from_tree(torch.load(buf, weights_only=True))
+
+
+def play_rounds(strategy, plan, theta: np.ndarray, template: ArrayRecord, start: int = 1) -> list[np.ndarray]:
+    """Aggregate the rounds of ``plan`` from round ``start`` on, each round a list of clients
+    ``(pid, offset, loss_before, train_loss, num_examples)`` whose local model is
+    θ_t + 0.1·offset. Returns θ after each round (float64)."""
+    out = []
+    for r, clients in enumerate(plan, start=start):
+        replies = [train_reply(arrays_from_flat(theta + 0.1 * x, template), pid, loss_before=lb, train_loss=tl,
+                               num_examples=n) for pid, x, lb, tl, n in clients]
+        arrays, _ = aggregate_round(strategy, r, arrays_from_flat(theta, template), replies)
+        theta = flat64(arrays)
+        out.append(theta)
+    return out
+
+
+def random_plan(d: int, rounds: int, seed: int = 0) -> list[list[tuple]]:
+    """Rounds of (pid, offset, loss_before, train_loss, num_examples) with varying participation."""
+    rng = np.random.default_rng(seed)
+    sets = [[0, 1, 2], [3, 4, 1], [0, 2, 5], [4, 5, 3], [1, 0, 3]][:rounds]
+    return [[(pid, rng.normal(size=d), float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.5, 2.0)),
+              int(rng.integers(5, 30))) for pid in s] for s in sets]
+
+
+def check_resume_equals_uninterrupted(make_strategy, rounds: int = 4, cut: int = 2, atol: float = 1e-6) -> None:
+    """A strategy whose State went through a checkpoint after round ``cut`` (into a fresh
+    strategy) continues exactly as the uninterrupted one (tiny model, random rounds)."""
+    template = tiny_template()
+    d = sum(int(np.prod(a.shape)) for a in template.values())
+    plan = random_plan(d, rounds)
+    theta0 = np.random.default_rng(1).normal(size=d)
+    full = play_rounds(make_strategy(), plan, theta0, template)
+    first = make_strategy()
+    theta = play_rounds(first, plan[:cut], theta0, template)[-1]
+    resumed = make_strategy()
+    resumed.state = state_through_bytes(first.state)
+    for got, want in zip(play_rounds(resumed, plan[cut:], theta, template, start=cut + 1), full[cut:]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
