@@ -31,6 +31,7 @@ in a new process starts every personal model again from the global model.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
 import torch
@@ -43,9 +44,10 @@ from strategies.registry import register
 AGGREGATORS: dict[str, type[FairStrategy]] = {"fedavg": fedavg.FedAvg, "craft": craft.Craft}
 LAMBDA = "ditto-lambda"
 AGGREGATOR = "ditto-aggregator"
-# The arguments every FairStrategy takes besides its Params: the aggregator gets Ditto's.
-_COMMON = ("fraction_train", "fraction_evaluate", "min_train_nodes", "seed", "lr", "lr_decay",
-           "server_lr", "num_clients", "loss_before")
+# The arguments every FairStrategy takes besides its Params (each kept as the attribute of
+# that name): the aggregator gets Ditto's.
+_COMMON = tuple(p.name for p in inspect.signature(FairStrategy.__init__).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name != "params")
 
 
 @dataclasses.dataclass(frozen=True)

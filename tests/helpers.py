@@ -98,16 +98,34 @@ def state_through_bytes(state):
     return from_tree(torch.load(buf, weights_only=True))
 
 
+def aggregate_clients(strategy, server_round: int, theta: np.ndarray, template: ArrayRecord, clients):
+    """One aggregation from θ_t (a flat vector) with ``clients`` = [(pid, local model, loss_before,
+    train_loss, num_examples)]. Returns (θ_{t+1} as float64, metrics dict)."""
+    replies = [train_reply(arrays_from_flat(x, template), pid, loss_before=lb, train_loss=tl, num_examples=n)
+               for pid, x, lb, tl, n in clients]
+    arrays, metrics = aggregate_round(strategy, server_round, arrays_from_flat(theta, template), replies)
+    return flat64(arrays), metrics
+
+
+def perturbed_replies(template: ArrayRecord, rng: np.random.Generator, num_examples=(10, 30, 60, 20),
+                      scale: float = 0.01):
+    """Train replies of clients 0..m−1 whose local models are θ + scale·N(0, I) (θ = ``template``),
+    and those local models as sent ((m, d) float64 of the float32 values)."""
+    theta = flat64(template)
+    locals_ = [theta + scale * rng.normal(size=theta.size) for _ in num_examples]
+    msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k)
+            for pid, (x, k) in enumerate(zip(locals_, num_examples))]
+    return msgs, np.stack(locals_).astype(np.float32).astype(np.float64)
+
+
 def play_rounds(strategy, plan, theta: np.ndarray, template: ArrayRecord, start: int = 1) -> list[np.ndarray]:
     """Aggregate the rounds of ``plan`` from round ``start`` on, each round a list of clients
     ``(pid, offset, loss_before, train_loss, num_examples)`` whose local model is
     θ_t + 0.1·offset. Returns θ after each round (float64)."""
     out = []
     for r, clients in enumerate(plan, start=start):
-        replies = [train_reply(arrays_from_flat(theta + 0.1 * x, template), pid, loss_before=lb, train_loss=tl,
-                               num_examples=n) for pid, x, lb, tl, n in clients]
-        arrays, _ = aggregate_round(strategy, r, arrays_from_flat(theta, template), replies)
-        theta = flat64(arrays)
+        theta, _ = aggregate_clients(strategy, r, theta, template,
+                                     [(pid, theta + 0.1 * x, lb, tl, n) for pid, x, lb, tl, n in clients])
         out.append(theta)
     return out
 

@@ -11,7 +11,7 @@ from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from strategies import craft, registry
 from strategies.config_fl import ConFIG, config_step
-from tests.helpers import aggregate_round, arrays_from_flat, flat64, train_reply
+from tests.helpers import aggregate_round, flat64, perturbed_replies
 
 T = torch.float64
 
@@ -37,14 +37,9 @@ def test_config_step_closed_form():
 
 @pytest.fixture
 def digits_replies():
-    cfg = load_config({"method": "config-fl"})
-    template = ArrayRecord(initial_model(cfg).state_dict())
-    theta = flat.record_to_flat(template, dtype=torch.float64).numpy()
-    rng = np.random.default_rng(0)
-    n = (10, 30, 60, 20)
-    locals_ = [theta + 0.01 * rng.normal(size=theta.size) for _ in n]
-    msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k) for pid, (x, k) in enumerate(zip(locals_, n))]
-    return template, theta.astype(np.float32).astype(np.float64), msgs, np.stack(locals_).astype(np.float32).astype(np.float64)
+    template = ArrayRecord(initial_model(load_config({"method": "config-fl"})).state_dict())
+    msgs, locals_ = perturbed_replies(template, np.random.default_rng(0))
+    return template, flat64(template), msgs, locals_
 
 
 def test_config_fl_strategy(digits_replies):

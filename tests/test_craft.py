@@ -15,7 +15,7 @@ from fedcore.config import ConfigError, load_config
 from fedcore.state import to_tree
 from strategies import craft, registry
 from strategies.craft import Craft, aggregate_groups, craft_direction, key_groups, layer_groups
-from tests.helpers import aggregate_round, arrays_from_flat, flat64, state_through_bytes, train_reply
+from tests.helpers import aggregate_round, flat64, perturbed_replies, state_through_bytes
 
 T = torch.float64
 
@@ -207,17 +207,9 @@ def test_key_groups_without_a_model():
 # -- strategies on built replies -------------------------------------------------------------
 @pytest.fixture
 def digits_round():
-    cfg = load_config({"method": "craft"})
-    template = ArrayRecord(initial_model(cfg).state_dict())
-    theta = flat.record_to_flat(template, dtype=torch.float64).numpy()
+    template = ArrayRecord(initial_model(load_config({"method": "craft"})).state_dict())
     rng = np.random.default_rng(0)
-
-    def replies(scale=0.01, n=(10, 30, 60, 20)):
-        locals_ = [theta + scale * rng.normal(size=theta.size) for _ in n]
-        msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k) for pid, (x, k) in enumerate(zip(locals_, n))]
-        return msgs, np.stack(locals_).astype(np.float32).astype(np.float64)
-
-    return template, theta.astype(np.float32).astype(np.float64), replies
+    return template, flat64(template), lambda: perturbed_replies(template, rng)
 
 
 def mlp():

@@ -9,8 +9,7 @@ from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from strategies import registry
 from strategies.fedheal import FedHEAL, consistency_mask, masked_weighted_update
-from tests.helpers import (aggregate_round, arrays_from_flat, check_resume_equals_uninterrupted, flat64,
-                           tiny_template, train_reply)
+from tests.helpers import aggregate_clients, check_resume_equals_uninterrupted, tiny_template
 
 T64 = torch.float64
 
@@ -21,14 +20,6 @@ def _t(x):
 
 def _strategy(**keys):
     return registry.build(load_config({"method": "fedheal", **keys}))
-
-
-def _round(strat, rnd, theta, template, clients):
-    """One aggregation: clients = [(pid, local model, loss_before, train_loss, n)]."""
-    replies = [train_reply(arrays_from_flat(x, template), pid, loss_before=lb, train_loss=tl, num_examples=n)
-               for pid, x, lb, tl, n in clients]
-    arrays, metrics = aggregate_round(strat, rnd, arrays_from_flat(theta, template), replies)
-    return flat64(arrays), metrics
 
 
 def test_fedheal_mask_hand_value():
@@ -52,7 +43,7 @@ def test_fedheal_first_round_weights_and_update():
     theta = rng.normal(size=d)
     locals_ = [theta + rng.normal(size=d) * s for s in (0.5, 1.0, 2.0)]
     strat = _strategy()
-    new, metrics = _round(strat, 1, theta, template, [(p, x, 1.0, 1.0, 10) for p, x in enumerate(locals_)])
+    new, metrics = aggregate_clients(strat, 1, theta, template, [(p, x, 1.0, 1.0, 10) for p, x in enumerate(locals_)])
     deltas = np.stack([theta - x for x in locals_])
     offs = flat.spec_of(template).offsets()
     dist = np.array([sum(np.linalg.norm(row[a:b]) for a, b in offs) for row in deltas])
@@ -61,7 +52,7 @@ def test_fedheal_first_round_weights_and_update():
     np.testing.assert_allclose(metrics["fedheal-weights"], w, atol=1e-5)
     np.testing.assert_allclose(new, theta - w @ deltas, atol=1e-5)
     # β = 0 keeps uniform weights: FedAvg with equal weights
-    new0, _ = _round(FedHEAL(beta=0.0), 1, theta, template, [(p, x, 1.0, 1.0, 10) for p, x in enumerate(locals_)])
+    new0, _ = aggregate_clients(FedHEAL(beta=0.0), 1, theta, template, [(p, x, 1.0, 1.0, 10) for p, x in enumerate(locals_)])
     np.testing.assert_allclose(new0, np.mean(locals_, axis=0), atol=1e-5)
 
 
@@ -70,9 +61,9 @@ def test_fedheal_second_round_masks_by_sign_history():
     theta = np.zeros(6)
     strat = _strategy()
     first = np.array([1.0, 1.0, -1.0, -1.0, 1.0, -1.0])  # Δ of round 1
-    _round(strat, 1, theta, template, [(7, theta - first, 1.0, 1.0, 10)])
+    aggregate_clients(strat, 1, theta, template, [(7, theta - first, 1.0, 1.0, 10)])
     second = np.array([1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
-    new, metrics = _round(strat, 2, theta, template, [(7, theta - second, 1.0, 1.0, 10)])
+    new, metrics = aggregate_clients(strat, 2, theta, template, [(7, theta - second, 1.0, 1.0, 10)])
     mask = np.array([1, 0, 1, 0, 1, 0])  # same sign as round 1 on 0, 2, 4
     np.testing.assert_allclose(new, theta - mask * second, atol=1e-6)
     assert metrics["fedheal-mask-density"] == [0.5]

@@ -11,8 +11,7 @@ from fedcore.config import ConfigError, load_config
 from strategies import registry
 from strategies.fedpw import (FedPW, State, assign_slots, consensus_rescale, drop_rates, drop_smallest,
                               momentum_weights, smallest_k)
-from tests.helpers import (aggregate_round, arrays_from_flat, check_resume_equals_uninterrupted, flat64,
-                           tiny_template, train_reply)
+from tests.helpers import aggregate_clients, check_resume_equals_uninterrupted, tiny_template
 
 T64 = torch.float64
 
@@ -23,14 +22,6 @@ def _t(x):
 
 def _strategy(**keys):
     return registry.build(load_config({"method": "fedpw", **keys}))
-
-
-def _round(strat, rnd, theta, template, clients):
-    """One aggregation: clients = [(pid, local model, loss_before, train_loss, n)]."""
-    replies = [train_reply(arrays_from_flat(x, template), pid, loss_before=lb, train_loss=tl, num_examples=n)
-               for pid, x, lb, tl, n in clients]
-    arrays, metrics = aggregate_round(strat, rnd, arrays_from_flat(theta, template), replies)
-    return flat64(arrays), metrics
 
 
 def test_fedpw_drop_rates_hand_value():
@@ -104,14 +95,14 @@ def test_fedpw_adapter_rounds():
     local = theta - 0.3
     strat = _strategy(**{"num-clients": 6})
     # equal losses and updates: uniform weights and the common Δ (first round: no dropping)
-    new, metrics = _round(strat, 1, theta, template, [(p, local, 1.0, 1.0, 10) for p in range(3)])
+    new, metrics = aggregate_clients(strat, 1, theta, template, [(p, local, 1.0, 1.0, 10) for p in range(3)])
     np.testing.assert_allclose(new, local, atol=1e-6)
     np.testing.assert_allclose(metrics["fedpw-weights"], [1 / 3] * 3, atol=1e-9)
     assert metrics["fedpw-dropped"] == 0
     # second round, other clients: every client drops ⌊ρ_i n_q⌋ entries of each array
     rng = np.random.default_rng(2)
     clients = [(p, new + rng.normal(size=d), 1.0, tl, 10) for p, tl in zip((3, 4, 5), (0.5, 1.0, 2.0))]
-    _, metrics = _round(strat, 2, new, template, clients)
+    _, metrics = aggregate_clients(strat, 2, new, template, clients)
     rates = drop_rates(_t([0.5, 1.0, 2.0]), 0.3)
     sizes = flat.spec_of(template).sizes
     assert metrics["fedpw-dropped"] == sum(int(s * float(r)) for s in sizes for r in rates)
@@ -137,8 +128,8 @@ def test_unknown_clients_get_new_zero_slots():
             for pids in ([0, 1, 2], [1, 3, 4])]
     sized, grown = FedPW(num_clients=5), FedPW()
     for r, clients in enumerate(plan, start=1):
-        a, ma = _round(sized, r, theta, template, clients)
-        b, mb = _round(grown, r, theta, template, clients)
+        a, ma = aggregate_clients(sized, r, theta, template, clients)
+        b, mb = aggregate_clients(grown, r, theta, template, clients)
         np.testing.assert_array_equal(a, b)
         assert ma["fedpw-weights"] == mb["fedpw-weights"]
     assert grown.state.slots == {0: 0, 1: 1, 2: 2, 3: 3, 4: 4}
