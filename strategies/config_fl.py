@@ -15,14 +15,30 @@ which lets ``server-lr`` keep FedAvg's meaning: 0 (default) → η_g = η_l, a s
 Global, as ConFIG: one group holding the whole model (CRAFT's layer-wise variant is
 ``method=craft``). Clients with a zero update are inactive (they still count in m, as in
 FedAvg's mean). Stateless: nothing to checkpoint. One active client: its raw update / m.
+
+Hyperparameters (``Params``): ``craft-tol`` ≥ 0, default 0 (CRAFT's key, declared once in
+:func:`strategies.craft.tol_field`): clients with an update norm ≤ tol are inactive.
+``server-lr`` keeps its one meaning, η_g/η_l (0 → 1).
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
-from strategies.craft import GroupedStrategy, aggregate_groups
+import torch
+from flwr.app import MetricRecord
+
+from fedcore.params import MethodParams
+from strategies.craft import GroupedStrategy, aggregate_groups, tol_field
 from strategies.registry import register
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """ConFIG's one hyperparameter, read with CRAFT's key ``craft-tol``."""
+
+    prefix = "config-fl"
+    tol: float = tol_field()
 
 
 def config_step(updates: torch.Tensor, tol: float = 0.0) -> tuple[torch.Tensor, dict]:
@@ -38,17 +54,14 @@ def config_step(updates: torch.Tensor, tol: float = 0.0) -> tuple[torch.Tensor, 
     return agg.direction.mul_(scale), agg.diagnostics()
 
 
-class ConfigFLStrategy(GroupedStrategy):
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        theta, deltas, _ = self.deltas(replies)
-        step, diagnostics = config_step(deltas, self.tol)
-        eta_l = self.round_lr(server_round)
-        theta.sub_(step, alpha=(self.cfg.server_lr or eta_l) / eta_l)
-        return self.to_record(theta), MetricRecord({**diagnostics, "update-norm": float(step.norm())})
-
-
 @register("config-fl")
-def build(cfg):
-    return ConfigFLStrategy(cfg, layerwise=False, tol=cfg.get_float("craft-tol", low=0.0))
+class ConFIG(GroupedStrategy):
+    """ConFIG (see the module docstring): ``ConFIG(fraction_train=0.1, tol=0.0)``."""
+
+    Params = Params
+
+    def aggregate_valid(self, server_round, replies):
+        theta, deltas, _ = self.deltas(replies)
+        step, diagnostics = config_step(deltas, self.params.tol)
+        theta.sub_(step, alpha=self.step_scale(server_round))
+        return self.to_record(theta), MetricRecord({**diagnostics, "update-norm": float(step.norm())})

@@ -24,19 +24,28 @@ over its (m × d_q) block (Gram, Δ ĝ, Δᵀ c) and no (m × d) temporary; the 
 matrix itself is written straight from the reply bytes into a buffer kept across rounds
 (:func:`fedcore.flat.records_to_deltas`).
 
-Layer groups (:func:`layer_groups`) come from the model's module structure: a module's
-weight and bias form one group, a GroupNorm/LayerNorm joins the convolution before it
-in the same parent module, and every other tensor is its own group (``craft-layerwise
-= false``: one group for the whole model).
+Layer groups (:func:`layer_groups`) come from the model's module structure when the
+strategy is given the run's model (``Craft(model=net)``; this app passes it): a module's
+weight and bias form one group, a GroupNorm/LayerNorm joins the convolution before it in
+the same parent module, and every other tensor is its own group. Without a model (a
+foreign app that did not pass one) the groups come from the ArrayRecord keys alone
+(:func:`key_groups`): ``<module>.weight`` and ``<module>.bias`` together, every other
+tensor alone — so a norm layer is then *not* merged with its convolution (it forms a group
+of its own). ``craft-layerwise = false``: one group for the whole model.
 
-Hyperparameters (run-config keys):
+Hyperparameters (``Params``; run-config keys):
 
-* ``server-lr`` η_s — default 0 means CRAFT's own default, 0.1 (the authors'
-  ``utils/config.yaml``). Note g is scale-free (unit rows, Σρ = 1): η_s is a step
-  length per group, not a multiple of the clients' step.
+* ``craft-step`` η_s > 0 — default 0.1 (the authors' ``utils/config.yaml``): the absolute
+  step θ_{t+1} = θ_t − η_s g. Note g is scale-free (unit rows, Σρ = 1): η_s is a step
+  length per group, not a multiple of the clients' step, so it is not ``server-lr``
+  (which CRAFT refuses when non-zero: ``server-lr`` has one meaning, η_g/η_l, everywhere).
+  The client learning rate and its decay do not enter CRAFT's step.
 * ``craft-rho`` — ``data-size`` (default, ρ_i ∝ n_i as the authors) or ``uniform``.
 * ``craft-layerwise`` — true (default) solves per layer group; false: one global group.
 * ``craft-tol`` — ≥ 0, default 0: clients with a group update norm ≤ tol are inactive.
+
+State (:class:`State`, checkpointed): the previous round's unscaled aggregate g (the
+reference) and the round it was computed in.
 
 Degenerate cases: one client (or one active client per group) gives that client's raw
 update, so with one client per round and η_s = 1 CRAFT is the client's model; two
@@ -50,22 +59,47 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
+from flwr.app import MetricRecord
 
-from fedcore import flat
-from fedcore import keys
-from strategies.base import FairStrategy
+from fedcore import flat, keys
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, hyper
+from strategies.base import FairStrategy, metric_column, reply_metrics
 from strategies.registry import register
 
 if TYPE_CHECKING:
     from torch import nn
 
 RHO_CHOICES = ("data-size", "uniform")
-DEFAULT_SERVER_LR = 0.1  # authors' utils/config.yaml
 
 # Diagnostics keys (MetricRecord of aggregate_train → rounds.jsonl "strategy")
 ACTIVE = "craft-active"
 CONFLICT_BEFORE = "craft-conflict-before"
 CONFLICT_AFTER = "craft-conflict-after"
+
+
+def tol_field() -> Any:
+    """``craft-tol``: declared here once, shared by CRAFT's and ConFIG's ``Params``."""
+    return hyper(0.0, low=0.0, key="craft-tol")
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """CRAFT's hyperparameters (see the module docstring)."""
+
+    prefix = "craft"
+    rho: str = hyper("data-size", choices=RHO_CHOICES)
+    layerwise: bool = hyper(True)
+    tol: float = tol_field()
+    step: float = hyper(0.1, low=0.0, low_open=True)  # authors' utils/config.yaml
+
+
+@dataclasses.dataclass
+class State:
+    """What CRAFT carries from one round to the next."""
+
+    reference: torch.Tensor | None = None  # (d,) the previous round's unscaled aggregate g
+    last_round: int = 0  # the round that computed it
 
 
 # -- layer groups ---------------------------------------------------------------------------
@@ -99,6 +133,23 @@ def _norm_owners(model: nn.Module) -> dict[str, str]:
     return owners
 
 
+def _merge_groups(keys: tuple[str, ...], sizes: tuple[int, ...], owners: dict[str, str]) -> list[LayerGroup]:
+    """Adjacent tensors of one group merged: ``<module>.weight``/``.bias`` form the group of
+    ``owners.get(module, module)``, every other tensor is a group of its own."""
+    groups: list[LayerGroup] = []
+    offset = 0
+    for key, n in zip(keys, sizes):
+        module, _, leaf = key.rpartition(".")
+        group = owners.get(module, module) if leaf in ("weight", "bias") else key
+        if groups and groups[-1].name == group:  # adjacent tensors of one group merge
+            last = groups[-1]
+            groups[-1] = LayerGroup(group, last.keys + (key,), last.start, offset + n)
+        else:
+            groups.append(LayerGroup(group, (key,), offset, offset + n))
+        offset += n
+    return groups
+
+
 def layer_groups(model: nn.Module, keys: tuple[str, ...] | None = None) -> list[LayerGroup]:
     """CRAFT's layer groups of ``model`` as slices of its flat ``state_dict()`` vector.
 
@@ -109,20 +160,14 @@ def layer_groups(model: nn.Module, keys: tuple[str, ...] | None = None) -> list[
     if keys is not None and tuple(state) != tuple(keys):
         raise ValueError("CRAFT layer groups: the model's state_dict keys differ from the ArrayRecord's "
                          "(the run's model must be built from the same run config)")
-    owners = _norm_owners(model)
-    groups: list[LayerGroup] = []
-    offset = 0
-    for key, tensor in state.items():
-        module, _, leaf = key.rpartition(".")
-        group = owners.get(module, module) if leaf in ("weight", "bias") else key
-        n = tensor.numel()
-        if groups and groups[-1].name == group:  # adjacent tensors of one group merge
-            last = groups[-1]
-            groups[-1] = LayerGroup(group, last.keys + (key,), last.start, offset + n)
-        else:
-            groups.append(LayerGroup(group, (key,), offset, offset + n))
-        offset += n
-    return groups
+    return _merge_groups(tuple(state), tuple(t.numel() for t in state.values()), _norm_owners(model))
+
+
+def key_groups(keys: tuple[str, ...], sizes: tuple[int, ...]) -> list[LayerGroup]:
+    """Layer groups from the ArrayRecord keys alone (no model at hand): a module's weight
+    and bias together, every other tensor alone. Norm layers are *not* merged with their
+    convolution here (that needs the module structure: :func:`layer_groups`)."""
+    return _merge_groups(tuple(keys), tuple(sizes), {})
 
 
 # -- one group ------------------------------------------------------------------------------
@@ -257,26 +302,34 @@ def aggregate_groups(
 
 # -- strategies ---------------------------------------------------------------------------------
 class GroupedStrategy(FairStrategy):
-    """Shared plumbing of CRAFT and ConFIG: layer groups from the run's model structure."""
+    """Shared plumbing of CRAFT and ConFIG: layer groups and the (m, d) update buffer.
 
-    def __init__(self, cfg, layerwise: bool, tol: float) -> None:
-        super().__init__(cfg)
-        self.layerwise = layerwise
-        self.tol = tol
+    ``model`` (optional): the run's freshly built model, whose module structure gives the
+    layer groups (:func:`layer_groups`); without it they come from the ArrayRecord keys
+    (:func:`key_groups`).
+    """
+
+    app_arguments = ("model",)
+
+    def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.model = model
         self._groups: list[tuple[int, int]] | None = None
-        self._buffer: torch.Tensor | None = None  # (m, d) updates, reused every round
+        self._buffer: torch.Tensor | None = None  # (m, d) updates, reused every round (scratch)
+
+    @property
+    def layerwise(self) -> bool:
+        return False
 
     def groups(self) -> list[tuple[int, int]]:
         if self._groups is None:
             assert self.spec is not None
             if not self.layerwise:
                 self._groups = [(0, self.spec.dim)]
+            elif self.model is not None:
+                self._groups = [(g.start, g.stop) for g in layer_groups(self.model, self.spec.keys)]
             else:
-                from client_app.models import build_model, input_spec
-
-                shape, classes = input_spec(self.cfg)  # no seeding: only the structure is used
-                model = build_model(self.cfg.model, shape, classes)
-                self._groups = [(g.start, g.stop) for g in layer_groups(model, self.spec.keys)]
+                self._groups = [(g.start, g.stop) for g in key_groups(self.spec.keys, self.spec.sizes)]
         return self._groups
 
     def deltas(self, replies) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -286,55 +339,37 @@ class GroupedStrategy(FairStrategy):
         if self._buffer is None or self._buffer.shape[0] < len(replies):
             self._buffer = torch.empty(len(replies), theta.numel(), dtype=theta.dtype)
         deltas = flat.records_to_deltas(theta, [r.content[keys.ARRAYS] for r in replies], out=self._buffer)
-        sizes = [float(r.content[keys.METRICS][keys.NUM_EXAMPLES]) for r in replies]
-        return theta, deltas, torch.tensor(sizes, dtype=torch.float64)
-
-
-class CraftStrategy(GroupedStrategy):
-    """CRAFT (paper 002_*): θ_{t+1} = θ_t − η_s g, g per layer group, see the module docstring.
-
-    State (checkpointed): the previous round's unscaled aggregate (the reference) and the
-    round it was computed in.
-    """
-
-    def __init__(self, cfg, server_lr: float, rho: str, layerwise: bool, tol: float) -> None:
-        super().__init__(cfg, layerwise, tol)
-        self.server_lr = server_lr
-        self.rho = rho
-        self.reference: torch.Tensor | None = None
-        self.last_round = 0
-
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        theta, deltas, sizes = self.deltas(replies)
-        weights = sizes if self.rho == "data-size" else torch.ones_like(sizes)
-        agg = aggregate_groups(deltas, weights, self.groups(), self.reference, self.tol)
-        self.reference, self.last_round = agg.direction, int(server_round)
-        theta.sub_(agg.direction, alpha=self.server_lr)
-        metrics = {**agg.diagnostics(), "update-norm": float(torch.linalg.vector_norm(agg.direction))}
-        return self.to_record(theta), MetricRecord(metrics)
-
-    def state_dict(self) -> dict[str, Any]:
-        ref = torch.empty(0) if self.reference is None else self.reference.clone()
-        return {"reference": ref, "round": self.last_round}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ref = torch.as_tensor(state["reference"], dtype=torch.float32)
-        self.reference = None if ref.numel() == 0 else ref.clone()
-        self.last_round = int(state["round"])
-
-
-def read_craft_keys(cfg) -> dict[str, Any]:
-    """CRAFT's run-config keys, validated (Ditto's ``craft`` aggregator reads them too)."""
-    return {
-        "server_lr": cfg.server_lr or DEFAULT_SERVER_LR,
-        "rho": cfg.get_choice("craft-rho", RHO_CHOICES),
-        "layerwise": cfg.get_bool("craft-layerwise"),
-        "tol": cfg.get_float("craft-tol", low=0.0),
-    }
+        return theta, deltas, metric_column(reply_metrics(replies), keys.NUM_EXAMPLES)
 
 
 @register("craft")
-def build(cfg):
-    return CraftStrategy(cfg, **read_craft_keys(cfg))
+class Craft(GroupedStrategy):
+    """CRAFT (paper 002_*): θ_{t+1} = θ_t − η_s g, g per layer group, see the module docstring.
+
+    ``Craft(fraction_train=0.1, step=0.1, rho="data-size", layerwise=True, tol=0.0,
+    model=net)``; ``server_lr`` must stay 0 (the step is ``step``).
+    """
+
+    Params = Params
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.server_lr != 0.0:
+            raise ConfigError(f"run-config key 'server-lr' = {self.server_lr} is not used by CRAFT: "
+                              "set its absolute step with craft-step (default 0.1) and leave server-lr = 0")
+
+    @property
+    def layerwise(self) -> bool:
+        return self.params.layerwise
+
+    def init_state(self) -> State:
+        return State()
+
+    def aggregate_valid(self, server_round, replies):
+        theta, deltas, sizes = self.deltas(replies)
+        weights = sizes if self.params.rho == "data-size" else torch.ones_like(sizes)
+        agg = aggregate_groups(deltas, weights, self.groups(), self.state.reference, self.params.tol)
+        self.state.reference, self.state.last_round = agg.direction, int(server_round)
+        theta.sub_(agg.direction, alpha=self.params.step)
+        metrics = {**agg.diagnostics(), "update-norm": float(torch.linalg.vector_norm(agg.direction))}
+        return self.to_record(theta), MetricRecord(metrics)

@@ -10,59 +10,93 @@ Clients are scored with their personal models (``personalized = True``: the serv
 federated evaluation; a client never sampled yet is scored with the global model, which
 is where its personal model starts). The shared model is aggregated by FedAvg or by CRAFT
 (``ditto-aggregator``), the CRAFT paper's "CRAFT inside Ditto" experiment; the aggregator is
-the registered strategy itself (:mod:`strategies.fedavg`, :mod:`strategies.craft`), so its
-keys (``server-lr``, ``craft-*``) apply unchanged.
+the registered strategy itself (:class:`strategies.fedavg.FedAvg`, :class:`strategies.craft.Craft`),
+built with Ditto's own common arguments, so its keys (``server-lr`` for FedAvg, ``craft-*``
+for CRAFT, which refuses a non-zero ``server-lr`` as it does alone) apply unchanged.
 
-Hyperparameters:
+Hyperparameters (``Params``; CRAFT's are CRAFT's own ``Params``, nested, not declared again):
 
 * ``ditto-lambda`` λ ≥ 0, default 0.1 (Ditto's grid {0.1, 1, 2}). λ = 0: personal models
   are purely local (trained from their own past state, never pulled); large λ: they track
-  the global model.
+  the global model. Sent to the clients in every request's config (:meth:`Ditto.client_config`);
+  the client routine is :mod:`client_app.methods.ditto`.
 * ``ditto-aggregator`` — ``fedavg`` (default, Ditto as published) or ``craft``.
 
-Checkpoints: the aggregator's state is saved, but the personal models live on the nodes
+State (:class:`State`): the aggregator's own State (CRAFT's reference; FedAvg keeps none).
+Checkpoints: that state is saved, but the personal models live on the nodes
 (Flower's per-node ``context.state``), not on the server: a run resumed from a checkpoint
 in a new process starts every personal model again from the global model.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
+import torch
+
+from fedcore.params import MethodParams, hyper, nested
 from strategies import craft, fedavg
 from strategies.base import FairStrategy
 from strategies.registry import register
 
-AGGREGATORS = {"fedavg": fedavg.build, "craft": craft.build}
+AGGREGATORS: dict[str, type[FairStrategy]] = {"fedavg": fedavg.FedAvg, "craft": craft.Craft}
 LAMBDA = "ditto-lambda"
 AGGREGATOR = "ditto-aggregator"
+# The arguments every FairStrategy takes besides its Params (each kept as the attribute of
+# that name): the aggregator gets Ditto's.
+_COMMON = tuple(p.name for p in inspect.signature(FairStrategy.__init__).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name != "params")
 
 
-class DittoStrategy(FairStrategy):
-    client_method = "ditto"
-    personalized = True
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """Ditto's hyperparameters; ``craft`` are the CRAFT aggregator's (its own keys)."""
 
-    def __init__(self, cfg, shared: FairStrategy) -> None:
-        super().__init__(cfg)
-        self.shared = shared  # the shared model's aggregator
-        self.needs_individual_updates = shared.needs_individual_updates
+    prefix = "ditto"
+    lam: float = hyper(0.1, low=0.0, key=LAMBDA)
+    aggregator: str = hyper("fedavg", choices=tuple(AGGREGATORS))
+    craft: craft.Params = nested(craft.Params)
 
-    def begin_round(self, server_round, arrays):
-        super().begin_round(server_round, arrays)
-        return self.shared.begin_round(server_round, arrays)
 
-    def aggregate_train(self, server_round, replies):
-        return self.shared.aggregate_train(server_round, replies)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"shared": self.shared.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.shared.load_state_dict(state["shared"])
+@dataclasses.dataclass
+class State:
+    shared: Any = None  # the aggregator's State (None for FedAvg)
 
 
 @register("ditto")
-def build(cfg):
-    cfg.get_float(LAMBDA, low=0.0)  # read by the clients; fail here, before the run starts
-    aggregator = cfg.get_choice(AGGREGATOR, tuple(AGGREGATORS))
-    return DittoStrategy(cfg, AGGREGATORS[aggregator](cfg))
+class Ditto(FairStrategy):
+    """Ditto (see the module docstring): ``Ditto(fraction_train=0.1, lam=0.1, aggregator="craft",
+    model=net)``. The shared model's step is the aggregator's (:attr:`shared`)."""
+
+    Params = Params
+    client_method = "ditto"
+    personalized = True
+    app_arguments = ("model",)  # for the CRAFT aggregator's layer groups
+
+    def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        cls = AGGREGATORS[self.params.aggregator]
+        extra = {"model": model} if "model" in cls.app_arguments else {}
+        params = self.params.craft if cls is craft.Craft else cls.Params()
+        self.shared = cls(params=params, **{k: getattr(self, k) for k in _COMMON}, **extra)
+        self.needs_individual_updates = self.shared.needs_individual_updates
+        self.state = self.init_state()
+
+    def init_state(self) -> State:
+        shared = getattr(self, "shared", None)  # None while FairStrategy.__init__ runs
+        return State(None if shared is None else shared.init_state())
+
+    def client_config(self) -> dict[str, Any]:
+        return {LAMBDA: self.params.lam}
+
+    def set_model(self, arrays) -> None:
+        super().set_model(arrays)
+        self.shared.set_model(arrays)
+
+    def aggregate_valid(self, server_round, replies):
+        self.shared.state = self.state.shared  # a restored checkpoint replaces self.state
+        out = self.shared.aggregate_valid(server_round, replies)
+        self.state.shared = self.shared.state
+        return out

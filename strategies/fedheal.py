@@ -17,14 +17,15 @@ Following the authors' code (``yuhangchen0/FedHEAL``, ``models/fedavgheal.py`` a
   client keeps a coordinate the masked updates are all zero and θ stays put there),
   with s = ``server-lr``/``lr`` (1 when ``server-lr`` is 0, the default).
 
-Partial participation: r_i, n_i, δ_i and w_i persist across rounds keyed by partition id.
+Partial participation: r_i, n_i, δ_i and w_i persist across rounds keyed by client id
+(:class:`State`: one :class:`ClientMemory` per client seen).
 The code counts n by the global round index (it runs all clients every round); here n is
 the client's own number of participations, and Σ D sums over this round's clients only
 (the code's dict also held stale distances of absent clients).
 
-Hyperparameters: ``fedheal-threshold`` τ_s = 0.3 (the code's default; τ_s = 0 keeps
-every coordinate whose sign occurred before; any τ_s < 0 keeps all) and ``fedheal-beta``
-β = 0.4 (β = 0 keeps the weights at uniform 1/m: with τ_s < 0 that is FedAvg with
+Hyperparameters (``Params``): ``fedheal-threshold`` τ_s ≤ 1, default 0.3 (the code's
+default; τ_s = 0 keeps every coordinate whose sign occurred before; any τ_s < 0 keeps all)
+and ``fedheal-beta`` β ∈ [0, 1], default 0.4 (β = 0 keeps the weights at uniform 1/m: with τ_s < 0 that is FedAvg with
 uniform weights).
 """
 
@@ -34,12 +35,21 @@ import dataclasses
 
 import torch
 
+from flwr.app import MetricRecord
+
 from fedcore import flat
+from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
 
-THRESHOLD = "fedheal-threshold"
-BETA = "fedheal-beta"
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """FedHEAL's hyperparameters (see the module docstring)."""
+
+    prefix = "fedheal"
+    threshold: float = hyper(0.3, high=1.0)
+    beta: float = hyper(0.4, low=0.0, high=1.0)
 
 
 def consistency_mask(
@@ -76,30 +86,36 @@ class ClientMemory:
     weight: float  # unnormalised weight w_i
 
 
-class FedHEALStrategy(FairStrategy):
-    def __init__(self, cfg, threshold: float = 0.3, beta: float = 0.4) -> None:
-        super().__init__(cfg)
-        self.threshold = threshold
-        self.beta = beta
-        self.clients: dict[int, ClientMemory] = {}
+@dataclasses.dataclass
+class State:
+    clients: dict[int, ClientMemory] = dataclasses.field(default_factory=dict)  # client id → memory
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
 
+@register("fedheal")
+class FedHEAL(FairStrategy):
+    """FedHEAL (see the module docstring): ``FedHEAL(fraction_train=0.1, threshold=0.3, beta=0.4)``."""
+
+    Params = Params
+
+    def init_state(self) -> State:
+        return State()
+
+    def aggregate_valid(self, server_round, replies):
         batch = unpack_replies(replies)
         theta = self.current_flat()
         deltas = flat.model_deltas(theta, batch.local)
         m = deltas.shape[0]
+        clients, beta = self.state.clients, self.params.beta
         # Row by row, no (m, d) sign matrix: 100 ResNet-18 replies are 4.5 GB per such matrix.
         masks = torch.empty_like(deltas)
         for row, pid in enumerate(batch.partition_ids):
             positive = (deltas[row] >= 0).to(deltas.dtype)
-            mem = self.clients.get(pid)
+            mem = clients.get(pid)
             if mem is None:  # first participation: keep everything, start the frequency
                 masks[row] = 1.0
-                self.clients[pid] = ClientMemory(positive, 1, 0.0, 1.0 / m)
+                clients[pid] = ClientMemory(positive, 1, 0.0, 1.0 / m)
             else:
-                masks[row] = consistency_mask(deltas[row], mem.up_freq, self.threshold)
+                masks[row] = consistency_mask(deltas[row], mem.up_freq, self.params.threshold)
                 mem.up_freq = (mem.up_freq * mem.count + positive) / (mem.count + 1)
                 mem.count += 1
         masked = deltas.mul_(masks)  # m_i ⊙ Δ_i in place (Δ is not needed afterwards)
@@ -107,49 +123,20 @@ class FedHEALStrategy(FairStrategy):
         dist = masked_distances(masked, self.spec.offsets())
         share = dist / dist.sum() if dist.sum() > 0 else torch.full_like(dist, 1.0 / m)
         for pid, s in zip(batch.partition_ids, share.tolist()):
-            mem = self.clients[pid]
-            mem.delta = (1.0 - self.beta) * mem.delta + self.beta * s
+            mem = clients[pid]
+            mem.delta = (1.0 - beta) * mem.delta + beta * s
             mem.weight = mem.weight + mem.delta
-        raw = torch.tensor([self.clients[pid].weight for pid in batch.partition_ids], dtype=torch.float64)
+        raw = torch.tensor([clients[pid].weight for pid in batch.partition_ids], dtype=torch.float64)
         weights = raw / raw.sum()
 
         update = masked_weighted_update(masked, masks, weights)
-        eta_l = self.round_lr(server_round)
-        scale = (self.cfg.server_lr or eta_l) / eta_l
+        scale = self.step_scale(server_round)
         new = theta - scale * update
         metrics = {
             "fedheal-weights": [float(x) for x in weights],
-            "fedheal-momentum": [self.clients[pid].delta for pid in batch.partition_ids],
+            "fedheal-momentum": [clients[pid].delta for pid in batch.partition_ids],
             "fedheal-mask-density": [float(x) for x in masks.mean(1)],
             "fedheal-uncovered": float((masks.sum(0) == 0).to(torch.float64).mean()),
             "update-norm": float(scale * update.norm()),
         }
         return self.to_record(new), MetricRecord(metrics)
-
-    def state_dict(self):
-        ids = sorted(self.clients)
-        mems = [self.clients[i] for i in ids]
-        return {
-            "ids": ids,
-            "up_freq": torch.stack([c.up_freq for c in mems]) if ids else torch.empty(0),
-            "count": [c.count for c in mems],
-            "delta": [c.delta for c in mems],
-            "weight": [c.weight for c in mems],
-        }
-
-    def load_state_dict(self, state):
-        freq = torch.as_tensor(state["up_freq"])
-        self.clients = {
-            int(pid): ClientMemory(freq[k].clone(), int(state["count"][k]), float(state["delta"][k]),
-                                   float(state["weight"][k]))
-            for k, pid in enumerate(state["ids"])
-        }
-
-
-@register("fedheal")
-def build(cfg):
-    return FedHEALStrategy(
-        cfg,
-        threshold=cfg.get_float(THRESHOLD, 0.3, high=1.0),
-        beta=cfg.get_float(BETA, 0.4, low=0.0, high=1.0),
-    )

@@ -30,14 +30,16 @@ columns whose normalised spread is undefined (all clients zero there) never coun
 agreeing (the code's NaN sorts last the same way); with m = 1 no rescale (no spread).
 
 Partial participation: the code runs all clients every round. Here p, δp, p^G, δp^G are
-kept for all N partitions (state keyed by partition id, zeros until first seen); a round
+kept for all N clients (:class:`State`, one slot per client id, zeros until first seen: with
+``num_clients`` = N the slots are the partition ids 0..N−1, and a client id never seen
+before — a foreign app's node id — gets a new zero slot); a round
 updates the momentum of its sampled clients only, normalises p over all N as the code
 does, and restricts p and p^G to S_t (renormalised to sum 1) for the stds and the weights.
 Shares, averages, ρ and the reference values of the first round are over S_t. With full
 participation this is exactly the code.
 
-Hyperparameters: ``fedpw-beta`` β = 0.3 and ``fedpw-drop-rate`` ρ̄ = 0.3 (the code's
-defaults). Degenerate case: ρ̄ = 0 drops and rescales nothing; with equal losses and
+Hyperparameters (``Params``): ``fedpw-beta`` β ∈ [0, 1], default 0.3, and
+``fedpw-drop-rate`` ρ̄ ∈ [0, 1], default 0.3 (the code's defaults). Degenerate case: ρ̄ = 0 drops and rescales nothing; with equal losses and
 identical updates every share is 1/m and the step is the uniform mean of Δ_i (FedAvg
 with uniform weights).
 """
@@ -49,14 +51,23 @@ import dataclasses
 import numpy as np
 import torch
 
+from flwr.app import MetricRecord
+
 from fedcore import flat
+from fedcore.params import MethodParams, hyper
 from strategies import linalg
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
-
-BETA = "fedpw-beta"
-DROP_RATE = "fedpw-drop-rate"
 _STAT_MARKERS = ("running_mean", "running_var", "num_batches_tracked")  # not parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """FedPW's hyperparameters (see the module docstring)."""
+
+    prefix = "fedpw"
+    beta: float = hyper(0.3, low=0.0, high=1.0)
+    drop_rate: float = hyper(0.3, low=0.0, high=1.0)
 
 
 def is_statistic(name: str) -> bool:
@@ -159,8 +170,8 @@ def fedpw_update(
 
 
 @dataclasses.dataclass
-class FedPWState:
-    """Momentum weights over all N partitions (index = partition id) and round-0 references."""
+class State:
+    """Momentum weights, one slot per client, and the first round's reference values."""
 
     p_loss: torch.Tensor
     dp_loss: torch.Tensor
@@ -169,18 +180,31 @@ class FedPWState:
     loss_ref: float = 0.0  # mean loss of the first aggregated round
     gram_ref: float = 0.0  # mean (GΣ)_i of the first aggregated round
     rounds_done: int = 0
+    slots: dict[int, int] = dataclasses.field(default_factory=dict)  # client id → index
 
     @classmethod
-    def zeros(cls, n: int) -> FedPWState:
+    def zeros(cls, n: int) -> State:
+        """N zero slots for clients 0..N−1."""
         z = lambda: torch.zeros(n, dtype=torch.float64)  # noqa: E731
-        return cls(z(), z(), z(), z())
+        return cls(z(), z(), z(), z(), slots={i: i for i in range(n)})
+
+
+def assign_slots(state: State, clients: list[int]) -> list[int]:
+    """The slots of ``clients``; a client seen for the first time gets a new zero slot."""
+    for c in clients:
+        if c not in state.slots:
+            state.slots[c] = len(state.p_loss)
+            zero = torch.zeros(1, dtype=torch.float64)
+            state.p_loss, state.dp_loss, state.p_gram, state.dp_gram = (
+                torch.cat([v, zero]) for v in (state.p_loss, state.dp_loss, state.p_gram, state.dp_gram))
+    return [state.slots[c] for c in clients]
 
 
 def momentum_weights(
-    state: FedPWState, ids: list[int], loss_share: torch.Tensor, gram_share: torch.Tensor,
+    state: State, ids: list[int], loss_share: torch.Tensor, gram_share: torch.Tensor,
     beta_loss: float, beta_gram: float,
 ) -> tuple[torch.Tensor, float]:
-    """Advance the momenta of clients ``ids`` in place; the round's weights and mix r."""
+    """Advance the momenta of the slots ``ids`` in place; the round's weights and mix r."""
     idx = torch.tensor(ids, dtype=torch.long)
     restricted = []
     for p, dp, share, b in ((state.p_loss, state.dp_loss, loss_share, beta_loss),
@@ -198,16 +222,17 @@ def momentum_weights(
     return ratio * q_loss + (1.0 - ratio) * q_gram, ratio
 
 
-class FedPWStrategy(FairStrategy):
-    def __init__(self, cfg, beta: float = 0.3, drop_rate: float = 0.3) -> None:
-        super().__init__(cfg)
-        self.beta = beta
-        self.drop_rate = drop_rate
-        self.state = FedPWState.zeros(cfg.num_clients)
+@register("fedpw")
+class FedPW(FairStrategy):
+    """FedPW (see the module docstring): ``FedPW(fraction_train=0.1, beta=0.3, drop_rate=0.3,
+    num_clients=N)``."""
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
+    Params = Params
 
+    def init_state(self) -> State:
+        return State.zeros(self.num_clients or 0)
+
+    def aggregate_valid(self, server_round, replies):
         batch = unpack_replies(replies)
         theta = self.current_flat()
         deltas = flat.model_deltas(theta, batch.local)
@@ -218,20 +243,20 @@ class FedPWStrategy(FairStrategy):
         losses = batch.train_loss
         loss_share = losses / losses.sum()
         gram_share, gram_row = gram_shares(deltas, param_groups)
-        st = self.state
+        st, beta = self.state, self.params.beta
         if st.rounds_done == 0:
             st.loss_ref, st.gram_ref = float(losses.mean()), float(gram_row.mean())
-        beta_loss = self.beta * float(losses.mean()) / st.loss_ref if st.loss_ref > 0 else self.beta
-        beta_gram = self.beta * float(gram_row.mean()) / st.gram_ref if st.gram_ref > 0 else self.beta
-        weights, ratio = momentum_weights(st, batch.partition_ids, loss_share, gram_share, beta_loss, beta_gram)
+        beta_loss = beta * float(losses.mean()) / st.loss_ref if st.loss_ref > 0 else beta
+        beta_gram = beta * float(gram_row.mean()) / st.gram_ref if st.gram_ref > 0 else beta
+        slots = assign_slots(st, batch.partition_ids)
+        weights, ratio = momentum_weights(st, slots, loss_share, gram_share, beta_loss, beta_gram)
 
-        rates = drop_rates(losses, self.drop_rate)
+        rates = drop_rates(losses, self.params.drop_rate)
         g, dropped, rescaled = fedpw_update(
-            deltas, weights, rates, self.drop_rate, groups, statistic, drop=st.rounds_done > 0
+            deltas, weights, rates, self.params.drop_rate, groups, statistic, drop=st.rounds_done > 0
         )
         st.rounds_done += 1
-        eta_l = self.round_lr(server_round)
-        scale = (self.cfg.server_lr or eta_l) / eta_l
+        scale = self.step_scale(server_round)
         new = theta.to(torch.float64) - scale * g
         metrics = {
             "fedpw-weights": [float(x) for x in weights],
@@ -244,22 +269,3 @@ class FedPWStrategy(FairStrategy):
             "update-norm": float(scale * g.norm()),
         }
         return self.to_record(new.to(theta.dtype)), MetricRecord(metrics)
-
-    def state_dict(self):
-        return {k: (v.clone() if torch.is_tensor(v) else v) for k, v in dataclasses.asdict(self.state).items()}
-
-    def load_state_dict(self, state):
-        vec = lambda k: torch.as_tensor(state[k], dtype=torch.float64).clone()  # noqa: E731
-        self.state = FedPWState(
-            vec("p_loss"), vec("dp_loss"), vec("p_gram"), vec("dp_gram"),
-            float(state["loss_ref"]), float(state["gram_ref"]), int(state["rounds_done"]),
-        )
-
-
-@register("fedpw")
-def build(cfg):
-    return FedPWStrategy(
-        cfg,
-        beta=cfg.get_float(BETA, 0.3, low=0.0, high=1.0),
-        drop_rate=cfg.get_float(DROP_RATE, 0.3, low=0.0, high=1.0),
-    )

@@ -98,7 +98,7 @@ def aggregate_round(strategy, server_round: int, theta, template: ArrayRecord, r
     return flat64(arrays), dict(metrics or {})
 
 
-def state_through_bytes(tree):
+def tree_through_bytes(tree):
     """A ``fedcore.state.to_tree`` tree written by torch.save and read back with
     ``weights_only=True`` (as a checkpoint is), then rebuilt by ``from_tree``."""
     import io
@@ -130,7 +130,7 @@ def check_resume(make_strategy, template: ArrayRecord, theta0, replies_at, round
     tree = to_tree(first.state)
     aggregate_round(first, cut + 1, theta, template, replies_at(cut + 1, theta + 5.0))  # must not leak into tree
     resumed = make_strategy()
-    resumed.state = state_through_bytes(tree)
+    resumed.state = tree_through_bytes(tree)
     for r in range(cut + 1, rounds + 1):
         theta, _ = aggregate_round(resumed, r, theta, template, replies_at(r, theta))
         np.testing.assert_allclose(theta, outs[r - 1], rtol=0, atol=atol, err_msg=f"round {r}")
@@ -181,3 +181,67 @@ def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: 
         expected[node] = int(pid) if pid is not None else node - 1000
     strategy.expected = expected
     return strategy.aggregate_train(server_round, replies)
+
+
+def aggregate_clients(strategy, server_round: int, theta: np.ndarray, template: ArrayRecord, clients):
+    """One aggregation from θ_t (a flat vector) with ``clients`` = [(pid, local model, loss_before,
+    train_loss, num_examples)]. Returns (θ_{t+1} as float64, metrics dict)."""
+    replies = [train_reply(arrays_from_flat(x, template), pid, loss_before=lb, train_loss=tl, num_examples=n)
+               for pid, x, lb, tl, n in clients]
+    arrays, metrics = aggregate_arrays(strategy, server_round, arrays_from_flat(theta, template), replies)
+    return flat64(arrays), dict(metrics or {})
+
+
+def perturbed_replies(template: ArrayRecord, rng: np.random.Generator, num_examples=(10, 30, 60, 20),
+                      scale: float = 0.01):
+    """Train replies of clients 0..m−1 whose local models are θ + scale·N(0, I) (θ = ``template``),
+    and those local models as sent ((m, d) float64 of the float32 values)."""
+    theta = flat64(template)
+    locals_ = [theta + scale * rng.normal(size=theta.size) for _ in num_examples]
+    msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k)
+            for pid, (x, k) in enumerate(zip(locals_, num_examples))]
+    return msgs, np.stack(locals_).astype(np.float32).astype(np.float64)
+
+
+def play_rounds(strategy, plan, theta: np.ndarray, template: ArrayRecord, start: int = 1) -> list[np.ndarray]:
+    """Aggregate the rounds of ``plan`` from round ``start`` on, each round a list of clients
+    ``(pid, offset, loss_before, train_loss, num_examples)`` whose local model is
+    θ_t + 0.1·offset. Returns θ after each round (float64)."""
+    out = []
+    for r, clients in enumerate(plan, start=start):
+        theta, _ = aggregate_clients(strategy, r, theta, template,
+                                     [(pid, theta + 0.1 * x, lb, tl, n) for pid, x, lb, tl, n in clients])
+        out.append(theta)
+    return out
+
+
+def random_plan(d: int, rounds: int, seed: int = 0) -> list[list[tuple]]:
+    """Rounds of (pid, offset, loss_before, train_loss, num_examples) with varying participation."""
+    rng = np.random.default_rng(seed)
+    sets = [[0, 1, 2], [3, 4, 1], [0, 2, 5], [4, 5, 3], [1, 0, 3]][:rounds]
+    return [[(pid, rng.normal(size=d), float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.5, 2.0)),
+              int(rng.integers(5, 30))) for pid in s] for s in sets]
+
+
+def check_resume_equals_uninterrupted(make_strategy, rounds: int = 4, cut: int = 2, atol: float = 1e-6) -> None:
+    """A strategy whose State went through a checkpoint after round ``cut`` (into a fresh
+    strategy) continues exactly as the uninterrupted one (tiny model, random rounds)."""
+    template = tiny_template()
+    d = sum(int(np.prod(a.shape)) for a in template.values())
+    plan = random_plan(d, rounds)
+    theta0 = np.random.default_rng(1).normal(size=d)
+    full = play_rounds(make_strategy(), plan, theta0, template)
+    first = make_strategy()
+    theta = play_rounds(first, plan[:cut], theta0, template)[-1]
+    resumed = make_strategy()
+    resumed.state = state_through_bytes(first.state)
+    for got, want in zip(play_rounds(resumed, plan[cut:], theta, template, start=cut + 1), full[cut:]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+
+
+def state_through_bytes(state):
+    """A strategy State saved and loaded as a checkpoint does it: ``fedcore.state.to_tree``,
+    ``torch.save``, ``torch.load(weights_only=True)``, ``from_tree``."""
+    from fedcore.state import to_tree
+
+    return tree_through_bytes(to_tree(state))

@@ -1,5 +1,6 @@
-"""CRAFT and ConFIG: exact maths against numpy's pseudo-inverse, layer groups of the real
-models, the strategies on built replies (incl. a checkpoint round-trip), presets."""
+"""CRAFT: exact maths against numpy's pseudo-inverse, layer groups of the real models (and
+from the keys alone), the strategy on built replies (incl. a checkpoint round-trip), its
+Params and presets. ConFIG, which shares the solver, is in tests/test_config_fl.py."""
 
 from pathlib import Path
 
@@ -9,11 +10,12 @@ import torch
 from flwr.app import ArrayRecord
 
 from client_app.models import build_model, initial_model
+from fedcore import flat
 from fedcore.config import ConfigError, load_config
-from strategies import craft, flat, registry
-from strategies.config_fl import config_step
-from strategies.craft import aggregate_groups, craft_direction, layer_groups
-from tests.helpers import arrays_from_flat, train_reply
+from fedcore.state import to_tree
+from strategies import craft, registry
+from strategies.craft import Craft, aggregate_groups, craft_direction, key_groups, layer_groups
+from tests.helpers import aggregate_arrays, flat64, perturbed_replies, state_through_bytes
 
 T = torch.float64
 
@@ -144,21 +146,6 @@ def test_groups_are_solved_independently():
     np.testing.assert_allclose(got, want, atol=1e-10)
 
 
-def test_config_step_closed_form():
-    rng = np.random.default_rng(7)
-    updates = rng.normal(size=(5, 25))
-    u = updates / np.linalg.norm(updates, axis=1, keepdims=True)
-    gv = np.linalg.pinv(u) @ np.ones(5)
-    gu = gv / np.linalg.norm(gv)
-    want = (updates @ gu).sum() * gu / 5
-    got, diag = config_step(t(updates))
-    np.testing.assert_allclose(got.numpy(), want, atol=1e-10)
-    assert diag[craft.CONFLICT_AFTER] == 0.0
-    # identical clients: ConFIG's step is FedAvg's mean update
-    same = np.tile(updates[0], (4, 1))
-    np.testing.assert_allclose(config_step(t(same))[0].numpy(), updates[0], atol=1e-10)
-
-
 # -- layer groups -------------------------------------------------------------------------------
 def _check_cover(groups, model):
     assert groups[0].start == 0 and groups[-1].stop == sum(v.numel() for v in model.state_dict().values())
@@ -202,94 +189,119 @@ def test_layer_groups_reject_a_foreign_key_order():
 
 
 # -- strategies on built replies -------------------------------------------------------------
+def test_key_groups_without_a_model():
+    keys = ("features.0.weight", "features.0.bias", "features.1.weight", "features.1.bias",
+            "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "fc.weight")
+    groups = key_groups(keys, tuple(range(1, 11)))
+    assert [(g.name, g.keys) for g in groups] == [
+        ("features.0", keys[0:2]), ("features.1", keys[2:4]),  # the norm layer is not merged with its conv
+        ("bn", keys[4:6]), *[(k, (k,)) for k in keys[6:9]], ("fc", ("fc.weight",)),
+    ]
+    assert [(g.start, g.stop) for g in groups] == [(0, 3), (3, 10), (10, 21), (21, 28), (28, 36), (36, 45), (45, 55)]
+    # the same groups as layer_groups(model) where no norm layer follows a conv (the MLP)
+    model = build_model("mlp", (1, 8, 8), 10)
+    state = model.state_dict()
+    assert key_groups(tuple(state), tuple(v.numel() for v in state.values())) == layer_groups(model)
+
+
+# -- strategies on built replies -------------------------------------------------------------
 @pytest.fixture
 def digits_round():
-    cfg = load_config({"method": "craft"})
-    template = ArrayRecord(initial_model(cfg).state_dict())
-    theta = flat.record_to_flat(template, dtype=torch.float64).numpy()
+    template = ArrayRecord(initial_model(load_config({"method": "craft"})).state_dict())
     rng = np.random.default_rng(0)
-
-    def replies(scale=0.01, n=(10, 30, 60, 20)):
-        locals_ = [theta + scale * rng.normal(size=theta.size) for _ in n]
-        msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k) for pid, (x, k) in enumerate(zip(locals_, n))]
-        return msgs, np.stack(locals_).astype(np.float32).astype(np.float64)
-
-    return template, theta.astype(np.float32).astype(np.float64), replies
+    return template, flat64(template), lambda: perturbed_replies(template, rng)
 
 
-def _run(strat, server_round, arrays, msgs):
-    strat.begin_round(server_round, arrays)
-    return strat.aggregate_train(server_round, msgs)
+def mlp():
+    return build_model("mlp", (1, 8, 8), 10)
 
 
 def test_craft_strategy_two_rounds_layerwise(digits_round):
     template, theta, replies = digits_round
-    strat = registry.build(load_config({"method": "craft"}))
-    groups = [(g.start, g.stop) for g in layer_groups(build_model("mlp", (1, 8, 8), 10))]
+    strat = registry.build(load_config({"method": "craft"}), model=mlp())
+    groups = [(g.start, g.stop) for g in layer_groups(mlp())]
     n = np.array([10, 30, 60, 20], dtype=np.float64)
     msgs, locals_ = replies()
-    arrays, metrics = _run(strat, 1, template, msgs)
+    arrays, metrics = aggregate_arrays(strat, 1, template, msgs)
     deltas = theta - locals_
     g1 = np.concatenate([reference_craft(deltas[:, a:b], n) for a, b in groups])
-    new = flat.record_to_flat(arrays, dtype=torch.float64).numpy()
+    new = flat64(arrays)
     np.testing.assert_allclose(new, theta - 0.1 * g1, atol=2e-5)  # float32 model
     assert metrics[craft.ACTIVE] == 4 and metrics[craft.CONFLICT_AFTER] == 0.0
     # round 2 uses round 1's unscaled aggregate as the reference
     theta2 = new.astype(np.float32).astype(np.float64)
     msgs2, locals2 = replies()
-    arrays2, _ = _run(strat, 2, arrays, msgs2)
+    arrays2, _ = aggregate_arrays(strat, 2, arrays, msgs2)
     deltas2 = theta2 - locals2
     g2 = np.concatenate([reference_craft(deltas2[:, a:b], n, g1[a:b]) for a, b in groups])
-    np.testing.assert_allclose(flat.record_to_flat(arrays2, dtype=torch.float64).numpy(), theta2 - 0.1 * g2, atol=2e-5)
+    np.testing.assert_allclose(flat64(arrays2), theta2 - 0.1 * g2, atol=2e-5)
+
+
+def test_craft_without_a_model_groups_by_keys(digits_round):
+    # the MLP has no norm layers: the key groups are the module groups, the result the same
+    template, _, replies = digits_round
+    msgs, _ = replies()
+    with_model, _ = aggregate_arrays(Craft(model=mlp()), 1, template, msgs)
+    keys_only = Craft()
+    without, _ = aggregate_arrays(keys_only, 1, template, msgs)
+    assert torch.equal(flat.record_to_flat(with_model), flat.record_to_flat(without))
+    spec = flat.spec_of(template)
+    assert keys_only.groups() == [(g.start, g.stop) for g in key_groups(spec.keys, spec.sizes)]
 
 
 def test_craft_global_variant_and_options(digits_round):
     template, theta, replies = digits_round
     msgs, locals_ = replies()
     strat = registry.build(load_config({"method": "craft", "craft-layerwise": False, "craft-rho": "uniform",
-                                        "server-lr": 0.5}))
-    arrays, _ = _run(strat, 1, template, msgs)
+                                        "craft-step": 0.5}), model=mlp())
+    arrays, _ = aggregate_arrays(strat, 1, template, msgs)
     g = reference_craft(theta - locals_, np.ones(4))
-    np.testing.assert_allclose(flat.record_to_flat(arrays, dtype=torch.float64).numpy(), theta - 0.5 * g, atol=2e-5)
+    np.testing.assert_allclose(flat64(arrays), theta - 0.5 * g, atol=2e-5)
+    # keyword construction, as in a foreign Flower app
+    kw = Craft(layerwise=False, rho="uniform", step=0.5)
+    assert kw.params == strat.params
+    assert torch.equal(flat.record_to_flat(aggregate_arrays(kw, 1, template, msgs)[0]), flat.record_to_flat(arrays))
+
+
+def test_craft_refuses_server_lr_and_a_zero_step():
+    with pytest.raises(ConfigError, match="craft-step") as err:
+        registry.build(load_config({"method": "craft", "server-lr": 0.3}))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="craft-step"):
+        Craft(server_lr=0.3)
+    with pytest.raises(ConfigError, match="craft-step"):
+        Craft(step=0.0)
+    assert Craft.Params.run_config_keys() == {"craft-rho": "data-size", "craft-layerwise": True, "craft-tol": 0.0,
+                                              "craft-step": 0.1}
 
 
 def test_craft_checkpoint_round_trip_resumes_identically(digits_round):
     template, _, replies = digits_round
     rounds = [replies()[0] for _ in range(3)]
     cfg = load_config({"method": "craft"})
-    straight = registry.build(cfg)
+    straight = registry.build(cfg, model=mlp())
     arrays = template
     for r, msgs in enumerate(rounds, start=1):
-        arrays, _ = _run(straight, r, arrays, msgs)
-    first = registry.build(cfg)
-    mid, _ = _run(first, 1, template, rounds[0])
-    state = first.state_dict()
-    assert state["round"] == 1 and state["reference"].numel() == flat.spec_of(template).dim
-    resumed = registry.build(cfg)
-    resumed.load_state_dict(state)
+        arrays, _ = aggregate_arrays(straight, r, arrays, msgs)
+    first = registry.build(cfg, model=mlp())
+    mid, _ = aggregate_arrays(first, 1, template, rounds[0])
+    state = state_through_bytes(first.state)  # to_tree → torch.save → torch.load(weights_only=True)
+    assert state.last_round == 1 and state.reference.numel() == flat.spec_of(template).dim
+    resumed = registry.build(cfg, model=mlp())
+    resumed.state = state
     for r, msgs in enumerate(rounds[1:], start=2):
-        mid, _ = _run(resumed, r, mid, msgs)
+        mid, _ = aggregate_arrays(resumed, r, mid, msgs)
     assert torch.equal(flat.record_to_flat(mid), flat.record_to_flat(arrays))
-    assert torch.equal(resumed.state_dict()["reference"], straight.state_dict()["reference"])
+    assert torch.equal(resumed.state.reference, straight.state.reference)
     fresh = registry.build(cfg)
-    fresh.load_state_dict(registry.build(cfg).state_dict())  # empty state → no reference
-    assert fresh.reference is None
-
-
-def test_config_fl_strategy(digits_round):
-    template, theta, replies = digits_round
-    msgs, locals_ = replies()
-    strat = registry.build(load_config({"method": "config-fl", "lr": 0.1}))
-    assert not strat.layerwise
-    arrays, metrics = _run(strat, 1, template, msgs)
-    want = config_step(t(theta - locals_))[0].numpy()
-    np.testing.assert_allclose(flat.record_to_flat(arrays, dtype=torch.float64).numpy(), theta - want, atol=2e-5)
-    assert metrics[craft.ACTIVE] == 4
+    fresh.state = state_through_bytes(registry.build(cfg).state)  # a round-0 state → no reference
+    assert fresh.state.reference is None and to_tree(fresh.state)["fields"]["last_round"] == 0
 
 
 @pytest.mark.parametrize(
     "overrides, key",
-    [({"craft-rho": "size"}, "craft-rho"), ({"craft-tol": -1.0}, "craft-tol"), ({"craft-layerwise": 3}, "craft-layerwise")],
+    [({"craft-rho": "size"}, "craft-rho"), ({"craft-tol": -1.0}, "craft-tol"), ({"craft-layerwise": 3}, "craft-layerwise"),
+     ({"craft-step": 0.0}, "craft-step")],
 )
 def test_bad_keys_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key):

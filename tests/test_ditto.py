@@ -1,5 +1,6 @@
-"""Ditto: the client routine (same batches, proximal pull, persistent personal model, the
-personal model is what evaluation scores) and the strategy's pluggable aggregator."""
+"""Ditto: the client routine (λ from the request's config, same batches, proximal pull,
+persistent personal model, the personal model is what evaluation scores) and the strategy
+(its Params, λ sent to the clients, the pluggable aggregator and its state)."""
 
 import copy
 
@@ -14,16 +15,19 @@ from client_app.methods.ditto import PERSONAL, PERSONAL_LOSS, personal_model
 from client_app.methods.sgd import run_sgd
 from client_app.models import initial_model
 from client_app.training import evaluate
-from fedcore import keys
+from fedcore import flat, keys
 from fedcore.config import ConfigError, load_config
 from fedcore.seeding import torch_generator
-from strategies import craft, flat, registry
-from strategies.craft import CraftStrategy
-from strategies.fedavg import FedAvgStrategy
-from tests.helpers import arrays_from_flat, make_reply, train_reply
+from strategies import craft, registry
+from strategies.craft import Craft
+from strategies.ditto import Ditto
+from strategies.fedavg import FedAvg
+from tests.fakegrid import task_identity
+from tests.helpers import aggregate_arrays, arrays_from_flat, make_reply, state_through_bytes, train_reply
 
 
-def _job(cfg, model, state, server_round=1, seed_model=None):
+def _job(cfg, model, state, server_round=1, config=None):
+    """A train job as the ClientApp builds it; its config carries what Ditto's server sends."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 1, 8, 8, generator=g)
     y = torch.randint(0, 10, (40,), generator=g)
@@ -31,7 +35,7 @@ def _job(cfg, model, state, server_round=1, seed_model=None):
         cfg=cfg, server_round=server_round, partition_id=3, lr=cfg.lr, model=model,
         global_arrays=ArrayRecord(model.state_dict()), x=x, y=y,
         generator=torch_generator(cfg.seed, "batches", 3, server_round), request=RecordDict(),
-        state=state, config={},
+        state=state, config=registry.build(cfg).client_config() if config is None else config,
     )
 
 
@@ -121,30 +125,70 @@ def test_evaluation_scores_the_personal_model():
     assert score(state) != pytest.approx(score(RecordDict()))
 
 
+def test_client_needs_lambda_from_the_server():
+    cfg = load_config({"method": "ditto", "ditto-lambda": 2.0})
+    assert registry.build(cfg).client_config() == {"ditto-lambda": 2.0}
+    assert Ditto(lam=0.5).client_config() == {"ditto-lambda": 0.5}
+    with pytest.raises(ValueError, match="did not send 'ditto-lambda'"):
+        get_client_method("ditto").train(_job(cfg, initial_model(cfg), RecordDict(), config={}))
+
+
+def test_client_config_reaches_every_request():
+    # configure_train puts client_config() into each request's ConfigRecord
+    class Grid:
+        def get_node_ids(self):
+            return [1000, 1001, 1002]
+
+    strat = Ditto(lam=1.5, fraction_train=1.0)
+    template = ArrayRecord(initial_model(load_config({})).state_dict())
+    with task_identity():
+        msgs = strat.configure_train(1, template, ConfigRecord({}), Grid())
+    assert len(msgs) == 3
+    assert all(m.content[keys.CONFIG]["ditto-lambda"] == 1.5 and m.content[keys.CONFIG][keys.CLIENT_METHOD] == "ditto"
+               for m in msgs)
+
+
 def test_strategy_delegates_to_its_aggregator():
     template = ArrayRecord(initial_model(load_config({})).state_dict())
     theta = flat.record_to_flat(template).numpy()
     rng = np.random.default_rng(0)
-    msgs = [train_reply(arrays_from_flat(theta + 0.01 * rng.normal(size=theta.size), template), pid, num_examples=10 + pid)
-            for pid in range(3)]
-    for aggregator, cls in (("fedavg", FedAvgStrategy), ("craft", CraftStrategy)):
+    rounds = [[train_reply(arrays_from_flat(theta + 0.01 * rng.normal(size=theta.size), template), pid,
+                           num_examples=10 + pid) for pid in pids] for pids in ([0, 1, 2], [1, 3, 4])]
+    model = initial_model(load_config({}))
+    for aggregator, cls in (("fedavg", FedAvg), ("craft", Craft)):
         cfg = load_config({"method": "ditto", "ditto-aggregator": aggregator})
-        ditto = registry.build(cfg)
+        ditto = registry.build(cfg, model=model)
         assert ditto.personalized and ditto.client_method == "ditto" and isinstance(ditto.shared, cls)
-        plain = cls(cfg, **craft.read_craft_keys(cfg)) if cls is CraftStrategy else cls(cfg)
-        ours, ours_metrics = (ditto.begin_round(1, template), ditto.aggregate_train(1, msgs))[1]
-        plain.begin_round(1, template)
-        theirs, _ = plain.aggregate_train(1, msgs)
+        assert ditto.needs_individual_updates == cls.needs_individual_updates
+        plain = registry.build(cfg.replace(method=cls.name), model=model)
+        ours, ours_metrics = aggregate_arrays(ditto, 1, template, rounds[0])
+        theirs, _ = aggregate_arrays(plain, 1, template, rounds[0])
         assert torch.equal(flat.record_to_flat(ours), flat.record_to_flat(theirs))
-        state = ditto.state_dict()
-        resumed = registry.build(cfg)
-        resumed.load_state_dict(state)
-        assert resumed.state_dict().keys() == state.keys()
+        # the aggregator's state is Ditto's: a checkpoint after round 1 resumes round 2 exactly
+        resumed = registry.build(cfg, model=model)
+        resumed.state = state_through_bytes(ditto.state)
+        want, _ = aggregate_arrays(ditto, 2, ours, rounds[1])
+        got, _ = aggregate_arrays(resumed, 2, ours, rounds[1])
+        assert torch.equal(flat.record_to_flat(got), flat.record_to_flat(want))
+        if cls is Craft:
+            assert resumed.state.shared.last_round == 2 and torch.equal(resumed.state.shared.reference,
+                                                                       ditto.state.shared.reference)
     assert craft.ACTIVE in ours_metrics
 
 
+def test_params_nest_crafts_own():
+    keys_ = Ditto.Params.run_config_keys()
+    assert keys_ == {"ditto-lambda": 0.1, "ditto-aggregator": "fedavg", **craft.Craft.Params.run_config_keys()}
+    ditto = registry.build(load_config({"method": "ditto", "ditto-aggregator": "craft", "craft-step": 0.3,
+                                        "craft-rho": "uniform"}))
+    assert ditto.shared.params == craft.Params(step=0.3, rho="uniform")
+    with pytest.raises(ConfigError, match="craft-step"):  # CRAFT's step is craft-step, inside Ditto too
+        registry.build(load_config({"method": "ditto", "ditto-aggregator": "craft", "server-lr": 0.5}))
+
+
 @pytest.mark.parametrize("overrides, key", [({"ditto-lambda": -1.0}, "ditto-lambda"),
-                                            ({"ditto-aggregator": "fedprox"}, "ditto-aggregator")])
+                                            ({"ditto-aggregator": "fedprox"}, "ditto-aggregator"),
+                                            ({"craft-tol": -1.0}, "craft-tol")])
 def test_bad_keys_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key):
         registry.build(load_config({"method": "ditto", **overrides}))

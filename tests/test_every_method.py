@@ -19,6 +19,12 @@ from fedpcd_app.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import ClientAppGrid, task_identity
 
+# A diagnostic each method reports every round (rounds.jsonl "strategy").
+DIAGNOSTIC = {
+    "qffl": "qffl-sum-h", "afl": "afl-lambda", "fedmgda": "fedmgda-lambda", "fedfv": "fedfv-internal-projections",
+    "fednova": "fednova-tau-eff", "fedlf": "fedlf-halvings", "fedheal": "fedheal-weights", "fedpw": "fedpw-weights",
+    "fedpcd": "fedpcd-active", "craft": "craft-active",
+}
 BASE = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "eval-every": 2,
         "checkpoint-every": 2, "seed": 3, "batch-size": 32}
 
@@ -58,6 +64,13 @@ def test_state_round_trips_and_a_resumed_run_equals_the_uninterrupted_one(method
     for (ka, va), (kb, vb) in zip(full.arrays.items(), resumed.arrays.items()):
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy()), ka
     ra, rb = read_rounds(full.writer.dir), read_rounds(resumed.writer.dir)
+    for r in ra:  # every round aggregated every reply, without error
+        assert r["num_dropped"] == 0 and "aggregation_error" not in r and "strategy" in r, r
+        assert "update-norm" in r["strategy"] or DIAGNOSTIC.get(method) in r["strategy"], r["strategy"]
+        assert DIAGNOSTIC.get(method, "update-norm") in r["strategy"] or method not in DIAGNOSTIC
+    if method == "afl":  # λ over all 6 clients, on the simplex, moved by the losses
+        lam = ra[-1]["strategy"]["afl-lambda"]
+        assert len(lam) == 6 and abs(sum(lam) - 1.0) < 1e-9 and max(lam) > 1.0 / 6
     assert [r["round"] for r in rb] == [1, 2, 3, 4]
     assert [r["train_loss"] for r in rb] == [r["train_loss"] for r in ra]
     if not full.strategy.personalized:

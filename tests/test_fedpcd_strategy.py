@@ -235,7 +235,7 @@ def test_strategy_state_round_trip(template):
     a = strategy(**params)
     th1, _ = run_round(a, template, 1, theta, Round(template, theta, conflicting(1, 4, 47), [0, 1, 2, 3], [10] * 4, 0.1))
     b = strategy(**params)
-    b.state = state_through_bytes(to_tree(a.state))
+    b.state = state_through_bytes(a.state)
     r2 = Round(template, th1, conflicting(2, 3, 47), [2, 5, 6], [10, 20, 30], 0.1)
     out_a, m_a = run_round(a, template, 2, th1, r2)
     assert m_a[fedpcd.M_CORRECTED] == 1 and m_a[fedpcd.M_CONSTRAINTS] == 6

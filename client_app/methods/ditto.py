@@ -2,6 +2,10 @@
 trained on the same mini-batches with the proximal pull λ (v − θ_t) towards the round's
 global model θ_t. The personal model persists in the node's ``context.state`` (lost when
 a run is resumed in a new process: it then restarts from the global model).
+
+λ is not declared here: the server (:class:`strategies.ditto.Ditto`) sends ``ditto-lambda``
+in every request's config and this routine reads it from ``job.config``.
+A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from client_app.training import proximal_pull
 
 PERSONAL = "ditto-personal"  # context.state entry: the personal model's ArrayRecord
 PERSONAL_LOSS = "ditto-personal-loss"  # reply metric: the personal model's mean batch loss
+LAMBDA = "ditto-lambda"  # request config: λ, sent by the server
 
 
 def personal_model(job: TrainJob) -> nn.Module:
@@ -31,7 +36,10 @@ def personal_model(job: TrainJob) -> nn.Module:
 
 @register_client_method("ditto", eval_model=personal_model)
 def ditto(job: TrainJob) -> TrainOutcome:
-    lam = job.cfg.get_float("ditto-lambda", low=0.0)
+    if LAMBDA not in job.config:
+        raise ValueError(f"the server did not send '{LAMBDA}' in the request's config "
+                         "(Ditto's server strategy sends it with every request)")
+    lam = float(job.config[LAMBDA])
     personal = personal_model(job)
     anchor = [p.detach().clone() for p in job.model.parameters()]  # θ_t
     same_batches = torch.Generator()
