@@ -66,3 +66,57 @@ def train_reply(
 def tiny_template(sizes=((3, 2), (2,))) -> ArrayRecord:
     """A small two-array 'model' for adapter tests."""
     return ArrayRecord({f"w{i}": Array(np.zeros(s, dtype=np.float32)) for i, s in enumerate(sizes)})
+
+
+def replies_from_flats(locals_, template: ArrayRecord, *, pids=None, n=None, loss_before=None, steps=None,
+                       extra_metrics=None) -> list[Message]:
+    """Train replies holding the flat local models ``locals_`` (shaped like ``template``);
+    per-reply partition ids, example counts, losses before, step counts and extra metrics
+    (one dict per reply) default to 0..m-1, 10, 1.0, 1 and none."""
+    m = len(locals_)
+    pids = list(range(m)) if pids is None else pids
+    n = [10] * m if n is None else n
+    loss_before = [1.0] * m if loss_before is None else loss_before
+    steps = [1] * m if steps is None else steps
+    extra_metrics = [None] * m if extra_metrics is None else extra_metrics
+    return [
+        train_reply(arrays_from_flat(x, template), pid, num_examples=k, loss_before=f, num_steps=s, extra_metrics=e)
+        for x, pid, k, f, s, e in zip(locals_, pids, n, loss_before, steps, extra_metrics)
+    ]
+
+
+def aggregate_round(strategy, server_round: int, theta_arrays: ArrayRecord, replies: list[Message]):
+    """One aggregation without a grid: θ_t handed over (as configure_train does), the
+    replies' nodes expected (node 1000 + partition id), then ``aggregate_train``."""
+    from tests.fakegrid import task_identity
+
+    with task_identity():
+        strategy.set_model(theta_arrays)
+        strategy.expected = {int(r.metadata.src_node_id): int(r.content[keys.METRICS][keys.PARTITION_ID])
+                             for r in replies if not r.has_error()}
+        return strategy.aggregate_train(server_round, replies)
+
+
+def toy_problem(seed: int = 0, n: int = 40):
+    """A 5-feature, 3-class linear model and its data (client routine tests)."""
+    from torch import nn
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=g)
+    y = torch.randint(0, 3, (n,), generator=g)
+    torch.manual_seed(seed)
+    return nn.Linear(5, 3), x, y
+
+
+def make_job(cfg, model, x, y, *, config=None, request=None, state=None, seed=0):
+    """A TrainJob as the ClientApp builds it (model already holding the global weights);
+    ``config`` is the request's config dict (what the strategy sent)."""
+    from client_app.methods import TrainJob
+
+    global_arrays = ArrayRecord(model.state_dict())
+    return TrainJob(
+        cfg=cfg, server_round=1, partition_id=0, lr=cfg.lr, model=model, global_arrays=global_arrays,
+        x=x, y=y, generator=torch.Generator().manual_seed(seed),
+        request=request if request is not None else RecordDict({keys.ARRAYS: global_arrays}),
+        state=state if state is not None else RecordDict(), config=config or {},
+    )
