@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 from flwr.serverapp.strategy import QFedAvg
 
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
-from strategies import afl, fedfv, fedmgda, fednova, flat, qffl, registry
+from strategies import afl, fedfv, fedmgda, flat, qffl, registry
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 
 TEMPLATE = tiny_template()
@@ -244,125 +243,11 @@ def test_fedfv_history_keeps_only_tau_rounds():
 
 
 # ---------------------------------------------------------------------------------------
-# FedNova
-# ---------------------------------------------------------------------------------------
-def test_fednova_hand_computation(rng):
-    theta = rng.normal(size=D)
-    locals_ = [theta + rng.normal(size=D) for _ in range(2)]
-    new, metrics = run_round(build("fednova"), 1, theta, make_replies(locals_, n=[10, 10], steps=[1, 4]))
-    deltas = [theta - x for x in locals_]
-    tau_eff = 0.5 * 1 + 0.5 * 4
-    np.testing.assert_allclose(new, theta - tau_eff * (0.5 * deltas[0] + 0.5 * deltas[1] / 4), rtol=1e-5, atol=1e-5)
-    assert metrics["fednova-tau-eff"] == pytest.approx(2.5)
-
-
-def test_fednova_equal_steps_is_fedavg(rng):
-    theta = rng.normal(size=D)
-    locals_ = [theta + rng.normal(size=D) for _ in range(3)]
-    n = [5, 15, 30]
-    new, _ = run_round(build("fednova"), 1, theta, make_replies(locals_, n=n, steps=[7, 7, 7]))
-    np.testing.assert_allclose(new, sum(k * x for k, x in zip(n, locals_)) / sum(n), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("rho", [0.0, 0.5, 0.9])
-def test_fednova_momentum_weights_match_torch_sgd(rho):
-    # With a constant gradient g, τ steps of torch's heavy-ball SGD move x by lr·a·g.
-    lr, g = 0.1, torch.tensor([1.0, -2.0], dtype=torch.float64)
-    for tau in (1, 3, 10):
-        x = torch.zeros(2, dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.SGD([x], lr=lr, momentum=rho)
-        for _ in range(tau):
-            opt.zero_grad()
-            (x @ g).backward()
-            opt.step()
-        a = fednova.nova_step_weights(torch.tensor([float(tau)]), rho)
-        np.testing.assert_allclose((-x.detach() / (lr * g)).numpy(), [a.item()] * 2, rtol=1e-10)
-
-
-def test_fednova_requires_num_steps():
-    assert keys.NUM_STEPS in build("fednova").required_metrics
-
-
-# ---------------------------------------------------------------------------------------
-# Server optimisers (wrapped Flower strategies)
-# ---------------------------------------------------------------------------------------
-def test_fedavgm_without_momentum_is_fedavg(rng):
-    theta = rng.normal(size=D)
-    locals_ = [theta + rng.normal(size=D) for _ in range(3)]
-    n = [1, 2, 3]
-    new, _ = run_round(build("fedavgm", **{"fedavgm-momentum": 0.0}), 1, theta, make_replies(locals_, n=n))
-    np.testing.assert_allclose(new, sum(k * x for k, x in zip(n, locals_)) / 6, rtol=1e-5, atol=1e-5)
-
-
-def test_fedavgm_two_rounds_by_hand(rng):
-    strat = build("fedavgm", **{"fedavgm-momentum": 0.9, "fedavgm-server-lr": 0.5})
-    theta0 = rng.normal(size=D)
-    x1 = [theta0 + rng.normal(size=D) for _ in range(2)]
-    theta1, _ = run_round(strat, 1, theta0, make_replies(x1))
-    v1 = theta0 - np.mean(x1, axis=0)
-    np.testing.assert_allclose(theta1, theta0 - 0.5 * v1, rtol=1e-5, atol=1e-5)
-    x2 = [theta1 + rng.normal(size=D) for _ in range(2)]
-    theta2, _ = run_round(strat, 2, theta1, make_replies(x2))
-    v2 = 0.9 * v1 + (theta1 - np.mean(x2, axis=0))
-    np.testing.assert_allclose(theta2, theta1 - 0.5 * v2, rtol=1e-4, atol=1e-5)
-
-
-def test_fedadam_two_rounds_by_hand(rng):
-    eta, b1, b2, tau = 0.1, 0.9, 0.99, 1e-3
-    strat = build("fedadam")
-    theta, m, v = rng.normal(size=D), np.zeros(D), np.zeros(D)
-    for t in (1, 2):
-        xs = [theta + rng.normal(size=D) for _ in range(2)]
-        new, _ = run_round(strat, t, theta, make_replies(xs))
-        delta = np.mean(xs, axis=0) - theta
-        m = b1 * m + (1 - b1) * delta
-        v = b2 * v + (1 - b2) * delta**2
-        eta_hat = eta * np.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
-        np.testing.assert_allclose(new, theta + eta_hat * m / (np.sqrt(v) + tau), rtol=1e-4, atol=1e-5)
-        theta = new
-
-
-@pytest.mark.parametrize("method", ["fedyogi", "fedadagrad"])
-def test_fedyogi_fedadagrad_first_round_by_hand(rng, method):
-    theta = rng.normal(size=D)
-    xs = [theta + rng.normal(size=D) for _ in range(2)]
-    new, _ = run_round(build(method), 1, theta, make_replies(xs))
-    delta = np.mean(xs, axis=0) - theta
-    if method == "fedyogi":  # from v = 0: v = (1−β₂)Δ², m = (1−β₁)Δ, η = 0.01
-        expected = theta + 0.01 * 0.1 * delta / (np.sqrt(0.01 * delta**2) + 1e-3)
-    else:  # v = Δ², m = Δ, η = 0.1
-        expected = theta + 0.1 * delta / (np.abs(delta) + 1e-3)
-    np.testing.assert_allclose(new, expected, rtol=1e-4, atol=1e-5)
-
-
-def test_fedadam_equals_flower_driven_directly(rng):
-    theta = rng.normal(size=D)
-    xs = [theta + rng.normal(size=D) for _ in range(3)]
-    ours, _ = run_round(build("fedadam"), 1, theta, make_replies(xs))
-    theirs = FlowerFedAdam(eta=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3)
-    theirs.current_arrays = {k: a.numpy() for k, a in arrays_from_flat(theta, TEMPLATE).items()}
-    arrays, _ = theirs.aggregate_train(1, make_replies(xs))
-    np.testing.assert_allclose(ours, to_np(arrays), rtol=1e-6, atol=1e-6)
-
-
-def test_server_opt_keeps_model_dtype(rng):
-    theta = rng.normal(size=D)
-    strat = build("fedyogi")
-    strat.begin_round(1, arrays_from_flat(theta, TEMPLATE))
-    arrays, _ = strat.aggregate_train(1, make_replies([theta + 1.0, theta - 0.5]))
-    assert {str(a.dtype) for a in arrays.values()} == {"float32"}
-
-
-# ---------------------------------------------------------------------------------------
 # Checkpoint state: a resumed run equals the uninterrupted one
 # ---------------------------------------------------------------------------------------
 STATEFUL = [
     ("afl", {"num-clients": 4, "afl-lambda-lr": 0.2}),
     ("fedfv", {"fedfv-tau": 2, "fedfv-alpha": 0.0}),
-    ("fedavgm", {}),
-    ("fedadam", {}),
-    ("fedyogi", {}),
-    ("fedadagrad", {}),
 ]
 
 
@@ -411,10 +296,6 @@ def test_state_round_trip(method, params):
     ("fedmgda", "fedmgda-lr", 0.0),
     ("fedfv", "fedfv-alpha", 1.5),
     ("fedfv", "fedfv-tau", -1),
-    ("fedavgm", "fedavgm-momentum", 1.0),
-    ("fedadam", "fedadam-beta2", 1.0),
-    ("fedyogi", "fedyogi-tau", 0.0),
-    ("fedadagrad", "fedadagrad-eta", 0.0),
 ])
 def test_bad_hyperparameter_is_one_line_error(method, key, value):
     with pytest.raises(ConfigError, match=key):
