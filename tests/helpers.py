@@ -97,6 +97,22 @@ def aggregate_round(strategy, server_round: int, theta_arrays: ArrayRecord, repl
         return strategy.aggregate_train(server_round, replies)
 
 
+def aggregate_flat(strategy, server_round: int, theta, template: ArrayRecord, replies: list[Message]):
+    """:func:`aggregate_round` from a flat θ_t: (the new model as a float64 numpy vector, metrics)."""
+    from fedcore import flat
+
+    arrays, metrics = aggregate_round(strategy, server_round, arrays_from_flat(theta, template), replies)
+    return flat.record_to_flat(arrays, dtype=torch.float64).numpy(), metrics
+
+
+def build_strategy(method: str, **overrides):
+    """``registry.build`` from run-config overrides (keys as in pyproject.toml)."""
+    from fedcore.config import load_config
+    from strategies import registry
+
+    return registry.build(load_config({"method": method, **overrides}))
+
+
 def toy_problem(seed: int = 0, n: int = 40):
     """A 5-feature, 3-class linear model and its data (client routine tests)."""
     from torch import nn

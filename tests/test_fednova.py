@@ -6,23 +6,16 @@ import pytest
 import torch
 
 from fedcore import flat, keys
-from fedcore.config import load_config
-from strategies import fednova, registry
+from strategies import fednova
 from strategies.fednova import FedNova
-from tests.helpers import aggregate_round, arrays_from_flat, replies_from_flats, tiny_template
+from tests.helpers import aggregate_flat, replies_from_flats, tiny_template
 
 TEMPLATE = tiny_template()
 D = flat.spec_of(TEMPLATE).dim
 
 
 def run_round(strat, theta, replies):
-    arrays, metrics = aggregate_round(strat, 1, arrays_from_flat(theta, TEMPLATE), replies)
-    return flat.record_to_flat(arrays, dtype=torch.float64).numpy(), metrics
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
+    return aggregate_flat(strat, 1, theta, TEMPLATE, replies)
 
 
 def test_fednova_hand_computation(rng):
@@ -59,15 +52,16 @@ def test_fednova_momentum_weights_match_torch_sgd(rho):
 
 
 def test_fednova_uses_the_clients_momentum(rng):
-    """The clients' ρ (the run's ``momentum``, an app argument) sets a_i."""
+    """The clients' ρ (the run's ``momentum``, which the app passes as an argument) sets a_i."""
+    assert "momentum" in FedNova.app_arguments
     theta = rng.normal(size=D)
     locals_ = [theta + rng.normal(size=D) for _ in range(2)]
     replies = replies_from_flats(locals_, TEMPLATE, steps=[1, 4])
-    new, metrics = run_round(registry.build(load_config({"method": "fednova"}), momentum=0.5), theta, replies)
+    new, metrics = run_round(FedNova(momentum=0.5), theta, replies)
     a = fednova.nova_step_weights(torch.tensor([1.0, 4.0]), 0.5).numpy()
     tau_eff = 0.5 * a[0] + 0.5 * a[1]
-    np.testing.assert_allclose(new, theta - tau_eff * (0.5 * (theta - locals_[0]) / a[0] + 0.5 * (theta - locals_[1]) / a[1]),
-                               rtol=1e-5, atol=1e-5)
+    step = 0.5 * (theta - locals_[0]) / a[0] + 0.5 * (theta - locals_[1]) / a[1]
+    np.testing.assert_allclose(new, theta - tau_eff * step, rtol=1e-5, atol=1e-5)
     assert metrics["fednova-tau-eff"] == pytest.approx(tau_eff)
 
 

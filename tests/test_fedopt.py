@@ -8,11 +8,11 @@ import torch
 from flwr.serverapp.strategy import FedAdam as FlowerFedAdam
 
 from fedcore import flat
-from fedcore.config import ConfigError, load_config
+from fedcore.config import ConfigError
 from fedcore.state import from_tree, to_tree
-from strategies import registry
 from strategies.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
-from tests.helpers import aggregate_round, arrays_from_flat, replies_from_flats, tiny_template
+from tests.helpers import (aggregate_flat, aggregate_round, arrays_from_flat, build_strategy, replies_from_flats,
+                           tiny_template)
 
 TEMPLATE = tiny_template()
 D = flat.spec_of(TEMPLATE).dim
@@ -24,18 +24,7 @@ def to_np(arrays) -> np.ndarray:
 
 
 def run_round(strat, server_round, theta, locals_, pids=None):
-    arrays, metrics = aggregate_round(strat, server_round, arrays_from_flat(theta, TEMPLATE),
-                                      replies_from_flats(locals_, TEMPLATE, pids=pids))
-    return to_np(arrays), metrics
-
-
-def build(method, **params):
-    return registry.build(load_config({"method": method, **params}))
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
+    return aggregate_flat(strat, server_round, theta, TEMPLATE, replies_from_flats(locals_, TEMPLATE, pids=pids))
 
 
 def test_fedavgm_without_momentum_is_fedavg(rng):
@@ -48,7 +37,7 @@ def test_fedavgm_without_momentum_is_fedavg(rng):
 
 
 def test_fedavgm_two_rounds_by_hand(rng):
-    strat = build("fedavgm", **{"fedavgm-momentum": 0.9, "fedavgm-server-lr": 0.5})
+    strat = build_strategy("fedavgm", **{"fedavgm-momentum": 0.9, "fedavgm-server-lr": 0.5})
     theta0 = rng.normal(size=D)
     x1 = [theta0 + rng.normal(size=D) for _ in range(2)]
     theta1, _ = run_round(strat, 1, theta0, x1)
@@ -121,17 +110,17 @@ def test_moments_are_state_and_a_resumed_run_equals_the_uninterrupted_one(method
         return theta
 
     # Uninterrupted
-    full = build(method)
+    full = build_strategy(method)
     theta_full = play(full, 1, theta)
     # Interrupted after round 1: save, restore (through torch.save / torch.load(weights_only=True))
     # into a fresh strategy, go on.
-    first = build(method)
+    first = build_strategy(method)
     assert all(v is None for v in vars(first.state).values())  # no moments before the first round
     pids, offsets = rounds[0]
     theta1, _ = run_round(first, 1, theta, [theta + o for o in offsets], pids=pids)
     torch.save(to_tree(first.state), tmp_path / "state.pt")
     run_round(first, 2, theta1, [theta1 + 5.0] * 2, pids=[0, 1])  # must not leak into the saved file
-    resumed = build(method)
+    resumed = build_strategy(method)
     resumed.state = from_tree(torch.load(tmp_path / "state.pt", weights_only=True))
     assert all(v is not None for v in vars(resumed.state).values())  # the moments were saved
     theta_resumed = play(resumed, 2, theta1)
@@ -149,11 +138,11 @@ def test_moments_are_state_and_a_resumed_run_equals_the_uninterrupted_one(method
 ])
 def test_bad_hyperparameter_is_one_line_error(method, key, value):
     with pytest.raises(ConfigError, match=key):
-        build(method, **{key: value})
+        build_strategy(method, **{key: value})
 
 
 def test_the_flower_strategies_get_the_declared_values():
-    strat = build("fedyogi", **{"fedyogi-eta": 0.02, "fedyogi-beta2": 0.9, "lr": 0.05})
+    strat = build_strategy("fedyogi", **{"fedyogi-eta": 0.02, "fedyogi-beta2": 0.9, "lr": 0.05})
     inner = strat.inner
     assert (inner.eta, inner.beta_1, inner.beta_2, inner.tau, inner.eta_l) == (0.02, 0.9, 0.9, 0.001, 0.05)
     avgm = FedAvgM(server_learning_rate=0.5, momentum=0.8).inner

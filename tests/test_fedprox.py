@@ -14,7 +14,7 @@ from fedcore.config import ConfigError, load_config
 from fedcore.state import to_tree
 from strategies import registry
 from strategies.fedprox import FedProx
-from tests.helpers import aggregate_round, arrays_from_flat, make_job, tiny_template, toy_problem, train_reply
+from tests.helpers import aggregate_round, arrays_from_flat, make_job, replies_from_flats, tiny_template, toy_problem
 
 
 def trained(method, cfg, mu=None, seed=0):
@@ -69,7 +69,7 @@ def test_server_is_fedavg_and_stateless():
     d = flat.spec_of(template).dim
     theta = rng.normal(size=d)
     locals_ = [rng.normal(size=d) for _ in range(3)]
-    msgs = [train_reply(arrays_from_flat(v, template), i, num_examples=n) for i, (v, n) in enumerate(zip(locals_, [5, 10, 25]))]
+    msgs = replies_from_flats(locals_, template, n=[5, 10, 25])
     prox = FedProx()
     assert prox.client_method == "fedprox" and prox.needs_individual_updates is False
     arrays, _ = aggregate_round(prox, 1, arrays_from_flat(theta, template), msgs)

@@ -117,7 +117,8 @@ def test_resume_sends_mirrored_c_i_once(tmp_path):
     reply_a = client_round(0, req_a.content, states[0])
     reply_b = client_round(0, req_b.content, fresh[0])
     # The restored client trains exactly as the uninterrupted one.
-    assert torch.equal(flat.record_to_flat(reply_a.content[keys.ARRAYS]), flat.record_to_flat(reply_b.content[keys.ARRAYS]))
+    assert torch.equal(flat.record_to_flat(reply_a.content[keys.ARRAYS]),
+                       flat.record_to_flat(reply_b.content[keys.ARRAYS]))
     assert torch.equal(flat.record_to_flat(states[0][keys.SCAFFOLD_C_CLIENT]),
                        flat.record_to_flat(fresh[0][keys.SCAFFOLD_C_CLIENT]))
     with task_identity():
