@@ -139,3 +139,12 @@ class MethodParams:
 @dataclasses.dataclass(frozen=True)
 class NoParams(MethodParams):
     """A method without hyperparameters of its own."""
+
+
+def sent_value(config: Mapping[str, Any], key: str) -> Any:
+    """A client-side hyperparameter as the server sent it in the request config (its
+    strategy's ``client_config()``): clients declare no defaults, so a missing key is an error."""
+    if key not in config:
+        raise ConfigError(f"the server did not send '{key}' in the request config: the strategy's "
+                          "client_config() (or a foreign server app) must send it")
+    return config[key]

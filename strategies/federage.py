@@ -3,21 +3,60 @@
 The risk aversion lives in the client (``client_app.methods.federage``: CVaR-weighted local
 steps and a per-client quantile estimate β). The server only averages what arrives,
 uniformly — (θ̂, β̂) = (1/|S_t|) Σ_{i∈S_t} (θ_i, β_i), not by data size — and broadcasts β̂
-in the next round's config. It never sees the participation probabilities.
+in the next round's config (``federage-beta-hat``). It never sees the participation
+probabilities. Under secure aggregation the secure sum is uniform too
+(``secagg_weighting = "uniform"``), so the one aggregate reply holds the same means.
 
 With ``server-lr`` η_g > 0 the model step is θ_t − (η_g/η_l)·mean Δ_i (as in FedAvg);
-η_g = η_l (the default, 0) is the plain average. γ = 0 (``federage-gamma``) gives FedAvg
-with uniform weights. Hyperparameters: see :mod:`client_app.methods.federage`.
+η_g = η_l (the default, 0) is the plain average.
+
+Hyperparameters (declared here once; the strategy sends them to the clients with every
+request, :meth:`FedeRage.client_config`)
+---------------
+federage-alpha : float, default 0.1 — the CVaR level α ∈ (0, 1].
+federage-gamma : float, default 0.3 — the risk weight γ ∈ [0, 1]; γ = 0 is FedAvg's local
+    SGD with uniform server weights.
+federage-beta-lr : float, default 0.1 — η_β ≥ 0 (η_β = 0: β stays at β̂).
+federage-beta-min, federage-beta-max : float, default 0 and 10 — the box B = [β_min, β_max]
+    that β is projected onto (β_min ≤ β_max). Algorithm 2 starts from β⁰ = Π_B(0).
+federage-level : ``batch`` | ``sample``, default ``batch`` — one risk weight per mini-batch,
+    or one per sample (the paper's b = 1 case).
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
-from client_app.methods.federage import BETA, BETA_HAT, RiskParams
-from strategies.base import FairStrategy, RoundPlan, unpack_replies
+import torch
+from flwr.app import MetricRecord
+
+from fedcore import keys
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, hyper
+from strategies.base import FairStrategy, unpack_replies
 from strategies.fedavg import fedavg_direction
 from strategies.registry import register
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "federage"
+    alpha: float = hyper(0.1, low=0.0, high=1.0, low_open=True)
+    gamma: float = hyper(0.3, low=0.0, high=1.0)
+    beta_lr: float = hyper(0.1, low=0.0)
+    beta_min: float = hyper(0.0)
+    beta_max: float = hyper(10.0)
+    level: str = hyper("batch", choices=("batch", "sample"))
+
+    def check(self) -> None:
+        if self.beta_max < self.beta_min:
+            raise ConfigError(f"run-config key 'federage-beta-max' = {self.beta_max} must be >= "
+                              f"federage-beta-min = {self.beta_min}")
+
+
+@dataclasses.dataclass
+class State:
+    beta_hat: float  # β̂ broadcast in the next round's requests
 
 
 def uniform_average(values: torch.Tensor) -> torch.Tensor:
@@ -26,44 +65,35 @@ def uniform_average(values: torch.Tensor) -> torch.Tensor:
     return fedavg_direction(values, torch.full((m,), 1.0 / m, dtype=torch.float64))
 
 
-class FedeRageStrategy(FairStrategy):
+@register("federage")
+class FedeRage(FairStrategy):
+    """FedeRage's server (see the module docstring); clients run ``client_app.methods.federage``."""
+
+    Params = Params
     client_method = "federage"
     needs_individual_updates = False  # uniform means of θ_i and β_i: sums suffice
-    required_metrics = (BETA,)
+    secagg_weighting = "uniform"  # the agnostic average, also under secure aggregation
+    required_metrics = (keys.FEDERAGE_BETA,)
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.params = RiskParams.from_config(cfg)  # validates the keys before any training
-        self.beta_hat = self.params.project(0.0)  # Algorithm 2: β_i⁰ = 0 (projected onto B)
+    def init_state(self) -> State:
+        p = self.params
+        return State(beta_hat=min(max(0.0, p.beta_min), p.beta_max))  # Algorithm 2: β_i⁰ = Π_B(0)
 
-    def begin_round(self, server_round, arrays):
-        super().begin_round(server_round, arrays)
-        return RoundPlan(config={BETA_HAT: self.beta_hat})
+    def client_config(self):
+        return self.params.to_run_config()
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
+    def round_config(self, server_round):
+        return {keys.FEDERAGE_BETA_HAT: self.state.beta_hat}
 
+    def aggregate_valid(self, server_round, replies):
         batch = unpack_replies(replies)
         theta = self.current_flat()
-        eta_l = self.round_lr(server_round)
-        eta_g = self.cfg.server_lr or eta_l
         mean_delta = theta - uniform_average(batch.local)
-        new = theta - (eta_g / eta_l) * mean_delta
-        betas = torch.tensor([float(m[BETA]) for m in batch.metrics], dtype=torch.float64)
-        self.beta_hat = float(uniform_average(betas.unsqueeze(1))[0])
+        new = theta - self.step_scale(server_round) * mean_delta
+        betas = torch.tensor([float(m[keys.FEDERAGE_BETA]) for m in batch.metrics], dtype=torch.float64)
+        self.state.beta_hat = float(uniform_average(betas.unsqueeze(1))[0])
         return self.to_record(new), MetricRecord({
-            "federage-beta-hat": self.beta_hat,
+            "federage-beta-hat": self.state.beta_hat,
             "federage-betas": betas.tolist(),
             "update-norm": float(mean_delta.norm()),
         })
-
-    def state_dict(self):
-        return {"beta_hat": self.beta_hat}
-
-    def load_state_dict(self, state):
-        self.beta_hat = float(state["beta_hat"])
-
-
-@register("federage")
-def build(cfg):
-    return FedeRageStrategy(cfg)

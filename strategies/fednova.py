@@ -13,18 +13,20 @@ plain SGD, a_i = [τ_i − ρ(1 − ρ^τ_i)/(1 − ρ)] / (1 − ρ) for heavy-
 
 Hyperparameters
 ---------------
-momentum : float (run-wide), default 0.0 — the clients' ρ.
-server-lr : float (run-wide), default 0 (= η_l) — η_g, as for FedAvg.
+None of its own. It needs the clients' momentum ρ (the run-wide ``momentum`` key, default
+0.0): ``FedNova(momentum=0.9)``; this app passes it as an app argument. ``server-lr``
+(run-wide, default 0 = η_l) is η_g, as for FedAvg.
 Degenerate case: equal τ_i gives a_i = τ_eff for all i, i.e. exactly FedAvg.
 """
 
 from __future__ import annotations
 
 import torch
+from flwr.app import MetricRecord
 
 from fedcore import keys
-from strategies.base import FairStrategy, unpack_replies
 from fedcore.flat import model_deltas
+from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
 
 
@@ -46,27 +48,27 @@ def fednova_step(deltas: torch.Tensor, p: torch.Tensor, a: torch.Tensor) -> tupl
     return tau_eff * (coef.to(deltas.dtype) @ deltas), tau_eff
 
 
-class FedNovaStrategy(FairStrategy):
-    """FedNova server step (client: plain local SGD, reporting ``num-steps``)."""
+@register("fednova")
+class FedNova(FairStrategy):
+    """FedNova server step (client: plain local SGD, reporting ``num-steps``).
+
+    ``momentum``: the clients' heavy-ball ρ (the run's ``momentum``), for a_i.
+    """
 
     # The server divides each update by its own a_i: it must see every update (a client
     # that sent Δ_i/a_i itself would make a weighted sum enough; the SGD client does not).
     needs_individual_updates = True
     required_metrics = (keys.NUM_STEPS,)
+    app_arguments = ("momentum",)
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
+    def __init__(self, *, momentum: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.momentum = momentum
 
+    def aggregate_valid(self, server_round, replies):
         batch = unpack_replies(replies)
         theta = self.current_flat()
-        eta_l = self.round_lr(server_round)
-        eta_g = self.cfg.server_lr or eta_l
-        a = nova_step_weights(batch.num_steps, self.cfg.momentum)
+        a = nova_step_weights(batch.num_steps, self.momentum)
         step, tau_eff = fednova_step(model_deltas(theta, batch.local), batch.fedavg_weights, a)
         metrics = {"fednova-tau-eff": tau_eff, "update-norm": float(step.norm())}
-        return self.to_record(theta - (eta_g / eta_l) * step), MetricRecord(metrics)
-
-
-@register("fednova")
-def build(cfg):
-    return FedNovaStrategy(cfg)
+        return self.to_record(theta - self.step_scale(server_round) * step), MetricRecord(metrics)

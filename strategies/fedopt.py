@@ -4,9 +4,9 @@ Optimization", ICLR 2021).
 
 Flower ships all four in ``flwr.serverapp.strategy``; this module wraps them instead of
 rewriting them. The wrapped strategy aggregates the validated replies exactly as Flower
-does; :meth:`begin_round` hands it θ_t (Flower's own ``configure_train`` would, but the
-rounds here are driven by ``fedpcd_app.server_app``), and its moments are the checkpoint
-state. With Δ = avg θ_i − θ_t (Flower's sign) and p_i = n_i / Σ n_j:
+does; before each aggregation the wrapper hands it θ_t and its moments, which live in the
+wrapper's :class:`State` (so they are checkpointed generically), and takes the updated
+moments back after. With Δ = avg θ_i − θ_t (Flower's sign) and p_i = n_i / Σ n_j:
 
 * FedAvgM: v ← β v + (θ_t − avg θ_i) (v = the first pseudo-gradient in round 1),
   θ ← θ − η_s v.
@@ -23,56 +23,116 @@ fedadam-eta 0.1, fedadam-beta1 0.9, fedadam-beta2 0.99, fedadam-tau 0.001.
 fedyogi-eta 0.01, fedyogi-beta1 0.9, fedyogi-beta2 0.99, fedyogi-tau 0.001.
 fedadagrad-eta 0.1, fedadagrad-tau 0.001.
 η > 0, β ∈ [0, 1), τ > 0 (the adaptivity floor: large τ makes FedAdagrad plain SGD on Δ).
+Flower's ``eta_l`` is the run's ``lr`` (it enters no arithmetic, only Flower's summary). The
+run-wide ``server-lr`` does not apply: each optimiser has its own server step size.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, ClassVar
+
 import numpy as np
+from flwr.app import MetricRecord
+from flwr.serverapp import strategy as flower
 
 from fedcore import flat
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
 
 
 def _no_metrics(contents, weighted_by_key):
     """Flower would average every reply metric (partition ids included): report none."""
-    from flwr.app import MetricRecord
-
     del contents, weighted_by_key
     return MetricRecord()
 
 
-def _copy_arrays(arrays) -> list[np.ndarray] | dict[str, np.ndarray] | None:
-    if arrays is None:
-        return None
-    if isinstance(arrays, dict):
-        return {k: np.array(v, copy=True) for k, v in arrays.items()}
-    return [np.array(v, copy=True) for v in arrays]
+def _check_betas(params: MethodParams, *names: str) -> None:
+    """β ∈ [0, 1): the lower bound is declared with ``hyper``, the open upper one here."""
+    for name in names:
+        if getattr(params, name) >= 1.0:
+            raise ConfigError(f"run-config key '{params.key_of(name)}' = {getattr(params, name)} must be < 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgMParams(MethodParams):
+    prefix = "fedavgm"
+    # Flower's name: ``server_lr`` is the base's η_g, which FedAvgM does not use.
+    server_learning_rate: float = hyper(1.0, key="fedavgm-server-lr", low=0.0, low_open=True)
+    momentum: float = hyper(0.9, low=0.0)
+
+    def check(self) -> None:
+        _check_betas(self, "momentum")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAdamParams(MethodParams):
+    prefix = "fedadam"
+    eta: float = hyper(0.1, low=0.0, low_open=True)
+    beta1: float = hyper(0.9, low=0.0)
+    beta2: float = hyper(0.99, low=0.0)
+    tau: float = hyper(0.001, low=0.0, low_open=True)
+
+    def check(self) -> None:
+        _check_betas(self, "beta1", "beta2")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedYogiParams(FedAdamParams):
+    prefix = "fedyogi"
+    eta: float = hyper(0.01, low=0.0, low_open=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAdagradParams(MethodParams):
+    prefix = "fedadagrad"
+    eta: float = hyper(0.1, low=0.0, low_open=True)
+    tau: float = hyper(0.001, low=0.0, low_open=True)
+
+
+@dataclasses.dataclass
+class MomentumState:
+    momentum_vector: list[np.ndarray] | None = None  # FedAvgM's v, one array per model array
+
+
+@dataclasses.dataclass
+class MomentsState:
+    m_t: dict[str, np.ndarray] | None = None  # FedAdam / FedYogi / FedAdagrad's moments
+    v_t: dict[str, np.ndarray] | None = None
 
 
 class FlowerServerOpt(FairStrategy):
-    """A Flower server-optimiser strategy behind the FairStrategy protocol."""
+    """A Flower server-optimiser strategy behind the FairStrategy contract.
+
+    Subclasses build the wrapped strategy (:meth:`make_inner`) and say which of its
+    attributes are the moments (the fields of their ``State``) and in what form it keeps θ_t
+    (:meth:`inner_view`).
+    """
 
     # Only the weighted mean of the local models enters: works under secure aggregation.
     needs_individual_updates = False
 
-    def __init__(self, cfg, inner) -> None:
-        super().__init__(cfg)
-        self.inner = inner
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inner = self.make_inner()
 
-    def begin_round(self, server_round, arrays):
-        plan = super().begin_round(server_round, arrays)
-        self.inner.current_arrays = self._inner_view(arrays)
-        return plan
+    def make_inner(self):
+        raise NotImplementedError
 
-    def _inner_view(self, arrays):
+    def inner_view(self, arrays):
         """θ_t in the form the wrapped strategy keeps it."""
         raise NotImplementedError
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
-
-        new_arrays, _ = self.inner.aggregate_train(server_round, list(replies))
+    def aggregate_valid(self, server_round, replies):
+        moments = [f.name for f in dataclasses.fields(self.state)]
+        self.inner.current_arrays = self.inner_view(self.current_arrays)
+        for name in moments:  # the state's moments into the wrapped strategy ...
+            setattr(self.inner, name, getattr(self.state, name))
+        new_arrays, _ = self.inner.aggregate_train(server_round, replies)
+        for name in moments:  # ... and its updated moments back
+            setattr(self.state, name, getattr(self.inner, name))
         if new_arrays is None:
             return None, None
         theta = self.current_flat()
@@ -81,88 +141,54 @@ class FlowerServerOpt(FairStrategy):
         return self.to_record(new), MetricRecord({"update-norm": float((theta - new).norm())})
 
 
-class FedAvgMStrategy(FlowerServerOpt):
+@register("fedavgm")
+class FedAvgM(FlowerServerOpt):
     """Flower's FedAvgM (state: its momentum vector)."""
 
-    def _inner_view(self, arrays):
+    Params = FedAvgMParams
+
+    def init_state(self) -> MomentumState:
+        return MomentumState()
+
+    def make_inner(self):
+        p = self.params
+        return flower.FedAvgM(server_learning_rate=p.server_learning_rate, server_momentum=p.momentum,
+                              train_metrics_aggr_fn=_no_metrics)
+
+    def inner_view(self, arrays):
         return arrays
 
-    def state_dict(self):
-        return {"momentum_vector": _copy_arrays(self.inner.momentum_vector)}
 
-    def load_state_dict(self, state):
-        self.inner.momentum_vector = _copy_arrays(state["momentum_vector"])
-
-
-class FedOptStrategy(FlowerServerOpt):
+class FedOpt(FlowerServerOpt):
     """Flower's FedAdam / FedYogi / FedAdagrad (state: the moments m_t, v_t)."""
 
-    def _inner_view(self, arrays):
+    flower_class: ClassVar[type]
+
+    def init_state(self) -> MomentsState:
+        return MomentsState()
+
+    def make_inner(self):
+        p = self.params
+        betas = {"beta_1": p.beta1, "beta_2": p.beta2} if hasattr(p, "beta1") else {}  # not FedAdagrad's
+        return self.flower_class(eta=p.eta, eta_l=self.lr, tau=p.tau, train_metrics_aggr_fn=_no_metrics, **betas)
+
+    def inner_view(self, arrays):
         return {k: a.numpy() for k, a in arrays.items()}
-
-    def state_dict(self):
-        return {"m_t": _copy_arrays(self.inner.m_t), "v_t": _copy_arrays(self.inner.v_t)}
-
-    def load_state_dict(self, state):
-        self.inner.m_t = _copy_arrays(state["m_t"])
-        self.inner.v_t = _copy_arrays(state["v_t"])
-
-
-def _eta(cfg, method):
-    return cfg.get_float(f"{method}-eta", low=0.0, low_open=True)
-
-
-def _beta(cfg, key):
-    value = cfg.get_float(key, low=0.0)
-    if value >= 1.0:
-        from fedcore.config import ConfigError
-
-        raise ConfigError(f"run-config key '{key}' = {value} must be < 1")
-    return value
-
-
-def _tau(cfg, method):
-    return cfg.get_float(f"{method}-tau", low=0.0, low_open=True)
-
-
-@register("fedavgm")
-def build_fedavgm(cfg):
-    from flwr.serverapp.strategy import FedAvgM
-
-    inner = FedAvgM(
-        server_learning_rate=cfg.get_float("fedavgm-server-lr", low=0.0, low_open=True),
-        server_momentum=_beta(cfg, "fedavgm-momentum"),
-        train_metrics_aggr_fn=_no_metrics,
-    )
-    return FedAvgMStrategy(cfg, inner)
 
 
 @register("fedadam")
-def build_fedadam(cfg):
-    from flwr.serverapp.strategy import FedAdam
-
-    inner = FedAdam(
-        eta=_eta(cfg, "fedadam"), eta_l=cfg.lr, beta_1=_beta(cfg, "fedadam-beta1"),
-        beta_2=_beta(cfg, "fedadam-beta2"), tau=_tau(cfg, "fedadam"), train_metrics_aggr_fn=_no_metrics,
-    )
-    return FedOptStrategy(cfg, inner)
+class FedAdam(FedOpt):
+    Params = FedAdamParams
+    flower_class = flower.FedAdam
 
 
 @register("fedyogi")
-def build_fedyogi(cfg):
-    from flwr.serverapp.strategy import FedYogi
-
-    inner = FedYogi(
-        eta=_eta(cfg, "fedyogi"), eta_l=cfg.lr, beta_1=_beta(cfg, "fedyogi-beta1"),
-        beta_2=_beta(cfg, "fedyogi-beta2"), tau=_tau(cfg, "fedyogi"), train_metrics_aggr_fn=_no_metrics,
-    )
-    return FedOptStrategy(cfg, inner)
+class FedYogi(FedOpt):
+    Params = FedYogiParams
+    flower_class = flower.FedYogi
 
 
 @register("fedadagrad")
-def build_fedadagrad(cfg):
-    from flwr.serverapp.strategy import FedAdagrad
-
-    inner = FedAdagrad(eta=_eta(cfg, "fedadagrad"), eta_l=cfg.lr, tau=_tau(cfg, "fedadagrad"),
-                       train_metrics_aggr_fn=_no_metrics)
-    return FedOptStrategy(cfg, inner)
+class FedAdagrad(FedOpt):
+    Params = FedAdagradParams
+    flower_class = flower.FedAdagrad

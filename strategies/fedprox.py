@@ -1,24 +1,35 @@
 """FedProx (Li et al., MLSys 2020): FedAvg's server with a proximal client.
 
 Clients minimise f_i(w) + (μ/2)‖w − θ_t‖² (``client_app.methods.fedprox``); the server
-takes FedAvg's data-size-weighted mean. ``fedprox-mu`` μ ≥ 0 (default 0.01; the paper
-sweeps {0.001, 0.01, 0.1, 1}); μ = 0 is FedAvg. Stateless across rounds.
+takes FedAvg's data-size-weighted mean. Stateless across rounds.
+
+Hyperparameters (declared here once; sent to the clients with every request)
+---------------
+fedprox-mu : float, default 0.01 — μ ≥ 0 (the paper sweeps {0.001, 0.01, 0.1, 1});
+    μ = 0 is FedAvg.
 """
 
 from __future__ import annotations
 
-from strategies.fedavg import FedAvgStrategy
+import dataclasses
+
+from fedcore.params import MethodParams, hyper
+from strategies.fedavg import FedAvg
 from strategies.registry import register
 
 
-class FedProxStrategy(FedAvgStrategy):
-    client_method = "fedprox"
-
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.mu = cfg.get_float("fedprox-mu", 0.01, low=0.0)  # read here: a bad value fails at start
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    prefix = "fedprox"
+    mu: float = hyper(0.01, low=0.0)
 
 
 @register("fedprox")
-def build(cfg):
-    return FedProxStrategy(cfg)
+class FedProx(FedAvg):
+    """FedAvg on the server; the clients run ``client_app.methods.fedprox`` with the sent μ."""
+
+    Params = Params
+    client_method = "fedprox"
+
+    def client_config(self):
+        return self.params.to_run_config()

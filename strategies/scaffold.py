@@ -7,21 +7,34 @@ their model y_i and Δc_i. The server, with Δy_i = y_i − θ_t:
 
 η_g is ``server-lr``/η_l (default, server-lr = 0: η_g = 1, the plain mean of the y_i).
 
-State (all explicit, in :meth:`state_dict`): the server control variate c, and a mirror of
-every client's c_i kept exactly from the Δc_i replies (c_i ← c_i + Δc_i in float32, the
-same sum the client stores). Clients keep c_i in their context state, which a restarted
-run loses; so after :meth:`load_state_dict` the strategy sends each client its mirrored
-c_i (record ``scaffold-c-i``) the next time it is sampled, until a reply from it arrives.
+No hyperparameters of its own; N is ``num_clients`` (the federation's size; None = the
+number of connected nodes at sampling time).
+
+State (:class:`State`, checkpointed generically): the server control variate c, a mirror
+of every client's c_i kept exactly from the Δc_i replies (c_i ← c_i + Δc_i in float32, the
+same sum the client stores), and the clients still owed their c_i. Clients keep c_i in
+their context state, which a restarted run loses; so after a restore (:meth:`Scaffold.restored`)
+the strategy sends each client its mirrored c_i (record ``scaffold-c-i``) the next time it
+is sampled, until a reply from it arrives. Record names are in :mod:`fedcore.keys`.
 """
 
 from __future__ import annotations
 
-import torch
+import dataclasses
 
-from client_app.methods.scaffold import C_CLIENT, C_GLOBAL, DELTA_C
-from fedcore import flat
-from strategies.base import FairStrategy, RoundPlan, unpack_replies
+import torch
+from flwr.app import MetricRecord
+
+from fedcore import flat, keys
+from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
+
+
+@dataclasses.dataclass
+class State:
+    c: torch.Tensor | None = None  # server control variate (d,), zeros until the first round
+    client_c: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)  # partition id → mirrored c_i
+    pending_restore: set[int] = dataclasses.field(default_factory=set)  # clients to be sent their c_i
 
 
 def scaffold_server_step(theta: torch.Tensor, local: torch.Tensor, delta_c: torch.Tensor,
@@ -32,59 +45,58 @@ def scaffold_server_step(theta: torch.Tensor, local: torch.Tensor, delta_c: torc
     return new_theta, new_c
 
 
-class ScaffoldStrategy(FairStrategy):
+@register("scaffold")
+class Scaffold(FairStrategy):
+    """SCAFFOLD's server (see the module docstring); clients run ``client_app.methods.scaffold``."""
+
     client_method = "scaffold"
     # The update needs only sums, but the exact c_i mirror (for resume) needs each Δc_i.
     needs_individual_updates = True
-    required_records = (DELTA_C,)
+    required_records = (keys.SCAFFOLD_DELTA_C,)
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.c: torch.Tensor | None = None  # server control variate (d,), zeros at start
-        self.client_c: dict[int, torch.Tensor] = {}  # partition id -> mirrored c_i
-        self.pending_restore: set[int] = set()  # clients that must be sent their c_i
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_nodes: int | None = None  # N when num_clients is None (seen at sampling)
 
-    def begin_round(self, server_round, arrays):
-        super().begin_round(server_round, arrays)
-        if self.c is None:
-            self.c = torch.zeros(self.spec.dim)
-        return RoundPlan(
-            records={C_GLOBAL: self.to_record(self.c)},
-            client_records={pid: {C_CLIENT: self.to_record(self.client_c[pid])} for pid in self.pending_restore},
-        )
+    def init_state(self) -> State:
+        return State()
 
-    def aggregate_train(self, server_round, replies):
-        from flwr.app import MetricRecord
+    def restored(self) -> None:
+        """After ``self.state`` is assigned from a checkpoint: every mirrored client is owed its c_i."""
+        self.state.pending_restore = set(self.state.client_c)
 
-        replies = list(replies)
+    def sample(self, server_round, grid):
+        if self.num_clients is None:
+            self.num_nodes = len(list(grid.get_node_ids()))
+        return super().sample(server_round, grid)
+
+    def _c(self) -> torch.Tensor:
+        if self.state.c is None:
+            self.state.c = torch.zeros(self.spec.dim)
+        return self.state.c
+
+    def round_records(self, server_round):
+        return {keys.SCAFFOLD_C: self.to_record(self._c())}
+
+    def client_records(self, client):
+        if client in self.state.pending_restore:
+            return {keys.SCAFFOLD_C_CLIENT: self.to_record(self.state.client_c[client])}
+        return {}
+
+    def aggregate_valid(self, server_round, replies):
+        st = self.state
         batch = unpack_replies(replies)
-        delta_c = flat.records_to_matrix([r.content[DELTA_C] for r in replies])
+        delta_c = flat.records_to_matrix([r.content[keys.SCAFFOLD_DELTA_C] for r in replies])
         theta = self.current_flat()
-        step = (self.cfg.server_lr / self.round_lr(server_round)) if self.cfg.server_lr else 1.0
-        new_theta, self.c = scaffold_server_step(theta, batch.local, delta_c, self.c, self.cfg.num_clients, step)
+        n = self.num_clients or self.num_nodes
+        if n is None:
+            raise RuntimeError("Scaffold needs num_clients (N) or a configure_train() that saw the nodes")
+        new_theta, st.c = scaffold_server_step(theta, batch.local, delta_c, self._c(), n,
+                                               self.step_scale(server_round))
         for pid, dc in zip(batch.partition_ids, delta_c):
-            self.client_c[pid] = self.client_c.get(pid, torch.zeros_like(dc)) + dc
-            self.pending_restore.discard(pid)
+            st.client_c[pid] = st.client_c.get(pid, torch.zeros_like(dc)) + dc
+            st.pending_restore.discard(pid)
         return self.to_record(new_theta), MetricRecord({
             "update-norm": float((new_theta - theta).norm()),
-            "scaffold-c-norm": float(self.c.norm()),
+            "scaffold-c-norm": float(st.c.norm()),
         })
-
-    def state_dict(self):
-        ids = sorted(self.client_c)
-        return {
-            "c": None if self.c is None else self.c.clone(),
-            "client_ids": ids,
-            "client_c": torch.stack([self.client_c[i] for i in ids]) if ids else torch.zeros(0),
-        }
-
-    def load_state_dict(self, state):
-        self.c = None if state["c"] is None else torch.as_tensor(state["c"], dtype=torch.float32).clone()
-        rows = torch.as_tensor(state["client_c"], dtype=torch.float32)
-        self.client_c = {int(pid): rows[k].clone() for k, pid in enumerate(state["client_ids"])}
-        self.pending_restore = set(self.client_c)
-
-
-@register("scaffold")
-def build(cfg):
-    return ScaffoldStrategy(cfg)

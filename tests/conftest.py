@@ -1,7 +1,14 @@
 """Guards shared by every test."""
 
+import numpy as np
 import pytest
 import torch
+
+
+@pytest.fixture
+def rng():
+    """A seeded numpy generator (seed 0)."""
+    return np.random.default_rng(0)
 
 
 @pytest.fixture(autouse=True)

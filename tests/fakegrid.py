@@ -123,3 +123,14 @@ class ClientAppGrid:
             out.append(reply)
         self.replies.extend(out)
         return out
+
+
+def configure_round(strategy, server_round: int, arrays: ArrayRecord, pids, grid=None) -> list[Message]:
+    """The strategy's train requests of a round to the clients ``pids`` (nodes 1000 + pid),
+    built by its own ``configure_train`` (so ``expected`` and θ_t are set as in a run)."""
+    from flwr.app import ConfigRecord
+
+    strategy.select = lambda server_round, grid: {1000 + p: p for p in pids}
+    with task_identity():
+        return list(strategy.configure_train(server_round, arrays, ConfigRecord(),
+                                             grid if grid is not None else FakeGrid(max(pids) + 1, None)))

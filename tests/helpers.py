@@ -75,16 +75,19 @@ def flat64(arrays: ArrayRecord) -> np.ndarray:
 
 
 def make_replies(template: ArrayRecord, locals_, pids=None, *, n=None, loss_before=None, train_loss=None,
-                 steps=None) -> list[Message]:
+                 steps=None, extra_metrics=None) -> list[Message]:
     """Train replies carrying the flat local models ``locals_`` (client i: partition ``pids[i]``,
-    default i; ``n`` examples, default 10; ``loss_before``/``train_loss`` default 1; ``steps`` 1)."""
+    default i; ``n`` examples, default 10; ``loss_before``/``train_loss`` default 1; ``steps`` 1;
+    ``extra_metrics`` one dict per reply, default none)."""
     m = len(locals_)
     pids = list(range(m)) if pids is None else pids
     n, steps = n or [10] * m, steps or [1] * m
     loss_before, train_loss = loss_before or [1.0] * m, train_loss or [1.0] * m
+    extra_metrics = extra_metrics or [None] * m
     return [
-        train_reply(arrays_from_flat(x, template), pid, num_examples=k, loss_before=lb, train_loss=tl, num_steps=s)
-        for x, pid, k, lb, tl, s in zip(locals_, pids, n, loss_before, train_loss, steps)
+        train_reply(arrays_from_flat(x, template), pid, num_examples=k, loss_before=lb, train_loss=tl, num_steps=s,
+                    extra_metrics=e)
+        for x, pid, k, lb, tl, s, e in zip(locals_, pids, n, loss_before, train_loss, steps, extra_metrics)
     ]
 
 
@@ -180,7 +183,8 @@ def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: 
         pid = None if r.has_error() else r.content[keys.METRICS].get(keys.PARTITION_ID) if keys.METRICS in r.content else None
         expected[node] = int(pid) if pid is not None else node - 1000
     strategy.expected = expected
-    return strategy.aggregate_train(server_round, replies)
+    arrays, metrics = strategy.aggregate_train(server_round, replies)
+    return arrays, dict(metrics or {})
 
 
 def aggregate_clients(strategy, server_round: int, theta: np.ndarray, template: ArrayRecord, clients):
@@ -245,3 +249,36 @@ def state_through_bytes(state):
     from fedcore.state import to_tree
 
     return tree_through_bytes(to_tree(state))
+
+
+def build_strategy(method: str, **overrides):
+    """``registry.build`` from run-config overrides (keys as in pyproject.toml)."""
+    from fedcore.config import load_config
+    from strategies import registry
+
+    return registry.build(load_config({"method": method, **overrides}))
+
+
+def toy_problem(seed: int = 0, n: int = 40):
+    """A 5-feature, 3-class linear model and its data (client routine tests)."""
+    from torch import nn
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 5, generator=g)
+    y = torch.randint(0, 3, (n,), generator=g)
+    torch.manual_seed(seed)
+    return nn.Linear(5, 3), x, y
+
+
+def make_job(cfg, model, x, y, *, config=None, request=None, state=None, seed=0):
+    """A TrainJob as the ClientApp builds it (model already holding the global weights);
+    ``config`` is the request's config dict (what the strategy sent)."""
+    from client_app.methods import TrainJob
+
+    global_arrays = ArrayRecord(model.state_dict())
+    return TrainJob(
+        cfg=cfg, server_round=1, partition_id=0, lr=cfg.lr, model=model, global_arrays=global_arrays,
+        x=x, y=y, generator=torch.Generator().manual_seed(seed),
+        request=request if request is not None else RecordDict({keys.ARRAYS: global_arrays}),
+        state=state if state is not None else RecordDict(), config=config or {},
+    )

@@ -1,38 +1,31 @@
-"""FedeRage: the risk weights and β step, the client routine, agnostic averaging on the server."""
+"""FedeRage: the risk weights and β step, the client routine (fed by what the strategy
+sends), agnostic averaging on the server, also under secure aggregation."""
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord
 from torch import nn
 from torch.nn import functional as F
 
-from client_app.methods import TrainJob, get_client_method
-from client_app.methods.federage import BETA, BETA_HAT, RiskAverseLoss, RiskParams, beta_step, risk_weights
-from fedcore.config import ConfigError, load_config
-from fedcore.replies import validate_train_replies
+from client_app.methods import get_client_method
+from client_app.methods.federage import RiskAverseLoss, RiskParams, beta_step, risk_weights
 from fedcore import flat
+from fedcore.config import ConfigError, load_config
+from fedcore.keys import FEDERAGE_BETA as BETA
+from fedcore.keys import FEDERAGE_BETA_HAT as BETA_HAT
+from fedcore.replies import validate_train_replies
+from fedcore.state import from_tree, to_tree
 from strategies import registry
-from tests.helpers import arrays_from_flat, tiny_template, train_reply
+from strategies.fedavg import FedAvg
+from strategies.federage import FedeRage
+from tests.helpers import aggregate_arrays, arrays_from_flat, make_job, tiny_template, toy_problem, train_reply
 
 
-def make_job(cfg, model, x, y, *, config=None, request=None, state=None, seed=0):
-    """A TrainJob as the ClientApp builds it (model already holding the global weights)."""
-    global_arrays = ArrayRecord(model.state_dict())
-    return TrainJob(
-        cfg=cfg, server_round=1, partition_id=0, lr=cfg.lr, model=model, global_arrays=global_arrays,
-        x=x, y=y, generator=torch.Generator().manual_seed(seed),
-        request=request if request is not None else RecordDict({"arrays": global_arrays}),
-        state=state if state is not None else RecordDict(), config=config or {},
-    )
-
-
-def toy_problem(seed=0, n=40):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 5, generator=g)
-    y = torch.randint(0, 3, (n,), generator=g)
-    torch.manual_seed(seed)
-    return nn.Linear(5, 3), x, y
+def sent(**overrides):
+    """The request config FedeRage's strategy sends (its client_config and β̂ of round 1)."""
+    strat = FedeRage(**overrides)
+    return {**strat.client_config(), **strat.round_config(1)}
 
 
 # -- exact maths ----------------------------------------------------------------------------
@@ -44,10 +37,10 @@ def test_risk_weights_formula():
 
 
 def test_beta_step_and_projection():
-    p = RiskParams(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=1.0)
+    p = RiskParams(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=1.0, level="batch")
     # loss above β: w = κ = 3.7 -> β − η(1 − κ) = 0.2 + 0.5·2.7
     assert beta_step(0.2, torch.tensor(3.7), p) == pytest.approx(1.0)  # projected onto β_max
-    p_wide = RiskParams(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_max=10.0)
+    p_wide = RiskParams(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=10.0, level="batch")
     assert beta_step(0.2, torch.tensor(3.7), p_wide) == pytest.approx(0.2 + 0.5 * 2.7)
     # loss below β: w = 1 − γ -> β − η γ, clipped at β_min
     assert beta_step(0.1, torch.tensor(0.7), p) == pytest.approx(0.0)
@@ -79,8 +72,7 @@ def test_beta_tracks_the_alpha_quantile():
 
 def test_one_batch_step_by_hand():
     """θ ← θ − η w ∇f with w from the loss at the old θ and old β (full batch, one step)."""
-    cfg = load_config({"method": "federage", "lr": 0.2, "batch-size": 0, "federage-alpha": 0.5,
-                       "federage-gamma": 0.5, "federage-beta-lr": 0.3})
+    cfg = load_config({"method": "federage", "lr": 0.2, "batch-size": 0})
     model, x, y = toy_problem()
     ref = nn.Linear(5, 3)
     ref.load_state_dict(model.state_dict())
@@ -88,7 +80,8 @@ def test_one_batch_step_by_hand():
     f.backward()
     beta0 = float(f.detach()) - 0.01  # the loss exceeds β: w = 0.5 + 1 = 1.5
     expected = {k: v.detach() - 0.2 * 1.5 * v.grad for k, v in ref.named_parameters()}
-    job = make_job(cfg, model, x, y, config={BETA_HAT: beta0})
+    config = {**sent(alpha=0.5, gamma=0.5, beta_lr=0.3), BETA_HAT: beta0}
+    job = make_job(cfg, model, x, y, config=config)
     out = get_client_method("federage").train(job)
     for k, v in model.named_parameters():
         torch.testing.assert_close(v.detach(), expected[k])
@@ -98,22 +91,35 @@ def test_one_batch_step_by_hand():
 
 @pytest.mark.parametrize("level", ["batch", "sample"])
 def test_gamma_zero_is_fedavg_local_sgd(level):
-    cfg = load_config({"method": "federage", "federage-gamma": 0.0, "federage-level": level,
-                       "batch-size": 8, "local-epochs": 2})
+    cfg = load_config({"method": "federage", "batch-size": 8, "local-epochs": 2})
+    config = {**sent(gamma=0.0, level=level), BETA_HAT: 0.3}
     runs = {}
     for name in ("federage", "sgd"):
         model, x, y = toy_problem()
-        out = get_client_method(name).train(make_job(cfg, model, x, y, config={BETA_HAT: 0.3}))
+        out = get_client_method(name).train(make_job(cfg, model, x, y, config=config))
         runs[name] = (flat.record_to_flat(ArrayRecord(model.state_dict())), out)
     assert torch.equal(runs["federage"][0], runs["sgd"][0])  # bit-identical trajectory
     assert runs["federage"][1].train_loss == runs["sgd"][1].train_loss
 
 
 def test_client_starts_from_broadcast_beta():
-    cfg = load_config({"method": "federage", "federage-beta-lr": 0.0})
+    cfg = load_config({"method": "federage"})
     model, x, y = toy_problem()
-    out = get_client_method("federage").train(make_job(cfg, model, x, y, config={BETA_HAT: 0.42}))
+    config = {**sent(beta_lr=0.0), BETA_HAT: 0.42}
+    out = get_client_method("federage").train(make_job(cfg, model, x, y, config=config))
     assert out.metrics[BETA] == pytest.approx(0.42)  # η_β = 0: β stays at β̂
+
+
+def test_client_reads_the_sent_values_not_its_run_config():
+    """The client declares no defaults: the run config's federage-* keys are not read."""
+    cfg = load_config({"method": "federage", "federage-alpha": 0.9})
+    config = sent(alpha=0.25, level="sample")
+    assert RiskParams.from_request(config) == RiskParams(alpha=0.25, gamma=0.3, beta_lr=0.1, beta_min=0.0,
+                                                         beta_max=10.0, level="sample")
+    model, x, y = toy_problem()
+    del config["federage-gamma"]
+    with pytest.raises(ConfigError, match="did not send 'federage-gamma'"):
+        get_client_method("federage").train(make_job(cfg, model, x, y, config=config))
 
 
 def test_risk_averse_loss_uses_old_beta_then_steps():
@@ -128,7 +134,7 @@ def test_risk_averse_loss_uses_old_beta_then_steps():
     assert risk.beta == pytest.approx(1.0 - 1.0 * float((1 - w).mean()))
 
 
-# -- server adapter ----------------------------------------------------------------------------
+# -- server --------------------------------------------------------------------------------
 @pytest.fixture
 def replies():
     template = tiny_template()
@@ -144,34 +150,38 @@ def replies():
     return template, theta, locals_, betas, msgs
 
 
+def test_strategy_sends_its_risk_parameters_and_beta_hat():
+    strat = registry.build(load_config({"method": "federage", "federage-alpha": 0.2, "federage-level": "sample"}))
+    assert strat.client_config() == {"federage-alpha": 0.2, "federage-gamma": 0.3, "federage-beta-lr": 0.1,
+                                     "federage-beta-min": 0.0, "federage-beta-max": 10.0,
+                                     "federage-level": "sample"}
+    assert strat.client_method == "federage"
+    assert FedeRage(beta_min=0.5).round_config(1) == {BETA_HAT: 0.5}  # β⁰ = Π_B(0)
+
+
 def test_server_averages_theta_and_beta_uniformly(replies):
     template, theta, locals_, betas, msgs = replies
-    strat = registry.build(load_config({"method": "federage"}))
-    plan = strat.begin_round(1, arrays_from_flat(theta, template))
-    assert plan.config == {BETA_HAT: 0.0}  # Algorithm 2 starts from β = 0
-    arrays, metrics = strat.aggregate_train(1, msgs)
+    strat = FedeRage()
+    assert strat.round_config(1) == {BETA_HAT: 0.0}  # Algorithm 2 starts from β = 0
+    arrays, metrics = aggregate_arrays(strat, 1, arrays_from_flat(theta, template), msgs)
     np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), np.mean(locals_, axis=0), rtol=1e-5, atol=1e-6)
     assert metrics["federage-beta-hat"] == pytest.approx(np.mean(betas))  # not data-size weighted
     # β̂ is broadcast in the next round's request config
-    assert strat.begin_round(2, arrays).config == {BETA_HAT: pytest.approx(np.mean(betas))}
+    assert strat.round_config(2) == {BETA_HAT: pytest.approx(np.mean(betas))}
 
 
 def test_gamma_zero_server_equals_fedavg_for_equal_sizes(replies):
     template, theta, locals_, _, _ = replies
     msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=20, extra_metrics={BETA: 0.0})
             for pid, x in enumerate(locals_)]
-    ours = registry.build(load_config({"method": "federage", "federage-gamma": 0.0}))
-    fedavg = registry.build(load_config({"method": "fedavg"}))
-    out = []
-    for strat in (ours, fedavg):
-        strat.begin_round(1, arrays_from_flat(theta, template))
-        out.append(flat.record_to_flat(strat.aggregate_train(1, msgs)[0]))
+    out = [flat.record_to_flat(aggregate_arrays(strat, 1, arrays_from_flat(theta, template), msgs)[0])
+           for strat in (FedeRage(gamma=0.0), FedAvg())]
     torch.testing.assert_close(out[0], out[1])
 
 
 def test_reply_without_beta_is_dropped(replies):
     template, theta, locals_, _, msgs = replies
-    strat = registry.build(load_config({"method": "federage"}))
+    strat = FedeRage()
     bad = train_reply(arrays_from_flat(locals_[0], template), 3)  # no β
     valid, dropped = validate_train_replies(
         [*msgs, bad], {1000 + i: i for i in range(4)}, flat.spec_of(template), strat.required_metrics)
@@ -179,15 +189,50 @@ def test_reply_without_beta_is_dropped(replies):
     assert strat.needs_individual_updates is False
 
 
-def test_state_round_trip(replies):
+def test_state_round_trip(replies, tmp_path):
     template, theta, _, betas, msgs = replies
-    a = registry.build(load_config({"method": "federage"}))
-    a.begin_round(1, arrays_from_flat(theta, template))
-    a.aggregate_train(1, msgs)
-    b = registry.build(load_config({"method": "federage"}))
-    b.load_state_dict(a.state_dict())
-    assert b.begin_round(2, arrays_from_flat(theta, template)).config == a.begin_round(
-        2, arrays_from_flat(theta, template)).config
+    a = FedeRage()
+    aggregate_arrays(a, 1, arrays_from_flat(theta, template), msgs)
+    torch.save(to_tree(a.state), tmp_path / "state.pt")
+    b = FedeRage()
+    b.state = from_tree(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert b.round_config(2) == a.round_config(2) == {BETA_HAT: pytest.approx(np.mean(betas))}
+
+
+def test_secure_aggregate_is_the_uniform_mean(replies):
+    """Under SecAgg+ the server sees one aggregate reply. FedeRage asks for uniform weights,
+    so each client masks its update with the same weight (not n_i) and the aggregate's β is
+    the plain mean; the strategy takes that aggregate as it is (the app hands it to
+    ``aggregate_valid``)."""
+    # LEAD: uses fedpcd_app.secagg's two halves directly (no round loop); follow their new names.
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.compat.common.recorddict_compat import recorddict_to_fitres
+
+    from fedcore import keys
+    from fedpcd_app import secagg
+    from tests.fakegrid import task_identity
+
+    template, theta, locals_, betas, msgs = replies
+    strat = FedeRage()
+    assert strat.secagg_weighting == "uniform"
+    cfg = load_config({"method": "federage", "secure-aggregation": True})
+    aggregator = secagg.SecureAggregator(cfg, strat, flat.spec_of(template))
+    # Client half: the weight each client masks its update with.
+    with task_identity():
+        request = Message(RecordDict({keys.CONFIG: ConfigRecord({secagg.WEIGHTING: aggregator.weighting})}),
+                          dst_node_id=1000, message_type="train")
+        weights = [recorddict_to_fitres(secagg._as_fitres(request, msg).content, keep_input=True).num_examples
+                   for msg in msgs]
+    assert weights == [int(aggregator.max_weight)] * 3  # the same for n = 10, 30, 60
+    # Server half: the unmasked mean (what SecAgg+ yields with equal weights) into one reply.
+    mean = np.mean(locals_, axis=0).astype(np.float32)
+    arrays = [a.numpy() for a in arrays_from_flat(mean, template).values()]
+    reply = aggregator._aggregate_reply(arrays, [dict(m.content[keys.METRICS]) for m in msgs], 1)
+    assert reply.content[keys.METRICS][BETA] == pytest.approx(np.mean(betas))
+    strat.set_model(arrays_from_flat(theta, template))
+    new, metrics = strat.aggregate_valid(1, [reply])  # as the app does with the one aggregate reply
+    np.testing.assert_allclose(flat.record_to_flat(new).numpy(), mean, rtol=1e-6, atol=1e-6)
+    assert metrics["federage-beta-hat"] == pytest.approx(np.mean(betas))
 
 
 @pytest.mark.parametrize("bad, key", [

@@ -12,10 +12,12 @@ starts each round from the broadcast (θ̂, β̂) and returns its β in the Metr
 ``federage-level = "sample"`` is the per-sample variant (the paper's b = 1 case): weights
 w_j per sample, loss mean_j w_j ℓ_j and β-gradient mean_j (1 − w_j) = γ(1 − frac(ℓ_j ≥ β)/α).
 
-Hyperparameters (run-config keys): ``federage-alpha`` α ∈ (0, 1] (default 0.1),
-``federage-gamma`` γ ∈ [0, 1] (default 0.3; γ = 0 is FedAvg's local SGD exactly),
-``federage-beta-lr`` η_β (default 0.1), ``federage-beta-min``/``-max`` B (default [0, 10]),
-``federage-level`` ``batch`` | ``sample`` (default ``batch``).
+The hyperparameters (``federage-alpha``, ``-gamma``, ``-beta-lr``, ``-beta-min``, ``-beta-max``,
+``-level``) are declared, with their defaults and ranges, once in :mod:`strategies.federage`;
+its strategy sends them in every request's config, and β̂ under ``federage-beta-hat``.
+The routine reads both from the request (no defaults here: a missing key is an error).
+
+A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``.
 """
 
 from __future__ import annotations
@@ -27,35 +29,27 @@ from torch.nn import functional as F
 
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
-from fedcore.config import ConfigError, RunConfig
-
-BETA = "federage-beta"  # reply metric: the client's β after its local steps
-BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂
-LEVELS = ("batch", "sample")
+from fedcore import keys
+from fedcore.params import sent_value
 
 
 @dataclasses.dataclass(frozen=True)
 class RiskParams:
-    alpha: float = 0.1
-    gamma: float = 0.3
-    beta_lr: float = 0.1
-    beta_min: float = 0.0
-    beta_max: float = 10.0
-    level: str = "batch"
+    """The client's risk parameters, as the server sent them (validated there)."""
+
+    alpha: float
+    gamma: float
+    beta_lr: float
+    beta_min: float
+    beta_max: float
+    level: str  # "batch" | "sample"
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> RiskParams:
-        lo = cfg.get_float("federage-beta-min", 0.0)
-        hi = cfg.get_float("federage-beta-max", 10.0)
-        if hi < lo:
-            raise ConfigError(f"run-config key 'federage-beta-max' = {hi} must be >= federage-beta-min = {lo}")
-        return cls(
-            alpha=cfg.get_float("federage-alpha", 0.1, low=0.0, high=1.0, low_open=True),
-            gamma=cfg.get_float("federage-gamma", 0.3, low=0.0, high=1.0),
-            beta_lr=cfg.get_float("federage-beta-lr", 0.1, low=0.0),
-            beta_min=lo, beta_max=hi,
-            level=cfg.get_choice("federage-level", LEVELS, "batch"),
-        )
+    def from_request(cls, config) -> RiskParams:
+        """From a request's config: run-config key ``federage-<field>`` (``_`` → ``-``)."""
+        values = {f.name: sent_value(config, "federage-" + f.name.replace("_", "-"))
+                  for f in dataclasses.fields(cls)}
+        return cls(**{k: str(v) if k == "level" else float(v) for k, v in values.items()})
 
     def project(self, beta: float) -> float:
         """Π_B: clip to [β_min, β_max]."""
@@ -98,8 +92,8 @@ class RiskAverseLoss:
 
 @register_client_method("federage")
 def federage(job: TrainJob) -> TrainOutcome:
-    params = RiskParams.from_config(job.cfg)
-    risk = RiskAverseLoss(params, float(job.config.get(BETA_HAT, params.beta_min)))
+    params = RiskParams.from_request(job.config)
+    risk = RiskAverseLoss(params, float(sent_value(job.config, keys.FEDERAGE_BETA_HAT)))
     outcome = run_sgd(job, loss_fn=risk)
-    outcome.metrics[BETA] = risk.beta
+    outcome.metrics[keys.FEDERAGE_BETA] = risk.beta
     return outcome

@@ -12,7 +12,10 @@ server's copy stays bit-identical. A request that carries ``scaffold-c-i`` (the 
 does so once per client after resuming from a checkpoint, when context states are gone)
 sets c_i before training. Control variates cover the model's parameters; buffers (e.g.
 BatchNorm statistics) keep zero entries. With momentum the (θ_t − y_i)/(K η_l) estimate
-is no longer the mean gradient: SCAFFOLD assumes plain SGD.
+is no longer the mean gradient: SCAFFOLD assumes plain SGD. The record names are in
+:mod:`fedcore.keys` (``SCAFFOLD_C``, ``SCAFFOLD_C_CLIENT``, ``SCAFFOLD_DELTA_C``).
+
+A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``.
 """
 
 from __future__ import annotations
@@ -22,11 +25,7 @@ from torch import nn
 
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
-from fedcore import flat
-
-C_GLOBAL = "scaffold-c"  # request: the server control variate c
-C_CLIENT = "scaffold-c-i"  # context state (and request after a resume): this client's c_i
-DELTA_C = "scaffold-delta-c"  # reply: Δc_i
+from fedcore import flat, keys
 
 
 def control_update(c_i: torch.Tensor, c: torch.Tensor, theta: torch.Tensor, y: torch.Tensor,
@@ -69,8 +68,8 @@ def _flat_or_zeros(record, d: int) -> torch.Tensor:
 def scaffold(job: TrainJob) -> TrainOutcome:
     spec = flat.spec_of(job.global_arrays)
     theta = flat.record_to_flat(job.global_arrays)
-    c = _flat_or_zeros(job.request.get(C_GLOBAL), spec.dim)
-    c_i = _flat_or_zeros(job.request.get(C_CLIENT, job.state.get(C_CLIENT)), spec.dim)
+    c = _flat_or_zeros(job.request.get(keys.SCAFFOLD_C), spec.dim)
+    c_i = _flat_or_zeros(job.request.get(keys.SCAFFOLD_C_CLIENT, job.state.get(keys.SCAFFOLD_C_CLIENT)), spec.dim)
     outcome = run_sgd(job, before_step=corrected_gradients(job.model, spec, c - c_i))
     from flwr.app import ArrayRecord
 
@@ -78,6 +77,6 @@ def scaffold(job: TrainJob) -> TrainOutcome:
     mask = parameter_mask(job.model, spec)
     c_new = torch.where(mask, control_update(c_i, c, theta, y, max(outcome.num_steps, 1), job.lr), 0.0)
     delta = c_new - c_i
-    job.state[C_CLIENT] = flat.flat_to_record(c_i + delta, spec)
-    outcome.records[DELTA_C] = flat.flat_to_record(delta, spec)
+    job.state[keys.SCAFFOLD_C_CLIENT] = flat.flat_to_record(c_i + delta, spec)
+    outcome.records[keys.SCAFFOLD_DELTA_C] = flat.flat_to_record(delta, spec)
     return outcome
