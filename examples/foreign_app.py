@@ -19,7 +19,7 @@ from strategies import Craft, FedeRage, FedPCD
 
 STRATEGIES = {
     "fedpcd": lambda: FedPCD(fraction_train=0.5, tau=0.05, history=5, seed=0),
-    "craft": lambda: Craft(fraction_train=0.5, seed=0),
+    "craft": lambda: Craft(fraction_train=0.5, step=0.5, model=net(), seed=0),
     "federage": lambda: FedeRage(fraction_train=0.5, alpha=0.3, gamma=0.3, seed=0),
 }
 RESULTS = {}

@@ -156,7 +156,7 @@ def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
     from fedcore.config import parse_run_config
 
     try:
-        data = load_federated_data(parse_run_config(run.summary["config"], check_method=False))
+        data = load_federated_data(parse_run_config(run.summary["config"]))
     except Exception as exc:  # noqa: BLE001 - a dataset not available here skips this one figure
         print(f"note: no label distribution for {setting}: {type(exc).__name__}: {exc}".splitlines()[0])
         return None

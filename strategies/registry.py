@@ -3,7 +3,7 @@
 :func:`build` makes a strategy from the typed run config with no per-method code: the
 method's ``Params`` read their own keys, the common arguments come from the experiment
 fields. ``extra`` are app-side arguments some methods take (CRAFT's ``model`` for its
-layer groups).
+layer groups); FedNova gets the clients' ``momentum`` from the run config.
 """
 
 from __future__ import annotations
@@ -75,5 +75,5 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
         server_lr=cfg.server_lr,
         num_clients=cfg.num_clients,
         loss_before=cfg.client_loss_before == "always",
-        **{k: v for k, v in extra.items() if k in cls.app_arguments},
+        **{k: v for k, v in {"momentum": cfg.momentum, **extra}.items() if k in cls.app_arguments},
     )

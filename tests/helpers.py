@@ -282,3 +282,16 @@ def make_job(cfg, model, x, y, *, config=None, request=None, state=None, seed=0)
         request=request if request is not None else RecordDict({keys.ARRAYS: global_arrays}),
         state=state if state is not None else RecordDict(), config=config or {},
     )
+
+
+def app_request(cfg, arrays: ArrayRecord, message_type: str = MessageType.TRAIN, *, server_round: int = 1,
+                client_method: str = "sgd", **round_values) -> Message:
+    """A request as this app's server sends it and a node receives it: the model, the
+    ``run-config`` record and the ``config`` record of per-round values (call inside
+    ``task_identity()``)."""
+    from flwr.app import ConfigRecord
+
+    conf = {keys.SERVER_ROUND: server_round, keys.ROUND_LR: cfg.lr_at(server_round),
+            keys.CLIENT_METHOD: client_method, **round_values}
+    return make_reply(RecordDict({keys.ARRAYS: arrays, keys.RUN_CONFIG: ConfigRecord(cfg.as_dict()),
+                                  keys.CONFIG: ConfigRecord(conf)}), 0, message_type=message_type)

@@ -31,7 +31,7 @@ def _matrix_path(strat, server_round, replies):
     batch = unpack_replies(replies)
     theta = strat.current_flat()
     eta_l = strat.round_lr(server_round)
-    eta_g = strat.cfg.server_lr or eta_l
+    eta_g = strat.server_lr or eta_l
     g_bar = torch.sub(theta, fedavg.fedavg_direction(batch.local, batch.fedavg_weights))
     return theta - (eta_g / eta_l) * g_bar, float(g_bar.norm())
 

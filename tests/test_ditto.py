@@ -23,7 +23,7 @@ from strategies.craft import Craft
 from strategies.ditto import Ditto
 from strategies.fedavg import FedAvg
 from tests.fakegrid import task_identity
-from tests.helpers import aggregate_arrays, arrays_from_flat, make_reply, state_through_bytes, train_reply
+from tests.helpers import app_request, aggregate_arrays, arrays_from_flat, make_reply, state_through_bytes, train_reply
 
 
 def _job(cfg, model, state, server_round=1, config=None):
@@ -109,11 +109,9 @@ def test_evaluation_scores_the_personal_model():
         for p in personal.parameters():
             p.mul_(-3.0)  # far from the global model: different scores
     state[PERSONAL] = ArrayRecord(personal.state_dict())
-    conf = {**cfg.as_dict(), keys.SERVER_ROUND: 1, "client-method": "ditto"}
 
     def score(node_state):
-        msg = make_reply(RecordDict({keys.ARRAYS: global_arrays, keys.CONFIG: ConfigRecord(conf)}), 0,
-                         message_type=MessageType.EVALUATE)  # as the node receives it
+        msg = app_request(cfg, global_arrays, MessageType.EVALUATE, client_method="ditto", **{"ditto-lambda": 0.1})
         ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: 2}, state=node_state, run_config={})
         return evaluate_handler(msg, ctx).content[keys.METRICS][keys.EVAL_LOSS]
 

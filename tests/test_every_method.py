@@ -39,7 +39,9 @@ def run(tmp_path, name, method, **extra):
 
 def same_tree(a, b) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        # bytes, not values: unused rows of a preallocated buffer may hold NaN bit patterns
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8)))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(same_tree(a[k], b[k]) for k in a)
     if isinstance(a, list):

@@ -204,10 +204,10 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
     so each client masks its update with the same weight (not n_i) and the aggregate's β is
     the plain mean; the strategy takes that aggregate as it is (the app hands it to
     ``aggregate_valid``)."""
-    # LEAD: uses fedpcd_app.secagg's two halves directly (no round loop); follow their new names.
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.compat.common.recorddict_compat import recorddict_to_fitres
 
+    from client_app.secagg import _as_fitres
     from fedcore import keys
     from fedpcd_app import secagg
     from tests.fakegrid import task_identity
@@ -219,9 +219,9 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
     aggregator = secagg.SecureAggregator(cfg, strat, flat.spec_of(template))
     # Client half: the weight each client masks its update with.
     with task_identity():
-        request = Message(RecordDict({keys.CONFIG: ConfigRecord({secagg.WEIGHTING: aggregator.weighting})}),
+        request = Message(RecordDict({keys.CONFIG: ConfigRecord({keys.SECAGG_WEIGHTING: aggregator.weighting})}),
                           dst_node_id=1000, message_type="train")
-        weights = [recorddict_to_fitres(secagg._as_fitres(request, msg).content, keep_input=True).num_examples
+        weights = [recorddict_to_fitres(_as_fitres(request, msg).content, keep_input=True).num_examples
                    for msg in msgs]
     assert weights == [int(aggregator.max_weight)] * 3  # the same for n = 10, 30, 60
     # Server half: the unmasked mean (what SecAgg+ yields with equal weights) into one reply.

@@ -160,21 +160,17 @@ def test_eval_modes_agree_and_metrics_match_recorded_reference(tmp_path):
 # -- loss-before only where a method uses it; one model object per process ----------------
 def _client_train(cfg, pid, *, server_round=1, want=None, arrays=None):
     """Run the ClientApp's train handler on one request, as a node receives it."""
-    from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
+    from flwr.app import ArrayRecord, Context, MessageType, RecordDict
 
     from client_app.client_app import train
     from fedcore import keys
     from tests.fakegrid import task_identity
-    from tests.helpers import make_reply
+    from tests.helpers import app_request
 
-    conf = {**cfg.as_dict(), keys.SERVER_ROUND: server_round, keys.ROUND_LR: cfg.lr_at(server_round),
-            "client-method": "sgd"}
-    if want is not None:
-        conf[keys.WANT_LOSS_BEFORE] = want
+    extra = {} if want is None else {keys.WANT_LOSS_BEFORE: want}
     arrays = arrays if arrays is not None else ArrayRecord(initial_model(cfg).state_dict())
     with task_identity():
-        msg = make_reply(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(conf)}), 0,
-                         message_type=MessageType.TRAIN)
+        msg = app_request(cfg, arrays, MessageType.TRAIN, server_round=server_round, **extra)
         ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: pid}, state=RecordDict(),
                       run_config={})
         reply = train(msg, ctx)

@@ -13,7 +13,8 @@ import pytest
 
 from client_app.client_app import app as client_app
 from client_app.data import load_federated_data
-from fedpcd_app import keys, secagg
+from fedcore import keys
+from fedpcd_app import secagg
 from fedcore.config import ConfigError, load_config
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.sampler import build_sampler
@@ -60,7 +61,7 @@ def test_client_failing_mid_protocol_is_a_tolerated_dropout(tmp_path):
 
     def tamper(pid, msg):
         if pid == victim and keys.ARRAYS in msg.content:  # the stage that trains: the client raises
-            msg.content[keys.CONFIG]["lr"] = 0.0
+            msg.content[keys.RUN_CONFIG]["lr"] = 0.0
 
     # Execute
     secure, _, _ = _run(tmp_path, "secure", tamper, **{"secure-aggregation": True})
