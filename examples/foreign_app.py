@@ -53,20 +53,20 @@ def local_data(context: Context, split: str):
     return torch.tensor(x / 16.0, dtype=torch.float32)[idx], torch.tensor(y)[idx]
 
 
-@client.train()
-def train(msg, context: Context):
+def received(msg, context: Context, split: str):
     model = net()
     load_arrays(model, msg.content["arrays"])
-    x, y = local_data(context, "train")
-    return train_reply(msg, context, model, x, y, SETTINGS)
+    return (model, *local_data(context, split))
+
+
+@client.train()
+def train(msg, context: Context):
+    return train_reply(msg, context, *received(msg, context, "train"), SETTINGS)
 
 
 @client.evaluate()
 def evaluate(msg, context: Context):
-    model = net()
-    load_arrays(model, msg.content["arrays"])
-    x, y = local_data(context, "test")
-    return evaluate_reply(msg, context, model, x, y, SETTINGS)
+    return evaluate_reply(msg, context, *received(msg, context, "test"), SETTINGS)
 
 
 if __name__ == "__main__":

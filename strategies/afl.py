@@ -113,12 +113,12 @@ class AFL(FairStrategy):
     """AFL server (client: plain local SGD); see the module docstring::
 
         AFL(lambda_lr=0.01, num_clients=20, fraction_train=0.25, lr=0.1, seed=0)
+
+    The mixture weights change per client each round from individual losses and the
+    weighted sum uses server-side weights, so each update must be seen (no secure aggregation).
     """
 
     Params = Params
-    # The mixture weights change per client each round from individual losses, and the
-    # weighted sum uses server-side weights: each update must be seen.
-    needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
     def init_state(self) -> State:

@@ -131,6 +131,7 @@ class FairStrategy(Strategy):
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[MethodParams]] = NoParams
+    State: ClassVar[type | None] = None  # a dataclass built with no arguments at round 0, if any
     client_method: ClassVar[str] = "sgd"
     personalized: ClassVar[bool] = False  # clients are scored with their personal models
     needs_individual_updates: ClassVar[bool] = True  # False: sums suffice (secure aggregation)
@@ -189,8 +190,9 @@ class FairStrategy(Strategy):
 
     # -- the method's part ------------------------------------------------------------------
     def init_state(self) -> Any:
-        """The method's State at round 0 (None: the method keeps nothing across rounds)."""
-        return None
+        """The method's State at round 0: ``State()`` (None: the method keeps nothing across
+        rounds). A method whose round-0 state needs its params overrides this."""
+        return None if self.State is None else self.State()
 
     def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate well-formed replies (sorted by partition id): the method's own step."""

@@ -362,8 +362,7 @@ class Craft(GroupedStrategy):
     def layerwise(self) -> bool:
         return self.params.layerwise
 
-    def init_state(self) -> State:
-        return State()
+    State = State
 
     def aggregate_valid(self, server_round, replies):
         theta, deltas, sizes = self.deltas(replies)

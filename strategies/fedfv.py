@@ -132,18 +132,16 @@ def rescale(g: torch.Tensor, norm: float) -> torch.Tensor:
 
 @register("fedfv")
 class FedFV(FairStrategy):
-    """FedFV server step (client: plain local SGD)::
+    """FedFV server step (client: plain local SGD); its pairwise conflict tests need each
+    client's update (no secure aggregation)::
 
         FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)
     """
 
     Params = Params
-    # Pairwise conflict tests need each client's update.
-    needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
-    def init_state(self) -> State:
-        return State()
+    State = State
 
     def aggregate_valid(self, server_round, replies):
         theta, batch, deltas = self.unpack_deltas(replies)

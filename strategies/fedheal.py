@@ -97,8 +97,7 @@ class FedHEAL(FairStrategy):
 
     Params = Params
 
-    def init_state(self) -> State:
-        return State()
+    State = State
 
     def aggregate_valid(self, server_round, replies):
         batch = unpack_replies(replies)

@@ -243,8 +243,7 @@ class FedLF(FairStrategy):
     Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
 
-    def init_state(self) -> State:
-        return State()
+    State = State
 
     def aggregate_valid(self, server_round, replies):
         eta_l = self.round_lr(server_round)

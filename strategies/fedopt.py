@@ -147,8 +147,7 @@ class FedAvgM(FlowerServerOpt):
 
     Params = FedAvgMParams
 
-    def init_state(self) -> MomentumState:
-        return MomentumState()
+    State = MomentumState
 
     def make_inner(self):
         p = self.params
@@ -164,8 +163,7 @@ class FedOpt(FlowerServerOpt):
 
     flower_class: ClassVar[type]
 
-    def init_state(self) -> MomentsState:
-        return MomentsState()
+    State = MomentsState
 
     def make_inner(self):
         p = self.params

@@ -58,8 +58,7 @@ class Scaffold(FairStrategy):
         super().__init__(**kwargs)
         self.num_nodes: int | None = None  # N when num_clients is None (seen at sampling)
 
-    def init_state(self) -> State:
-        return State()
+    State = State
 
     def restored(self) -> None:
         """After ``self.state`` is assigned from a checkpoint: every mirrored client is owed its c_i."""
