@@ -351,6 +351,7 @@ class Craft(GroupedStrategy):
     """
 
     Params = Params
+    State = State
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -361,8 +362,6 @@ class Craft(GroupedStrategy):
     @property
     def layerwise(self) -> bool:
         return self.params.layerwise
-
-    State = State
 
     def aggregate_valid(self, server_round, replies):
         theta, deltas, sizes = self.deltas(replies)
