@@ -139,6 +139,7 @@ class FairStrategy(Strategy):
     required_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics beyond the required ones
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
     app_arguments: ClassVar[tuple[str, ...]] = ()  # extra __init__ arguments the app passes
+    own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
 
     def __init__(
         self,
@@ -172,6 +173,9 @@ class FairStrategy(Strategy):
             raise ConfigError(f"fraction_evaluate = {fraction_evaluate} must be in [0, 1]")
         if lr <= 0.0 or server_lr < 0.0:
             raise ConfigError(f"lr = {lr} must be > 0 and server_lr = {server_lr} >= 0")
+        if self.own_step is not None and server_lr != 0.0:
+            raise ConfigError(f"run-config key 'server-lr' = {server_lr} is not used by {self.name or type(self).__name__}: "
+                              f"{self.own_step}; leave server-lr = 0")
         self.params = params
         self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
         self.min_train_nodes, self.seed = min_train_nodes, seed

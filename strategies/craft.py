@@ -352,12 +352,7 @@ class Craft(GroupedStrategy):
 
     Params = Params
     State = State
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if self.server_lr != 0.0:
-            raise ConfigError(f"run-config key 'server-lr' = {self.server_lr} is not used by CRAFT: "
-                              "set its absolute step with craft-step (default 0.1) and leave server-lr = 0")
+    own_step = "set its absolute step with craft-step (default 0.1)"
 
     @property
     def layerwise(self) -> bool:

@@ -61,6 +61,7 @@ class FedMGDA(FairStrategy):
     """
 
     Params = Params
+    own_step = "its step is fedmgda-lr"
     # Normalising each update and solving over their Gram matrix needs every update.
     needs_individual_updates = True
 

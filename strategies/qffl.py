@@ -16,7 +16,7 @@ qffl-q : float, default 1.0
     θ_t − Σ Δw_k / (m L) = the uniform mean of the local models, i.e. FedAvg with equal
     client weights.
 
-``server-lr`` is not used: the step Σ Δ_k / Σ h_k is q-FFL's own (its size comes from L and h_k).
+``server-lr`` is not used (a non-zero value is refused): the step Σ Δ_k / Σ h_k is q-FFL's own (its size comes from L and h_k).
 The method is ``qffl``; the strategy is :class:`QFFL`.
 """
 
@@ -63,6 +63,7 @@ class QFFL(FairStrategy):
     """
 
     Params = Params
+    own_step = "its step is Σ Δ_k / Σ h_k (its size comes from L = 1/lr and h_k)"
     # h_k needs each client's ‖Δw_k‖²: the server must see every update.
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method

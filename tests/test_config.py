@@ -46,6 +46,11 @@ def test_flwr_override_syntax():
         ({"checkpoint-every": -1}, "'checkpoint-every'"),
         ({"resume-from": "/no/such/folder"}, "'resume-from'"),
         ({"tensorboard": "yes"}, "'tensorboard'"),
+        # server-lr has one meaning; methods with a step rule of their own refuse it
+        ({"method": "craft", "server-lr": 0.5}, "craft-step"),
+        ({"method": "qffl", "server-lr": 0.5}, "'server-lr'"),
+        ({"method": "fedmgda", "server-lr": 0.5}, "fedmgda-lr"),
+        ({"method": "fedfv", "server-lr": 0.5}, "'server-lr'"),
     ],
 )
 def test_bad_values_fail_with_one_line(override, fragment):
