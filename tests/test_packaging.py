@@ -57,5 +57,6 @@ def test_pins_match_the_installed_versions():
 
 
 def test_the_scan_sees_imports_inside_functions(tmp_path):
-    (tmp_path / "m.py").write_text("import os\n\ndef f():\n    from tqdm import tqdm\n    import pyarrow.parquet as pq\n")
+    (tmp_path / "m.py").write_text(
+        "import os\n\ndef f():\n    from tqdm import tqdm\n    import pyarrow.parquet as pq\n")
     assert third_party(imported_modules(tmp_path)) == {"tqdm", "pyarrow"}

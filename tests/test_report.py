@@ -187,7 +187,8 @@ def loose_runs(tmp_path):
     """Runs as `flwr run` leaves them (no run.json), nested at different depths."""
     root = tmp_path / "outputs"
     for seed in range(2):
-        make_run(root, "", "fedavg", seed, [0.6, 0.7 + 0.01 * seed], labels=False, folder=root / "fedavg" / f"seed{seed}-x")
+        make_run(root, "", "fedavg", seed, [0.6, 0.7 + 0.01 * seed], labels=False,
+                 folder=root / "fedavg" / f"seed{seed}-x")
         for tau in (0.01, 0.02):
             make_run(root, "", "", seed, [0.7, 0.8 + tau], labels=False, registered="fedpcd",
                      grid={"fedpcd-tau": tau}, folder=root / "deeper" / "fedpcd" / f"tau{tau}" / f"seed{seed}")

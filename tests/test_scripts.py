@@ -41,7 +41,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
      "method='fedpcd' seed=2 lr=0.05 num-server-rounds=2"),
     (["seed=1 seed=3"], "seed=3"),
     (["", "  "], ""),
-    (["output-dir='/a b/c' tensorboard=true fedpcd-eps=1e-12"], "output-dir='/a b/c' tensorboard=true fedpcd-eps=1e-12"),
+    (["output-dir='/a b/c' tensorboard=true fedpcd-eps=1e-12"],
+     "output-dir='/a b/c' tensorboard=true fedpcd-eps=1e-12"),
     (['dataset="digits"', "dataset='mnist'"], "dataset='mnist'"),
 ])
 def test_overrides_compose_key_by_key(args, expected):
@@ -52,7 +53,8 @@ def test_a_toml_preset_composes_like_a_string(tmp_path):
     preset = tmp_path / "p.toml"
     preset.write_text("method = \"craft\"\nnum-server-rounds = 5\ntensorboard = false\nlr = 0.5\nnote = \"it's\"\n")
     merged = run_config.compose("method='fedpcd' seed=1", str(preset), "lr=0.1")
-    assert run_config.render(merged) == "method='craft' seed=1 num-server-rounds=5 tensorboard=false lr=0.1 note=\"it's\""
+    assert run_config.render(merged) == (
+        "method='craft' seed=1 num-server-rounds=5 tensorboard=false lr=0.1 note=\"it's\"")
 
 
 # (override, text the one-line error must contain): what flwr would misread or reject
