@@ -70,6 +70,12 @@ ACTIVE_KEY = "fedpcd-active"
 AVAILABILITY = "availability.json"
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p")
 LINESTYLES = ("-", "--", "-.", ":")
+BAND_LIMIT = 4
+SHARED = "0.45"  # colour of a paired-scatter point that several seeds share
+
+
+def ROUND_TICKS():  # noqa: N802 - a locator factory: integer ticks at 1, 2, 5 or 10 × 10^k
+    return MaxNLocator(integer=True, steps=[1, 2, 5, 10])
 
 
 class FigureError(ValueError):
@@ -163,6 +169,7 @@ def convergence(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
                 out[method] = (np.array(rounds), vals)
         curves_by_key[key] = out
     same = _same_as({m: np.concatenate([v[0], v[1].ravel()]) for m, v in curves_by_key["mean_acc"].items()})
+    bands = len(chosen) <= BAND_LIMIT  # more bands than that only hide each other
     for key, ax, title in (("mean_acc", axes[0], "mean client accuracy ā"),
                            ("worst10_acc", axes[1], "worst-10% client accuracy W₁₀")):
         for i, (method, (rounds, vals)) in enumerate(curves_by_key[key].items()):
@@ -172,13 +179,15 @@ def convergence(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
             line, = ax.plot(rounds, mean, marker=MARKERS[i % len(MARKERS)], ms=7 if dup else 4, lw=1.4,
                             ls=(0, (4, 3)) if dup else "-", mfc="none" if dup else None,
                             label=_legend_name(rs, same, method), zorder=3 + (1 if dup else 0))
-            if len(vals) > 1:
-                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.12)
+            if bands and len(vals) > 1:
+                ax.fill_between(rounds, np.clip(mean - std, 0, 100), np.clip(mean + std, 0, 100),
+                                color=line.get_color(), alpha=0.12)
         ax.set(xlabel="round", ylabel="%", title=title)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(ROUND_TICKS())
         ax.grid(alpha=0.3)
     _legend_below(fig, axes[0], ncol=3)
-    fig.suptitle(f"{setting}: convergence (mean over seeds ± 1 std)")
+    fig.suptitle(f"{setting}: convergence (mean over seeds" + (" ± 1 std)" if bands else
+                 f"; ±1 std bands drawn for up to {BAND_LIMIT} methods, --methods picks them)"))
     fig.tight_layout()
     return _save(fig, path)
 
@@ -192,6 +201,7 @@ def client_histograms(chosen: dict[str, list[Run]], setting: str, path: Path) ->
     lo = min(float(np.floor(a.min() / 5) * 5) for a in pooled.values() if a.size) if any(
         a.size for a in pooled.values()) else 0.0
     bins = np.arange(lo, 100.001, 2.5 if lo >= 50 else 5.0)
+    top = 1.12 * max((np.histogram(a, bins=bins)[0].max() for a in pooled.values() if a.size), default=1)
     for ax, (method, rs) in zip(axes, chosen.items()):
         acc = pooled[method]
         ax.hist(acc, bins=bins, color="tab:blue", alpha=0.8, edgecolor="white")
@@ -201,6 +211,7 @@ def client_histograms(chosen: dict[str, list[Run]], setting: str, path: Path) ->
         ax.title.set_fontsize(9)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlim(lo, 100.5)
+        ax.set_ylim(0, top)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{setting}: final per-client accuracy, pooled over seeds")
     fig.tight_layout()
@@ -304,6 +315,7 @@ def paired_scatter(chosen: dict[str, list[Run]], baseline: str, setting: str, pa
     fig, axes = _panels(len(others), size=(3.9, 3.9))
     lo = 100.0
     seeds_seen = set()
+    shared = False
     for ax, method in zip(axes, others):
         pairs = []
         for r in chosen[method]:
@@ -315,14 +327,18 @@ def paired_scatter(chosen: dict[str, list[Run]], baseline: str, setting: str, pa
         if not pairs:
             ax.text(0.5, 0.5, "no paired seed", ha="center", transform=ax.transAxes)
             continue
-        counts = Counter((s, round(x, 6), round(y, 6)) for s, x, y in pairs)
-        for k, s in enumerate(sorted(base)):
-            pts = [(x, y, c) for (ss, x, y), c in counts.items() if ss == s]
-            if not pts:
-                continue
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=[18 * p[2] for p in pts],
-                       color=plt.get_cmap("tab10")(k % 10), alpha=0.55, edgecolor="k", linewidth=0.3,
-                       zorder=2)
+        # one marker per distinct (x, y), area ∝ clients there: the seed's colour when all
+        # of them come from one seed, grey when several seeds share the point
+        counts = Counter((round(x, 6), round(y, 6)) for _, x, y in pairs)
+        owners: dict[tuple, set] = defaultdict(set)
+        for s, x, y in pairs:
+            owners[(round(x, 6), round(y, 6))].add(s)
+        colour = {s: plt.get_cmap("tab10")(k % 10) for k, s in enumerate(sorted(base))}
+        pts = sorted(counts.items(), key=lambda kv: -kv[1])  # big markers first, small ones on top
+        shared |= any(len(owners[xy]) > 1 for xy, _ in pts)
+        ax.scatter([xy[0] for xy, _ in pts], [xy[1] for xy, _ in pts], s=[12 * c for _, c in pts],
+                   color=[colour[next(iter(owners[xy]))] if len(owners[xy]) == 1 else SHARED for xy, _ in pts],
+                   alpha=0.6, edgecolor="k", linewidth=0.3, zorder=2)
         xs = np.array([p[1] for p in pairs])
         ys = np.array([p[2] for p in pairs])
         lo = min(lo, xs.min(), ys.min())
@@ -333,14 +349,18 @@ def paired_scatter(chosen: dict[str, list[Run]], baseline: str, setting: str, pa
         ax.xaxis.label.set_fontsize(8)
     lo = max(0.0, np.floor(lo / 5) * 5 - 2)
     for ax in axes:
-        ax.plot([lo, 101], [lo, 101], color="0.3", lw=0.9, ls="--", zorder=0)
-        ax.set(xlim=(lo, 101), ylim=(lo, 101), aspect="equal")
+        ax.plot([lo, 104], [lo, 104], color="0.3", lw=0.9, ls="--", zorder=0)
+        ax.set(xlim=(lo, 104), ylim=(lo, 104), aspect="equal")  # room for the markers at 100 %
         ax.grid(alpha=0.3)
     # proxies: the scatter artists themselves carry per-point sizes
     shown = [(k, s) for k, s in enumerate(sorted(base)) if s in seeds_seen]
     handles = [Line2D([], [], ls="", marker="o", ms=6, alpha=0.6, mec="k", mew=0.3,
                       color=plt.get_cmap("tab10")(k % 10)) for k, _ in shown]
-    _legend_below(fig, axes[0], handles, [f"seed {s}" for _, s in shown], ncol=max(1, len(handles)))
+    labels = [f"seed {s}" for _, s in shown]
+    if shared:
+        handles.append(Line2D([], [], ls="", marker="o", ms=6, alpha=0.6, mec="k", mew=0.3, color=SHARED))
+        labels.append("several seeds")
+    _legend_below(fig, axes[0], handles, labels, ncol=max(1, len(handles)))
     fig.suptitle(f"{setting}: each client under {_name(chosen[baseline])} (x) and under each method (y), same seed\n"
                  "above the dashed diagonal = the method is better for that client; marker area ∝ clients")
     fig.tight_layout()
@@ -426,9 +446,7 @@ def heatmap(chosen: dict[str, list[Run]], baseline: str, setting: str, path: Pat
             continue
         image = ax.imshow(mat[order], aspect="auto", cmap="viridis", vmin=0, vmax=100, interpolation="nearest")
         step = max(1, int(np.ceil(len(rounds) / 8)))
-        ticks = list(range(0, len(rounds), step))
-        if ticks[-1] != len(rounds) - 1 and len(rounds) > 1 and len(rounds) - 1 - ticks[-1] >= step / 2:
-            ticks.append(len(rounds) - 1)
+        ticks = list(range(len(rounds) - 1, -1, -step))[::-1]  # anchored at the last round
         ax.set_xticks(ticks, [str(int(rounds[t])) for t in ticks], fontsize=7)
         if len(order) <= 40:  # the partition id of every row
             ax.set_yticks(np.arange(len(order)), [str(int(p)) for p in order], fontsize=5.5)
@@ -477,7 +495,7 @@ def history_sweep(runs: list[Run], setting: str, path: Path) -> Path | None:
             std = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in vals])
             ax.errorbar(hs, mean, yerr=std, marker=MARKERS[i % len(MARKERS)], capsize=3, label=name)
         ax.set(xlabel="history window H (rounds)", ylabel=label)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(ROUND_TICKS())
         ax.grid(alpha=0.3)
     _legend_below(fig, axes[0])
     fig.suptitle(f"{setting}: history-window sweep (mean ± std over seeds)")
@@ -531,7 +549,8 @@ def availability(run: Run, setting: str, path: Path) -> Path:
         ax.plot(x, sampled, "k.", ms=9, label=f"fraction of the {run.summary['rounds']} rounds sampled (clients.csv)")
         top = max(top, sampled.max(initial=0.0))
     ax.set(xlabel="client (partition id)", ylabel="per-round rate", xticks=x, ylim=(0, max(top * 1.12, 1e-3)),
-           title=f"{setting}: availability profile ({run.label}, seed {run.seed})")
+           title=f"{setting}: availability profile and realised sampling, seed {run.seed}\n"
+                 f"(the draws depend on the seed only: the same for every method; from {run.label})")
     ax.tick_params(axis="x", labelsize=7)
     ax.grid(alpha=0.3, axis="y")
     _legend_below(fig, ax, ncol=2)
@@ -579,9 +598,11 @@ def make_figures(out: str | Path, fig_dir: str | Path | None = None, baseline: s
                       label_distribution(min(rs, key=lambda r: r.seed), setting, Path(f"{stem}_labels.png"))):
             if extra is not None:
                 written.append(extra)
+        rank = {m: i for i, m in enumerate(chosen)}
         avail = [r for r in rs if (r.folder / AVAILABILITY).is_file()]
-        if avail:
-            written.append(availability(min(avail, key=lambda r: r.seed), setting, Path(f"{stem}_availability.png")))
+        if avail:  # the lowest seed, of the first method in the table's order
+            first = min(avail, key=lambda r: (r.seed, rank.get(r.method, len(rank)), r.variant))
+            written.append(availability(first, setting, Path(f"{stem}_availability.png")))
     return written
 
 
