@@ -12,8 +12,10 @@ Sources
 * ``digits``: scikit-learn's bundled 8×8 handwritten digits (offline default). 20 % is
   held out as the central test set (``central-test-fraction``), the rest is partitioned.
 * ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``, ``femnist``: the Hugging Face
-  hub through flwr-datasets (needs network); the dataset's own test split is the central
-  test set (FEMNIST has none: ``central-test-fraction`` of its train split is held out).
+  hub through flwr-datasets / ``datasets``, which honour their cache (``HF_HOME``,
+  ``HF_DATASETS_CACHE``; offline with ``HF_DATASETS_OFFLINE=1``), a mirror
+  (``HF_ENDPOINT``) and proxies; the dataset's own test split is the central test set
+  (FEMNIST has none: ``central-test-fraction`` of its train split is held out).
 * ``dataset-path``: a local folder with ``train.parquet`` and ``test.parquet``, each with
   an int ``label`` column and an ``image`` column holding either encoded images
   (``{"bytes": ...}`` as written by ``datasets``) or numeric 2-D (H×W) / 3-D (H×W×C) arrays.
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -235,23 +236,12 @@ def _hold_out(x: np.ndarray, y: np.ndarray, cfg: RunConfig):
     return x[tr], y[tr], x[te], y[te]
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def _load_hub(cfg: RunConfig):
+    """The hub dataset through flwr-datasets / ``datasets``: its cache first when offline
+    (``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1``), ``HF_HOME`` / ``HF_DATASETS_CACHE``
+    for the cache, ``HF_ENDPOINT`` for a mirror and the usual proxy variables for the
+    network; any failure is one line that points to ``dataset-path``."""
     name, image_col, label_col = HUB_NAMES[cfg.dataset]
-    hint = (
-        f"dataset '{cfg.dataset}' needs the Hugging Face hub ({name}), which is not reachable: "
-        "supply a local copy with dataset-path=<folder with train.parquet and test.parquet> "
-        "(columns 'image' and 'label')"
-    )
-    if not _hub_reachable():
-        raise DataError(hint)
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import IidPartitioner
 
@@ -264,13 +254,25 @@ def _load_hub(cfg: RunConfig):
             test = fds.load_split("test")
         except (KeyError, ValueError):  # FEMNIST ships a train split only
             test = None
-    except Exception as exc:  # noqa: BLE001 - any hub failure gets the same advice
-        raise DataError(f"{hint} [{type(exc).__name__}: {exc}]") from exc
+    except Exception as exc:  # noqa: BLE001 - any hub or cache failure gets the same advice
+        raise DataError(_hub_hint(cfg.dataset, name, exc)) from exc
     x_tr, y_tr = _hf_to_arrays(train, image_col, label_col)
     if test is None:
         return _hold_out(x_tr, y_tr, cfg)
     x_te, y_te = _hf_to_arrays(test, image_col, label_col)
     return x_tr, y_tr, x_te, y_te
+
+
+def _hub_hint(dataset: str, name: str, exc: Exception) -> str:
+    """One line: what failed (the first line of the cause) and the two ways out."""
+    cause = (str(exc).strip().splitlines() or [""])[0][:300]
+    return (
+        f"dataset '{dataset}' ({name}) could not be loaded from the Hugging Face hub or its "
+        f"local cache [{type(exc).__name__}: {cause}]: supply a local copy with "
+        "dataset-path=<folder with train.parquet and test.parquet> (columns 'image' and "
+        "'label'), or fill the cache (HF_HOME / HF_DATASETS_CACHE) where the hub or a mirror "
+        "(HF_ENDPOINT) is reachable and run with HF_DATASETS_OFFLINE=1"
+    )
 
 
 def _hf_to_arrays(ds, image_col: str, label_col: str) -> tuple[np.ndarray, np.ndarray]:

@@ -1,6 +1,7 @@
 """Partitions: deterministic for a seed, label-skewed as configured; local splits; local data."""
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -114,10 +115,102 @@ def test_dataset_path_missing_file_is_a_clear_error(tmp_path):
         load_federated_data(_cfg(dataset_path=str(tmp_path)))
 
 
-def test_hub_dataset_without_network_says_how_to_use_dataset_path(monkeypatch):
-    monkeypatch.setattr(data_mod, "_hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(DataError, match="dataset-path"):
-        load_federated_data(_cfg(dataset="cifar10", model="cnn"))
+# -- hub datasets: through flwr-datasets / `datasets`, so their cache works offline --------
+def fill_hub_cache(cache: Path, repo: str, splits: dict, image_col: str, label_col: str) -> None:
+    """Put ``splits`` ({split: (uint8 images, labels)}) into a `datasets` cache as
+    ``load_dataset(repo)`` leaves it after a download: the parquet builder of a hub repo
+    (one config, a commit hash), prepared into ``<cache>/<namespace>___<name>/...``."""
+    from datasets import Dataset, Features, Image, Value
+    from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules.parquet.parquet import Parquet, ParquetConfig
+
+    src = cache.parent / ("src_" + repo.replace("/", "_"))
+    src.mkdir(parents=True)
+    features = Features({image_col: Image(), label_col: Value("int64")})
+    for split, (images, labels) in splits.items():
+        ds = Dataset.from_dict({image_col: list(images), label_col: list(labels)}, features=features)
+        ds.to_parquet(str(src / f"{split}.parquet"))
+    files = DataFilesDict.from_patterns({s: [f"{s}.parquet"] for s in splits}, base_path=str(src))
+
+    class HubParquet(Parquet):  # what datasets builds for a hub repo holding parquet files
+        BUILDER_CONFIGS = [ParquetConfig(name="default", data_files=files)]
+
+    builder = HubParquet(cache_dir=str(cache), dataset_name=repo.split("/")[-1], repo_id=repo,
+                         config_name="default", hash="0" * 40, base_path=str(src))
+    builder.download_and_prepare()
+
+
+LOAD_BY_NAME = """
+import json, socket, sys
+def refuse(*args, **kwargs):
+    raise OSError("this test has no network")
+socket.create_connection = refuse  # not even a probe: the cache must be enough
+from client_app.data import DataError, load_federated_data
+from fedcore.config import parse_run_config, resolve
+out = {}
+for dataset in sys.argv[1:]:
+    cfg = parse_run_config(resolve({"dataset": dataset, "num-clients": 4, "partitioner": "iid",
+                                    "central-test-fraction": 0.25}), check_method=False)
+    try:
+        fd = load_federated_data(cfg)
+        out[dataset] = {"shape": list(fd.input_shape), "pool": len(fd.y), "central": len(fd.y_central),
+                        "classes": fd.num_classes, "clients": fd.num_clients}
+    except DataError as exc:
+        out[dataset] = {"error": str(exc)}
+print("RESULT " + json.dumps(out))
+"""
+
+# dataset key → (repo, image column, label column, image shape H×W[×C], splits with sizes)
+HUB_CASES = {
+    "mnist": ("ylecun/mnist", "image", "label", (8, 8), {"train": 60, "test": 20}),
+    "cifar10": ("uoft-cs/cifar10", "img", "label", (8, 8, 3), {"train": 40, "test": 12}),
+    "femnist": ("flwrlabs/femnist", "image", "character", (8, 8), {"train": 48}),  # no test split
+}
+
+
+@pytest.fixture(scope="module")
+def hub_offline(tmp_path_factory):
+    """Datasets loaded BY NAME through the project's loader from a temporary HF cache, in a
+    fresh process with HF_DATASETS_OFFLINE=1, an unreachable HF_ENDPOINT and no sockets."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tmp = tmp_path_factory.mktemp("hf")
+    rng = np.random.default_rng(0)
+    for repo, image_col, label_col, shape, splits in HUB_CASES.values():
+        fill_hub_cache(tmp / "datasets", repo, {
+            split: (rng.integers(0, 256, size=(n, *shape), dtype=np.uint8), rng.integers(0, 3, n))
+            for split, n in splits.items()}, image_col, label_col)
+    env = {**os.environ, "HF_HOME": str(tmp / "home"), "HF_DATASETS_CACHE": str(tmp / "datasets"),
+           "HF_DATASETS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", LOAD_BY_NAME, *HUB_CASES, "fashion-mnist"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("dataset", sorted(HUB_CASES))
+def test_hub_dataset_loads_by_name_from_the_cache_offline(hub_offline, dataset):
+    _, _, _, shape, splits = HUB_CASES[dataset]
+    got = hub_offline[dataset]
+    assert "error" not in got, got["error"]
+    channels = shape[2] if len(shape) == 3 else 1
+    assert got["shape"] == [channels, *shape[:2]]
+    assert got["clients"] == 4 and got["classes"] == 3
+    if "test" in splits:  # the dataset's own test split is the central test set
+        assert (got["pool"], got["central"]) == (splits["train"], splits["test"])
+    else:  # central-test-fraction of the train split is held out
+        assert got["central"] == round(0.25 * splits["train"]) and got["pool"] + got["central"] == splits["train"]
+
+
+def test_hub_dataset_not_in_the_cache_is_one_line_with_the_dataset_path_hint(hub_offline):
+    err = hub_offline["fashion-mnist"]["error"]
+    assert "\n" not in err
+    assert "dataset-path=" in err and "zalando-datasets/fashion_mnist" in err and "HF_DATASETS_OFFLINE" in err
 
 
 def test_dirichlet_retries_seeds_where_flwr_datasets_gives_up():

@@ -37,7 +37,8 @@ def test_all_figures_written_and_non_empty(history_out):
     paths = figures.make_figures(history_out)
     names = sorted(p.name for p in paths)
     assert names == sorted(f"digits_{k}.png" for k in
-                           ("convergence", "client_hist", "frontier", "history", "labels", "availability"))
+                           ("convergence", "client_hist", "frontier", "history", "labels", "availability",
+                            "client_ecdf", "paired_scatter", "acc_vs_size", "heatmap"))
     for p in paths:
         assert p.parent == history_out / "figures"
         assert _is_png_with_content(p), p
@@ -54,7 +55,8 @@ def test_no_history_or_availability_figure_without_their_data(tmp_path):
     for seed in range(2):
         make_run(tmp_path, "s", "fedavg", seed, [0.5, 0.7, 0.9])
     names = {p.name for p in figures.make_figures(tmp_path)}
-    assert {"s_convergence.png", "s_client_hist.png", "s_frontier.png", "s_labels.png"} == names
+    assert {f"s_{k}.png" for k in ("convergence", "client_hist", "frontier", "labels", "client_ecdf", "acc_vs_size",
+                                   "heatmap")} == names  # one method: no paired scatter
 
 
 def test_history_figure_needs_several_windows(tmp_path):
@@ -63,3 +65,135 @@ def test_history_figure_needs_several_windows(tmp_path):
                  grid={"fedpcd-history": 10})
     run_paths = {p.name for p in figures.make_figures(tmp_path)}
     assert "s_history.png" not in run_paths and "s_convergence.png" in run_paths
+
+
+# -- the figures' content, inspected before saving ------------------------------------------
+@pytest.fixture
+def drawn(monkeypatch):
+    """Figures by file name, kept open instead of written."""
+    figs = {}
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        figs[path.name] = fig
+        return path
+
+    monkeypatch.setattr(figures, "_save", keep)
+    yield figs
+    for fig in figs.values():
+        figures.plt.close(fig)
+
+
+BASE_ACC = [0.5, 0.6, 0.7, 0.9]
+
+
+@pytest.fixture
+def short_out(tmp_path):
+    """3 rounds (an evaluation each round), 2 seeds: FedAvg, FedPCD at a grid point, and an
+    entry identical to FedPCD (its points and curves coincide)."""
+    for seed in range(2):
+        make_run(tmp_path, "s", "fedavg", seed, BASE_ACC, rounds=3, curve={1: 0.3, 2: 0.5, 3: 0.675})
+        for name in ("fedpcd", "twin"):
+            make_run(tmp_path, "s", name, seed, [0.6, 0.6, 0.6, 0.9], registered="fedpcd", rounds=3,
+                     grid={"fedpcd-tau": 0.02}, curve={1: 0.4, 2: 0.6, 3: 0.675})
+    return tmp_path
+
+
+def _legend_texts(fig):
+    return [t.get_text() for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+            for t in leg.get_texts()]
+
+
+def test_short_runs_get_integer_round_ticks(short_out, drawn):
+    figures.make_figures(short_out)
+    for ax in drawn["s_convergence.png"].axes[:2]:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    heat = drawn["s_heatmap.png"].axes[0]
+    assert [t.get_text() for t in heat.get_xticklabels()] == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("name", ["s_convergence.png", "s_client_ecdf.png", "s_frontier.png"])
+def test_legends_name_the_grid_point(short_out, drawn, name):
+    figures.make_figures(short_out)
+    assert any("fedpcd [fedpcd-tau=0.02]" in t for t in _legend_texts(drawn[name])), _legend_texts(drawn[name])
+
+
+@pytest.mark.parametrize("name", ["s_convergence.png", "s_client_ecdf.png"])
+def test_identical_curves_are_named_in_the_legend(short_out, drawn, name):
+    figures.make_figures(short_out)
+    assert any(t.endswith("= fedpcd") and t.startswith("twin") for t in _legend_texts(drawn[name]))
+
+
+def test_frontier_shows_a_point_that_coincides_with_another(short_out, drawn):
+    figures.make_figures(short_out)
+    fig = drawn["s_frontier.png"]
+    ax = fig.axes[0]
+    # the marker of each errorbar container: fedavg, fedpcd, twin
+    centres = [tuple(np.round(c.lines[0].get_xydata()[0], 6)) for c in ax.containers]
+    assert len(centres) == 3 and len(set(centres)) == 3, centres  # no marker hidden under another
+    note = " ".join(t.get_text() for t in ax.texts)
+    assert "fedpcd [fedpcd-tau=0.02] = twin [fedpcd-tau=0.02]" in note
+
+
+def test_availability_uses_one_axis_and_its_legend_covers_no_data(history_out, drawn):
+    figures.make_figures(history_out)
+    fig = drawn["digits_availability.png"]
+    assert len(fig.axes) == 1  # probabilities and sampled fractions on one scale
+    ax = fig.axes[0]
+    probs = np.linspace(0.05, 0.5, 10)
+    sampled = np.array([(i % 3) * 5 for i in range(10)]) / 30
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= max(probs.max(), sampled.max())
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert not box.overlaps(ax.get_window_extent())
+
+
+def test_paired_scatter_counts_clients_above_and_below_the_diagonal(short_out, drawn):
+    figures.make_figures(short_out)
+    titles = [ax.get_title() for ax in drawn["s_paired_scatter.png"].axes if ax.get_visible()]
+    # per seed: 0.6 vs 0.5 better, vs 0.6 same, vs 0.7 worse, 0.9 vs 0.9 same; 2 seeds
+    assert titles == [f"{n} [fedpcd-tau=0.02]\nclient-seeds better: 2, worse: 2, same: 4 (of 8)"
+                      for n in ("fedpcd", "twin")]
+
+
+def test_heatmap_rows_follow_the_baseline_order(tmp_path, drawn):
+    make_run(tmp_path, "s", "fedavg", 0, [0.9, 0.5, 0.7], rounds=2, curve={1: 0.35, 2: 0.7})
+    make_run(tmp_path, "s", "other", 0, [0.2, 0.4, 0.6], rounds=2, curve={1: 0.2, 2: 0.4})
+    figures.make_figures(tmp_path, baseline="fedavg")
+    fig = drawn["s_heatmap.png"]
+    other = next(ax for ax in fig.axes if ax.get_title() == "other")
+    # fedavg's final order (lowest first): clients 1, 2, 0; round 1 is half of round 2
+    assert np.allclose(other.images[0].get_array(), [[20, 40], [30, 60], [10, 20]])
+    assert [t.get_text() for t in other.get_yticklabels()] == ["1", "2", "0"]
+
+
+def test_accuracy_vs_size_reports_spearman(tmp_path, drawn):
+    make_run(tmp_path, "s", "fedavg", 0, [0.2, 0.4, 0.5, 0.9])  # num_train 10, 13, 16, 19: rising
+    figures.make_figures(tmp_path)
+    ax = drawn["s_acc_vs_size.png"].axes[0]
+    assert ax.get_title().endswith("Spearman ρ = 1.00")
+    assert np.allclose(ax.collections[0].get_offsets(), [[10, 20], [13, 40], [16, 50], [19, 90]])
+
+
+def test_a_single_run_folder_gets_its_figures(tmp_path):
+    folder = make_run(tmp_path, "", "fedavg", 0, [0.5, 0.7, 0.9], labels=False, folder=tmp_path / "run")
+    names = {p.name for p in figures.make_figures(folder)}
+    assert {"default_convergence.png", "default_heatmap.png", "default_client_ecdf.png"} <= names
+    assert all((folder / "figures" / n).is_file() for n in names)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--baseline", "nope"], "--baseline 'nope' is not a method"),
+    (["--methods", "fedavg,nope"], "--methods: 'nope' is not a method"),
+])
+def test_cli_errors_are_one_line(short_out, capsys, args, needle):
+    assert figures.main([str(short_out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_methods_option_keeps_and_orders_entries(short_out, drawn):
+    figures.make_figures(short_out, methods=["twin", "fedavg"])
+    names = [t.get_text() for t in drawn["s_client_ecdf.png"].axes[1].get_yticklabels()]
+    assert names == ["twin [fedpcd-tau=0.02]", "fedavg"]

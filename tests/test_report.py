@@ -15,35 +15,41 @@ from fedpcd_app.results import write_json_atomic
 
 def make_run(out: Path, setting: str, method: str, seed: int, client_acc: list[float], *,
              grid: dict | None = None, registered: str | None = None, curve: dict[int, float] | None = None,
-             strategy: dict[int, dict] | None = None, central: float = 0.5, extra: dict | None = None) -> Path:
+             strategy: dict[int, dict] | None = None, central: float = 0.5, extra: dict | None = None,
+             labels: bool = True, rounds: int = 30, folder: Path | None = None) -> Path:
     """A finished run folder as the sweep and the server write it (run.json, summary.json,
-    rounds.jsonl, clients.csv); the final metrics are computed from ``client_acc``."""
+    rounds.jsonl, clients.csv); the final metrics are computed from ``client_acc``.
+    ``labels=False`` leaves out run.json, as a run made by ``flwr run`` or ``simulate``."""
     grid = grid or {}
     variant = ",".join(f"{k}={v}" for k, v in grid.items()) or "base"
-    folder = out / setting / method / variant / f"seed{seed}"
+    folder = folder or out / setting / method / variant / f"seed{seed}"
     folder.mkdir(parents=True)
-    config = resolve({"method": "fedavg", "num-clients": len(client_acc), "num-server-rounds": 30, "seed": seed,
+    config = resolve({"method": "fedavg", "num-clients": len(client_acc), "num-server-rounds": rounds, "seed": seed,
                       **(extra or {})})
     config["method"] = registered or method  # FedPCD etc. are not on this branch: fake their name only
     config.update(grid)
     metrics = fairness_metrics(client_acc)
-    write_json_atomic(folder / "run.json", {"setting": setting, "method": method, "variant": variant,
-                                            "grid": grid, "seed": seed, "overrides": {}})
-    write_json_atomic(folder / "summary.json", {"method": config["method"], "seed": seed, "rounds": 30, **metrics,
-                                                "central_acc": central, "client_acc": client_acc, "config": config})
-    curve = curve or {30: metrics["mean_acc"]}
+    if labels:
+        write_json_atomic(folder / "run.json", {"setting": setting, "method": method, "variant": variant,
+                                                "grid": grid, "seed": seed, "overrides": {}})
+    write_json_atomic(folder / "summary.json", {"method": config["method"], "seed": seed, "rounds": rounds,
+                                                **metrics, "central_acc": central, "client_acc": client_acc,
+                                                "config": config})
+    curve = curve or {rounds: metrics["mean_acc"]}
     with open(folder / "rounds.jsonl", "w") as fh:
-        for r in range(1, 31):
+        for r in range(1, rounds + 1):
             rec = {"round": r, "num_replies": 5}
-            if r in curve:
-                rec["eval"] = {"mean_acc": curve[r], "worst10_acc": curve[r] - 0.1}
+            if r in curve:  # every client's accuracy, scaled to the curve's mean at that round
+                scale = curve[r] / metrics["mean_acc"] if metrics["mean_acc"] else 1.0
+                rec["eval"] = {"mean_acc": curve[r], "worst10_acc": curve[r] - 0.1,
+                               "client_acc": [min(1.0, a * scale) for a in client_acc]}
             if strategy and r in strategy:
                 rec["strategy"] = strategy[r]
             fh.write(json.dumps(rec) + "\n")
     with open(folder / "clients.csv", "w") as fh:
         fh.write("partition_id,num_train,num_test,times_sampled,final_acc,final_loss\n")
         for i, a in enumerate(client_acc):
-            fh.write(f"{i},10,3,{(i % 3) * 5},{a},0.1\n")
+            fh.write(f"{i},{10 + 3 * i},3,{(i % 3) * 5},{a},0.1\n")
     return folder
 
 
@@ -152,3 +158,144 @@ def test_manifest_limits_the_report_to_the_current_sweep(sweep_out):
     (sweep_out / "sweep.json").write_text(json.dumps({"name": "only-fedavg", "runs": runs}))
     _, csv_path = report.report(sweep_out)
     assert [r["method"] for r in csv.DictReader(open(csv_path))] == ["fedavg"]
+
+
+# -- any folder holding runs, --all, one seed, paired comparison -------------------------------------
+def test_a_single_run_folder_is_a_report_without_plus_minus(tmp_path):
+    folder = make_run(tmp_path, "s", "fedavg", 4, [0.5, 0.7, 0.9], labels=False, folder=tmp_path / "run")
+    md, csv_path = report.report(folder)
+    assert md.parent == folder
+    line = next(x for x in md.read_text().splitlines() if x.startswith("| fedavg"))
+    assert "70.00" in line and "±" not in line  # one seed: no spread to show
+    (row,) = csv.DictReader(open(csv_path))
+    assert row["seeds"] == "4" and float(row["mean_acc_mean"]) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize(("cells", "expected"), [
+    ((0.7, 0.0, True, 1), "70.00"),
+    ((0.7, 0.05, True, 3), "70.00 ± 5.00"),
+    ((0.95, 0.0, False, 1), "0.9500"),
+    ((0.95, 0.01, False, 2), "0.9500 ± 0.0100"),
+    ((float("nan"), float("nan"), True, 0), "—"),
+])
+def test_cells_show_plus_minus_only_over_several_seeds(cells, expected):
+    assert report._cell(*cells) == expected
+
+
+@pytest.fixture
+def loose_runs(tmp_path):
+    """Runs as `flwr run` leaves them (no run.json), nested at different depths."""
+    root = tmp_path / "outputs"
+    for seed in range(2):
+        make_run(root, "", "fedavg", seed, [0.6, 0.7 + 0.01 * seed], labels=False,
+                 folder=root / "fedavg" / f"seed{seed}-x")
+        for tau in (0.01, 0.02):
+            make_run(root, "", "", seed, [0.7, 0.8 + tau], labels=False, registered="fedpcd",
+                     grid={"fedpcd-tau": tau}, folder=root / "deeper" / "fedpcd" / f"tau{tau}" / f"seed{seed}")
+    # another federation (other dirichlet-alpha): another setting
+    make_run(root, "", "fedavg", 0, [0.5, 0.5], labels=False, extra={"dirichlet-alpha": 1.0}, folder=root / "alpha1")
+    return root
+
+
+def test_runs_without_labels_are_grouped_by_their_config(loose_runs):
+    runs = report.load_runs(loose_runs)
+    got = sorted((r.setting, r.method, r.variant, r.seed) for r in runs)
+    assert got == sorted([
+        ("dirichlet-alpha=0.3", "fedavg", "base", 0), ("dirichlet-alpha=0.3", "fedavg", "base", 1),
+        *[("dirichlet-alpha=0.3", "fedpcd", f"fedpcd-tau={t}", s) for t in (0.01, 0.02) for s in (0, 1)],
+        ("dirichlet-alpha=1.0", "fedavg", "base", 0),
+    ])
+
+
+def test_a_repeated_seed_uses_the_newest_run(tmp_path, capsys):
+    import os
+
+    old = make_run(tmp_path, "", "fedavg", 0, [0.1, 0.2], labels=False, folder=tmp_path / "a")
+    make_run(tmp_path, "", "fedavg", 0, [0.8, 0.9], labels=False, folder=tmp_path / "b")
+    os.utime(old / "summary.json", (1, 1))
+    (run,) = report.load_runs(tmp_path)
+    assert run.folder == tmp_path / "b" and "newest" in capsys.readouterr().err
+
+
+def test_all_lists_every_grid_point_and_marks_the_chosen(sweep_out):
+    md, csv_path = report.report(sweep_out, all_points=True)
+    rows = list(csv.DictReader(open(csv_path)))
+    assert [(r["method"], r["hyperparameters"], r["chosen"]) for r in rows] == [
+        ("fedavg", "base", "1"), ("fedpcd", "fedpcd-tau=0.01", "0"), ("fedpcd", "fedpcd-tau=0.02", "1")]
+    assert float(rows[1]["mean_acc_mean"]) == pytest.approx((0.8 + 0.7 + 0.7) / 3)
+    lines = [x for x in md.read_text().splitlines() if x.startswith("| fedpcd")]
+    assert len(lines) == 2 and "★" in lines[1] and "★" not in lines[0]
+    # the default report keeps one row per method
+    _, csv_path = report.report(sweep_out)
+    assert len(list(csv.DictReader(open(csv_path)))) == 2
+
+
+# baseline and method final ā per seed: differences .05 .02 .07 -.01 .03 (no ties in |d|)
+BASE = [0.70, 0.72, 0.74, 0.76, 0.78]
+METHOD = [0.75, 0.74, 0.81, 0.75, 0.81]
+
+
+@pytest.fixture
+def paired_out(tmp_path):
+    for seed, (b, m) in enumerate(zip(BASE, METHOD)):
+        make_run(tmp_path, "s", "fedavg", seed, [b] * 4)
+        make_run(tmp_path, "s", "fedpcd", seed, [m] * 4, registered="fedpcd")
+    make_run(tmp_path, "s", "other", 0, [0.9] * 4, registered="qffl")  # one paired seed only
+    return tmp_path
+
+
+def test_paired_comparison_equals_hand_computed(paired_out):
+    from scipy import stats
+
+    md, _ = report.report(paired_out, baseline="fedavg")
+    rows = {(r["method"], r["metric"]): r for r in csv.DictReader(open(paired_out / "report_paired.csv"))}
+    acc = rows[("fedpcd", "mean_acc")]
+    d = [m - b for m, b in zip(METHOD, BASE)]
+    assert float(acc["mean_difference"]) == pytest.approx(statistics.mean(d))
+    t = statistics.mean(d) / (statistics.stdev(d) / len(d) ** 0.5)
+    assert float(acc["ttest_p"]) == pytest.approx(2 * stats.t.sf(abs(t), df=len(d) - 1))
+    # Wilcoxon, exact: |d| ranks 4 2 5 1 3, the negative one has rank 1; of the 2^5 sign
+    # patterns, W- <= 1 in 2 ({}, {1}): two-sided p = 2 * 2/32
+    assert float(acc["wilcoxon_p"]) == pytest.approx(0.125)
+    assert (acc["seeds_better"], acc["seeds_tied"], acc["num_seeds"]) == ("4", "0", "5")
+    # σ_c is 0 for both on every seed: all tied, no test
+    spread = rows[("fedpcd", "std_acc")]
+    assert (spread["seeds_better"], spread["seeds_tied"]) == ("0", "5")
+    assert spread["ttest_p"] == "nan" and spread["wilcoxon_p"] == "nan"
+    # one paired seed: a difference but no p-value
+    one = rows[("other", "mean_acc")]
+    assert one["num_seeds"] == "1" and float(one["mean_difference"]) == pytest.approx(0.2)
+    assert one["ttest_p"] == "nan"
+    text = md.read_text()
+    assert "paired comparison against fedavg" in text
+    line = next(x for x in text.splitlines() if x.startswith("| fedpcd") and "| ā |" in x)
+    assert "+3.20 pp" in line and "| 0.125 |" in line and "| 4/5 |" in line
+
+
+def test_baseline_can_be_named_by_its_registered_method(paired_out):
+    report.report(paired_out, baseline="qffl")
+    rows = list(csv.DictReader(open(paired_out / "report_paired.csv")))
+    assert {r["baseline"] for r in rows} == {"other"}
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--baseline", "nope"], "--baseline 'nope' is not a method"),
+    (["--baseline", "fedavg", "--metrics", "mean_acc,bogus"], "unknown metric 'bogus'"),
+])
+def test_cli_errors_are_one_line(paired_out, capsys, args, needle):
+    assert report.main([str(paired_out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_cli_empty_folder_is_one_line(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: no finished run")
+
+
+def test_several_sweeps_below_one_folder_keep_their_settings_apart(tmp_path):
+    for name in ("sweep-a", "sweep-b"):
+        make_run(tmp_path / name, "default", "fedavg", 0, [0.5, 0.6])
+        (tmp_path / name / "sweep.json").write_text(json.dumps({"name": name, "runs": [
+            {"setting": "default", "method": "fedavg", "folder": "default/fedavg/base/seed0"}]}))
+    assert sorted(r.setting for r in report.load_runs(tmp_path)) == ["sweep-a/default", "sweep-b/default"]
