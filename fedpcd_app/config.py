@@ -42,6 +42,14 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg = parse_run_config(raw)
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
+    if not cfg.get_bool("allow-unused-keys", False):
+        own = cls.Params.run_config_keys()
+        for key, default in registry.method_keys().items():
+            if key not in own and key in cfg.params and cfg.params[key] != default:
+                raise ConfigError(
+                    f"run-config key '{key}' = {cfg.params[key]!r} is not used by method '{cfg.method}': "
+                    "remove it, choose the method it belongs to, or set allow-unused-keys=true"
+                )
     cfg.get_choice("participation", PARTICIPATION, "uniform")
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)

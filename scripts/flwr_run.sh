@@ -41,8 +41,11 @@ FLWR_HOME=$(cd "$FLWR_HOME" && pwd)
 NUM_CLIENTS=$(python - "$RUN_CONFIG" <<'PY'
 import sys
 from fedcore.config import load_config
+from fedpcd_app.config import check
 try:
-    print(load_config(sys.argv[1]).num_clients)
+    cfg = load_config(sys.argv[1])
+    check(cfg.as_dict())  # the method's keys, sampler, checkpoints, resume-from: the whole config
+    print(cfg.num_clients)
 except ValueError as exc:  # ConfigError is a ValueError
     print(f"error: {exc}".splitlines()[0], file=sys.stderr)
     sys.exit(2)

@@ -46,6 +46,9 @@ def test_flwr_override_syntax():
         ({"checkpoint-every": -1}, "'checkpoint-every'"),
         ({"resume-from": "/no/such/folder"}, "'resume-from'"),
         ({"tensorboard": "yes"}, "'tensorboard'"),
+        # a key of another method than the selected one is a mistake (not silently ignored)
+        ({"method": "fedavg", "fedpcd-tau": 0.5}, "not used by method 'fedavg'"),
+        ({"method": "craft", "qffl-q": 2.0}, "allow-unused-keys=true"),
         # server-lr has one meaning; methods with a step rule of their own refuse it
         ({"method": "craft", "server-lr": 0.5}, "craft-step"),
         ({"method": "qffl", "server-lr": 0.5}, "'server-lr'"),
@@ -110,3 +113,7 @@ def test_strategies_construct_with_keywords_like_flowers_fedavg():
         FedPCD(tau=-1.0)
     with pytest.raises(TypeError, match="hyperparameters are"):
         FedPCD(taus=0.1)
+
+
+def test_allow_unused_keys_lets_a_foreign_key_through():
+    assert load_setup({"method": "fedavg", "fedpcd-tau": 0.5, "allow-unused-keys": True}).cfg.method == "fedavg"

@@ -150,7 +150,7 @@ from fedcore.config import parse_run_config, resolve
 out = {}
 for dataset in sys.argv[1:]:
     cfg = parse_run_config(resolve({"dataset": dataset, "num-clients": 4, "partitioner": "iid",
-                                    "central-test-fraction": 0.25}), check_method=False)
+                                    "central-test-fraction": 0.25}))
     try:
         fd = load_federated_data(cfg)
         out[dataset] = {"shape": list(fd.input_shape), "pool": len(fd.y), "central": len(fd.y_central),
