@@ -163,25 +163,19 @@ def default_run_config() -> dict[str, Scalar]:
 
 
 def parse_overrides(text: str) -> dict[str, Scalar]:
-    """Parse ``"key=value key2='text'"`` (flwr's ``--run-config`` syntax) or a TOML file path."""
-    import shlex
+    """Parse ``"key=value key2='text'"`` (flwr's ``--run-config`` syntax) or a TOML file path.
 
-    from flwr.common.config import parse_config_args
+    Read by :mod:`fedcore.overrides`, as the scripts read them: a bare word (``method=fedpcd``),
+    ``yes``/``no``, spaces around ``=`` or an unbalanced quote is one :class:`ConfigError` line
+    naming the key and the fix (flwr's own parser would raise a traceback or drop the pair).
+    """
+    from fedcore import overrides
 
-    text = text.strip()
-    if not text:
-        return {}
-    if not text.endswith(".toml"):
-        # flwr's parser silently drops malformed pairs ("key = value" parses to nothing,
-        # so the run would quietly use the defaults): refuse them instead.
-        bad = [tok for tok in shlex.split(text) if "=" not in tok or tok.startswith("=")]
-        if bad:
-            raise ConfigError(
-                f"run-config overrides must be key=value pairs without spaces around '=' "
-                f"(got {bad[0]!r} in {text!r})"
-            )
-    parsed = dict(parse_config_args([text]))
-    if not parsed:
+    try:
+        parsed = overrides.values(overrides.parse(text))
+    except overrides.OverrideError as exc:
+        raise ConfigError(str(exc)) from None
+    if text.strip() and not parsed:
         raise ConfigError(f"no key=value pair could be read from the run-config overrides {text!r}")
     return parsed
 

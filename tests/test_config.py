@@ -117,3 +117,17 @@ def test_strategies_construct_with_keywords_like_flowers_fedavg():
 
 def test_allow_unused_keys_lets_a_foreign_key_through():
     assert load_setup({"method": "fedavg", "fedpcd-tau": 0.5, "allow-unused-keys": True}).cfg.method == "fedavg"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("method=fedpcd", "strings need quotes"),
+    ("lr=abc", "strings need quotes"),
+    ("tensorboard=yes", "not a boolean"),
+    ("lr = 0.1", "without spaces around '='"),
+    ("method='fedpcd", "unbalanced quote"),
+])
+def test_malformed_overrides_are_one_line_errors_not_tracebacks(text, fragment):
+    """The in-process entry point reads --run-config as the scripts do (fedcore.overrides)."""
+    with pytest.raises(ConfigError, match=fragment) as exc:
+        parse_overrides(text)
+    assert "\n" not in str(exc.value)

@@ -1,7 +1,6 @@
 """scripts/run_default.sh and scripts/flwr_run.sh: overrides compose key by key, and a bad
 override stops the script with one line before anything starts."""
 
-import importlib.util
 import json
 import os
 import re
@@ -17,14 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 
 
-def _load_run_config():
-    spec = importlib.util.spec_from_file_location("run_config", SCRIPTS / "run_config.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-run_config = _load_run_config()
+from fedcore import overrides as run_config  # noqa: E402 - what scripts/run_config.py runs
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
