@@ -109,7 +109,17 @@ class Run:
 def _manifests(out: Path) -> list[tuple[Path, dict[str, Any]]]:
     """(folder, sweep.json content) of every sweep at or below ``out`` (or holding it)."""
     found = sorted({p.parent for p in out.rglob(MANIFEST)} | ({out} if (out / MANIFEST).is_file() else set()))
-    return [(folder, json.loads((folder / MANIFEST).read_text())) for folder in found]
+    out_list = []
+    for folder in found:
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            [r["folder"] for r in manifest["runs"]]  # noqa: B018 - the fields the report reads
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"warning: {folder / MANIFEST} is not a sweep manifest ({type(exc).__name__}: {exc}); "
+                  "its runs are read as plain runs", file=sys.stderr)
+            continue
+        out_list.append((folder, manifest))
+    return out_list
 
 
 def _run_folders(out: Path, manifests: list[tuple[Path, dict[str, Any]]]) -> list[Path]:
