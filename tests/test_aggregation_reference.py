@@ -4,8 +4,9 @@
 and ConFIG, every round's aggregated model on seeded replies, recorded with the code as it
 was before the rework (commit 188bf16: FedPCD's (k+1)-row work buffer and geometric cache
 growth, CRAFT's three passes per group). The replies are regenerated here from the same
-seeds; their checksum is recorded too, so a changed generator fails loudly instead of
-comparing different inputs. Models are compared to 1e-6; the integer diagnostics (active
+seeds (each round from the recorded model of the round before, so every round is compared
+on the same input); their checksum is recorded too, so a changed generator fails loudly
+instead of comparing different inputs. Models are compared to 1e-6; the integer diagnostics (active
 constraints, cache size, active clients) exactly.
 
     python -m tests.test_aggregation_reference   # re-record (only when the maths changes on purpose)
@@ -68,16 +69,21 @@ def plan(seed: int = 7):
     return theta0, rounds
 
 
-def run(overrides: dict) -> tuple[np.ndarray, np.ndarray, str]:
-    """(models (ROUNDS, d) float32, integer diagnostics (ROUNDS, 3), checksum of the replies)."""
+def run(overrides: dict, inputs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(models (ROUNDS, d) float32, integer diagnostics (ROUNDS, 3), checksum of the replies'
+    offsets). Round t starts from ``inputs[t - 2]`` when given (the recorded model of the round
+    before), else from the run's own previous model."""
     theta0, rounds = plan()
     tmpl = template()
     strat = registry.build(load_config({"lr": LR, "num-clients": CLIENTS, **overrides}))
-    theta, models, ints, digest = theta0.astype(np.float64), [], [], hashlib.sha256()
+    theta, models, ints, digest = theta0.astype(np.float64), [], [], hashlib.sha256(theta0.tobytes())
     for rnd, (pids, offsets, sizes) in enumerate(rounds, start=1):
+        if inputs is not None and rnd > 1:
+            theta = inputs[rnd - 2].astype(np.float64)
+        digest.update(np.asarray([*pids, *sizes]).tobytes())
+        for o in offsets:
+            digest.update(o.tobytes())
         locals_ = [theta.astype(np.float32) - o.astype(np.float32) for o in offsets]
-        for x in locals_:
-            digest.update(x.tobytes())
         replies = make_replies(tmpl, locals_, pids, n=sizes)
         theta, metrics = aggregate_round(strat, rnd, theta, tmpl, replies)
         models.append(theta.astype(np.float32))
@@ -100,7 +106,7 @@ RECORDED = np.load(DATA) if DATA.exists() else None
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_aggregated_models_unchanged(name):
     assert RECORDED is not None, f"{DATA} missing: python -m tests.test_aggregation_reference"
-    models, ints, digest = run(CASES[name])
+    models, ints, digest = run(CASES[name], RECORDED[f"{name}/models"])  # each round from the recorded input
     assert digest == str(RECORDED[f"{name}/replies"]), "the replies differ from the recorded ones"
     np.testing.assert_array_equal(ints, RECORDED[f"{name}/ints"])
     np.testing.assert_allclose(models, RECORDED[f"{name}/models"], rtol=1e-6, atol=1e-6)
