@@ -42,6 +42,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg = parse_run_config(raw)
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
+    cls.resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
     cfg.get_choice("participation", PARTICIPATION, "uniform")
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)

@@ -95,8 +95,10 @@ class State:
     fallbacks: int = 0
 
 
-def init_state(params: Params) -> State:
-    return State(HistoryCache(params.history, dtype=getattr(torch, params.cache_dtype), ema_beta=params.ema_beta))
+def init_state(params: Params, max_rows: int | None = None) -> State:
+    """Round 0: an empty cache (``max_rows``: the most entries it can hold, see :class:`HistoryCache`)."""
+    return State(HistoryCache(params.history, dtype=getattr(torch, params.cache_dtype), ema_beta=params.ema_beta,
+                              max_rows=max_rows))
 
 
 # Per-round diagnostics (MetricRecord keys, they land in rounds.jsonl under "strategy").
@@ -288,26 +290,32 @@ class FedPCD(FairStrategy):
         super().__init__(**kwargs)
         import clarabel  # noqa: F401 - imported here, not inside the first round's solve time
         import scipy.sparse  # noqa: F401
-        self._work: torch.Tensor | None = None  # (m + 1, d) float32: Δ_i rows, then ḡ
-        self._theta: torch.Tensor | None = None
-        self._dir: torch.Tensor | None = None
+        self._work: torch.Tensor | None = None  # (m + 1, d) float32 on the device: Δ_i rows, then ḡ
+        self._dir: torch.Tensor | None = None  # (d,) the corrected direction, on the device
 
     def init_state(self) -> State:
-        return init_state(self.params)
+        return init_state(self.params, self.max_cache_rows())
+
+    def max_cache_rows(self) -> int | None:
+        """min(N, (H + 1)·clients per round): no more entries fit in the window (None when
+        N is unknown). The cache allocates these rows once; unused ones cost no memory."""
+        if self.num_clients is None:
+            return None
+        per_round = min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
+        return min(self.num_clients, (self.params.history + 1) * per_round)
 
     # -- persistent buffers (first-touch page faults of big tensors cost more than FedAvg)
-    def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._work is None or self._work.shape[0] < m + 1 or self._work.shape[1] != d:
-            self._work = torch.empty(m + 1, d, dtype=torch.float32)
-        if self._theta is None or self._theta.numel() != d:
-            self._theta = torch.empty(d, dtype=torch.float32)
-            self._dir = torch.empty(d, dtype=torch.float32)
-        return self._work, self._theta, self._dir
+            self._work = torch.empty(m + 1, d, dtype=torch.float32, device=self.device)
+        if self._dir is None or self._dir.numel() != d:
+            self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
+        return self._work, self._dir
 
     def aggregate_valid(self, server_round, replies):
         p_, cache = self.params, self.state.cache
-        work, theta, out = self._buffers(len(replies), self.spec.dim)
-        flat.record_to_flat(self.current_arrays, out=theta)
+        work, out = self._buffers(len(replies), self.spec.dim)
+        theta = self.theta_buffer()
         eta_l = self.round_lr(server_round)
         eta_g = self.step_scale(server_round) * eta_l
 
@@ -315,10 +323,9 @@ class FedPCD(FairStrategy):
         pids, n_ex, norms = [], [], []
         for msg in replies:
             met = msg.content[keys.METRICS]
-            row = work[len(pids)]
-            flat.record_to_flat(msg.content[keys.ARRAYS], out=row)
-            torch.sub(theta, row, out=row)
-            pid, norm = int(met[keys.PARTITION_ID]), float(torch.linalg.vector_norm(row))
+            i = len(pids)
+            self.write_deltas(theta, [msg.content[keys.ARRAYS]], work[i : i + 1])
+            pid, norm = int(met[keys.PARTITION_ID]), float(torch.linalg.vector_norm(work[i]))
             if not np.isfinite(norm):  # the row is overwritten by the next reply
                 log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf",
                             server_round, pid)
@@ -334,7 +341,8 @@ class FedPCD(FairStrategy):
         p = torch.tensor(n_ex, dtype=torch.float64)
         p = p / p.sum()
         g_bar = work[k]
-        torch.mv(work[:k].T, (p / eta_l).to(torch.float32), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
+        w = (p / eta_l).to(device=work.device, dtype=torch.float32)
+        torch.mv(work[:k].T, w, out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
 
         # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i: scaled as they are cached.
@@ -343,14 +351,24 @@ class FedPCD(FairStrategy):
             g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
             g0_scale = 0.0
-        # Cache update + the new Gram rows as one matmul (rows of Δ_i and of ḡ).
-        c_dot_gbar = cache.insert(server_round, pids, work[: k + 1], n_new=k, scales=(scale / eta_l).numpy())
+        # Cache update + the new Gram rows: one matmul of the k new rows with the entries.
+        # float32 storage: c̃_jᵀḡ = Σ_i p_i/s_i · Q_ij comes from those rows (ḡ is not
+        # multiplied with the cache: 1/(k+1) of the round's largest product saved); 16-bit
+        # storage rounds the new rows, so ḡ (unrounded) joins the product as today.
+        exact = cache.dtype == work.dtype
+        extra = cache.insert(server_round, pids, work[: k if exact else k + 1], n_new=k,
+                             scales=(scale / eta_l).numpy())
         slots = cache.active_slots()
+        if exact:
+            new = [cache.pid_slot[pid] for pid in pids]
+            c_dot_gbar = (p.numpy() / scale.numpy()) @ cache.gram[np.ix_(new, slots)]
+        else:
+            c_dot_gbar = extra
         direction, corr = correct_direction(cache, slots, g_bar, c_dot_gbar, g0_scale, p_.tau, eta_g, out)
         if corr.status >= STATUS_ELASTIC:
             self.state.fallbacks += 1
             log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[corr.status], corr.reason)
-        theta.sub_(direction, alpha=corr.step)
+        theta.sub_(direction.to(theta.device), alpha=corr.step)
         metrics = {
             M_CONSTRAINTS: len(slots),
             M_ACTIVE: int(corr.active.size),

@@ -13,8 +13,14 @@ the run's normalisation), keyed by partition id and stamped with the round it wa
 Normalisation statistics (``ema`` mode) are per client and updated when it is seen, so a
 cached entry's direction never changes: its Gram entries stay valid until it expires.
 
-Storage is one (capacity × d) tensor reused across rounds (it grows geometrically during
-warm-up only; no first-touch page faults afterwards). ``dtype`` may be ``bfloat16``/``float16`` to
+Storage is one (capacity × d) tensor reused across rounds, so one matrix product covers
+every entry (no first-touch page faults after warm-up). With ``max_rows`` (FedPCD passes
+min(N, (H+1)·clients per round), the most entries the window can hold) the rows are
+allocated once and the store grows as a longer view of them: an untouched row costs no
+resident memory, and no growth ever copies the entries (a copy would hold the old and the
+new store at once: twice the cache). Without a bound (or past it) it grows geometrically
+with one copy (warm-up only). The store lives on the device of the rows inserted (CUDA
+when the strategy's ``server-device`` is). ``dtype`` may be ``bfloat16``/``float16`` to
 halve the memory; products are then computed in float32 chunk by chunk.
 """
 
@@ -46,6 +52,9 @@ class HistoryCache:
         Storage of the entries (float32, bfloat16 or float16).
     ema_beta : float, default 0.9
         β of the per-client EMA of ‖g_i‖² used by ``scales(..., mode="ema")``.
+    max_rows : int or None
+        The most entries the cache can hold at once (rows allocated up front, touched only
+        when written); None = grow geometrically.
     """
 
     history: int
@@ -58,7 +67,9 @@ class HistoryCache:
     stamp: dict[int, int] = dataclasses.field(default_factory=dict)
     gram: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.float64))
     ema: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # pid -> (EMA of ‖g‖², seen)
+    max_rows: int | None = None
     _chunk: torch.Tensor | None = transient()  # float32 scratch for 16-bit storage
+    _rows: torch.Tensor | None = transient()  # the allocation ``store`` is a leading view of
 
     def __post_init__(self) -> None:
         if self.history < 0:
@@ -125,23 +136,30 @@ class HistoryCache:
             pid = self.slot_pid.pop(slot)
             del self.pid_slot[pid], self.stamp[slot]
 
-    def _slot_for(self, pid: int) -> int:
+    def _slot_for(self, pid: int, like: torch.Tensor) -> int:
         if pid in self.pid_slot:  # returning client: overwrite its entry in place
             return self.pid_slot[pid]
         used = set(self.slot_pid)
         slot = next((s for s in range(self.capacity) if s not in used), self.capacity)
         if slot >= self.capacity:
-            self._grow(slot + 1)
+            self._grow(slot + 1, like.device)
         return slot
 
-    def _grow(self, need: int) -> None:
-        """Geometric growth (warm-up only); the lowest free slot is reused first, so the
-        entries stay in a compact prefix and one matmul covers them."""
-        cap = max(need, _MIN_ROWS, int(self.capacity * 1.5))
-        store = torch.empty(cap, self.dim, dtype=self.dtype)  # pages are touched on first write
-        if self.capacity:
-            store[: self.capacity].copy_(self.store)
-        self.store = store
+    def _grow(self, need: int, device: torch.device) -> None:
+        """A store of at least ``need`` rows; the lowest free slot is reused first, so the
+        entries stay in a compact prefix and one matmul covers them. Within the allocation
+        the store becomes a longer view of it (no copy); past it, a new allocation (the
+        ``max_rows`` bound, else geometric headroom) and one copy of the entries."""
+        rows = self._rows
+        if rows is None or need > rows.shape[0] or rows.device != device or rows.data_ptr() != self.store.data_ptr():
+            bounded = self.max_rows is not None and need <= self.max_rows
+            n = self.max_rows if bounded else max(need, _MIN_ROWS, int(self.capacity * 1.5))
+            rows = torch.empty(n, self.dim, dtype=self.dtype, device=device)  # pages touched on first write
+            if self.capacity:
+                rows[: self.capacity].copy_(self.store)
+            self._rows = rows
+        cap = need if self.max_rows is not None and need <= rows.shape[0] else rows.shape[0]
+        self.store = rows[:cap]
         gram = np.zeros((cap, cap), dtype=np.float64)
         old = self.gram.shape[0]
         gram[:old, :old] = self.gram
@@ -166,11 +184,13 @@ class HistoryCache:
         elif rows.shape[1] != self.dim:
             raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
         scales = np.ones(n_new) if scales is None else np.asarray(scales, dtype=np.float64)
+        if self.store.device != rows.device and self.capacity:  # e.g. a CPU checkpoint resumed on a GPU
+            self.store, self._rows = self.store.to(rows.device), None
         self.expire(server_round)
         new_slots = []
         exact = self.dtype == rows.dtype
         for i, pid in enumerate(pids):
-            slot = self._slot_for(pid)
+            slot = self._slot_for(pid, rows)
             self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
             torch.mul(rows[i], float(scales[i]), out=self.row(slot))
             if not exact:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
@@ -198,16 +218,16 @@ class HistoryCache:
         if entries.dtype == rows.dtype:
             res = rows @ entries.T
         else:  # 16-bit storage: convert column chunks into a reused float32 buffer
-            res = torch.zeros(rows.shape[0], hi, dtype=torch.float32)
+            res = torch.zeros(rows.shape[0], hi, dtype=torch.float32, device=rows.device)
             cols = max(1, _CHUNK_ELEMS // hi)
-            if self._chunk is None or self._chunk.numel() < hi * cols:
-                self._chunk = torch.empty(hi * cols, dtype=torch.float32)
+            if self._chunk is None or self._chunk.numel() < hi * cols or self._chunk.device != rows.device:
+                self._chunk = torch.empty(hi * cols, dtype=torch.float32, device=rows.device)
             for a in range(0, self.dim, cols):
                 e = min(a + cols, self.dim)
                 tmp = self._chunk[: hi * (e - a)].view(hi, e - a)
                 tmp.copy_(entries[:, a:e])
                 res.addmm_(rows[:, a:e], tmp.T)
-        out[:, :hi] = res.double().numpy()
+        out[:, :hi] = res.double().cpu().numpy()
         return out
 
     def add_rows(self, out: torch.Tensor, slots: list[int], coefs) -> torch.Tensor:
@@ -232,6 +252,6 @@ class HistoryCache:
             lo, hi = slots[i], slots[j] + 1
             vec = torch.zeros(hi - lo, dtype=out.dtype)
             vec[torch.tensor(slots[i : j + 1]) - lo] = torch.tensor(coefs[i : j + 1], dtype=out.dtype)
-            out.addmv_(self.store[lo:hi].T, vec)
+            out.addmv_(self.store[lo:hi].T, vec.to(out.device))
             i = j + 1
         return out
