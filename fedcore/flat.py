@@ -122,6 +122,39 @@ def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord], out: to
     return out[:m]
 
 
+def record_delta_into(current: torch.Tensor, record: ArrayRecord, outs: list[torch.Tensor],
+                      block: int = 1 << 16) -> float:
+    """Δ = ``current`` − θ of one reply written into every (d,) host tensor of ``outs``, and ‖Δ‖².
+
+    One pass over the reply's bytes, block by cache-sized block: each block is computed into
+    ``outs[0]``, then copied to the other outputs and squared while it is still in the cache,
+    so writing Δ twice and taking its norm cost about what writing it once does (instead of
+    three more passes over d). ‖Δ‖² is the float64 sum of the blocks' float32 squares: NaN or
+    Inf when the reply holds NaN/Inf.
+    """
+    d = current.numel()
+    cur = current.numpy()
+    targets = [o.numpy() for o in outs]
+    first, rest = targets[0], targets[1:]
+    start, sq = 0, 0.0
+    for array in record.values():
+        v = array_view(array).reshape(-1)
+        if start + v.size > d:
+            raise ValueError(f"reply has more than the model's {d} parameters")
+        for a in range(0, v.size, block):
+            b = min(a + block, v.size)
+            lo, hi = start + a, start + b
+            blk = first[lo:hi]
+            np.subtract(cur[lo:hi], v[a:b], out=blk)
+            for t in rest:
+                t[lo:hi] = blk
+            sq += float(np.dot(blk, blk))
+        start += v.size
+    if start != d:
+        raise ValueError(f"reply has {start} parameters, the model {d}")
+    return sq
+
+
 def flat_to_record(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
     """Inverse of :func:`record_to_flat` (arrays get the spec's shapes and dtypes)."""
     from flwr.app import Array, ArrayRecord

@@ -272,10 +272,15 @@ class FairStrategy(Strategy):
 
     def write_deltas(self, theta: torch.Tensor, records: list[ArrayRecord], rows: torch.Tensor) -> torch.Tensor:
         """Δ_i = θ_t − θ_i of each record into ``rows[i]``, straight from the reply bytes
-        (:func:`fedcore.flat.records_to_deltas`, one pass); when ``rows`` is not in host
-        memory (``server-device`` cuda), through one reused pinned host row per reply."""
+        (:func:`fedcore.flat.records_to_deltas`, one pass); rows outside host memory
+        (``server-device`` cuda) through :meth:`stage_deltas`."""
         if rows.device.type == "cpu":
             return flat.records_to_deltas(theta, records, out=rows)
+        return self.stage_deltas(theta, records, rows)
+
+    def stage_deltas(self, theta: torch.Tensor, records: list[ArrayRecord], rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`write_deltas` through one reused (pinned) host row per reply, copied to
+        ``rows[i]`` on any device (tests run it on the CPU)."""
         d = theta.numel()
         if self._staging is None or self._staging.shape[1] != d:
             self._staging = torch.empty(1, d, dtype=theta.dtype, pin_memory=torch.cuda.is_available())

@@ -297,12 +297,13 @@ class FedPCD(FairStrategy):
         return init_state(self.params, self.max_cache_rows())
 
     def max_cache_rows(self) -> int | None:
-        """min(N, (H + 1)·clients per round): no more entries fit in the window (None when
-        N is unknown). The cache allocates these rows once; unused ones cost no memory."""
+        """min(N, H·k) + k rows, k = clients per round: the entries of the H rounds before
+        plus the k rows a round writes before they replace their clients' entries (None
+        when N is unknown). The cache allocates these rows once; unused ones cost no memory."""
         if self.num_clients is None:
             return None
         per_round = min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
-        return min(self.num_clients, (self.params.history + 1) * per_round)
+        return min(self.num_clients, self.params.history * per_round) + per_round
 
     # -- persistent buffers (first-touch page faults of big tensors cost more than FedAvg)
     def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,21 +313,43 @@ class FedPCD(FairStrategy):
             self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
         return self._work, self._dir
 
+    def write_row(self, theta: torch.Tensor, record, row: torch.Tensor, cache_row: torch.Tensor | None) -> float:
+        """Δ = θ_t − θ_i of one reply into ``row`` (and ``cache_row``, when given); ‖Δ‖².
+        In host memory one pass over the reply writes both and squares Δ block by block
+        (:func:`fedcore.flat.record_delta_into`); elsewhere :meth:`stage_row`."""
+        if row.device.type != "cpu":
+            return self.stage_row(theta, record, row, cache_row)
+        return flat.record_delta_into(theta, record, [row] if cache_row is None else [row, cache_row])
+
+    def stage_row(self, theta: torch.Tensor, record, row: torch.Tensor, cache_row: torch.Tensor | None) -> float:
+        """:meth:`write_row` for any device: Δ through a host row, then copies and a norm on the device."""
+        self.stage_deltas(theta, [record], row.unsqueeze(0))
+        if cache_row is not None:
+            cache_row.copy_(row)
+        return float(torch.linalg.vector_norm(row, dtype=torch.float32)) ** 2
+
     def aggregate_valid(self, server_round, replies):
         p_, cache = self.params, self.state.cache
         work, out = self._buffers(len(replies), self.spec.dim)
         theta = self.theta_buffer()
         eta_l = self.round_lr(server_round)
         eta_g = self.step_scale(server_round) * eta_l
+        # float32 cache: each new direction is written raw into a fresh cache row while Δ_i is
+        # computed (entry = factor · row), so no pass scales it in afterwards. 16-bit cache:
+        # the rows are rounded after scaling, so they go in through insert() as before.
+        raw = cache.dtype == work.dtype
+        if raw:
+            cache.expire(server_round)
+            fresh = cache.claim(len(replies), like=work)
 
         # Δ_i straight into the persistent rows; a non-finite update drops its client.
         pids, n_ex, norms = [], [], []
         for msg in replies:
             met = msg.content[keys.METRICS]
             i = len(pids)
-            self.write_deltas(theta, [msg.content[keys.ARRAYS]], work[i : i + 1])
-            pid, norm = int(met[keys.PARTITION_ID]), float(torch.linalg.vector_norm(work[i]))
-            if not np.isfinite(norm):  # the row is overwritten by the next reply
+            sq = self.write_row(theta, msg.content[keys.ARRAYS], work[i], cache.row(fresh[i]) if raw else None)
+            pid, norm = int(met[keys.PARTITION_ID]), float(np.sqrt(sq)) if sq >= 0 else float("nan")
+            if not np.isfinite(norm):  # the rows are overwritten by the next reply
                 log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf",
                             server_round, pid)
                 continue
@@ -345,25 +368,24 @@ class FedPCD(FairStrategy):
         torch.mv(work[:k].T, w, out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
 
-        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i: scaled as they are cached.
+        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i.
         scale = cache.scales(pids, torch.tensor(norms, dtype=torch.float64), p_.normalize, p_.eps)
         if p_.primary == "fedavg":
             g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
             g0_scale = 0.0
-        # Cache update + the new Gram rows: one matmul of the k new rows with the entries.
-        # float32 storage: c̃_jᵀḡ = Σ_i p_i/s_i · Q_ij comes from those rows (ḡ is not
-        # multiplied with the cache: 1/(k+1) of the round's largest product saved); 16-bit
-        # storage rounds the new rows, so ḡ (unrounded) joins the product as today.
-        exact = cache.dtype == work.dtype
-        extra = cache.insert(server_round, pids, work[: k if exact else k + 1], n_new=k,
-                             scales=(scale / eta_l).numpy())
-        slots = cache.active_slots()
-        if exact:
-            new = [cache.pid_slot[pid] for pid in pids]
-            c_dot_gbar = (p.numpy() / scale.numpy()) @ cache.gram[np.ix_(new, slots)]
+        # The new Gram rows: one matmul of the k new rows with the stored ones. float32:
+        # c̃_jᵀḡ = f_j Σ_i (p_i/η_l) Δ_iᵀr_j comes from the same products (ḡ is not multiplied
+        # with the cache). 16-bit: ḡ (unrounded) joins the product as an extra row.
+        if raw:
+            new = fresh[:k]
+            prods = cache.products(work[:k], sorted({*cache.active_slots(), *new}))
+            cache.commit(server_round, pids, new, (scale / eta_l).numpy(), prods)
+            slots = cache.active_slots()
+            c_dot_gbar = ((p / eta_l).numpy() @ prods[:, slots]) * cache.factor[slots]
         else:
-            c_dot_gbar = extra
+            c_dot_gbar = cache.insert(server_round, pids, work[: k + 1], n_new=k, scales=(scale / eta_l).numpy())
+            slots = cache.active_slots()
         direction, corr = correct_direction(cache, slots, g_bar, c_dot_gbar, g0_scale, p_.tau, eta_g, out)
         if corr.status >= STATUS_ELASTIC:
             self.state.fallbacks += 1

@@ -4,7 +4,7 @@ Paper ``000_*`` §3 (history window H) and ``../shared/spec/ALGORITHMS.md`` step
 Each entry is a client's latest *constraint direction* c̃_i (its pseudo-gradient after
 the run's normalisation), keyed by partition id and stamped with the round it was seen:
 
-* a returning client overwrites its entry (same slot, so it is never counted twice);
+* a returning client replaces its entry (so it is never counted twice);
 * an entry stamped s is a constraint in rounds s … s+H and gone afterwards (H = 0: the
   current round only);
 * the Gram matrix Q_jk = c̃_jᵀc̃_k of the entries is kept; a round computes only the
@@ -12,6 +12,12 @@ the run's normalisation), keyed by partition id and stamped with the round it wa
 
 Normalisation statistics (``ema`` mode) are per client and updated when it is seen, so a
 cached entry's direction never changes: its Gram entries stay valid until it expires.
+
+An entry is a stored row r_j times a float64 factor f_j: c̃_j = f_j r_j. FedPCD's float32
+cache stores the raw update Δ_j (f_j = s_j/η_l), written straight from the reply bytes
+while Δ_j is computed (:meth:`claim` a fresh row, :meth:`products`, :meth:`commit`): no
+scaling pass over the entries. :meth:`insert` stores scaled rows (f_j = 1): the 16-bit
+cache, whose rows are rounded after scaling, and :func:`strategies.fedpcd.fedpcd_direction`.
 
 Storage is one (capacity × d) tensor reused across rounds, so one matrix product covers
 every entry (no first-touch page faults after warm-up). With ``max_rows`` (FedPCD passes
@@ -68,6 +74,7 @@ class HistoryCache:
     gram: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.float64))
     ema: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # pid -> (EMA of ‖g‖², seen)
     max_rows: int | None = None
+    factor: np.ndarray = dataclasses.field(default_factory=lambda: np.ones(0))  # (capacity,) c̃ = f·row
     _chunk: torch.Tensor | None = transient()  # float32 scratch for 16-bit storage
     _rows: torch.Tensor | None = transient()  # the allocation ``store`` is a leading view of
 
@@ -77,6 +84,8 @@ class HistoryCache:
         self.history, self.ema_beta = int(self.history), float(self.ema_beta)
         if self.store.dtype != self.dtype:
             self.store = self.store.to(self.dtype)
+        if self.factor.shape != (self.capacity,):  # a checkpoint from before the factors: rows scaled
+            self.factor = np.ones(self.capacity)
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -98,14 +107,15 @@ class HistoryCache:
         return self.gram[np.ix_(slots, slots)]
 
     def row(self, slot: int) -> torch.Tensor:
+        """The stored row r of a slot (the entry is ``factor[slot]`` · r)."""
         return self.store[slot]
 
     def matrix(self, slots: list[int] | None = None) -> torch.Tensor:
-        """The entries as an (m', d) float32 matrix (a copy: for tests and checks)."""
+        """The entries c̃_j as an (m', d) float32 matrix (a copy: for tests and checks)."""
         slots = self.active_slots() if slots is None else slots
         if not slots:
             return torch.empty(0, self.dim or 0)
-        return torch.stack([self.row(s).float() for s in slots])
+        return torch.stack([self.row(s).float() * float(self.factor[s]) for s in slots])
 
     # -- normalisation -------------------------------------------------------------------
     def scales(self, pids: list[int], norms: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
@@ -164,6 +174,63 @@ class HistoryCache:
         old = self.gram.shape[0]
         gram[:old, :old] = self.gram
         self.gram = gram
+        self.factor = np.concatenate([self.factor, np.ones(cap - old)])
+
+    def _check_dim(self, rows: torch.Tensor) -> None:
+        if self.dim is None:
+            self.dim = int(rows.shape[1])
+        elif rows.shape[1] != self.dim:
+            raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
+        if self.store.device != rows.device and self.capacity:  # e.g. a CPU checkpoint resumed on a GPU
+            self.store, self._rows = self.store.to(rows.device), None
+
+    def claim(self, n: int, like: torch.Tensor) -> list[int]:
+        """``n`` free slots (lowest first; the store grows as needed) to write new rows into
+        before they become entries (:meth:`commit`). A returning client's entry stays where
+        it is until then, so a reply found unusable leaves it in place. Call :meth:`expire`
+        first, so that expired rows are reused."""
+        self._check_dim(like)
+        used, out = set(self.slot_pid), []
+        for slot in range(self.capacity):
+            if len(out) == n:
+                break
+            if slot not in used:
+                out.append(slot)
+        while len(out) < n:
+            out.append(self.capacity)
+            self._grow(self.capacity + 1, like.device)
+        return out
+
+    def products(self, rows: torch.Tensor, slots: list[int]) -> np.ndarray:
+        """rows @ r_jᵀ with every stored row r_j up to the last of ``slots`` (one matmul, float64
+        result, shape (n, capacity); only the columns of stored rows are meaningful)."""
+        return self._products(rows, slots)
+
+    def commit(self, server_round: int, pids: list[int], slots: list[int], factors, prods: np.ndarray) -> None:
+        """The rows r_i written into ``slots`` (from :meth:`claim`) become the entries of
+        ``pids``, c̃_i = ``factors``_i · r_i, stamped ``server_round``; a returning client's
+        previous entry is dropped. ``prods`` (n, capacity): r_iᵀ r_j with every stored row
+        (:meth:`products` of the same rows), which gives the new Gram rows
+        Q_ij = f_i (r_iᵀ r_j) f_j."""
+        if len(set(pids)) != len(pids) or len(slots) != len(pids):
+            raise ValueError("commit() needs one distinct partition id per claimed slot")
+        factors = np.asarray(factors, dtype=np.float64)
+        for pid, slot, f in zip(pids, slots, factors):
+            old = self.pid_slot.get(pid)
+            if old is not None and old != slot:
+                del self.slot_pid[old], self.stamp[old]
+            self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
+            self.factor[slot] = f
+        self._set_gram_rows(np.asarray(slots), factors[:, None] * prods * self.factor[None, :])
+
+    def _set_gram_rows(self, new: np.ndarray, block: np.ndarray) -> None:
+        """Q[new, :] = Q[:, new]ᵀ = block (n, capacity), one value per new pair."""
+        if not new.size:
+            return
+        self.gram[new, :] = block
+        self.gram[:, new] = block.T
+        nn = block[:, new]
+        self.gram[np.ix_(new, new)] = 0.5 * (nn + nn.T)
 
     def insert(self, server_round: int, pids: list[int], rows: torch.Tensor, n_new: int,
                scales=None) -> np.ndarray:
@@ -179,32 +246,23 @@ class HistoryCache:
         """
         if len(pids) != n_new or len(set(pids)) != n_new:
             raise ValueError("insert() needs one distinct partition id per new row")
-        if self.dim is None:
-            self.dim = int(rows.shape[1])
-        elif rows.shape[1] != self.dim:
-            raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
+        self._check_dim(rows)
         scales = np.ones(n_new) if scales is None else np.asarray(scales, dtype=np.float64)
-        if self.store.device != rows.device and self.capacity:  # e.g. a CPU checkpoint resumed on a GPU
-            self.store, self._rows = self.store.to(rows.device), None
         self.expire(server_round)
         new_slots = []
         exact = self.dtype == rows.dtype
         for i, pid in enumerate(pids):
             slot = self._slot_for(pid, rows)
             self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
+            self.factor[slot] = 1.0
             torch.mul(rows[i], float(scales[i]), out=self.row(slot))
             if not exact:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
                 rows[i].copy_(self.row(slot))
             new_slots.append(slot)
         slots = self.active_slots()
-        prods = self._products(rows, slots)  # (n_new + e, capacity); only ``slots`` valid
-        if n_new:
-            new = np.asarray(new_slots)
-            block = prods[:n_new] * (scales[:, None] if exact else 1.0)  # c̃_iᵀ c̃_j
-            self.gram[new, :] = block
-            self.gram[:, new] = block.T
-            nn = block[:, new]
-            self.gram[np.ix_(new, new)] = 0.5 * (nn + nn.T)  # one value per pair
+        prods = self._products(rows, slots) * self.factor[None, :]  # (n_new + e, capacity): rows · c̃_j
+        self._set_gram_rows(np.asarray(new_slots, dtype=np.int64),
+                            prods[:n_new] * (scales[:, None] if exact else 1.0))  # c̃_iᵀ c̃_j
         extra = prods[n_new:][:, slots]
         return extra[0] if extra.shape[0] == 1 else extra
 
@@ -231,7 +289,7 @@ class HistoryCache:
         return out
 
     def add_rows(self, out: torch.Tensor, slots: list[int], coefs) -> torch.Tensor:
-        """out += Σ coef_j · entry_j (float32, in place).
+        """out += Σ coef_j · entry_j (float32, in place; entry_j = factor_j · row_j).
 
         Nearby slots are summed as one matrix-vector product over their span (zero
         coefficients in the gaps): ``out`` is read and written once per group, not once
@@ -239,7 +297,7 @@ class HistoryCache:
         """
         order = np.argsort(slots)
         slots = [int(slots[i]) for i in order]
-        coefs = np.asarray(coefs, dtype=np.float64)[order]
+        coefs = np.asarray(coefs, dtype=np.float64)[order] * self.factor[slots]
         if self.dtype != out.dtype:  # 16-bit storage: one converted row at a time
             for slot, c in zip(slots, coefs.tolist()):
                 out.add_(self.row(slot).to(out.dtype), alpha=c)
