@@ -36,7 +36,8 @@ compares the method with its own arithmetic and should not.
 ``--json`` prints one object per line: strategy, params, replies, cache, seconds,
 fedavg_seconds, ratio, floor_seconds, floor_ratio (null without a floor), floor_parts (the
 floor's median seconds per part), device (+ size, rounds, timed, seconds_all and
-floor_ratios: every timed round). ``cache`` is the method's reported cache size (a MetricRecord key ending in
+floor_ratios: every timed round), cpu_seconds / fedavg_cpu_seconds / floor_cpu_seconds (process CPU time, all
+threads) and floor_ratio_cpu (paired, like floor_ratio), threads. ``cache`` is the method's reported cache size (a MetricRecord key ending in
 ``cache-size``; 0 for stateless methods). ``--check`` exits 1 when FedPCD's or CRAFT's
 floor_ratio exceeds ``--check-limit`` (1.2) at ResNet-18 size: for a person or a script,
 not a timed test. ``--device cuda`` runs the strategies with ``server-device=cuda`` and the
@@ -133,10 +134,11 @@ class Floor:
 
     def timed(self, parts: dict, name: str, fn) -> None:
         self._sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         self._sync()
         parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
+        parts["cpu"] = parts.get("cpu", 0.0) + time.process_time() - c0
 
     def pass_over_replies(self, replies, arrays, theta, parts) -> torch.Tensor:
         k = len(replies)
@@ -241,6 +243,7 @@ def run(method: str, size: str, args) -> dict:
     extras = tuple(getattr(strategy, "required_records", ()))
     metric_keys = tuple(k for k in getattr(strategy, "required_metrics", ()) if k not in _BASE_METRICS)
     ours, theirs, floors, metrics = [], [], [], None
+    ours_cpu, theirs_cpu = [], []
 
     def sync():
         if device.type == "cuda":
@@ -251,16 +254,18 @@ def run(method: str, size: str, args) -> dict:
         replies = build_replies(pool, pids, sizes, extras, spec, metric_keys)
         strategy.set_model(arrays)
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         _, metrics = strategy.aggregate_valid(rnd, replies)
         sync()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         if rnd > args.rounds - args.timed:
             ours.append(t1 - t0)
+            ours_cpu.append(c1 - c0)
             plain = replies if not extras else build_replies(pool, pids, sizes, (), spec)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             flower.aggregate_train(rnd, plain)
             theirs.append(time.perf_counter() - t2)
+            theirs_cpu.append(time.process_time() - c2)
             if floor is not None:
                 floors.append(floor.time(replies, arrays, theta.clone(), dict(metrics)))
         del replies
@@ -268,13 +273,19 @@ def run(method: str, size: str, args) -> dict:
     row = {"strategy": method, "size": size, "params": spec.dim, "replies": args.replies,
            "cache": cache_size(metrics), "rounds": args.rounds, "timed": args.timed, "device": str(device),
            "seconds": sec, "fedavg_seconds": ref, "ratio": sec / ref, "seconds_all": ours,
-           "floor_seconds": None, "floor_ratio": None, "floor_ratios": None, "floor_parts": None}
+           "cpu_seconds": statistics.median(ours_cpu), "fedavg_cpu_seconds": statistics.median(theirs_cpu),
+           "threads": torch.get_num_threads(),
+           "floor_seconds": None, "floor_ratio": None, "floor_ratios": None, "floor_parts": None,
+           "floor_cpu_seconds": None, "floor_ratio_cpu": None}
     if floors:
+        cpu = [f.pop("cpu") for f in floors]
         totals = [sum(f.values()) for f in floors]
         row.update(floor_seconds=statistics.median(totals),
                    floor_ratio=statistics.median(s / f for s, f in zip(ours, totals)),
                    floor_ratios=[s / f for s, f in zip(ours, totals)],
-                   floor_parts={k: statistics.median(f.get(k, 0.0) for f in floors) for k in floors[0]})
+                   floor_parts={k: statistics.median(f.get(k, 0.0) for f in floors) for k in floors[0]},
+                   floor_cpu_seconds=statistics.median(cpu),
+                   floor_ratio_cpu=statistics.median(s / f for s, f in zip(ours_cpu, cpu)))
     del strategy, pool, floor
     gc.collect()
     return row
@@ -305,7 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when FedPCD's or CRAFT's floor_ratio exceeds --check-limit at ResNet-18 size")
     parser.add_argument("--check-limit", type=float, default=1.2)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch and BLAS threads (0 = their defaults); 1 makes CPU seconds the work itself")
     args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+        try:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(args.threads)  # numpy's BLAS (CRAFT's Gram matrices)
+        except ImportError:  # pragma: no cover - threadpoolctl ships with scikit-learn
+            print("warning: threadpoolctl missing: numpy's BLAS keeps its threads", file=sys.stderr)
     args.set = [_typed(kv) for kv in args.set]
     methods = [m for m in args.methods.split(",") if m] or registry.names()
     sizes = [s for s in args.sizes.split(",") if s]
