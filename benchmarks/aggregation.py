@@ -194,14 +194,16 @@ class CraftFloor(Floor):
         groups = self.strategy.groups()
         options = {}
         t_parts: dict[str, float] = {}
+        n_parts: dict[str, float] = {}
         self.timed(t_parts, "gram", lambda: [rows[:, a:b] @ rows[:, a:b].T for a, b in groups])
         options["torch"] = t_parts["gram"]
         if self.device.type == "cpu":
-            n_parts: dict[str, float] = {}
             arr = rows.numpy()
             self.timed(n_parts, "gram", lambda: [arr[:, a:b] @ arr[:, a:b].T for a, b in groups])
             options["numpy"] = n_parts["gram"]
-        parts["gram"] = min(options.values())
+        best = min(options, key=options.get)
+        parts["gram"] = options[best]
+        parts["cpu"] = parts.get("cpu", 0.0) + (t_parts if best == "torch" else n_parts)["cpu"]
         coef = torch.rand(rows.shape[0], device=self.device)
         self.timed(parts, "direction",
                    lambda: [torch.mv(rows[:, a:b].T, coef, out=self.vec[a:b]) for a, b in groups])

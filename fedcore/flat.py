@@ -122,36 +122,61 @@ def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord], out: to
     return out[:m]
 
 
-def record_delta_into(current: torch.Tensor, record: ArrayRecord, outs: list[torch.Tensor],
-                      block: int = 1 << 16) -> float:
-    """Δ = ``current`` − θ of one reply written into every (d,) host tensor of ``outs``, and ‖Δ‖².
+def deltas_into(
+    current: torch.Tensor,
+    records: list[ArrayRecord],
+    rows: torch.Tensor,
+    copies: list[torch.Tensor] | None = None,
+    weights: np.ndarray | None = None,
+    weighted: torch.Tensor | None = None,
+    block: int = 1 << 16,
+) -> np.ndarray:
+    """Δ_i = ``current`` − θ_i of every record into ``rows[i]``, in one pass over the replies'
+    bytes that also gives what is usually computed from Δ afterwards; returns ‖Δ_i‖².
 
-    One pass over the reply's bytes, block by cache-sized block: each block is computed into
-    ``outs[0]``, then copied to the other outputs and squared while it is still in the cache,
-    so writing Δ twice and taking its norm cost about what writing it once does (instead of
-    three more passes over d). ‖Δ‖² is the float64 sum of the blocks' float32 squares: NaN or
-    Inf when the reply holds NaN/Inf.
+    The pass runs block by cache-sized block of the parameter vector, every reply's block in
+    turn, so that what follows reads Δ from the cache, not from memory:
+
+    * ``copies[i]`` (a (d,) host tensor, e.g. a row of a cache) receives Δ_i as well;
+    * ``weighted`` (d,) receives Σ_i ``weights``_i Δ_i (float32 weights);
+    * ‖Δ_i‖² is the float64 sum of each block's float32 squares: NaN or Inf when reply i
+      holds NaN/Inf (its rows are written all the same: the caller drops it).
+
+    All host tensors of ``current``'s dtype; ``rows`` (≥ len(records), d).
     """
-    d = current.numel()
-    cur = current.numpy()
-    targets = [o.numpy() for o in outs]
-    first, rest = targets[0], targets[1:]
-    start, sq = 0, 0.0
-    for array in record.values():
-        v = array_view(array).reshape(-1)
-        if start + v.size > d:
-            raise ValueError(f"reply has more than the model's {d} parameters")
-        for a in range(0, v.size, block):
-            b = min(a + block, v.size)
-            lo, hi = start + a, start + b
-            blk = first[lo:hi]
-            np.subtract(cur[lo:hi], v[a:b], out=blk)
-            for t in rest:
-                t[lo:hi] = blk
-            sq += float(np.dot(blk, blk))
-        start += v.size
+    d, m = current.numel(), len(records)
+    if m == 0:
+        return np.zeros(0)
+    if rows.shape[0] < m or rows.shape[1] != d:
+        raise ValueError(f"row buffer {tuple(rows.shape)} cannot hold {m} x {d}")
+    cur, out = current.numpy(), rows.numpy()
+    extra = None if copies is None else [c.numpy() for c in copies]
+    w = None if weights is None else np.asarray(weights, dtype=out.dtype)
+    wout = None if weighted is None else weighted.numpy()
+    sq = np.zeros(m)
+    per_record = [list(rec.values()) for rec in records]
+    if any(len(arrays) != len(per_record[0]) for arrays in per_record):
+        raise ValueError("replies hold different numbers of arrays")
+    start = 0
+    for a in range(len(per_record[0])):
+        views = [array_view(arrays[a]).reshape(-1) for arrays in per_record]
+        n = views[0].size
+        if any(v.size != n for v in views) or start + n > d:
+            raise ValueError(f"replies' array {a} sizes {[v.size for v in views]} do not fit the model's {d} parameters")
+        for lo in range(0, n, block):
+            hi = min(lo + block, n)
+            c0, c1 = start + lo, start + hi
+            for i, v in enumerate(views):
+                blk = out[i, c0:c1]
+                np.subtract(cur[c0:c1], v[lo:hi], out=blk)
+                if extra is not None:
+                    extra[i][c0:c1] = blk
+                sq[i] += float(np.dot(blk, blk))
+            if wout is not None:
+                np.matmul(w, out[:m, c0:c1], out=wout[c0:c1])
+        start += n
     if start != d:
-        raise ValueError(f"reply has {start} parameters, the model {d}")
+        raise ValueError(f"replies have {start} parameters, the model {d}")
     return sq
 
 

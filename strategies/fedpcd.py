@@ -297,13 +297,12 @@ class FedPCD(FairStrategy):
         return init_state(self.params, self.max_cache_rows())
 
     def max_cache_rows(self) -> int | None:
-        """min(N, H·k) + k rows, k = clients per round: the entries of the H rounds before
-        plus the k rows a round writes before they replace their clients' entries (None
-        when N is unknown). The cache allocates these rows once; unused ones cost no memory."""
+        """min(N, (H + 1)·clients per round): no more entries fit in the window (None when
+        N is unknown). The cache allocates these rows once; unused ones cost no memory."""
         if self.num_clients is None:
             return None
         per_round = min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
-        return min(self.num_clients, self.params.history * per_round) + per_round
+        return min(self.num_clients, (self.params.history + 1) * per_round)
 
     # -- persistent buffers (first-touch page faults of big tensors cost more than FedAvg)
     def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,20 +312,23 @@ class FedPCD(FairStrategy):
             self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
         return self._work, self._dir
 
-    def write_row(self, theta: torch.Tensor, record, row: torch.Tensor, cache_row: torch.Tensor | None) -> float:
-        """Δ = θ_t − θ_i of one reply into ``row`` (and ``cache_row``, when given); ‖Δ‖².
-        In host memory one pass over the reply writes both and squares Δ block by block
-        (:func:`fedcore.flat.record_delta_into`); elsewhere :meth:`stage_row`."""
-        if row.device.type != "cpu":
-            return self.stage_row(theta, record, row, cache_row)
-        return flat.record_delta_into(theta, record, [row] if cache_row is None else [row, cache_row])
+    def write_rows(self, theta, records, rows, copies, weights, weighted) -> np.ndarray:
+        """Δ_i = θ_t − θ_i into ``rows[i]`` and ``copies[i]`` (cache rows, or None),
+        Σ weights_i Δ_i into ``weighted``; returns ‖Δ_i‖². In host memory one pass over the
+        replies does it all (:func:`fedcore.flat.deltas_into`); elsewhere :meth:`stage_rows`."""
+        if rows.device.type != "cpu":
+            return self.stage_rows(theta, records, rows, copies, weights, weighted)
+        return flat.deltas_into(theta, records, rows, copies, weights, weighted)
 
-    def stage_row(self, theta: torch.Tensor, record, row: torch.Tensor, cache_row: torch.Tensor | None) -> float:
-        """:meth:`write_row` for any device: Δ through a host row, then copies and a norm on the device."""
-        self.stage_deltas(theta, [record], row.unsqueeze(0))
-        if cache_row is not None:
-            cache_row.copy_(row)
-        return float(torch.linalg.vector_norm(row, dtype=torch.float32)) ** 2
+    def stage_rows(self, theta, records, rows, copies, weights, weighted) -> np.ndarray:
+        """:meth:`write_rows` on any device: Δ through a host row, then copies, norms and the
+        weighted sum in torch on the device (tests run it on the CPU)."""
+        self.stage_deltas(theta, records, rows)
+        m = len(records)
+        for i in range(m if copies is not None else 0):
+            copies[i].copy_(rows[i])
+        torch.mv(rows[:m].T, torch.as_tensor(weights, dtype=rows.dtype).to(rows.device), out=weighted)
+        return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
 
     def aggregate_valid(self, server_round, replies):
         p_, cache = self.params, self.state.cache
@@ -334,42 +336,41 @@ class FedPCD(FairStrategy):
         theta = self.theta_buffer()
         eta_l = self.round_lr(server_round)
         eta_g = self.step_scale(server_round) * eta_l
-        # float32 cache: each new direction is written raw into a fresh cache row while Δ_i is
-        # computed (entry = factor · row), so no pass scales it in afterwards. 16-bit cache:
-        # the rows are rounded after scaling, so they go in through insert() as before.
+        mets = [msg.content[keys.METRICS] for msg in replies]
+        pids = [int(m[keys.PARTITION_ID]) for m in mets]
+        n_ex = np.array([float(m[keys.NUM_EXAMPLES]) for m in mets])
+        # float32 cache: each direction is written raw into its cache row (its client's own
+        # row when it returns) while Δ_i is computed (entry = factor · row), so no pass scales
+        # it in afterwards. 16-bit cache: rows are rounded after scaling: insert() below.
         raw = cache.dtype == work.dtype
         if raw:
             cache.expire(server_round)
-            fresh = cache.claim(len(replies), like=work)
-
-        # Δ_i straight into the persistent rows; a non-finite update drops its client.
-        pids, n_ex, norms = [], [], []
-        for msg in replies:
-            met = msg.content[keys.METRICS]
-            i = len(pids)
-            sq = self.write_row(theta, msg.content[keys.ARRAYS], work[i], cache.row(fresh[i]) if raw else None)
-            pid, norm = int(met[keys.PARTITION_ID]), float(np.sqrt(sq)) if sq >= 0 else float("nan")
-            if not np.isfinite(norm):  # the rows are overwritten by the next reply
-                log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf",
-                            server_round, pid)
-                continue
-            pids.append(pid)
-            n_ex.append(float(met[keys.NUM_EXAMPLES]))
-            norms.append(norm / eta_l)  # ‖g_i‖ = ‖Δ_i‖/η_l
-        dropped = len(replies) - len(pids)
-        k = len(pids)
+            claimed = cache.claim(pids, like=work)
+        # One pass: Δ_i into the work rows (and the cache rows), ḡ = Σ p_i Δ_i/η_l, ‖Δ_i‖².
+        m = len(replies)
+        sq = self.write_rows(theta, [msg.content[keys.ARRAYS] for msg in replies], work[:m],
+                             [cache.row(s) for s in claimed] if raw else None,
+                             n_ex / n_ex.sum() / eta_l, work[m])
+        keep = [i for i in range(m) if np.isfinite(sq[i])]
+        for i in sorted(set(range(m)) - set(keep)):  # a non-finite update drops its client
+            log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf", server_round, pids[i])
+            if raw:
+                cache.release(pids[i], claimed[i])
+        dropped, k = m - len(keep), len(keep)
         if k == 0:  # nothing usable: keep the model, never crash the round
             cache.expire(server_round)
             return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks})
-        p = torch.tensor(n_ex, dtype=torch.float64)
-        p = p / p.sum()
+        p = torch.tensor(n_ex[keep] / n_ex[keep].sum(), dtype=torch.float64)
         g_bar = work[k]
-        w = (p / eta_l).to(device=work.device, dtype=torch.float32)
-        torch.mv(work[:k].T, w, out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
+        if dropped:  # rare: the valid rows moved up, ḡ over them
+            work[:k] = work[keep].clone()
+            torch.mv(work[:k].T, (p / eta_l).to(device=work.device, dtype=work.dtype), out=g_bar)
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
+        pids = [pids[i] for i in keep]
+        norms = torch.tensor(np.sqrt(sq[keep]) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l
 
         # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i.
-        scale = cache.scales(pids, torch.tensor(norms, dtype=torch.float64), p_.normalize, p_.eps)
+        scale = cache.scales(pids, norms, p_.normalize, p_.eps)
         if p_.primary == "fedavg":
             g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
@@ -378,7 +379,7 @@ class FedPCD(FairStrategy):
         # c̃_jᵀḡ = f_j Σ_i (p_i/η_l) Δ_iᵀr_j comes from the same products (ḡ is not multiplied
         # with the cache). 16-bit: ḡ (unrounded) joins the product as an extra row.
         if raw:
-            new = fresh[:k]
+            new = [claimed[i] for i in keep]
             prods = cache.products(work[:k], sorted({*cache.active_slots(), *new}))
             cache.commit(server_round, pids, new, (scale / eta_l).numpy(), prods)
             slots = cache.active_slots()

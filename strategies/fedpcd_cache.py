@@ -4,7 +4,7 @@ Paper ``000_*`` §3 (history window H) and ``../shared/spec/ALGORITHMS.md`` step
 Each entry is a client's latest *constraint direction* c̃_i (its pseudo-gradient after
 the run's normalisation), keyed by partition id and stamped with the round it was seen:
 
-* a returning client replaces its entry (so it is never counted twice);
+* a returning client overwrites its entry (same slot, so it is never counted twice);
 * an entry stamped s is a constraint in rounds s … s+H and gone afterwards (H = 0: the
   current round only);
 * the Gram matrix Q_jk = c̃_jᵀc̃_k of the entries is kept; a round computes only the
@@ -15,7 +15,7 @@ cached entry's direction never changes: its Gram entries stay valid until it exp
 
 An entry is a stored row r_j times a float64 factor f_j: c̃_j = f_j r_j. FedPCD's float32
 cache stores the raw update Δ_j (f_j = s_j/η_l), written straight from the reply bytes
-while Δ_j is computed (:meth:`claim` a fresh row, :meth:`products`, :meth:`commit`): no
+while Δ_j is computed (:meth:`claim` the rows, :meth:`products`, :meth:`commit`): no
 scaling pass over the entries. :meth:`insert` stores scaled rows (f_j = 1): the 16-bit
 cache, whose rows are rounded after scaling, and :func:`strategies.fedpcd.fedpcd_direction`.
 
@@ -184,22 +184,29 @@ class HistoryCache:
         if self.store.device != rows.device and self.capacity:  # e.g. a CPU checkpoint resumed on a GPU
             self.store, self._rows = self.store.to(rows.device), None
 
-    def claim(self, n: int, like: torch.Tensor) -> list[int]:
-        """``n`` free slots (lowest first; the store grows as needed) to write new rows into
-        before they become entries (:meth:`commit`). A returning client's entry stays where
-        it is until then, so a reply found unusable leaves it in place. Call :meth:`expire`
-        first, so that expired rows are reused."""
+    def claim(self, pids: list[int], like: torch.Tensor) -> list[int]:
+        """The row each client's new direction is written into before :meth:`commit`: its
+        own entry's row for a returning client (overwritten in place), else the lowest free
+        row (the store grows as needed). Call :meth:`expire` first, so that expired rows
+        are reused. A row that then holds no usable direction goes back with :meth:`release`."""
         self._check_dim(like)
         used, out = set(self.slot_pid), []
-        for slot in range(self.capacity):
-            if len(out) == n:
-                break
-            if slot not in used:
-                out.append(slot)
-        while len(out) < n:
-            out.append(self.capacity)
-            self._grow(self.capacity + 1, like.device)
+        free = (s for s in range(self.capacity) if s not in used)
+        for pid in pids:
+            slot = self.pid_slot.get(pid)
+            if slot is None:
+                slot = next(free, None)
+                if slot is None:
+                    slot = self.capacity
+                    self._grow(slot + 1, like.device)
+            out.append(slot)
         return out
+
+    def release(self, pid: int, slot: int) -> None:
+        """A claimed row holds no usable direction (a reply with NaN/Inf): if it was the
+        client's entry, that entry is gone (its row was being overwritten)."""
+        if self.slot_pid.get(slot) == pid:
+            del self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot]
 
     def products(self, rows: torch.Tensor, slots: list[int]) -> np.ndarray:
         """rows @ r_jᵀ with every stored row r_j up to the last of ``slots`` (one matmul, float64
@@ -208,8 +215,8 @@ class HistoryCache:
 
     def commit(self, server_round: int, pids: list[int], slots: list[int], factors, prods: np.ndarray) -> None:
         """The rows r_i written into ``slots`` (from :meth:`claim`) become the entries of
-        ``pids``, c̃_i = ``factors``_i · r_i, stamped ``server_round``; a returning client's
-        previous entry is dropped. ``prods`` (n, capacity): r_iᵀ r_j with every stored row
+        ``pids``, c̃_i = ``factors``_i · r_i, stamped ``server_round`` (a returning client's
+        previous entry elsewhere is dropped). ``prods`` (n, capacity): r_iᵀ r_j with every stored row
         (:meth:`products` of the same rows), which gives the new Gram rows
         Q_ij = f_i (r_iᵀ r_j) f_j."""
         if len(set(pids)) != len(pids) or len(slots) != len(pids):

@@ -308,13 +308,16 @@ def test_claimed_raw_rows_with_factors_give_the_gram_of_the_entries():
         cache.expire(rnd)
         pids = sorted(rng.choice(12, size=4, replace=False).tolist())
         raw = rows(4, d=50, seed=rnd)
-        fresh = cache.claim(4, like=raw)
-        assert not set(fresh) & set(cache.active_slots())  # a returning client's entry stays until commit
-        for slot, r in zip(fresh, raw):
+        before = dict(cache.pid_slot)
+        claimed = cache.claim(pids, like=raw)
+        assert len(set(claimed)) == 4
+        for pid, slot in zip(pids, claimed):  # a returning client's own row, else a free one
+            assert slot == before[pid] if pid in before else slot not in cache.slot_pid
+        for slot, r in zip(claimed, raw):
             cache.row(slot).copy_(r)
         f = rng.uniform(0.5, 2.0, size=4)
-        prods = cache.products(raw, sorted({*cache.active_slots(), *fresh}))
-        cache.commit(rnd, pids, fresh, f, prods)
+        prods = cache.products(raw, sorted({*cache.active_slots(), *claimed}))
+        cache.commit(rnd, pids, claimed, f, prods)
         assert len(set(cache.pids())) == cache.size  # one entry per client
         for pid, r, fi in zip(pids, raw, f):
             torch.testing.assert_close(cache.matrix([cache.pid_slot[pid]])[0], (fi * r).float())
@@ -341,29 +344,40 @@ def test_reserved_rows_grow_as_a_view_and_past_the_bound_with_one_copy():
     np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("n, fraction, history, want", [(100, 0.1, 10, 110), (20, 0.25, 10, 25), (50, 0.2, 2, 30)])
+@pytest.mark.parametrize("n, fraction, history, want", [(100, 0.1, 10, 100), (20, 0.25, 2, 15), (50, 0.2, 2, 30)])
 def test_strategy_reserves_the_rows_its_window_can_hold(n, fraction, history, want):
     strat = strategy(**{"num-clients": n, "fraction-train": fraction, "fedpcd-history": history})
-    assert strat.max_cache_rows() == strat.state.cache.max_rows == want  # min(N, H·k) + k
+    assert strat.max_cache_rows() == strat.state.cache.max_rows == want  # min(N, (H + 1)·k)
     assert fedpcd.FedPCD(history=3).state.cache.max_rows is None  # N unknown: geometric growth
 
 
-def test_unusable_reply_of_a_returning_client_keeps_its_entry(template):
+def test_unusable_reply_drops_the_client_and_the_round_stays_consistent(template):
+    """FedPCD's own NaN check (reply validation drops such replies before it in the app): the
+    client is left out of the round; a returning client's entry, whose row was being
+    overwritten, is gone too; the rest equals the round without that reply."""
     rng = np.random.default_rng(13)
     theta, grads = rng.normal(size=47), conflicting(13, 3, 47)
-    strat = strategy(**{"fedpcd-history": 5, "fedpcd-tau": 0.2})
-    theta1, _ = run_round(strat, template, 1, theta, Round(template, theta, grads, [0, 1, 2], [10] * 3, 0.1))
-    cache = strat.state.cache
-    entry = cache.matrix([cache.pid_slot[1]]).clone()
+    strats = [strategy(**{"fedpcd-history": 5, "fedpcd-tau": 0.2}) for _ in range(2)]
+    r1 = Round(template, theta, grads, [0, 1, 2], [10] * 3, 0.1)
+    theta1 = [run_round(s_, template, 1, theta, r1)[0] for s_ in strats][0]
     bad = theta1.copy()
     bad[3] = np.nan
-    replies = [train_reply(arrays_from_flat(bad, template), 1),
-               train_reply(arrays_from_flat(theta1 - 0.1 * grads[0], template), 4)]
-    strat.set_model(arrays_from_flat(theta1, template))
-    _, metrics = strat.aggregate_valid(2, replies)  # FedPCD's own check (reply validation would drop it)
-    assert metrics[fedpcd.M_DROPPED] == 1 and sorted(cache.pids()) == [0, 1, 2, 4]
-    torch.testing.assert_close(cache.matrix([cache.pid_slot[1]]), entry)
-    assert cache.stamp[cache.pid_slot[1]] == 1
+    good = [train_reply(arrays_from_flat(theta1 - 0.1 * grads[0], template), 4, num_examples=20),
+            train_reply(arrays_from_flat(theta1 - 0.1 * grads[2], template), 5, num_examples=30)]
+    twin = strats[1].state.cache
+    twin.release(1, twin.pid_slot[1])  # the twin: client 1's entry gone, no bad reply
+    outs = []
+    for s_, replies in zip(strats, ([train_reply(arrays_from_flat(bad, template), 1)] + good, good)):
+        s_.set_model(arrays_from_flat(theta1, template))
+        arrays, metrics = s_.aggregate_valid(2, replies)
+        outs.append((flat.record_to_flat(arrays).numpy(), metrics))
+    (with_bad, m_bad), (without, m_without) = outs
+    cache = strats[0].state.cache
+    assert m_bad[fedpcd.M_DROPPED] == 1 and sorted(cache.pids()) == sorted(twin.pids()) == [0, 2, 4, 5]
+    np.testing.assert_allclose(with_bad, without, rtol=1e-6, atol=1e-6)
+    assert m_bad[fedpcd.M_ACTIVE] == m_without[fedpcd.M_ACTIVE]
+    full = cache.matrix().double()
+    np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -373,7 +387,7 @@ def test_device_code_path_gives_the_cpu_models(template, monkeypatch, dtype):
     params = {"fedpcd-tau": 0.3, "fedpcd-history": 2, "fedpcd-cache-dtype": dtype, "server-device": "cpu"}
     plain, via_device = strategy(**params), strategy(**params)
     assert plain.device == torch.device("cpu")
-    monkeypatch.setattr(via_device, "write_row", via_device.stage_row)
+    monkeypatch.setattr(via_device, "write_rows", via_device.stage_rows)
     rng = np.random.default_rng(14)
     a = b = rng.normal(size=47)
     for rnd in range(1, 6):

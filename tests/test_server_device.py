@@ -1,5 +1,5 @@
 """``server-device``: validated with the run config, handed to every strategy; and the one-pass
-writer FedPCD uses for Δ_i, its cache row and its norm (``fedcore.flat.record_delta_into``)."""
+pass FedPCD uses for Δ_i, its cache rows, ḡ and the norms (``fedcore.flat.deltas_into``)."""
 
 import numpy as np
 import pytest
@@ -35,18 +35,22 @@ def test_values_are_checked_before_anything_starts():
 
 
 @pytest.mark.parametrize("block", [1, 5, 7, 1 << 16])
-def test_record_delta_into_writes_every_output_and_the_squared_norm(block):
+def test_deltas_into_writes_rows_copies_weighted_sum_and_squared_norms(block):
     template = tiny_template(((6, 5), (5,), (4, 3)))  # 47 values in 3 arrays: blocks straddle them
     rng = np.random.default_rng(block)
     theta = torch.tensor(rng.normal(size=47), dtype=torch.float32)
-    local = rng.normal(size=47).astype(np.float32)
-    record = arrays_from_flat(local, template)
-    a, b = torch.full((47,), np.nan), torch.full((47,), np.nan)
-    sq = flat.record_delta_into(theta, record, [a, b], block=block)
-    want = flat.records_to_deltas(theta, [record])[0]
-    assert torch.equal(a, want) and torch.equal(b, want)
-    assert sq == pytest.approx(float(want.double().square().sum()), rel=1e-6)
-    local[3] = np.nan
-    assert np.isnan(flat.record_delta_into(theta, arrays_from_flat(local, template), [a], block=block))
+    locals_ = rng.normal(size=(3, 47)).astype(np.float32)
+    records = [arrays_from_flat(x, template) for x in locals_]
+    rows, copies, gbar = torch.full((4, 47), np.nan), [torch.full((47,), np.nan) for _ in range(3)], torch.empty(47)
+    w = np.array([0.2, 0.5, 0.3])
+    sq = flat.deltas_into(theta, records, rows, copies, w, gbar, block=block)
+    want = flat.records_to_deltas(theta, records)
+    assert torch.equal(rows[:3], want) and all(torch.equal(c, r) for c, r in zip(copies, want))
+    assert torch.isnan(rows[3]).all()  # only the records' rows are written
+    torch.testing.assert_close(gbar, torch.tensor(w, dtype=torch.float32) @ want)
+    np.testing.assert_allclose(sq, want.double().square().sum(1).numpy(), rtol=1e-6)
+    locals_[1, 3] = np.nan
+    sq = flat.deltas_into(theta, [arrays_from_flat(x, template) for x in locals_], rows, block=block)
+    assert np.isfinite(sq[[0, 2]]).all() and np.isnan(sq[1])
     with pytest.raises(ValueError, match="parameters"):
-        flat.record_delta_into(theta[:-1].contiguous(), record, [a[:-1]], block=block)
+        flat.deltas_into(theta[:-1].contiguous(), records, rows[:, :-1], block=block)
