@@ -127,22 +127,21 @@ def deltas_into(
     records: list[ArrayRecord],
     rows: torch.Tensor,
     copies: list[torch.Tensor] | None = None,
-    weights: np.ndarray | None = None,
-    weighted: torch.Tensor | None = None,
     block: int = 1 << 16,
 ) -> np.ndarray:
-    """Δ_i = ``current`` − θ_i of every record into ``rows[i]``, in one pass over the replies'
-    bytes that also gives what is usually computed from Δ afterwards; returns ‖Δ_i‖².
+    """Δ_i = ``current`` − θ_i of every record into ``rows[i]`` and ``copies[i]``; ‖Δ_i‖².
 
-    The pass runs block by cache-sized block of the parameter vector, every reply's block in
-    turn, so that what follows reads Δ from the cache, not from memory:
+    One pass over the replies' bytes, block by cache-sized block: each block of Δ_i is
+    computed into ``rows[i]``, then copied into ``copies[i]`` (a (d,) host tensor, e.g. a
+    row of a cache) and squared while it is still in the cache, so the copy and the norm
+    cost a fraction of the passes over d they would take afterwards. ‖Δ_i‖² is the float64
+    sum of the blocks' float32 dot products: NaN or Inf when reply i holds NaN/Inf (its rows
+    are written all the same: the caller drops it). Host tensors of ``current``'s dtype;
+    ``rows`` (≥ len(records), d).
 
-    * ``copies[i]`` (a (d,) host tensor, e.g. a row of a cache) receives Δ_i as well;
-    * ``weighted`` (d,) receives Σ_i ``weights``_i Δ_i (float32 weights);
-    * ‖Δ_i‖² is the float64 sum of each block's float32 squares: NaN or Inf when reply i
-      holds NaN/Inf (its rows are written all the same: the caller drops it).
-
-    All host tensors of ``current``'s dtype; ``rows`` (≥ len(records), d).
+    Measured on the 2-core development machine (ResNet-18, 10 replies, CPU seconds): Δ alone
+    0.051 s, Δ + copies + norms 0.079 s. A BLAS matrix-vector product per block (to fold a
+    weighted sum in) cost ten times that: a threaded BLAS wakes its threads for each call.
     """
     d, m = current.numel(), len(records)
     if m == 0:
@@ -151,8 +150,6 @@ def deltas_into(
         raise ValueError(f"row buffer {tuple(rows.shape)} cannot hold {m} x {d}")
     cur, out = current.numpy(), rows.numpy()
     extra = None if copies is None else [c.numpy() for c in copies]
-    w = None if weights is None else np.asarray(weights, dtype=out.dtype)
-    wout = None if weighted is None else weighted.numpy()
     sq = np.zeros(m)
     per_record = [list(rec.values()) for rec in records]
     if any(len(arrays) != len(per_record[0]) for arrays in per_record):
@@ -172,8 +169,6 @@ def deltas_into(
                 if extra is not None:
                     extra[i][c0:c1] = blk
                 sq[i] += float(np.dot(blk, blk))
-            if wout is not None:
-                np.matmul(w, out[:m, c0:c1], out=wout[c0:c1])
         start += n
     if start != d:
         raise ValueError(f"replies have {start} parameters, the model {d}")

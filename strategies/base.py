@@ -103,12 +103,11 @@ def server_step_scale(server_lr: float, client_lr: float) -> float:
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``server-device`` → a torch device: ``auto`` (or None) is the first CUDA device when
-    torch sees one, else the CPU; ``cuda`` without a visible GPU is a one-line ConfigError."""
-    if isinstance(device, torch.device):
-        return device
+    torch sees one, else the CPU; ``cuda`` without a visible GPU is a one-line ConfigError.
+    A CUDA device gets its index ("cuda" → "cuda:0"), as tensors report theirs."""
     name = str(device or "auto")
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -116,6 +115,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"run-config key 'server-device' = {name!r} but torch sees no CUDA device here: "
                           "use server-device='auto' (the GPU when there is one) or 'cpu'")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

@@ -37,12 +37,23 @@ Diagnostics per round (MetricRecord → rounds.jsonl): ``fedpcd-constraints`` (m
 3 primary), ``fedpcd-solve-seconds``, ``fedpcd-fallbacks`` (cumulative),
 ``fedpcd-dropped`` (non-finite updates), ``fedpcd-cache-size``.
 
+Cost per round (``benchmarks/aggregation.py`` times it against this floor): one pass over
+the replies that writes Δ_i into k work rows and into the cache (float32: the raw Δ_i with
+a float64 factor, its client's own row when it returns) and squares Δ_i while each block is
+in the cache (:func:`fedcore.flat.deltas_into`); ḡ over the work rows; one (k × d)·(d × m') product for
+the new Gram rows, which also gives c̃ᵀḡ; the direction over the *active* entries only.
+Memory: the cache's rows (allocated once for the most entries the window can hold, resident
+only once written), k + 1 work rows, θ and the direction. ``server-device`` (the strategy's
+``device``): with CUDA the work rows, the cache and the products live on the GPU; the
+dual QP stays on the host (m' × m').
+
 Failure handling (never crashes a round): if the dual QP is unbounded (the constraints
 are jointly infeasible) or the solver fails, the elastic relaxation
 min ½‖d − g̃_0‖² + ρ Σ_j max(0, b_j − c̃_jᵀd) is solved instead (its dual is the same QP
 with the box 0 ≤ μ ≤ ρ, always bounded: the least-violation direction); if that fails
 too, d_t = ḡ. Both are logged and counted. A client whose update holds NaN/Inf is
-dropped for the round with a logged reason.
+dropped for the round with a logged reason (a returning client's cached entry with it: its
+row was being overwritten; the app's reply validation drops such replies before FedPCD).
 """
 
 from __future__ import annotations
@@ -312,22 +323,21 @@ class FedPCD(FairStrategy):
             self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
         return self._work, self._dir
 
-    def write_rows(self, theta, records, rows, copies, weights, weighted) -> np.ndarray:
-        """Δ_i = θ_t − θ_i into ``rows[i]`` and ``copies[i]`` (cache rows, or None),
-        Σ weights_i Δ_i into ``weighted``; returns ‖Δ_i‖². In host memory one pass over the
-        replies does it all (:func:`fedcore.flat.deltas_into`); elsewhere :meth:`stage_rows`."""
+    def write_rows(self, theta, records, rows, copies) -> np.ndarray:
+        """Δ_i = θ_t − θ_i into ``rows[i]`` and ``copies[i]`` (cache rows, or None); returns
+        ‖Δ_i‖². In host memory one pass over the replies does both and the norms
+        (:func:`fedcore.flat.deltas_into`); elsewhere :meth:`stage_rows`."""
         if rows.device.type != "cpu":
-            return self.stage_rows(theta, records, rows, copies, weights, weighted)
-        return flat.deltas_into(theta, records, rows, copies, weights, weighted)
+            return self.stage_rows(theta, records, rows, copies)
+        return flat.deltas_into(theta, records, rows, copies)
 
-    def stage_rows(self, theta, records, rows, copies, weights, weighted) -> np.ndarray:
-        """:meth:`write_rows` on any device: Δ through a host row, then copies, norms and the
-        weighted sum in torch on the device (tests run it on the CPU)."""
+    def stage_rows(self, theta, records, rows, copies) -> np.ndarray:
+        """:meth:`write_rows` on any device: Δ through a host row, then the copies and the
+        norms in torch on the device (tests run it on the CPU)."""
         self.stage_deltas(theta, records, rows)
         m = len(records)
         for i in range(m if copies is not None else 0):
             copies[i].copy_(rows[i])
-        torch.mv(rows[:m].T, torch.as_tensor(weights, dtype=rows.dtype).to(rows.device), out=weighted)
         return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
 
     def aggregate_valid(self, server_round, replies):
@@ -346,11 +356,10 @@ class FedPCD(FairStrategy):
         if raw:
             cache.expire(server_round)
             claimed = cache.claim(pids, like=work)
-        # One pass: Δ_i into the work rows (and the cache rows), ḡ = Σ p_i Δ_i/η_l, ‖Δ_i‖².
+        # One pass: Δ_i into the work rows (and the cache rows) and ‖Δ_i‖².
         m = len(replies)
         sq = self.write_rows(theta, [msg.content[keys.ARRAYS] for msg in replies], work[:m],
-                             [cache.row(s) for s in claimed] if raw else None,
-                             n_ex / n_ex.sum() / eta_l, work[m])
+                             [cache.row(s) for s in claimed] if raw else None)
         keep = [i for i in range(m) if np.isfinite(sq[i])]
         for i in sorted(set(range(m)) - set(keep)):  # a non-finite update drops its client
             log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf", server_round, pids[i])
@@ -361,10 +370,10 @@ class FedPCD(FairStrategy):
             cache.expire(server_round)
             return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks})
         p = torch.tensor(n_ex[keep] / n_ex[keep].sum(), dtype=torch.float64)
-        g_bar = work[k]
-        if dropped:  # rare: the valid rows moved up, ḡ over them
+        if dropped:  # rare: the valid rows move up
             work[:k] = work[keep].clone()
-            torch.mv(work[:k].T, (p / eta_l).to(device=work.device, dtype=work.dtype), out=g_bar)
+        g_bar = work[k]
+        torch.mv(work[:k].T, (p / eta_l).to(device=work.device, dtype=work.dtype), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
         pids = [pids[i] for i in keep]
         norms = torch.tensor(np.sqrt(sq[keep]) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l

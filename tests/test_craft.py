@@ -245,7 +245,7 @@ def test_reference_lives_in_the_update_buffer_and_survives_a_larger_round(digits
     out_a, _ = aggregate_arrays(strat, 2, arrays, msgs)  # 4 replies > the 2-row buffer
     out_b, _ = aggregate_arrays(twin, 2, arrays, msgs)
     assert torch.equal(flat.record_to_flat(out_a), flat.record_to_flat(out_b))
-    assert strat._rows.shape[0] == 5
+    assert strat._rows.shape[0] == 6  # the reference, 4 updates, the spare row
 
 
 # -- layer groups -------------------------------------------------------------------------------
@@ -459,3 +459,15 @@ def test_records_to_deltas_matches_and_reuses_its_buffer(digits_round):
         flat.records_to_deltas(cur, records, out=torch.empty(3, cur.numel()))
     with pytest.raises(ValueError, match="parameters"):
         flat.records_to_deltas(cur[:-1].contiguous(), records)
+
+
+@pytest.mark.parametrize("n", [3, 7, 11])
+def test_spare_row_changes_no_gram(n):
+    """n ≡ 3 (mod 4) rows are multiplied together with the buffer's next row (BLAS is faster
+    for n + 1 there): the Gram matrices are those of the n rows alone."""
+    buf = collinear_rows(n + 1, 70_000, 0.5, seed=n)
+    groups = [(0, 100), (100, 70_000)]
+    with_spare = craft.group_grams(buf[:n], groups, spare=buf)
+    for g, want, (a, b) in zip(with_spare, craft.group_grams(buf[:n], groups), groups):
+        assert g.shape == (n, n)
+        np.testing.assert_allclose(g, want, rtol=1e-5)
