@@ -77,7 +77,9 @@ def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> 
     el = cache.store.element_size()
     buffers = (strategy._work, strategy._theta_host, strategy._dir, strategy._staging, cache._chunk)
     other = sum(t.numel() * t.element_size() for t in buffers if t is not None)
-    peak = _peak_rss_mb()
+    # getrusage's high-water mark can trail /proc's current RSS by a few pages (the kernel
+    # syncs per-thread RSS counters lazily): the current RSS is a lower bound of the peak too
+    peak = max(_peak_rss_mb(), _rss_mb())
     store_mb = cache.store.numel() * el / 2**20
     return {"dtype": dtype, "size": size, "params": spec.dim, "entries": cache.size,
             "entries_mb": cache.size * spec.dim * el / 2**20,
