@@ -6,9 +6,11 @@ Two tables, each dtype compared with float32 in the same run:
    process drives the real FedPCD strategy (``strategies.fedpcd``) at the ResNet-18 size
    (CIFAR-100 head) for ``--entries / --replies`` rounds with distinct clients, so the
    cache holds exactly ``--entries`` directions. Reported: the cache's own storage (bytes
-   of the entries, and of the allocated store with its geometric-growth headroom), the
-   strategy's other persistent buffers, the process's RSS before the strategy and its
-   peak RSS (``resource.getrusage``, which includes the replies held by the harness).
+   of the entries, and of the store: the rows in use), the strategy's other persistent
+   buffers, the process's RSS before the strategy and its peak RSS
+   (``resource.getrusage``, which includes the replies held by the harness and the
+   libraries), and what the strategy added at its peak, ``strategy_peak_mb`` = peak RSS −
+   RSS before, also as a multiple of the store (``strategy_peak_x_store``).
 2. **Accuracy on real updates.** A plain FedPCD run on the digits task (``--model``,
    default the project's digits MLP): each round the sampled clients really train with
    ``client_app.training.local_sgd`` from the float32 run's θ_t; the same replies go to
@@ -73,13 +75,18 @@ def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> 
         strategy.aggregate_valid(rnd, build_replies(pool, pids, sizes, (), spec))
     cache = strategy.state.cache
     el = cache.store.element_size()
-    other = sum(t.numel() * t.element_size() for t in (strategy._work, strategy._theta, strategy._dir))
-    chunk = 0 if cache._chunk is None else cache._chunk.numel() * 4
+    buffers = (strategy._work, strategy._theta_host, strategy._dir, strategy._staging, cache._chunk)
+    other = sum(t.numel() * t.element_size() for t in buffers if t is not None)
+    # getrusage's high-water mark can trail /proc's current RSS by a few pages (the kernel
+    # syncs per-thread RSS counters lazily): the current RSS is a lower bound of the peak too
+    peak = max(_peak_rss_mb(), _rss_mb())
+    store_mb = cache.store.numel() * el / 2**20
     return {"dtype": dtype, "size": size, "params": spec.dim, "entries": cache.size,
             "entries_mb": cache.size * spec.dim * el / 2**20,
-            "store_mb": cache.store.numel() * el / 2**20, "capacity": cache.capacity,
-            "buffers_mb": (other + chunk) / 2**20, "rss_before_mb": base_rss,
-            "peak_rss_mb": _peak_rss_mb()}
+            "store_mb": store_mb, "capacity": cache.capacity,
+            "buffers_mb": other / 2**20, "rss_before_mb": base_rss,
+            "peak_rss_mb": peak, "strategy_peak_mb": peak - base_rss,
+            "strategy_peak_x_store": (peak - base_rss) / store_mb}
 
 
 def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
@@ -185,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"table": "memory", **row}), flush=True)
         else:
             print(f"{'dtype':<9} {'params':>9} {'entries':>7} {'entries MB':>10} {'store MB':>9} {'capacity':>8} "
-                  f"{'buffers MB':>10} {'RSS before':>10} {'peak RSS':>9} {'x f32':>6} {'peak x f32':>10}")
+                  f"{'buffers MB':>10} {'RSS before':>10} {'peak RSS':>9} {'x f32':>6} {'peak x f32':>10} "
+                  f"{'strategy peak':>13} {'x store':>7}")
             for r in mem:
                 print(f"{r['dtype']:<9} {r['params']:>9} {r['entries']:>7} {r['entries_mb']:>10.1f} "
                       f"{r['store_mb']:>9.1f} {r['capacity']:>8} {r['buffers_mb']:>10.1f} {r['rss_before_mb']:>10.0f} "
-                      f"{r['peak_rss_mb']:>9.0f} {r['entries_ratio']:>6.2f} {r['peak_ratio']:>10.2f}", flush=True)
+                      f"{r['peak_rss_mb']:>9.0f} {r['entries_ratio']:>6.2f} {r['peak_ratio']:>10.2f} "
+                      f"{r['strategy_peak_mb']:>13.0f} {r['strategy_peak_x_store']:>7.2f}", flush=True)
     if not args.skip_accuracy:
         rows = real_updates_rows(args.rounds, args.model, args.seed)
         if args.json:

@@ -27,6 +27,9 @@ EVAL_MODES = ("server", "federated")
 # When clients compute loss-before F_i(θ_t) (a forward pass over the local train split):
 # "auto" = only for methods that use it (q-FFL, AFL, FedFV, FedLF), "always" = every reply.
 LOSS_BEFORE_MODES = ("auto", "always")
+# Where the server's aggregation maths runs (FedPCD's cache and Gram, CRAFT's groups):
+# "auto" = the first CUDA device when torch sees one, else the CPU.
+SERVER_DEVICES = ("auto", "cpu", "cuda")
 
 
 class ConfigError(ValueError):
@@ -68,6 +71,7 @@ class RunConfig:
     client_loss_before: str
     round_timeout: float
     log_every: int
+    server_device: str
     params: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
 
     # -- raw access ---------------------------------------------------------------
@@ -234,6 +238,7 @@ def _validate(cfg: RunConfig) -> None:
     choice("partitioner", cfg.partitioner, PARTITIONERS)
     choice("eval-mode", cfg.eval_mode, EVAL_MODES)
     choice("client-loss-before", cfg.client_loss_before, LOSS_BEFORE_MODES)
+    choice("server-device", cfg.server_device, SERVER_DEVICES)
     if cfg.dataset not in DATASETS and not cfg.dataset_path:
         raise ConfigError(
             f"run-config key 'dataset' = {cfg.dataset!r} is not one of {', '.join(DATASETS)} "

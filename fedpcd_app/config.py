@@ -50,6 +50,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                     f"run-config key '{key}' = {cfg.params[key]!r} is not used by method '{cfg.method}': "
                     "remove it, choose the method it belongs to, or set allow-unused-keys=true"
                 )
+    cls.resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
     cfg.get_choice("participation", PARTICIPATION, "uniform")
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)

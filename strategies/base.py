@@ -101,6 +101,25 @@ def server_step_scale(server_lr: float, client_lr: float) -> float:
     return (server_lr or client_lr) / client_lr
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``server-device`` → a torch device: ``auto`` (or None) is the first CUDA device when
+    torch sees one, else the CPU; ``cuda`` without a visible GPU is a one-line ConfigError.
+    A CUDA device gets its index ("cuda" → "cuda:0"), as tensors report theirs."""
+    name = str(device or "auto")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"run-config key 'server-device' = {name!r} is not one of auto, cpu, cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"run-config key 'server-device' = {name!r} but torch sees no CUDA device here: "
+                          "use server-device='auto' (the GPU when there is one) or 'cpu'")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 Selector = Callable[[int, Grid], dict[int, "int | None"]]
 
 
@@ -126,6 +145,10 @@ class FairStrategy(Strategy):
         N, the federation's size (SCAFFOLD's 1/N); None = the number of connected nodes.
     loss_before : bool, default False
         Ask every client for ``loss-before`` even when the method does not use it.
+    device : str or torch.device, default "auto"
+        Where the method's server maths runs (``server-device``; :func:`resolve_device`).
+        Methods that keep large tensors (FedPCD's cache, CRAFT's update matrix) put them
+        there; the others ignore it.
     params : the method's ``Params``, instead of ``**hyper``.
     """
 
@@ -140,6 +163,7 @@ class FairStrategy(Strategy):
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
     app_arguments: ClassVar[tuple[str, ...]] = ()  # extra __init__ arguments the app passes
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
+    resolve_device = staticmethod(resolve_device)  # for the app's config check
 
     def __init__(
         self,
@@ -153,6 +177,7 @@ class FairStrategy(Strategy):
         server_lr: float = 0.0,
         num_clients: int | None = None,
         loss_before: bool = False,
+        device: str | torch.device = "auto",
         params: MethodParams | None = None,
         **hyper: Any,
     ) -> None:
@@ -182,6 +207,7 @@ class FairStrategy(Strategy):
         self.lr, self.lr_decay, self.server_lr = lr, lr_decay, server_lr
         self.num_clients = num_clients
         self.loss_before = loss_before
+        self.device = resolve_device(device)
         self.state = self.init_state()
         self.select: Selector | None = None  # set by an app with its own sampler
         self.run_config: Mapping[str, Any] | None = None  # sent as the run-config record
@@ -191,6 +217,8 @@ class FairStrategy(Strategy):
         self.last_dropped: list[Dropped] = []
         self.last_valid: list[Message] = []
         self.last_evaluation: dict[int, dict[str, float]] = {}  # client → accuracy, loss, num-test
+        self._theta_host: torch.Tensor | None = None  # θ_t, reused every round (theta_buffer)
+        self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
     # -- the method's part ------------------------------------------------------------------
     def init_state(self) -> Any:
@@ -238,6 +266,32 @@ class FairStrategy(Strategy):
         if self.current_arrays is None:
             raise RuntimeError("configure_train() must run before aggregate_train(): it hands over θ_t")
         return flat.record_to_flat(self.current_arrays, dtype=dtype)
+
+    def theta_buffer(self) -> torch.Tensor:
+        """θ_t as a float32 host vector written into a buffer kept across rounds (a fresh
+        (d,) tensor per round costs its first-touch page faults: ~45 MB at ResNet-18)."""
+        d = self.spec.dim
+        if self._theta_host is None or self._theta_host.numel() != d:
+            self._theta_host = torch.empty(d, dtype=torch.float32)
+        return flat.record_to_flat(self.current_arrays, out=self._theta_host)
+
+    def write_deltas(self, theta: torch.Tensor, records: list[ArrayRecord], rows: torch.Tensor) -> torch.Tensor:
+        """Δ_i = θ_t − θ_i of each record into ``rows[i]``, straight from the reply bytes
+        (:func:`fedcore.flat.records_to_deltas`, one pass); rows outside host memory
+        (``server-device`` cuda) through :meth:`stage_deltas`."""
+        if rows.device.type == "cpu":
+            return flat.records_to_deltas(theta, records, out=rows)
+        return self.stage_deltas(theta, records, rows)
+
+    def stage_deltas(self, theta: torch.Tensor, records: list[ArrayRecord], rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`write_deltas` through one reused (pinned) host row per reply, copied to
+        ``rows[i]`` on any device (tests run it on the CPU)."""
+        d = theta.numel()
+        if self._staging is None or self._staging.shape[1] != d:
+            self._staging = torch.empty(1, d, dtype=theta.dtype, pin_memory=torch.cuda.is_available())
+        for i, rec in enumerate(records):
+            rows[i].copy_(flat.records_to_deltas(theta, [rec], out=self._staging)[0])
+        return rows[: len(records)]
 
     def unpack_deltas(self, replies: list[Message]) -> tuple[torch.Tensor, ReplyBatch, torch.Tensor]:
         """(θ_t, the replies as tensors, Δ_i = θ_t − θ_i as an (m, d) float32 matrix); the

@@ -41,12 +41,13 @@ class Params(MethodParams):
     tol: float = tol_field()
 
 
-def config_step(updates: torch.Tensor, tol: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """ConFIG's update g (d,) for (m, d) raw updates, and CRAFT's diagnostics for it."""
+def config_step(updates: torch.Tensor, tol: float = 0.0, out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """ConFIG's update g (d,) for (m, d) raw updates, and CRAFT's diagnostics for it
+    (written into ``out`` when given)."""
     m, d = updates.shape
     weights = torch.ones(m, dtype=torch.float64)
-    agg = aggregate_groups(updates, weights, [(0, d)], None, tol)
-    norm = float(torch.linalg.vector_norm(agg.direction))
+    agg = aggregate_groups(updates, weights, [(0, d)], None, tol, out=out)
+    norm = agg.norm
     if norm <= 0.0:
         return agg.direction.zero_(), agg.diagnostics()
     # Σ_i ⟨Δ_i, g_u⟩ = Σ_i ⟨Δ_i, g_v⟩ / ‖g_v‖, already in agg.dots: no extra pass over Δ
@@ -61,7 +62,7 @@ class ConFIG(GroupedStrategy):
     Params = Params
 
     def aggregate_valid(self, server_round, replies):
-        theta, deltas, _ = self.deltas(replies)
-        step, diagnostics = config_step(deltas, self.params.tol)
-        theta.sub_(step, alpha=self.step_scale(server_round))
-        return self.to_record(theta), MetricRecord({**diagnostics, "update-norm": float(step.norm())})
+        theta, rows, _ = self.deltas(replies)
+        step, diagnostics = config_step(rows[1:], self.params.tol, out=rows[0])
+        norm = float(torch.linalg.vector_norm(step))
+        return self.step(theta, step, self.step_scale(server_round)), MetricRecord({**diagnostics, "update-norm": norm})

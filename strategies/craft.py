@@ -17,12 +17,17 @@ updates, not divided by the client learning rate):
 
 The maths follows the authors' released code (``tum-pbs/CRAFT``, ``fed/craft.py``). U⁺ is
 applied through the m×m Gram system, U⁺ v = Uᵀ (U Uᵀ)⁺ v, never an SVD of the d×m matrix;
-and the Gram of the *raw* rows gives everything else for free: the norms (its diagonal),
-the Gram of the unit rows (D⁻¹ G D⁻¹), and the per-client inner products with the
-plain average and with g that the diagnostics need. So each group costs three passes
-over its (m × d_q) block (Gram, Δ ĝ, Δᵀ c) and no (m × d) temporary; the (m × d) update
-matrix itself is written straight from the reply bytes into a buffer kept across rounds
-(:func:`fedcore.flat.records_to_deltas`).
+and the Gram of the *raw* rows, taken together with the reference row, gives everything
+else for free: the norms (its diagonal), the Gram of the unit rows (D⁻¹ G D⁻¹), U ĝ, the
+per-client inner products with the plain average and with g that the diagnostics need,
+and ‖g‖. So each group costs two reads of its (m × d_q) block — the Gram and g = ĝ + Δᵀ c,
+written in place over the reference — and no (m × d) temporary; the update matrix itself
+is written straight from the reply bytes into a buffer kept across rounds
+(:func:`fedcore.flat.records_to_deltas`), next to the reference (:class:`GroupedStrategy`).
+
+The pseudo-inverse drops what ``torch.linalg.pinv(U)`` drops with its default cutoff, as
+the authors call it: singular values σ ≤ max(k, d_q)·eps·σ_max of the k × d_q unit rows
+(:func:`pinv_cutoff`; eps of the updates' dtype).
 
 Layer groups (:func:`layer_groups`) come from the model's module structure when the
 strategy is given the run's model (``Craft(model=net)``; this app passes it): a module's
@@ -58,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from flwr.app import MetricRecord
 
@@ -170,13 +176,61 @@ def key_groups(keys: tuple[str, ...], sizes: tuple[int, ...]) -> list[LayerGroup
     return _merge_groups(tuple(keys), tuple(sizes), {})
 
 
+# -- the Gram matrices ----------------------------------------------------------------------
+F64_GRAM_MAX = 1 << 16  # groups of at most this many parameters get their Gram in float64
+
+
+def group_grams(rows: torch.Tensor, groups: list[tuple[int, int]], spare: torch.Tensor | None = None) -> list[np.ndarray]:
+    """The Gram matrix rows[:, a:b] rows[:, a:b]ᵀ of every group, as float64 numpy arrays.
+
+    One read of each (n × d_q) block and nothing written but n × n numbers: on the CPU numpy's
+    ``A @ A.T``, which BLAS computes as a symmetric rank-k update (syrk, half the products;
+    MKL's sgemm through torch was 3-6× slower for these shapes here); on another device torch
+    (:func:`device_grams`). Groups of at most :data:`F64_GRAM_MAX` parameters are multiplied
+    in float64: there the pseudo-inverse's cutoff (:func:`pinv_cutoff`) is far below what a
+    float32 Gram resolves, and it costs nothing; larger groups in their own dtype (there the
+    cutoff is above the float32 Gram's rounding).
+
+    ``spare``: a view of the same buffer that starts with ``rows`` and has one row more
+    (finite values). OpenBLAS's syrk takes about 1.5× as long for n ≡ 3 (mod 4) rows as for
+    n + 1 (measured here: 11 rows 37 ms, 12 rows 25 ms, 10 rows 22 ms for 4M columns), so such
+    an n is multiplied with the spare row and the result cut to n × n.
+    """
+    if rows.device.type != "cpu":
+        return device_grams(rows, groups)
+    n = rows.shape[0]
+    wide = spare if spare is not None and n % 4 == 3 and spare.shape[0] == n + 1 else rows
+    out = []
+    for a, b in groups:
+        x = wide[:, a:b].numpy()
+        if x.dtype != np.float64 and b - a <= F64_GRAM_MAX:
+            x = x.astype(np.float64)
+        out.append(np.asarray((x @ x.T)[:n, :n], dtype=np.float64))
+    return out
+
+
+def device_grams(rows: torch.Tensor, groups: list[tuple[int, int]], spare: torch.Tensor | None = None) -> list[np.ndarray]:
+    """:func:`group_grams` with torch on ``rows``' device (any device: a test runs it on the
+    CPU); the matrices come back to the host in one transfer. ``spare`` is not needed here."""
+    grams = []
+    for a, b in groups:
+        x = rows[:, a:b]
+        if x.dtype != torch.float64 and b - a <= F64_GRAM_MAX:
+            x = x.double()
+        grams.append((x @ x.T).double())
+    return list(torch.stack(grams).cpu().numpy())
+
+
 # -- one group ------------------------------------------------------------------------------
-@dataclasses.dataclass
-class GroupSolution:
-    direction: torch.Tensor  # (d_q,) g for the group
-    gram: torch.Tensor  # (m, m) float64 Gram of the raw rows Δ Δᵀ
-    dots: torch.Tensor  # (m,) float64 ⟨Δ_i, g⟩ restricted to the group
-    active: torch.Tensor  # (m,) bool
+def pinv_cutoff(k: int, d_q: int, dtype: torch.dtype) -> float:
+    """Relative cutoff on the eigenvalues of U Uᵀ that gives ``torch.linalg.pinv(U)``'s default.
+
+    The authors compute U⁺ with ``torch.linalg.pinv(U)`` (U: k × d_q unit rows in the updates'
+    dtype), which drops singular values σ ≤ max(k, d_q)·eps·σ_max. The eigenvalues of U Uᵀ
+    are σ², so the same cut is λ ≤ (max(k, d_q)·eps)²·λ_max. For a float32 layer of
+    524,288 parameters that drops every direction with σ below 6 % of σ_max.
+    """
+    return (max(k, d_q) * torch.finfo(dtype).eps) ** 2
 
 
 def pinv_solve(gram: torch.Tensor, rhs: torch.Tensor, rcond: float) -> torch.Tensor:
@@ -187,12 +241,67 @@ def pinv_solve(gram: torch.Tensor, rhs: torch.Tensor, rcond: float) -> torch.Ten
     return v @ (inv * (v.T @ rhs))
 
 
-def unit_reference(reference: torch.Tensor | None) -> torch.Tensor | None:
-    """ĝ = reference / ‖reference‖, or None for a missing or zero reference."""
-    if reference is None or reference.numel() == 0:
-        return None
-    norm = torch.linalg.vector_norm(reference)
-    return None if float(norm) <= 0.0 else reference / norm
+@dataclasses.dataclass
+class GroupSolution:
+    """One group's g = ``ref_coef``·reference + Σ_i ``coef_i`` Δ_i, and what the diagnostics need."""
+
+    coef: torch.Tensor  # (m,) float64
+    ref_coef: float  # 1/‖reference‖ of the group, 0 when the reference is not used
+    gram: torch.Tensor  # (m, m) float64 Gram of the raw rows Δ Δᵀ
+    dots: torch.Tensor  # (m,) float64 ⟨Δ_i, g⟩ restricted to the group
+    active: torch.Tensor  # (m,) bool
+    sq_norm: float  # ‖g‖² of the group
+
+
+def solve_gram(ext: np.ndarray, has_ref: bool, weights: torch.Tensor, tol: float, d_q: int,
+               dtype: torch.dtype) -> GroupSolution:
+    """CRAFT for one group from the Gram matrix of its rows: (reference, Δ_1, …, Δ_m) when
+    ``has_ref``, else (Δ_1, …, Δ_m). No pass over the group's parameters: the norms are the
+    diagonal, the unit-row Gram is D⁻¹ G D⁻¹, ⟨Δ_i, ĝ⟩ is G_{i,ref}/‖ref‖, and
+    U⁺ v = Δᵀ D⁻¹ (U Uᵀ)⁺ v gives the coefficients of g in the rows."""
+    ext = torch.as_tensor(ext, dtype=torch.float64)
+    r = int(has_ref)
+    gram = ext[r:, r:]
+    m = gram.shape[0]
+    if bool((weights < 0).any()):
+        raise ValueError("CRAFT client weights must be non-negative")
+    norms = gram.diagonal().clamp_min(0.0).sqrt()
+    active = norms > tol
+    coef = torch.zeros(m, dtype=torch.float64)
+    ref_coef = 0.0
+    ref_dots = torch.zeros(m, dtype=torch.float64)  # ⟨Δ_i, ĝ⟩
+    k = int(active.sum())
+    if k == 1:
+        coef[active] = 1.0  # the one active client's raw update (no reference)
+    elif k > 1:
+        ref_sq = float(ext[0, 0]) if has_ref else 0.0
+        if ref_sq > 0.0:
+            ref_coef = 1.0 / float(np.sqrt(ref_sq))
+            ref_dots = ext[r:, 0] * ref_coef
+        rho = weights.double()[active]
+        rho = rho / rho.sum() if float(rho.sum()) > 0 else torch.full_like(rho, 1.0 / k)
+        n_a = norms[active]
+        unit_gram = gram[active][:, active] / torch.outer(n_a, n_a)
+        residual = rho - ref_dots[active] / n_a  # ρ − U ĝ
+        coef[active] = pinv_solve(unit_gram, residual, pinv_cutoff(k, d_q, dtype)) / n_a
+    full = torch.cat([torch.tensor([ref_coef], dtype=torch.float64), coef]) if has_ref else coef
+    g_dots = ext @ full  # ⟨row, g⟩ for every row
+    return GroupSolution(coef, ref_coef, gram, g_dots[r:], active, max(float(full @ g_dots), 0.0))
+
+
+def write_direction(rows: torch.Tensor, has_ref: bool, sol: GroupSolution, out: torch.Tensor,
+                    a: int, b: int) -> None:
+    """out[a:b] = ref_coef·reference + Δᵀ coef over the group's columns: one read of the block.
+    ``out`` may be the reference row itself (read before written, by the same BLAS call)."""
+    r = int(has_ref)
+    block, dst = rows[r:, a:b], out[a:b]
+    coef = sol.coef.to(device=rows.device, dtype=rows.dtype)
+    if sol.ref_coef == 0.0:
+        torch.mv(block.T, coef, out=dst)  # no reference (or not used): β = 0, not read
+    elif dst.data_ptr() == rows[0, a:b].data_ptr():
+        dst.addmv_(block.T, coef, beta=sol.ref_coef)
+    else:
+        torch.addmv(rows[0, a:b], block.T, coef, beta=sol.ref_coef, out=dst)
 
 
 def solve_group(
@@ -200,42 +309,11 @@ def solve_group(
     weights: torch.Tensor,
     reference: torch.Tensor | None = None,
     tol: float = 0.0,
-) -> GroupSolution:
-    """CRAFT for one group, with the m×m quantities the diagnostics reuse.
-
-    ``updates`` (m, d_q) raw client updates (a strided column slice of the (m, d) matrix
-    is fine: no copy is made); ``weights`` (m,) non-negative; ``reference`` (d_q,) or None.
-    """
-    m, d = updates.shape
-    if bool((weights < 0).any()):
-        raise ValueError("CRAFT client weights must be non-negative")
-    gram = (updates @ updates.T).double()
-    norms = gram.diagonal().clamp_min(0.0).sqrt()
-    active = norms > tol
-    coef = torch.zeros(m, dtype=torch.float64)  # g = ĝ + Σ_i coef_i Δ_i
-    ref_dots = torch.zeros(m, dtype=torch.float64)  # ⟨Δ_i, ĝ⟩
-    ref = None
-    k = int(active.sum())
-    if k == 0:
-        return GroupSolution(updates.new_zeros(d), gram, ref_dots, active)
-    if k == 1:
-        coef[active] = 1.0  # the one active client's raw update (no reference)
-    else:
-        ref = unit_reference(reference)
-        if ref is not None:
-            ref = ref.to(updates.dtype)
-            ref_dots = (updates @ ref).double()
-        rho = weights.double()[active]
-        rho = rho / rho.sum() if float(rho.sum()) > 0 else torch.full_like(rho, 1.0 / k)
-        n_a = norms[active]
-        unit_gram = gram[active][:, active] / torch.outer(n_a, n_a)
-        residual = rho - ref_dots[active] / n_a  # ρ − U ĝ
-        rcond = 10.0 * k * torch.finfo(updates.dtype).eps  # eigenvalues of U Uᵀ are σ²
-        coef[active] = pinv_solve(unit_gram, residual, rcond) / n_a  # U⁺ v = Δᵀ D⁻¹ (UUᵀ)⁺ v
-    direction = updates.T @ coef.to(updates.dtype)  # (faster than coef @ updates on a column slice)
-    if ref is not None:
-        direction += ref
-    return GroupSolution(direction, gram, ref_dots + gram @ coef, active)
+) -> tuple[torch.Tensor, GroupSolution]:
+    """CRAFT for one group: (g, its :class:`GroupSolution`). ``updates`` (m, d_q) raw client
+    updates, ``weights`` (m,) non-negative, ``reference`` (d_q,) or None."""
+    agg = aggregate_groups(updates, weights, [(0, updates.shape[1])], reference, tol)
+    return agg.direction, agg.groups[0]
 
 
 def craft_direction(
@@ -254,7 +332,7 @@ def craft_direction(
     reference : (d,) previous aggregate or None; normalised here, None or zero → zero.
     tol : clients with update norm ≤ tol are inactive (default 0: only exact zeros).
     """
-    return solve_group(updates, weights, reference, tol).direction
+    return solve_group(updates, weights, reference, tol)[0]
 
 
 # -- all groups -------------------------------------------------------------------------------
@@ -264,6 +342,8 @@ class Aggregate:
     dots: torch.Tensor  # (m,) ⟨Δ_i, g⟩ over the whole model
     avg_dots: torch.Tensor  # (m,) ⟨Δ_i, Σ_j ρ_j Δ_j⟩ over the whole model (plain average)
     active: torch.Tensor  # (m,) bool: non-zero update in at least one group
+    norm: float  # ‖g‖ (from the Gram matrices: no pass over g)
+    groups: list[GroupSolution]
 
     def diagnostics(self) -> dict[str, float | int]:
         k = int(self.active.sum())
@@ -282,31 +362,56 @@ def aggregate_groups(
     tol: float = 0.0,
     out: torch.Tensor | None = None,
 ) -> Aggregate:
-    """CRAFT over consecutive groups [start, stop) covering the (m, d) update matrix."""
-    m, d = updates.shape
-    direction = updates.new_empty(d) if out is None else out
-    dots = torch.zeros(m, dtype=torch.float64)
-    gram_total = torch.zeros(m, m, dtype=torch.float64)
-    active = torch.zeros(m, dtype=torch.bool)
-    for start, stop in groups:
-        ref = None if reference is None else reference[start:stop]
-        sol = solve_group(updates[:, start:stop], weights, ref, tol)
-        direction[start:stop] = sol.direction
-        dots += sol.dots
-        gram_total += sol.gram
-        active |= sol.active
+    """CRAFT over consecutive groups [start, stop) covering the (m, d) update matrix
+    (``reference`` (d,) or None; the direction goes into ``out`` when given)."""
+    if reference is None:
+        return aggregate_rows(updates, False, weights, groups, tol, out)
+    rows = torch.cat([reference.reshape(1, -1).to(updates), updates])  # a copy: the strategy avoids it
+    return aggregate_rows(rows, True, weights, groups, tol, out)
+
+
+def aggregate_rows(
+    rows: torch.Tensor,
+    has_ref: bool,
+    weights: torch.Tensor,
+    groups: list[tuple[int, int]],
+    tol: float = 0.0,
+    out: torch.Tensor | None = None,
+    spare: torch.Tensor | None = None,
+) -> Aggregate:
+    """CRAFT on one (r + m, d) matrix whose first row is the reference when ``has_ref``
+    (r = 1), then the m raw updates: per group one Gram of all r + m rows
+    (:func:`group_grams`) gives the norms, the Gram of the updates and their products with
+    the reference, so each group costs one read of its block for the Gram and one for the
+    direction. ``out`` (d,) receives g; it may be ``rows[0]`` (the reference is then
+    replaced by the new direction, group by group, as the strategy keeps it); ``spare``:
+    see :func:`group_grams`."""
+    r = int(has_ref)
+    m, d = rows.shape[0] - r, rows.shape[1]
+    direction = rows.new_empty(d) if out is None else out
+    sols = [solve_gram(ext, has_ref, weights, tol, b - a, rows.dtype)
+            for ext, (a, b) in zip(group_grams(rows, groups, spare), groups)]
+    for sol, (a, b) in zip(sols, groups):
+        write_direction(rows, has_ref, sol, direction, a, b)
     w = weights.double().clamp_min(0.0)
     w = w / w.sum() if float(w.sum()) > 0 else torch.full_like(w, 1.0 / m)
-    return Aggregate(direction, dots, gram_total @ w, active)
+    gram_total = sum(s.gram for s in sols)
+    return Aggregate(direction, sum(s.dots for s in sols), gram_total @ w,
+                     torch.stack([s.active for s in sols]).any(0), float(np.sqrt(sum(s.sq_norm for s in sols))), sols)
 
 
 # -- strategies ---------------------------------------------------------------------------------
 class GroupedStrategy(FairStrategy):
-    """Shared plumbing of CRAFT and ConFIG: layer groups and the (m, d) update buffer.
+    """Shared plumbing of CRAFT and ConFIG: layer groups and the update matrix.
 
     ``model`` (optional): the run's freshly built model, whose module structure gives the
     layer groups (:func:`layer_groups`); without it they come from the ArrayRecord keys
     (:func:`key_groups`).
+
+    The (1 + m, d) matrix lives on ``device`` and is kept across rounds: row 0 holds CRAFT's
+    reference (the previous direction, replaced in place by the new one) or ConFIG's
+    direction, rows 1 … m the updates Δ_i = θ_t − θ_i, written straight from the reply bytes
+    (:meth:`FairStrategy.write_deltas`), then a spare row (finite) for :func:`group_grams`.
     """
 
     app_arguments = ("model",)
@@ -315,7 +420,7 @@ class GroupedStrategy(FairStrategy):
         super().__init__(**kwargs)
         self.model = model
         self._groups: list[tuple[int, int]] | None = None
-        self._buffer: torch.Tensor | None = None  # (m, d) updates, reused every round (scratch)
+        self._rows: torch.Tensor | None = None  # (1 + m, d) on self.device, reused every round
 
     @property
     def layerwise(self) -> bool:
@@ -333,13 +438,20 @@ class GroupedStrategy(FairStrategy):
         return self._groups
 
     def deltas(self, replies) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(θ_t, Δ matrix, n_i): Δ_i = θ_t − θ_i written into a buffer kept across rounds."""
+        """(θ_t on the host, the (1 + m, d) matrix with Δ_i in rows 1 … m, n_i)."""
         replies = list(replies)
-        theta = self.current_flat()
-        if self._buffer is None or self._buffer.shape[0] < len(replies):
-            self._buffer = torch.empty(len(replies), theta.numel(), dtype=theta.dtype)
-        deltas = flat.records_to_deltas(theta, [r.content[keys.ARRAYS] for r in replies], out=self._buffer)
-        return theta, deltas, metric_column(reply_metrics(replies), keys.NUM_EXAMPLES)
+        theta = self.theta_buffer()
+        if self._rows is None or self._rows.shape[0] < 2 + len(replies) or self._rows.shape[1] != theta.numel():
+            self._rows = torch.empty(2 + len(replies), theta.numel(), dtype=theta.dtype, device=self.device)
+            self._rows[1 + len(replies):].zero_()  # the spare row: finite (zeros, later an older Δ)
+        rows = self._rows[: 1 + len(replies)]
+        self.write_deltas(theta, [r.content[keys.ARRAYS] for r in replies], rows[1:])
+        return theta, rows, metric_column(reply_metrics(replies), keys.NUM_EXAMPLES)
+
+    def step(self, theta: torch.Tensor, direction: torch.Tensor, alpha: float):
+        """θ_t − alpha·direction as the round's ArrayRecord (θ_t is the host buffer)."""
+        theta.sub_(direction.to(theta.device), alpha=alpha)
+        return self.to_record(theta)
 
 
 @register("craft")
@@ -359,10 +471,16 @@ class Craft(GroupedStrategy):
         return self.params.layerwise
 
     def aggregate_valid(self, server_round, replies):
-        theta, deltas, sizes = self.deltas(replies)
+        theta, rows, sizes = self.deltas(replies)
         weights = sizes if self.params.rho == "data-size" else torch.ones_like(sizes)
-        agg = aggregate_groups(deltas, weights, self.groups(), self.state.reference, self.params.tol)
-        self.state.reference, self.state.last_round = agg.direction, int(server_round)
-        theta.sub_(agg.direction, alpha=self.params.step)
-        metrics = {**agg.diagnostics(), "update-norm": float(torch.linalg.vector_norm(agg.direction))}
-        return self.to_record(theta), MetricRecord(metrics)
+        ref = self.state.reference
+        if ref is not None and (ref.device != rows.device or ref.data_ptr() != rows[0].data_ptr()):
+            # a restored state (host memory), or the matrix was reallocated for more replies
+            rows[0].copy_(ref)
+        has_ref = ref is not None
+        m = rows.shape[0] - 1
+        agg = aggregate_rows(rows if has_ref else rows[1:], has_ref, weights, self.groups(), self.params.tol,
+                             out=rows[0], spare=self._rows[: 2 + m] if has_ref else self._rows[1 : 2 + m])
+        self.state.reference, self.state.last_round = rows[0], int(server_round)
+        metrics = {**agg.diagnostics(), "update-norm": agg.norm}
+        return self.step(theta, agg.direction, self.params.step), MetricRecord(metrics)

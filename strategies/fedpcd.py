@@ -37,12 +37,23 @@ Diagnostics per round (MetricRecord → rounds.jsonl): ``fedpcd-constraints`` (m
 3 primary), ``fedpcd-solve-seconds``, ``fedpcd-fallbacks`` (cumulative),
 ``fedpcd-dropped`` (non-finite updates), ``fedpcd-cache-size``.
 
+Cost per round (``benchmarks/aggregation.py`` times it against this floor): one pass over
+the replies that writes Δ_i into k work rows and into the cache (float32: the raw Δ_i with
+a float64 factor, its client's own row when it returns) and squares Δ_i while each block is
+in the cache (:func:`fedcore.flat.deltas_into`); ḡ over the work rows; one (k × d)·(d × m') product for
+the new Gram rows, which also gives c̃ᵀḡ; the direction over the *active* entries only.
+Memory: the cache's rows (allocated once for the most entries the window can hold, resident
+only once written), k + 1 work rows, θ and the direction. ``server-device`` (the strategy's
+``device``): with CUDA the work rows, the cache and the products live on the GPU; the
+dual QP stays on the host (m' × m').
+
 Failure handling (never crashes a round): if the dual QP is unbounded (the constraints
 are jointly infeasible) or the solver fails, the elastic relaxation
 min ½‖d − g̃_0‖² + ρ Σ_j max(0, b_j − c̃_jᵀd) is solved instead (its dual is the same QP
 with the box 0 ≤ μ ≤ ρ, always bounded: the least-violation direction); if that fails
 too, d_t = ḡ. Both are logged and counted. A client whose update holds NaN/Inf is
-dropped for the round with a logged reason.
+dropped for the round with a logged reason (a returning client's cached entry with it: its
+row was being overwritten; the app's reply validation drops such replies before FedPCD).
 """
 
 from __future__ import annotations
@@ -95,8 +106,10 @@ class State:
     fallbacks: int = 0
 
 
-def init_state(params: Params) -> State:
-    return State(HistoryCache(params.history, dtype=getattr(torch, params.cache_dtype), ema_beta=params.ema_beta))
+def init_state(params: Params, max_rows: int | None = None) -> State:
+    """Round 0: an empty cache (``max_rows``: the most entries it can hold, see :class:`HistoryCache`)."""
+    return State(HistoryCache(params.history, dtype=getattr(torch, params.cache_dtype), ema_beta=params.ema_beta,
+                              max_rows=max_rows))
 
 
 # Per-round diagnostics (MetricRecord keys, they land in rounds.jsonl under "strategy").
@@ -288,69 +301,106 @@ class FedPCD(FairStrategy):
         super().__init__(**kwargs)
         import clarabel  # noqa: F401 - imported here, not inside the first round's solve time
         import scipy.sparse  # noqa: F401
-        self._work: torch.Tensor | None = None  # (m + 1, d) float32: Δ_i rows, then ḡ
-        self._theta: torch.Tensor | None = None
-        self._dir: torch.Tensor | None = None
+        self._work: torch.Tensor | None = None  # (m + 1, d) float32 on the device: Δ_i rows, then ḡ
+        self._dir: torch.Tensor | None = None  # (d,) the corrected direction, on the device
 
     def init_state(self) -> State:
-        return init_state(self.params)
+        return init_state(self.params, self.max_cache_rows())
+
+    def max_cache_rows(self) -> int | None:
+        """min(N, (H + 1)·clients per round): no more entries fit in the window (None when
+        N is unknown). The cache allocates these rows once; unused ones cost no memory."""
+        if self.num_clients is None:
+            return None
+        per_round = min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
+        return min(self.num_clients, (self.params.history + 1) * per_round)
 
     # -- persistent buffers (first-touch page faults of big tensors cost more than FedAvg)
-    def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._work is None or self._work.shape[0] < m + 1 or self._work.shape[1] != d:
-            self._work = torch.empty(m + 1, d, dtype=torch.float32)
-        if self._theta is None or self._theta.numel() != d:
-            self._theta = torch.empty(d, dtype=torch.float32)
-            self._dir = torch.empty(d, dtype=torch.float32)
-        return self._work, self._theta, self._dir
+            self._work = torch.empty(m + 1, d, dtype=torch.float32, device=self.device)
+        if self._dir is None or self._dir.numel() != d:
+            self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
+        return self._work, self._dir
+
+    def write_rows(self, theta, records, rows, copies) -> np.ndarray:
+        """Δ_i = θ_t − θ_i into ``rows[i]`` and ``copies[i]`` (cache rows, or None); returns
+        ‖Δ_i‖². In host memory one pass over the replies does both and the norms
+        (:func:`fedcore.flat.deltas_into`); elsewhere :meth:`stage_rows`."""
+        if rows.device.type != "cpu":
+            return self.stage_rows(theta, records, rows, copies)
+        return flat.deltas_into(theta, records, rows, copies)
+
+    def stage_rows(self, theta, records, rows, copies) -> np.ndarray:
+        """:meth:`write_rows` on any device: Δ through a host row, then the copies and the
+        norms in torch on the device (tests run it on the CPU)."""
+        self.stage_deltas(theta, records, rows)
+        m = len(records)
+        for i in range(m if copies is not None else 0):
+            copies[i].copy_(rows[i])
+        return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
 
     def aggregate_valid(self, server_round, replies):
         p_, cache = self.params, self.state.cache
-        work, theta, out = self._buffers(len(replies), self.spec.dim)
-        flat.record_to_flat(self.current_arrays, out=theta)
+        work, out = self._buffers(len(replies), self.spec.dim)
+        theta = self.theta_buffer()
         eta_l = self.round_lr(server_round)
         eta_g = self.step_scale(server_round) * eta_l
-
-        # Δ_i straight into the persistent rows; a non-finite update drops its client.
-        pids, n_ex, norms = [], [], []
-        for msg in replies:
-            met = msg.content[keys.METRICS]
-            row = work[len(pids)]
-            flat.record_to_flat(msg.content[keys.ARRAYS], out=row)
-            torch.sub(theta, row, out=row)
-            pid, norm = int(met[keys.PARTITION_ID]), float(torch.linalg.vector_norm(row))
-            if not np.isfinite(norm):  # the row is overwritten by the next reply
-                log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf",
-                            server_round, pid)
-                continue
-            pids.append(pid)
-            n_ex.append(float(met[keys.NUM_EXAMPLES]))
-            norms.append(norm / eta_l)  # ‖g_i‖ = ‖Δ_i‖/η_l
-        dropped = len(replies) - len(pids)
-        k = len(pids)
+        mets = [msg.content[keys.METRICS] for msg in replies]
+        pids = [int(m[keys.PARTITION_ID]) for m in mets]
+        n_ex = np.array([float(m[keys.NUM_EXAMPLES]) for m in mets])
+        # float32 cache: each direction is written raw into its cache row (its client's own
+        # row when it returns) while Δ_i is computed (entry = factor · row), so no pass scales
+        # it in afterwards. 16-bit cache: rows are rounded after scaling: insert() below.
+        raw = cache.dtype == work.dtype
+        if raw:
+            cache.expire(server_round)
+            claimed = cache.claim(pids, like=work)
+        # One pass: Δ_i into the work rows (and the cache rows) and ‖Δ_i‖².
+        m = len(replies)
+        sq = self.write_rows(theta, [msg.content[keys.ARRAYS] for msg in replies], work[:m],
+                             [cache.row(s) for s in claimed] if raw else None)
+        keep = [i for i in range(m) if np.isfinite(sq[i])]
+        for i in sorted(set(range(m)) - set(keep)):  # a non-finite update drops its client
+            log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf", server_round, pids[i])
+            if raw:
+                cache.release(pids[i], claimed[i])
+        dropped, k = m - len(keep), len(keep)
         if k == 0:  # nothing usable: keep the model, never crash the round
             cache.expire(server_round)
             return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks})
-        p = torch.tensor(n_ex, dtype=torch.float64)
-        p = p / p.sum()
+        p = torch.tensor(n_ex[keep] / n_ex[keep].sum(), dtype=torch.float64)
+        if dropped:  # rare: the valid rows move up
+            work[:k] = work[keep].clone()
         g_bar = work[k]
-        torch.mv(work[:k].T, (p / eta_l).to(torch.float32), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l (current only)
+        torch.mv(work[:k].T, (p / eta_l).to(device=work.device, dtype=work.dtype), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
+        pids = [pids[i] for i in keep]
+        norms = torch.tensor(np.sqrt(sq[keep]) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l
 
-        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i: scaled as they are cached.
-        scale = cache.scales(pids, torch.tensor(norms, dtype=torch.float64), p_.normalize, p_.eps)
+        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i.
+        scale = cache.scales(pids, norms, p_.normalize, p_.eps)
         if p_.primary == "fedavg":
             g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
             g0_scale = 0.0
-        # Cache update + the new Gram rows as one matmul (rows of Δ_i and of ḡ).
-        c_dot_gbar = cache.insert(server_round, pids, work[: k + 1], n_new=k, scales=(scale / eta_l).numpy())
-        slots = cache.active_slots()
+        # The new Gram rows: one matmul of the k new rows with the stored ones. float32:
+        # c̃_jᵀḡ = f_j Σ_i (p_i/η_l) Δ_iᵀr_j comes from the same products (ḡ is not multiplied
+        # with the cache). 16-bit: ḡ (unrounded) joins the product as an extra row.
+        if raw:
+            new = [claimed[i] for i in keep]
+            prods = cache.products(work[:k], sorted({*cache.active_slots(), *new}))
+            cache.commit(server_round, pids, new, (scale / eta_l).numpy(), prods)
+            slots = cache.active_slots()
+            c_dot_gbar = ((p / eta_l).numpy() @ prods[:, slots]) * cache.factor[slots]
+        else:
+            c_dot_gbar = cache.insert(server_round, pids, work[: k + 1], n_new=k, scales=(scale / eta_l).numpy())
+            slots = cache.active_slots()
         direction, corr = correct_direction(cache, slots, g_bar, c_dot_gbar, g0_scale, p_.tau, eta_g, out)
         if corr.status >= STATUS_ELASTIC:
             self.state.fallbacks += 1
             log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[corr.status], corr.reason)
-        theta.sub_(direction, alpha=corr.step)
+        theta.sub_(direction.to(theta.device), alpha=corr.step)
         metrics = {
             M_CONSTRAINTS: len(slots),
             M_ACTIVE: int(corr.active.size),

@@ -13,8 +13,20 @@ the run's normalisation), keyed by partition id and stamped with the round it wa
 Normalisation statistics (``ema`` mode) are per client and updated when it is seen, so a
 cached entry's direction never changes: its Gram entries stay valid until it expires.
 
-Storage is one (capacity × d) tensor reused across rounds (it grows geometrically during
-warm-up only; no first-touch page faults afterwards). ``dtype`` may be ``bfloat16``/``float16`` to
+An entry is a stored row r_j times a float64 factor f_j: c̃_j = f_j r_j. FedPCD's float32
+cache stores the raw update Δ_j (f_j = s_j/η_l), written straight from the reply bytes
+while Δ_j is computed (:meth:`claim` the rows, :meth:`products`, :meth:`commit`): no
+scaling pass over the entries. :meth:`insert` stores scaled rows (f_j = 1): the 16-bit
+cache, whose rows are rounded after scaling, and :func:`strategies.fedpcd.fedpcd_direction`.
+
+Storage is one (capacity × d) tensor reused across rounds, so one matrix product covers
+every entry (no first-touch page faults after warm-up). With ``max_rows`` (FedPCD passes
+min(N, (H+1)·clients per round), the most entries the window can hold) the rows are
+allocated once and the store grows as a longer view of them: an untouched row costs no
+resident memory, and no growth ever copies the entries (a copy would hold the old and the
+new store at once: twice the cache). Without a bound (or past it) it grows geometrically
+with one copy (warm-up only). The store lives on the device of the rows inserted (CUDA
+when the strategy's ``server-device`` is). ``dtype`` may be ``bfloat16``/``float16`` to
 halve the memory; products are then computed in float32 chunk by chunk.
 """
 
@@ -46,6 +58,9 @@ class HistoryCache:
         Storage of the entries (float32, bfloat16 or float16).
     ema_beta : float, default 0.9
         β of the per-client EMA of ‖g_i‖² used by ``scales(..., mode="ema")``.
+    max_rows : int or None
+        The most entries the cache can hold at once (rows allocated up front, touched only
+        when written); None = grow geometrically.
     """
 
     history: int
@@ -58,7 +73,10 @@ class HistoryCache:
     stamp: dict[int, int] = dataclasses.field(default_factory=dict)
     gram: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.float64))
     ema: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)  # pid -> (EMA of ‖g‖², seen)
+    max_rows: int | None = None
+    factor: np.ndarray = dataclasses.field(default_factory=lambda: np.ones(0))  # (capacity,) c̃ = f·row
     _chunk: torch.Tensor | None = transient()  # float32 scratch for 16-bit storage
+    _rows: torch.Tensor | None = transient()  # the allocation ``store`` is a leading view of
 
     def __post_init__(self) -> None:
         if self.history < 0:
@@ -66,6 +84,8 @@ class HistoryCache:
         self.history, self.ema_beta = int(self.history), float(self.ema_beta)
         if self.store.dtype != self.dtype:
             self.store = self.store.to(self.dtype)
+        if self.factor.shape != (self.capacity,):  # a checkpoint from before the factors: rows scaled
+            self.factor = np.ones(self.capacity)
 
     # -- queries -------------------------------------------------------------------------
     @property
@@ -87,14 +107,15 @@ class HistoryCache:
         return self.gram[np.ix_(slots, slots)]
 
     def row(self, slot: int) -> torch.Tensor:
+        """The stored row r of a slot (the entry is ``factor[slot]`` · r)."""
         return self.store[slot]
 
     def matrix(self, slots: list[int] | None = None) -> torch.Tensor:
-        """The entries as an (m', d) float32 matrix (a copy: for tests and checks)."""
+        """The entries c̃_j as an (m', d) float32 matrix (a copy: for tests and checks)."""
         slots = self.active_slots() if slots is None else slots
         if not slots:
             return torch.empty(0, self.dim or 0)
-        return torch.stack([self.row(s).float() for s in slots])
+        return torch.stack([self.row(s).float() * float(self.factor[s]) for s in slots])
 
     # -- normalisation -------------------------------------------------------------------
     def scales(self, pids: list[int], norms: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
@@ -125,27 +146,98 @@ class HistoryCache:
             pid = self.slot_pid.pop(slot)
             del self.pid_slot[pid], self.stamp[slot]
 
-    def _slot_for(self, pid: int) -> int:
+    def _slot_for(self, pid: int, like: torch.Tensor) -> int:
         if pid in self.pid_slot:  # returning client: overwrite its entry in place
             return self.pid_slot[pid]
         used = set(self.slot_pid)
         slot = next((s for s in range(self.capacity) if s not in used), self.capacity)
         if slot >= self.capacity:
-            self._grow(slot + 1)
+            self._grow(slot + 1, like.device)
         return slot
 
-    def _grow(self, need: int) -> None:
-        """Geometric growth (warm-up only); the lowest free slot is reused first, so the
-        entries stay in a compact prefix and one matmul covers them."""
-        cap = max(need, _MIN_ROWS, int(self.capacity * 1.5))
-        store = torch.empty(cap, self.dim, dtype=self.dtype)  # pages are touched on first write
-        if self.capacity:
-            store[: self.capacity].copy_(self.store)
-        self.store = store
+    def _grow(self, need: int, device: torch.device) -> None:
+        """A store of at least ``need`` rows; the lowest free slot is reused first, so the
+        entries stay in a compact prefix and one matmul covers them. Within the allocation
+        the store becomes a longer view of it (no copy); past it, a new allocation (the
+        ``max_rows`` bound, else geometric headroom) and one copy of the entries."""
+        rows = self._rows
+        if rows is None or need > rows.shape[0] or rows.device != device or rows.data_ptr() != self.store.data_ptr():
+            bounded = self.max_rows is not None and need <= self.max_rows
+            n = self.max_rows if bounded else max(need, _MIN_ROWS, int(self.capacity * 1.5))
+            rows = torch.empty(n, self.dim, dtype=self.dtype, device=device)  # pages touched on first write
+            if self.capacity:
+                rows[: self.capacity].copy_(self.store)
+            self._rows = rows
+        cap = need if self.max_rows is not None and need <= rows.shape[0] else rows.shape[0]
+        self.store = rows[:cap]
         gram = np.zeros((cap, cap), dtype=np.float64)
         old = self.gram.shape[0]
         gram[:old, :old] = self.gram
         self.gram = gram
+        self.factor = np.concatenate([self.factor, np.ones(cap - old)])
+
+    def _check_dim(self, rows: torch.Tensor) -> None:
+        if self.dim is None:
+            self.dim = int(rows.shape[1])
+        elif rows.shape[1] != self.dim:
+            raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
+        if self.store.device != rows.device and self.capacity:  # e.g. a CPU checkpoint resumed on a GPU
+            self.store, self._rows = self.store.to(rows.device), None
+
+    def claim(self, pids: list[int], like: torch.Tensor) -> list[int]:
+        """The row each client's new direction is written into before :meth:`commit`: its
+        own entry's row for a returning client (overwritten in place), else the lowest free
+        row (the store grows as needed). Call :meth:`expire` first, so that expired rows
+        are reused. A row that then holds no usable direction goes back with :meth:`release`."""
+        self._check_dim(like)
+        used, out = set(self.slot_pid), []
+        free = (s for s in range(self.capacity) if s not in used)
+        for pid in pids:
+            slot = self.pid_slot.get(pid)
+            if slot is None:
+                slot = next(free, None)
+                if slot is None:
+                    slot = self.capacity
+                    self._grow(slot + 1, like.device)
+            out.append(slot)
+        return out
+
+    def release(self, pid: int, slot: int) -> None:
+        """A claimed row holds no usable direction (a reply with NaN/Inf): if it was the
+        client's entry, that entry is gone (its row was being overwritten)."""
+        if self.slot_pid.get(slot) == pid:
+            del self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot]
+
+    def products(self, rows: torch.Tensor, slots: list[int]) -> np.ndarray:
+        """rows @ r_jᵀ with every stored row r_j up to the last of ``slots`` (one matmul, float64
+        result, shape (n, capacity); only the columns of stored rows are meaningful)."""
+        return self._products(rows, slots)
+
+    def commit(self, server_round: int, pids: list[int], slots: list[int], factors, prods: np.ndarray) -> None:
+        """The rows r_i written into ``slots`` (from :meth:`claim`) become the entries of
+        ``pids``, c̃_i = ``factors``_i · r_i, stamped ``server_round`` (a returning client's
+        previous entry elsewhere is dropped). ``prods`` (n, capacity): r_iᵀ r_j with every stored row
+        (:meth:`products` of the same rows), which gives the new Gram rows
+        Q_ij = f_i (r_iᵀ r_j) f_j."""
+        if len(set(pids)) != len(pids) or len(slots) != len(pids):
+            raise ValueError("commit() needs one distinct partition id per claimed slot")
+        factors = np.asarray(factors, dtype=np.float64)
+        for pid, slot, f in zip(pids, slots, factors):
+            old = self.pid_slot.get(pid)
+            if old is not None and old != slot:
+                del self.slot_pid[old], self.stamp[old]
+            self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
+            self.factor[slot] = f
+        self._set_gram_rows(np.asarray(slots), factors[:, None] * prods * self.factor[None, :])
+
+    def _set_gram_rows(self, new: np.ndarray, block: np.ndarray) -> None:
+        """Q[new, :] = Q[:, new]ᵀ = block (n, capacity), one value per new pair."""
+        if not new.size:
+            return
+        self.gram[new, :] = block
+        self.gram[:, new] = block.T
+        nn = block[:, new]
+        self.gram[np.ix_(new, new)] = 0.5 * (nn + nn.T)
 
     def insert(self, server_round: int, pids: list[int], rows: torch.Tensor, n_new: int,
                scales=None) -> np.ndarray:
@@ -161,30 +253,23 @@ class HistoryCache:
         """
         if len(pids) != n_new or len(set(pids)) != n_new:
             raise ValueError("insert() needs one distinct partition id per new row")
-        if self.dim is None:
-            self.dim = int(rows.shape[1])
-        elif rows.shape[1] != self.dim:
-            raise ValueError(f"cache holds {self.dim}-dim directions, got {rows.shape[1]}")
+        self._check_dim(rows)
         scales = np.ones(n_new) if scales is None else np.asarray(scales, dtype=np.float64)
         self.expire(server_round)
         new_slots = []
         exact = self.dtype == rows.dtype
         for i, pid in enumerate(pids):
-            slot = self._slot_for(pid)
+            slot = self._slot_for(pid, rows)
             self.slot_pid[slot], self.pid_slot[pid], self.stamp[slot] = pid, slot, server_round
+            self.factor[slot] = 1.0
             torch.mul(rows[i], float(scales[i]), out=self.row(slot))
             if not exact:  # Gram of the stored (rounded) values: Q = C Cᵀ exactly
                 rows[i].copy_(self.row(slot))
             new_slots.append(slot)
         slots = self.active_slots()
-        prods = self._products(rows, slots)  # (n_new + e, capacity); only ``slots`` valid
-        if n_new:
-            new = np.asarray(new_slots)
-            block = prods[:n_new] * (scales[:, None] if exact else 1.0)  # c̃_iᵀ c̃_j
-            self.gram[new, :] = block
-            self.gram[:, new] = block.T
-            nn = block[:, new]
-            self.gram[np.ix_(new, new)] = 0.5 * (nn + nn.T)  # one value per pair
+        prods = self._products(rows, slots) * self.factor[None, :]  # (n_new + e, capacity): rows · c̃_j
+        self._set_gram_rows(np.asarray(new_slots, dtype=np.int64),
+                            prods[:n_new] * (scales[:, None] if exact else 1.0))  # c̃_iᵀ c̃_j
         extra = prods[n_new:][:, slots]
         return extra[0] if extra.shape[0] == 1 else extra
 
@@ -198,20 +283,20 @@ class HistoryCache:
         if entries.dtype == rows.dtype:
             res = rows @ entries.T
         else:  # 16-bit storage: convert column chunks into a reused float32 buffer
-            res = torch.zeros(rows.shape[0], hi, dtype=torch.float32)
+            res = torch.zeros(rows.shape[0], hi, dtype=torch.float32, device=rows.device)
             cols = max(1, _CHUNK_ELEMS // hi)
-            if self._chunk is None or self._chunk.numel() < hi * cols:
-                self._chunk = torch.empty(hi * cols, dtype=torch.float32)
+            if self._chunk is None or self._chunk.numel() < hi * cols or self._chunk.device != rows.device:
+                self._chunk = torch.empty(hi * cols, dtype=torch.float32, device=rows.device)
             for a in range(0, self.dim, cols):
                 e = min(a + cols, self.dim)
                 tmp = self._chunk[: hi * (e - a)].view(hi, e - a)
                 tmp.copy_(entries[:, a:e])
                 res.addmm_(rows[:, a:e], tmp.T)
-        out[:, :hi] = res.double().numpy()
+        out[:, :hi] = res.double().cpu().numpy()
         return out
 
     def add_rows(self, out: torch.Tensor, slots: list[int], coefs) -> torch.Tensor:
-        """out += Σ coef_j · entry_j (float32, in place).
+        """out += Σ coef_j · entry_j (float32, in place; entry_j = factor_j · row_j).
 
         Nearby slots are summed as one matrix-vector product over their span (zero
         coefficients in the gaps): ``out`` is read and written once per group, not once
@@ -219,7 +304,7 @@ class HistoryCache:
         """
         order = np.argsort(slots)
         slots = [int(slots[i]) for i in order]
-        coefs = np.asarray(coefs, dtype=np.float64)[order]
+        coefs = np.asarray(coefs, dtype=np.float64)[order] * self.factor[slots]
         if self.dtype != out.dtype:  # 16-bit storage: one converted row at a time
             for slot, c in zip(slots, coefs.tolist()):
                 out.add_(self.row(slot).to(out.dtype), alpha=c)
@@ -232,6 +317,6 @@ class HistoryCache:
             lo, hi = slots[i], slots[j] + 1
             vec = torch.zeros(hi - lo, dtype=out.dtype)
             vec[torch.tensor(slots[i : j + 1]) - lo] = torch.tensor(coefs[i : j + 1], dtype=out.dtype)
-            out.addmv_(self.store[lo:hi].T, vec)
+            out.addmv_(self.store[lo:hi].T, vec.to(out.device))
             i = j + 1
         return out

@@ -75,5 +75,6 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
         server_lr=cfg.server_lr,
         num_clients=cfg.num_clients,
         loss_before=cfg.client_loss_before == "always",
+        device=cfg.server_device,
         **{k: v for k, v in {"momentum": cfg.momentum, **extra}.items() if k in cls.app_arguments},
     )

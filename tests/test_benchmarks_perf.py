@@ -89,10 +89,36 @@ def test_aggregation_json_contract(capsys):
     # Assert: the contract fields, the ratio's definition and the reported cache sizes
     assert [r["strategy"] for r in rows] == ["fedavg", "fedpcd", "federage"]  # federage: needs its beta metric
     for r in rows:
-        assert {"strategy", "params", "replies", "cache", "seconds", "fedavg_seconds", "ratio"} <= set(r)
-        assert r["replies"] == 3 and r["params"] > 0
+        assert {"strategy", "params", "replies", "cache", "seconds", "fedavg_seconds", "ratio",
+                "floor_seconds", "floor_ratio", "device"} <= set(r)
+        assert r["replies"] == 3 and r["params"] > 0 and r["device"] == "cpu"
         assert r["ratio"] == pytest.approx(r["seconds"] / r["fedavg_seconds"])
     assert rows[0]["cache"] == 0 and 3 <= rows[1]["cache"] <= 6
+    # FedPCD has a floor, timed in the same rounds; FedAvg and FedeRage have none
+    pcd = rows[1]
+    assert rows[0]["floor_ratio"] is None and rows[2]["floor_seconds"] is None
+    assert set(pcd["floor_parts"]) == {"pass", "gram_rows", "result"}  # no active constraint: no direction part
+    assert len(pcd["floor_ratios"]) == len(pcd["seconds_all"]) == 2
+    assert pcd["floor_ratio"] == pytest.approx(float(np.median(pcd["floor_ratios"])))
+
+
+def test_craft_floor_parts_and_the_check(capsys):
+    assert aggregation.main(["--methods", "craft", "--sizes", "mlp", "--replies", "3", "--clients", "6",
+                             "--rounds", "2", "--timed", "1", "--json", "--check"]) == 0  # --check: ResNet-18 only
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert set(row["floor_parts"]) == {"pass", "gram", "direction", "result"}
+    assert row["floor_seconds"] == pytest.approx(sum(row["floor_parts"].values()))  # one timed round
+    assert row["floor_ratio"] == pytest.approx(row["seconds"] / row["floor_seconds"])
+
+
+def test_check_flags_fedpcd_and_craft_above_the_limit_at_resnet18_only():
+    rows = [{"strategy": "fedpcd", "size": "resnet18", "floor_ratio": 1.3},
+            {"strategy": "craft", "size": "resnet18", "floor_ratio": 1.1},
+            {"strategy": "craft", "size": "cnn", "floor_ratio": 5.0},
+            {"strategy": "fedavg", "size": "resnet18", "floor_ratio": None}]
+    assert aggregation.check(rows, 1.2) == ["fedpcd at resnet18: floor_ratio 1.30 > 1.2"]
+    assert aggregation.check(rows, 1.05) == ["fedpcd at resnet18: floor_ratio 1.30 > 1.05",
+                                             "craft at resnet18: floor_ratio 1.10 > 1.05"]
 
 
 def test_cache_memory_row_counts_entries_and_halves_with_16_bit():
@@ -104,6 +130,10 @@ def test_cache_memory_row_counts_entries_and_halves_with_16_bit():
     assert f32["entries_mb"] == pytest.approx(12 * f32["params"] * 4 / 2**20)
     assert bf16["entries_mb"] == pytest.approx(f32["entries_mb"] / 2)
     assert f32["peak_rss_mb"] >= f32["rss_before_mb"] > 0
+    # the store holds exactly the 12 entries' rows (reserved rows grow as a view: no headroom)
+    assert f32["store_mb"] == pytest.approx(f32["entries_mb"]) and f32["capacity"] == 12
+    assert f32["strategy_peak_mb"] == pytest.approx(f32["peak_rss_mb"] - f32["rss_before_mb"])
+    assert f32["strategy_peak_x_store"] == pytest.approx(f32["strategy_peak_mb"] / f32["store_mb"])
 
 
 def test_real_update_accuracy_rows():

@@ -146,6 +146,108 @@ def test_groups_are_solved_independently():
     np.testing.assert_allclose(got, want, atol=1e-10)
 
 
+# -- the authors' pseudo-inverse (torch.linalg.pinv's default cutoff) ----------------------------
+def authors_craft(updates: torch.Tensor, weights: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """CRAFT for one layer as tum-pbs/CRAFT's ``fed/craft.py`` computes it: unit rows in the
+    updates' dtype, ``torch.linalg.pinv(U)`` with its default cutoff max(m, d)·eps·σ_max."""
+    norms = torch.linalg.vector_norm(updates, dim=1)
+    u = updates / norms.unsqueeze(1)
+    rho = weights / weights.sum()
+    ref = reference / torch.linalg.vector_norm(reference)
+    return ref + torch.linalg.pinv(u) @ (rho - u @ ref)
+
+
+def collinear_rows(m: int, d: int, cosine: float, seed: int) -> torch.Tensor:
+    """float32 rows of different norms with pairwise cosine ≈ ``cosine``."""
+    gen = torch.Generator().manual_seed(seed)
+    common = torch.randn(d, generator=gen, dtype=torch.float64)
+    rows = common * cosine**0.5 + torch.randn(m, d, generator=gen, dtype=torch.float64) * (1 - cosine) ** 0.5
+    return (rows * (0.5 + torch.rand(m, 1, generator=gen, dtype=torch.float64)) * 1e-3).float()
+
+
+@pytest.mark.parametrize("d, cosine", [(524_288, 0.99), (960, 0.99999)])
+def test_float32_nearly_collinear_layer_matches_torch_pinv(d, cosine, monkeypatch):
+    """Issue 15, point 2. A 524,288-parameter float32 layer of 10 updates with pairwise cosine
+    0.99: pinv(U) drops the 9 small singular values (σ/σ_max ≈ 0.03 < 524,288·eps = 0.06),
+    the old cutoff on U Uᵀ (λ ≤ 10·k·eps·λ_max) kept them and moved the step by ~90 %. A
+    960-parameter layer at cosine 0.99999: pinv keeps them (σ/σ_max ≈ 1e-3 > 1.1e-4), the old
+    cutoff dropped them (a step ~20× off)."""
+    updates = collinear_rows(10, d, cosine, seed=d)
+    weights = torch.linspace(1.0, 3.0, 10)
+    reference = collinear_rows(1, d, 0.5, seed=d + 1)[0]
+    want = authors_craft(updates, weights, reference).double()
+    got = craft_direction(updates, weights, reference).double()
+    assert float((got - want).norm() / want.norm()) < 1e-3
+    # the old cutoff, for contrast: the same call is far from the authors' result
+    monkeypatch.setattr(craft, "pinv_cutoff", lambda k, d_q, dtype: 10.0 * k * torch.finfo(dtype).eps)
+    old = craft_direction(updates, weights, reference).double()
+    assert float((old - want).norm() / want.norm()) > 0.5
+
+
+def test_pinv_cutoff_is_torch_pinv_default_on_eigenvalues():
+    eps = torch.finfo(torch.float32).eps
+    assert craft.pinv_cutoff(10, 524_288, torch.float32) == pytest.approx((524_288 * eps) ** 2)
+    assert craft.pinv_cutoff(12, 5, torch.float64) == pytest.approx((12 * torch.finfo(torch.float64).eps) ** 2)
+
+
+# -- the device path and the strategy's buffer ---------------------------------------------------
+def test_device_grams_equal_the_cpu_grams():
+    """The torch path (any server-device; run here on the CPU) and numpy's syrk give the same
+    Gram matrices; small groups in float64 either way."""
+    rows = collinear_rows(5, 70_000, 0.9, seed=3)
+    groups = [(0, 10), (10, 65_546), (65_546, 70_000)]  # small, just over F64_GRAM_MAX, small
+    assert 65_536 == craft.F64_GRAM_MAX
+    cpu, dev = craft.group_grams(rows, groups), craft.device_grams(rows, groups)
+    for a, b, (lo, hi) in zip(cpu, dev, groups):
+        exact = rows[:, lo:hi].double() @ rows[:, lo:hi].double().T
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+        tol = 1e-12 if hi - lo <= craft.F64_GRAM_MAX else 1e-5  # float64 products where small
+        np.testing.assert_allclose(a, exact.numpy(), rtol=tol)
+
+
+def test_strategy_through_the_device_code_path_matches(digits_round, monkeypatch):
+    """server-device: the strategy's device path (torch Grams, Δ rows through a host row)
+    run on the CPU gives the CPU path's models to float tolerance, round after round."""
+    template, _, replies = digits_round
+    rounds = [replies()[0] for _ in range(3)]
+    cfg = load_config({"method": "craft", "server-device": "cpu"})
+    plain = registry.build(cfg, model=mlp())
+    assert plain.device == torch.device("cpu")
+    via_device = registry.build(cfg, model=mlp())
+    monkeypatch.setattr(craft, "group_grams", craft.device_grams)
+    staged = []
+
+    def through_host_row(theta, records, rows):  # what write_deltas does for a GPU
+        staged.append(len(records))
+        return via_device.stage_deltas(theta, records, rows)
+
+    monkeypatch.setattr(via_device, "write_deltas", through_host_row)
+    a = b = template
+    for r, msgs in enumerate(rounds, start=1):
+        a, ma = aggregate_arrays(plain, r, a, msgs)
+        b, mb = aggregate_arrays(via_device, r, b, msgs)
+        np.testing.assert_allclose(flat64(b), flat64(a), rtol=1e-6, atol=1e-6)
+        assert ma[craft.ACTIVE] == mb[craft.ACTIVE]
+    assert staged == [4, 4, 4]
+
+
+def test_reference_lives_in_the_update_buffer_and_survives_a_larger_round(digits_round):
+    """The direction is written in place over the reference row of the (1 + m, d) buffer; a
+    round with more replies than the buffer holds moves the reference to a new buffer."""
+    template, _, replies = digits_round
+    strat = Craft(model=mlp())
+    msgs = replies()[0]
+    arrays, _ = aggregate_arrays(strat, 1, template, msgs[:2])
+    assert strat.state.reference.data_ptr() == strat._rows[0].data_ptr()
+    first_ref = strat.state.reference.clone()
+    twin = Craft(model=mlp())
+    twin.state.reference, twin.state.last_round = first_ref, 1  # the same state, not in a buffer
+    out_a, _ = aggregate_arrays(strat, 2, arrays, msgs)  # 4 replies > the 2-row buffer
+    out_b, _ = aggregate_arrays(twin, 2, arrays, msgs)
+    assert torch.equal(flat.record_to_flat(out_a), flat.record_to_flat(out_b))
+    assert strat._rows.shape[0] == 6  # the reference, 4 updates, the spare row
+
+
 # -- layer groups -------------------------------------------------------------------------------
 def _check_cover(groups, model):
     assert groups[0].start == 0 and groups[-1].stop == sum(v.numel() for v in model.state_dict().values())
@@ -357,3 +459,15 @@ def test_records_to_deltas_matches_and_reuses_its_buffer(digits_round):
         flat.records_to_deltas(cur, records, out=torch.empty(3, cur.numel()))
     with pytest.raises(ValueError, match="parameters"):
         flat.records_to_deltas(cur[:-1].contiguous(), records)
+
+
+@pytest.mark.parametrize("n", [3, 7, 11])
+def test_spare_row_changes_no_gram(n):
+    """n ≡ 3 (mod 4) rows are multiplied together with the buffer's next row (BLAS is faster
+    for n + 1 there): the Gram matrices are those of the n rows alone."""
+    buf = collinear_rows(n + 1, 70_000, 0.5, seed=n)
+    groups = [(0, 100), (100, 70_000)]
+    with_spare = craft.group_grams(buf[:n], groups, spare=buf)
+    for g, want, (a, b) in zip(with_spare, craft.group_grams(buf[:n], groups), groups):
+        assert g.shape == (n, n)
+        np.testing.assert_allclose(g, want, rtol=1e-5)

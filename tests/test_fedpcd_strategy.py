@@ -298,3 +298,104 @@ def test_16bit_cache_multipliers_close_to_float32():
     assert (ref > 0).sum() >= 3
     for dtype in (torch.bfloat16, torch.float16):
         np.testing.assert_allclose(mus[dtype], ref, atol=5e-3 * ref.max())
+
+
+# -- raw rows with factors, fresh slots, reserved rows, the device path ------------------------
+def test_claimed_raw_rows_with_factors_give_the_gram_of_the_entries():
+    rng = np.random.default_rng(1)
+    cache = HistoryCache(history=2, max_rows=30)
+    for rnd in range(1, 9):
+        cache.expire(rnd)
+        pids = sorted(rng.choice(12, size=4, replace=False).tolist())
+        raw = rows(4, d=50, seed=rnd)
+        before = dict(cache.pid_slot)
+        claimed = cache.claim(pids, like=raw)
+        assert len(set(claimed)) == 4
+        for pid, slot in zip(pids, claimed):  # a returning client's own row, else a free one
+            assert slot == before[pid] if pid in before else slot not in cache.slot_pid
+        for slot, r in zip(claimed, raw):
+            cache.row(slot).copy_(r)
+        f = rng.uniform(0.5, 2.0, size=4)
+        prods = cache.products(raw, sorted({*cache.active_slots(), *claimed}))
+        cache.commit(rnd, pids, claimed, f, prods)
+        assert len(set(cache.pids())) == cache.size  # one entry per client
+        for pid, r, fi in zip(pids, raw, f):
+            torch.testing.assert_close(cache.matrix([cache.pid_slot[pid]])[0], (fi * r).float())
+        full = cache.matrix().double()
+        np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5, atol=1e-5)
+    slots = cache.active_slots()[:3]
+    out = torch.zeros(50)
+    cache.add_rows(out, slots, [1.0, -2.0, 0.5])  # the factors are multiplied in
+    torch.testing.assert_close(out, torch.tensor([1.0, -2.0, 0.5]) @ cache.matrix(slots), rtol=1e-5, atol=1e-6)
+
+
+def test_reserved_rows_grow_as_a_view_and_past_the_bound_with_one_copy():
+    cache = HistoryCache(history=10, max_rows=8)
+    cache.insert(1, [0, 1], rows(2, d=16, seed=1), n_new=2)
+    first = cache.store.data_ptr()
+    for rnd in range(2, 5):
+        cache.insert(rnd, [2 * rnd, 2 * rnd + 1], rows(2, d=16, seed=rnd), n_new=2)
+        assert cache.store.data_ptr() == first and cache.capacity == 2 * rnd  # no copy, no headroom
+    before = cache.matrix()
+    cache.insert(5, [10, 11], rows(2, d=16, seed=5), n_new=2)  # 10 > 8 reserved rows
+    assert cache.capacity == 10 and cache.store.data_ptr() != first
+    torch.testing.assert_close(cache.matrix()[:8], before)
+    full = cache.matrix().double()
+    np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n, fraction, history, want", [(100, 0.1, 10, 100), (20, 0.25, 2, 15), (50, 0.2, 2, 30)])
+def test_strategy_reserves_the_rows_its_window_can_hold(n, fraction, history, want):
+    strat = strategy(**{"num-clients": n, "fraction-train": fraction, "fedpcd-history": history})
+    assert strat.max_cache_rows() == strat.state.cache.max_rows == want  # min(N, (H + 1)·k)
+    assert fedpcd.FedPCD(history=3).state.cache.max_rows is None  # N unknown: geometric growth
+
+
+def test_unusable_reply_drops_the_client_and_the_round_stays_consistent(template):
+    """FedPCD's own NaN check (reply validation drops such replies before it in the app): the
+    client is left out of the round; a returning client's entry, whose row was being
+    overwritten, is gone too; the rest equals the round without that reply."""
+    rng = np.random.default_rng(13)
+    theta, grads = rng.normal(size=47), conflicting(13, 3, 47)
+    strats = [strategy(**{"fedpcd-history": 5, "fedpcd-tau": 0.2}) for _ in range(2)]
+    r1 = Round(template, theta, grads, [0, 1, 2], [10] * 3, 0.1)
+    theta1 = [run_round(s_, template, 1, theta, r1)[0] for s_ in strats][0]
+    bad = theta1.copy()
+    bad[3] = np.nan
+    good = [train_reply(arrays_from_flat(theta1 - 0.1 * grads[0], template), 4, num_examples=20),
+            train_reply(arrays_from_flat(theta1 - 0.1 * grads[2], template), 5, num_examples=30)]
+    twin = strats[1].state.cache
+    twin.release(1, twin.pid_slot[1])  # the twin: client 1's entry gone, no bad reply
+    outs = []
+    for s_, replies in zip(strats, ([train_reply(arrays_from_flat(bad, template), 1)] + good, good)):
+        s_.set_model(arrays_from_flat(theta1, template))
+        arrays, metrics = s_.aggregate_valid(2, replies)
+        outs.append((flat.record_to_flat(arrays).numpy(), metrics))
+    (with_bad, m_bad), (without, m_without) = outs
+    cache = strats[0].state.cache
+    assert m_bad[fedpcd.M_DROPPED] == 1 and sorted(cache.pids()) == sorted(twin.pids()) == [0, 2, 4, 5]
+    np.testing.assert_allclose(with_bad, without, rtol=1e-6, atol=1e-6)
+    assert m_bad[fedpcd.M_ACTIVE] == m_without[fedpcd.M_ACTIVE]
+    full = cache.matrix().double()
+    np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_device_code_path_gives_the_cpu_models(template, monkeypatch, dtype):
+    """server-device: the code a GPU runs (Δ through a host row, copies and norms in torch)
+    run here on the CPU gives the CPU path's models and diagnostics, round after round."""
+    params = {"fedpcd-tau": 0.3, "fedpcd-history": 2, "fedpcd-cache-dtype": dtype, "server-device": "cpu"}
+    plain, via_device = strategy(**params), strategy(**params)
+    assert plain.device == torch.device("cpu")
+    monkeypatch.setattr(via_device, "write_rows", via_device.stage_rows)
+    rng = np.random.default_rng(14)
+    a = b = rng.normal(size=47)
+    for rnd in range(1, 6):
+        pids = sorted(rng.choice(8, size=4, replace=False).tolist())
+        grads = conflicting(20 + rnd, 4, 47)
+        a, ma = run_round(plain, template, rnd, a, Round(template, a, grads, pids, [10, 20, 30, 40], 0.1))
+        b, mb = run_round(via_device, template, rnd, b, Round(template, b, grads, pids, [10, 20, 30, 40], 0.1))
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+        for key in (fedpcd.M_ACTIVE, fedpcd.M_CONSTRAINTS, fedpcd.M_CACHE):
+            assert ma[key] == mb[key]
+    assert ma[fedpcd.M_ACTIVE] > 0
