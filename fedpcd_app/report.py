@@ -109,12 +109,30 @@ def mean_std(values) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
+def selection_split(runs: list[Run], warn: bool = False) -> str:
+    """``validation`` when every run scored a validation split (``val-fraction`` > 0: its
+    summary has ``val_mean_acc``), else ``test`` (with a warning when there is a choice to
+    make: selecting on the reported test data inflates the "best" numbers)."""
+    if runs and all(r.summary.get("val_mean_acc") is not None for r in runs):
+        return "validation"
+    if warn and len({r.variant for r in runs}) > 1:
+        import warnings
+
+        warnings.warn(f"{runs[0].setting}/{runs[0].method}: no validation split (val-fraction = 0): the grid point "
+                      "is selected on the test accuracy it reports; set val-fraction > 0 to select on validation",
+                      stacklevel=2)
+    return "test"
+
+
 def best_variant(runs: list[Run]) -> tuple[str, dict[str, list[Run]]]:
-    """The grid point with the highest mean over seeds of ``mean_acc`` (first on ties)."""
+    """The grid point with the highest mean over seeds of the mean client accuracy on the
+    validation split when the runs have one (else on the test split, :func:`selection_split`);
+    first on ties."""
     by_variant: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_variant[r.variant].append(r)
-    best = max(by_variant, key=lambda v: mean_std(r.summary["mean_acc"] for r in by_variant[v])[0])
+    key = "val_mean_acc" if selection_split(runs, warn=True) == "validation" else "mean_acc"
+    best = max(by_variant, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
     return best, by_variant
 
 
@@ -134,6 +152,7 @@ class Row:
     stats: dict[str, tuple[float, float]]
     target: float | None
     rounds: tuple[float, float, int] | None  # (mean, std over seeds that reached, count reached)
+    selected_on: str = ""  # the split its grid point was selected on (selection_split); "" = no grid
 
 
 def is_fedavg(runs: list[Run]) -> bool:
@@ -162,7 +181,9 @@ def summarize(runs: list[Run], target: float | None = None,
                 hits = [rounds_to_target(r, goal) for r in rs]
                 m, s = mean_std(h for h in hits if h is not None)
                 reach = (m, s, sum(h is not None for h in hits))
-            rows.append(Row(setting, method, rs[0].variant, [r.seed for r in rs], stats, goal, reach))
+            candidates = [r for r in in_setting if r.method == method]
+            split = selection_split(candidates) if len({r.variant for r in candidates}) > 1 else ""
+            rows.append(Row(setting, method, rs[0].variant, [r.seed for r in rs], stats, goal, reach, split))
     return rows
 
 
@@ -193,8 +214,14 @@ def _cell(mean: float, std: float, percent: bool) -> str:
 def to_markdown(rows: list[Row], title: str = "") -> str:
     marks = _best_marks(rows)
     lines = [f"# {title}" if title else "# Results", ""]
-    lines.append("Mean ± std over seeds (sample std) of the final round's metrics; per method the "
-                 "grid point with the best mean ā over seeds. Accuracies in %, best per column in bold.")
+    splits = sorted({r.selected_on for r in rows} - {""})
+    lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits); per method the "
+                 f"grid point with the best mean ā over seeds{' on the ' + ' or '.join(splits) + ' split' if splits else ''}. "
+                 "Accuracies in %, best per column in bold.")
+    if "test" in splits:
+        lines.append("")
+        lines.append("**Warning:** hyperparameters selected on the test split they are reported on (no "
+                     "validation split: val-fraction = 0), which inflates the best numbers.")
     for setting in dict.fromkeys(r.setting for r in rows):
         group = [r for r in rows if r.setting == setting]
         target = group[0].target
