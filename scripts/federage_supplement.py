@@ -1,4 +1,9 @@
-"""Supplement to report.md: validation vs test per grid point, final-ten means, FedeRage's last iterate."""
+"""Supplement to a FedeRage Table I sweep's report.md: every grid point's validation ā (what
+the report selects on) next to its test ā and W₁₀ and the final-ten means, and FedeRage's
+selected point scored on its last iterate (final_model.pt) instead of its averaged iterate.
+
+    python scripts/federage_supplement.py outputs/sweeps/federage-table1-digits > supplement.md
+"""
 import sys
 from collections import defaultdict
 
