@@ -21,7 +21,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.data import load_federated_data
+from client_app.data import batch_augmentation, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model
 from client_app.secagg import secure_aggregation_mod
@@ -112,7 +112,8 @@ def query(msg: Message, context: Context) -> Message:
 
 
 def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0) -> Message:
+                settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0,
+                augment=None) -> Message:
     """The reply to a train request of any strategy in ``strategies`` — the client side of
     every method in one call, for this app's ClientApp and for a foreign one alike.
 
@@ -122,7 +123,8 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     CVaR steps and β), with the method's values from the request's config record (μ, λ, α, ...)
     and the node's ``context.state`` for what a client keeps between rounds. ``settings`` are the
     local-training values (epochs, batch size, momentum, weight decay); the learning rate is the
-    request's ``round-lr``. Batch order is seeded by (``seed``, partition, round). A foreign
+    request's ``round-lr``. Batch order is seeded by (``seed``, partition, round); ``augment(batch,
+    generator)`` (e.g. :func:`client_app.data.crop_flip`) augments each training batch. A foreign
     ClientApp::
 
         @app.train()
@@ -145,7 +147,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
         cfg=settings, server_round=server_round, partition_id=pid,
         lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
         x=x, y=y, generator=torch_generator(seed, "batches", pid, server_round),
-        request=msg.content, state=context.state, config=config,
+        request=msg.content, state=context.state, config=config, augment=augment,
     )
     outcome = method.train(job)
     metrics = {
@@ -163,9 +165,11 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
 
 
 def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                   settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0) -> Message:
+                   settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0,
+                   validation: tuple[torch.Tensor, torch.Tensor] | None = None) -> Message:
     """The reply to an evaluate request: accuracy and loss of the received model (a
-    personalised method's own model, e.g. Ditto's) on (x, y). ``model`` holds the received
+    personalised method's own model, e.g. Ditto's) on (x, y), and on the ``validation``
+    split (``val-accuracy``, ``val-loss``) when one is given. ``model`` holds the received
     weights. For this app's ClientApp and for a foreign one (see :func:`train_reply`)."""
     config = dict(msg.content[keys.CONFIG])
     pid = partition_id if partition_id is not None else node_partition(context, config)
@@ -180,6 +184,8 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
         model = method.eval_model(job)
     acc, loss = evaluate(model, x, y, settings.eval_batch_size)
     metrics = {keys.EVAL_ACC: acc, keys.EVAL_LOSS: loss, keys.NUM_TEST: int(len(y)), keys.PARTITION_ID: pid}
+    if validation is not None:
+        metrics[keys.VAL_ACC], metrics[keys.VAL_LOSS] = evaluate(model, *validation, settings.eval_batch_size)
     return Message(content=RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
@@ -187,22 +193,27 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 def train(msg: Message, context: Context) -> Message:
     cfg, config = request_config(msg)
     pid = node_partition(context, config)
-    x, y = load_federated_data(cfg).client_train(pid)
+    data = load_federated_data(cfg)
+    x, y = data.client_train(pid)
     # Pin torch's global RNG so that nothing depends on what ran before in this process
     # (model construction draws from it; the batch order has its own generator).
     torch.manual_seed(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
     model = model_for(cfg, msg.content[keys.ARRAYS])
-    return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed)
+    return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed,
+                       augment=batch_augmentation(cfg, data))
 
 
 @app.evaluate()
 def evaluate_handler(msg: Message, context: Context) -> Message:
-    """Score the received global model (or this client's personal model) on the local test split."""
+    """Score the received global model (or this client's personal model) on the local test split
+    (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""
     cfg, config = request_config(msg)
     pid = node_partition(context, config)
-    x, y = load_federated_data(cfg).client_test(pid)
+    data = load_federated_data(cfg)
+    x, y = data.client_test(pid)
     model = model_for(cfg, msg.content[keys.ARRAYS])
-    return evaluate_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed)
+    validation = data.client_val(pid) if data.has_validation else None
+    return evaluate_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, validation=validation)
 
 
 def _scalar(v):

@@ -2,10 +2,34 @@
 
 One function, :func:`load_federated_data`, builds everything a run needs from the data
 keys of the run config: a pool of training examples partitioned over ``num-clients``
-clients with a flwr-datasets partitioner, each partition split (seeded) into a local
-train and a local test split, and a central test set for the global accuracy. It is
-deterministic in the config, so the server (for batched evaluation) and every client
-rebuild the very same splits; the result is cached per process.
+clients, each partition split (seeded) into a local train and a local test split (and a
+local validation split, ``val-fraction`` > 0), and a central test set for the global
+accuracy. It is deterministic in the config, so the server (for batched evaluation) and
+every client rebuild the very same splits; the result is cached per process.
+
+Partitioners (``partitioner``)
+------------------------------
+* ``dirichlet``, ``pathological``, ``iid``: flwr-datasets' partitioners (label skew with
+  ``dirichlet-alpha`` / ``classes-per-client``; client sizes vary).
+* ``dirichlet-balanced``: the CRAFT authors' balanced Dirichlet (:func:`balanced_dirichlet`):
+  per class, Dirichlet(α) proportions over the clients still below N/num-clients; then
+  every client is trimmed to ⌊N/num-clients⌋ and the surplus, shuffled, tops up the
+  smaller ones (the first N mod num-clients clients get one more). At least
+  ``min-partition-size`` examples each (the authors use 20).
+* ``writer``: one client per writer (natural ids, as flwr-datasets' ``NaturalIdPartitioner``):
+  ``num-clients`` writers drawn (seeded) from those with ``min-partition-size`` to 500
+  examples (the authors' bounds). Needs writer ids: FEMNIST from the hub, or a
+  ``writer_id`` column in the ``dataset-path`` parquet files.
+
+Pools (``data-pool``)
+---------------------
+* ``split`` (default): the dataset's training pool is partitioned; its test split (or, for
+  data without one, a held-out ``central-test-fraction``) is the central test set.
+* ``merged``: the training and test pools are merged before partitioning (the CRAFT
+  authors' setup); the central test set is then the union of the clients' local test splits.
+
+Augmentation (``augment``): ``crop-flip`` is :func:`crop_flip`, RandomCrop(padding 4) and a
+horizontal flip on the client's training batches only (the CRAFT authors' CIFAR-10 setting).
 
 Sources
 -------
@@ -44,7 +68,10 @@ HUB_NAMES = {
 DATA_KEYS = (
     "dataset", "dataset-path", "partitioner", "dirichlet-alpha", "classes-per-client",
     "num-clients", "seed", "local-test-fraction", "central-test-fraction", "min-partition-size",
+    "val-fraction", "data-pool",
 )
+WRITER_COLUMN = "writer_id"
+WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
 
 
 class DataError(RuntimeError):
@@ -55,8 +82,10 @@ class DataError(RuntimeError):
 class FederatedData:
     """All examples of a run as tensors, with index sets per client.
 
-    ``x``/``y`` hold the partitioned pool; client ``i`` trains on ``x[train_idx[i]]`` and is
-    scored on ``x[test_idx[i]]``. ``x_central``/``y_central`` is the central test set.
+    ``x``/``y`` hold the partitioned pool; client ``i`` trains on ``x[train_idx[i]]``, is
+    scored on ``x[test_idx[i]]`` and, with ``val-fraction`` > 0, validated on ``x[val_idx[i]]``.
+    ``x_central``/``y_central`` is the central test set. ``fill`` is the value (per channel)
+    of a black pixel after standardisation: what :func:`crop_flip` pads with.
     """
 
     x: torch.Tensor
@@ -66,6 +95,8 @@ class FederatedData:
     x_central: torch.Tensor
     y_central: torch.Tensor
     num_classes: int
+    val_idx: list[np.ndarray] = dataclasses.field(default_factory=list)
+    fill: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -83,12 +114,21 @@ class FederatedData:
         idx = torch.from_numpy(self.test_idx[pid])
         return self.x[idx], self.y[idx]
 
+    @property
+    def has_validation(self) -> bool:
+        return any(len(v) for v in self.val_idx)
+
+    def client_val(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.val_idx[pid] if self.val_idx else np.zeros(0, dtype=np.int64))
+        return self.x[idx], self.y[idx]
+
     def label_counts(self) -> np.ndarray:
         """(num_clients, num_classes) counts of labels in each client's whole partition."""
         y = self.y.numpy()
         out = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
         for i, (tr, te) in enumerate(zip(self.train_idx, self.test_idx)):
-            out[i] = np.bincount(y[np.concatenate([tr, te])], minlength=self.num_classes)
+            val = self.val_idx[i] if self.val_idx else np.zeros(0, dtype=np.int64)
+            out[i] = np.bincount(y[np.concatenate([tr, te, val])], minlength=self.num_classes)
         return out
 
 
@@ -111,30 +151,103 @@ def load_federated_data(cfg: RunConfig) -> FederatedData:
 
 # ----------------------------------------------------------------------------------------
 def _build(cfg: RunConfig) -> FederatedData:
-    x_pool, y_pool, x_central, y_central = _load_arrays(cfg)
-    num_classes = int(max(y_pool.max(), y_central.max()) + 1)
-    parts = partition_labels(y_pool, cfg)
-    train_idx, test_idx = [], []
+    x_pool, y_pool, w_pool, x_central, y_central = _pools(cfg)
+    num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
+    parts = partition_labels(y_pool, cfg, writers=w_pool)
+    if cfg.partitioner == "writer":  # only the drawn writers' examples are kept
+        keep = np.concatenate(parts)
+        x_pool, y_pool = x_pool[keep], y_pool[keep]
+        bounds = np.cumsum([0] + [len(p) for p in parts])
+        parts = [np.arange(a, b, dtype=np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
+    train_idx, test_idx, val_idx = [], [], []
     for pid, idx in enumerate(parts):
         tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
+        tr, va = split_validation(tr, len(idx), cfg.val_fraction, cfg.seed, pid)
         train_idx.append(tr)
         test_idx.append(te)
-    x_pool, x_central = _normalise(x_pool, x_central)
+        val_idx.append(va)
+    if cfg.data_pool == "merged":  # no held-out set: the central test set is every local test split
+        central = np.concatenate(test_idx)
+        x_central, y_central = x_pool[central], y_pool[central]
+    x_pool, x_central, fill = _normalise(x_pool, x_central)
     return FederatedData(
         x=x_pool, y=torch.from_numpy(y_pool.astype(np.int64)),
         train_idx=train_idx, test_idx=test_idx,
         x_central=x_central, y_central=torch.from_numpy(y_central.astype(np.int64)),
-        num_classes=num_classes,
+        num_classes=num_classes, val_idx=val_idx, fill=fill,
     )
 
 
-def _normalise(x_pool: np.ndarray, x_central: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 N×C×H×W, standardised per channel with the pool's statistics."""
+def _pools(cfg: RunConfig):
+    """(x_pool, y_pool, writer ids of the pool or None, x_central, y_central) as numpy arrays."""
+    train, test = _load_arrays(cfg)
+    if cfg.data_pool == "merged":
+        if test is None:
+            return (*train, train[0][:0], train[1][:0])
+        writers = None if train[2] is None or test[2] is None else np.concatenate([train[2], test[2]])
+        return (np.concatenate([train[0], test[0]]), np.concatenate([train[1], test[1]]), writers,
+                train[0][:0], train[1][:0])
+    if test is None:
+        return _hold_out(*train, cfg)
+    return (*train, test[0], test[1])
+
+
+def _normalise(x_pool: np.ndarray, x_central: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 N×C×H×W, standardised per channel with the pool's statistics; and the value a
+    black (all-zero) pixel takes after it, per channel."""
     pool = torch.from_numpy(np.ascontiguousarray(x_pool, dtype=np.float32))
     central = torch.from_numpy(np.ascontiguousarray(x_central, dtype=np.float32))
     mean = pool.mean(dim=(0, 2, 3), keepdim=True)
     std = pool.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
-    return (pool - mean) / std, (central - mean) / std
+    return (pool - mean) / std, (central - mean) / std, (-mean / std).reshape(-1)
+
+
+def split_validation(train: np.ndarray, partition_size: int, fraction: float, seed: int,
+                     pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of a local train split into (train, validation): round(``fraction`` ×
+    partition size) examples, at least one, leaving at least one to train on. The test split
+    is not touched, so ``val-fraction`` changes only what the client trains on."""
+    if fraction <= 0.0:
+        return train, np.zeros(0, dtype=np.int64)
+    if len(train) < 2:
+        raise DataError(
+            f"client {pid} has {len(train)} training example(s): a validation split needs >= 2; "
+            "use fewer clients, a smaller val-fraction or a larger min-partition-size"
+        )
+    perm = numpy_rng(seed, "local-val", pid).permutation(train)
+    n_val = min(len(train) - 1, max(1, int(round(fraction * partition_size))))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def crop_flip(fill: torch.Tensor | None = None, padding: int = 4):
+    """``augment(batch, generator)``: per image, a random H×W crop of the image padded by
+    ``padding`` pixels of value ``fill`` (per channel; a black pixel after standardisation, as
+    torchvision's RandomCrop pads before normalising) and a horizontal flip with probability
+    ½, drawn from ``generator`` (seeded: the same batch and draws give the same result)."""
+
+    def augment(xb: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        b, c, h, w = xb.shape
+        padded = torch.nn.functional.pad(xb, (padding,) * 4)
+        if fill is not None:
+            border = torch.ones(1, 1, h + 2 * padding, w + 2 * padding, dtype=torch.bool, device=xb.device)
+            border[..., padding:padding + h, padding:padding + w] = False
+            padded = torch.where(border, fill.to(xb.device, xb.dtype).view(1, c, 1, 1), padded)
+        dy = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(xb.device)
+        dx = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(xb.device)
+        flip = (torch.rand(b, generator=generator) < 0.5).to(xb.device)
+        rows = dy[:, None] + torch.arange(h, device=xb.device)  # (b, h)
+        cols = dx[:, None] + torch.arange(w, device=xb.device)  # (b, w)
+        cols = torch.where(flip[:, None], cols.flip(1), cols)
+        bi = torch.arange(b, device=xb.device)[:, None, None]
+        out = padded.permute(0, 2, 3, 1)[bi, rows[:, :, None], cols[:, None, :]]  # (b, h, w, c)
+        return out.permute(0, 3, 1, 2).contiguous()
+
+    return augment
+
+
+def batch_augmentation(cfg: RunConfig, data: FederatedData):
+    """The run's training-batch augmentation (``augment``), or None."""
+    return crop_flip(data.fill) if cfg.augment == "crop-flip" else None
 
 
 def split_local(idx: np.ndarray, test_fraction: float, seed: int, pid: int) -> tuple[np.ndarray, np.ndarray]:
@@ -150,8 +263,17 @@ def split_local(idx: np.ndarray, test_fraction: float, seed: int, pid: int) -> t
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def partition_labels(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
-    """Index sets of the ``num-clients`` partitions, from a flwr-datasets partitioner."""
+def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | None = None) -> list[np.ndarray]:
+    """Index sets of the ``num-clients`` partitions (``writers``: the writer id of each
+    example, for ``partitioner='writer'``)."""
+    if cfg.partitioner == "writer":
+        if writers is None:
+            raise DataError(f"partitioner='writer' needs writer ids: the data has no '{WRITER_COLUMN}' column "
+                            "(use dataset='femnist' or a dataset-path whose parquet files have one)")
+        return partition_by_writer(writers, cfg)
+    if cfg.partitioner == "dirichlet-balanced":
+        return balanced_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size,
+                                  numpy_rng(cfg.seed, "partition-balanced"))
     from datasets import Dataset
     from flwr_datasets.partitioner import (
         DirichletPartitioner,
@@ -213,27 +335,94 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
     return parts
 
 
+def balanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, rng: np.random.Generator,
+                       attempts: int = 200) -> list[np.ndarray]:
+    """The CRAFT authors' balanced Dirichlet partition (see the module docstring): label skew
+    from Dirichlet(α) draws restricted to clients still below N/n, then every client trimmed
+    to ⌊N/n⌋ and topped up from the shuffled surplus; at least ``min_size`` examples each."""
+    labels = np.asarray(labels)
+    total = len(labels)
+    target = total // n
+    if target < min_size:
+        raise DataError(
+            f"{total} examples over {n} clients give {target} each, below min-partition-size = {min_size}: "
+            "use fewer clients or a smaller min-partition-size"
+        )
+    classes = np.unique(labels)
+    want = min(len(classes), target)  # the authors first retry for one example per class per client
+    best: list[list[int]] | None = None
+    for _ in range(attempts):
+        parts: list[list[int]] = [[] for _ in range(n)]
+        for k in classes:
+            members = rng.permutation(np.flatnonzero(labels == k))
+            share = rng.dirichlet(np.full(n, alpha))
+            share = share * np.array([len(p) < total / n for p in parts])
+            share = share / share.sum() if share.sum() > 0 else np.full(n, 1.0 / n)
+            cuts = (np.cumsum(share) * len(members)).astype(int)[:-1]
+            for p, chunk in zip(parts, np.split(members, cuts)):
+                p.extend(chunk.tolist())
+        if best is None or min(map(len, parts)) > min(map(len, best)):
+            best = parts
+        if min(map(len, best)) >= want:
+            break
+    parts = best
+    surplus: list[int] = []
+    for i, p in enumerate(parts):  # trim the large ones
+        if len(p) > target:
+            p = rng.permutation(p).tolist()
+            surplus += p[target:]
+            parts[i] = p[:target]
+    surplus = rng.permutation(np.asarray(surplus, dtype=np.int64)).tolist()
+    for p in parts:  # top up the small ones
+        need = target - len(p)
+        if need > 0:
+            p += surplus[:need]
+            surplus = surplus[need:]
+    for p, extra in zip(parts, surplus):  # the remainder: one more for the first clients
+        p.append(extra)
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def partition_by_writer(writers: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
+    """One client per writer: ``num-clients`` writers drawn (seeded) among those holding
+    ``min-partition-size`` … 500 examples; a writer's natural id orders them as
+    flwr-datasets' NaturalIdPartitioner does (sorted ids)."""
+    ids, inverse, counts = np.unique(np.asarray(writers), return_inverse=True, return_counts=True)
+    eligible = np.flatnonzero((counts >= cfg.min_partition_size) & (counts <= WRITER_MAX_EXAMPLES))
+    if len(eligible) < cfg.num_clients:
+        raise DataError(
+            f"partitioner='writer': {len(eligible)} of {len(ids)} writers hold {cfg.min_partition_size} to "
+            f"{WRITER_MAX_EXAMPLES} examples, fewer than num-clients = {cfg.num_clients}: use fewer clients "
+            "or a smaller min-partition-size"
+        )
+    chosen = numpy_rng(cfg.seed, "writers").choice(eligible, size=cfg.num_clients, replace=False)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [np.sort(order[starts[w]:starts[w + 1]]) for w in chosen]
+
+
 # ----------------------------------------------------------------------------------------
-def _load_arrays(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_pool N×C×H×W, y_pool, x_central, y_central) as numpy arrays."""
+Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (x N×C×H×W, y, writer ids or None)
+
+
+def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
+    """(the training pool, the test pool or None when the source has no test split)."""
     if cfg.dataset_path:
-        x_tr, y_tr = _read_parquet(Path(cfg.dataset_path), "train")
-        x_te, y_te = _read_parquet(Path(cfg.dataset_path), "test")
-        return x_tr, y_tr, x_te, y_te
+        return _read_parquet(Path(cfg.dataset_path), "train"), _read_parquet(Path(cfg.dataset_path), "test")
     if cfg.dataset == "digits":
         from sklearn.datasets import load_digits
 
         bunch = load_digits()
         x = bunch.images.astype(np.float32)[:, None, :, :] / 16.0
-        return _hold_out(x, bunch.target.astype(np.int64), cfg)
+        return (x, bunch.target.astype(np.int64), None), None
     return _load_hub(cfg)
 
 
-def _hold_out(x: np.ndarray, y: np.ndarray, cfg: RunConfig):
+def _hold_out(x: np.ndarray, y: np.ndarray, writers: np.ndarray | None, cfg: RunConfig):
     perm = numpy_rng(cfg.seed, "central-test").permutation(len(y))
     n_test = int(round(cfg.central_test_fraction * len(y)))
     te, tr = perm[:n_test], perm[n_test:]
-    return x[tr], y[tr], x[te], y[te]
+    return x[tr], y[tr], None if writers is None else writers[tr], x[te], y[te]
 
 
 def _load_hub(cfg: RunConfig):
@@ -256,11 +445,9 @@ def _load_hub(cfg: RunConfig):
             test = None
     except Exception as exc:  # noqa: BLE001 - any hub or cache failure gets the same advice
         raise DataError(_hub_hint(cfg.dataset, name, exc)) from exc
-    x_tr, y_tr = _hf_to_arrays(train, image_col, label_col)
-    if test is None:
-        return _hold_out(x_tr, y_tr, cfg)
-    x_te, y_te = _hf_to_arrays(test, image_col, label_col)
-    return x_tr, y_tr, x_te, y_te
+    writer_col = WRITER_COLUMN if cfg.partitioner == "writer" else None
+    return (_hf_to_arrays(train, image_col, label_col, writer_col),
+            None if test is None else _hf_to_arrays(test, image_col, label_col, writer_col))
 
 
 def _hub_hint(dataset: str, name: str, exc: Exception) -> str:
@@ -275,12 +462,13 @@ def _hub_hint(dataset: str, name: str, exc: Exception) -> str:
     )
 
 
-def _hf_to_arrays(ds, image_col: str, label_col: str) -> tuple[np.ndarray, np.ndarray]:
+def _hf_to_arrays(ds, image_col: str, label_col: str, writer_col: str | None = None) -> Arrays:
+    writers = np.asarray(ds[writer_col]) if writer_col and writer_col in ds.column_names else None
     ds = ds.with_format("numpy", columns=[image_col, label_col])
-    return _images_to_nchw(np.asarray(ds[image_col])), np.asarray(ds[label_col], dtype=np.int64)
+    return _images_to_nchw(np.asarray(ds[image_col])), np.asarray(ds[label_col], dtype=np.int64), writers
 
 
-def _read_parquet(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_parquet(folder: Path, split: str) -> Arrays:
     import pyarrow.parquet as pq
 
     path = folder / f"{split}.parquet"
@@ -294,9 +482,10 @@ def _read_parquet(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         if col not in table.column_names:
             raise DataError(f"dataset-path: {path} has no '{col}' column (has {table.column_names})")
     labels = table.column("label").to_numpy().astype(np.int64)
+    writers = table.column(WRITER_COLUMN).to_numpy(zero_copy_only=False) if WRITER_COLUMN in table.column_names else None
     numeric = _numeric_lists(table.column("image"))
     if numeric is not None:  # fast path: no per-pixel Python objects
-        return _images_to_nchw(numeric), labels
+        return _images_to_nchw(numeric), labels, writers
     images = table.column("image").to_pylist()
     if images and isinstance(images[0], dict):  # encoded image as written by `datasets`
         from PIL import Image
@@ -306,7 +495,7 @@ def _read_parquet(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         arr = np.asarray(images, dtype=np.float32)
     except (ValueError, IndexError) as exc:
         raise DataError(f"dataset-path: images in {path} do not all have the same shape") from exc
-    return _images_to_nchw(arr), labels
+    return _images_to_nchw(arr), labels, writers
 
 
 def _numeric_lists(column) -> np.ndarray | None:

@@ -9,7 +9,20 @@ parameters and average badly across non-IID clients).
 * ``resnet18``: 3×3 stride-1 stem, no initial max-pool, four stages of two basic blocks
   (64/128/256/512), GroupNorm throughout (FedPCD's CIFAR-100 model).
 * ``resnet20``/``resnet56``/``resnet110``: the CIFAR ResNets of He et al. (three stages of
-  n basic blocks, 16/32/64 channels, n = 3/9/18) with GroupNorm, as used by CRAFT.
+  n basic blocks, 16/32/64 channels, n = 3/9/18) with GroupNorm (groups of 8 channels) and
+  1×1-conv projection shortcuts.
+
+The CRAFT authors' models (their ``fed/nets.py``; ``../shared/spec/ALGORITHMS.md``), rebuilt
+under their own names so that the models above keep their numbers:
+
+* ``craft-mlp``: flatten → 200 → 200 → classes, ReLU (their FEMNIST MLP).
+* ``craft-cnn``: conv 5×5 (64 channels, no padding) → ReLU → max-pool 2, twice; FC 384 with
+  dropout 0.2 then ReLU; FC 192 with dropout 0.5 then ReLU; FC to classes. No normalisation
+  (1600 → 384 for 32×32 inputs, 1024 → 384 for 28×28).
+* ``craft-resnet20``/``craft-resnet56``/``craft-resnet110``: the CIFAR ResNets with option-A
+  shortcuts (strided identity plus zero channel padding: no parameters, so CRAFT's layer
+  groups are the convolutions and the classifier only), every norm a GroupNorm with one
+  group, and Kaiming-normal initial weights of every conv and linear layer.
 """
 
 from __future__ import annotations
@@ -101,14 +114,125 @@ class ResNet(nn.Module):
 CIFAR_RESNET_DEPTHS = {"resnet20": 3, "resnet56": 9, "resnet110": 18}
 
 
+# -- the CRAFT authors' models -------------------------------------------------------------------
+class CraftMLP(nn.Module):
+    """flatten → 200 → 200 → classes (ReLU)."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 200) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(torch.flatten(x, 1)))
+        return self.fc3(torch.relu(self.fc2(x)))
+
+
+class CraftCNN(nn.Module):
+    """Two 5×5 convs (64 channels, valid) with ReLU and 2×2 max-pool; FC 384 and 192, each
+    followed by dropout (0.2, 0.5) and then ReLU; FC to classes."""
+
+    def __init__(self, in_shape: tuple[int, int, int], num_classes: int) -> None:
+        super().__init__()
+        c, h, w = in_shape
+        for _ in range(2):
+            h, w = (h - 4) // 2, (w - 4) // 2
+        if h < 1 or w < 1:
+            raise ValueError(f"craft-cnn needs inputs of at least 16×16, got {in_shape[1]}×{in_shape[2]}")
+        self.conv1 = nn.Conv2d(c, 64, 5)
+        self.conv2 = nn.Conv2d(64, 64, 5)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(64 * h * w, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.fc3 = nn.Linear(192, num_classes)
+        self.dropout1 = nn.Dropout(0.2)
+        self.dropout2 = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = torch.relu(self.dropout1(self.fc1(torch.flatten(x, 1))))
+        x = torch.relu(self.dropout2(self.fc2(x)))
+        return self.fc3(x)
+
+
+class ShortcutA(nn.Module):
+    """Option-A shortcut: every second pixel, the new channels zero (no parameters)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.stride, self.low = stride, (cout - cin) // 2
+        self.high = cout - cin - self.low
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, :, :: self.stride, :: self.stride]
+        return nn.functional.pad(x, (0, 0, 0, 0, self.low, self.high))
+
+
+class BlockA(nn.Module):
+    """Basic block with GroupNorm(1 group) and an option-A shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.gn1 = nn.GroupNorm(1, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, stride=1, padding=1, bias=False)
+        self.gn2 = nn.GroupNorm(1, cout)
+        self.shortcut: nn.Module = ShortcutA(cin, cout, stride) if (stride != 1 or cin != cout) else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class CraftResNet(nn.Module):
+    """CIFAR ResNet-(6n+2): 3×3 stem (16 channels), three stages of n option-A blocks
+    (16/32/64 channels), global average pool, linear; Kaiming-normal conv/linear weights."""
+
+    def __init__(self, in_channels: int, blocks: int, num_classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, stride=1, padding=1, bias=False)
+        self.gn1 = nn.GroupNorm(1, 16)
+        layers: list[nn.Module] = []
+        cin = 16
+        for i, width in enumerate((16, 32, 64)):
+            stage = []
+            for b in range(blocks):
+                stage.append(BlockA(cin, width, stride=2 if (i > 0 and b == 0) else 1))
+                cin = width
+            layers.append(nn.Sequential(*stage))
+        self.layer1, self.layer2, self.layer3 = layers
+        self.linear = nn.Linear(64, num_classes)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.kaiming_normal_(m.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.gn1(self.conv1(x)))
+        out = self.layer3(self.layer2(self.layer1(out)))
+        return self.linear(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
+
+
+def _flat_size(shape: tuple[int, ...]) -> int:
+    size = 1
+    for s in shape:
+        size *= s
+    return size
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """The model ``name`` for inputs of shape C×H×W and ``num_classes`` outputs."""
     c = input_shape[0]
     if name == "mlp":
-        in_features = 1
-        for s in input_shape:
-            in_features *= s
-        return MLP(in_features, num_classes)
+        return MLP(_flat_size(input_shape), num_classes)
+    if name == "craft-mlp":
+        return CraftMLP(_flat_size(input_shape), num_classes)
+    if name == "craft-cnn":
+        return CraftCNN(tuple(input_shape), num_classes)  # type: ignore[arg-type]
+    if name.startswith("craft-") and name[len("craft-"):] in CIFAR_RESNET_DEPTHS:
+        return CraftResNet(c, CIFAR_RESNET_DEPTHS[name[len("craft-"):]], num_classes)
     if name == "cnn":
         return CNN(tuple(input_shape), num_classes)  # type: ignore[arg-type]
     if name == "resnet18":

@@ -4,6 +4,11 @@
 through two hooks rather than copies of the loop: ``loss_fn`` (how the batch loss is
 formed, e.g. FedeRage's CVaR weights) and ``before_step`` (a gradient correction after
 ``backward``, e.g. FedProx's proximal pull or SCAFFOLD's control variates).
+
+Local work is ``epochs`` shuffled passes over the data (the step count then depends on the
+client's size), or, with ``steps`` H > 0, exactly H steps each on a mini-batch drawn i.i.d.
+with replacement from the client's data (FedeRage's Algorithm 2: every client the same H).
+``transform`` (e.g. :func:`client_app.data.crop_flip`) augments each training batch.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ def batch_indices(n: int, batch_size: int, epochs: int, generator: torch.Generat
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, bs):
             yield perm[start : start + bs]
+
+
+def sampled_batches(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """``steps`` mini-batches of ``batch_size`` indices drawn i.i.d. uniformly with replacement
+    (step k is the k-th draw of ``generator``, seeded by (seed, partition, round)); ``batch_size``
+    0 = every step the whole split (full-batch gradient steps)."""
+    for _ in range(steps):
+        yield torch.arange(n) if batch_size <= 0 else torch.randint(n, (batch_size,), generator=generator)
 
 
 def num_local_steps(n: int, batch_size: int, epochs: int) -> int:
@@ -60,20 +73,28 @@ def local_sgd(
     weight_decay: float = 0.0,
     loss_fn: LossFn | None = None,
     before_step: Callable[[nn.Module], None] | None = None,
+    steps: int = 0,
+    transform: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
 ) -> LocalResult:
     """Train ``model`` in place with SGD; returns the step count and mean batch loss.
 
     ``loss_fn(logits, y)`` returns the scalar to differentiate (default: mean cross-entropy);
-    the reported loss is always the plain mean cross-entropy of the batch.
+    the reported loss is always the plain mean cross-entropy of the batch. ``steps`` > 0 runs
+    exactly that many steps on i.i.d. sampled batches (:func:`sampled_batches`) instead of
+    ``epochs`` passes; ``transform(batch, generator)`` augments each training batch.
     """
     dev = next(model.parameters()).device
     x, y = x.to(dev), y.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     model.train()
+    batches = (sampled_batches(len(y), batch_size, steps, generator) if steps > 0
+               else batch_indices(len(y), batch_size, epochs, generator))
     steps, total = 0, 0.0
-    for idx in batch_indices(len(y), batch_size, epochs, generator):
+    for idx in batches:
         idx = idx.to(dev)
         xb, yb = x[idx], y[idx]
+        if transform is not None:
+            xb = transform(xb, generator)
         opt.zero_grad(set_to_none=True)
         logits = model(xb)
         plain = F.cross_entropy(logits, yb)

@@ -21,8 +21,15 @@ from typing import Any
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
-MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110")
-PARTITIONERS = ("dirichlet", "pathological", "iid")
+MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
+          # the CRAFT authors' models (their fed/nets.py): see client_app/models.py
+          "craft-mlp", "craft-cnn", "craft-resnet20", "craft-resnet56", "craft-resnet110")
+PARTITIONERS = ("dirichlet", "pathological", "iid", "dirichlet-balanced", "writer")
+# Which examples are partitioned: "split" = the training pool (the dataset's test split or a
+# held-out share is the central test set); "merged" = training and test pools together, the
+# central test set being the union of the clients' local test splits (the CRAFT authors').
+DATA_POOLS = ("split", "merged")
+AUGMENTATIONS = ("none", "crop-flip")
 EVAL_MODES = ("server", "federated")
 # When clients compute loss-before F_i(θ_t) (a forward pass over the local train split):
 # "auto" = only for methods that use it (q-FFL, AFL, FedFV, FedLF), "always" = every reply.
@@ -72,6 +79,10 @@ class RunConfig:
     round_timeout: float
     log_every: int
     server_device: str
+    local_steps: int
+    val_fraction: float
+    data_pool: str
+    augment: str
     params: Mapping[str, Scalar] = dataclasses.field(default_factory=dict)
 
     # -- raw access ---------------------------------------------------------------
@@ -239,22 +250,32 @@ def _validate(cfg: RunConfig) -> None:
     choice("eval-mode", cfg.eval_mode, EVAL_MODES)
     choice("client-loss-before", cfg.client_loss_before, LOSS_BEFORE_MODES)
     choice("server-device", cfg.server_device, SERVER_DEVICES)
+    choice("data-pool", cfg.data_pool, DATA_POOLS)
+    choice("augment", cfg.augment, AUGMENTATIONS)
     if cfg.dataset not in DATASETS and not cfg.dataset_path:
         raise ConfigError(
             f"run-config key 'dataset' = {cfg.dataset!r} is not one of {', '.join(DATASETS)} "
             "(or give a local copy with dataset-path=<folder with train.parquet, test.parquet>)"
+        )
+    if cfg.partitioner == "writer" and cfg.dataset != "femnist" and not cfg.dataset_path:
+        raise ConfigError(
+            f"run-config key 'partitioner' = 'writer' needs writer ids: use dataset='femnist' or a "
+            f"dataset-path whose parquet files have a 'writer_id' column (dataset is {cfg.dataset!r})"
         )
     checks = [
         ("num-clients", cfg.num_clients >= 1, "must be >= 1"),
         ("fraction-train", 0.0 < cfg.fraction_train <= 1.0, "must be in (0, 1]"),
         ("num-server-rounds", cfg.num_server_rounds >= 1, "must be >= 1"),
         ("local-epochs", cfg.local_epochs >= 1, "must be >= 1"),
+        ("local-steps", cfg.local_steps >= 0, "must be >= 0 (0 = local-epochs passes over the data)"),
         ("batch-size", cfg.batch_size >= 0, "must be >= 0 (0 = full batch)"),
         ("lr", cfg.lr > 0.0, "must be > 0"),
         ("eval-every", cfg.eval_every >= 0, "must be >= 0 (0 = only the last round)"),
         ("dirichlet-alpha", cfg.dirichlet_alpha > 0.0, "must be > 0"),
         ("classes-per-client", cfg.classes_per_client >= 1, "must be >= 1"),
         ("local-test-fraction", 0.0 < cfg.local_test_fraction < 1.0, "must be in (0, 1)"),
+        ("val-fraction", 0.0 <= cfg.val_fraction < 1.0 - cfg.local_test_fraction,
+         "must be in [0, 1 - local-test-fraction) (0 = no validation split)"),
         ("central-test-fraction", 0.0 < cfg.central_test_fraction < 1.0, "must be in (0, 1)"),
         ("min-partition-size", cfg.min_partition_size >= 2, "must be >= 2"),
         ("momentum", 0.0 <= cfg.momentum < 1.0, "must be in [0, 1)"),

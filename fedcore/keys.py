@@ -24,6 +24,8 @@ NUM_STEPS = "num-steps"  # local SGD steps taken (FedNova, SCAFFOLD need it)
 EVAL_ACC = "accuracy"
 EVAL_LOSS = "loss"
 NUM_TEST = "num-test"
+VAL_ACC = "val-accuracy"  # on the local validation split (runs with val-fraction > 0)
+VAL_LOSS = "val-loss"
 
 # LOSS_BEFORE is required too in rounds whose requests ask for it (want-loss-before).
 REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)

@@ -7,10 +7,23 @@ Two paths give the same numbers:
   pass: one forward over the concatenated splits, then per-client segment sums. No
   messages, no model copies per client.
 * ``eval-mode=federated`` (deployment, personalised methods): an EVALUATE message to every
-  node; each scores its own split with :func:`client_app.training.evaluate`.
+  node; each scores its own split with :func:`client_app.training.evaluate`. A client that
+  does not answer is left out of the fairness metrics: the record lists it under
+  ``unscored_clients`` (and a warning says so); ``num_scored`` is the number of clients the
+  metrics were computed over.
+
+With a validation split (``val-fraction`` > 0) every evaluation also scores it: the same
+metrics prefixed ``val_`` (``val_mean_acc``, ``val_worst10_acc``, ..., ``val_client_acc``),
+which hyperparameter selection reads (``fedpcd_app.report``) instead of the test numbers.
+:func:`summary_fields` adds to ``summary.json`` the final evaluation's ``num_scored``,
+``unscored_clients`` and ``val_*`` metrics, and the means over the final ten evaluations
+(``final10_*``, as FedeRage's Table I reads its last ten rounds), for any method.
 """
 
 from __future__ import annotations
+
+import logging
+import math
 
 import numpy as np
 import torch
@@ -19,14 +32,25 @@ from torch.nn import functional as F
 from client_app.data import FederatedData
 from client_app.training import evaluate
 
+log = logging.getLogger("fedpcd")
+
+# The metrics of an evaluation that summary.json repeats, and those averaged over the final ten.
+FAIRNESS_KEYS = ("mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain", "mean_loss", "max_loss")
+FINAL_MEAN_KEYS = ("mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain", "central_acc",
+                   "val_mean_acc", "val_worst10_acc")
+FINAL_EVALS = 10
+
 
 @torch.no_grad()
-def score_clients(model: torch.nn.Module, data: FederatedData, batch_size: int = 128) -> tuple[np.ndarray, np.ndarray]:
-    """(accuracy, mean loss) per client, in partition-id order, in one batched pass."""
+def score_clients(model: torch.nn.Module, data: FederatedData, batch_size: int = 128,
+                  split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    """(accuracy, mean loss) per client on its ``split`` (``test`` or ``val``), in
+    partition-id order, in one batched pass."""
     dev = next(model.parameters()).device
     model.eval()
-    idx = np.concatenate(data.test_idx)
-    sizes = np.array([len(t) for t in data.test_idx])
+    sets = data.test_idx if split == "test" else data.val_idx
+    idx = np.concatenate(sets)
+    sizes = np.array([len(t) for t in sets])
     x, y = data.x[torch.from_numpy(idx)], data.y[torch.from_numpy(idx)]
     correct = np.empty(len(idx), dtype=np.float64)
     losses = np.empty(len(idx), dtype=np.float64)
@@ -69,34 +93,85 @@ class Evaluator:
     def evaluate(self, server_round: int, arrays, grid) -> dict:
         import time
 
-        from fedpcd_app.metrics import fairness_metrics
-
         t0 = time.perf_counter()
         self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
         out: dict = {}
+        val = None
         if self.mode == "server":
             acc, loss = score_clients(self.model, self._data, self.cfg.eval_batch_size)
+            if self._data.has_validation:
+                val = score_clients(self.model, self._data, self.cfg.eval_batch_size, split="val")
         else:
-            acc, loss = self.federated_scores(server_round, arrays, grid)
+            acc, loss, val = self.federated_scores(server_round, arrays, grid)
         if self._data is not None:
             out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
         present = ~np.isnan(acc)
-        out.update(fairness_metrics(acc[present], loss[present]))
+        out.update(_fairness(acc, loss))
         out["num_scored"] = int(present.sum())
+        out["unscored_clients"] = np.flatnonzero(~present).tolist()
+        if out["unscored_clients"]:
+            log.warning("round %d: %d of %d clients did not answer the evaluation and are left out of the "
+                        "fairness metrics: %s", server_round, len(out["unscored_clients"]), len(acc),
+                        out["unscored_clients"])
         out["client_acc"] = acc.tolist()
         out["client_loss"] = loss.tolist()
+        if val is not None:
+            out.update({f"val_{k}": v for k, v in _fairness(*val).items()})
+            out["val_client_acc"] = val[0].tolist()
         out["eval_seconds"] = time.perf_counter() - t0
         return out
 
-    def federated_scores(self, server_round: int, arrays, grid) -> tuple[np.ndarray, np.ndarray]:
+    def federated_scores(self, server_round: int, arrays, grid) -> tuple[np.ndarray, np.ndarray, tuple | None]:
+        """(accuracy, loss, (validation accuracy, loss) or None) per client; NaN where a
+        client did not answer."""
         from flwr.app import ConfigRecord
+
+        from fedcore import keys
 
         msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
         replies = grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None) if msgs else []
+        replies = list(replies)
         self.strategy.aggregate_evaluate(server_round, replies)
-        acc = np.full(self.cfg.num_clients, np.nan)
-        loss = np.full(self.cfg.num_clients, np.nan)
+        n = self.cfg.num_clients
+        acc, loss = np.full(n, np.nan), np.full(n, np.nan)
         for pid, score in self.strategy.last_evaluation.items():
-            if 0 <= pid < self.cfg.num_clients:
+            if 0 <= pid < n:
                 acc[pid], loss[pid] = score["accuracy"], score["loss"]
-        return acc, loss
+        if self.cfg.val_fraction <= 0:
+            return acc, loss, None
+        val_acc, val_loss = np.full(n, np.nan), np.full(n, np.nan)
+        expected = getattr(self.strategy, "expected_eval", {})
+        for reply in replies:
+            if reply.has_error() or keys.METRICS not in reply.content:
+                continue
+            m = reply.content[keys.METRICS]
+            pid = expected.get(int(reply.metadata.src_node_id))
+            pid = m.get(keys.PARTITION_ID) if pid is None else pid
+            if pid is not None and keys.VAL_ACC in m and int(pid) in self.strategy.last_evaluation and 0 <= int(pid) < n:
+                val_acc[int(pid)], val_loss[int(pid)] = float(m[keys.VAL_ACC]), float(m[keys.VAL_LOSS])
+        return acc, loss, (val_acc, val_loss)
+
+
+def _fairness(acc: np.ndarray, loss: np.ndarray) -> dict:
+    """The fairness metrics over the clients that were scored (NaN when none was)."""
+    from fedpcd_app.metrics import fairness_metrics
+
+    present = ~np.isnan(acc)
+    if not present.any():
+        return dict.fromkeys(FAIRNESS_KEYS, math.nan)
+    return fairness_metrics(acc[present], loss[present])
+
+
+def summary_fields(final: dict, evaluations: list[dict]) -> dict:
+    """What ``summary.json`` adds to the final metrics: over how many clients they were
+    computed (``num_scored``) and which were not scored, the validation metrics, and the
+    means over the final ten evaluations (``final10_*``; ``final10_num_evals`` of them)."""
+    out = {"num_scored": final.get("num_scored"), "unscored_clients": final.get("unscored_clients", [])}
+    out.update({k: v for k, v in final.items() if k.startswith("val_")})
+    last = evaluations[-FINAL_EVALS:]
+    out["final10_num_evals"] = len(last)
+    for key in FINAL_MEAN_KEYS:
+        values = [e[key] for e in last if e.get(key) is not None]
+        if values:
+            out[f"final10_{key}"] = float(np.mean(values))
+    return out

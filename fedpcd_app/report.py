@@ -16,12 +16,13 @@ point, the newest is used.
 Per setting and per method (a ``[[methods]]`` label of the sweep), the grid point with the
 highest mean over seeds of the final mean client accuracy ā is chosen (FedPCD paper,
 Sec. 5: "report the best performing hyperparameters per dataset after averaging the five
-seeds"); ``--all`` lists every grid point instead, the chosen one marked ★. The table
-gives mean ± std over seeds of ā, the client spread σ_c, worst-10 % W₁₀, best-10 %,
-Jain's index and the central test accuracy, and the rounds needed to reach a target
-accuracy: by default FedAvg's final ā in that setting (the mean over seeds of the best
-FedAvg entry), read from the evaluation records of ``rounds.jsonl`` (a run reaches the
-target at its first evaluation round with ā ≥ target).
+seeds"), on the clients' validation splits when the runs have them (``val-fraction`` > 0,
+as the FedeRage paper tunes), else on the test splits with a warning (:func:`selection_split`;
+the table says which); ``--all`` lists every grid point instead, the chosen one marked ★. The table gives mean ± std over seeds of ā, the client spread σ_c,
+worst-10 % W₁₀, best-10 %, Jain's index and the central test accuracy, and the rounds
+needed to reach a target accuracy: by default FedAvg's final ā in that setting (the mean
+over seeds of the best FedAvg entry), read from the evaluation records of ``rounds.jsonl``
+(a run reaches the target at its first evaluation round with ā ≥ target).
 
 The std over seeds is the sample std (ddof = 1); with a single seed only the value is
 shown (no ±). The best value of each column is in bold (highest, except σ_c and rounds:
@@ -242,12 +243,30 @@ def mean_std(values) -> tuple[float, float]:
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
 
 
+def selection_split(runs: list[Run], warn: bool = False) -> str:
+    """``validation`` when every run scored a validation split (``val-fraction`` > 0: its
+    summary has ``val_mean_acc``), else ``test`` (with a warning when there is a choice to
+    make: selecting on the reported test data inflates the "best" numbers)."""
+    if runs and all(r.summary.get("val_mean_acc") is not None for r in runs):
+        return "validation"
+    if warn and len({r.variant for r in runs}) > 1:
+        import warnings
+
+        warnings.warn(f"{runs[0].setting}/{runs[0].method}: no validation split (val-fraction = 0): the grid point "
+                      "is selected on the test accuracy it reports; set val-fraction > 0 to select on validation",
+                      stacklevel=2)
+    return "test"
+
+
 def best_variant(runs: list[Run]) -> tuple[str, dict[str, list[Run]]]:
-    """The grid point with the highest mean over seeds of ``mean_acc`` (first on ties)."""
+    """The grid point with the highest mean over seeds of the mean client accuracy on the
+    validation split when the runs have one (else on the test split, :func:`selection_split`);
+    first on ties."""
     by_variant: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_variant[r.variant].append(r)
-    best = max(by_variant, key=lambda v: mean_std(r.summary["mean_acc"] for r in by_variant[v])[0])
+    key = "val_mean_acc" if selection_split(runs, warn=True) == "validation" else "mean_acc"
+    best = max(by_variant, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
     return best, by_variant
 
 
@@ -269,6 +288,7 @@ class Row:
     rounds: tuple[float, float, int] | None  # (mean, std over seeds that reached, count reached)
     chosen: bool = True  # the method's best grid point (every row unless --all)
     runs: list[Run] = dataclasses.field(default_factory=list, repr=False)
+    selected_on: str = ""  # the split its grid point was selected on (selection_split); "" = no grid
 
 
 def is_fedavg(runs: list[Run]) -> bool:
@@ -292,6 +312,8 @@ def summarize(runs: list[Run], target: float | None = None,
             if fedavg:  # the best FedAvg entry's final accuracy, as in the papers
                 goal = max(mean_std(r.summary["mean_acc"] for r in variants[m][chosen[m]])[0] for m in fedavg)
         for method in chosen:
+            candidates = [r for r in in_setting if r.method == method]
+            split = selection_split(candidates) if len({r.variant for r in candidates}) > 1 else ""
             for variant in (variants[method] if all_points else [chosen[method]]):
                 rs = sorted(variants[method][variant], key=lambda r: r.seed)
                 stats = {key: mean_std(r.summary.get(key) for r in rs) for key, *_ in METRICS}
@@ -301,7 +323,7 @@ def summarize(runs: list[Run], target: float | None = None,
                     m, s = mean_std(h for h in hits if h is not None)
                     reach = (m, s, sum(h is not None for h in hits))
                 rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
-                                chosen=variant == chosen[method], runs=rs))
+                                chosen=variant == chosen[method], runs=rs, selected_on=split))
     return rows
 
 
@@ -467,13 +489,19 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
 def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> str:
     marks = _best_marks(rows)
     lines = [f"# {title}" if title else "# Results", ""]
+    splits = sorted({r.selected_on for r in rows} - {""})
+    on = f" on the {' or '.join(splits)} split" if splits else ""
     if all_points:
-        lines.append("Mean ± std over seeds (sample std) of the final round's metrics, every grid point; ★ marks "
-                     "each method's chosen grid point (best mean ā over seeds). Accuracies in %, best per column "
-                     "in bold.")
+        lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits), every grid "
+                     f"point; ★ marks each method's chosen grid point (best mean ā over seeds{on}). Accuracies in %, "
+                     "best per column in bold.")
     else:
-        lines.append("Mean ± std over seeds (sample std) of the final round's metrics; per method the "
-                     "grid point with the best mean ā over seeds. Accuracies in %, best per column in bold.")
+        lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits); per method the "
+                     f"grid point with the best mean ā over seeds{on}. Accuracies in %, best per column in bold.")
+    if "test" in splits:
+        lines.append("")
+        lines.append("**Warning:** hyperparameters selected on the test split they are reported on (no "
+                     "validation split: val-fraction = 0), which inflates the best numbers.")
     for setting in dict.fromkeys(r.setting for r in rows):
         group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
         target = group[0][1].target

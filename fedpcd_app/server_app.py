@@ -28,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedcore.config import ConfigError, RunConfig
 from fedpcd_app import checkpoint, secagg
 from fedpcd_app.config import Setup, validate
-from fedpcd_app.evaluation import Evaluator
+from fedpcd_app.evaluation import Evaluator, summary_fields
 from fedpcd_app.membership import Membership
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
@@ -236,6 +236,7 @@ class Experiment:
             "central_acc": final.get("central_acc"),
             "central_loss": final.get("central_loss"),
             "client_acc": final["client_acc"],
+            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r]),
             "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
             "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
             "config": cfg.as_dict(),

@@ -54,6 +54,14 @@ def test_flwr_override_syntax():
         ({"method": "qffl", "server-lr": 0.5}, "'server-lr'"),
         ({"method": "fedmgda", "server-lr": 0.5}, "fedmgda-lr"),
         ({"method": "fedfv", "server-lr": 0.5}, "'server-lr'"),
+        # the paper-faithful settings' keys
+        ({"local-steps": -1}, "'local-steps'"),
+        ({"val-fraction": 0.9}, "'val-fraction'"),
+        ({"data-pool": "all"}, "'data-pool'"),
+        ({"augment": "flip"}, "'augment'"),
+        ({"partitioner": "writer"}, "writer_id"),
+        ({"model": "craft-vgg"}, "'model'"),
+        ({"method": "federage", "federage-averaged-iterate": "yes"}, "'federage-averaged-iterate'"),
     ],
 )
 def test_bad_values_fail_with_one_line(override, fragment):

@@ -339,6 +339,45 @@ def test_craft_strategy_two_rounds_layerwise(digits_round):
     np.testing.assert_allclose(flat64(arrays2), theta2 - 0.1 * g2, atol=2e-5)
 
 
+def conflicting_replies(template, theta, rng, num_examples=(10, 30, 60, 20)):
+    """Train replies around θ whose updates conflict in every layer (not near-orthogonal random
+    ones): three clients around a shared direction b, the fourth at b's opposite (pairwise
+    cosines about ±0.6). Returns the replies and the updates Δ_i = θ − θ_i as sent (float64)."""
+    from tests.helpers import arrays_from_flat, train_reply
+
+    b = rng.normal(size=theta.size)
+    deltas = [0.01 * (s * b + 0.8 * rng.normal(size=theta.size)) for s in (1.0, 1.0, 1.0, -1.0)]
+    locals_ = np.stack([theta - dl for dl in deltas]).astype(np.float32).astype(np.float64)
+    msgs = [train_reply(arrays_from_flat(x, template), pid, num_examples=k)
+            for pid, (x, k) in enumerate(zip(locals_, num_examples))]
+    return msgs, theta - locals_
+
+
+def test_craft_strategy_resolves_conflicting_updates(digits_round):
+    """The plain average conflicts with a client; CRAFT's step gives every unit client update
+    exactly its weight of progress per layer (U_q g_q = ρ), matching numpy's pseudo-inverse;
+    two rounds, the second anchored to the first."""
+    template, _, _ = digits_round
+    rng = np.random.default_rng(7)
+    strat = registry.build(load_config({"method": "craft"}), model=mlp())
+    groups = [(g.start, g.stop) for g in layer_groups(mlp())]
+    n = np.array([10, 30, 60, 20], dtype=np.float64)
+    arrays, reference = template, None
+    for server_round in (1, 2):
+        current = flat64(arrays)
+        msgs, deltas = conflicting_replies(template, current, rng)
+        assert (deltas @ deltas.mean(0) < 0).any()  # a client the average works against
+        arrays, metrics = aggregate_arrays(strat, server_round, arrays, msgs)
+        g = np.concatenate([reference_craft(deltas[:, a:b], n, None if reference is None else reference[a:b])
+                            for a, b in groups])
+        np.testing.assert_allclose(flat64(arrays), current - 0.1 * g, atol=2e-5)
+        for a, b in groups:
+            u = deltas[:, a:b] / np.linalg.norm(deltas[:, a:b], axis=1, keepdims=True)
+            np.testing.assert_allclose(u @ g[a:b], n / n.sum(), atol=1e-6)
+        assert metrics[craft.CONFLICT_BEFORE] == 0.25 and metrics[craft.CONFLICT_AFTER] == 0.0
+        reference = g
+
+
 def test_craft_without_a_model_groups_by_keys(digits_round):
     # the MLP has no norm layers: the key groups are the module groups, the result the same
     template, _, replies = digits_round
@@ -418,8 +457,19 @@ PRESETS = sorted(Path(__file__).resolve().parents[1].glob("run_configs/craft_*.t
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
 def test_presets_load_and_build(path):
     cfg = load_config(str(path))
-    assert cfg.method == "craft" and cfg.dirichlet_alpha == 0.1
+    assert cfg.method == "craft"
     registry.build(cfg)
+    if path.name.startswith("digits"):
+        assert cfg.dirichlet_alpha == 0.1
+        return
+    # the authors' setup: their models, merged pools split 80/20 per client, >= 20 examples each
+    assert cfg.model.startswith("craft-") and cfg.data_pool == "merged" and cfg.local_test_fraction == 0.2
+    assert cfg.min_partition_size == 20
+    if cfg.dataset == "femnist":
+        assert (cfg.partitioner, cfg.model) == ("writer", "craft-mlp")
+    else:
+        assert (cfg.partitioner, cfg.dirichlet_alpha) == ("dirichlet-balanced", 0.1)
+        assert cfg.augment == ("crop-flip" if cfg.dataset == "cifar10" else "none")
 
 
 def test_digits_preset_repeats_the_shared_setting():

@@ -7,10 +7,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from client_app import data as data_mod
 from client_app.data import DataError, load_federated_data, partition_labels
-from fedcore.config import load_config
+from fedcore.config import ConfigError, load_config
 
 
 def _cfg(**kw):
@@ -222,3 +223,150 @@ def test_dirichlet_retries_seeds_where_flwr_datasets_gives_up():
     assert min(sizes) >= cfg.min_partition_size
     again = partition_labels(fd.y.numpy(), cfg)
     assert len(again) == 20
+
+
+# -- the CRAFT authors' data setup: balanced Dirichlet, writers, merged pools, augmentation ------
+def test_balanced_dirichlet_gives_every_client_the_same_size_with_label_skew():
+    labels = np.repeat(np.arange(10), [300, 250, 200, 150, 120, 100, 80, 60, 40, 17])  # 1317, unbalanced
+    cfg = _cfg(num_clients=20, partitioner="dirichlet-balanced", dirichlet_alpha=0.1, min_partition_size=20)
+    parts = partition_labels(labels, cfg)
+    sizes = sorted(len(p) for p in parts)
+    assert sizes == [65] * 3 + [66] * 17  # ⌊1317/20⌋ = 65; the 17 left over go one each
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(set(allidx.tolist())) == len(labels)  # disjoint and covering
+    assert _mean_classes(parts, labels) < 5  # still label-skewed (α = 0.1)
+    unbalanced = partition_labels(labels, _cfg(num_clients=20, dirichlet_alpha=0.1, min_partition_size=2))
+    assert max(map(len, unbalanced)) > 2 * min(map(len, unbalanced))  # flwr-datasets' is not balanced
+    again = partition_labels(labels, cfg)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    other = partition_labels(labels, _cfg(num_clients=20, partitioner="dirichlet-balanced", seed=1))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_balanced_dirichlet_refuses_clients_below_the_minimum():
+    labels = np.repeat(np.arange(10), 30)
+    with pytest.raises(DataError, match="min-partition-size"):
+        partition_labels(labels, _cfg(num_clients=20, partitioner="dirichlet-balanced", min_partition_size=20))
+
+
+def test_writer_partition_is_the_natural_id_partition_of_drawn_writers():
+    from datasets import Dataset
+    from flwr_datasets.partitioner import NaturalIdPartitioner
+
+    rng = np.random.default_rng(0)
+    writers = rng.choice([f"f{i:04d}" for i in range(40)], size=2000)
+    cfg = _cfg(num_clients=12, partitioner="writer", dataset="femnist", min_partition_size=10)
+    parts = partition_labels(np.zeros(2000, dtype=np.int64), cfg, writers=writers)
+    natural = NaturalIdPartitioner(partition_by="writer")
+    natural.dataset = Dataset.from_dict({"writer": writers.tolist(), "idx": list(range(2000))})
+    by_writer = {natural.partition_id_to_natural_id[i]: sorted(natural.load_partition(i)["idx"])
+                 for i in range(natural.num_partitions)}
+    assert len(parts) == 12
+    drawn = [writers[p[0]] for p in parts]
+    assert len(set(drawn)) == 12
+    for w, p in zip(drawn, parts):
+        assert p.tolist() == by_writer[w]  # a client is exactly one writer's examples
+    with pytest.raises(DataError, match="writer"):
+        partition_labels(np.zeros(2000, dtype=np.int64), _cfg(num_clients=41, partitioner="writer",
+                                                             dataset="femnist"), writers=writers)
+
+
+def test_writer_partition_from_a_local_copy_with_merged_pools(tmp_path):
+    rng = np.random.default_rng(3)
+    for split, n in (("train", 300), ("test", 60)):
+        table = pa.table({"image": [im.tolist() for im in rng.integers(0, 256, size=(n, 6, 6)).astype(np.uint8)],
+                          "label": pa.array(rng.integers(0, 4, n), type=pa.int64()),
+                          "writer_id": [f"w{i}" for i in rng.integers(0, 10, n)]})
+        pq.write_table(table, tmp_path / f"{split}.parquet")
+    cfg = _cfg(dataset_path=str(tmp_path), num_clients=6, partitioner="writer", data_pool="merged",
+               min_partition_size=5)
+    fd = load_federated_data(cfg)
+    assert fd.num_clients == 6
+    kept = np.concatenate(fd.train_idx + fd.test_idx)
+    assert len(fd.y) == len(kept) == len(set(kept.tolist()))  # only the drawn writers' examples
+    # merged pools: no held-out set, the central test set is every local test split
+    central = np.concatenate(fd.test_idx)
+    assert len(fd.y_central) == len(central)
+    torch.testing.assert_close(fd.x_central, fd.x[torch.from_numpy(central)])
+    with pytest.raises(ConfigError, match="writer"):
+        _cfg(partitioner="writer")  # digits has no writers
+
+
+def test_merged_pool_partitions_every_example():
+    split = load_federated_data(_cfg(num_clients=8, seed=1))
+    merged = load_federated_data(_cfg(num_clients=8, seed=1, data_pool="merged"))
+    assert len(split.y) + len(split.y_central) == len(merged.y) == 1797  # digits: nothing held out
+    assert len(merged.y_central) == sum(len(t) for t in merged.test_idx)
+
+
+def test_validation_split_leaves_the_test_split_as_it_was():
+    plain = load_federated_data(_cfg(num_clients=8, seed=1))
+    plain_train, plain_test = [t.copy() for t in plain.train_idx], [t.copy() for t in plain.test_idx]
+    assert not plain.has_validation
+    fd = load_federated_data(_cfg(num_clients=8, seed=1, val_fraction=0.1))
+    assert fd.has_validation
+    for pid in range(8):
+        tr, va, te = fd.train_idx[pid], fd.val_idx[pid], fd.test_idx[pid]
+        assert np.array_equal(te, plain_test[pid])  # the reported test split is unchanged
+        assert np.array_equal(np.sort(np.concatenate([tr, va])), plain_train[pid])  # carved out of train
+        n = len(plain_train[pid]) + len(te)
+        assert len(va) == max(1, round(0.1 * n)) and len(tr) >= 1
+    assert fd.label_counts().sum() == len(fd.y)
+    with pytest.raises(ConfigError, match="val-fraction"):
+        _cfg(val_fraction=0.8)
+
+
+def test_crop_flip_pads_with_black_crops_and_flips_seeded():
+    import torch
+
+    from client_app.data import crop_flip
+
+    x = torch.arange(2 * 3 * 5 * 5, dtype=torch.float32).reshape(2, 3, 5, 5)
+    fill = torch.tensor([-1.0, -2.0, -3.0])
+    aug = crop_flip(fill, padding=2)
+    a = aug(x, torch.Generator().manual_seed(0))
+    assert torch.equal(a, aug(x, torch.Generator().manual_seed(0)))  # seeded
+    assert a.shape == x.shape
+    # every output is a (possibly flipped) window of the padded image
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for c, v in enumerate(fill):
+        padded[:, c][(padded[:, c] == 0) & ~torch.nn.functional.pad(torch.ones(5, 5, dtype=torch.bool), (2,) * 4)] = v
+    draws, seen_flip, seen_shift = 0, False, False
+    for seed in range(40):
+        out = aug(x, torch.Generator().manual_seed(seed))
+        for b in range(2):
+            ok = False
+            for dy in range(5):
+                for dx in range(5):
+                    win = padded[b, :, dy:dy + 5, dx:dx + 5]
+                    if torch.equal(out[b], win) or torch.equal(out[b], win.flip(-1)):
+                        ok = True
+                        seen_flip |= torch.equal(out[b], win.flip(-1)) and not torch.equal(win, win.flip(-1))
+                        seen_shift |= (dy, dx) != (2, 2)
+            assert ok
+            draws += 1
+    assert seen_flip and seen_shift
+
+
+def test_augmentation_touches_training_batches_only():
+    """With augment='crop-flip' a client's training differs from the plain run; scoring does not."""
+    import torch
+
+    from client_app.data import batch_augmentation
+    from client_app.methods import get_client_method
+    from client_app.models import build_model
+    from tests.helpers import make_job
+
+    cfg = _cfg(num_clients=8, augment="crop-flip")
+    fd = load_federated_data(cfg)
+    assert batch_augmentation(_cfg(num_clients=8), fd) is None
+    x, y = fd.client_train(0)
+    outs = []
+    for augment in (None, batch_augmentation(cfg, fd)):
+        torch.manual_seed(0)
+        model = build_model("mlp", fd.input_shape, fd.num_classes)
+        job = make_job(cfg, model, x, y)
+        job.augment = augment
+        get_client_method("sgd").train(job)
+        outs.append(torch.cat([p.detach().ravel() for p in model.parameters()]))
+    assert not torch.equal(outs[0], outs[1])

@@ -56,3 +56,21 @@ def test_fedpcd_simulation_reports_diagnostics(tmp_path):
                 fedpcd.M_FALLBACKS):
         assert key in second
     assert 0.0 < read_summary(out)["mean_acc"] <= 1.0
+
+
+def test_corrections_happen_where_clients_conflict(tmp_path):
+    """A setting where the FedAvg direction must violate some constraint (clients holding one
+    class each, τ = 0.5): some round has an active constraint, and there the applied direction
+    really differs from ḡ (cosine < 1) — not only the corrected flag that follows from it."""
+    from tests.golden.harness import run_in_process
+
+    _, rounds, _ = run_in_process({
+        "method": "fedpcd", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 3,
+        "partitioner": "pathological", "classes-per-client": 1, "fedpcd-tau": 0.5, "eval-every": 0,
+        "checkpoint-every": 0, "output-dir": str(tmp_path)})
+    diags = [r["strategy"] for r in rounds]
+    assert any(d[fedpcd.M_ACTIVE] > 0 for d in diags), diags
+    for d in diags:
+        assert d[fedpcd.M_SOLVER_OK] == 1
+        if d[fedpcd.M_ACTIVE] > 0:
+            assert d[fedpcd.M_COSINE] < 1.0 - 1e-4 and d[fedpcd.M_CORRECTED] == 1

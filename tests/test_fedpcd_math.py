@@ -62,6 +62,55 @@ def test_agrees_with_primal_solve(m, dtype):
     np.testing.assert_allclose(d.double().numpy(), ref, atol=tol * np.linalg.norm(ref))
 
 
+def conflicting_instance(seed: int, m: int, d: int):
+    """Clients around a common direction plus one client against it (cosine about −0.3 with
+    the others' mean): at small m the FedAvg direction violates that client's constraint."""
+    rng = np.random.default_rng(seed)
+    common = unit(rng.normal(size=d))
+    g = common + 0.3 * rng.normal(size=(m, d)) / np.sqrt(d)
+    v = rng.normal(size=d)
+    other = unit(v - (v @ common) * common)  # orthogonal to the common direction
+    g[-1] = -0.3 * common + other  # the conflicting client
+    w = np.append(0.95 * rng.dirichlet(np.ones(m - 1)), 0.05)  # a small client: the mean hardly moves to it
+    return w @ g, g * rng.uniform(0.5, 3.0, size=(m, 1))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 10])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_active_constraints_agree_with_primal_solve(m, dtype):
+    """Small-m instances built to need a correction (the random instances above need none at
+    m ≤ 10): the corrected direction against cvxpy's primal solve in R^d, with at least one
+    multiplier positive and its constraint tight."""
+    tau = 0.1
+    if m == 1:  # one client at 120° from the primary
+        c = np.array([[math.cos(math.radians(120)), math.sin(math.radians(120)), 0.0]])
+        g_bar, g = np.array([2.0, 0.0, 0.0]), 3.0 * c
+    else:
+        g_bar, g = conflicting_instance(m, m, 50)
+    c = unit(g)
+    assert (c @ unit(g_bar) < tau).any()  # the primary is infeasible: a correction must happen
+    d, mu = fedpcd_direction(torch.tensor(g_bar, dtype=dtype), torch.tensor(g, dtype=dtype), tau)
+    mu = mu.numpy()
+    assert (mu > 0).any()
+    ref = primal_reference(unit(g_bar), c, tau * np.ones(m))
+    active = mu > 0
+    np.testing.assert_allclose(c[active] @ ref, tau, atol=1e-6)  # tight where μ > 0 (the reference's own KKT)
+    ref = np.linalg.norm(g_bar) * ref / np.linalg.norm(ref)
+    tol = 1e-6 if dtype == torch.float64 else 2e-3
+    np.testing.assert_allclose(d.double().numpy(), ref, atol=tol * np.linalg.norm(ref))
+    assert (c @ d.double().numpy() > 0).all()  # every client now makes progress
+
+
+def test_worked_example_geometry_against_primal_solve():
+    """The paper's worked example (m = 3, one active constraint) through the independent solve."""
+    c = np.array([[math.cos(math.radians(a)), math.sin(math.radians(a))] for a in (10, 45, 155)])
+    d, mu = fedpcd_direction(torch.tensor(c.mean(0)), torch.tensor(c), 0.25)
+    assert (mu.numpy() > 0).tolist() == [False, False, True]
+    ref = primal_reference(unit(c.mean(0)), c, 0.25 * np.ones(3))
+    ref = np.linalg.norm(c.mean(0)) * ref / np.linalg.norm(ref)
+    np.testing.assert_allclose(d.numpy(), ref, atol=1e-6)
+
+
 @pytest.mark.parametrize("m", [5, 30, 100])
 def test_kkt_conditions(m):
     g_bar, g = instance(100 + m, m, 200, spread=5.0)

@@ -50,3 +50,79 @@ def test_resnet18_stem_is_3x3_stride1_without_maxpool():
 def test_cnn_rejects_too_small_inputs():
     with pytest.raises(ValueError, match="at least 8"):
         build_model("cnn", (1, 4, 4), 10)
+
+
+# -- the CRAFT authors' models (their fed/nets.py), under their own names ----------------------
+@pytest.mark.parametrize(
+    "name, shape, classes, params",
+    [
+        # 784 -> 200 -> 200 -> 62 (FEMNIST)
+        ("craft-mlp", (1, 28, 28), 62, _count_linear(784, 200) + _count_linear(200, 200) + _count_linear(200, 62)),
+        # conv 5x5 3->64, 64->64 (valid), pools: 32 -> 28 -> 14 -> 10 -> 5; FC 1600 -> 384 -> 192 -> 10
+        ("craft-cnn", (3, 32, 32), 10, (3 * 25 * 64 + 64) + (64 * 25 * 64 + 64) + _count_linear(1600, 384)
+         + _count_linear(384, 192) + _count_linear(192, 10)),
+        ("craft-cnn", (1, 28, 28), 62, (25 * 64 + 64) + (64 * 25 * 64 + 64) + _count_linear(1024, 384)
+         + _count_linear(384, 192) + _count_linear(192, 62)),
+        # He et al.'s CIFAR ResNets with parameter-free shortcuts: 0.27M / 0.85M / 1.7M
+        ("craft-resnet20", (3, 32, 32), 10, 269_722),
+        ("craft-resnet56", (3, 32, 32), 10, 853_018),
+        ("craft-resnet110", (3, 32, 32), 10, 1_727_962),
+    ],
+)
+def test_craft_models_shapes_and_counts(name, shape, classes, params):
+    model = build_model(name, shape, classes)
+    assert model(torch.zeros(3, *shape)).shape == (3, classes)
+    assert num_parameters(model) == params
+
+
+def test_craft_cnn_has_dropout_before_relu_and_no_normalisation():
+    model = build_model("craft-cnn", (3, 32, 32), 10)
+    assert [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)] == [0.2, 0.5]
+    assert not any(isinstance(m, (torch.nn.GroupNorm, torch.nn.modules.batchnorm._BatchNorm)) for m in model.modules())
+    assert model.conv1.kernel_size == (5, 5) and model.conv1.padding == (0, 0) and model.conv1.out_channels == 64
+    model.train()
+    x = torch.randn(2, 3, 32, 32)
+    torch.manual_seed(0)
+    a = model(x)
+    torch.manual_seed(1)
+    assert not torch.equal(a, model(x))  # dropout is live in training
+    model.eval()
+    assert torch.equal(model(x), model(x))
+
+
+def test_craft_resnet_option_a_shortcuts_groupnorm_one_group_kaiming():
+    from client_app.models import ShortcutA
+
+    torch.manual_seed(0)
+    model = build_model("craft-resnet56", (3, 32, 32), 10)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert len(norms) == 1 + 2 * 27 and all(m.num_groups == 1 for m in norms)
+    assert not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    # no parameter outside convolutions, GroupNorms and the classifier: the shortcuts have none
+    assert all(".shortcut" not in k for k in model.state_dict())
+    assert sum(isinstance(m, ShortcutA) for m in model.modules()) == 2
+    # option A: every second pixel, the new channels zero
+    x = torch.randn(2, 16, 8, 8)
+    out = ShortcutA(16, 32, 2)(x)
+    assert out.shape == (2, 32, 4, 4)
+    torch.testing.assert_close(out[:, 8:24], x[:, :, ::2, ::2])
+    assert out[:, :8].abs().sum() == 0 and out[:, 24:].abs().sum() == 0
+    # Kaiming-normal (fan-in, gain √2) weights of the convs and the classifier
+    big = model.layer3[0].conv2.weight  # 64·64·9 weights, fan-in 576
+    assert float(big.std()) == pytest.approx((2.0 / 576) ** 0.5, rel=0.03)
+    assert float(model.linear.weight.std()) == pytest.approx((2.0 / 64) ** 0.5, rel=0.15)
+
+
+def test_craft_layer_groups_are_convs_with_their_norms_and_the_classifier():
+    from strategies.craft import layer_groups
+
+    groups = layer_groups(build_model("craft-resnet20", (3, 32, 32), 10))
+    assert len(groups) == 19 + 1  # 19 convs (each with its GroupNorm) + the linear layer
+    assert groups[0].keys == ("conv1.weight", "gn1.weight", "gn1.bias") and groups[-1].keys == ("linear.weight", "linear.bias")
+    assert [g.keys for g in layer_groups(build_model("craft-mlp", (1, 28, 28), 62))] == [
+        ("fc1.weight", "fc1.bias"), ("fc2.weight", "fc2.bias"), ("fc3.weight", "fc3.bias")]
+
+
+def test_craft_cnn_rejects_too_small_inputs():
+    with pytest.raises(ValueError, match="at least 16"):
+        build_model("craft-cnn", (1, 8, 8), 10)

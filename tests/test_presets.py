@@ -28,3 +28,43 @@ def test_baseline_presets_are_the_digits_setting_plus_method_keys(preset):
     assert {k: v for k, v in raw.items() if k in digits and k != "method"} == {k: v for k, v in digits.items()
                                                                                if k != "method"}
     assert all(k in digits or k.startswith(cfg.method + "-") for k in raw)
+
+
+# Paper presets and the sweeps that reproduce the same paper's tables run the same rounds.
+FAMILIES = [
+    ("fedpcd_*.toml", ["fedpcd_table1.toml", "fedpcd_ablation.toml", "fedpcd_history.toml"]),
+    ("craft_*.toml", ["craft_table1.toml"]),
+    ("federage_*.toml", ["federage_table1.toml"]),
+    ("digits_fedpcd.toml", ["fedpcd_table1_digits.toml", "fedpcd_ablation_digits.toml", "fedpcd_history_digits.toml"]),
+    ("digits_craft.toml", ["craft_table1_digits.toml"]),
+    ("digits_federage.toml", ["federage_table1_digits.toml"]),
+]
+
+
+def _sweep_rounds(path):
+    sweep = tomllib.loads(path.read_text())
+    rounds = {sweep["base"].get("num-server-rounds")}
+    for entry in sweep.get("settings", []) + sweep.get("methods", []):
+        rounds.add(entry.get("num-server-rounds", sweep["base"].get("num-server-rounds")))
+    return rounds
+
+
+@pytest.mark.parametrize("pattern, sweeps", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_presets_and_sweeps_of_one_paper_run_the_same_rounds(pattern, sweeps):
+    presets = sorted(RUN_CONFIGS.glob(pattern))
+    assert presets
+    preset_rounds = {load_config(str(p)).num_server_rounds for p in presets}
+    sweep_rounds = set().union(*(_sweep_rounds(RUN_CONFIGS / "sweeps" / s) for s in sweeps))
+    assert preset_rounds == sweep_rounds, (pattern, preset_rounds, sweeps, sweep_rounds)
+
+
+@pytest.mark.parametrize("sweep", ["federage_table1.toml", "federage_table1_digits.toml"])
+def test_federage_table1_sweeps_follow_algorithm_2_over_five_seeds(sweep):
+    spec = tomllib.loads((RUN_CONFIGS / "sweeps" / sweep).read_text())
+    assert spec["seeds"] == [0, 1, 2, 3, 4]  # Table I: five seeds
+    assert spec["base"]["local-steps"] > 0 and spec["base"]["val-fraction"] > 0
+    federage = next(m for m in spec["methods"] if m["method"] == "federage")
+    assert federage["federage-averaged-iterate"] is True
+    for preset in sorted(RUN_CONFIGS.glob("federage_*.toml")) + [RUN_CONFIGS / "digits_federage.toml"]:
+        cfg = load_config(str(preset))
+        assert cfg.local_steps > 0 and cfg.val_fraction > 0 and cfg.params["federage-averaged-iterate"] is True

@@ -299,3 +299,35 @@ def test_several_sweeps_below_one_folder_keep_their_settings_apart(tmp_path):
         (tmp_path / name / "sweep.json").write_text(json.dumps({"name": name, "runs": [
             {"setting": "default", "method": "fedavg", "folder": "default/fedavg/base/seed0"}]}))
     assert sorted(r.setting for r in report.load_runs(tmp_path)) == ["sweep-a/default", "sweep-b/default"]
+
+
+def _add_validation(folder: Path, val_mean_acc: float) -> None:
+    summary = json.loads((folder / "summary.json").read_text())
+    write_json_atomic(folder / "summary.json", {**summary, "val_mean_acc": val_mean_acc})
+
+
+def test_grid_point_is_selected_on_validation_when_the_runs_have_it(sweep_out):
+    # Prepare: on test τ=0.02 is best (0.76 vs 0.733); on validation τ=0.01 is (0.9 vs 0.5)
+    for folder in sweep_out.rglob("summary.json"):
+        _add_validation(folder.parent, 0.9 if "fedpcd-tau=0.01" in str(folder) else 0.5)
+    runs = [r for r in report.load_runs(sweep_out) if r.method == "fedpcd"]
+    # Execute
+    best, _ = report.best_variant(runs)
+    md, csv_path = report.report(sweep_out)
+    # Assert: selected on validation, reported on test, and the report says so
+    assert best == "fedpcd-tau=0.01"
+    row = {r["method"]: r for r in csv.DictReader(open(csv_path))}["fedpcd"]
+    assert row["hyperparameters"] == "fedpcd-tau=0.01"
+    assert float(row["mean_acc_mean"]) == pytest.approx((0.8 + 0.7 + 0.7) / 3)  # the test numbers
+    text = md.read_text()
+    assert "on the validation split" in text and "Warning" not in text
+
+
+def test_selecting_on_test_is_said_and_warned_about(sweep_out):
+    runs = [r for r in report.load_runs(sweep_out) if r.method == "fedpcd"]
+    with pytest.warns(UserWarning, match="selected on the test accuracy"):
+        report.best_variant(runs)
+    with pytest.warns(UserWarning):
+        md, _ = report.report(sweep_out)
+    text = md.read_text()
+    assert "on the test split" in text and "**Warning:** hyperparameters selected on the test split" in text

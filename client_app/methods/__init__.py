@@ -32,6 +32,7 @@ class LocalTraining:
 
     local_epochs: int = 1
     batch_size: int = 32  # 0 = full batch
+    local_steps: int = 0  # > 0: exactly this many steps on i.i.d. sampled batches (not epochs)
     momentum: float = 0.0
     weight_decay: float = 0.0
     eval_batch_size: int = 128  # batch size of scoring passes (loss-before, evaluation)
@@ -51,6 +52,8 @@ class TrainJob:
     request: RecordDict  # the whole request (strategy extras: control variates, ...)
     state: RecordDict  # the node's persistent context.state (per-client memory)
     config: dict  # the request's ConfigRecord as a dict (per-round values included)
+    # augments each training batch: augment(batch, generator) (None = no augmentation)
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
 
 
 @dataclasses.dataclass

@@ -7,12 +7,13 @@ from client_app.training import local_sgd
 
 
 def run_sgd(job: TrainJob, **hooks) -> TrainOutcome:
-    """Local SGD on the job's data with the run's epochs/batch/lr (hooks pass through)."""
+    """Local SGD on the job's data with the run's epochs (or local steps)/batch/lr, the job's
+    batch augmentation (hooks pass through)."""
     res = local_sgd(
         job.model, job.x, job.y,
         epochs=job.cfg.local_epochs, batch_size=job.cfg.batch_size, lr=job.lr,
         momentum=job.cfg.momentum, weight_decay=job.cfg.weight_decay,
-        generator=job.generator, **hooks,
+        generator=job.generator, steps=job.cfg.local_steps, transform=job.augment, **hooks,
     )
     return TrainOutcome(num_steps=res.num_steps, train_loss=res.train_loss)
 
