@@ -162,8 +162,11 @@ def usable_cores() -> int:
 def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, warmup: str | None,
                  run_config: dict, run_id: int) -> None:
     """A worker: load the ClientApp once, then answer (message id, message, context) until None."""
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops the workers
     torch.set_num_threads(threads)
     if gpu is not None:
         torch.cuda.set_device(gpu)
@@ -272,9 +275,13 @@ class _Pool:
             if not self.pending:
                 return
             if w.busy is None and w.process.is_alive():
-                mid, message, context = self.pending.pop(0)
-                w.conn.send((mid, message, context))
-                w.busy = mid
+                task = self.pending.pop(0)
+                try:
+                    w.conn.send(task)
+                except OSError:  # it has just died: the task goes to another worker
+                    self.pending.insert(0, task)
+                    continue
+                w.busy = task[0]
 
     def wait(self, timeout: float | None) -> None:
         """Collect the results that arrive within ``timeout`` s, then hand out pending tasks."""
@@ -286,18 +293,17 @@ class _Pool:
         busy = [w for w in self.workers if w.busy is not None]
         ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout) if busy else []
         for w in busy:
-            if w.conn in ready:
-                try:
-                    mid, reply, context = w.conn.recv()
-                except EOFError:
-                    continue  # died while replying: its sentinel reports it
-                self.done[mid] = (reply, context)
-                w.busy = None
-            elif w.process.sentinel in ready:
+            if w.conn not in ready and w.process.sentinel not in ready:
+                continue
+            try:
+                mid, reply, context = w.conn.recv()
+            except (EOFError, OSError):  # it died (its pipe closed) before replying
+                w.process.join(1.0)
                 log.error("local engine: worker %d (pid %d) died with exit code %s",
                           self.workers.index(w), w.process.pid, w.process.exitcode)
-                self.done[w.busy] = (None, None)  # the grid turns it into an error reply
-                w.busy = None
+                mid, reply, context = w.busy, None, None  # the grid turns it into an error reply
+            self.done[mid] = (reply, context)
+            w.busy = None
         self._dispatch()
 
     def close(self) -> None:

@@ -114,6 +114,8 @@ def _probe_app():
         handled["messages"] += 1
         seen = int(context.state["probe"]["seen"]) + 1 if "probe" in context.state else 1
         context.state["probe"] = MetricRecord({"seen": seen})  # kept by the node across rounds
+        if msg.content["config"].get("die", 0):
+            os._exit(3)  # a crash (a segfault, the OOM killer): the process is gone
         if msg.content["config"].get("fail", 0):
             raise ValueError(f"partition {context.node_config[keys.PARTITION_ID]} was asked to fail")
         metrics = {keys.PARTITION_ID: context.node_config[keys.PARTITION_ID],

@@ -76,6 +76,18 @@ def test_nodes_keep_their_config_and_state_across_rounds(workers):
         assert served_by == {os.getpid()}
 
 
+def test_a_worker_that_dies_costs_its_message_not_the_run():
+    with engine.task_identity(), engine.LocalGrid(PROBE, 4, workers=2) as grid:
+        nodes = list(grid.get_node_ids())
+        msgs = [Message(RecordDict({"config": ConfigRecord({"x": 1, "die": int(i == 0)})}), dst_node_id=n,
+                        message_type=MessageType.TRAIN) for i, n in enumerate(nodes)]
+        first = list(grid.send_and_receive(msgs))
+        second = _round(grid, x=2)  # the other worker answers every node now
+    assert first[0].has_error() and "died" in first[0].error.reason
+    assert not any(r.has_error() for r in first[1:] + second)
+    assert len({r.content[keys.METRICS]["pid"] for r in second}) == 1
+
+
 def test_a_message_to_an_unknown_node_gets_an_error_reply():
     with engine.task_identity(), engine.LocalGrid(PROBE, 2) as grid:
         msg = Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=12345, message_type="train")
