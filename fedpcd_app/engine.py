@@ -163,6 +163,7 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
                  run_config: dict, run_id: int) -> None:
     """A worker: load the ClientApp once, then answer (message id, message, context) until None."""
     import signal
+    import sys
 
     import torch
 
@@ -180,8 +181,10 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
                 task = conn.recv()
             except EOFError:  # the driver is gone
                 return
-            if task is None:
-                return
+            if task is None:  # nothing to keep: skip the interpreter's (torch's) slow teardown
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
             mid, message, context = task
             conn.send((mid, deliver(app, message, context), context))
 

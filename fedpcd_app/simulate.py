@@ -216,21 +216,19 @@ class LocalSuperLink:
         self._stop_watch.set()
         self._watch.join()
         self.seen.update(_descendants(self.process.pid))
-        if self.process.poll() is None:
-            self.process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(5.0)
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 0.0)):
+        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
+            if self.process.poll() is None:
+                self.process.send_signal(sig)
             alive = [pid for pid, started in self.seen.items() if _start_time(pid) == started]
             for pid in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + grace
-            while alive and time.monotonic() < deadline:
-                time.sleep(0.1)
+            while (alive or self.process.poll() is None) and time.monotonic() < deadline:
+                time.sleep(0.05)
                 alive = [pid for pid in alive if _start_time(pid) == self.seen[pid]]
-        if self.process.poll() is None:
-            self.process.kill()
+            if not alive and self.process.poll() is not None:
+                break
         self.process.wait()
         shutil.rmtree(self.home / "apps", ignore_errors=True)
 
