@@ -231,6 +231,24 @@ def _start_method(preload: list[str]):
     return multiprocessing.get_context("spawn")
 
 
+def stop_forkserver() -> None:
+    """Stop this process's forkserver (what the workers fork from) by its PID, for a command
+    that is about to exit: without it the server outlives the command by its interpreter's
+    teardown (seconds with torch loaded), holding the command's output pipes. A later pool
+    starts a new one. (``multiprocessing.forkserver`` keeps its PID in a private attribute.)"""
+    import signal
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(AttributeError, OSError):
+        server._stop()
+
+
 class _Pool:
     """Worker processes answering tasks; a free worker takes the next pending task.
 

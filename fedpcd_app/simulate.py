@@ -294,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        from fedpcd_app.engine import stop_forkserver
+
+        stop_forkserver()
     print(out, flush=True)
     return 0
 

@@ -227,9 +227,13 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    from fedpcd_app.engine import stop_forkserver
     from fedpcd_app.simulate import simulate
 
-    return str(simulate({**overrides, "output-dir": folder}, **(engine or {})))
+    try:
+        return str(simulate({**overrides, "output-dir": folder}, **(engine or {})))
+    finally:
+        stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
 
 
 def default_workers(jobs: int) -> int:
