@@ -48,7 +48,7 @@ print(json.dumps(info))
 PY
 
 if [ "$SMOKE" = 1 ]; then
-  SIM=(--settings cnn --train-images 600 --test-images 200 --rounds 3 --eval-every 3 --floor-repeats 1 --workers 2
+  SIM=(--settings cnn --train-images 5000 --test-images 1000 --rounds 3 --eval-every 3 --floor-repeats 1 --workers 2
        --num-cpus 1 --no-e2e)
   AGG=(--sizes mlp --rounds 3 --timed 1 --methods fedavg,fedpcd)
 else
