@@ -167,7 +167,13 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
 
     import torch
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops the workers
+    # A session of its own, as Ray starts its actors: terminal signals (Ctrl-C) reach only the
+    # driver, which stops the workers; and where the kernel groups CPU time by session
+    # (autogroup), the workers get the share Ray's actors get rather than splitting the
+    # driver's. A worker still ends with the driver: its pipe closes.
+    with contextlib.suppress(OSError):
+        os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     if gpu is not None:
         torch.cuda.set_device(gpu)
