@@ -1,20 +1,28 @@
-"""Per-round wall time of this app in Flower's simulation vs a plain PyTorch loop (the floor).
+"""Wall time of this app on both engines next to a plain PyTorch loop (the floor), and end to end.
 
-    flock /tmp/fedpcd-heavy.lock python benchmarks/simulation.py            # both settings
-    python benchmarks/simulation.py --settings cnn --rounds 9 --json out.json
+    flock /tmp/fedpcd-heavy.lock python benchmarks/simulation.py            # everything, both engines
+    python benchmarks/simulation.py --settings cnn --engines local --rounds 9 --no-e2e --json out.json
+    python benchmarks/simulation.py --settings cnn --device cuda --workers 4 --num-cpus 4 --ray-num-gpus 0.25
 
-For each setting the app runs through :func:`fedpcd_app.simulate.simulate` (Ray actors,
-the in-memory grid, ArrayRecord messages, the ClientApp) and the per-round times are read
-from its ``rounds.jsonl`` (``train_seconds + aggregate_seconds [+ eval_seconds]``; round 1
-carries Ray's start-up and is excluded). Then, in this process, the floor replays the very
-same rounds: for each sampled client of each round (the ``sampled`` lists of the app's
-run) it loads the global weights into one model, computes ``loss-before`` (the forward pass
-over the local train split that every reply carries, needed by q-FFL, AFL and FedFV: the
-floor includes it, so both sides do the same arithmetic), runs :func:`local_sgd` with the
-app's seeded batch order, and averages the local models (FedAvg); on evaluation rounds it
-scores every client's test split and the central set with the app's batched scorer. The
-floor's train losses are checked against the app's (same clients, same batches, same
-weights: they must agree to float rounding), so the two sides provably do the same work.
+**Per round.** For each setting the app runs through :func:`fedpcd_app.simulate.simulate` on
+each engine of ``--engines`` (``local``: this project's engine, ``--workers`` worker processes;
+``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor), and
+the per-round times are read from its ``rounds.jsonl`` (the server's ``round_seconds`` [+
+``eval_seconds``]; round 1 carries the engine's start-up and is excluded). Then, in this
+process, the floor replays the very same rounds on ``--device``: for each sampled client of
+each round (the ``sampled`` lists of the app's run, the same on both engines) it loads the
+round's global weights into one model, computes ``loss-before`` when the app's clients did,
+runs :func:`local_sgd` with the app's seeded batch order, and averages the local models
+(FedAvg); on evaluation rounds it scores every client's test split and the central set with
+the app's batched scorer. Each floor round starts from the first engine's global model of
+that round (its checkpoints), so train losses agree to float rounding: both sides provably
+do the same work. Ratios > 1 are the engine's overhead (messages, serialisation, dispatch,
+per-message model handling); < 1 means the app's parallel clients beat the one-process loop.
+
+**End to end** (unless ``--no-e2e``): ``python -m fedpcd_app.simulate`` as a user types it,
+timed from the command to the process's exit (and to ``summary.json`` being written), for a
+3-round digits FedPCD run and the 60-round default experiment (FedPCD, pyproject defaults),
+on each engine (the local one with the default workers and with ``--workers 0``).
 
 Settings (``--settings``):
 
@@ -23,9 +31,6 @@ Settings (``--settings``):
   100 clients, 10 per round, 1 local epoch, batch 128.
 * ``digits``: the project's default digits MLP (sklearn digits, 20 clients, 5 per round,
   batch 16).
-
-Ratios > 1 are the simulation's overhead (message building, serialisation into Ray's
-object store, actor scheduling, grid polling, per-message model construction).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +58,8 @@ from fedcore.config import load_config  # noqa: E402
 from fedpcd_app.evaluation import score_central, score_clients  # noqa: E402
 from fedpcd_app.results import read_rounds  # noqa: E402
 from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parent.parent
 
 
 def write_cifar_like(folder: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
@@ -83,7 +91,7 @@ def settings(args, data_dir: Path) -> dict[str, dict]:
         "cnn": {
             "method": "fedavg", "model": "cnn", "dataset-path": str(data_dir), "num-clients": 100,
             "fraction-train": 0.1, "local-epochs": 1, "batch-size": 128, "lr": 0.05,
-            "dirichlet-alpha": 0.3, "min-partition-size": 10,
+            "dirichlet-alpha": 0.3, "min-partition-size": 10, "eval-batch-size": args.eval_batch_size,
         },
         "digits": {"method": "fedavg"},  # the pyproject defaults are the digits MLP setting
     }
@@ -120,7 +128,8 @@ def app_global_models(out_dir: Path, rounds: list[dict], model: torch.nn.Module)
     return start
 
 
-def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tensor]) -> list[dict]:
+def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tensor],
+              device: torch.device = torch.device("cpu")) -> list[dict]:
     """Replay the app's rounds as a plain in-process PyTorch loop; per-round seconds.
 
     Each round starts from the app's own global model of that round (``starts``), so the
@@ -128,12 +137,12 @@ def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tenso
     float rounding; the floor's own average is computed (and timed) all the same."""
     cfg = load_config(overrides)
     data = load_federated_data(cfg)
-    model = initial_model(cfg)
+    model = initial_model(cfg).to(device)
     params = list(model.parameters())
     out = []
     for rec in rounds:
         r = rec["round"]
-        theta = starts[r]
+        theta = starts[r].to(device)
         t0 = time.perf_counter()
         locals_, sizes, losses = [], [], []
         for pid in rec["sampled"]:
@@ -147,17 +156,21 @@ def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tenso
             locals_.append(torch.nn.utils.parameters_to_vector(params).detach().clone())
             sizes.append(len(y))
             losses.append(res.train_loss)
-        w = torch.tensor(sizes, dtype=torch.float32)
+        w = torch.tensor(sizes, dtype=torch.float32, device=device)
         theta = (w / w.sum()) @ torch.stack(locals_)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         work = time.perf_counter() - t0
         # The floor's FedAvg result vs the app's next global model (None after the last round).
-        gap = float((theta - starts[r + 1]).abs().max()) if r + 1 in starts else None
+        gap = float((theta.cpu() - starts[r + 1]).abs().max()) if r + 1 in starts else None
         ev = 0.0
         if "eval" in rec:
             t1 = time.perf_counter()
             load_vector(theta, params)
             score_clients(model, data, cfg.eval_batch_size)
             score_central(model, data, cfg.eval_batch_size)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             ev = time.perf_counter() - t1
         n = np.asarray(sizes, dtype=np.float64)
         out.append({"round": r, "work": work, "eval": ev, "model_gap": gap,
@@ -207,36 +220,59 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
     return parts
 
 
-def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
+def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, float]:
+    """One run of the app on ``engine``; (its output folder, its wall seconds in this process)."""
     from fedpcd_app.simulate import simulate
 
+    t0 = time.perf_counter()
+    out = simulate({**overrides, "output-dir": str(out_dir)}, engine=engine, workers=args.workers,
+                   num_cpus=args.num_cpus, num_gpus=args.ray_num_gpus)
+    return out, time.perf_counter() - t0
+
+
+def engine_label(engine: str, args) -> str:
+    if engine == "ray":
+        return f"ray ({args.num_cpus:g} CPU{', %g GPU' % args.ray_num_gpus if args.ray_num_gpus else ''}/actor)"
+    from fedpcd_app.engine import usable_cores
+
+    workers = usable_cores() if args.workers is None else args.workers
+    return f"local ({workers} worker{'s' if workers != 1 else ''})" if workers else "local (in-process)"
+
+
+def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]:
+    """Per-round seconds of each engine next to the floor (replayed once, from the first engine's run)."""
     overrides = {**overrides, "num-server-rounds": args.rounds, "eval-every": args.eval_every,
                  "seed": args.seed, "client-loss-before": args.loss_before,
                  # every round's global model on disk: the floor starts each round from it
-                 "checkpoint-every": 1, "checkpoint-keep": args.rounds,
-                 "output-dir": str(workdir / f"run-{name}")}
-    t0 = time.perf_counter()
-    out = simulate(overrides, num_cpus=args.num_cpus)
-    app_total = time.perf_counter() - t0
-    rounds = read_rounds(out)
+                 "checkpoint-every": 1, "checkpoint-keep": args.rounds}
+    runs = {e: run_app(overrides, args, workdir / f"run-{name}-{e}", e) for e in args.engines}
+    first = runs[args.engines[0]][0]
+    rounds0 = read_rounds(first)
     # The floor runs several passes, alternating torch's default thread count and one
     # thread (small batches and a busy machine favour one), and each round keeps its
     # fastest pass: this favours the floor, so the ratio is if anything pessimistic.
-    starts = app_global_models(out, rounds, initial_model(load_config(overrides)))
+    device = torch.device(args.device)
+    starts = app_global_models(first, rounds0, initial_model(load_config(overrides)))
     default_threads, floors = torch.get_num_threads(), []
     for i in range(args.floor_repeats):
         torch.set_num_threads(default_threads if i % 2 == 0 else 1)
-        floors.append(floor_run(overrides, rounds, starts))
+        floors.append(floor_run(overrides, rounds0, starts, device))
     torch.set_num_threads(default_threads)
     floor = [min(fs, key=lambda f: f["work"] + f["eval"]) for fs in zip(*floors)]
-    parts = breakdown(overrides, rounds[1])
+    parts = breakdown(overrides, rounds0[1])
+    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args)
+            for engine, (out, total) in runs.items()]
+
+
+def engine_result(name: str, engine: str, rounds: list[dict], total: float, floor: list[dict], parts: dict,
+                  args) -> dict:
     rows = []
     for rec, fl in zip(rounds, floor):
         work, ev = round_seconds(rec)
         rows.append({"round": rec["round"], "eval_round": "eval" in rec, "app_work": work,
                      "app_eval": ev, "floor_work": fl["work"], "floor_eval": fl["eval"],
                      "loss_diff": abs(rec["train_loss"] - fl["train_loss"]), "model_gap": fl["model_gap"]})
-    body = [r for r in rows if r["round"] > 1]  # round 1 carries Ray start-up
+    body = [r for r in rows if r["round"] > 1]  # round 1 carries the engine's start-up
     plain = [r for r in body if not r["eval_round"]]
 
     def ratio(rs, with_eval):
@@ -248,9 +284,10 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
     a_we, f_we, r_we = ratio(body, True)
     evals = [r for r in body if r["eval_round"]]
     return {
-        "setting": name, "rounds": args.rounds, "eval_every": args.eval_every,
+        "setting": name, "engine": engine, "engine_label": engine_label(engine, args),
+        "rounds": args.rounds, "eval_every": args.eval_every,
         "first_round_seconds": rows[0]["app_work"] + rows[0]["app_eval"],
-        "app_total_seconds": app_total,
+        "app_total_seconds": total,
         "no_eval": {"rounds": len(plain), "app_s": a_ne, "floor_s": f_ne, "ratio": r_ne,
                     "app_median_s": statistics.median(r["app_work"] for r in plain),
                     "floor_median_s": statistics.median(r["floor_work"] for r in plain)},
@@ -266,57 +303,133 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> dict:
     }
 
 
+# -- end to end: the command a user types, to the process's exit ------------------------------------
+E2E_RUNS = {"fedpcd 3 rounds": "method='fedpcd' num-server-rounds=3",
+            "fedpcd 60 rounds (default experiment)": "method='fedpcd'"}
+
+
+def end_to_end(args, workdir: Path) -> list[dict]:
+    """``python -m fedpcd_app.simulate`` timed from the command to exit, per run and engine."""
+    variants = [("local", None), ("local", 0), ("ray", None)] if args.workers is None else \
+        [("local", args.workers), ("ray", None)]
+    out = []
+    for what, run_config in E2E_RUNS.items():
+        for engine, workers in variants:
+            if engine not in args.engines:
+                continue
+            folder = workdir / f"e2e-{len(out)}"
+            cmd = [sys.executable, "-m", "fedpcd_app.simulate", "--engine", engine,
+                   "--run-config", f"{run_config} output-dir='{folder}'"]
+            if engine == "local" and workers is not None:
+                cmd += ["--workers", str(workers)]
+            if engine == "ray":
+                cmd += ["--num-cpus", f"{args.num_cpus:g}", "--num-gpus", f"{args.ray_num_gpus:g}"]
+            t0 = time.time()
+            proc = subprocess.run(cmd, cwd=PROJECT, capture_output=True, text=True)
+            wall = time.time() - t0
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+            written = (folder / "summary.json").stat().st_mtime - t0
+            label = engine_label(engine, argparse.Namespace(**{**vars(args), "workers": workers}))
+            out.append({"run": what, "engine": engine, "engine_label": label, "workers": workers,
+                        "wall_s": wall, "summary_written_s": written, "exit_after_summary_s": wall - written,
+                        "deprecation_banner": "deprecat" in (proc.stdout + proc.stderr).lower()})
+    return out
+
+
+def print_tables(meta: dict, results: list[dict], e2e: list[dict]) -> None:
+    print(f"# {meta['date']}  {meta['machine']}  {meta['cpus']} CPUs, torch {meta['torch']}, floor on "
+          f"{meta['device']}, cnn data {meta['train_images']}/{meta['test_images']} train/test images, "
+          f"client-loss-before={meta['client_loss_before']}")
+    print(f"{'setting':8} {'engine':28} {'rounds':>6} {'app s/rnd':>10} {'floor s/rnd':>12} {'ratio':>6}   "
+          f"{'+eval app':>10} {'+eval floor':>12} {'ratio':>6}   {'round 1 s':>9}  {'max |Δloss|':>11}  "
+          f"{'max |Δθ|':>9}")
+    for r in results:
+        ne, we = r["no_eval"], r["with_eval"]
+        print(f"{r['setting']:8} {r['engine_label']:28} {ne['rounds']:>6} {ne['app_s']:>10.3f} {ne['floor_s']:>12.3f} "
+              f"{ne['ratio']:>6.2f}   {we['app_s']:>10.3f} {we['floor_s']:>12.3f} {we['ratio']:>6.2f}   "
+              f"{r['first_round_seconds']:>9.2f}  {r['max_train_loss_diff']:>11.2e}  {r['max_model_gap']:>9.2e}")
+    firsts = {r["setting"]: r for r in results if r["engine"] == "ray"}
+    for r in results:
+        ray = firsts.get(r["setting"])
+        if r["engine"] == "local" and ray is not None:
+            print(f"  {r['setting']}: local / ray per round {r['no_eval']['app_s'] / ray['no_eval']['app_s']:.2f} "
+                  f"(with eval {r['with_eval']['app_s'] / ray['with_eval']['app_s']:.2f}); whole run "
+                  f"{r['app_total_seconds']:.1f} s vs {ray['app_total_seconds']:.1f} s")
+    seen = {}
+    for r in results:
+        seen.setdefault(r["setting"], r)
+    if seen:
+        print("\nwhere a training round's time goes (seconds per round, in this process, summed over the"
+              " round's clients):")
+        names = list(next(iter(seen.values()))["breakdown_s"]) + ["server aggregation"]
+        print(f"{'piece':26}" + "".join(f"{s:>10}" for s in seen))
+        for n in names:
+            vals = [r["aggregate_s"] if n == "server aggregation" else r["breakdown_s"][n] for r in seen.values()]
+            print(f"{n:26}" + "".join(f"{v:>10.4f}" for v in vals))
+    if e2e:
+        print("\nend to end: `python -m fedpcd_app.simulate`, from the command to the process's exit")
+        print(f"{'run':40} {'engine':28} {'wall s':>7} {'summary at s':>12} {'exit lag s':>10}  banner")
+        for e in e2e:
+            print(f"{e['run']:40} {e['engine_label']:28} {e['wall_s']:>7.1f} {e['summary_written_s']:>12.1f} "
+                  f"{e['exit_after_summary_s']:>10.2f}  {'DEPRECATION' if e['deprecation_banner'] else 'none'}")
+        rays = {e["run"]: e for e in e2e if e["engine"] == "ray"}
+        for e in e2e:
+            if e["engine"] == "local" and e["run"] in rays:
+                print(f"  {e['run']}, {e['engine_label']}: {rays[e['run']]['wall_s'] / e['wall_s']:.1f}× faster than ray")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="cnn,digits", help="comma list of: cnn, digits")
+    p.add_argument("--settings", default="cnn,digits", help="comma list of: cnn, digits ('' = end to end only)")
+    p.add_argument("--engines", default="local,ray", help="comma list of: local, ray (the first one feeds the floor)")
+    p.add_argument("--workers", type=int, default=None, help="local engine's workers (default: the usable cores)")
+    p.add_argument("--num-cpus", type=float, default=1.0, help="ray engine: client-resources-num-cpus")
+    p.add_argument("--ray-num-gpus", type=float, default=0.0, help="ray engine: client-resources-num-gpus")
+    p.add_argument("--device", default="cpu", help="the floor's device (cpu, cuda); the app's clients use CUDA "
+                                                   "whenever it is present")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--eval-every", type=int, default=3)
+    p.add_argument("--eval-batch-size", type=int, default=128, help="cnn setting's eval-batch-size")
     p.add_argument("--train-images", type=int, default=50000,
                    help="generated train images (default: CIFAR-10's 50,000, ~500 per client)")
     p.add_argument("--test-images", type=int, default=10000, help="generated test images (CIFAR-10: 10,000)")
     p.add_argument("--loss-before", choices=("auto", "always"), default="auto",
                    help="client-loss-before: FedAvg does not use it (auto); 'always' adds the pass to both sides")
-    p.add_argument("--num-cpus", type=float, default=1.0, help="client-resources-num-cpus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--floor-repeats", type=int, default=2)
+    p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end command timings")
     p.add_argument("--json", default="", help="also write the results to this file")
     args = p.parse_args(argv)
+    args.engines = [e for e in args.engines.split(",") if e]
+    if not args.engines or set(args.engines) - {"local", "ray"}:
+        p.error("--engines: a comma list of local, ray")
     if args.rounds < 3:
-        p.error("--rounds must be >= 3 (round 1 is excluded as Ray start-up)")
+        p.error("--rounds must be >= 3 (round 1 is excluded as the engine's start-up)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here")
+    names = [n for n in args.settings.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="fedpcd-bench-") as tmp:
         tmp = Path(tmp)
-        data_dir = write_cifar_like(tmp / "cifar-like", args.train_images, args.test_images, args.seed)
+        data_dir = write_cifar_like(tmp / "cifar-like", args.train_images, args.test_images, args.seed) \
+            if "cnn" in names else tmp
         table = settings(args, data_dir)
         results = []
-        for name in args.settings.split(","):
+        for name in names:
             if name not in table:
                 p.error(f"unknown setting {name!r}: use cnn and/or digits")
-            results.append(bench_setting(name, table[name], args, tmp))
+            results.extend(bench_setting(name, table[name], args, tmp))
+        e2e = [] if args.no_e2e else end_to_end(args, tmp)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "num_cpus_per_client": args.num_cpus, "train_images": args.train_images,
-            "test_images": args.test_images, "client_loss_before": args.loss_before}
-    print(f"# {meta['date']}  {meta['machine']}  {meta['cpus']} CPUs, torch {meta['torch']}, "
-          f"client-resources-num-cpus={args.num_cpus}, cnn data {args.train_images}/{args.test_images} "
-          f"train/test images, client-loss-before={args.loss_before}")
-    print(f"{'setting':8} {'rounds':>6} {'app s/rnd':>10} {'floor s/rnd':>12} {'ratio':>6}   "
-          f"{'+eval app':>10} {'+eval floor':>12} {'ratio':>6}   {'eval app/floor s':>17}  {'max |Δloss|':>11}  {'max |Δθ|':>9}")
-    for r in results:
-        ne, we, ec = r["no_eval"], r["with_eval"], r["eval_round_cost"]
-        ecs = f"{ec['app_s']:.3f}/{ec['floor_s']:.3f}" if ec["app_s"] is not None else "-"
-        print(f"{r['setting']:8} {ne['rounds']:>6} {ne['app_s']:>10.3f} {ne['floor_s']:>12.3f} {ne['ratio']:>6.2f}   "
-              f"{we['app_s']:>10.3f} {we['floor_s']:>12.3f} {we['ratio']:>6.2f}   {ecs:>17}  "
-              f"{r['max_train_loss_diff']:>11.2e}  {r['max_model_gap']:>9.2e}")
-    print("\nwhere a training round's time goes (seconds per round, in this process, summed over the"
-          " round's clients;\nthe app runs them on parallel Ray actors; grid polling adds 0-0.1 s twice):")
-    names = list(results[0]["breakdown_s"]) + ["server aggregation"]
-    print(f"{'piece':26}" + "".join(f"{r['setting']:>10}" for r in results))
-    for n in names:
-        vals = [r["breakdown_s"].get(n, r["aggregate_s"]) if n != "server aggregation" else r["aggregate_s"]
-                for r in results]
-        print(f"{n:26}" + "".join(f"{v:>10.4f}" for v in vals))
+            "device": args.device, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "engines": args.engines, "workers": args.workers, "num_cpus_per_actor": args.num_cpus,
+            "num_gpus_per_actor": args.ray_num_gpus, "train_images": args.train_images,
+            "test_images": args.test_images, "client_loss_before": args.loss_before,
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    print_tables(meta, results, e2e)
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results, "end_to_end": e2e}, indent=1))
     return 0
 
 

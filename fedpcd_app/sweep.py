@@ -29,8 +29,10 @@ labels) with a ``run.json`` (its labels and overrides) and, once finished, the r
 :mod:`fedpcd_app.results`. A run whose folder already holds ``summary.json`` is skipped, so
 an interrupted sweep is restarted by rerunning the command. Every run's config is validated
 (method registered, keys known, values in range) before the first run starts.
-Runs execute through :func:`fedpcd_app.simulate.simulate`, each in a fresh worker process
-(one Flower simulation per process; ``--jobs`` processes in parallel).
+Runs execute through :func:`fedpcd_app.simulate.simulate`, each in a fresh process
+(``--jobs`` processes in parallel), on the local engine (default; ``--workers`` worker
+processes per run, default the usable cores shared among the jobs) or with ``--engine ray``
+on Flower's Ray engine (``flwr run`` against a private local SuperLink per run).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from typing import Any
 from fedcore.config import ConfigError, Scalar, resolve
 from fedpcd_app.config import check
 from fedpcd_app.results import SUMMARY, write_json_atomic
+from fedpcd_app.simulate import add_engine_arguments
 
 RUN_FILE = "run.json"
 MANIFEST = "sweep.json"
@@ -217,15 +220,29 @@ def is_done(folder: Path) -> bool:
     return (folder / SUMMARY).is_file()
 
 
-def _run_one(overrides: dict[str, Scalar], folder: str) -> str:
-    """Worker-process body: one simulation, its output (and Ray's) to ``run.log``."""
+def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any] | None = None) -> str:
+    """Process body: one run, its output (and its engine's) to ``run.log``; ``engine`` holds
+    :func:`~fedpcd_app.simulate.simulate`'s engine arguments."""
     log = open(Path(folder) / LOG_FILE, "w")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    from fedpcd_app.engine import stop_forkserver
     from fedpcd_app.simulate import simulate
 
-    return str(simulate({**overrides, "output-dir": folder}))
+    try:
+        return str(simulate({**overrides, "output-dir": folder}, **(engine or {})))
+    finally:
+        stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
+
+
+def default_workers(jobs: int) -> int:
+    """Local-engine workers per run: the usable cores shared among the parallel runs; 0 (the
+    ClientApps in the run's own process) when that leaves fewer than two per run."""
+    from fedpcd_app.engine import usable_cores
+
+    per_run = usable_cores() // jobs
+    return per_run if per_run >= 2 else 0
 
 
 def check_finished(sweep: Sweep, out: Path) -> None:
@@ -240,8 +257,11 @@ def check_finished(sweep: Sweep, out: Path) -> None:
                                  "delete that folder or use another --out")
 
 
-def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True) -> list[tuple[RunSpec, str]]:
-    """Run every pending run; returns the failures ``(run, reason)`` (finished runs are kept)."""
+def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True,
+              engine: Mapping[str, Any] | None = None) -> list[tuple[RunSpec, str]]:
+    """Run every pending run; returns the failures ``(run, reason)`` (finished runs are kept).
+    ``engine``: :func:`~fedpcd_app.simulate.simulate`'s engine arguments (``engine``,
+    ``workers``: default :func:`default_workers`, ``num_cpus``, ``num_gpus``)."""
     from tqdm import tqdm
 
     check_finished(sweep, out)
@@ -256,9 +276,12 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True) -> 
     failures: list[tuple[RunSpec, str]] = []
     bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(pending), unit="run",
                desc=sweep.name, disable=not progress, dynamic_ncols=True)
-    ctx = multiprocessing.get_context("spawn")  # a clean interpreter per run: Ray and torch state do not leak
+    ctx = multiprocessing.get_context("spawn")  # a clean interpreter per run: engine and torch state do not leak
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_run_one, r.overrides, str(r.folder(out))): r for r in pending}
+        engine = {**(engine or {})}
+        if engine.get("workers") is None:
+            engine["workers"] = default_workers(jobs)
+        futures = {pool.submit(_run_one, r.overrides, str(r.folder(out)), engine): r for r in pending}
         for fut in cf.as_completed(futures):
             run = futures[fut]
             try:
@@ -279,9 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="parallel runs (one process each; default 1)")
     parser.add_argument("--out", default="", help="output folder (default: outputs/sweeps/<name>)")
     parser.add_argument("--dry-run", action="store_true", help="validate and list the runs; run nothing")
+    add_engine_arguments(parser, workers_help="local engine: worker processes per run (default: the usable "
+                                              "cores / --jobs, or 0 = in the run's process below 2)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         print("error: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    if args.workers is not None and args.workers < 0:
+        print(f"error: --workers {args.workers}: give 0 (in each run's process) or more", file=sys.stderr)
         return 2
     try:
         sweep = load_sweep(args.sweep)
@@ -299,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{state}] {r.folder(out).relative_to(out)}  {json.dumps(r.overrides, sort_keys=True)}")
         return 0
     t0 = time.time()
-    failures = run_sweep(sweep, out, jobs=args.jobs)
+    failures = run_sweep(sweep, out, jobs=args.jobs, engine={"engine": args.engine, "workers": args.workers,
+                                                             "num_cpus": args.num_cpus, "num_gpus": args.num_gpus})
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)

@@ -9,28 +9,18 @@ model-shaped ``required_records``.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedcore import keys
+from fedpcd_app import engine
 from tests.helpers import make_reply, train_reply
 
 
-@contextlib.contextmanager
 def task_identity(run_id: int = 1):
-    """Messages can only be built with a run id set (Flower sets it in a running app)."""
-    names = ("_run_id", "_node_id", "_task_id")
-    old = [getattr(TaskIdentity, n) for n in names]
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0  # 0: the server
-    try:
-        yield
-    finally:
-        for n, v in zip(names, old):
-            setattr(TaskIdentity, n, v)
+    """Messages can only be built with a run id set (Flower sets it in a running app): the
+    local engine's one place that sets it."""
+    return engine.task_identity(run_id=run_id)
 
 
 def scaled(arrays: ArrayRecord, factor: float) -> ArrayRecord:
@@ -80,49 +70,22 @@ def flat_of(arrays: ArrayRecord) -> np.ndarray:
     return np.concatenate([a.numpy().ravel().astype(np.float64) for a in arrays.values()])
 
 
-class ClientAppGrid:
-    """Delivers every message to a real ClientApp, one persistent Context per node (as a
-    SuperNode does), in this process; a handler that raises yields an error reply."""
+class ClientAppGrid(engine.LocalGrid):
+    """The local engine's in-process Grid (a real ClientApp, one persistent Context per node,
+    a handler that raises yields an error reply), plus ``tamper(partition_id, message)``, which
+    edits a delivered message in place, and ``replies``, every reply in delivery order."""
 
     def __init__(self, num_nodes: int, client_app, tamper=None) -> None:
-        from flwr.app import Context
-
-        self.app = client_app
-        self.tamper = tamper  # tamper(partition_id, message) edits a delivered message in place
+        super().__init__(client_app, num_nodes, workers=0)
+        self.tamper = tamper
         self.replies: list[Message] = []
-        self.contexts = {
-            1000 + p: Context(run_id=1, node_id=1000 + p, state=RecordDict(), run_config={},
-                              node_config={keys.PARTITION_ID: p, keys.NUM_PARTITIONS: num_nodes})
-            for p in range(num_nodes)
-        }
-        self.calls = 0
 
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def partition_of(self, node: int) -> int:
-        return int(self.contexts[node].node_config[keys.PARTITION_ID])
-
-    def send_and_receive(self, messages, *, timeout=None):
-        from flwr.app.error import Error
-
-        del timeout
-        out = []
-        for msg in messages:
-            self.calls += 1
-            node = int(msg.metadata.dst_node_id)
-            msg.metadata.__dict__["_message_id"] = f"req-{self.calls}"  # set by the SuperLink in a real run
-            msg = copy.deepcopy(msg)  # a real node gets its own deserialised copy (mods mutate it)
-            if self.tamper is not None:
-                self.tamper(self.partition_of(node), msg)
-            try:
-                reply = self.app(msg, self.contexts[node])
-            except Exception as exc:  # noqa: BLE001 - as a SuperNode reports a failed ClientApp
-                reply = Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
-            reply.metadata.__dict__["_src_node_id"] = node
-            out.append(reply)
-        self.replies.extend(out)
-        return out
+    def deliver(self, message: Message, context) -> Message:
+        if self.tamper is not None:
+            self.tamper(int(context.node_config[keys.PARTITION_ID]), message)
+        reply = super().deliver(message, context)
+        self.replies.append(reply)
+        return reply
 
 
 def configure_round(strategy, server_round: int, arrays: ArrayRecord, pids, grid=None) -> list[Message]:
@@ -134,3 +97,33 @@ def configure_round(strategy, server_round: int, arrays: ArrayRecord, pids, grid
     with task_identity():
         return list(strategy.configure_train(server_round, arrays, ConfigRecord(),
                                              grid if grid is not None else FakeGrid(max(pids) + 1, None)))
+
+
+# -- a probe ClientApp for the engine's tests (importable by worker processes as
+#    "tests.fakegrid:probe_app") -------------------------------------------------------------------
+def _probe_app():
+    import os
+
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+    handled = {"messages": 0}  # per process: shows that a worker process lives across messages
+
+    @app.train()
+    def train(msg: Message, context) -> Message:
+        handled["messages"] += 1
+        seen = int(context.state["probe"]["seen"]) + 1 if "probe" in context.state else 1
+        context.state["probe"] = MetricRecord({"seen": seen})  # kept by the node across rounds
+        if msg.content["config"].get("die", 0):
+            os._exit(3)  # a crash (a segfault, the OOM killer): the process is gone
+        if msg.content["config"].get("fail", 0):
+            raise ValueError(f"partition {context.node_config[keys.PARTITION_ID]} was asked to fail")
+        metrics = {keys.PARTITION_ID: context.node_config[keys.PARTITION_ID],
+                   "num-partitions": context.node_config["num-partitions"], "seen": seen,
+                   "pid": os.getpid(), "handled": handled["messages"], "echo": msg.content["config"]["x"]}
+        return Message(RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    return app
+
+
+probe_app = _probe_app()

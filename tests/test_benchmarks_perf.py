@@ -149,15 +149,15 @@ def test_real_update_accuracy_rows():
 
 @pytest.mark.slow
 def test_simulation_benchmark_floor_replays_the_app(tmp_path):
-    """benchmarks/simulation.py: the app's rounds through Flower and the floor's replay do
+    """benchmarks/simulation.py: the app's rounds on the local engine and the floor's replay do
     the same training (train losses agree to float rounding), and it reports ratios."""
     from benchmarks import simulation
 
     out = tmp_path / "sim.json"
-    assert simulation.main(["--settings", "digits", "--rounds", "4", "--eval-every", "3", "--floor-repeats", "1",
-                            "--train-images", "100", "--test-images", "20", "--json", str(out)]) == 0
+    assert simulation.main(["--settings", "digits", "--engines", "local", "--no-e2e", "--rounds", "4",
+                            "--eval-every", "3", "--floor-repeats", "1", "--json", str(out)]) == 0
     (res,) = json.loads(out.read_text())["results"]
-    assert res["setting"] == "digits" and len(res["rows"]) == 4
+    assert (res["setting"], res["engine"]) == ("digits", "local") and len(res["rows"]) == 4
     assert res["max_train_loss_diff"] < 1e-5  # the floor trained the same clients on the same batches
     assert res["no_eval"]["ratio"] > 0 and res["with_eval"]["ratio"] > 0
     assert res["eval_round_cost"]["app_s"] is not None

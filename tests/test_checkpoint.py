@@ -131,7 +131,7 @@ def test_resume_refuses_a_different_setting(tmp_path, change, key):
         Experiment(FakeGrid(6, None), cfg)
 
 
-# -- resume equivalence through Flower's simulation ------------------------------------
+# -- resume equivalence through the in-process entry point (local engine) -------------------
 RESUME_METHODS = ["fedavg", "fedpcd", "craft", "scaffold", "federage"]
 
 

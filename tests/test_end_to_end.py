@@ -1,4 +1,4 @@
-"""End to end through Flower: the in-process simulation and `flwr run .`."""
+"""End to end: the in-process entry point (local engine) and `flwr run .` (Flower's engine)."""
 
 import csv
 import json
@@ -72,6 +72,22 @@ def test_flwr_run_completes(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2 and 0.0 <= summary["mean_acc"] <= 1.0
     assert len(read_rounds(out)) == 2 and (out / "clients.csv").is_file()
+
+
+@pytest.mark.slow
+def test_simulate_cli_runs_without_a_deprecation_banner(tmp_path):
+    """`python -m fedpcd_app.simulate`: writes the results, prints the folder last, exits 0,
+    and nothing it prints is Flower's deprecation banner (it no longer calls run_simulation)."""
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedpcd_app.simulate", "--workers", "2", "--run-config",
+         f"num-clients=4 num-server-rounds=2 fraction-train=0.5 output-dir='{out}'"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == str(out)
+    assert "deprecat" not in (proc.stdout + proc.stderr).lower()
+    assert read_summary(out)["rounds"] == 2
 
 
 def test_simulate_cli_rejects_bad_config_in_one_line():

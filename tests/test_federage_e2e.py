@@ -1,5 +1,5 @@
-"""End to end through Flower: FedeRage under Bernoulli availability (an empty round
-included), SCAFFOLD under skewed availability."""
+"""End to end through the in-process entry point (local engine, worker processes): FedeRage
+under Bernoulli availability (an empty round included), SCAFFOLD under skewed availability."""
 
 import csv
 import json

@@ -3,7 +3,7 @@
 The protocol runs for real on both ends — the server's ``SecAggPlusWorkflow`` and each
 client's ``secaggplus_mod`` on the real ClientApp — through an in-process grid (one
 persistent Context per node, as a SuperNode keeps), so no Ray is needed. One slow test
-runs it through Flower's simulation engine as well.
+runs it through the in-process entry point (the local engine's worker processes) as well.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_a_method_needing_individual_updates_refuses_to_start(tmp_path, monkeypa
     from fedpcd_app.simulate import simulate
 
     with pytest.raises(ConfigError, match="set secure-aggregation=false"):
-        simulate(overrides)  # raises before Ray starts: no lock needed
+        simulate(overrides)  # raises before any node starts
 
 
 @pytest.mark.slow
