@@ -8,7 +8,7 @@
 TOML file). One node per client partition (``num-clients``). Tests, sweeps and benchmarks
 call :func:`simulate`. Prints the output folder on the last line.
 
-Engines (same numbers for the same seed; ``tests/test_engines.py``):
+Engines (same numbers for the same seed; ``tests/test_engine.py``):
 
 * ``local`` (default): :mod:`fedpcd_app.engine`. The ServerApp runs in this process on a
   :class:`~fedpcd_app.engine.LocalGrid`; the ClientApps run in ``--workers`` worker

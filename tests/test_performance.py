@@ -101,9 +101,10 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
     slow = np.asarray(table.column("image").to_pylist(), dtype=np.float32)
     assert fast is not None and fast.dtype == np.float32
     np.testing.assert_array_equal(fast, slow)
-    x, y = data_mod._read_parquet(tmp_path, "train")
+    x, y, writers = data_mod._read_parquet(tmp_path, "train")
     np.testing.assert_array_equal(x, data_mod._images_to_nchw(slow))
     np.testing.assert_array_equal(y, np.arange(shape[0]) % 3)
+    assert writers is None  # no writer column
 
 
 def test_parquet_fixed_size_lists_and_ragged(tmp_path):
