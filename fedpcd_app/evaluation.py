@@ -54,7 +54,10 @@ class Evaluator:
         from client_app.data import load_federated_data
         from client_app.training import device
 
+        from client_app.attacks import attacked_partitions
+
         self.cfg, self.strategy = cfg, strategy
+        self.attacked = attacked_partitions(cfg.as_dict())  # fairness is also given without them
         self.mode = "federated" if strategy.personalized else cfg.eval_mode
         self.model = model
         self._data = None
@@ -82,6 +85,10 @@ class Evaluator:
             out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
         present = ~np.isnan(acc)
         out.update(fairness_metrics(acc[present], loss[present]))
+        honest = present.copy()
+        honest[self.attacked] = False
+        if self.attacked and honest.any():  # the same metrics over the honest clients only
+            out["honest"] = fairness_metrics(acc[honest], loss[honest])
         out["num_scored"] = int(present.sum())
         out["client_acc"] = acc.tolist()
         out["client_loss"] = loss.tolist()

@@ -179,7 +179,7 @@ def test_a_single_run_folder_is_a_report_without_plus_minus(tmp_path):
     ((float("nan"), float("nan"), True, 0), "—"),
 ])
 def test_cells_show_plus_minus_only_over_several_seeds(cells, expected):
-    assert report._cell(*cells) == expected
+    assert report.format_cell(*cells) == expected
 
 
 @pytest.fixture
