@@ -48,7 +48,9 @@ def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int =
 
 class Evaluator:
     """Scores the global model on every client (server-side batched, or federated through
-    the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set."""
+    the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set;
+    when partitions attack (:mod:`client_app.attacks`), the fairness metrics over the honest
+    clients only too (``honest``)."""
 
     def __init__(self, cfg, strategy, model: torch.nn.Module) -> None:
         from client_app.data import load_federated_data

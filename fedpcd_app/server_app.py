@@ -8,6 +8,12 @@ are the same Flower-native objects a foreign app starts with ``strategy.start(..
 the loop calls their ``configure_train`` / ``aggregate_train`` (reply validation included)
 and, for federated evaluation, ``configure_evaluate`` / ``aggregate_evaluate``.
 
+An exception inside the strategy's aggregation is recorded in the round's record; with
+``on-aggregation-error = "stop"`` (the default) the run then writes a checkpoint and a
+summary with ``complete: false`` and stops with :class:`AggregationStopped` (one line naming
+the method, the round and the exception); with ``"keep"`` it logs the exception, keeps the
+model and goes on. ``summary.json`` says whether the run is complete and, if not, why.
+
 Parts, one job each: :mod:`fedpcd_app.config` (validation, once), :mod:`fedpcd_app.membership`
 (node ↔ partition), :class:`fedpcd_app.evaluation.Evaluator`, :mod:`fedpcd_app.results` and
 :mod:`fedpcd_app.checkpoint`.
