@@ -283,7 +283,6 @@ class Experiment:
                  summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
         return summary
 
-
     def completeness(self, stopped: str | None) -> dict[str, Any]:
         """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, or
         one whose aggregation failed in some round (the model kept, on-aggregation-error=keep)."""

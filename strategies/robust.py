@@ -63,16 +63,14 @@ class KrumParams(MethodParams):
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiKrumParams(MethodParams):
+class MultiKrumParams(KrumParams):
     prefix = "multikrum"
-    num_malicious: int = hyper(0, low=0)
     num_select: int = hyper(0, low=0)
 
 
 @dataclasses.dataclass(frozen=True)
-class BulyanParams(MethodParams):
+class BulyanParams(KrumParams):
     prefix = "bulyan"
-    num_malicious: int = hyper(0, low=0)
 
 
 def _copy(reply: Message) -> Message:
@@ -97,7 +95,9 @@ class FlowerRobust(FairStrategy):
         self.inner = self.flower_class(train_metrics_aggr_fn=self._keep_chosen, **self.flower_arguments())
 
     def flower_arguments(self) -> dict[str, Any]:
-        return {}
+        """The wrapped strategy's arguments: f (Flower's ``num_malicious_nodes``) where declared."""
+        f = getattr(self.params, "num_malicious", None)
+        return {} if f is None else {"num_malicious_nodes": f}
 
     def before_round(self, num_replies: int) -> None:
         """Per-round settings of the wrapped strategy (MultiKrum's k = m − f)."""
@@ -144,18 +144,12 @@ class Krum(FlowerRobust):
     flower_class = flower.Krum
     reports_selection = True
 
-    def flower_arguments(self):
-        return {"num_malicious_nodes": self.params.num_malicious}
-
 
 @register("multikrum")
 class MultiKrum(FlowerRobust):
     Params = MultiKrumParams
     flower_class = flower.MultiKrum
     reports_selection = True
-
-    def flower_arguments(self):
-        return {"num_malicious_nodes": self.params.num_malicious}
 
     def before_round(self, num_replies):
         p = self.params
@@ -178,6 +172,3 @@ class Bulyan(FlowerRobust):
                     f"run-config key 'bulyan-num-malicious' = {f} needs at least 4f + 3 = {4 * f + 3} replies per "
                     f"round, but fraction-train x num-clients gives {per_round}: lower it or raise fraction-train"
                 )
-
-    def flower_arguments(self):
-        return {"num_malicious_nodes": self.params.num_malicious}
