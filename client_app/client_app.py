@@ -21,6 +21,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.attacks import attack_mod
 from client_app.data import batch_augmentation, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model
@@ -124,7 +125,9 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     and the node's ``context.state`` for what a client keeps between rounds. ``settings`` are the
     local-training values (epochs, batch size, momentum, weight decay); the learning rate is the
     request's ``round-lr``. Batch order is seeded by (``seed``, partition, round); ``augment(batch,
-    generator)`` (e.g. :func:`client_app.data.crop_flip`) augments each training batch. A foreign
+    generator)`` (e.g. :func:`client_app.data.crop_flip`) augments each training batch. A request
+    config holding ``attack-label-map`` (written by :func:`client_app.attacks.attack_mod` for
+    a label-flip attacker, never by the server) makes it train on ``label_map[y]``. A foreign
     ClientApp::
 
         @app.train()
@@ -138,6 +141,8 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     config = dict(msg.content[keys.CONFIG])
     pid = partition_id if partition_id is not None else node_partition(context, config)
     server_round = int(config[keys.SERVER_ROUND])
+    if keys.ATTACK_LABEL_MAP in config:  # a label-flip attacker (client_app.attacks) trains on label_map[y]
+        y = torch.as_tensor(config[keys.ATTACK_LABEL_MAP], dtype=y.dtype, device=y.device)[y]
     torch.manual_seed(derive_seed(seed, "client-train", pid, server_round))
     # F_i(θ_t): one forward pass over the train split, only for methods that use it.
     want_before = bool(config.get(keys.WANT_LOSS_BEFORE, True))
@@ -189,7 +194,9 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
     return Message(content=RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
-@app.train(mods=[secure_aggregation_mod])  # SecAgg+ when the request asks for it, else a no-op
+# SecAgg+ when the request asks for it (else a no-op) around the run's attack, if any: an
+# attacked reply is masked like an honest one.
+@app.train(mods=[secure_aggregation_mod, attack_mod])
 def train(msg: Message, context: Context) -> Message:
     cfg, config = request_config(msg)
     pid = node_partition(context, config)

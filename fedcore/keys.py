@@ -13,6 +13,8 @@ NUM_PARTITIONS = "num-partitions"
 ROUND_LR = "round-lr"  # client learning rate of this round (after lr-decay)
 WANT_LOSS_BEFORE = "want-loss-before"  # the reply must carry loss-before (bool)
 CLIENT_METHOD = "client-method"  # the client routine to run (sgd, fedprox, scaffold, ...)
+# Set by client_app.attacks' label-flip (never by the server): train_reply trains on label_map[y]
+ATTACK_LABEL_MAP = "attack-label-map"
 
 # Train-reply metrics (every client sends these)
 NUM_EXAMPLES = "num-examples"

@@ -3,7 +3,8 @@
 Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
 ``<output-dir>/checkpoints/round-<t>.pt`` holding
 
-* the global model θ_t (name → numpy array, in ArrayRecord order),
+* the global model θ_t (name → numpy array, in ArrayRecord order), and central DP's
+  adaptive clipping norm when ``dp`` is on,
 * the strategy's ``state`` (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
   control variate, AFL's λ and averaged model, FedeRage's β, ...) as a plain tree
   (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
@@ -68,6 +69,8 @@ class Checkpoint:
     times_sampled: np.ndarray
     history: list[dict[str, Any]]
     last_eval: dict[str, Any]
+    privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
+
 
     def to_dict(self) -> dict[str, Any]:
         """A tree of dicts, lists, tensors and scalars (``torch.load(weights_only=True)`` reads it)."""
@@ -125,7 +128,8 @@ def load(path: str | Path) -> Checkpoint:
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
-    return Checkpoint(**{f.name: from_tree(raw[f.name]) for f in dataclasses.fields(Checkpoint)})
+    return Checkpoint(**{f.name: from_tree(raw[f.name] if f.default is dataclasses.MISSING else raw.get(f.name))
+                         for f in dataclasses.fields(Checkpoint)})
 
 
 def latest(folder: str | Path) -> Checkpoint:

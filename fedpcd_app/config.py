@@ -21,6 +21,11 @@ from strategies import registry
 from strategies.base import FairStrategy
 
 
+# An exception inside a strategy's aggregation: stop the run (after the round's record, a
+# checkpoint and a summary with complete = false), or log it and keep the model.
+ON_AGGREGATION_ERROR = ("stop", "keep")
+
+
 @dataclasses.dataclass
 class Setup:
     """A validated run: its typed config, its strategy and its initial model."""
@@ -36,8 +41,11 @@ class Setup:
 
 def check(raw: Mapping[str, Scalar]) -> RunConfig:
     """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
+    from client_app import attacks
     from fedpcd_app import checkpoint, secagg
     from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
+    from strategies import privacy
+    from strategies.base import check_update_clip
 
     cfg = parse_run_config(raw)
     cls = registry.strategy_class(cfg.method)
@@ -70,6 +78,13 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     if secagg.enabled(cfg):
         secagg.check_strategy(cfg, cls)
         secagg.workflow_settings(cfg)
+    attacks.attacked_partitions(cfg.as_dict())  # the attack keys, partition ids in range
+    if check_update_clip(cfg.get_float("update-clip", 0.0)) and secagg.enabled(cfg):
+        raise ConfigError(f"run-config key 'update-clip' = {cfg.params['update-clip']} needs each update, which "
+                          "secure aggregation hides: set secure-aggregation=false or update-clip=0")
+    privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
+                  cfg.clients_per_round, secagg.enabled(cfg))
+    cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
     return cfg
 
 

@@ -72,13 +72,18 @@ def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int =
 
 class Evaluator:
     """Scores the global model on every client (server-side batched, or federated through
-    the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set."""
+    the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set;
+    when partitions attack (:mod:`client_app.attacks`), the fairness metrics over the honest
+    clients only too (``honest``)."""
 
     def __init__(self, cfg, strategy, model: torch.nn.Module) -> None:
         from client_app.data import load_federated_data
         from client_app.training import device
 
+        from client_app.attacks import attacked_partitions
+
         self.cfg, self.strategy = cfg, strategy
+        self.attacked = attacked_partitions(cfg.as_dict())  # fairness is also given without them
         self.mode = "federated" if strategy.personalized else cfg.eval_mode
         self.model = model
         self._data = None
@@ -107,6 +112,10 @@ class Evaluator:
             out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
         present = ~np.isnan(acc)
         out.update(_fairness(acc, loss))
+        honest = present.copy()
+        honest[self.attacked] = False
+        if self.attacked and honest.any():  # the same metrics over the honest clients only
+            out["honest"] = _fairness(acc[honest], loss[honest])
         out["num_scored"] = int(present.sum())
         out["unscored_clients"] = np.flatnonzero(~present).tolist()
         if out["unscored_clients"]:

@@ -344,7 +344,7 @@ def _best_marks(rows: list[Row]) -> dict[tuple[int, str], bool]:
     return marks
 
 
-def _cell(mean: float, std: float, percent: bool, n: int = 2) -> str:
+def format_cell(mean: float, std: float, percent: bool, n: int = 2) -> str:
     """``mean ± std`` (no ± for a single seed: there is no spread to show)."""
     if math.isnan(mean):
         return "—"
@@ -515,7 +515,7 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> s
             hyper = r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
             cells = [r.method, hyper, str(n)]
             for key, _, _, percent in METRICS:
-                text = _cell(*r.stats[key], percent, n)
+                text = format_cell(*r.stats[key], percent, n)
                 cells.append(f"**{text}**" if marks[(i, key)] and text != "—" else text)
             if r.rounds is None or r.rounds[2] == 0:
                 text = "—" if r.rounds is None else f"not reached (0/{n})"

@@ -8,6 +8,12 @@ are the same Flower-native objects a foreign app starts with ``strategy.start(..
 the loop calls their ``configure_train`` / ``aggregate_train`` (reply validation included)
 and, for federated evaluation, ``configure_evaluate`` / ``aggregate_evaluate``.
 
+An exception inside the strategy's aggregation is recorded in the round's record; with
+``on-aggregation-error = "stop"`` (the default) the run then writes a checkpoint and a
+summary with ``complete: false`` and stops with :class:`AggregationStopped` (one line naming
+the method, the round and the exception); with ``"keep"`` it logs the exception, keeps the
+model and goes on. ``summary.json`` says whether the run is complete and, if not, why.
+
 Parts, one job each: :mod:`fedpcd_app.config` (validation, once), :mod:`fedpcd_app.membership`
 (node ↔ partition), :class:`fedpcd_app.evaluation.Evaluator`, :mod:`fedpcd_app.results` and
 :mod:`fedpcd_app.checkpoint`.
@@ -34,6 +40,10 @@ from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
 
 log = logging.getLogger("fedpcd")
+
+
+class AggregationStopped(RuntimeError):
+    """A strategy's aggregation raised and ``on-aggregation-error`` = stop (one-line message)."""
 
 
 def _setup_logging() -> None:
@@ -70,6 +80,8 @@ class Experiment:
         self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
         self.history: list[dict[str, Any]] = []
         self.last_eval: dict[str, Any] = {}
+        self.stop_on_error = self.cfg.params.get("on-aggregation-error", "stop") == "stop"
+        self.aggregation_exception: Exception | None = None
         self.start_round = 1
         if setup.resume_from:
             self.resume(setup.resume_from)
@@ -86,15 +98,26 @@ class Experiment:
         t_start = time.perf_counter()
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             record = self.train_round(server_round)
-            if self.is_eval_round(server_round):
+            stop = self.stop_on_error and "aggregation_error" in record
+            if stop or self.is_eval_round(server_round):
                 record["eval"] = self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
             self.history.append(record)
             self.writer.round(record)
             if self.tracker is not None:
                 self.tracker.round(record)
             self.log_round(record, (time.perf_counter() - t_start) / (server_round - self.start_round + 1))
+            if stop:
+                self.stop(server_round, record["aggregation_error"])
             self.after_round(server_round)
         return self.finish()
+
+    def stop(self, server_round: int, error: str) -> None:
+        """A failed aggregation ends the run: a checkpoint, a summary saying so, one line."""
+        self.save_checkpoint(server_round)
+        line = f"aggregation failed: method '{self.cfg.method}', round {server_round}: {error}"
+        log.error("%s; the run stops (on-aggregation-error='keep' would log it and keep the model)", line)
+        self.finish(f"stopped after round {server_round} of {self.cfg.num_server_rounds}: {line}")
+        raise AggregationStopped(line) from self.aggregation_exception
 
     # -- one training round ----------------------------------------------------------------------
     def train_round(self, server_round: int) -> dict[str, Any]:
@@ -118,9 +141,11 @@ class Experiment:
         if aggregate is not None:
             try:
                 new_arrays, agg_metrics = aggregate()
-            except Exception as exc:  # noqa: BLE001 - a failed aggregation keeps the model
-                log.exception("round %d: aggregation failed; the model stays as it was", server_round)
-                error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - recorded; run() stops unless on-aggregation-error=keep
+                if not self.stop_on_error:
+                    log.exception("round %d: aggregation failed; the model stays as it was", server_round)
+                self.aggregation_exception = exc
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if self.secure is None:
             valid, dropped = self.strategy.last_valid, self.strategy.last_dropped
         else:
@@ -141,6 +166,8 @@ class Experiment:
                 self.arrays = new_arrays
             if agg_metrics is not None:
                 record["strategy"] = dict(agg_metrics)
+            if self.secure is None:
+                record.update(self.strategy.last_defence)  # update_clip, privacy
         else:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
         record["train_seconds"] = t_train
@@ -168,6 +195,7 @@ class Experiment:
             arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=self.strategy.state,
             params=self.strategy.params.to_run_config(),
             times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
+            privacy=self.strategy.privacy.state if self.strategy.privacy is not None else None,
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -186,6 +214,8 @@ class Experiment:
             )
         self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
         self.strategy.state = ckpt.strategy
+        if self.strategy.privacy is not None and ckpt.privacy is not None:
+            self.strategy.privacy.state = ckpt.privacy  # the adaptive clipping norm
         if hasattr(self.strategy, "restored"):
             self.strategy.restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
         self.times_sampled = np.asarray(ckpt.times_sampled, dtype=np.int64).copy()
@@ -214,7 +244,8 @@ class Experiment:
         line += f" [{rec['round_seconds']:.2f} s, ETA {eta:.0f} s]"
         log.info(line)
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self, stopped: str | None = None) -> dict[str, Any]:
+        """clients.csv, the final model and summary.json; ``stopped``: why the run ended early."""
         cfg, final, data = self.cfg, self.last_eval, self.evaluator.data
         rows = [{
             "partition_id": pid,
@@ -239,6 +270,8 @@ class Experiment:
             **summary_fields(final, [r["eval"] for r in self.history if "eval" in r]),
             "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
             "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
+            **self.completeness(stopped),
+            **self.hostile_summary(final),
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
         }
@@ -250,6 +283,29 @@ class Experiment:
                  summary["mean_acc"], summary["worst10_acc"], summary["jain"],
                  summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
         return summary
+
+    def completeness(self, stopped: str | None) -> dict[str, Any]:
+        """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, or
+        one whose aggregation failed in some round (the model kept, on-aggregation-error=keep)."""
+        failed = [r for r in self.history if "aggregation_error" in r]
+        reason = stopped
+        if reason is None and failed:
+            reason = (f"aggregation failed in {len(failed)} round(s), first round {failed[0]['round']}: "
+                      f"{failed[0]['aggregation_error']}; on-aggregation-error='keep' kept the previous model")
+        return {"complete": reason is None, "incomplete_reason": reason}
+
+    def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:
+        """The attack and the attacked partitions, the honest clients' metrics, the defences."""
+        out: dict[str, Any] = {"attack": self.cfg.params.get("attack", "none"),
+                               "attacked_partitions": list(self.evaluator.attacked)}
+        if "honest" in final:
+            out["honest"] = final["honest"]
+        if self.strategy.update_clip:
+            out["update_clip"] = {"c": self.strategy.update_clip, "num_clipped": sum(
+                r.get("update_clip", {}).get("num_clipped", 0) for r in self.history)}
+        if self.strategy.privacy is not None:
+            out["privacy"] = self.strategy.privacy.describe()
+        return out
 
 
 def _spec(arrays: ArrayRecord):

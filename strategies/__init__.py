@@ -23,8 +23,9 @@ from strategies.fedpcd import FedPCD
 from strategies.fedprox import FedProx
 from strategies.fedpw import FedPW
 from strategies.qffl import QFFL
+from strategies.robust import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum
 from strategies.scaffold import Scaffold
 
-__all__ = ["AFL", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM",
-           "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedNova", "FedPCD", "FedProx", "FedPW", "FedYogi",
-           "FedeRage", "QFFL", "Scaffold"]
+__all__ = ["AFL", "Bulyan", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg",
+           "FedAvgM", "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedMedian", "FedNova", "FedPCD", "FedProx", "FedPW",
+           "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "MultiKrum", "QFFL", "Scaffold"]

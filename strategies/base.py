@@ -18,7 +18,9 @@ A :class:`FairStrategy` is a complete ``flwr.serverapp.strategy.Strategy``::
 model, a ``config`` record (the round, the client learning rate, the client routine, the
 method's client-side values) and any method records (SCAFFOLD's control variate).
 ``aggregate_train`` drops malformed replies (recorded in :attr:`FairStrategy.last_dropped`,
-never a crash), then calls the method. A method whose clients must do something special
+never a crash), clips outlying updates when ``update_clip`` is set (:func:`median_clip_scales`),
+then calls the method — inside Flower's central-DP wrapper when ``privacy`` is set
+(:mod:`strategies.privacy`). A method whose clients must do something special
 names the client routine in ``client_method``; ``client_app.methods`` documents the
 function a foreign ClientApp calls for it.
 
@@ -120,6 +122,21 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def check_update_clip(c: float) -> float:
+    """``update-clip`` c: 0 (off) or ≥ 1 (a bound below the median would shrink most honest updates)."""
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c == 0 or c >= 1):
+        raise ConfigError(f"run-config key 'update-clip' = {c!r} must be 0 (off) or a number >= 1 "
+                          "(each update is scaled to at most c x the round's median update norm)")
+    return float(c)
+
+
+def median_clip_scales(norms: torch.Tensor, c: float) -> tuple[torch.Tensor, float]:
+    """(s_i, bound): s_i = min(1, bound/‖Δ_i‖) with bound = c · median_j ‖Δ_j‖ (the median of an
+    even count is the mean of the middle two), so every s_i·Δ_i has norm ≤ bound."""
+    bound = c * float(np.median(norms.double().numpy()))
+    return torch.clamp(bound / norms.double().clamp_min(1e-300), max=1.0), bound
+
+
 Selector = Callable[[int, Grid], dict[int, "int | None"]]
 
 
@@ -149,6 +166,12 @@ class FairStrategy(Strategy):
         Where the method's server maths runs (``server-device``; :func:`resolve_device`).
         Methods that keep large tensors (FedPCD's cache, CRAFT's update matrix) put them
         there; the others ignore it.
+    update_clip : float, default 0.0
+        c: scale each update Δ_i to at most c · the round's median ‖Δ_j‖ before the method
+        sees it (0 = off; c ≥ 1). Reported in :attr:`last_defence` (``update_clip``).
+    privacy : strategies.privacy.CentralDP or None
+        Central DP (Flower's server-side clipping wrappers) around the method's aggregation;
+        sum-only methods only. Reported in :attr:`last_defence` (``privacy``).
     params : the method's ``Params``, instead of ``**hyper``.
     """
 
@@ -178,6 +201,8 @@ class FairStrategy(Strategy):
         num_clients: int | None = None,
         loss_before: bool = False,
         device: str | torch.device = "auto",
+        update_clip: float = 0.0,
+        privacy: Any = None,
         params: MethodParams | None = None,
         **hyper: Any,
     ) -> None:
@@ -208,6 +233,11 @@ class FairStrategy(Strategy):
         self.num_clients = num_clients
         self.loss_before = loss_before
         self.device = resolve_device(device)
+        self.update_clip = check_update_clip(update_clip)
+        if privacy is not None and self.needs_individual_updates:
+            raise ConfigError(f"{self.name or type(self).__name__} does not aggregate a sum of the updates: "
+                              "central DP (dp) runs only with sum-only methods")
+        self.privacy = privacy
         self.state = self.init_state()
         self.select: Selector | None = None  # set by an app with its own sampler
         self.run_config: Mapping[str, Any] | None = None  # sent as the run-config record
@@ -216,6 +246,7 @@ class FairStrategy(Strategy):
         self.expected: dict[int, int | None] = {}  # node → partition id of this round's requests
         self.last_dropped: list[Dropped] = []
         self.last_valid: list[Message] = []
+        self.last_defence: dict[str, dict[str, Any]] = {}  # the round's update_clip / privacy reports
         self.last_evaluation: dict[int, dict[str, float]] = {}  # client → accuracy, loss, num-test
         self._theta_host: torch.Tensor | None = None  # θ_t, reused every round (theta_buffer)
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
@@ -369,11 +400,31 @@ class FairStrategy(Strategy):
             log.warning("round %d: dropped reply of client %s: %s", server_round,
                         d.partition if d.partition is not None else d.node, d.reason)
             self.on_dropped(server_round, d.partition if d.partition is not None else d.node)
-        self.last_valid, self.last_dropped = valid, dropped
+        self.last_valid, self.last_dropped, self.last_defence = valid, dropped, {}
         if not valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
             return None, None
+        if self.update_clip:
+            self.last_defence["update_clip"] = self.clip_updates(valid)
+        if self.privacy is not None:
+            arrays, metrics, self.last_defence["privacy"] = self.privacy.aggregate(self, server_round, valid)
+            return arrays, metrics
         return self.aggregate_valid(server_round, valid)
+
+    def clip_updates(self, replies: list[Message]) -> dict[str, Any]:
+        """``update_clip``: replace each reply's model θ_i by θ_t − s_i·Δ_i (Δ_i = θ_t − θ_i,
+        s_i from :func:`median_clip_scales`), so no update is longer than c · the median norm."""
+        theta = self.current_flat()
+        # Two passes over the replies' bytes instead of an (m, d) matrix of updates.
+        norms = torch.tensor([float((theta - flat.record_to_flat(r.content[keys.ARRAYS])).norm()) for r in replies])
+        scales, bound = median_clip_scales(norms, self.update_clip)
+        clipped = []
+        for reply, s in zip(replies, scales.tolist()):
+            if s < 1.0:
+                delta = theta - flat.record_to_flat(reply.content[keys.ARRAYS])
+                reply.content[keys.ARRAYS] = self.to_record(theta - s * delta)
+                clipped.append(client_of(reply))
+        return {"bound": bound, "num_clipped": len(clipped), "clipped": clipped}
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> list[Message]:

@@ -43,7 +43,7 @@ from strategies.base import FairStrategy
 from strategies.registry import register
 
 
-def _no_metrics(contents, weighted_by_key):
+def no_metrics(contents, weighted_by_key):
     """Flower would average every reply metric (partition ids included): report none."""
     del contents, weighted_by_key
     return MetricRecord()
@@ -152,7 +152,7 @@ class FedAvgM(FlowerServerOpt):
     def make_inner(self):
         p = self.params
         return flower.FedAvgM(server_learning_rate=p.server_learning_rate, server_momentum=p.momentum,
-                              train_metrics_aggr_fn=_no_metrics)
+                              train_metrics_aggr_fn=no_metrics)
 
     def inner_view(self, arrays):
         return arrays
@@ -168,7 +168,7 @@ class FedOpt(FlowerServerOpt):
     def make_inner(self):
         p = self.params
         betas = {"beta_1": p.beta1, "beta_2": p.beta2} if hasattr(p, "beta1") else {}  # not FedAdagrad's
-        return self.flower_class(eta=p.eta, eta_l=self.lr, tau=p.tau, train_metrics_aggr_fn=_no_metrics, **betas)
+        return self.flower_class(eta=p.eta, eta_l=self.lr, tau=p.tau, train_metrics_aggr_fn=no_metrics, **betas)
 
     def inner_view(self, arrays):
         return {k: a.numpy() for k, a in arrays.items()}

@@ -16,6 +16,10 @@ def unit_rows(mat: torch.Tensor, eps: float = 1e-12) -> tuple[torch.Tensor, torc
 def project_simplex(v: np.ndarray | torch.Tensor) -> np.ndarray:
     """Euclidean projection onto the probability simplex (Duchi et al., 2008)."""
     v = np.asarray(v, dtype=np.float64)
+    # The projection commutes with shifting every entry by the same c; shifted so that the
+    # largest is 0, the sums below stay at the scale of the gaps (AFL's λ + γF after a
+    # diverging round, F ~ 1e22, rounded u₀ − 1 to u₀ and left no index to choose).
+    v = v - v.max()
     n = v.size
     u = np.sort(v)[::-1]
     css = np.cumsum(u) - 1.0

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from strategies.base import FairStrategy
 
 _CLASSES: dict[str, type[FairStrategy]] = {}
-_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache"}
+_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy"}
 
 
 def register(name: str):
@@ -64,8 +64,12 @@ def method_keys() -> dict[str, Any]:
 
 
 def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
-    """The run's strategy: its Params from the run config, the common arguments from ``cfg``."""
+    """The run's strategy: its Params from the run config, the common arguments from ``cfg``
+    (``update-clip`` and the central-DP keys ``dp-*`` included)."""
+    from strategies import privacy
+
     cls = strategy_class(cfg.method)
+    dp = privacy.Params.from_run_config(cfg.params)
     return cls(
         params=cls.Params.from_run_config(cfg.params),
         fraction_train=cfg.fraction_train,
@@ -76,5 +80,8 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
         num_clients=cfg.num_clients,
         loss_before=cfg.client_loss_before == "always",
         device=cfg.server_device,
+        update_clip=cfg.get_float("update-clip", 0.0),
+        privacy=None if dp.mode == "none" else privacy.CentralDP(dp, seed=cfg.seed,
+                                                                 clients_per_round=cfg.clients_per_round),
         **{k: v for k, v in {"momentum": cfg.momentum, **extra}.items() if k in cls.app_arguments},
     )

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedpcd_app import figures
-from tests.test_report import make_run
+from tests.helpers import make_run
 
 
 def _is_png_with_content(path):

@@ -14,6 +14,13 @@ def test_simplex_projection_vs_brute_force(seed):
     np.testing.assert_allclose(linalg.project_simplex(v), brute_force_projection(v), atol=1e-6)
 
 
+@pytest.mark.parametrize("v", [[7.2e22, 3.1e22, 5.0], [1e300, -1e300, 0.0], [4e16, 4e16 - 8, 1.0]])
+def test_simplex_projection_of_huge_values_keeps_the_largest(v):
+    """A diverging AFL round (losses ~1e22) used to crash it: u₀ − 1 rounds to u₀."""
+    got = linalg.project_simplex(np.array(v))
+    assert got.sum() == pytest.approx(1.0) and got.min() >= 0 and got.argmax() == int(np.argmax(v))
+
+
 @pytest.mark.parametrize("seed,m,d,bounded", [(0, 2, 5, False), (1, 8, 50, False), (2, 30, 10, False),
                                               (3, 12, 40, True), (4, 71, 200, False)])
 def test_min_norm_simplex_equals_cvxpy(seed, m, d, bounded):

@@ -3,54 +3,11 @@
 import csv
 import json
 import statistics
-from pathlib import Path
 
 import pytest
 
 from fedpcd_app import report
-from fedcore.config import resolve
-from fedpcd_app.metrics import fairness_metrics
-from fedpcd_app.results import write_json_atomic
-
-
-def make_run(out: Path, setting: str, method: str, seed: int, client_acc: list[float], *,
-             grid: dict | None = None, registered: str | None = None, curve: dict[int, float] | None = None,
-             strategy: dict[int, dict] | None = None, central: float = 0.5, extra: dict | None = None,
-             labels: bool = True, rounds: int = 30, folder: Path | None = None) -> Path:
-    """A finished run folder as the sweep and the server write it (run.json, summary.json,
-    rounds.jsonl, clients.csv); the final metrics are computed from ``client_acc``.
-    ``labels=False`` leaves out run.json, as a run made by ``flwr run`` or ``simulate``."""
-    grid = grid or {}
-    variant = ",".join(f"{k}={v}" for k, v in grid.items()) or "base"
-    folder = folder or out / setting / method / variant / f"seed{seed}"
-    folder.mkdir(parents=True)
-    config = resolve({"method": "fedavg", "num-clients": len(client_acc), "num-server-rounds": rounds, "seed": seed,
-                      **(extra or {})})
-    config["method"] = registered or method  # FedPCD etc. are not on this branch: fake their name only
-    config.update(grid)
-    metrics = fairness_metrics(client_acc)
-    if labels:
-        write_json_atomic(folder / "run.json", {"setting": setting, "method": method, "variant": variant,
-                                                "grid": grid, "seed": seed, "overrides": {}})
-    write_json_atomic(folder / "summary.json", {"method": config["method"], "seed": seed, "rounds": rounds,
-                                                **metrics, "central_acc": central, "client_acc": client_acc,
-                                                "config": config})
-    curve = curve or {rounds: metrics["mean_acc"]}
-    with open(folder / "rounds.jsonl", "w") as fh:
-        for r in range(1, rounds + 1):
-            rec = {"round": r, "num_replies": 5}
-            if r in curve:  # every client's accuracy, scaled to the curve's mean at that round
-                scale = curve[r] / metrics["mean_acc"] if metrics["mean_acc"] else 1.0
-                rec["eval"] = {"mean_acc": curve[r], "worst10_acc": curve[r] - 0.1,
-                               "client_acc": [min(1.0, a * scale) for a in client_acc]}
-            if strategy and r in strategy:
-                rec["strategy"] = strategy[r]
-            fh.write(json.dumps(rec) + "\n")
-    with open(folder / "clients.csv", "w") as fh:
-        fh.write("partition_id,num_train,num_test,times_sampled,final_acc,final_loss\n")
-        for i, a in enumerate(client_acc):
-            fh.write(f"{i},{10 + 3 * i},3,{(i % 3) * 5},{a},0.1\n")
-    return folder
+from tests.helpers import make_run
 
 
 # per seed: client accuracies (10 clients) → final mean_acc = their mean
@@ -179,7 +136,7 @@ def test_a_single_run_folder_is_a_report_without_plus_minus(tmp_path):
     ((float("nan"), float("nan"), True, 0), "—"),
 ])
 def test_cells_show_plus_minus_only_over_several_seeds(cells, expected):
-    assert report._cell(*cells) == expected
+    assert report.format_cell(*cells) == expected
 
 
 @pytest.fixture

@@ -33,6 +33,11 @@ VARIANTS = {
     "ditto-craft": {"method": "ditto", "ditto-aggregator": "craft"},
     "craft-flat": {"method": "craft", "craft-layerwise": False},
     "fedavg-skewed": {"method": "fedavg", "participation": "skewed"},
+    # hostile clients and defences: an attack mod, the update clip, central DP, Krum's f
+    "fedavg-scale-attack-clip": {"method": "fedavg", "attack": "scale", "attack-fraction": 0.2, "update-clip": 2.0},
+    "federage-loss-lie-dp": {"method": "federage", "attack": "loss-lie", "attack-clients": "3,7", "dp": "adaptive",
+                             "dp-noise-multiplier": 0.2, "dp-clipping-norm": 0.5},
+    "krum-label-flip": {"method": "krum", "krum-num-malicious": 1, "attack": "label-flip", "attack-fraction": 0.2},
 }
 _SKIP = ("seconds",)
 

@@ -1,0 +1,148 @@
+"""Hostile clients: attacks as a ClientApp train mod (the same in simulation and on SuperNodes).
+
+:func:`attack_mod` wraps this app's train handler (``client_app.client_app``; a foreign
+ClientApp adds it to its own ``@app.train(mods=[...])``). It reads the attack from the
+request's ``run-config`` record and the node's partition id; for a partition that is not
+attacked, or ``attack = "none"``, it passes the request through untouched. With θ_t the
+received global model, θ_i the honest client's reply, Δ = θ_i − θ_t its update and
+s = ``attack-scale``:
+
+* ``sign-flip`` — sends θ_t − s·Δ (the update reversed and scaled);
+* ``scale`` — sends θ_t + s·Δ (the update boosted);
+* ``gaussian`` — sends θ_i + ε, ε ~ N(0, σ² I), σ = ``attack-noise`` (seeded by the
+  seed, the partition and the round);
+* ``label-flip`` — trains on permuted labels y ↦ C − 1 − y (C classes). The mod cannot
+  reach the data, so it writes the permutation into the request's config record
+  (``attack-label-map``) and :func:`client_app.client_app.train_reply` trains on
+  ``label_map[y]`` (its documented hook);
+* ``free-rider`` — sends θ_t back unchanged with its real example count (the handler runs,
+  so every metric is what an honest client would report);
+* ``loss-lie`` — reports its losses s times larger than they are: ``loss-before`` (the
+  metric q-FFL, AFL, FedFV and FedLF weight by) and, under FedeRage, the β it returns (an
+  estimate of a loss quantile, so in loss units too). The model is left honest.
+
+Everything else in the reply (metric names, example count, method records) is unchanged,
+so the server cannot tell an attacked reply by its shape.
+
+Which partitions attack (:func:`attacked_partitions`): ``attack-clients`` lists them
+("0,3,7"), or ``attack-fraction`` f draws round(f·N) of the N partitions (at least one)
+with a generator seeded by ``seed`` alone — every method run under one seed has the same
+attackers. ``attack = "none"`` with partitions given attacks nobody but still marks them,
+so that a no-attack baseline reports its metrics over the same honest clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from fedcore import flat, keys
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, hyper
+from fedcore.seeding import numpy_rng, torch_generator
+
+ATTACKS = ("none", "sign-flip", "scale", "gaussian", "label-flip", "free-rider", "loss-lie")
+
+
+@dataclasses.dataclass(frozen=True)
+class Params(MethodParams):
+    """The attack keys of the run config (declared once; pyproject.toml holds the same)."""
+
+    prefix = "attack"
+    kind: str = hyper("none", key="attack", choices=ATTACKS)
+    clients: str = hyper("")  # "0,3,7": the attacked partition ids
+    fraction: float = hyper(0.0, low=0.0, high=1.0)  # or this fraction of them, drawn with the seed
+    scale: float = hyper(10.0, low=0.0, low_open=True)  # s of sign-flip, scale and loss-lie
+    noise: float = hyper(1.0, low=0.0, low_open=True)  # σ of gaussian
+
+    def check(self) -> None:
+        if self.clients and self.fraction:
+            raise ConfigError(f"run-config keys 'attack-clients' = {self.clients!r} and 'attack-fraction' = "
+                              f"{self.fraction} both choose the attackers: set one of them")
+        _client_list(self.clients)
+        if self.kind != "none" and not self.clients and not self.fraction:
+            raise ConfigError(f"run-config key 'attack' = {self.kind!r} attacks nobody: set attack-clients "
+                              "(e.g. \"0,3\") or attack-fraction (e.g. 0.2)")
+
+
+def _client_list(text: str) -> list[int]:
+    try:
+        out = sorted({int(t) for t in text.replace(" ", "").split(",") if t})
+    except ValueError:
+        out = [-1]
+    if any(p < 0 for p in out):
+        raise ConfigError(f"run-config key 'attack-clients' = {text!r} must list partition ids >= 0 separated "
+                          "by commas, e.g. \"0,3,7\"")
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _attacked(clients: str, fraction: float, num_clients: int, seed: int) -> tuple[int, ...]:
+    if clients:
+        out = _client_list(clients)
+        if out[-1] >= num_clients:
+            raise ConfigError(f"run-config key 'attack-clients' = {clients!r} names partition {out[-1]}, but "
+                              f"num-clients = {num_clients}: use ids 0..{num_clients - 1}")
+        return tuple(out)
+    if not fraction:
+        return ()
+    k = max(1, int(round(fraction * num_clients)))
+    return tuple(sorted(int(p) for p in numpy_rng(seed, "attack-clients").choice(num_clients, k, replace=False)))
+
+
+def attacked_partitions(raw: Mapping[str, Any]) -> list[int]:
+    """The attacked (or, with ``attack = "none"``, marked) partition ids of a flat run config."""
+    p = Params.from_run_config(raw)
+    return list(_attacked(p.clients, p.fraction, int(raw["num-clients"]), int(raw["seed"])))
+
+
+def flipped_labels(num_classes: int) -> list[int]:
+    """label-flip's permutation y ↦ C − 1 − y."""
+    return list(range(num_classes - 1, -1, -1))
+
+
+def attack_mod(msg: Message, context: Context, call_next) -> Message:
+    """ClientApp train mod: the run's attack on an attacked partition, else a pass-through."""
+    if keys.RUN_CONFIG not in msg.content:  # a foreign ServerApp: no attack settings
+        return call_next(msg, context)
+    raw = dict(msg.content[keys.RUN_CONFIG])
+    p = Params.from_run_config(raw)
+    config = msg.content[keys.CONFIG]
+    pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
+    if p.kind == "none" or pid is None or int(pid) not in attacked_partitions(raw):
+        return call_next(msg, context)
+    if p.kind == "label-flip":
+        from client_app.data import load_federated_data
+        from fedcore.config import parse_run_config
+
+        num_classes = load_federated_data(parse_run_config(raw)).num_classes
+        content = RecordDict(dict(msg.content.items()))
+        content[keys.CONFIG] = ConfigRecord({**dict(config), keys.ATTACK_LABEL_MAP: flipped_labels(num_classes)})
+        return call_next(Message(content, metadata=msg.metadata), context)
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    if p.kind == "loss-lie":
+        metrics = reply.content[keys.METRICS]
+        for key in (keys.LOSS_BEFORE, keys.FEDERAGE_BETA):
+            if key in metrics:
+                metrics[key] = p.scale * float(metrics[key])
+        return reply
+    theta = flat.record_to_flat(msg.content[keys.ARRAYS], dtype=torch.float64)
+    local = flat.record_to_flat(reply.content[keys.ARRAYS], dtype=torch.float64)
+    if p.kind == "sign-flip":
+        sent = theta - p.scale * (local - theta)
+    elif p.kind == "scale":
+        sent = theta + p.scale * (local - theta)
+    elif p.kind == "gaussian":
+        gen = torch_generator(int(raw["seed"]), "attack-gaussian", int(pid), int(config[keys.SERVER_ROUND]))
+        sent = local + p.noise * torch.randn(local.shape, generator=gen, dtype=torch.float64)
+    else:  # free-rider
+        sent = theta
+    reply.content[keys.ARRAYS] = flat.flat_to_record(sent, flat.spec_of(reply.content[keys.ARRAYS]))
+    return reply

@@ -1,0 +1,174 @@
+"""Byzantine-robust aggregation: Flower's FedMedian, FedTrimmedAvg, Krum, MultiKrum and Bulyan.
+
+Flower 1.42 ships all five in ``flwr.serverapp.strategy``; this module wraps them (as
+:mod:`strategies.fedopt` wraps the server optimisers) instead of rewriting them: the wrapped
+strategy aggregates the validated replies exactly as Flower does, on copies of their records
+(Flower's median, trimmed mean and Bulyan empty the records they read). With θ_i the m local
+models of a round and n_i their example counts:
+
+* FedMedian (Yin et al., ICML 2018, arXiv:1803.01498): the coordinate-wise median of θ_i.
+* FedTrimmedAvg (same paper): per coordinate, the mean after dropping the ⌊β·m⌋ lowest and
+  ⌊β·m⌋ highest values.
+* Krum (Blanchard et al., NeurIPS 2017, arXiv:1703.02757): the θ_i whose summed squared
+  distance to its m − f − 2 nearest other models is smallest (f: assumed attackers).
+* MultiKrum (same paper): the n_i-weighted mean of the k models with the lowest such scores.
+* Bulyan (El Mhamdi et al., ICML 2018, arXiv:1802.07927): MultiKrum selects m − 2f models;
+  per coordinate, the mean of the m − 4f of them closest to their median. Needs m ≥ 4f + 3:
+  a run whose rounds are smaller stops before it starts; a round left with fewer replies
+  (drops) keeps the model and reports ``bulyan-skipped`` (Flower's behaviour).
+
+None of them weights by data size except MultiKrum's final mean. With ``server-lr`` η_g set
+the step is θ_t − (η_g/η_l)·(θ_t − aggregate), as for FedAvg; 0 (the default) takes the
+aggregate as it is. Krum, MultiKrum and Bulyan report the partitions they selected
+(``<method>-selected``); every method reports ``update-norm`` = ‖θ_t − aggregate‖.
+
+Hyperparameters (defaults Flower's)
+---------------
+fedtrimmedavg-beta : float, default 0.2 — β ∈ [0, 0.5), the fraction cut at each end.
+krum-num-malicious, multikrum-num-malicious, bulyan-num-malicious : int, default 0 — f ≥ 0.
+multikrum-num-select : int, default 0 — k ≥ 0 models averaged; 0 = m − f (all but the
+    assumed attackers, El Mhamdi et al.'s choice). k = 1 is Krum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import strategy as flower
+
+from fedcore import flat
+from fedcore.config import ConfigError
+from fedcore.params import MethodParams, NoParams, hyper
+from strategies.base import FairStrategy, client_of
+from strategies.registry import register
+
+
+@dataclasses.dataclass(frozen=True)
+class FedTrimmedAvgParams(MethodParams):
+    prefix = "fedtrimmedavg"
+    beta: float = hyper(0.2, low=0.0)
+
+    def check(self) -> None:
+        if self.beta >= 0.5:
+            raise ConfigError(f"run-config key 'fedtrimmedavg-beta' = {self.beta} must be < 0.5 (a fraction cut "
+                              "at each end)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KrumParams(MethodParams):
+    prefix = "krum"
+    num_malicious: int = hyper(0, low=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiKrumParams(KrumParams):
+    prefix = "multikrum"
+    num_select: int = hyper(0, low=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BulyanParams(KrumParams):
+    prefix = "bulyan"
+
+
+def _copy(reply: Message) -> Message:
+    """The reply with its own ArrayRecord objects (the Arrays themselves are shared, unmodified)."""
+    content = RecordDict({name: ArrayRecord(dict(rec.items())) if isinstance(rec, ArrayRecord) else rec
+                          for name, rec in reply.content.items()})
+    return Message(content, metadata=reply.metadata)
+
+
+class FlowerRobust(FairStrategy):
+    """A Flower robust-aggregation strategy behind the FairStrategy contract (see the module doc).
+
+    Subclasses name the Flower class and the arguments it is built with (:meth:`flower_arguments`).
+    """
+
+    flower_class: ClassVar[type]
+    reports_selection: ClassVar[bool] = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._chosen: list[RecordDict] = []
+        self.inner = self.flower_class(train_metrics_aggr_fn=self._keep_chosen, **self.flower_arguments())
+
+    def flower_arguments(self) -> dict[str, Any]:
+        """The wrapped strategy's arguments: f (Flower's ``num_malicious_nodes``) where declared."""
+        f = getattr(self.params, "num_malicious", None)
+        return {} if f is None else {"num_malicious_nodes": f}
+
+    def before_round(self, num_replies: int) -> None:
+        """Per-round settings of the wrapped strategy (MultiKrum's k = m − f)."""
+
+    def _keep_chosen(self, contents, weighted_by_key):
+        """Flower hands its metrics function the replies it aggregated: remember them."""
+        del weighted_by_key
+        self._chosen = list(contents)
+        return MetricRecord()
+
+    def aggregate_valid(self, server_round, replies):
+        copies = [_copy(r) for r in replies]
+        self.before_round(len(copies))
+        new_arrays, _ = self.inner.aggregate_train(server_round, copies)
+        if new_arrays is None:  # Bulyan with fewer than 4f + 3 replies (Flower logs why)
+            return None, MetricRecord({f"{self.name}-skipped": 1})
+        theta = self.current_flat()
+        direction = theta - flat.record_to_flat(new_arrays)  # Flower's arithmetic may be float64
+        metrics: dict[str, Any] = {"update-norm": float(direction.norm())}
+        if self.reports_selection:
+            index = {id(c.content): i for i, c in enumerate(copies)}
+            metrics[f"{self.name}-selected"] = sorted(client_of(replies[index[id(c)]]) for c in self._chosen)
+        return self.to_record(theta - self.step_scale(server_round) * direction), MetricRecord(metrics)
+
+
+@register("fedmedian")
+class FedMedian(FlowerRobust):
+    Params = NoParams
+    flower_class = flower.FedMedian
+
+
+@register("fedtrimmedavg")
+class FedTrimmedAvg(FlowerRobust):
+    Params = FedTrimmedAvgParams
+    flower_class = flower.FedTrimmedAvg
+
+    def flower_arguments(self):
+        return {"beta": self.params.beta}
+
+
+@register("krum")
+class Krum(FlowerRobust):
+    Params = KrumParams
+    flower_class = flower.Krum
+    reports_selection = True
+
+
+@register("multikrum")
+class MultiKrum(FlowerRobust):
+    Params = MultiKrumParams
+    flower_class = flower.MultiKrum
+    reports_selection = True
+
+    def before_round(self, num_replies):
+        p = self.params
+        self.inner.num_nodes_to_select = p.num_select or max(1, num_replies - p.num_malicious)
+
+
+@register("bulyan")
+class Bulyan(FlowerRobust):
+    Params = BulyanParams
+    flower_class = flower.Bulyan
+    reports_selection = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        f = self.params.num_malicious
+        if self.num_clients is not None:
+            per_round = max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients)))
+            if per_round < 4 * f + 3:
+                raise ConfigError(
+                    f"run-config key 'bulyan-num-malicious' = {f} needs at least 4f + 3 = {4 * f + 3} replies per "
+                    f"round, but fraction-train x num-clients gives {per_round}: lower it or raise fraction-train"
+                )
