@@ -3,10 +3,12 @@
 import csv
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
 from fedpcd_app import report
+from fedpcd_app.results import write_json_atomic
 from tests.helpers import make_run
 
 
