@@ -77,6 +77,10 @@ class ClientAppGrid(engine.LocalGrid):
 
     def __init__(self, num_nodes: int, client_app, tamper=None) -> None:
         super().__init__(client_app, num_nodes, workers=0)
+        # Tests address node 1000 + partition id (as FakeGrid and configure_round do).
+        self.contexts = {1000 + int(ctx.node_config[keys.PARTITION_ID]): ctx for ctx in self.contexts.values()}
+        for node, ctx in self.contexts.items():
+            ctx.node_id = node
         self.tamper = tamper
         self.replies: list[Message] = []
 
