@@ -125,12 +125,16 @@ class FlowerRobust(FairStrategy):
 
 @register("fedmedian")
 class FedMedian(FlowerRobust):
+    """Coordinate-wise median of the local models (Yin et al., 2018)."""
+
     Params = NoParams
     flower_class = flower.FedMedian
 
 
 @register("fedtrimmedavg")
 class FedTrimmedAvg(FlowerRobust):
+    """Coordinate-wise mean after dropping the ``beta`` fraction of largest and smallest values."""
+
     Params = FedTrimmedAvgParams
     flower_class = flower.FedTrimmedAvg
 
@@ -140,6 +144,8 @@ class FedTrimmedAvg(FlowerRobust):
 
 @register("krum")
 class Krum(FlowerRobust):
+    """The one local model closest to its n − f − 2 nearest neighbours (Blanchard et al., 2017)."""
+
     Params = KrumParams
     flower_class = flower.Krum
     reports_selection = True
@@ -147,6 +153,8 @@ class Krum(FlowerRobust):
 
 @register("multikrum")
 class MultiKrum(FlowerRobust):
+    """The mean of the m models with the best Krum scores."""
+
     Params = MultiKrumParams
     flower_class = flower.MultiKrum
     reports_selection = True
@@ -158,6 +166,8 @@ class MultiKrum(FlowerRobust):
 
 @register("bulyan")
 class Bulyan(FlowerRobust):
+    """Multi-Krum selection, then a coordinate-wise trimmed mean (El Mhamdi et al., 2018)."""
+
     Params = BulyanParams
     flower_class = flower.Bulyan
     reports_selection = True
