@@ -367,12 +367,19 @@ def paired_scatter(chosen: dict[str, list[Run]], baseline: str, setting: str, pa
     return _save(fig, path)
 
 
-def _client_sizes(run: Run) -> np.ndarray | None:
+def _clients_rows(run: Run) -> list[dict[str, str]] | None:
+    """The rows of the run's clients.csv (None when it has none)."""
     path = run.folder / "clients.csv"
     if not path.is_file():
         return None
     with open(path) as fh:
-        rows = list(csv.DictReader(fh))
+        return list(csv.DictReader(fh))
+
+
+def _client_sizes(run: Run) -> np.ndarray | None:
+    rows = _clients_rows(run)
+    if rows is None:
+        return None
     try:
         sizes = np.array([float(r["num_train"]) for r in rows])
     except (KeyError, ValueError):  # num_train is empty when the server did not load the data
@@ -529,11 +536,9 @@ def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
 
 
 def _sampled_fraction(run: Run) -> np.ndarray | None:
-    path = run.folder / "clients.csv"
-    if not path.is_file():
+    rows = _clients_rows(run)
+    if rows is None:
         return None
-    with open(path) as fh:
-        rows = list(csv.DictReader(fh))
     return np.array([float(r["times_sampled"]) for r in rows]) / run.summary["rounds"]
 
 

@@ -18,10 +18,6 @@ TEMPLATE = tiny_template()
 D = spec_of(TEMPLATE).dim
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
 
 def test_afl_lambda_full_participation_is_the_paper_update():
     lam, losses = np.full(4, 0.25), np.array([0.1, 0.5, 2.0, 3.0])

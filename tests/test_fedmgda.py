@@ -15,10 +15,6 @@ TEMPLATE = tiny_template()
 D = spec_of(TEMPLATE).dim
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
 
 def test_fedmgda_eps0_returns_fedavg_weights(rng):
     units, _ = linalg.unit_rows(torch.tensor(rng.normal(size=(3, D))))

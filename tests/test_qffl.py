@@ -15,10 +15,6 @@ TEMPLATE = tiny_template()
 D = spec_of(TEMPLATE).dim
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
 
 def test_qffl_hand_computation(rng):
     theta = rng.normal(size=D)
