@@ -28,6 +28,19 @@ fedpcd-primary : ``fedavg`` (default) | ``none``
     ``none``: g̃_0 = 0, i.e. the minimum-norm feasible direction (needs τ > 0).
 fedpcd-cache-dtype : ``float32`` (default) | ``bfloat16`` | ``float16``
     Storage of cached directions; the maths runs in float32 either way.
+fedpcd-outlier-norm : float, default 0 = off
+    *This project's extension, not in the papers* (robustness, issue 17). A client of the
+    round whose update is longer than ``outlier-norm`` × the median update norm of the
+    round (≥ 3 valid clients) gets no constraint: it is neither a constraint this round nor
+    stored in the cache (a returning client's older entry is dropped too). Its update still
+    counts in ḡ, as in FedAvg: the option only stops FedPCD from *bending towards* a
+    scaled, sign-flipped or noisy update; bound its weight in ḡ with ``update-clip``.
+fedpcd-outlier-cosine : float in [-1, 1], default -1 = off
+    *This project's extension.* A constraint (current or cached) whose cosine to this
+    round's ḡ is below the threshold is left out of this round's QP (it stays cached).
+    Caveat: ḡ contains every update, so a large attacker can dominate it; honest clients
+    in conflict with ḡ are exactly those FedPCD is made to protect — use a threshold well
+    below 0 (e.g. -0.5), or the norm rule.
 server-lr : float, default 0 = the client ``lr``
     η_g. With η_g = η_l and no active constraint a round is exactly FedAvg.
 
@@ -35,7 +48,8 @@ Diagnostics per round (MetricRecord → rounds.jsonl): ``fedpcd-constraints`` (m
 ``fedpcd-active`` (#μ_j > 0), ``fedpcd-corrected`` (0/1), ``fedpcd-cosine`` (cos(d_t, ḡ)),
 ``fedpcd-solver-ok`` (0/1), ``fedpcd-solver-status`` (0 feasible, 1 solved, 2 elastic,
 3 primary), ``fedpcd-solve-seconds``, ``fedpcd-fallbacks`` (cumulative),
-``fedpcd-dropped`` (non-finite updates), ``fedpcd-cache-size``.
+``fedpcd-dropped`` (non-finite updates), ``fedpcd-cache-size``, ``fedpcd-outliers``
+(constraints left out by the outlier options this round).
 
 Cost per round (``benchmarks/aggregation.py`` times it against this floor): one pass over
 the replies that writes Δ_i into k work rows and into the cache (float32: the raw Δ_i with
@@ -90,8 +104,13 @@ class Params(MethodParams):
     ema_beta: float = hyper(0.9, low=0.0, high=0.999)
     primary: str = hyper("fedavg", choices=("fedavg", "none"))
     cache_dtype: str = hyper("float32", choices=("float32", "bfloat16", "float16"))
+    outlier_norm: float = hyper(0.0, low=0.0)
+    outlier_cosine: float = hyper(-1.0, low=-1.0, high=1.0)
 
     def check(self) -> None:
+        if 0.0 < self.outlier_norm < 1.0:
+            raise ConfigError(f"run-config key 'fedpcd-outlier-norm' = {self.outlier_norm} would leave out clients "
+                              "shorter than the median: use 0 (off) or a factor >= 1 (e.g. 3)")
         if self.primary == "none" and self.tau == 0.0:
             raise ConfigError("run-config key 'fedpcd-primary' = 'none' needs 'fedpcd-tau' > 0 "
                               "(with τ = 0 the minimum-norm feasible direction is 0)")
@@ -123,6 +142,7 @@ M_SOLVE_SECONDS = "fedpcd-solve-seconds"
 M_FALLBACKS = "fedpcd-fallbacks"
 M_DROPPED = "fedpcd-dropped"
 M_CACHE = "fedpcd-cache-size"
+M_OUTLIERS = "fedpcd-outliers"
 
 # Solver status codes (``fedpcd-solver-status``).
 STATUS_FEASIBLE = 0  # g̃_0 already satisfies every constraint: μ = 0, no solve
@@ -244,6 +264,23 @@ def correct_direction(
         else:  # degenerate d̃ = 0: keep the primary direction
             corrected = False
     return direction, Correction(mu, status, reason, active, corrected, step, cosine, solve_s)
+
+
+def norm_inliers(norms: np.ndarray, factor: float) -> list[int]:
+    """Indices of the updates whose norm is at most ``factor`` × the median norm (all of
+    them when ``factor`` is 0 or there are fewer than 3: no median to trust)."""
+    norms = np.asarray(norms, dtype=np.float64)
+    if factor <= 0.0 or norms.size < 3:
+        return list(range(norms.size))
+    return [i for i in range(norms.size) if norms[i] <= factor * float(np.median(norms))]
+
+
+def cosine_inliers(gram: np.ndarray, c_dot_gbar, g_bar_norm: float, threshold: float) -> list[int]:
+    """Indices j of the constraints with cos(c̃_j, ḡ) = c̃_jᵀḡ/(‖c̃_j‖‖ḡ‖) ≥ ``threshold``
+    (a zero direction, e.g. a free rider's, has no angle and stays: its constraint is 0 ≥ 0)."""
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None)) * g_bar_norm
+    cos = np.divide(np.asarray(c_dot_gbar, dtype=np.float64), norms, out=np.ones(len(norms)), where=norms > 0)
+    return [j for j in range(len(cos)) if cos[j] >= threshold]
 
 
 def fedpcd_direction(
@@ -377,9 +414,18 @@ class FedPCD(FairStrategy):
         g_bar_norm = float(torch.linalg.vector_norm(g_bar))
         pids = [pids[i] for i in keep]
         norms = torch.tensor(np.sqrt(sq[keep]) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l
+        # Outlier option (this project's extension): over-long updates count in ḡ, get no constraint.
+        inl = norm_inliers(norms.numpy(), p_.outlier_norm)
+        for i in sorted(set(range(k)) - set(inl)):
+            log.info("round %d: FedPCD keeps partition %d out of the QP: its update norm %.3g > %g x the median",
+                     server_round, pids[i], float(norms[i]), p_.outlier_norm)
+            if raw:
+                cache.release(pids[i], claimed[keep[i]])
+        outliers = k - len(inl)
+        c_pids = [pids[i] for i in inl]
 
         # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i.
-        scale = cache.scales(pids, norms, p_.normalize, p_.eps)
+        scale = cache.scales(c_pids, norms[inl], p_.normalize, p_.eps)
         if p_.primary == "fedavg":
             g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
@@ -388,14 +434,19 @@ class FedPCD(FairStrategy):
         # c̃_jᵀḡ = f_j Σ_i (p_i/η_l) Δ_iᵀr_j comes from the same products (ḡ is not multiplied
         # with the cache). 16-bit: ḡ (unrounded) joins the product as an extra row.
         if raw:
-            new = [claimed[i] for i in keep]
+            new = [claimed[keep[i]] for i in inl]
             prods = cache.products(work[:k], sorted({*cache.active_slots(), *new}))
-            cache.commit(server_round, pids, new, (scale / eta_l).numpy(), prods)
+            cache.commit(server_round, c_pids, new, (scale / eta_l).numpy(), prods[inl])
             slots = cache.active_slots()
             c_dot_gbar = ((p / eta_l).numpy() @ prods[:, slots]) * cache.factor[slots]
         else:
-            c_dot_gbar = cache.insert(server_round, pids, work[: k + 1], n_new=k, scales=(scale / eta_l).numpy())
+            rows = work[: k + 1] if not outliers else work[inl + [k]]
+            c_dot_gbar = cache.insert(server_round, c_pids, rows, n_new=len(inl), scales=(scale / eta_l).numpy())
             slots = cache.active_slots()
+        if p_.outlier_cosine > -1.0 and slots:
+            near = cosine_inliers(cache.gram_of(slots), c_dot_gbar, g_bar_norm, p_.outlier_cosine)
+            outliers += len(slots) - len(near)
+            slots, c_dot_gbar = [slots[j] for j in near], np.asarray(c_dot_gbar)[near]
         direction, corr = correct_direction(cache, slots, g_bar, c_dot_gbar, g0_scale, p_.tau, eta_g, out)
         if corr.status >= STATUS_ELASTIC:
             self.state.fallbacks += 1
@@ -412,6 +463,7 @@ class FedPCD(FairStrategy):
             M_FALLBACKS: self.state.fallbacks,
             M_DROPPED: dropped,
             M_CACHE: cache.size,
+            M_OUTLIERS: outliers,
             "update-norm": eta_l * g_bar_norm,  # ‖Σ p_i Δ_i‖, as FedAvg reports it
         }
         return self.to_record(theta), MetricRecord(metrics)

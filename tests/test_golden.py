@@ -32,7 +32,8 @@ def test_method_keeps_its_recorded_numbers(name, tmp_path):
     np.testing.assert_allclose([r["train_loss"] for r in got["rounds"]],
                                [r["train_loss"] for r in want["rounds"]], rtol=1e-6, atol=1e-7)
     for g, w in zip(got["rounds"], want["rounds"]):
-        assert g["strategy"].keys() == w["strategy"].keys()
+        # every recorded diagnostic is still there; a new one (e.g. fedpcd-outliers) may join
+        assert w["strategy"].keys() <= g["strategy"].keys()
         for key, value in w["strategy"].items():
             np.testing.assert_allclose(g["strategy"][key], value, rtol=1e-5, atol=1e-6, err_msg=key)
     np.testing.assert_allclose(got["client_acc"], want["client_acc"], atol=1e-6)

@@ -1,0 +1,117 @@
+"""FedPCD's outlier options (this project's extension, issue 17): ``fedpcd-outlier-norm`` keeps an
+over-long update's constraint out of the QP and the cache (its update still counts in ḡ),
+``fedpcd-outlier-cosine`` leaves constraints pointing away from ḡ out of the round's QP.
+
+Checked against the pure function :func:`strategies.fedpcd.fedpcd_direction` over the kept
+constraints with ḡ over every client (an independent assembly of the same maths)."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedcore.config import ConfigError
+from strategies import fedpcd
+from strategies.fedpcd import cosine_inliers, fedpcd_direction, norm_inliers
+from tests.test_fedpcd_strategy import Round, conflicting, run_round, strategy
+from tests.helpers import tiny_template
+
+SIZES = ((6, 5), (5,), (4, 3))  # d = 47
+D = 47
+
+
+@pytest.fixture
+def template():
+    return tiny_template(SIZES)
+
+
+def test_norm_inliers_rule():
+    assert norm_inliers(np.array([1.0, 1.2, 0.9, 10.0, 1.1]), 3.0) == [0, 1, 2, 4]
+    assert norm_inliers(np.array([1.0, 1.2, 0.9, 10.0, 1.1]), 0.0) == [0, 1, 2, 3, 4]  # off
+    assert norm_inliers(np.array([1.0, 100.0]), 3.0) == [0, 1]  # fewer than 3: no median to trust
+    assert norm_inliers(np.array([0.0, 0.0, 0.0, 5.0]), 3.0) == [0, 1, 2]  # free riders at the median
+
+
+def test_cosine_inliers_rule():
+    c = np.array([[1.0, 0.0], [-1.0, 0.1], [0.0, 0.0], [0.6, 0.8]])
+    g = np.array([1.0, 0.0])
+    keep = cosine_inliers(c @ c.T, c @ g, float(np.linalg.norm(g)), -0.5)
+    assert keep == [0, 2, 3]  # the opposed one leaves; the zero direction has no angle and stays
+
+
+def attacked_round(template, seed=0, scale=10.0, pids=(0, 1, 2, 3, 4)):
+    theta = np.random.default_rng(seed).normal(size=D)
+    grads = conflicting(seed, len(pids), D)
+    # the last client sends the honest mean reversed and scaled, with few examples: its
+    # constraint conflicts with ḡ (active without the option)
+    grads[-1] = -scale * grads[:-1].mean(axis=0) * np.linalg.norm(grads[0]) / np.linalg.norm(grads[:-1].mean(axis=0))
+    return theta, grads, Round(template, theta, grads, list(pids), [10, 20, 30, 40, 2][: len(pids)], 0.1)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_norm_outlier_has_no_constraint_but_counts_in_gbar(template, cache_dtype):
+    theta, grads, r = attacked_round(template)
+    strat = strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-outlier-norm": 3.0,
+                        "fedpcd-cache-dtype": cache_dtype})
+    ours, metrics = run_round(strat, template, 1, theta, r)
+    assert metrics[fedpcd.M_OUTLIERS] == 1 and metrics[fedpcd.M_CONSTRAINTS] == 4
+    assert sorted(strat.state.cache.pids()) == [0, 1, 2, 3]
+    d, _ = fedpcd_direction(torch.tensor(r.g_bar), torch.tensor(grads[:4]), 0.5)  # ḡ over all five
+    tol = 2e-5 if cache_dtype == "float32" else 2e-2
+    np.testing.assert_allclose(ours, theta - 0.1 * d.numpy(), atol=tol * np.abs(d.numpy()).max())
+    # without the option the attacker's direction is a constraint, and the step differs
+    plain, m_plain = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0,
+                                           "fedpcd-cache-dtype": cache_dtype}), template, 1, theta, r)
+    assert m_plain[fedpcd.M_CONSTRAINTS] == 5 and m_plain[fedpcd.M_OUTLIERS] == 0
+    assert np.abs(plain - ours).max() > 1e-3
+
+
+def test_returning_outlier_loses_its_cached_entry(template):
+    strat = strategy(**{"fedpcd-tau": 0.2, "fedpcd-history": 3, "fedpcd-outlier-norm": 3.0})
+    theta = np.random.default_rng(3).normal(size=D)
+    g1 = conflicting(4, 3, D)
+    theta2, _ = run_round(strat, template, 1, theta, Round(template, theta, g1, [0, 1, 2], [10, 10, 10], 0.1))
+    assert sorted(strat.state.cache.pids()) == [0, 1, 2]
+    g2 = conflicting(5, 4, D)
+    g2[0] *= 20.0  # client 2 returns as an outlier
+    r2 = Round(template, theta2, g2, [2, 3, 4, 5], [10, 20, 30, 40], 0.1)
+    ours, metrics = run_round(strat, template, 2, theta2, r2)
+    assert sorted(strat.state.cache.pids()) == [0, 1, 3, 4, 5]  # client 2's round-1 entry is gone too
+    assert metrics[fedpcd.M_OUTLIERS] == 1 and metrics[fedpcd.M_CONSTRAINTS] == 5
+    d, _ = fedpcd_direction(torch.tensor(r2.g_bar), torch.tensor(np.vstack([g1[:2], g2[1:]])), 0.2)
+    np.testing.assert_allclose(ours, theta2 - 0.1 * d.numpy(), atol=2e-5 * np.abs(d.numpy()).max())
+
+
+def test_cosine_option_leaves_opposed_constraints_out_of_the_round(template):
+    theta = np.random.default_rng(7).normal(size=D)
+    base = np.random.default_rng(8).normal(size=D)
+    grads = np.vstack([base + 0.3 * np.random.default_rng(9).normal(size=(3, D)), -3.0 * base[None, :]])
+    r = Round(template, theta, grads, [0, 1, 2, 3], [30, 30, 30, 10], 0.1)
+    cos = grads @ r.g_bar / (np.linalg.norm(grads, axis=1) * np.linalg.norm(r.g_bar))
+    assert cos[3] < -0.5 < cos[:3].min()
+    strat = strategy(**{"fedpcd-tau": 0.3, "fedpcd-history": 2, "fedpcd-outlier-cosine": -0.5})
+    ours, metrics = run_round(strat, template, 1, theta, r)
+    assert metrics[fedpcd.M_OUTLIERS] == 1 and metrics[fedpcd.M_CONSTRAINTS] == 3
+    assert sorted(strat.state.cache.pids()) == [0, 1, 2, 3]  # it stays cached: the angle is per round
+    d, _ = fedpcd_direction(torch.tensor(r.g_bar), torch.tensor(grads[:3]), 0.3)
+    np.testing.assert_allclose(ours, theta - 0.1 * d.numpy(), atol=2e-5 * np.abs(d.numpy()).max())
+
+
+def test_options_off_by_default_change_nothing(template):
+    theta, _, r = attacked_round(template, seed=5)
+    a, ma = run_round(strategy(**{"fedpcd-tau": 0.5}), template, 1, theta, r)
+    b, mb = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-outlier-norm": 0.0, "fedpcd-outlier-cosine": -1.0}),
+                      template, 1, theta, r)
+    np.testing.assert_array_equal(a, b)
+    ma.pop(fedpcd.M_SOLVE_SECONDS), mb.pop(fedpcd.M_SOLVE_SECONDS)
+    assert ma == mb and ma[fedpcd.M_OUTLIERS] == 0
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("fedpcd-outlier-norm", 0.5, "use 0 (off) or a factor >= 1"),
+    ("fedpcd-outlier-norm", -1.0, "must be >= 0"),
+    ("fedpcd-outlier-cosine", 1.5, "fedpcd-outlier-cosine"),
+])
+def test_bad_outlier_values_are_one_line(key, value, words):
+    with pytest.raises(ConfigError) as err:
+        strategy(**{key: value})
+    assert words in str(err.value) and "\n" not in str(err.value)
