@@ -47,13 +47,19 @@ open(sys.argv[1], "w").write(json.dumps(info, indent=1))
 print(json.dumps(info))
 PY
 
+# Ray where it is installed (its wheel is too big to carry to a bare GPU machine): the local
+# engine alone otherwise, said in one line; GPU_CHECK_ENGINES overrides.
+ENGINES=${GPU_CHECK_ENGINES:-}
+if [ -z "$ENGINES" ]; then
+  if "$PY" -c 'import ray' 2>/dev/null; then ENGINES=local,ray; else ENGINES=local; echo "gpu_check: ray not installed: local engine only"; fi
+fi
 if [ "$SMOKE" = 1 ]; then
   SIM=(--settings cnn --train-images 5000 --test-images 1000 --rounds 3 --eval-every 3 --floor-repeats 1 --workers 2
-       --num-cpus 1 --no-e2e)
+       --num-cpus 1 --no-e2e --engines "$ENGINES")
   AGG=(--sizes mlp --rounds 3 --timed 1 --methods fedavg,fedpcd)
 else
   SIM=(--settings cnn --device cuda --rounds 9 --eval-every 3 --floor-repeats 2 --workers 4
-       --num-cpus 4 --ray-num-gpus 0.25 --eval-batch-size 1024 --no-e2e)
+       --num-cpus 4 --ray-num-gpus 0.25 --eval-batch-size 1024 --no-e2e --engines "$ENGINES")
   AGG=(--sizes resnet18)
 fi
 echo "== simulation: ${SIM[*]}"
