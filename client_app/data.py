@@ -43,6 +43,8 @@ Sources
 * ``dataset-path``: a local folder with ``train.parquet`` and ``test.parquet``, each with
   an int ``label`` column and an ``image`` column holding either encoded images
   (``{"bytes": ...}`` as written by ``datasets``) or numeric 2-D (H×W) / 3-D (H×W×C) arrays.
+  Every defect of a file is one :class:`DataError` line naming the file, the problem and the
+  fix (:func:`_read_parquet`); train and test images must have one shape.
 """
 
 from __future__ import annotations
@@ -153,7 +155,10 @@ def load_federated_data(cfg: RunConfig) -> FederatedData:
 def _build(cfg: RunConfig) -> FederatedData:
     x_pool, y_pool, w_pool, x_central, y_central = _pools(cfg)
     num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
-    parts = partition_labels(y_pool, cfg, writers=w_pool)
+    try:
+        parts = partition_labels(y_pool, cfg, writers=w_pool)
+    except DataError as exc:  # name the data, not only the partitioner: a local folder may be the wrong one
+        raise DataError(f"dataset-path {cfg.dataset_path}: {exc}" if cfg.dataset_path else str(exc)) from None
     if cfg.partitioner == "writer":  # only the drawn writers' examples are kept
         keep = np.concatenate(parts)
         x_pool, y_pool = x_pool[keep], y_pool[keep]
@@ -321,10 +326,11 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
         except (ValueError, IndexError) as exc:
             if attempt + 1 < attempts:
                 continue
+            fix = ("a larger classes-per-client" if cfg.partitioner == "pathological"
+                   else "a larger dirichlet-alpha or a smaller min-partition-size")
             raise DataError(
                 f"cannot partition {len(labels)} examples into {n} clients with "
-                f"partitioner={cfg.partitioner!r} ({exc}); use fewer clients, a larger "
-                "dirichlet-alpha or a smaller min-partition-size"
+                f"partitioner={cfg.partitioner!r} ({exc}); use fewer clients or {fix}"
             ) from exc
     for i, p in enumerate(parts):
         if len(p) < 2:
@@ -408,7 +414,10 @@ Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (x N×C×H×W, y,
 def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
     """(the training pool, the test pool or None when the source has no test split)."""
     if cfg.dataset_path:
-        return _read_parquet(Path(cfg.dataset_path), "train"), _read_parquet(Path(cfg.dataset_path), "test")
+        folder = Path(cfg.dataset_path)
+        train, test = _read_parquet(folder, "train"), _read_parquet(folder, "test")
+        check_same_shape(train, test, folder)
+        return train, test
     if cfg.dataset == "digits":
         from sklearn.datasets import load_digits
 
@@ -469,33 +478,172 @@ def _hf_to_arrays(ds, image_col: str, label_col: str, writer_col: str | None = N
 
 
 def _read_parquet(folder: Path, split: str) -> Arrays:
-    import pyarrow.parquet as pq
+    """``folder/<split>.parquet`` as (x N×C×H×W float32, int64 labels, writer ids or None).
 
+    Every defect of the file is one :class:`DataError` line naming the file, the problem and
+    the fix: not a parquet file (corrupt, truncated), no rows, a missing column, labels that
+    are not integer class ids (strings, fractions, missing, negative, beyond the classes the
+    file's ``datasets`` metadata declares), missing images, images of differing shapes within
+    the file, NaN or infinite pixels."""
     path = folder / f"{split}.parquet"
     if not path.is_file():
         raise DataError(
             f"dataset-path: {path} not found; the folder needs train.parquet and test.parquet "
             "with columns 'image' and 'label'"
         )
-    table = pq.read_table(path)
+    table = _read_table(path)
     for col in ("image", "label"):
         if col not in table.column_names:
             raise DataError(f"dataset-path: {path} has no '{col}' column (has {table.column_names})")
-    labels = table.column("label").to_numpy().astype(np.int64)
+    if table.num_rows == 0:
+        raise DataError(f"dataset-path: {path} has no rows: the {split} split needs examples "
+                        "(write them into the file, or point dataset-path at the right folder)")
+    labels = _labels(table, path)
     writers = table.column(WRITER_COLUMN).to_numpy(zero_copy_only=False) if WRITER_COLUMN in table.column_names else None
-    numeric = _numeric_lists(table.column("image"))
-    if numeric is not None:  # fast path: no per-pixel Python objects
+    column = table.column("image")
+    if column.null_count:
+        raise DataError(f"dataset-path: {path} column 'image': {column.null_count} missing (null) image(s), "
+                        f"first at row {_first_true(column.is_null())}: drop those rows or fill them in")
+    numeric = _numeric_lists(column)
+    if numeric is None:  # encoded images, ragged or nested lists with missing values
+        numeric = _pylist_images(column, path)
+    _check_finite(numeric, path)
+    try:
         return _images_to_nchw(numeric), labels, writers
-    images = table.column("image").to_pylist()
-    if images and isinstance(images[0], dict):  # encoded image as written by `datasets`
+    except DataError as exc:
+        raise DataError(f"dataset-path: {path} column 'image': {exc}") from None
+
+
+def _read_table(path: Path):
+    """The parquet file as a pyarrow Table; a file pyarrow cannot read is one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path, page_checksum_verification=True)  # checks the CRCs a writer stored
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ArrowInvalid: not parquet, truncated, corrupt
+        cause = (str(exc).strip().splitlines() or [""])[0].replace(f"'{path}'", "it")[:200]
+        raise DataError(
+            f"dataset-path: {path} is not a readable parquet file [{type(exc).__name__}: {cause}]: it is "
+            "corrupt or truncated; write it again (pyarrow.parquet.write_table or datasets' "
+            "Dataset.to_parquet) or copy it again"
+        ) from None
+
+
+def _first_true(mask) -> int:
+    """Index of the first true entry of a boolean numpy or pyarrow array."""
+    return int(np.argmax(np.asarray(mask, dtype=bool)))
+
+
+def _declared_classes(schema) -> int | None:
+    """The number of classes the file's ``datasets`` metadata declares for 'label' (a
+    ClassLabel with names), else None."""
+    import json
+
+    meta = (schema.metadata or {}).get(b"huggingface")
+    try:
+        feature = json.loads(meta)["info"]["features"]["label"] if meta else {}
+    except (ValueError, KeyError, TypeError):
+        return None
+    names = feature.get("names") if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" else None
+    return len(names) if isinstance(names, list) and names else None
+
+
+def _labels(table, path: Path) -> np.ndarray:
+    """The 'label' column as int64 class ids 0..K-1, or one :class:`DataError` line."""
+    import pyarrow as pa
+
+    column = table.column("label")
+    where = f"dataset-path: {path} column 'label'"
+    kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if column.null_count:
+        raise DataError(f"{where}: {column.null_count} missing (null) label(s), first at row "
+                        f"{_first_true(column.is_null())}: drop those rows or give them a class id")
+    if pa.types.is_integer(kind):
+        labels = column.to_numpy().astype(np.int64)
+    elif pa.types.is_floating(kind):
+        values = column.to_numpy()
+        bad = ~np.isfinite(values) | (values != np.round(values))
+        if bad.any():
+            row = _first_true(bad)
+            raise DataError(f"{where}: labels must be integer class ids, row {row} holds {values[row].item()!r} "
+                            f"({int(bad.sum())} such row(s)): write the labels as integers 0..K-1")
+        labels = values.astype(np.int64)
+    else:
+        first = column.slice(0, 1).to_pylist()[0]
+        raise DataError(f"{where} holds {kind} values (e.g. {first!r}), not integer class ids: map them to "
+                        "0..K-1 first (e.g. datasets' Dataset.class_encode_column('label'))")
+    if labels.min() < 0:
+        row = _first_true(labels < 0)
+        raise DataError(f"{where}: label {labels[row]} at row {row} is negative ({int((labels < 0).sum())} such "
+                        "row(s)): class ids must be 0..K-1")
+    declared = _declared_classes(table.schema)
+    if declared is not None and labels.max() >= declared:
+        row = _first_true(labels >= declared)
+        raise DataError(f"{where}: label {labels[row]} at row {row} is out of range: the file declares "
+                        f"{declared} classes (ClassLabel), so class ids must be 0..{declared - 1}")
+    return labels
+
+
+def _pylist_images(column, path: Path) -> np.ndarray:
+    """The slow path: encoded images (``{"bytes": ...}`` as written by ``datasets``) or nested
+    lists, decoded one by one, as one float32 array; differing shapes are one line naming the
+    first row that differs from row 0."""
+    images = column.to_pylist()
+    if isinstance(images[0], dict):  # encoded image as written by `datasets`
         from PIL import Image
 
-        images = [np.asarray(Image.open(io.BytesIO(im["bytes"]))) for im in images]
+        decoded = []
+        for row, im in enumerate(images):
+            try:
+                decoded.append(np.asarray(Image.open(io.BytesIO(im["bytes"]))))
+            except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable bytes
+                raise DataError(f"dataset-path: {path} column 'image': row {row} cannot be decoded as an image "
+                                f"[{type(exc).__name__}]: re-encode it (PNG/JPEG bytes) or drop the row") from None
+        images = decoded
     try:
-        arr = np.asarray(images, dtype=np.float32)
-    except (ValueError, IndexError) as exc:
-        raise DataError(f"dataset-path: images in {path} do not all have the same shape") from exc
-    return _images_to_nchw(arr), labels, writers
+        return np.asarray(images, dtype=np.float32)
+    except (ValueError, TypeError):
+        pass
+    shapes = []
+    for row, im in enumerate(images):
+        try:
+            shapes.append(np.asarray(im, dtype=np.float32).shape)
+        except (ValueError, TypeError):
+            raise DataError(f"dataset-path: {path} column 'image': the image at row {row} is ragged (rows of "
+                            "differing lengths) or not numeric: every image must be an H×W or H×W×C array") from None
+        if shapes[-1] != shapes[0]:
+            raise DataError(f"dataset-path: {path} column 'image': images do not all have the same shape: row 0 is "
+                            f"{_shape(shapes[0])}, row {row} is {_shape(shapes[-1])}; resize or crop them to one "
+                            "shape")
+    raise DataError(f"dataset-path: {path} column 'image': the images cannot be read as one numeric array")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "×".join(map(str, shape)) or "a scalar"
+
+
+def _check_finite(images: np.ndarray, path: Path) -> None:
+    """NaN or ±inf pixels are one line: how many images hold them and the first row."""
+    if images.size == 0 or (np.isfinite(images.min()) and np.isfinite(images.max())):  # no full-size mask
+        return
+    flat = images.reshape(len(images), -1)
+    bad = ~np.isfinite(flat).all(axis=1)  # the images holding a non-finite pixel
+    row = _first_true(bad)
+    nan, inf = int(np.isnan(flat[bad]).sum()), int(np.isinf(flat[bad]).sum())
+    raise DataError(f"dataset-path: {path} column 'image': {nan} NaN and {inf} infinite pixel value(s) in "
+                    f"{int(bad.sum())} of {len(images)} image(s), first at row {row}: fix or drop those images "
+                    "(pixels must be finite numbers)")
+
+
+def check_same_shape(train: Arrays, test: Arrays | None, folder: Path) -> None:
+    """The train and test images must have one shape (the model takes one input shape)."""
+    if test is not None and train[0].shape[1:] != test[0].shape[1:]:
+        raise DataError(
+            f"dataset-path: images in {folder / 'train.parquet'} are {_shape(train[0].shape[1:])} (C×H×W) but in "
+            f"{folder / 'test.parquet'} {_shape(test[0].shape[1:])}: resize/convert both splits to one shape "
+            "(and one number of channels)"
+        )
 
 
 def _numeric_lists(column) -> np.ndarray | None:

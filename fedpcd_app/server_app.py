@@ -285,13 +285,20 @@ class Experiment:
         return summary
 
     def completeness(self, stopped: str | None) -> dict[str, Any]:
-        """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, or
-        one whose aggregation failed in some round (the model kept, on-aggregation-error=keep)."""
+        """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, one
+        whose aggregation failed in some round (the model kept, on-aggregation-error=keep), or
+        one in which a node could not load its data (a ``DataError`` reply: that client never
+        trained, unlike a node that dropped out for a while)."""
         failed = [r for r in self.history if "aggregation_error" in r]
         reason = stopped
         if reason is None and failed:
             reason = (f"aggregation failed in {len(failed)} round(s), first round {failed[0]['round']}: "
                       f"{failed[0]['aggregation_error']}; on-aggregation-error='keep' kept the previous model")
+        bad_data = [d for r in self.history for d in r.get("dropped", ()) if "DataError" in str(d.get("reason"))]
+        if reason is None and bad_data:
+            pids = sorted({d["partition"] for d in bad_data if d.get("partition") is not None})
+            reason = (f"partition(s) {pids} could not load their data ({len(bad_data)} dropped train repl(ies)), "
+                      f"first: {bad_data[0]['reason']}")
         return {"complete": reason is None, "incomplete_reason": reason}
 
     def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:

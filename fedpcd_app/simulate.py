@@ -112,6 +112,10 @@ def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
         overrides = parse_overrides(overrides)
     raw = resolve(overrides)
     cfg = check(raw)  # every key checked, nothing built or loaded: the run loads what it uses
+    if cfg.dataset_path:  # ...except a local folder: bad data is one line here, not a failed run behind Ray
+        from client_app.data import load_federated_data
+
+        load_federated_data(cfg)
     # The ServerApp runs from an installed copy of the app (another working directory).
     raw["output-dir"] = str(Path(raw["output-dir"] or default_output_dir(cfg)).resolve())
     bin_dir = Path(sys.executable).parent
