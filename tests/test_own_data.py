@@ -70,6 +70,11 @@ def test_nodes_train_and_score_on_their_own_folders(folders, tmp_path):
     model, cfg = own_data.final_model(out)
     acc, loss = own_data.score(model, central, float(cfg["data-mean"]), float(cfg["data-std"]))
     assert summary["central_acc"] == acc and summary["central_loss"] == pytest.approx(loss, abs=1e-5)
+    # the figures of such a run: everything but the label distribution (the labels stayed on the nodes)
+    from fedpcd_app import figures
+
+    drawn = figures.make_figures(out, tmp_path / "figures")
+    assert drawn and not [p for p in drawn if "labels" in p.name]
 
 
 def test_declared_shape_classes_and_statistics_are_used_as_given(folders, tmp_path):
@@ -145,3 +150,20 @@ def test_a_node_with_a_bad_folder_is_dropped_and_reported(folders, tmp_path, cap
     summary, _ = _run([folders[0], tmp_path / "no-such-folder", folders[2]], tmp_path,
                       **{"num-server-rounds": 1})
     assert summary["num_scored"] == 2 and summary["unscored_clients"] == [1]
+
+
+def test_nothing_loads_a_partitioned_dataset(folders, tmp_path, monkeypatch):
+    """Neither the server nor a client (a label-flip attacker included, whose permutation
+    needs the number of classes) touches load_federated_data when the nodes bring their data."""
+    import client_app.data
+
+    def refuse(cfg):
+        raise AssertionError("load_federated_data called with client-data='node'")
+
+    monkeypatch.setattr(client_app.data, "load_federated_data", refuse)
+    monkeypatch.setattr(client_app.client_app, "load_federated_data", refuse)
+    summary, grid = _run(folders, tmp_path, **{"num-server-rounds": 1, "num-classes": 12, "attack": "label-flip",
+                                               "attack-clients": "0"})
+    assert summary["complete"] and summary["attacked_partitions"] == [0]
+    errors = [r.error.reason for r in grid.replies if r.has_error()]
+    assert not errors and summary["num_scored"] == 3
