@@ -117,10 +117,13 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     if p.kind == "none" or pid is None or int(pid) not in attacked_partitions(raw):
         return call_next(msg, context)
     if p.kind == "label-flip":
+        from client_app import local_data
         from client_app.data import load_federated_data
+        from client_app.models import input_spec
         from fedcore.config import parse_run_config
 
-        num_classes = load_federated_data(parse_run_config(raw)).num_classes
+        cfg = parse_run_config(raw)  # the model's classes: the run config's with nodes' own data
+        num_classes = input_spec(cfg)[1] if local_data.is_node_mode(cfg) else load_federated_data(cfg).num_classes
         content = RecordDict(dict(msg.content.items()))
         content[keys.CONFIG] = ConfigRecord({**dict(config), keys.ATTACK_LABEL_MAP: flipped_labels(num_classes)})
         return call_next(Message(content, metadata=msg.metadata), context)

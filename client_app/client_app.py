@@ -7,7 +7,9 @@ Flower's simulation, in the in-process entry point and on real SuperNodes.
 :func:`train_reply` and :func:`evaluate_reply` are the client side of every method for a
 foreign ClientApp too. The client's partition id comes from its
 node config (``partition-id``, set by the simulation engine or by
-``flower-supernode --node-config "partition-id=3 num-partitions=10"``).
+``flower-supernode --node-config "partition-id=3 num-partitions=10"``). A node that brings
+its own data (run config ``client-data = "node"``) trains and is scored on the folder named
+by ``data-path`` in its node config instead (:mod:`client_app.local_data`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app import local_data
 from client_app.attacks import attack_mod
-from client_app.data import batch_augmentation, load_federated_data
+from client_app.data import batch_augmentation, crop_flip, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
-from client_app.models import build_model
+from client_app.models import build_model, input_spec
 from client_app.secagg import secure_aggregation_mod
 from client_app.training import device, evaluate
 from fedcore import flat, keys
@@ -71,12 +74,16 @@ _MODELS: dict[tuple, torch.nn.Module] = {}
 def model_for(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
     """The run's model holding the received weights (this process's reused model object:
     a method that keeps a model beyond the message must copy it, as Ditto does)."""
-    data = load_federated_data(cfg)
+    if local_data.is_node_mode(cfg):  # the node's own data: shape and classes from the run config
+        shape, classes = input_spec(cfg)
+    else:
+        data = load_federated_data(cfg)
+        shape, classes = data.input_shape, data.num_classes
     dev = device()
-    key = (cfg.model, tuple(data.input_shape), data.num_classes, str(dev), threading.get_ident())
+    key = (cfg.model, tuple(shape), classes, str(dev), threading.get_ident())
     model = _MODELS.get(key)
     if model is None:
-        model = build_model(cfg.model, data.input_shape, data.num_classes).to(dev)
+        model = build_model(cfg.model, shape, classes).to(dev)
         _MODELS.clear()  # one model per process: a new run (or thread) drops the old one
         _MODELS[key] = model
     load_arrays(model, arrays)
@@ -106,9 +113,14 @@ def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Report this node's partition id (the server builds its node → partition map)."""
+    """Report this node's partition id (the server builds its node → partition map) and, for
+    a node with its own data (``data-path`` in its node config), that data's shape, labels,
+    sizes and per-channel sums (:func:`client_app.local_data.describe`)."""
     pid = node_partition(context)
-    content = RecordDict({keys.METRICS: MetricRecord({keys.PARTITION_ID: pid})})
+    metrics = {keys.PARTITION_ID: pid}
+    if local_data.DATA_PATH in context.node_config:
+        metrics.update(local_data.describe(context.node_config))
+    content = RecordDict({keys.METRICS: MetricRecord(metrics)})
     return Message(content=content, reply_to=msg)
 
 
@@ -200,14 +212,18 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 def train(msg: Message, context: Context) -> Message:
     cfg, config = request_config(msg)
     pid = node_partition(context, config)
-    data = load_federated_data(cfg)
-    x, y = data.client_train(pid)
+    if local_data.is_node_mode(cfg):  # the node's own folder, whole
+        own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
+        x, y, augment = own.x_train, own.y_train, crop_flip(own.fill) if cfg.augment == "crop-flip" else None
+    else:
+        data = load_federated_data(cfg)
+        x, y = data.client_train(pid)
+        augment = batch_augmentation(cfg, data)
     # Pin torch's global RNG so that nothing depends on what ran before in this process
     # (model construction draws from it; the batch order has its own generator).
     torch.manual_seed(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
     model = model_for(cfg, msg.content[keys.ARRAYS])
-    return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed,
-                       augment=batch_augmentation(cfg, data))
+    return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
 
 
 @app.evaluate()
@@ -216,10 +232,15 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""
     cfg, config = request_config(msg)
     pid = node_partition(context, config)
-    data = load_federated_data(cfg)
-    x, y = data.client_test(pid)
+    if local_data.is_node_mode(cfg):  # the node's own test.parquet
+        own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
+        x, y = own.x_test, own.y_test
+        validation = (own.x_val, own.y_val) if own.has_validation else None
+    else:
+        data = load_federated_data(cfg)
+        x, y = data.client_test(pid)
+        validation = data.client_val(pid) if data.has_validation else None
     model = model_for(cfg, msg.content[keys.ARRAYS])
-    validation = data.client_val(pid) if data.has_validation else None
     return evaluate_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, validation=validation)
 
 

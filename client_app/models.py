@@ -255,7 +255,20 @@ DATASET_META = {
 
 
 def input_spec(cfg) -> tuple[tuple[int, ...], int]:
-    """(input shape C×H×W, number of classes) of the run's dataset."""
+    """(input shape C×H×W, number of classes) of the run's dataset; with nodes that bring
+    their own data (``client-data = "node"``) the run config's ``input-shape``/``num-classes``."""
+    from client_app import local_data
+
+    if local_data.is_node_mode(cfg):
+        s = local_data.settings(cfg)
+        if not (s.input_shape and s.num_classes):
+            from fedcore.config import ConfigError
+
+            raise ConfigError(
+                "client-data='node': 'input-shape' and 'num-classes' are unknown; give them in the run config, or "
+                "let the ServerApp learn them from the nodes' first QUERY (fedpcd_app.server_app.run_experiment)"
+            )
+        return s.input_shape, s.num_classes
     if cfg.dataset_path:
         from client_app.data import load_federated_data
 

@@ -85,7 +85,31 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
+    _check_node_data(cfg)
     return cfg
+
+
+def _check_node_data(cfg: RunConfig) -> None:
+    """``client-data`` and its keys; with nodes that bring their own data, what needs a
+    dataset on the server is refused in one line."""
+    from client_app import local_data
+
+    if not local_data.settings(cfg).node:
+        return
+    if cfg.eval_mode == "server":
+        raise ConfigError(
+            "run-config key 'eval-mode' = 'server' scores every client's test split on the server, which holds no "
+            "client data with client-data='node': use eval-mode='federated' (each node scores its own "
+            "test.parquet); central-test-path='<folder or .parquet>' adds a central test set"
+        )
+    if cfg.dataset_path:
+        raise ConfigError(f"run-config key 'dataset-path' = '{cfg.dataset_path}' is not read with client-data='node' "
+                          "(each node reads its own data-path): set dataset-path=\"\" (a central test set is "
+                          "central-test-path)")
+    if (cfg.params.get("participation") == "skewed"
+            and cfg.params.get("availability-rare-choice") == "rarest-classes"):
+        raise ConfigError("run-config key 'availability-rare-choice' = 'rarest-classes' needs every client's labels "
+                          "on the server, which client-data='node' does not give: use availability-rare-choice='last'")
 
 
 def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Setup:

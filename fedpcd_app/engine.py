@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flwr.app import Context, Message, RecordDict
@@ -368,13 +368,14 @@ class LocalGrid(Grid):
     e.g. to load the data while the server starts). ``gpus``: GPUs the workers share
     round-robin (default: all visible; none without CUDA). ``preload``: modules the workers
     import once, before they fork from the forkserver (what the ClientApp imports lazily).
-    Use it as a context manager
+    ``node_configs``: entry i is added to the node config of partition i's node (e.g. its own
+    ``data-path``, as ``flower-supernode --node-config`` gives it). Use it as a context manager
     (or call :meth:`close`) so that the workers stop."""
 
     def __init__(self, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
                  run_config: Mapping[str, Any] | None = None, run_id: int = LOCAL_RUN_ID,
                  threads: int | None = None, gpus: int | None = None, warmup: str | None = None,
-                 preload: Iterable[str] = ()) -> None:
+                 preload: Iterable[str] = (), node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
         if num_nodes < 1:
             raise ValueError(f"a federation needs at least one node, got num_nodes={num_nodes}")
         if workers < 0:
@@ -385,7 +386,9 @@ class LocalGrid(Grid):
         # increasing with the partition id so that a strategy sampling sorted ids is repeatable too.
         ids = sorted(random.Random(run_id).sample(range(2**20, 2**53), num_nodes))
         self.contexts: dict[int, Context] = {
-            node: Context(run_id=run_id, node_id=node, node_config={PARTITION_ID: pid, NUM_PARTITIONS: num_nodes},
+            node: Context(run_id=run_id, node_id=node,
+                          node_config={PARTITION_ID: pid, NUM_PARTITIONS: num_nodes,
+                                       **(dict(node_configs[pid]) if node_configs else {})},
                           state=RecordDict(), run_config=dict(self.run_config))
             for pid, node in enumerate(ids)
         }
@@ -513,12 +516,14 @@ class LocalGrid(Grid):
 
 def run_local(server_app: ServerApp, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
               run_config: Mapping[str, Any] | None = None, warmup: str | None = None,
-              preload: Iterable[str] = (), gpus: int | None = None, run_id: int = LOCAL_RUN_ID) -> None:
-    """Run a ServerApp against ``num_nodes`` nodes of ``client_app`` on a :class:`LocalGrid`;
-    the workers are stopped when it returns (or raises)."""
+              preload: Iterable[str] = (), gpus: int | None = None, run_id: int = LOCAL_RUN_ID,
+              node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
+    """Run a ServerApp against ``num_nodes`` nodes of ``client_app`` on a :class:`LocalGrid`
+    (``node_configs``: see there); the workers are stopped when it returns (or raises)."""
     run_config = dict(run_config or {})
     with task_identity(run_id=run_id), LocalGrid(client_app, num_nodes, workers=workers, run_config=run_config,
-                                                 run_id=run_id, warmup=warmup, preload=preload, gpus=gpus) as grid:
+                                                 run_id=run_id, warmup=warmup, preload=preload, gpus=gpus,
+                                                 node_configs=node_configs) as grid:
         context = Context(run_id=run_id, node_id=SERVER_NODE_ID, node_config={}, state=RecordDict(),
                           run_config=run_config)
         server_app(grid, context)

@@ -10,7 +10,9 @@ Two paths give the same numbers:
   node; each scores its own split with :func:`client_app.training.evaluate`. A client that
   does not answer is left out of the fairness metrics: the record lists it under
   ``unscored_clients`` (and a warning says so); ``num_scored`` is the number of clients the
-  metrics were computed over.
+  metrics were computed over. The only path when the nodes bring their own data
+  (``client-data = "node"``): the server then holds no dataset, and its central test set is
+  ``central-test-path`` if given (else no ``central_acc``).
 
 With a validation split (``val-fraction`` > 0) every evaluation also scores it: the same
 metrics prefixed ``val_`` (``val_mean_acc``, ``val_worst10_acc``, ..., ``val_client_acc``),
@@ -80,6 +82,7 @@ class Evaluator:
         from client_app.data import load_federated_data
         from client_app.training import device
 
+        from client_app import local_data
         from client_app.attacks import attacked_partitions
 
         self.cfg, self.strategy = cfg, strategy
@@ -87,7 +90,10 @@ class Evaluator:
         self.mode = "federated" if strategy.personalized else cfg.eval_mode
         self.model = model
         self._data = None
-        if self.mode == "server" or cfg.dataset == "digits" or cfg.dataset_path:
+        self.central = None  # (x, y): the central test set of a run whose nodes bring their own data
+        if local_data.is_node_mode(cfg):  # no dataset on the server; a central test set if given
+            self.central = local_data.load_central_test(cfg)
+        elif self.mode == "server" or cfg.dataset == "digits" or cfg.dataset_path:
             self._data = load_federated_data(cfg)  # a data problem stops the run here, before training
         self.model = model.to(device())
 
@@ -110,6 +116,8 @@ class Evaluator:
             acc, loss, val = self.federated_scores(server_round, arrays, grid)
         if self._data is not None:
             out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
+        elif self.central is not None:
+            out["central_acc"], out["central_loss"] = evaluate(self.model, *self.central, self.cfg.eval_batch_size)
         present = ~np.isnan(acc)
         out.update(_fairness(acc, loss))
         honest = present.copy()

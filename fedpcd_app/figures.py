@@ -514,6 +514,9 @@ def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
     from client_app.data import load_federated_data
     from fedcore.config import parse_run_config
 
+    if run.summary["config"].get("client-data", "partition") == "node":  # the labels stayed on the devices
+        print(f"note: no label distribution for {setting}: the nodes brought their own data (client-data='node')")
+        return None
     try:
         data = load_federated_data(parse_run_config(run.summary["config"]))
     except Exception as exc:  # noqa: BLE001 - a dataset not available here skips this one figure

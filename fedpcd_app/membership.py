@@ -28,6 +28,9 @@ class Membership:
         self.cfg = cfg
         self.node_of: dict[int, int] = {}  # partition id -> node id
         self.sampler: Sampler | None = None
+        # node id -> its QUERY reply's metrics (a node with its own data also reports its
+        # data's shape, labels, sizes and channel sums: fedpcd_app.node_data reads them)
+        self.reports: dict[int, dict] = {}
 
     def wait_for_nodes(self, grid: Grid, timeout: float = 120.0) -> list[int]:
         """The connected node ids, once ``num-clients`` nodes are there (or after ``timeout``
@@ -66,6 +69,7 @@ class Membership:
                         "set num-clients to the number of partitions of the federation"
                     )
                 self.node_of.setdefault(pid, node)
+                self.reports[node] = dict(reply.content[keys.METRICS])
             pending = [n for n in pending if n not in answered]
         if not self.node_of:
             raise RuntimeError("no node reported a partition id: is the federation running?")

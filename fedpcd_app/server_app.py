@@ -31,9 +31,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedcore.config import ConfigError, RunConfig
-from fedpcd_app import checkpoint, secagg
-from fedpcd_app.config import Setup, validate
+from client_app import local_data
+from fedcore.config import ConfigError, RunConfig, resolve
+from fedpcd_app import checkpoint, node_data, secagg
+from fedpcd_app.config import Setup, check, validate
 from fedpcd_app.evaluation import Evaluator, summary_fields
 from fedpcd_app.membership import Membership
 from fedpcd_app.results import ResultsWriter, write_json_atomic
@@ -59,16 +60,22 @@ class Experiment:
     """One federated run on a Grid: ``run()`` does everything; the round and the evaluation
     are methods so that tests and the checkpoint logic can drive them one by one."""
 
-    def __init__(self, grid: Grid, setup: Setup | RunConfig) -> None:
+    def __init__(self, grid: Grid, setup: Setup | RunConfig, membership: Membership | None = None) -> None:
         if isinstance(setup, RunConfig):
             setup = validate(setup.as_dict())
         self.grid, self.setup, self.cfg = grid, setup, setup.cfg
+        self.node_data = local_data.settings(self.cfg).node  # the nodes bring their own data
+        if self.node_data and not local_data.settings(self.cfg).complete:
+            raise ConfigError("client-data='node': input-shape, num-classes, data-mean and data-std must be known "
+                              "before the run: run_experiment() learns them from the nodes (or declare them)")
         # Simulation's in-memory grid sleeps 0.1 s between polls for replies; 0.01 s trims
         # the idle tail of every round (docs/performance.md). Other grids lack the attribute.
         if hasattr(grid, "pull_interval"):
             grid.pull_interval = min(grid.pull_interval, 0.01)
         self.strategy = setup.strategy
-        self.membership = Membership(self.cfg)
+        self.membership_given = membership is not None  # discovered already (run_experiment)
+        self.membership = membership if membership is not None else Membership(self.cfg)
+        self.membership.cfg = self.cfg
         self.strategy.select = self.membership.select
         self.strategy.run_config = self.cfg.as_dict()
         self.arrays = ArrayRecord(setup.model.state_dict())
@@ -89,10 +96,14 @@ class Experiment:
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        if self.membership.sampler is None:
-            sampler = self.membership.discover(self.grid)
+        if self.membership.sampler is None or self.membership_given:
+            sampler = self.membership.sampler or self.membership.discover(self.grid)
             write_json_atomic(self.writer.dir / "availability.json", sampler.profile())
-        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, cfg.dataset_path or cfg.dataset,
+            self.membership_given = False
+        if self.node_data:  # every node's data checked against the others and the run config
+            node_data.complete(cfg.as_dict(), self.membership)
+        source = "the nodes' own data" if self.node_data else cfg.dataset_path or cfg.dataset
+        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, source,
                  cfg.model, cfg.num_clients, self.membership.sampler.describe(), cfg.num_server_rounds,
                  self.writer.dir)
         t_start = time.perf_counter()
@@ -247,10 +258,11 @@ class Experiment:
     def finish(self, stopped: str | None = None) -> dict[str, Any]:
         """clients.csv, the final model and summary.json; ``stopped``: why the run ended early."""
         cfg, final, data = self.cfg, self.last_eval, self.evaluator.data
+        reported = node_data.sizes(self.membership) if self.node_data else {}  # (train, test) rows per node
         rows = [{
             "partition_id": pid,
-            "num_train": len(data.train_idx[pid]) if data else "",
-            "num_test": len(data.test_idx[pid]) if data else "",
+            "num_train": len(data.train_idx[pid]) if data else reported.get(pid, ("", ""))[0],
+            "num_test": len(data.test_idx[pid]) if data else reported.get(pid, ("", ""))[1],
             "times_sampled": int(self.times_sampled[pid]),
             "final_acc": final["client_acc"][pid],
             "final_loss": final["client_loss"][pid],
@@ -333,22 +345,40 @@ def _train_losses(valid, want_loss_before: bool) -> dict[str, float]:
     return out
 
 
-def run_experiment(grid: Grid, setup: Setup) -> dict[str, Any]:
+def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, Any]:
+    """One run on ``grid``: a :class:`Setup`, or a full flat run config validated here. With
+    ``client-data = "node"`` the nodes are asked first (one QUERY: partition and data) and
+    what the run config leaves unknown (input shape, classes, normalisation) is filled from
+    their replies before the model is built (:mod:`fedpcd_app.node_data`)."""
     _setup_logging()
-    return Experiment(grid, setup).run()
+    membership = None
+    if not isinstance(setup, Setup):
+        raw = dict(setup)
+        if local_data.is_node_mode(raw):
+            membership = Membership(check(raw))
+            membership.discover(grid)
+            raw = node_data.complete(raw, membership)
+        setup = validate(raw)
+    return Experiment(grid, setup, membership).run()
 
 
 def make_server_app(setup: Setup | Mapping[str, Any] | None = None) -> ServerApp:
     """A ServerApp. With a :class:`Setup` (or overrides, validated here) it ignores
     ``context.run_config`` (in-process runs, where Flower leaves it empty); without, it
-    validates ``context.run_config`` once when the run starts."""
+    validates ``context.run_config`` once when the run starts. Overrides with
+    ``client-data = "node"`` are checked here and completed from the nodes at the start."""
     server_app = ServerApp()
     if setup is not None and not isinstance(setup, Setup):
-        setup = validate(setup, resolve_defaults=True)
+        raw = resolve(setup)
+        if local_data.is_node_mode(raw):
+            check(raw)  # every key now; the model once the nodes have reported their data
+            setup = raw
+        else:
+            setup = validate(raw)
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_experiment(grid, setup if setup is not None else validate(dict(context.run_config)))
+        run_experiment(grid, setup if setup is not None else dict(context.run_config))
 
     return server_app
 
