@@ -35,6 +35,7 @@ from fedcore.config import ConfigError, RunConfig
 from fedpcd_app import checkpoint, secagg
 from fedpcd_app.config import Setup, validate
 from fedpcd_app.evaluation import Evaluator, summary_fields
+from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
 from fedpcd_app.membership import Membership
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
@@ -62,7 +63,8 @@ class Experiment:
     def __init__(self, grid: Grid, setup: Setup | RunConfig) -> None:
         if isinstance(setup, RunConfig):
             setup = validate(setup.as_dict())
-        self.grid, self.setup, self.cfg = grid, setup, setup.cfg
+        # round-timeout 0 = auto: no timeout in simulation, a finite one in deployment (exchange.py)
+        self.grid, self.setup, self.cfg = grid, setup, resolve_round_timeout(setup.cfg, grid)
         # Simulation's in-memory grid sleeps 0.1 s between polls for replies; 0.01 s trims
         # the idle tail of every round (docs/performance.md). Other grids lack the attribute.
         if hasattr(grid, "pull_interval"):
@@ -123,19 +125,25 @@ class Experiment:
     def train_round(self, server_round: int) -> dict[str, Any]:
         """Sample → requests → replies → validation and aggregation → the round's record."""
         t0 = time.perf_counter()
+        if self.membership.sampler is not None:
+            self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
         msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid)
         expected = dict(self.strategy.expected)  # node → partition id
         pids = list(expected.values())
-        self.times_sampled[pids] += 1
+        self.times_sampled[pids] += 1  # rounds a partition was asked: sampled and served by a node
         # A Bernoulli availability round can be empty: nothing to send, the model stays.
         if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
             valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round) if msgs else ([], [])
             aggregate = (lambda: self.strategy.aggregate_valid(server_round, valid)) if valid else None
         else:
-            replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None)) if msgs else []
+            replies = send_and_receive(self.grid, msgs, timeout=self.cfg.round_timeout or None)
             aggregate = lambda: self.strategy.aggregate_train(server_round, replies)  # noqa: E731
         t_train = time.perf_counter() - t0
         record: dict[str, Any] = {"round": server_round, "sampled": pids}
+        if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
+            record["unserved"] = list(self.membership.unserved)
+            log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
+                        record["unserved"])
         t1 = time.perf_counter()
         new_arrays, agg_metrics, error = None, None, None
         if aggregate is not None:
@@ -148,10 +156,14 @@ class Experiment:
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if self.secure is None:
             valid, dropped = self.strategy.last_valid, self.strategy.last_dropped
+            replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
         else:
             for d in dropped:
                 log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
+            gone = {d.partition for d in dropped}  # the one valid reply: the mean of the others
+            replied = sorted(p for p in pids if p not in gone) if valid else []
         record.update({
+            "replied": replied,  # partitions whose reply was aggregated (clients.csv times_replied)
             "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
             "dropped": [d.as_dict() for d in dropped],
             "num_dropped": len(dropped),
@@ -247,11 +259,13 @@ class Experiment:
     def finish(self, stopped: str | None = None) -> dict[str, Any]:
         """clients.csv, the final model and summary.json; ``stopped``: why the run ended early."""
         cfg, final, data = self.cfg, self.last_eval, self.evaluator.data
+        replied = _times_replied(self.history, cfg.num_clients)
         rows = [{
             "partition_id": pid,
             "num_train": len(data.train_idx[pid]) if data else "",
             "num_test": len(data.test_idx[pid]) if data else "",
             "times_sampled": int(self.times_sampled[pid]),
+            "times_replied": int(replied[pid]),
             "final_acc": final["client_acc"][pid],
             "final_loss": final["client_loss"][pid],
         } for pid in range(cfg.num_clients)]
@@ -306,6 +320,19 @@ class Experiment:
         if self.strategy.privacy is not None:
             out["privacy"] = self.strategy.privacy.describe()
         return out
+
+
+def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarray:
+    """Per partition: the rounds whose aggregation had its reply (records before ``replied``
+    existed: asked and not dropped)."""
+    out = np.zeros(num_clients, dtype=np.int64)
+    for rec in history:
+        if "replied" in rec:
+            out[rec["replied"]] += 1
+        else:
+            dropped = {d["partition"] for d in rec.get("dropped", ())}
+            out[[p for p in rec["sampled"] if p not in dropped]] += 1
+    return out
 
 
 def _spec(arrays: ArrayRecord):
