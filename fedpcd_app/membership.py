@@ -46,6 +46,7 @@ class Membership:
         self.query_failures: dict[int, int] = {}  # node -> failed QUERYs so far
         self.sampler: Sampler | None = None
         self.unserved: list[int] = []  # partitions of the last selection without a node
+        self.moved: list[int] = []  # partitions the last refresh gave to a new node
 
     def wait_for_nodes(self, grid: Grid, timeout: float = 120.0) -> list[int]:
         """The connected node ids, once ``num-clients`` nodes are there (or after ``timeout``
@@ -118,6 +119,7 @@ class Membership:
 
     def refresh(self, grid: Grid, server_round: int) -> None:
         """Bring the map up to date with the nodes the grid lists now (see the module doc)."""
+        self.moved = []
         now = {int(n) for n in grid.get_node_ids()}
         retry = [n for n, pid in self.nodes.items()
                  if n in now and pid is None and self.query_failures.get(n, 0) < QUERY_ATTEMPTS]
@@ -136,6 +138,7 @@ class Membership:
             old = self.node_of.get(pid)
             self.nodes[node] = pid
             self.node_of[pid] = node
+            self.moved.append(pid)
             if old is not None:
                 self.nodes[old] = None  # still listed: not asked again, forgotten when it leaves
                 self.query_failures[old] = QUERY_ATTEMPTS

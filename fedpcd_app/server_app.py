@@ -127,6 +127,8 @@ class Experiment:
         t0 = time.perf_counter()
         if self.membership.sampler is not None:
             self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
+            for pid in self.membership.moved:  # a new node: the client's node-side state is gone
+                self.strategy.on_node_changed(pid)
         msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid)
         expected = dict(self.strategy.expected)  # node → partition id
         pids = list(expected.values())

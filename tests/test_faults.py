@@ -32,8 +32,8 @@ from tests.fakegrid import ClientAppGrid, FakeGrid, honest_reply, probe_app, tas
 NUM = 4
 
 
-def _config(tmp_path, **extra):
-    return load_config({"method": "fedavg", "num-clients": NUM, "fraction-train": 1.0, "num-server-rounds": 5,
+def _config(tmp_path, method="fedavg", **extra):
+    return load_config({"method": method, "num-clients": NUM, "fraction-train": 1.0, "num-server-rounds": 5,
                         "eval-every": 0, "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
 
 
@@ -231,3 +231,17 @@ def test_newcomer_claiming_a_served_partition_takes_it_over_with_one_warning(tmp
     claims = [w for w in warnings if "claims partition 1" in w]
     assert len(claims) == 1 and "node 2001" in claims[0] and "node 1001" in claims[0]
     assert all(r["num_dropped"] == 0 for r in read_rounds(tmp_path))
+
+
+def test_scaffold_resends_c_i_to_a_client_on_a_new_node(tmp_path):
+    # Prepare: partition 3's SuperNode restarts after round 1 (node 2003 takes partition 3 over):
+    # the client's c_i lived in the old node's context.state
+    with task_identity():
+        holder = {}
+        grid = FaultyGrid(NUM, _honest(holder), events={(1, "train"): lambda g: g.partition_of.update({2003: 3})})
+        exp = holder["exp"] = Experiment(grid, _config(tmp_path, method="scaffold", **{"num-server-rounds": 3}))
+        exp.run()
+    # Assert: only round 2's request to the new node carries the server's mirror of c_i
+    carried = [(m.metadata.group_id, int(m.metadata.dst_node_id)) for m in grid.train_requests
+               if keys.SCAFFOLD_C_CLIENT in m.content]
+    assert carried == [("2", 2003)]
