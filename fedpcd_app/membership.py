@@ -59,27 +59,40 @@ class Membership:
                 return ids
             time.sleep(0.2)
 
-    def query(self, grid: Grid, nodes: list[int]) -> dict[int, int]:
+    def query(self, grid: Grid, nodes: list[int], strict: bool = True) -> dict[int, int]:
         """QUERY ``nodes`` once for their partition id: node -> partition of those that answered
-        (a failed node's count in :attr:`query_failures` goes up)."""
+        (a failed node's count in :attr:`query_failures` goes up). A partition id outside
+        0..num-clients-1 stops the run (``strict``, at the start) or leaves that node out."""
         msgs = [Message(RecordDict({keys.CONFIG: ConfigRecord({"query": "partition-id"})}), dst_node_id=n,
                         message_type=MessageType.QUERY) for n in nodes]
         claims: dict[int, int] = {}
+        refused: set[int] = set()
         for reply in send_and_receive(grid, msgs, timeout=self.cfg.round_timeout or None):
             node = int(reply.metadata.src_node_id)
             if reply.has_error():
                 log.warning("node %s did not report its partition: %s", node, reply.error.reason)
                 continue
-            pid = int(reply.content[keys.METRICS][keys.PARTITION_ID])
+            try:
+                pid = int(reply.content[keys.METRICS][keys.PARTITION_ID])
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("node %s sent no partition id (%s: %s)", node, type(exc).__name__, exc)
+                continue
             if not 0 <= pid < self.cfg.num_clients:
-                raise ValueError(
-                    f"node {node} reports partition-id {pid}, outside 0..{self.cfg.num_clients - 1}: "
-                    "set num-clients to the number of partitions of the federation"
-                )
+                problem = f"node {node} reports partition-id {pid}, outside 0..{self.cfg.num_clients - 1}"
+                if strict:
+                    raise ValueError(f"{problem}: set num-clients to the number of partitions of the federation")
+                log.warning("%s: left out (start that SuperNode with a partition-id below num-clients)", problem)
+                refused.add(node)
+                continue
             claims[node] = pid
         for node in nodes:
-            if node not in claims:
+            if node in refused:
+                self.query_failures[node] = QUERY_ATTEMPTS  # not asked again
+            elif node not in claims:
                 self.query_failures[node] = self.query_failures.get(node, 0) + 1
+                if self.query_failures[node] == QUERY_ATTEMPTS and not strict:
+                    log.warning("node %s did not report a partition %d times: not asked again", node,
+                                QUERY_ATTEMPTS)
         return claims
 
     def discover(self, grid: Grid) -> Sampler:
@@ -134,7 +147,7 @@ class Membership:
         new = sorted(now - set(self.nodes))
         ask = sorted({*new, *retry})
         self.nodes.update(dict.fromkeys(new))
-        for node, pid in sorted(self.query(grid, ask).items()):
+        for node, pid in sorted(self.query(grid, ask, strict=False).items()):
             old = self.node_of.get(pid)
             self.nodes[node] = pid
             self.node_of[pid] = node
@@ -148,10 +161,6 @@ class Membership:
                             server_round, node, pid, old, pid)
             else:
                 log.info("round %d: node %s joined, serving partition %d", server_round, node, pid)
-        for node in ask:
-            if self.nodes.get(node) is None and self.query_failures.get(node, 0) >= QUERY_ATTEMPTS:
-                log.warning("round %d: node %s did not report a partition %d times: not asked again",
-                            server_round, node, QUERY_ATTEMPTS)
         assert self.sampler is not None
         if not set(self.node_of) <= set(self.sampler.available.tolist()):
             # a partition nobody served at the start: the sampler grows to every partition seen

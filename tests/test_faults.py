@@ -66,6 +66,7 @@ class FaultyGrid(FakeGrid):
     def __init__(self, num_nodes: int, craft, events=None) -> None:
         super().__init__(num_nodes, craft)
         self.dead: set[int] = set()
+        self.silent: set[int] = set()  # listed, but every message to them gets an error reply
         self.events = events or {}
         self.timeouts: list[float | None] = []
         self.queried: list[int] = []
@@ -87,10 +88,11 @@ class FaultyGrid(FakeGrid):
         if (server_round, kind) in self.events:
             self.events.pop((server_round, kind))(self)
         self.queried += [int(m.metadata.dst_node_id) for m in messages if m.metadata.message_type == "query"]
-        alive = [m for m in messages if int(m.metadata.dst_node_id) not in self.dead]
-        out = list(super().send_and_receive(alive, timeout=timeout))
+        failing = self.dead | self.silent
+        out = list(super().send_and_receive([m for m in messages if int(m.metadata.dst_node_id) not in failing],
+                                            timeout=timeout))
         return out + [create_message_error_unavailable_res_message(m.metadata, "node_unavail")
-                      for m in messages if int(m.metadata.dst_node_id) in self.dead]
+                      for m in messages if int(m.metadata.dst_node_id) in failing]
 
 
 def _honest(holder):
@@ -245,3 +247,22 @@ def test_scaffold_resends_c_i_to_a_client_on_a_new_node(tmp_path):
     carried = [(m.metadata.group_id, int(m.metadata.dst_node_id)) for m in grid.train_requests
                if keys.SCAFFOLD_C_CLIENT in m.content]
     assert carried == [("2", 2003)]
+
+
+def test_newcomer_that_fails_or_lies_about_its_partition_is_left_out(tmp_path, warnings):
+    # Prepare: before round 2, node 3000 joins but fails every QUERY; node 3001 joins claiming
+    # partition 9 of a 4-partition federation. The run must go on with the four known nodes.
+    def join(grid):
+        grid.partition_of.update({3000: 0, 3001: 9})
+
+    with task_identity():
+        holder = {}
+        grid = FaultyGrid(NUM, _honest(holder), events={(1, "train"): join})
+        grid.silent.add(3000)
+        exp = holder["exp"] = Experiment(grid, _config(tmp_path, **{"num-server-rounds": 6}))
+        exp.run()
+    # Assert: 3000 asked in rounds 2, 3, 4 (three tries) and then no more; 3001 asked once
+    assert grid.queried.count(3000) == 3 and grid.queried.count(3001) == 1
+    assert all(r["replied"] == [0, 1, 2, 3] for r in read_rounds(tmp_path))
+    assert sum("node 3000 did not report a partition 3 times" in w for w in warnings) == 1
+    assert sum("node 3001 reports partition-id 9, outside 0..3" in w for w in warnings) == 1
