@@ -3,8 +3,9 @@
 **How long a round waits** (``round-timeout``). A SuperNode that dies is answered for by
 the SuperLink: in flwr 1.42 a node is offline once it has sent no heartbeat for
 ``HEARTBEAT_PATIENCE`` (2) × its heartbeat interval (30 s), and every message still waiting
-for that node then gets an error reply (*Node Unavailable*): 38-60 s after the kill (a
-SuperNode beats every 17.5-22.5 s), whatever ``round-timeout`` says. What the heartbeat
+for that node then gets an error reply (*Node Unavailable*): 37.5-60 s after the kill (a
+SuperNode beats every 17.5-22.5 s; tests/test_deployment_faults.py measured rounds ending
+43-62 s after a SIGKILL), whatever ``round-timeout`` says. What the heartbeat
 cannot catch is a node that is alive but never answers (a ClientApp stuck in a loop, a
 device swapping to death): with ``round-timeout = 0`` a deployment would wait for it
 forever. So 0 means *auto*:
