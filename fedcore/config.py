@@ -283,7 +283,7 @@ def _validate(cfg: RunConfig) -> None:
         ("lr-decay", 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
         ("server-lr", cfg.server_lr >= 0.0, "must be >= 0 (0 = the method's default)"),
         ("eval-batch-size", cfg.eval_batch_size >= 1, "must be >= 1"),
-        ("round-timeout", cfg.round_timeout >= 0.0, "must be >= 0 (0 = wait for all replies)"),
+        ("round-timeout", cfg.round_timeout >= 0.0, "must be >= 0 seconds (0 = auto: none in simulation, 600 s in deployment)"),
         ("log-every", cfg.log_every >= 1, "must be >= 1"),
         ("seed", cfg.seed >= 0, "must be >= 0"),
     ]

@@ -145,9 +145,10 @@ class Evaluator:
 
         from fedcore import keys
 
+        from fedpcd_app.exchange import send_and_receive  # errors attributed to the request's node
+
         msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
-        replies = grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None) if msgs else []
-        replies = list(replies)
+        replies = send_and_receive(grid, msgs, timeout=self.cfg.round_timeout or None)
         self.strategy.aggregate_evaluate(server_round, replies)
         n = self.cfg.num_clients
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)

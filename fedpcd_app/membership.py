@@ -1,9 +1,21 @@
 """Membership: which node serves which data partition, and which partitions a round asks.
 
-Flower's node ids are random and change every run; this app keys every client by its
-partition id. :class:`Membership` asks each node once (a QUERY message) for the partition
-it serves, then turns the seeded sampler's partition ids into the node ids a strategy
-sends to (``strategy.select``).
+Flower's node ids are random and change every run, and a SuperNode that restarts
+rejoins under a new node id; this app keys every client by its partition id.
+:class:`Membership` asks each node once (a QUERY message) for the partition it serves,
+then turns the seeded sampler's partition ids into the node ids a strategy sends to
+(``strategy.select``).
+
+The map is kept current (:meth:`Membership.refresh`, before every round): a node that
+left the federation (``grid.get_node_ids()`` no longer lists it: in a deployment, once
+the SuperLink missed its heartbeats) is forgotten, and its partition is *unserved*: the
+sampler still draws it (the draw of a round depends only on the seed and the round), but
+no message goes out and the round records it under ``unserved``. A node that appears is
+asked for its partition; if that partition is served by another node, the newest node
+wins, with one warning: that is what a restarted device looks like while the SuperLink
+still counts its old node id as online. At the start of a run, two nodes that both answer
+for one partition are a configuration error (both are alive): the run stops naming them.
+When nothing changed, a refresh costs one ``get_node_ids()`` call.
 """
 
 from __future__ import annotations
@@ -16,9 +28,12 @@ from flwr.serverapp import Grid
 
 from fedcore import keys
 from fedcore.config import RunConfig
+from fedpcd_app.exchange import send_and_receive
 from fedpcd_app.sampler import Sampler, build_sampler
 
 log = logging.getLogger("fedpcd")
+
+QUERY_ATTEMPTS = 3  # a node that fails this many QUERYs is not asked again
 
 
 class Membership:
@@ -26,11 +41,15 @@ class Membership:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.node_of: dict[int, int] = {}  # partition id -> node id
+        self.node_of: dict[int, int] = {}  # partition id -> node id serving it now
+        self.nodes: dict[int, int | None] = {}  # every node handled -> its partition (None: none)
+        self.query_failures: dict[int, int] = {}  # node -> failed QUERYs so far
         self.sampler: Sampler | None = None
         # node id -> its QUERY reply's metrics (a node with its own data also reports its
         # data's shape, labels, sizes and channel sums: fedpcd_app.node_data reads them)
         self.reports: dict[int, dict] = {}
+        self.unserved: list[int] = []  # partitions of the last selection without a node
+        self.moved: list[int] = []  # partitions the last refresh gave to a new node
 
     def wait_for_nodes(self, grid: Grid, timeout: float = 120.0) -> list[int]:
         """The connected node ids, once ``num-clients`` nodes are there (or after ``timeout``
@@ -43,34 +62,69 @@ class Membership:
                 return ids
             time.sleep(0.2)
 
+    def query(self, grid: Grid, nodes: list[int], strict: bool = True) -> dict[int, int]:
+        """QUERY ``nodes`` once for their partition id: node -> partition of those that answered
+        (a failed node's count in :attr:`query_failures` goes up). A partition id outside
+        0..num-clients-1 stops the run (``strict``, at the start) or leaves that node out."""
+        msgs = [Message(RecordDict({keys.CONFIG: ConfigRecord({"query": "partition-id"})}), dst_node_id=n,
+                        message_type=MessageType.QUERY) for n in nodes]
+        claims: dict[int, int] = {}
+        refused: set[int] = set()
+        for reply in send_and_receive(grid, msgs, timeout=self.cfg.round_timeout or None):
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error():
+                log.warning("node %s did not report its partition: %s", node, reply.error.reason)
+                continue
+            try:
+                pid = int(reply.content[keys.METRICS][keys.PARTITION_ID])
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("node %s sent no partition id (%s: %s)", node, type(exc).__name__, exc)
+                continue
+            if not 0 <= pid < self.cfg.num_clients:
+                problem = f"node {node} reports partition-id {pid}, outside 0..{self.cfg.num_clients - 1}"
+                if strict:
+                    raise ValueError(f"{problem}: set num-clients to the number of partitions of the federation")
+                log.warning("%s: left out (start that SuperNode with a partition-id below num-clients)", problem)
+                refused.add(node)
+                continue
+            claims[node] = pid
+            self.reports[node] = dict(reply.content[keys.METRICS])
+        for node in nodes:
+            if node in refused:
+                self.query_failures[node] = QUERY_ATTEMPTS  # not asked again
+            elif node not in claims:
+                self.query_failures[node] = self.query_failures.get(node, 0) + 1
+                if self.query_failures[node] == QUERY_ATTEMPTS and not strict:
+                    log.warning("node %s did not report a partition %d times: not asked again", node,
+                                QUERY_ATTEMPTS)
+        return claims
+
     def discover(self, grid: Grid) -> Sampler:
         """QUERY every node for its partition id; build the sampler over the present ones."""
         pending = self.wait_for_nodes(grid)
         # A node can fail its first message (e.g. a simulation actor still starting on a
         # loaded machine): ask the silent or failed ones again, a few times.
-        for attempt in range(3):
+        claims: dict[int, int] = {}
+        for attempt in range(QUERY_ATTEMPTS):
             if not pending:
                 break
             if attempt:
                 log.warning("asking %d node(s) again for their partition id", len(pending))
-            msgs = [Message(RecordDict({keys.CONFIG: ConfigRecord({"query": "partition-id"})}), dst_node_id=n,
-                            message_type=MessageType.QUERY) for n in pending]
-            answered: set[int] = set()
-            for reply in grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None):
-                node = int(reply.metadata.src_node_id)
-                if reply.has_error():
-                    log.warning("node %s did not report its partition: %s", node, reply.error.reason)
-                    continue
-                answered.add(node)
-                pid = int(reply.content[keys.METRICS][keys.PARTITION_ID])
-                if not 0 <= pid < self.cfg.num_clients:
-                    raise ValueError(
-                        f"node {node} reports partition-id {pid}, outside 0..{self.cfg.num_clients - 1}: "
-                        "set num-clients to the number of partitions of the federation"
-                    )
-                self.node_of.setdefault(pid, node)
-                self.reports[node] = dict(reply.content[keys.METRICS])
-            pending = [n for n in pending if n not in answered]
+            claims.update(self.query(grid, pending))
+            pending = [n for n in pending if n not in claims]
+        by_partition: dict[int, list[int]] = {}
+        for node, pid in claims.items():
+            by_partition.setdefault(pid, []).append(node)
+        twice = {pid: sorted(nodes) for pid, nodes in by_partition.items() if len(nodes) > 1}
+        if twice:
+            pid, nodes = min(twice.items())
+            raise ValueError(
+                f"nodes {', '.join(map(str, nodes))} all serve partition-id {pid}"
+                + (f" ({len(twice)} partitions claimed twice)" if len(twice) > 1 else "")
+                + ": give every SuperNode its own partition-id in --node-config"
+            )
+        self.nodes = {**dict.fromkeys(pending), **claims}
+        self.node_of = {pid: node for node, pid in claims.items()}
         if not self.node_of:
             raise RuntimeError("no node reported a partition id: is the federation running?")
         missing = self.cfg.num_clients - len(self.node_of)
@@ -80,11 +134,51 @@ class Membership:
         self.sampler = build_sampler(self.cfg, sorted(self.node_of))
         return self.sampler
 
+    def refresh(self, grid: Grid, server_round: int) -> None:
+        """Bring the map up to date with the nodes the grid lists now (see the module doc)."""
+        self.moved = []
+        now = {int(n) for n in grid.get_node_ids()}
+        retry = [n for n, pid in self.nodes.items()
+                 if n in now and pid is None and self.query_failures.get(n, 0) < QUERY_ATTEMPTS]
+        if now == set(self.nodes) and not retry:
+            return
+        for node in sorted(set(self.nodes) - now):
+            pid = self.nodes.pop(node)
+            if pid is not None and self.node_of.get(pid) == node:
+                del self.node_of[pid]
+                log.warning("round %d: node %s (partition %d) left the federation: partition %d is not "
+                            "asked until a node serves it again", server_round, node, pid, pid)
+        new = sorted(now - set(self.nodes))
+        ask = sorted({*new, *retry})
+        self.nodes.update(dict.fromkeys(new))
+        for node, pid in sorted(self.query(grid, ask, strict=False).items()):
+            old = self.node_of.get(pid)
+            self.nodes[node] = pid
+            self.node_of[pid] = node
+            self.moved.append(pid)
+            if old is not None:
+                self.nodes[old] = None  # still listed: not asked again, forgotten when it leaves
+                self.query_failures[old] = QUERY_ATTEMPTS
+                log.warning("round %d: node %s claims partition %d, served by node %s until now: the newest "
+                            "node serves it (a restarted SuperNode rejoins under a new node id); if two "
+                            "devices really hold partition %d, give each its own partition-id",
+                            server_round, node, pid, old, pid)
+            else:
+                log.info("round %d: node %s joined, serving partition %d", server_round, node, pid)
+        assert self.sampler is not None
+        if not set(self.node_of) <= set(self.sampler.available.tolist()):
+            # a partition nobody served at the start: the sampler grows to every partition seen
+            self.sampler = build_sampler(self.cfg, sorted({*self.sampler.available.tolist(), *self.node_of}))
+            log.info("round %d: sampling among %s", server_round, self.sampler.describe())
+
     def select(self, server_round: int, grid: Grid) -> dict[int, int | None]:
         """node → partition of a round's clients (the strategy's ``select``); a negative round
-        asks for every present partition (federated evaluation)."""
+        asks for every present partition (federated evaluation). Sampled partitions that no
+        node serves now are left out and listed in :attr:`unserved`."""
         del grid
         if server_round < 0:
             return {self.node_of[p]: p for p in sorted(self.node_of)}
         assert self.sampler is not None
-        return {self.node_of[p]: p for p in self.sampler.sample(server_round)}
+        sampled = self.sampler.sample(server_round)
+        self.unserved = [p for p in sampled if p not in self.node_of]
+        return {self.node_of[p]: p for p in sampled if p in self.node_of}

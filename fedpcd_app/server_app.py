@@ -36,6 +36,7 @@ from fedcore.config import ConfigError, RunConfig, resolve
 from fedpcd_app import checkpoint, node_data, secagg
 from fedpcd_app.config import Setup, check, validate
 from fedpcd_app.evaluation import Evaluator, summary_fields
+from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
 from fedpcd_app.membership import Membership
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
@@ -63,7 +64,8 @@ class Experiment:
     def __init__(self, grid: Grid, setup: Setup | RunConfig, membership: Membership | None = None) -> None:
         if isinstance(setup, RunConfig):
             setup = validate(setup.as_dict())
-        self.grid, self.setup, self.cfg = grid, setup, setup.cfg
+        # round-timeout 0 = auto: no timeout in simulation, a finite one in deployment (exchange.py)
+        self.grid, self.setup, self.cfg = grid, setup, resolve_round_timeout(setup.cfg, grid)
         self.node_data = local_data.settings(self.cfg).node  # the nodes bring their own data
         if self.node_data and not local_data.settings(self.cfg).complete:
             raise ConfigError("client-data='node': input-shape, num-classes, data-mean and data-std must be known "
@@ -134,19 +136,27 @@ class Experiment:
     def train_round(self, server_round: int) -> dict[str, Any]:
         """Sample → requests → replies → validation and aggregation → the round's record."""
         t0 = time.perf_counter()
+        if self.membership.sampler is not None:
+            self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
+            for pid in self.membership.moved:  # a new node: the client's node-side state is gone
+                self.strategy.on_node_changed(pid)
         msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid)
         expected = dict(self.strategy.expected)  # node → partition id
         pids = list(expected.values())
-        self.times_sampled[pids] += 1
+        self.times_sampled[pids] += 1  # rounds a partition was asked: sampled and served by a node
         # A Bernoulli availability round can be empty: nothing to send, the model stays.
         if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
             valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round) if msgs else ([], [])
             aggregate = (lambda: self.strategy.aggregate_valid(server_round, valid)) if valid else None
         else:
-            replies = list(self.grid.send_and_receive(msgs, timeout=self.cfg.round_timeout or None)) if msgs else []
+            replies = send_and_receive(self.grid, msgs, timeout=self.cfg.round_timeout or None)
             aggregate = lambda: self.strategy.aggregate_train(server_round, replies)  # noqa: E731
         t_train = time.perf_counter() - t0
         record: dict[str, Any] = {"round": server_round, "sampled": pids}
+        if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
+            record["unserved"] = list(self.membership.unserved)
+            log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
+                        record["unserved"])
         t1 = time.perf_counter()
         new_arrays, agg_metrics, error = None, None, None
         if aggregate is not None:
@@ -159,10 +169,14 @@ class Experiment:
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if self.secure is None:
             valid, dropped = self.strategy.last_valid, self.strategy.last_dropped
+            replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
         else:
             for d in dropped:
                 log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
+            gone = {d.partition for d in dropped}  # the one valid reply: the mean of the others
+            replied = sorted(p for p in pids if p not in gone) if valid else []
         record.update({
+            "replied": replied,  # partitions whose reply was aggregated (clients.csv times_replied)
             "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
             "dropped": [d.as_dict() for d in dropped],
             "num_dropped": len(dropped),
@@ -259,11 +273,13 @@ class Experiment:
         """clients.csv, the final model and summary.json; ``stopped``: why the run ended early."""
         cfg, final, data = self.cfg, self.last_eval, self.evaluator.data
         reported = node_data.sizes(self.membership) if self.node_data else {}  # (train, test) rows per node
+        replied = _times_replied(self.history, cfg.num_clients)
         rows = [{
             "partition_id": pid,
             "num_train": len(data.train_idx[pid]) if data else reported.get(pid, ("", ""))[0],
             "num_test": len(data.test_idx[pid]) if data else reported.get(pid, ("", ""))[1],
             "times_sampled": int(self.times_sampled[pid]),
+            "times_replied": int(replied[pid]),
             "final_acc": final["client_acc"][pid],
             "final_loss": final["client_loss"][pid],
         } for pid in range(cfg.num_clients)]
@@ -327,6 +343,19 @@ class Experiment:
         return out
 
 
+def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarray:
+    """Per partition: the rounds whose aggregation had its reply (records before ``replied``
+    existed: asked and not dropped)."""
+    out = np.zeros(num_clients, dtype=np.int64)
+    for rec in history:
+        if "replied" in rec:
+            out[rec["replied"]] += 1
+        else:
+            dropped = {d["partition"] for d in rec.get("dropped", ())}
+            out[[p for p in rec["sampled"] if p not in dropped]] += 1
+    return out
+
+
 def _spec(arrays: ArrayRecord):
     from fedcore.flat import spec_of
 
@@ -355,7 +384,7 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
     if not isinstance(setup, Setup):
         raw = dict(setup)
         if local_data.is_node_mode(raw):
-            membership = Membership(check(raw))
+            membership = Membership(resolve_round_timeout(check(raw), grid))
             membership.discover(grid)
             raw = node_data.complete(raw, membership)
         setup = validate(raw)

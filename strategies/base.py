@@ -284,6 +284,11 @@ class FairStrategy(Strategy):
     def on_dropped(self, server_round: int, client: int | None) -> None:
         """A sampled client gave no usable reply (FedLF forgets its history row)."""
 
+    def on_node_changed(self, client: int) -> None:
+        """Client ``client`` is now served by another node (a restarted SuperNode rejoins under a
+        new node id): whatever it kept in its node's ``context.state`` is gone (SCAFFOLD
+        re-sends its c_i)."""
+
     # -- shared helpers ---------------------------------------------------------------------
     def round_lr(self, server_round: int) -> float:
         """η_l of a round."""

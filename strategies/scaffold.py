@@ -15,7 +15,8 @@ of every client's c_i kept exactly from the Δc_i replies (c_i ← c_i + Δc_i i
 same sum the client stores), and the clients still owed their c_i. Clients keep c_i in
 their context state, which a restarted run loses; so after a restore (:meth:`Scaffold.restored`)
 the strategy sends each client its mirrored c_i (record ``scaffold-c-i``) the next time it
-is sampled, until a reply from it arrives. Record names are in :mod:`fedcore.keys`.
+is sampled, until a reply from it arrives. The same for one client whose SuperNode restarted
+(:meth:`Scaffold.on_node_changed`). Record names are in :mod:`fedcore.keys`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class Scaffold(FairStrategy):
     def restored(self) -> None:
         """After ``self.state`` is assigned from a checkpoint: every mirrored client is owed its c_i."""
         self.state.pending_restore = set(self.state.client_c)
+
+    def on_node_changed(self, client: int) -> None:
+        """A client on a new node lost its c_i: send it the mirrored one (as after a restore)."""
+        if client in self.state.client_c:
+            self.state.pending_restore.add(client)
 
     def sample(self, server_round, grid):
         if self.num_clients is None:
