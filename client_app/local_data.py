@@ -182,18 +182,12 @@ def data_path(node_config: Mapping) -> Path:
 
 
 def _read(folder: Path):
-    """(train, test) arrays in [0, 1], N×C×H×W, through the ``dataset-path`` reader."""
-    from client_app.data import _read_parquet
+    """(train, test) arrays in [0, 1], N×C×H×W, through the ``dataset-path`` reader and its
+    checks (empty splits, bad labels and pixels, train/test shapes: one DataError line)."""
+    from client_app.data import _read_parquet, check_same_shape
 
     train, test = _read_parquet(folder, "train"), _read_parquet(folder, "test")
-    if train[0].shape[1:] != test[0].shape[1:]:
-        raise ValueError(f"{DATA_PATH} {folder}: train.parquet images are {format_shape(train[0].shape[1:])} but "
-                         f"test.parquet's are {format_shape(test[0].shape[1:])}: both must have one shape")
-    for name, (x, y, _) in (("train", train), ("test", test)):
-        if len(y) == 0:
-            raise ValueError(f"{DATA_PATH} {folder}: {name}.parquet has no rows")
-        if y.min() < 0:
-            raise ValueError(f"{DATA_PATH} {folder}: {name}.parquet has negative label {int(y.min())}")
+    check_same_shape(train, test, folder)
     return train, test
 
 
