@@ -259,6 +259,18 @@ def load_node_data(folder: str | Path, cfg: RunConfig, pid: int) -> NodeData:
     return _CACHE[key]
 
 
+def _stats(s: Settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's per-channel mean and std, shaped to broadcast over N×C×H×W."""
+    return (torch.tensor(s.mean, dtype=torch.float32).view(1, -1, 1, 1),
+            torch.tensor(s.std, dtype=torch.float32).view(1, -1, 1, 1))
+
+
+def standardise(a: np.ndarray, s: Settings) -> torch.Tensor:
+    """Images in [0, 1] standardised with the run's ``data-mean``/``data-std``."""
+    mean, std = _stats(s)
+    return (torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) - mean) / std
+
+
 def _load(folder: Path, s: Settings, cfg: RunConfig, pid: int) -> NodeData:
     from client_app.data import split_validation
 
@@ -269,11 +281,10 @@ def _load(folder: Path, s: Settings, cfg: RunConfig, pid: int) -> NodeData:
     top = int(max(y.max(), y_test.max()))
     if top >= s.num_classes:
         raise ValueError(f"{DATA_PATH} {folder}: label {top} is out of range for {NUM_CLASSES} = {s.num_classes}")
-    mean = torch.tensor(s.mean, dtype=torch.float32).view(1, -1, 1, 1)
-    std = torch.tensor(s.std, dtype=torch.float32).view(1, -1, 1, 1)
+    mean, std = _stats(s)
 
     def norm(a: np.ndarray) -> torch.Tensor:
-        return (torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) - mean) / std
+        return standardise(a, s)
 
     train_idx, val_idx = split_validation(np.arange(len(y)), len(y) + len(y_test), cfg.val_fraction, cfg.seed, pid)
     xt, yt = norm(x), torch.from_numpy(y.astype(np.int64))
@@ -307,7 +318,4 @@ def load_central_test(cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor] | Non
     if len(y) and int(y.max()) >= s.num_classes:
         raise ConfigError(f"run-config key '{CENTRAL_TEST_PATH}': label {int(y.max())} is out of range for "
                           f"{NUM_CLASSES} = {s.num_classes}")
-    mean = torch.tensor(s.mean, dtype=torch.float32).view(1, -1, 1, 1)
-    std = torch.tensor(s.std, dtype=torch.float32).view(1, -1, 1, 1)
-    x = (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) - mean) / std
-    return x, torch.from_numpy(y.astype(np.int64))
+    return standardise(x, s), torch.from_numpy(y.astype(np.int64))
