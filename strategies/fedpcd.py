@@ -1,6 +1,9 @@
 """FedPCD: priority-constrained aggregation with a server-side history cache.
 
 Papers ``000_*``/``001_*`` (FedPCD, Algorithm 1) and ``../shared/spec/ALGORITHMS.md``.
+**Read :func:`strategies.algorithms.fedpcd_round` first**: Algorithm 1 line by line, in plain
+float64 torch. This module is the fast kernel of the same round (cached Gram rows, the dual
+QP, buffers reused across rounds); ``tests/test_algorithms.py`` checks that they agree.
 Per round the server takes the FedAvg pseudo-gradient ḡ = Σ p_i g_i (g_i = Δ_i/η_l) as the
 primary direction and finds the direction closest to it that makes progress τ on every
 client direction it knows about (current participants and a cache of recent ones):
