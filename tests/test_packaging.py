@@ -6,8 +6,13 @@ via flwr-datasets, ...) can vanish or change version under a dependency update.
 
 import ast
 import importlib.metadata as md
+import os
+import subprocess
 import sys
+import sysconfig
+import textwrap
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -63,12 +68,6 @@ def test_the_scan_sees_imports_inside_functions(tmp_path):
 
 
 # -- the wheel, the sdist and the FAB: built for real, imported with no checkout on sys.path ------
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sysconfig  # noqa: E402
-import textwrap  # noqa: E402
-import zipfile  # noqa: E402
-
 WHEEL_PACKAGES = ("fedcore", "strategies", "client_app", "fedpcd_app")
 
 
