@@ -87,7 +87,7 @@ def unpack_replies(replies: Iterable[Message], dtype=torch.float32) -> ReplyBatc
     metrics = reply_metrics(replies)
     local = flat.records_to_matrix([msg.content[keys.ARRAYS] for msg in replies], dtype=dtype)
     return ReplyBatch(
-        partition_ids=[int(m[keys.PARTITION_ID]) for m in metrics],
+        partition_ids=[client_of(msg) for msg in replies],  # partition-id is optional: else the node id
         num_examples=metric_column(metrics, keys.NUM_EXAMPLES),
         loss_before=metric_column(metrics, keys.LOSS_BEFORE, math.nan),  # NaN unless asked for
         train_loss=metric_column(metrics, keys.TRAIN_LOSS),
@@ -403,6 +403,7 @@ class FairStrategy(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop malformed replies (:attr:`last_dropped`), then :meth:`aggregate_valid`."""
         replies = list(replies)
+        self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
         valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records)
         # Replies arrive in whatever order the nodes finish: sort by client so that float
@@ -465,6 +466,8 @@ class FairStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client scores into :attr:`last_evaluation`; their test-size-weighted mean."""
         scores: dict[int, dict[str, float]] = {}
+        replies = list(replies)
+        self.read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate")
         for reply in replies:
             node = int(reply.metadata.src_node_id)
             if reply.has_error() or keys.METRICS not in reply.content:
@@ -489,6 +492,29 @@ class FairStrategy(Strategy):
             "loss": float(np.dot(n, [s["loss"] for s in scores.values()]) / n.sum()),
             "num-scored": len(scores),
         })
+
+    def read_aliases(self, replies: list[Message], aliases: dict[str, str], kind: str) -> None:
+        """Replies that name a metric as Flower's quickstart does (``train_loss``, ``eval_acc``, ...)
+        are read under the expected key (:data:`fedcore.keys.TRAIN_ALIASES`), with one warning
+        per name naming the key to send, instead of being dropped round after round."""
+        warned = self.__dict__.setdefault("_aliases_warned", set())
+        for reply in replies:
+            if reply.has_error() or not isinstance(reply.content.get(keys.METRICS), MetricRecord):
+                continue
+            for alias, key in keys.read_aliases(reply.content[keys.METRICS], aliases):
+                if alias not in warned:
+                    warned.add(alias)
+                    log.warning("%s reply metric '%s' (node %s) is read as '%s': send '%s' (fedcore.keys; README: "
+                                "Using the strategies in your own Flower app)", kind, alias,
+                                reply.metadata.src_node_id, key, key)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any):
+        """Flower's :meth:`Strategy.start`; ``result.arrays`` is the final model even when no
+        round produced one (Flower leaves it empty then): the model stayed the initial one."""
+        result = super().start(grid, initial_arrays, *args, **kwargs)
+        if not len(result.arrays):
+            result.arrays = initial_arrays
+        return result
 
     def summary(self) -> None:
         log.info("%s: %s (fraction_train=%s, seed=%s, lr=%s, server_lr=%s)", type(self).__name__,
