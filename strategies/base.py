@@ -51,6 +51,7 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
 from fedcore.replies import Dropped, validate_train_replies
 from fedcore.seeding import derive_seed
+from fedcore.state import Fields, rebuild
 
 log = logging.getLogger("fedpcd")
 
@@ -262,6 +263,26 @@ class FairStrategy(Strategy):
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
     # -- the method's part ------------------------------------------------------------------
+    @property
+    def state(self) -> Any:
+        """The method's State (what survives a round; the app checkpoints it). Assigning the
+        :class:`fedcore.state.Fields` a checkpoint holds rebuilds it (:meth:`restore_state`)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = self.restore_state(value) if isinstance(value, Fields) else value
+
+    def restore_state(self, fields: Fields) -> Any:
+        """The method's State rebuilt from a checkpoint's saved fields: the class is the one this
+        strategy keeps (nothing the file names is imported; :func:`fedcore.state.rebuild`)."""
+        current = self.__dict__.get("_state")
+        target = type(current) if current is not None else self.State
+        if target is None:
+            raise ValueError(f"{self.name or type(self).__name__} keeps no state, but the checkpoint holds "
+                             f"fields {sorted(fields)}: it was written by another method")
+        return rebuild(target, fields)
+
     def init_state(self) -> Any:
         """The method's State at round 0: ``State()`` (None: the method keeps nothing across
         rounds). A method whose round-0 state needs its params overrides this."""
