@@ -5,9 +5,13 @@ with ``--run-config`` overrides). :func:`parse_run_config` turns it into a
 :class:`RunConfig`; every later stage reads that object, never ``context.run_config``.
 Method-specific keys (``fedpcd-tau``, ``qffl-q``, ...) stay in :attr:`RunConfig.params`
 and are read, typed and range-checked by the method's ``Params``
-(:mod:`fedcore.params`); app-level keys (sampler, checkpoints, secure aggregation) by
-:meth:`RunConfig.get_float` and friends. ``fedpcd_app.config.validate`` does all of it once,
-before any node starts.
+(:mod:`fedcore.params`); app-level keys (sampler, checkpoints, secure aggregation) are declared
+once in :data:`APP_KEYS` (type, range or choices, default), checked when the config is parsed,
+and read by :meth:`RunConfig.get_float` and friends (the declared default when none is given).
+``fedpcd_app.config.validate`` does all of it once, before any node starts.
+
+The defaults of every key ship with the package (:mod:`fedcore.defaults`, generated from
+pyproject.toml's ``[tool.flwr.app.config]``): nothing reads a pyproject.toml at run time.
 """
 
 from __future__ import annotations
