@@ -33,7 +33,6 @@ the one aggregate reply of a secure-aggregation round.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 import random
@@ -52,6 +51,7 @@ from fedcore.params import MethodParams, NoParams
 from fedcore.replies import Dropped, validate_train_replies
 from fedcore.seeding import derive_seed
 from fedcore.state import Fields, rebuild
+from strategies.signatures import describe_hyperparameters, strategy_signature
 
 log = logging.getLogger("fedpcd")
 
@@ -196,7 +196,7 @@ class FairStrategy(Strategy):
         and IDEs that introspect read instead of ``(**kwargs)``; and its docstring lists the
         hyperparameters with their run-config keys."""
         super().__init_subclass__(**kwargs)
-        cls.__signature__ = strategy_signature(cls)
+        cls.__signature__ = strategy_signature(cls, FairStrategy)
         cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{describe_hyperparameters(cls.Params)}"
 
     def __init__(
@@ -547,64 +547,3 @@ def client_of(reply: Message) -> int:
     m = reply.content[keys.METRICS]
     pid = m.get(keys.PARTITION_ID)
     return int(pid) if pid is not None else int(reply.metadata.src_node_id)
-
-
-# -- explicit signatures (FairStrategy.__init_subclass__) ------------------------------------------
-def _own_keywords(init: Callable) -> list[inspect.Parameter]:
-    """The named keyword arguments of one ``__init__`` (``**kwargs`` and ``self`` left out)."""
-    sig = inspect.signature(init, eval_str=True)
-    return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
-
-
-def hyperparameters(params_cls: type[MethodParams]) -> list[inspect.Parameter]:
-    """One keyword-only parameter per field of a method's ``Params``: its default and type."""
-    out = []
-    for f, kind in params_cls._fields():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind))
-    return out
-
-
-def strategy_signature(cls: type[FairStrategy]) -> inspect.Signature:
-    """``(*, <Params fields>, <the class's own __init__ arguments>, <FairStrategy's>, params=None)``.
-
-    A Params field named like an argument of an ``__init__`` would never reach the Params (the
-    ``__init__`` takes it first): that is a TypeError when the class is defined."""
-    own: list[inspect.Parameter] = []
-    for klass in cls.__mro__:
-        if "__init__" in klass.__dict__:
-            own += [p for p in _own_keywords(klass.__dict__["__init__"]) if p.name not in {q.name for q in own}]
-        if klass is FairStrategy:
-            break
-    hyper = hyperparameters(cls.Params)
-    clash = sorted({p.name for p in hyper} & {p.name for p in own})
-    if clash:
-        raise TypeError(f"{cls.__qualname__}.Params field(s) {clash} are also __init__ arguments: rename them")
-    common = [p for p in own if p.name != "params"]
-    params = inspect.Parameter("params", inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=cls.Params | None)
-    return inspect.Signature([*hyper, *common, params])
-
-
-def describe_hyperparameters(params_cls: type[MethodParams]) -> str:
-    """The docstring section help() shows: each hyperparameter, its default, run-config key and range."""
-    lines = ["Hyperparameters (keyword arguments; the run-config key and the allowed values in brackets)",
-             "----------"]
-    for f, kind in params_cls._fields():
-        name = getattr(kind, "__name__", str(kind))
-        if f.metadata.get("nested"):
-            lines.append(f"{f.name} : {kind.__module__}.{name}, default {name}()  "
-                         f"[{', '.join(kind.run_config_keys())}]")
-            continue
-        meta, allowed = f.metadata, []
-        if meta.get("choices"):
-            allowed.append("one of " + ", ".join(meta["choices"]))
-        if meta.get("low") is not None:
-            allowed.append(f"{'>' if meta.get('low_open') else '>='} {meta['low']}")
-        if meta.get("high") is not None:
-            allowed.append(f"<= {meta['high']}")
-        lines.append(f"{f.name} : {name}, default {f.default!r}  [{', '.join([params_cls.key_of(f.name), *allowed])}]")
-    if len(lines) == 2:
-        lines.append("none")
-    return "\n".join(lines)
