@@ -3,6 +3,7 @@ the strategies (``strategies``) and the documented client helpers (``client_app.
 and nothing of ``fedpcd_app``. Data: scikit-learn's digits, split IID over the nodes.
 
     python -m examples.foreign_app fedpcd      # runs it in Flower's simulation (3 rounds)
+    python examples/foreign_app.py craft       # the same from any folder (an installed wheel)
 """
 
 import sys
@@ -23,6 +24,7 @@ STRATEGIES = {
     "federage": lambda: FedeRage(fraction_train=0.5, alpha=0.3, gamma=0.3, seed=0),
 }
 RESULTS = {}
+CHOSEN = {"strategy": "fedpcd"}  # python -m examples.foreign_app METHOD sets it
 
 
 def net() -> torch.nn.Module:
@@ -35,7 +37,7 @@ server = ServerApp()
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
-    name = str(context.run_config.get("strategy", "fedpcd"))
+    name = str(context.run_config.get("strategy", CHOSEN["strategy"]))
     strategy = STRATEGIES[name]()
     RESULTS[name] = strategy.start(grid=grid, initial_arrays=ArrayRecord(net().state_dict()), num_rounds=3)
 
@@ -72,5 +74,11 @@ def evaluate(msg, context: Context):
 if __name__ == "__main__":
     from flwr.simulation import run_simulation
 
+    if len(sys.argv) != 2 or sys.argv[1] not in STRATEGIES:
+        sys.exit(f"usage: python -m examples.foreign_app METHOD (METHOD: {', '.join(STRATEGIES)})")
+    CHOSEN["strategy"] = sys.argv[1]
     run_simulation(server_app=server, client_app=client, num_supernodes=6,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    result = RESULTS[sys.argv[1]]
+    print(f"{sys.argv[1]}: {len(result.arrays)} final arrays, federated accuracy by round "
+          f"{[round(float(m['accuracy']), 3) for _, m in sorted(result.evaluate_metrics_clientapp.items())]}")

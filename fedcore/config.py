@@ -5,20 +5,20 @@ with ``--run-config`` overrides). :func:`parse_run_config` turns it into a
 :class:`RunConfig`; every later stage reads that object, never ``context.run_config``.
 Method-specific keys (``fedpcd-tau``, ``qffl-q``, ...) stay in :attr:`RunConfig.params`
 and are read, typed and range-checked by the method's ``Params``
-(:mod:`fedcore.params`); app-level keys (sampler, checkpoints, secure aggregation) by
-:meth:`RunConfig.get_float` and friends. ``fedpcd_app.config.validate`` does all of it once,
-before any node starts.
+(:mod:`fedcore.params`); app-level keys (sampler, checkpoints, secure aggregation) are declared
+once in :data:`APP_KEYS` (type, range or choices, default), checked when the config is parsed,
+and read by :meth:`RunConfig.get_float` and friends (the declared default when none is given).
+``fedpcd_app.config.validate`` does all of it once, before any node starts.
+
+The defaults of every key ship with the package (:mod:`fedcore.defaults`, generated from
+pyproject.toml's ``[tool.flwr.app.config]``): nothing reads a pyproject.toml at run time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
 MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
@@ -44,6 +44,153 @@ class ConfigError(ValueError):
 
 
 Scalar = bool | int | float | str
+
+
+@dataclasses.dataclass(frozen=True)
+class AppKey:
+    """One app-level run-config key, declared once: its default (whose type is the key's type)
+    and the values it allows. Method keys are declared by the method's ``Params`` instead
+    (:mod:`fedcore.params`); ``tests/test_config.py`` checks that pyproject.toml's
+    ``[tool.flwr.app.config]`` holds exactly these keys and those, with these defaults."""
+
+    key: str
+    default: Scalar
+    doc: str = ""
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] | None = None
+    hint: str = ""  # appended to a range error, e.g. "(0 = only the last round)"
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    def read(self, raw: Mapping[str, Scalar]) -> Scalar:
+        """The key's value in ``raw`` (its default when absent), typed and checked: a bad one
+        is a one-line :class:`ConfigError` naming the key and what is allowed."""
+        value = raw.get(self.key, self.default)
+        key, kind = self.key, self.kind
+        if kind is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                value = value.lower() == "true"
+            if not isinstance(value, bool):
+                raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+        elif kind is int:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
+            value = float(value)
+        elif not isinstance(value, str):
+            raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"run-config key '{key}' = {value!r} is not one of {', '.join(self.choices)}")
+        low_bad = self.low is not None and (value < self.low or (self.low_open and value == self.low))
+        high_bad = self.high is not None and (value > self.high or (self.high_open and value == self.high))
+        if low_bad or high_bad:
+            raise ConfigError(f"run-config key '{key}' = {value!r} must be {self.allowed()}"
+                              + (f" {self.hint}" if self.hint else ""))
+        return value
+
+    def allowed(self) -> str:
+        """The range in words: ``> 0``, ``>= 1``, ``in (0, 1]``."""
+        low, high = _num(self.low), _num(self.high)
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        return f"{'<' if self.high_open else '<='} {high}"
+
+
+def _num(x: float | None) -> str:
+    return str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
+
+
+# Every app-level key (the experiment, data, client training, server, defences, reliability
+# and tracking sections of pyproject.toml's [tool.flwr.app.config]), in that order. A key
+# read with cfg.get_*() or cfg.params.get() is declared here; the range checks that involve
+# two keys (val-fraction, dataset or dataset-path, ...) are in _validate and fedpcd_app.config.
+APP_KEYS: tuple[AppKey, ...] = (
+    # -- experiment (contract: scripts and sweeps read these names) --
+    AppKey("method", "fedavg", "the aggregation method (strategies.registry)"),
+    AppKey("model", "mlp", "the model (client_app/models.py)", choices=MODELS),
+    AppKey("dataset", "digits", "a dataset name or, with dataset-path, a label for a local copy"),
+    AppKey("dataset-path", "", "a folder with train.parquet and test.parquet ('' = download the dataset)"),
+    AppKey("partitioner", "dirichlet", "how the training pool is split over the clients", choices=PARTITIONERS),
+    AppKey("dirichlet-alpha", 0.3, "α of the Dirichlet partitioner", low=0.0, low_open=True),
+    AppKey("classes-per-client", 2, "classes of each client (pathological partitioner)", low=1),
+    AppKey("num-clients", 20, "N, the federation's size", low=1),
+    AppKey("fraction-train", 0.25, "fraction of the clients sampled each round", low=0.0, high=1.0, low_open=True),
+    AppKey("num-server-rounds", 60, "rounds", low=1),
+    AppKey("local-epochs", 1, "local passes over the data", low=1),
+    AppKey("batch-size", 16, "local batch size", low=0, hint="(0 = full batch)"),
+    AppKey("lr", 0.1, "the clients' learning rate η_l", low=0.0, low_open=True),
+    AppKey("seed", 0, "seeds data, sampling, models and methods", low=0),
+    AppKey("eval-every", 10, "evaluate every k rounds", low=0, hint="(0 = only the last round)"),
+    AppKey("output-dir", "", "where results go ('' = runs/<method>-<dataset>-seed<seed>-<time>)"),
+    # -- data --
+    AppKey("local-test-fraction", 0.2, "each client's local test share", low=0.0, high=1.0, low_open=True,
+           high_open=True),
+    AppKey("central-test-fraction", 0.2, "the central test set's share of the training pool", low=0.0, high=1.0,
+           low_open=True, high_open=True),
+    AppKey("min-partition-size", 10, "redraw the partition until every client has this many examples", low=2),
+    AppKey("val-fraction", 0.0, "each client's validation share (0 = none)", low=0.0),
+    AppKey("data-pool", "split", "split = partition the training pool; merged = train and test pools together",
+           choices=DATA_POOLS),
+    AppKey("client-data", "partition", "partition = cut from the dataset; node = each node's own folder",
+           choices=("partition", "node")),
+    AppKey("central-test-path", "", "client-data='node': the server's central test set (folder or .parquet)"),
+    AppKey("num-classes", 0, "client-data='node': 0 = learn it from the nodes", low=0),
+    AppKey("input-shape", "", "client-data='node': 'CxHxW', '' = learn it from the nodes"),
+    AppKey("data-mean", "", "client-data='node': per-channel 'm1,m2,..', '' = pooled over the nodes"),
+    AppKey("data-std", "", "client-data='node': per-channel, with data-mean"),
+    # -- client training --
+    AppKey("momentum", 0.0, "local SGD momentum", low=0.0, high=1.0, high_open=True),
+    AppKey("weight-decay", 0.0, "local SGD weight decay", low=0.0),
+    AppKey("lr-decay", 1.0, "η_l of round t is lr · lr-decay^(t-1)", low=0.0, high=1.0, low_open=True),
+    AppKey("local-steps", 0, "local SGD steps", low=0, hint="(0 = local-epochs passes over the data)"),
+    AppKey("augment", "none", "data augmentation on the clients", choices=AUGMENTATIONS),
+    # -- server --
+    AppKey("server-lr", 0.0, "η_g", low=0.0, hint="(0 = the method's default)"),
+    AppKey("eval-mode", "server", "who scores the clients' test splits", choices=EVAL_MODES),
+    AppKey("eval-batch-size", 128, "evaluation batch size", low=1),
+    AppKey("client-loss-before", "auto", "when clients send loss-before", choices=LOSS_BEFORE_MODES),
+    AppKey("round-timeout", 0.0, "seconds per exchange", low=0.0,
+           hint="seconds (0 = auto: none in simulation, 600 s in deployment)"),
+    AppKey("log-every", 1, "log every k rounds", low=1),
+    AppKey("allow-unused-keys", False, "let keys of another method than the selected one through"),
+    AppKey("server-device", "auto", "where the server's aggregation maths runs", choices=SERVER_DEVICES),
+    AppKey("participation", "uniform", "the client sampler (fedpcd_app/sampler.py)",
+           choices=("uniform", "skewed", "bernoulli")),
+    AppKey("availability-rare-clients", 3, "skewed participation: how many rare clients", low=0),
+    AppKey("availability-rare-prob", 0.01, "skewed participation: a rare client's probability", low=0.0, high=1.0,
+           low_open=True),
+    AppKey("availability-rare-choice", "rarest-classes", "skewed participation: which clients are rare",
+           choices=("rarest-classes", "last")),
+    # -- defences --
+    AppKey("update-clip", 0.0, "scale each update to at most c x the median norm (0 = off, else >= 1)", low=0.0),
+    AppKey("on-aggregation-error", "stop", "an exception in the aggregation: stop the run or keep the model",
+           choices=("stop", "keep")),
+    # -- reliability --
+    AppKey("checkpoint-every", 10, "checkpoint every k rounds (0 = never)", low=0),
+    AppKey("checkpoint-keep", 2, "checkpoints kept", low=1),
+    AppKey("resume-from", "", "the output-dir of an earlier run to resume"),
+    AppKey("secure-aggregation", False, "SecAgg+ (sum-only methods)"),
+    AppKey("secagg-num-shares", 1.0, "SecAgg+ shares (<= 1: a fraction, else a count)", low=0.0, low_open=True),
+    AppKey("secagg-reconstruction-threshold", 0.7, "SecAgg+ threshold (<= 1: a fraction, else a count)", low=0.0,
+           low_open=True),
+    AppKey("secagg-clipping-range", 8.0, "SecAgg+ clipping range", low=0.0, low_open=True),
+    AppKey("secagg-quantization-range", 4194304, "SecAgg+ quantization range", low=2),
+    AppKey("secagg-max-weight", 1000.0, "the largest weight SecAgg+ takes unclipped", low=1.0),
+    # -- tracking --
+    AppKey("tensorboard", False, "write TensorBoard event files"),
+)
+APP = {k.key: k for k in APP_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +258,8 @@ class RunConfig:
     def _get(self, key: str, default: Scalar | None) -> Scalar:
         if key in self.params:
             return self.params[key]
+        if default is None and key in APP:  # a declared key: its declared default
+            return APP[key].default
         if default is None:
             raise ConfigError(
                 f"run-config key '{key}' is missing: add it to [tool.flwr.app.config] "
@@ -172,9 +321,12 @@ def _check_range(key: str, value: float, low, high, low_open: bool) -> None:
 
 
 def default_run_config() -> dict[str, Scalar]:
-    """The defaults of ``[tool.flwr.app.config]`` in this project's pyproject.toml."""
-    with open(PROJECT_DIR / "pyproject.toml", "rb") as fh:
-        return dict(tomllib.load(fh)["tool"]["flwr"]["app"]["config"])
+    """Every run-config key with its default: pyproject.toml's ``[tool.flwr.app.config]`` as
+    shipped in the package (:mod:`fedcore.defaults`, generated by ``scripts/sync_defaults.py``;
+    an installed wheel has no pyproject.toml to read)."""
+    from fedcore.defaults import DEFAULTS
+
+    return dict(DEFAULTS)
 
 
 def parse_overrides(text: str) -> dict[str, Scalar]:
@@ -217,41 +369,22 @@ def parse_run_config(raw: Mapping[str, Scalar]) -> RunConfig:
     raw = dict(raw)
     kwargs: dict[str, Any] = {}
     fields = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "params"}
-    tmp = RunConfig(**{n: None for n in fields}, params=raw)  # typed getters over raw
-    for name, f in fields.items():
+    for name in fields:
         key = name.replace("_", "-")
         if key not in raw:
             raise ConfigError(f"run-config key '{key}' is missing from the run config")
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        if kind == "int":
-            kwargs[name] = tmp.get_int(key)
-        elif kind == "float":
-            kwargs[name] = tmp.get_float(key)
-        else:
-            value = raw[key]
-            if not isinstance(value, str):
-                raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
-            kwargs[name] = value
+        kwargs[name] = APP[key].read(raw)  # typed, choices and range from the declaration
         del raw[key]
+    for key in raw.keys() & APP.keys():  # the other declared app keys, when present
+        raw[key] = APP[key].read(raw)
     cfg = RunConfig(**kwargs, params=raw)
     _validate(cfg)
     return cfg
 
 
 def _validate(cfg: RunConfig) -> None:
-    def choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-        if value not in allowed:
-            raise ConfigError(
-                f"run-config key '{key}' = {value!r} is not one of {', '.join(allowed)}"
-            )
-
-    choice("model", cfg.model, MODELS)
-    choice("partitioner", cfg.partitioner, PARTITIONERS)
-    choice("eval-mode", cfg.eval_mode, EVAL_MODES)
-    choice("client-loss-before", cfg.client_loss_before, LOSS_BEFORE_MODES)
-    choice("server-device", cfg.server_device, SERVER_DEVICES)
-    choice("data-pool", cfg.data_pool, DATA_POOLS)
-    choice("augment", cfg.augment, AUGMENTATIONS)
+    """The checks that involve more than one key (one key's type, choices and range are its
+    :class:`AppKey` declaration's, checked by :meth:`AppKey.read`)."""
     if cfg.dataset not in DATASETS and not cfg.dataset_path:
         raise ConfigError(
             f"run-config key 'dataset' = {cfg.dataset!r} is not one of {', '.join(DATASETS)} "
@@ -262,34 +395,9 @@ def _validate(cfg: RunConfig) -> None:
             f"run-config key 'partitioner' = 'writer' needs writer ids: use dataset='femnist' or a "
             f"dataset-path whose parquet files have a 'writer_id' column (dataset is {cfg.dataset!r})"
         )
-    checks = [
-        ("num-clients", cfg.num_clients >= 1, "must be >= 1"),
-        ("fraction-train", 0.0 < cfg.fraction_train <= 1.0, "must be in (0, 1]"),
-        ("num-server-rounds", cfg.num_server_rounds >= 1, "must be >= 1"),
-        ("local-epochs", cfg.local_epochs >= 1, "must be >= 1"),
-        ("local-steps", cfg.local_steps >= 0, "must be >= 0 (0 = local-epochs passes over the data)"),
-        ("batch-size", cfg.batch_size >= 0, "must be >= 0 (0 = full batch)"),
-        ("lr", cfg.lr > 0.0, "must be > 0"),
-        ("eval-every", cfg.eval_every >= 0, "must be >= 0 (0 = only the last round)"),
-        ("dirichlet-alpha", cfg.dirichlet_alpha > 0.0, "must be > 0"),
-        ("classes-per-client", cfg.classes_per_client >= 1, "must be >= 1"),
-        ("local-test-fraction", 0.0 < cfg.local_test_fraction < 1.0, "must be in (0, 1)"),
-        ("val-fraction", 0.0 <= cfg.val_fraction < 1.0 - cfg.local_test_fraction,
-         "must be in [0, 1 - local-test-fraction) (0 = no validation split)"),
-        ("central-test-fraction", 0.0 < cfg.central_test_fraction < 1.0, "must be in (0, 1)"),
-        ("min-partition-size", cfg.min_partition_size >= 2, "must be >= 2"),
-        ("momentum", 0.0 <= cfg.momentum < 1.0, "must be in [0, 1)"),
-        ("weight-decay", cfg.weight_decay >= 0.0, "must be >= 0"),
-        ("lr-decay", 0.0 < cfg.lr_decay <= 1.0, "must be in (0, 1]"),
-        ("server-lr", cfg.server_lr >= 0.0, "must be >= 0 (0 = the method's default)"),
-        ("eval-batch-size", cfg.eval_batch_size >= 1, "must be >= 1"),
-        ("round-timeout", cfg.round_timeout >= 0.0, "must be >= 0 seconds (0 = auto: none in simulation, 600 s in deployment)"),
-        ("log-every", cfg.log_every >= 1, "must be >= 1"),
-        ("seed", cfg.seed >= 0, "must be >= 0"),
-    ]
-    for key, ok, what in checks:
-        if not ok:
-            raise ConfigError(f"run-config key '{key}' = {cfg.as_dict()[key]!r} {what}")
+    if not cfg.val_fraction < 1.0 - cfg.local_test_fraction:
+        raise ConfigError(f"run-config key 'val-fraction' = {cfg.val_fraction!r} must be in [0, 1 - "
+                          "local-test-fraction) (0 = no validation split)")
 
 
 def load_config(overrides: Mapping[str, Scalar] | str | None = None) -> RunConfig:

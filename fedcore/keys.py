@@ -43,3 +43,30 @@ SCAFFOLD_DELTA_C = "scaffold-delta-c"  # reply record: Δc_i
 SECAGG_WEIGHTING = "secagg-weighting"  # "num-examples" or "uniform"
 SECAGG_RECORDS = "secagg-records"  # names of the extra ArrayRecords summed with the model
 SECAGG_MAX_WEIGHT = "secagg-max-weight"  # the largest weight SecAgg+ takes unclipped
+
+# What a ClientApp's train reply must hold, for every method: RecordDict entries ARRAYS (the
+# locally trained model, same array names, shapes and dtypes as received) and METRICS holding
+# these. PARTITION_ID is optional (without it a client is known by its node id). Each method's
+# extras are its strategy class's ``required_metrics`` / ``required_records`` (README: Methods).
+TRAIN_REPLY_METRICS = (NUM_EXAMPLES, TRAIN_LOSS)
+EVALUATE_REPLY_METRICS = (EVAL_ACC, EVAL_LOSS)  # NUM_TEST (the weight of the mean) optional
+
+# Names a ClientApp written for Flower's quickstart (or with '_' for '-') sends instead: read as
+# the expected key, with one warning per name and strategy (strategies.base.FairStrategy).
+TRAIN_ALIASES = {k.replace("-", "_"): k for k in (NUM_EXAMPLES, TRAIN_LOSS, LOSS_BEFORE, NUM_STEPS, PARTITION_ID,
+                                                  FEDERAGE_BETA)}
+EVALUATE_ALIASES = {
+    "eval_acc": EVAL_ACC, "eval_accuracy": EVAL_ACC, "eval_loss": EVAL_LOSS,  # Flower's quickstart
+    "num-examples": NUM_TEST, "num_examples": NUM_TEST, "num_test": NUM_TEST, "partition_id": PARTITION_ID,
+}
+
+
+def read_aliases(metrics, aliases: dict[str, str]) -> list[tuple[str, str]]:
+    """Copy each alias's value to its expected key in ``metrics`` (a MetricRecord or a dict),
+    unless the expected key is there already; the (alias, expected key) pairs that were read."""
+    read = []
+    for alias, key in aliases.items():
+        if alias in metrics and key not in metrics:
+            metrics[key] = metrics[alias]
+            read.append((alias, key))
+    return read

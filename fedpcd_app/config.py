@@ -63,7 +63,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
     cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
-    cfg.get_int("checkpoint-every", 0, low=0)
+    cfg.get_int("checkpoint-every", 10, low=0)
     cfg.get_int("checkpoint-keep", 2, low=1)
     cfg.get_bool("tensorboard", False)
     resume_from = str(cfg.params.get("resume-from", ""))
@@ -124,7 +124,7 @@ def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Se
     if not cfg.output_dir:
         raw["output-dir"] = str(default_output_dir(cfg))
         cfg = cfg.replace(output_dir=raw["output-dir"])
-    return Setup(raw, cfg, strategy, model, cfg.get_int("checkpoint-every", 0), cfg.get_int("checkpoint-keep", 2),
+    return Setup(raw, cfg, strategy, model, cfg.get_int("checkpoint-every", 10), cfg.get_int("checkpoint-keep", 2),
                  str(cfg.params.get("resume-from", "")))
 
 

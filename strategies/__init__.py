@@ -4,8 +4,25 @@
 ``flwr.serverapp.strategy.Strategy`` built with keyword arguments (its ``Params`` fields plus
 the common ones of :class:`strategies.base.FairStrategy`). ``strategies.registry`` maps
 run-config method names to them.
+
+The names a ClientApp's replies carry are re-exported from :mod:`fedcore.keys` (``keys``, and
+the reply metrics as constants: ``NUM_EXAMPLES``, ``TRAIN_LOSS``, ...; README: "Using the
+strategies in your own Flower app").
 """
 
+from fedcore import keys
+from fedcore.keys import (
+    EVAL_ACC,
+    EVAL_LOSS,
+    FEDERAGE_BETA,
+    LOSS_BEFORE,
+    NUM_EXAMPLES,
+    NUM_STEPS,
+    NUM_TEST,
+    PARTITION_ID,
+    SCAFFOLD_DELTA_C,
+    TRAIN_LOSS,
+)
 from strategies.afl import AFL
 from strategies.base import FairStrategy
 from strategies.config_fl import ConFIG
@@ -28,4 +45,7 @@ from strategies.scaffold import Scaffold
 
 __all__ = ["AFL", "Bulyan", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg",
            "FedAvgM", "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedMedian", "FedNova", "FedPCD", "FedProx", "FedPW",
-           "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "MultiKrum", "QFFL", "Scaffold"]
+           "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "MultiKrum", "QFFL", "Scaffold",
+           # reply names (fedcore.keys)
+           "keys", "EVAL_ACC", "EVAL_LOSS", "FEDERAGE_BETA", "LOSS_BEFORE", "NUM_EXAMPLES", "NUM_STEPS", "NUM_TEST",
+           "PARTITION_ID", "SCAFFOLD_DELTA_C", "TRAIN_LOSS"]

@@ -50,6 +50,8 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
 from fedcore.replies import Dropped, validate_train_replies
 from fedcore.seeding import derive_seed
+from fedcore.state import Fields, rebuild
+from strategies.signatures import describe_hyperparameters, strategy_signature
 
 log = logging.getLogger("fedpcd")
 
@@ -86,7 +88,7 @@ def unpack_replies(replies: Iterable[Message], dtype=torch.float32) -> ReplyBatc
     metrics = reply_metrics(replies)
     local = flat.records_to_matrix([msg.content[keys.ARRAYS] for msg in replies], dtype=dtype)
     return ReplyBatch(
-        partition_ids=[int(m[keys.PARTITION_ID]) for m in metrics],
+        partition_ids=[client_of(msg) for msg in replies],  # partition-id is optional: else the node id
         num_examples=metric_column(metrics, keys.NUM_EXAMPLES),
         loss_before=metric_column(metrics, keys.LOSS_BEFORE, math.nan),  # NaN unless asked for
         train_loss=metric_column(metrics, keys.TRAIN_LOSS),
@@ -188,6 +190,15 @@ class FairStrategy(Strategy):
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
     resolve_device = staticmethod(resolve_device)  # for the app's config check
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every method's class gets an explicit keyword-only signature (its ``Params`` fields,
+        its own ``__init__`` arguments and the common ones), which ``inspect.signature``, help()
+        and IDEs that introspect read instead of ``(**kwargs)``; and its docstring lists the
+        hyperparameters with their run-config keys."""
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = strategy_signature(cls, FairStrategy)
+        cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{describe_hyperparameters(cls.Params)}"
+
     def __init__(
         self,
         *,
@@ -252,6 +263,26 @@ class FairStrategy(Strategy):
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
     # -- the method's part ------------------------------------------------------------------
+    @property
+    def state(self) -> Any:
+        """The method's State (what survives a round; the app checkpoints it). Assigning the
+        :class:`fedcore.state.Fields` a checkpoint holds rebuilds it (:meth:`restore_state`)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._state = self.restore_state(value) if isinstance(value, Fields) else value
+
+    def restore_state(self, fields: Fields) -> Any:
+        """The method's State rebuilt from a checkpoint's saved fields: the class is the one this
+        strategy keeps (nothing the file names is imported; :func:`fedcore.state.rebuild`)."""
+        current = self.__dict__.get("_state")
+        target = type(current) if current is not None else self.State
+        if target is None:
+            raise ValueError(f"{self.name or type(self).__name__} keeps no state, but the checkpoint holds "
+                             f"fields {sorted(fields)}: it was written by another method")
+        return rebuild(target, fields)
+
     def init_state(self) -> Any:
         """The method's State at round 0: ``State()`` (None: the method keeps nothing across
         rounds). A method whose round-0 state needs its params overrides this."""
@@ -393,6 +424,7 @@ class FairStrategy(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop malformed replies (:attr:`last_dropped`), then :meth:`aggregate_valid`."""
         replies = list(replies)
+        self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
         valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records)
         # Replies arrive in whatever order the nodes finish: sort by client so that float
@@ -455,6 +487,8 @@ class FairStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client scores into :attr:`last_evaluation`; their test-size-weighted mean."""
         scores: dict[int, dict[str, float]] = {}
+        replies = list(replies)
+        self.read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate")
         for reply in replies:
             node = int(reply.metadata.src_node_id)
             if reply.has_error() or keys.METRICS not in reply.content:
@@ -479,6 +513,29 @@ class FairStrategy(Strategy):
             "loss": float(np.dot(n, [s["loss"] for s in scores.values()]) / n.sum()),
             "num-scored": len(scores),
         })
+
+    def read_aliases(self, replies: list[Message], aliases: dict[str, str], kind: str) -> None:
+        """Replies that name a metric as Flower's quickstart does (``train_loss``, ``eval_acc``, ...)
+        are read under the expected key (:data:`fedcore.keys.TRAIN_ALIASES`), with one warning
+        per name naming the key to send, instead of being dropped round after round."""
+        warned = self.__dict__.setdefault("_aliases_warned", set())
+        for reply in replies:
+            if reply.has_error() or not isinstance(reply.content.get(keys.METRICS), MetricRecord):
+                continue
+            for alias, key in keys.read_aliases(reply.content[keys.METRICS], aliases):
+                if alias not in warned:
+                    warned.add(alias)
+                    log.warning("%s reply metric '%s' (node %s) is read as '%s': send '%s' (fedcore.keys; README: "
+                                "Using the strategies in your own Flower app)", kind, alias,
+                                reply.metadata.src_node_id, key, key)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any):
+        """Flower's :meth:`Strategy.start`; ``result.arrays`` is the final model even when no
+        round produced one (Flower leaves it empty then): the model stayed the initial one."""
+        result = super().start(grid, initial_arrays, *args, **kwargs)
+        if not len(result.arrays):
+            result.arrays = initial_arrays
+        return result
 
     def summary(self) -> None:
         log.info("%s: %s (fraction_train=%s, seed=%s, lr=%s, server_lr=%s)", type(self).__name__,

@@ -88,6 +88,11 @@ class Ditto(FairStrategy):
         shared = getattr(self, "shared", None)  # None while FairStrategy.__init__ runs
         return State(None if shared is None else shared.init_state())
 
+    def restore_state(self, fields) -> State:
+        """The aggregator rebuilds its own State (Ditto's one field is typed ``Any``)."""
+        self.shared.state = fields.get("shared")
+        return State(self.shared.state)
+
     def client_config(self) -> dict[str, Any]:
         return {LAMBDA: self.params.lam}
 

@@ -87,7 +87,7 @@ from flwr.app import MetricRecord
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import FairStrategy, client_of
 from strategies.fedpcd_cache import HistoryCache
 from strategies.linalg import clarabel_qp
 from strategies.registry import register
@@ -387,7 +387,7 @@ class FedPCD(FairStrategy):
         eta_l = self.round_lr(server_round)
         eta_g = self.step_scale(server_round) * eta_l
         mets = [msg.content[keys.METRICS] for msg in replies]
-        pids = [int(m[keys.PARTITION_ID]) for m in mets]
+        pids = [client_of(msg) for msg in replies]  # partition-id, else the node id (a foreign app's)
         n_ex = np.array([float(m[keys.NUM_EXAMPLES]) for m in mets])
         # float32 cache: each direction is written raw into its cache row (its client's own
         # row when it returns) while Δ_i is computed (entry = factor · row), so no pass scales

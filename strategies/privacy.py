@@ -50,6 +50,7 @@ from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import derive_seed
+from fedcore.state import Fields, rebuild
 from strategies.base import client_of
 
 MODES = ("none", "fixed", "adaptive")
@@ -142,6 +143,14 @@ class CentralDP:
         self.params, self.seed = params, seed
         self.count_stddev = params.count_stddev(clients_per_round)
         self.state = State(params.clipping_norm)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @state.setter
+    def state(self, value: Any) -> None:  # a checkpoint's saved fields are rebuilt here (fedcore.state)
+        self._state = rebuild(State, value) if isinstance(value, Fields) else value
 
     def aggregate(self, method, server_round: int, replies: list) -> tuple[Any, MetricRecord | None, dict[str, Any]]:
         """(arrays, metrics) of the method on the clipped replies, with noise; and the round's report."""

@@ -139,3 +139,133 @@ def test_malformed_overrides_are_one_line_errors_not_tracebacks(text, fragment):
     with pytest.raises(ConfigError, match=fragment) as exc:
         parse_overrides(text)
     assert "\n" not in str(exc.value)
+
+
+# -- app-level keys: declared once (fedcore.config.APP_KEYS), shipped with the package -------------
+def _pyproject_table() -> dict:
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as fh:
+        return tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+
+
+def test_the_shipped_defaults_are_pyprojects_table():
+    """An installed wheel reads fedcore.defaults, not pyproject.toml: the two hold the same keys,
+    in the same order, with the same values and types."""
+    from fedcore.defaults import DEFAULTS
+
+    table = _pyproject_table()
+    stale = [k for k in table.keys() | DEFAULTS.keys()
+             if k not in table or k not in DEFAULTS or type(table[k]) is not type(DEFAULTS[k])
+             or table[k] != DEFAULTS[k]]
+    assert not stale, (f"fedcore/defaults.py disagrees with pyproject.toml on {sorted(stale)}: "
+                       "run .venv/bin/python scripts/sync_defaults.py")
+    assert list(table) == list(DEFAULTS)
+    assert default_run_config() == DEFAULTS
+
+
+def declarations() -> dict:
+    """Every declared key → its default: the app keys, every method's Params, central DP, attacks."""
+    from client_app import attacks
+    from fedcore.config import APP_KEYS
+    from strategies import privacy
+
+    out = {k.key: k.default for k in APP_KEYS}
+    for source in (registry.method_keys(), privacy.Params.run_config_keys(), attacks.Params.run_config_keys()):
+        both = out.keys() & source.keys()
+        assert not both, f"keys declared twice: {sorted(both)}"
+        out.update(source)
+    return out
+
+
+def test_pyproject_keys_are_exactly_the_declared_ones():
+    """[tool.flwr.app.config] = APP_KEYS + every method's Params + privacy.Params + attacks.Params."""
+    table, declared = _pyproject_table(), declarations()
+    for key in table:
+        assert key in declared, (
+            f"run-config key '{key}' is in pyproject.toml but declared nowhere: add AppKey({key!r}, "
+            f"{table[key]!r}, ...) to fedcore.config.APP_KEYS (or a field to its method's Params)")
+    for key in declared:
+        assert key in table, f"run-config key '{key}' is declared but not in pyproject.toml's [tool.flwr.app.config]"
+    for key, default in declared.items():
+        assert table[key] == default and type(table[key]) is type(default), (
+            f"run-config key '{key}': pyproject.toml says {table[key]!r}, the declaration {default!r}")
+
+
+def test_a_key_missing_from_the_declarations_is_named_in_one_line(monkeypatch):
+    """The message a new pyproject key gets until it is declared (what the lead reads after a merge)."""
+    import fedcore.config as fc
+
+    monkeypatch.setattr(fc, "APP_KEYS", tuple(k for k in fc.APP_KEYS if k.key != "checkpoint-every"))
+    with pytest.raises(AssertionError) as exc:
+        test_pyproject_keys_are_exactly_the_declared_ones()
+    line = str(exc.value).splitlines()[0]
+    assert "'checkpoint-every'" in line and "APP_KEYS" in line
+
+
+def _literal_defaults():
+    """(file:line, key, default) of every cfg.get_*('key', default) / .params.get('key', default) call
+    with literal arguments in the packages."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for pkg in ("fedcore", "strategies", "client_app", "fedpcd_app"):
+        for path in (root / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                name, args = node.func.attr, node.args
+                at = 2 if name == "get_choice" else 1
+                receiver = node.func.value
+                on_params = (isinstance(receiver, ast.Attribute) and receiver.attr == "params") or (
+                    isinstance(receiver, ast.Name) and receiver.id == "params")
+                if (name not in ("get_int", "get_float", "get_bool", "get_choice") and not (name == "get" and on_params)
+                        or len(args) <= at):
+                    continue
+                if isinstance(args[0], ast.Constant) and isinstance(args[at], ast.Constant):
+                    yield f"{path.relative_to(root)}:{node.lineno}", args[0].value, args[at].value
+
+
+def test_every_default_in_the_code_is_the_declared_one():
+    """cfg.get_int('checkpoint-every', 0) against a declared 10 was a silent second default."""
+    from fedcore.config import APP
+
+    wrong = [f"{where}: '{key}' defaults to {value!r}, declared {APP[key].default!r}"
+             for where, key, value in _literal_defaults()
+             if key in APP and not (value == APP[key].default and type(value) is type(APP[key].default))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_declared_choices_match_the_apps_own_lists():
+    from client_app.local_data import CLIENT_DATA_MODES
+    from fedcore.config import APP
+    from fedpcd_app.config import ON_AGGREGATION_ERROR
+    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
+
+    assert APP["participation"].choices == PARTICIPATION
+    assert APP["availability-rare-choice"].choices == RARE_CHOICES
+    assert APP["client-data"].choices == CLIENT_DATA_MODES
+    assert APP["on-aggregation-error"].choices == ON_AGGREGATION_ERROR
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"checkpoint-every": -1}, "run-config key 'checkpoint-every' = -1 must be >= 0"),
+    ({"secagg-num-shares": 0.0}, "run-config key 'secagg-num-shares' = 0.0 must be > 0"),
+    ({"fraction-train": 1.5}, "run-config key 'fraction-train' = 1.5 must be in (0, 1]"),
+    ({"eval-every": -2}, "run-config key 'eval-every' = -2 must be >= 0 (0 = only the last round)"),
+    ({"on-aggregation-error": "ignore"}, "run-config key 'on-aggregation-error' = 'ignore' is not one of stop, keep"),
+    ({"tensorboard": 1}, "run-config key 'tensorboard' must be true or false, got 1"),
+])
+def test_app_keys_are_checked_from_their_declaration(override, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config(override)
+    assert str(exc.value) == message
+
+
+def test_declared_defaults_serve_get_without_a_default():
+    cfg = load_config({"checkpoint-every": 3})
+    assert cfg.get_int("checkpoint-every") == 3
+    assert cfg.replace(params={}).get_int("checkpoint-every") == 10  # the declaration's
+    assert cfg.get_float("update-clip", 0.0) == 0.0  # explicit defaults still work

@@ -2,12 +2,20 @@
 
 A package that is only present as someone else's dependency (tqdm via datasets, pyarrow
 via flwr-datasets, ...) can vanish or change version under a dependency update.
+
+And what ships is complete: the sdist, the wheel built from it and the FAB (``flwr build``) hold
+every package, and the installed wheel works with no checkout on sys.path.
 """
 
 import ast
 import importlib.metadata as md
+import os
+import subprocess
 import sys
+import sysconfig
+import textwrap
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -60,3 +68,115 @@ def test_the_scan_sees_imports_inside_functions(tmp_path):
     (tmp_path / "m.py").write_text(
         "import os\n\ndef f():\n    from tqdm import tqdm\n    import pyarrow.parquet as pq\n")
     assert third_party(imported_modules(tmp_path)) == {"tqdm", "pyarrow"}
+
+
+# -- the wheel, the sdist and the FAB: built for real, imported with no checkout on sys.path ------
+WHEEL_PACKAGES = ("fedcore", "strategies", "client_app", "fedpcd_app")
+
+
+def modules_of_the_checkout() -> set[str]:
+    return {p.relative_to(ROOT).as_posix() for pkg in WHEEL_PACKAGES for p in (ROOT / pkg).rglob("*.py")
+            if "__pycache__" not in p.parts}
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert done.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The sdist (hatchling, from the checkout), then the wheel built FROM that sdist (so the sdist
+    is complete), both offline: ``pip wheel --no-deps --no-build-isolation`` with the test extra's
+    hatchling."""
+    try:
+        import hatchling  # noqa: F401
+    except ImportError:
+        pytest.fail("hatchling is not installed: pip install -e '.[test]' (the test extra holds it)")
+    dist = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(dist)], cwd=ROOT)
+    (sdist,) = dist.glob("*.tar.gz")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+          "-w", str(dist), str(sdist)], cwd=dist)
+    (wheel,) = dist.glob("*.whl")
+    return sdist, wheel
+
+
+def test_the_wheel_holds_every_module_of_every_package(built):
+    _, wheel = built
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = sorted(modules_of_the_checkout() - names)
+    assert not missing, f"the wheel lacks {missing[:5]}: list the package in [tool.hatch.build.targets.wheel]"
+    assert "fedcore/defaults.py" in names  # the run-config defaults ship inside it
+
+
+def test_the_sdist_holds_the_sources_the_tests_and_the_license(built):
+    import tarfile
+
+    sdist, _ = built
+    names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    assert modules_of_the_checkout() <= names
+    assert {"pyproject.toml", "LICENSE", "README.md", "tests/test_packaging.py", "examples/foreign_app.py"} <= names
+
+
+def _site_packages() -> list[str]:
+    """The environment's site-packages (torch, flwr, ...), added by PYTHONPATH to a ``python -S``
+    so that no .pth file runs: the editable install's .pth would put a checkout on sys.path."""
+    return sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+
+
+INSTALLED_CHECK = textwrap.dedent('''
+    import sys, pathlib, torch
+    root = pathlib.Path(sys.argv[1])
+    assert not [p for p in sys.path if p and (pathlib.Path(p) / "pyproject.toml").exists()], sys.path
+    import fedcore, strategies, client_app
+    from fedcore.config import default_run_config, load_config
+    from strategies import Craft, FedeRage, FedPCD, registry
+    for mod in (fedcore, strategies, client_app):
+        assert pathlib.Path(mod.__file__).is_relative_to(root), mod.__file__
+    assert default_run_config()["method"] == "fedavg" and load_config({}).num_server_rounds >= 1
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    made = [FedPCD(tau=0.05, history=3), Craft(model=net, step=0.5), FedeRage(alpha=0.3)]
+    built = [registry.build(load_config({"method": m}), model=net) for m in registry.names()]
+    import fedpcd_app.server_app  # the app's ServerApp imports from the installed packages too
+    print(len(made), len(built))
+''')
+
+
+def test_the_built_wheel_imports_and_builds_the_strategies_without_a_checkout(built, tmp_path):
+    """Unpacked into a folder (what ``pip install`` does to a pure wheel), imported by a fresh
+    interpreter whose sys.path holds that folder and the third-party packages only."""
+    _, wheel = built
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *_site_packages()]),
+           "FLWR_TELEMETRY_ENABLED": "0"}
+    done = _run([sys.executable, "-S", "-c", INSTALLED_CHECK, str(site)], cwd=elsewhere, env=env)
+    from strategies import registry
+
+    assert done.stdout.split()[-2:] == ["3", str(len(registry.names()))]
+
+
+def test_flwr_build_makes_a_fab_that_flwr_installs_and_loads(tmp_path):
+    """``flwr build``'s FAB (flwr.cli.build), installed as a SuperExec installs it (flwr.cli.install)
+    and its components loaded from the installed folder by Flower's own loader."""
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.install import install_from_fab
+    from flwr.common.constant import FAB_MAX_SIZE
+
+    fab = build_fab_from_disk(ROOT)
+    assert len(fab) < FAB_MAX_SIZE
+    app_dir = install_from_fab(fab, install_dir=tmp_path, skip_prompt=True)
+    missing = sorted(m for m in modules_of_the_checkout() if not (app_dir / m).exists())
+    assert not missing, f"the FAB lacks {missing[:5]}"
+    script = ("import sys; from flwr.supercore.object_ref import load_app\n"
+              "s = load_app('fedpcd_app.server_app:app', ValueError, sys.argv[1])\n"
+              "c = load_app('client_app.client_app:app', ValueError, sys.argv[1])\n"
+              "import fedcore; assert fedcore.__file__.startswith(sys.argv[1]), fedcore.__file__\n"
+              "print(type(s).__name__, type(c).__name__)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(_site_packages()), "FLWR_TELEMETRY_ENABLED": "0"}
+    done = _run([sys.executable, "-S", "-c", script, str(app_dir)], cwd=tmp_path, env=env)
+    assert done.stdout.split()[-2:] == ["ServerApp", "ClientApp"]
