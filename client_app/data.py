@@ -71,10 +71,16 @@ DATA_KEYS = (
     "dataset", "dataset-path", "partitioner", "dirichlet-alpha", "classes-per-client",
     "num-clients", "seed", "local-test-fraction", "central-test-fraction", "min-partition-size",
     "val-fraction", "data-pool",
-    "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed",
+    "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed", "max-classes",
 )
 # dataset='synthetic' (client_app/synthetic.py): keys and their defaults
 SYNTHETIC_DEFAULTS = {"synthetic-alpha": 1.0, "synthetic-beta": 1.0, "synthetic-iid": False, "synthetic-seed": -1}
+# Bounds checked before anything is allocated (issue 23): labels below max-classes (a label of
+# 10^9 would mean a 10^9-way classifier), at most MAX_IMAGE_VALUES values per example and
+# MAX_DATA_BYTES of float32 examples per file.
+DEFAULT_MAX_CLASSES = 100_000
+MAX_IMAGE_VALUES = 1 << 20  # e.g. 1024×1024 grey or 591×591×3; 2000×2000 is refused
+MAX_DATA_BYTES = 8 << 30
 WRITER_COLUMN = "writer_id"
 WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
 
@@ -179,7 +185,7 @@ def _build(cfg: RunConfig) -> FederatedData:
     if cfg.data_pool == "merged":  # no held-out set: the central test set is every local test split
         central = np.concatenate(test_idx)
         x_central, y_central = x_pool[central], y_pool[central]
-    x_pool, x_central, fill = _normalise(x_pool, x_central)
+    x_pool, x_central, fill = _tensors(x_pool, x_central, standardise=not _is_leaf(cfg))
     return FederatedData(
         x=x_pool, y=torch.from_numpy(y_pool.astype(np.int64)),
         train_idx=train_idx, test_idx=test_idx,
@@ -231,8 +237,23 @@ def _own_split_users(cfg: RunConfig) -> _UserSplits | None:
     if cfg.dataset_path and cfg.data_pool == "split":
         train, test = _load_arrays(cfg)
         if train[2] is not None and test is not None and test[2] is not None:
-            return _writer_splits(train, test, Path(cfg.dataset_path))
+            folder = Path(cfg.dataset_path)
+            if _is_leaf(cfg):
+                return _writer_splits(train, test, (folder / "train", folder / "test"), "user", standardise=False)
+            return _writer_splits(train, test, (folder / "train.parquet", folder / "test.parquet"), "writer",
+                                  standardise=True)
     return None
+
+
+def _is_leaf(cfg: RunConfig) -> bool:
+    from client_app.leaf import is_leaf_folder
+
+    return bool(cfg.dataset_path) and is_leaf_folder(Path(cfg.dataset_path))
+
+
+def max_classes(cfg: RunConfig) -> int:
+    """``max-classes``: labels must be below it (checked before anything is allocated)."""
+    return cfg.get_int("max-classes", DEFAULT_MAX_CLASSES, low=2)
 
 
 def _groups(writers: np.ndarray) -> dict:
@@ -243,19 +264,21 @@ def _groups(writers: np.ndarray) -> dict:
     return {w.item() if hasattr(w, "item") else w: order[a:b] for w, a, b in zip(ids, bounds[:-1], bounds[1:])}
 
 
-def _writer_splits(train: Arrays, test: Arrays, folder: Path) -> _UserSplits:
-    """Parquet files with a writer id in both: each writer's train rows and test rows."""
+def _writer_splits(train: Arrays, test: Arrays, files: tuple[Path, Path], who: str,
+                   standardise: bool) -> _UserSplits:
+    """A user (writer) id in both splits: each user's train rows and test rows, users in
+    sorted id order."""
     tr, te = _groups(train[2]), _groups(test[2])
     names = sorted(set(tr) | set(te))
     for name in names:
         if name not in tr or name not in te:
-            where, other = ("train", "test") if name not in tr else ("test", "train")
-            raise DataError(f"dataset-path: writer {name!r} has rows in {folder / (other + '.parquet')} but none in "
-                            f"{folder / (where + '.parquet')}: with partitioner='natural' every writer needs a train "
-                            "and a test split; give it rows in both files or drop it")
+            missing, present = files if name not in tr else files[::-1]
+            raise DataError(f"dataset-path: {who} {name!r} has examples in {present} but none in {missing}: with "
+                            f"partitioner='natural' every {who} needs a train and a test split; give it examples in "
+                            "both or drop it")
     return _UserSplits([train[0][tr[n]] for n in names], [train[1][tr[n]] for n in names],
                        [test[0][te[n]] for n in names], [test[1][te[n]] for n in names],
-                       [str(n) for n in names], standardise=True)
+                       [str(n) for n in names], standardise=standardise)
 
 
 def _check_user_count(n_users: int, cfg: RunConfig, what: str) -> None:
@@ -311,12 +334,7 @@ def _build_natural(cfg: RunConfig) -> FederatedData:
         val_idx.append(va)
     if not num_classes:
         num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
-    if standardise:
-        x, xc, fill = _normalise(x_pool, x_central)
-    else:
-        x = torch.from_numpy(np.ascontiguousarray(x_pool, dtype=np.float32))
-        xc = torch.from_numpy(np.ascontiguousarray(x_central, dtype=np.float32))
-        fill = torch.zeros(x.shape[1])
+    x, xc, fill = _tensors(x_pool, x_central, standardise)
     return FederatedData(
         x=x, y=torch.from_numpy(y_pool.astype(np.int64)), train_idx=train_idx, test_idx=test_idx,
         x_central=xc, y_central=torch.from_numpy(np.asarray(y_central, dtype=np.int64)),
@@ -336,6 +354,15 @@ def _pools(cfg: RunConfig):
     if test is None:
         return _hold_out(*train, cfg)
     return (*train, test[0], test[1])
+
+
+def _tensors(x_pool: np.ndarray, x_central: np.ndarray, standardise: bool):
+    """(pool, central, fill) as float32 tensors: images standardised (:func:`_normalise`);
+    feature vectors (Synthetic, LEAF files) as given, a zero 'black pixel'."""
+    if standardise:
+        return _normalise(x_pool, x_central)
+    x = torch.from_numpy(np.ascontiguousarray(x_pool, dtype=np.float32))
+    return x, torch.from_numpy(np.ascontiguousarray(x_central, dtype=np.float32)), torch.zeros(x.shape[1])
 
 
 def _normalise(x_pool: np.ndarray, x_central: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -555,8 +582,13 @@ Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (x N×C×H×W, y,
 def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
     """(the training pool, the test pool or None when the source has no test split)."""
     if cfg.dataset_path:
+        from client_app.leaf import is_leaf_folder, read_leaf
+
         folder = Path(cfg.dataset_path)
-        train, test = _read_parquet(folder, "train"), _read_parquet(folder, "test")
+        if is_leaf_folder(folder):
+            return read_leaf(folder, max_classes(cfg))
+        bound = max_classes(cfg)
+        train, test = _read_parquet(folder, "train", bound), _read_parquet(folder, "test", bound)
         check_same_shape(train, test, folder)
         return train, test
     if cfg.dataset == "digits":
@@ -618,7 +650,7 @@ def _hf_to_arrays(ds, image_col: str, label_col: str, writer_col: str | None = N
     return _images_to_nchw(np.asarray(ds[image_col])), np.asarray(ds[label_col], dtype=np.int64), writers
 
 
-def _read_parquet(folder: Path, split: str) -> Arrays:
+def _read_parquet(folder: Path, split: str, max_classes: int = DEFAULT_MAX_CLASSES) -> Arrays:
     """``folder/<split>.parquet`` as (x N×C×H×W float32, int64 labels, writer ids or None).
 
     Every defect of the file is one :class:`DataError` line naming the file, the problem and
@@ -630,7 +662,7 @@ def _read_parquet(folder: Path, split: str) -> Arrays:
     if not path.is_file():
         raise DataError(
             f"dataset-path: {path} not found; the folder needs train.parquet and test.parquet "
-            "with columns 'image' and 'label'"
+            "with columns 'image' and 'label' (or LEAF's train/*.json and test/*.json)"
         )
     table = _read_table(path)
     for col in ("image", "label"):
@@ -639,12 +671,13 @@ def _read_parquet(folder: Path, split: str) -> Arrays:
     if table.num_rows == 0:
         raise DataError(f"dataset-path: {path} has no rows: the {split} split needs examples "
                         "(write them into the file, or point dataset-path at the right folder)")
-    labels = _labels(table, path)
+    labels = _labels(table, path, max_classes)
     writers = table.column(WRITER_COLUMN).to_numpy(zero_copy_only=False) if WRITER_COLUMN in table.column_names else None
     column = table.column("image")
     if column.null_count:
         raise DataError(f"dataset-path: {path} column 'image': {column.null_count} missing (null) image(s), "
                         f"first at row {_first_true(column.is_null())}: drop those rows or fill them in")
+    _check_image_size(column, path)
     numeric = _numeric_lists(column)
     if numeric is None:  # encoded images, ragged or nested lists with missing values
         numeric = _pylist_images(column, path)
@@ -655,11 +688,46 @@ def _read_parquet(folder: Path, split: str) -> Arrays:
         raise DataError(f"dataset-path: {path} column 'image': {exc}") from None
 
 
+def _too_big(path: Path, what: str) -> DataError:
+    return DataError(f"dataset-path: {path} {what}: downsample or crop the images, or split the data over "
+                     "several runs")
+
+
+def _check_image_size(column, path: Path) -> None:
+    """Before the images become one float32 array: the first image at most MAX_IMAGE_VALUES
+    values and all of them at most MAX_DATA_BYTES (nested lists; encoded images are checked
+    from their headers as they are decoded)."""
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(arr) == 0 or not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+                             or pa.types.is_fixed_size_list(arr.type)):
+        return
+    first = arr.slice(0, 1)
+    while pa.types.is_list(first.type) or pa.types.is_large_list(first.type) or pa.types.is_fixed_size_list(first.type):
+        first, arr = first.flatten(), arr.flatten()
+    if len(first) > MAX_IMAGE_VALUES:
+        raise _too_big(path, f"column 'image': row 0 holds {len(first):,} values, above the bound of "
+                             f"{MAX_IMAGE_VALUES:,} per image")
+    if 4 * len(arr) > MAX_DATA_BYTES:
+        raise _too_big(path, f"column 'image': {len(arr):,} values in all, {4 * len(arr) / 2**30:.1f} GiB as float32, "
+                             f"above the bound of {MAX_DATA_BYTES / 2**30:.0f} GiB")
+
+
 def _read_table(path: Path):
-    """The parquet file as a pyarrow Table; a file pyarrow cannot read is one line."""
+    """The parquet file as a pyarrow Table; a file pyarrow cannot read is one line; one whose
+    uncompressed data exceeds MAX_DATA_BYTES is refused from its footer, before reading."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        meta = pq.ParquetFile(path).metadata
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except (pa.ArrowException, OSError, ValueError):
+        size = 0  # unreadable: read_table below says why
+    if size > MAX_DATA_BYTES:
+        raise _too_big(path, f"holds {size / 2**30:.1f} GiB uncompressed, above the bound of "
+                             f"{MAX_DATA_BYTES / 2**30:.0f} GiB")
     try:
         return pq.read_table(path, page_checksum_verification=True)  # checks the CRCs a writer stored
     except (pa.ArrowException, OSError, ValueError) as exc:  # ArrowInvalid: not parquet, truncated, corrupt
@@ -690,7 +758,7 @@ def _declared_classes(schema) -> int | None:
     return len(names) if isinstance(names, list) and names else None
 
 
-def _labels(table, path: Path) -> np.ndarray:
+def _labels(table, path: Path, max_classes: int = DEFAULT_MAX_CLASSES) -> np.ndarray:
     """The 'label' column as int64 class ids 0..K-1, or one :class:`DataError` line."""
     import pyarrow as pa
 
@@ -718,6 +786,11 @@ def _labels(table, path: Path) -> np.ndarray:
         row = _first_true(labels < 0)
         raise DataError(f"{where}: label {labels[row]} at row {row} is negative ({int((labels < 0).sum())} such "
                         "row(s)): class ids must be 0..K-1")
+    if labels.max() >= max_classes:
+        row = _first_true(labels >= max_classes)
+        raise DataError(f"{where}: label {labels[row]} at row {row} is not below max-classes = {max_classes} "
+                        f"({int((labels >= max_classes).sum())} such row(s)): class ids must be 0..K-1 (raise "
+                        "max-classes if K really is that large)")
     declared = _declared_classes(table.schema)
     if declared is not None and labels.max() >= declared:
         row = _first_true(labels >= declared)
@@ -734,10 +807,23 @@ def _pylist_images(column, path: Path) -> np.ndarray:
     if isinstance(images[0], dict):  # encoded image as written by `datasets`
         from PIL import Image
 
-        decoded = []
+        decoded, total = [], 0
         for row, im in enumerate(images):
             try:
-                decoded.append(np.asarray(Image.open(io.BytesIO(im["bytes"]))))
+                image = Image.open(io.BytesIO(im["bytes"]))  # reads the header only
+                values = image.size[0] * image.size[1] * len(image.getbands())
+            except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable bytes
+                raise DataError(f"dataset-path: {path} column 'image': row {row} cannot be decoded as an image "
+                                f"[{type(exc).__name__}]: re-encode it (PNG/JPEG bytes) or drop the row") from None
+            if values > MAX_IMAGE_VALUES:
+                raise _too_big(path, f"column 'image': row {row} is a {image.size[0]}×{image.size[1]} image of "
+                                     f"{values:,} values, above the bound of {MAX_IMAGE_VALUES:,} per image")
+            total += values
+            if 4 * total > MAX_DATA_BYTES:
+                raise _too_big(path, f"column 'image': the images up to row {row} hold {total:,} values, above the "
+                                     f"bound of {MAX_DATA_BYTES / 2**30:.0f} GiB as float32")
+            try:
+                decoded.append(np.asarray(image))
             except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable bytes
                 raise DataError(f"dataset-path: {path} column 'image': row {row} cannot be decoded as an image "
                                 f"[{type(exc).__name__}]: re-encode it (PNG/JPEG bytes) or drop the row") from None

@@ -303,6 +303,7 @@ def _validate(cfg: RunConfig) -> None:
 
 def _validate_data(cfg: RunConfig) -> None:
     """The keys of natural partitions and of dataset='synthetic' (one line each)."""
+    cfg.get_int("max-classes", 100_000, low=2)
     if cfg.partitioner == "natural" and cfg.dataset not in NATURAL_DATASETS and not cfg.dataset_path:
         raise ConfigError(
             f"run-config key 'partitioner' = 'natural' needs user ids: use dataset='synthetic', dataset='femnist' or "
