@@ -16,6 +16,14 @@ Partitioners (``partitioner``)
   every client is trimmed to ⌊N/num-clients⌋ and the surplus, shuffled, tops up the
   smaller ones (the first N mod num-clients clients get one more). At least
   ``min-partition-size`` examples each (the authors use 20).
+* ``dirichlet-unbalanced``: the CRAFT authors' default split (their ``balance: 0``,
+  :func:`unbalanced_dirichlet`): per class, Dirichlet(α) proportions over all clients (drawn
+  again, up to 200 times, until no client is empty), then every client below
+  ``min-partition-size`` (the authors use 20) is filled up from the largest clients.
+  Client sizes vary.
+* ``natural``: one client per user / writer id, no size cap, the users' own train/test split
+  where the source has one (``dataset='synthetic'``, a LEAF folder, parquet files with a
+  ``writer_id`` in both); ``num-clients`` must equal the number of users.
 * ``writer``: one client per writer (natural ids, as flwr-datasets' ``NaturalIdPartitioner``):
   ``num-clients`` writers drawn (seeded) from those with ``min-partition-size`` to 500
   examples (the authors' bounds). Needs writer ids: FEMNIST from the hub, or a
@@ -444,6 +452,9 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
             raise DataError(f"partitioner='writer' needs writer ids: the data has no '{WRITER_COLUMN}' column "
                             "(use dataset='femnist' or a dataset-path whose parquet files have one)")
         return partition_by_writer(writers, cfg)
+    if cfg.partitioner == "dirichlet-unbalanced":
+        return unbalanced_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size,
+                                    numpy_rng(cfg.seed, "partition-unbalanced"))
     if cfg.partitioner == "dirichlet-balanced":
         return balanced_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size,
                                   numpy_rng(cfg.seed, "partition-balanced"))
@@ -555,6 +566,44 @@ def balanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, 
     for p, extra in zip(parts, surplus):  # the remainder: one more for the first clients
         p.append(extra)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def unbalanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, rng: np.random.Generator,
+                         attempts: int = 200) -> list[np.ndarray]:
+    """The CRAFT authors' unbalanced Dirichlet partition (``balance: 0`` in their config; their
+    ``_split_dirichlet_indices`` then ``_enforce_min_total_samples_per_client``): for each class
+    0..K-1, its examples shuffled and cut by Dirichlet(α) proportions over the n clients, the
+    whole draw repeated (at most ``attempts`` times) until every client holds an example;
+    then each client below ``min_size``, in order, takes examples from the end of the
+    currently largest client's (shuffled) list until it holds ``min_size``."""
+    labels = np.asarray(labels)
+    total = len(labels)
+    if total < n * min_size:
+        raise DataError(f"{total} examples cannot give {n} clients min-partition-size = {min_size} each: use fewer "
+                        "clients or a smaller min-partition-size")
+    target = min(1, total // n)
+    best: list[list[int]] | None = None
+    for _ in range(attempts):
+        parts: list[list[int]] = [[] for _ in range(n)]
+        for k in range(int(labels.max()) + 1):
+            members = rng.permutation(np.flatnonzero(labels == k))
+            cuts = (np.cumsum(rng.dirichlet(np.full(n, alpha))) * len(members)).astype(int)[:-1]
+            for p, chunk in zip(parts, np.split(members, cuts)):
+                p.extend(chunk.tolist())
+        if best is None or min(map(len, parts)) > min(map(len, best)):
+            best = parts
+        if min(map(len, best)) >= target:
+            break
+    buckets = [rng.permutation(np.asarray(p, dtype=np.int64)).tolist() for p in best]
+    for i in range(n):
+        need = min_size - len(buckets[i])
+        while need > 0:
+            donor = max((d for d in range(n) if len(buckets[d]) > min_size), key=lambda d: len(buckets[d]))
+            take = min(need, len(buckets[donor]) - min_size)
+            buckets[i].extend(buckets[donor][-take:])
+            buckets[donor] = buckets[donor][:-take]
+            need -= take
+    return [np.sort(np.asarray(b, dtype=np.int64)) for b in buckets]
 
 
 def partition_by_writer(writers: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:

@@ -29,6 +29,8 @@ MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
           # multinomial logistic regression (the q-FFL/FedProx authors' "mclr")
           "logreg")
 PARTITIONERS = ("dirichlet", "pathological", "iid", "dirichlet-balanced", "writer",
+                # the CRAFT authors' default (balance: 0): Dirichlet, small clients filled up to min-partition-size
+                "dirichlet-unbalanced",
                 # one client per user/writer id, no size cap, the users' own train/test split if any
                 "natural")
 # datasets whose examples carry a user id (partitioner='natural'); or any dataset-path with one

@@ -431,3 +431,78 @@ def test_natural_partition_needs_user_ids(tmp_path):
                        folder / f"{split}.parquet")
     with pytest.raises(DataError, match="writer_id"):
         load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))
+
+
+def _craft_authors_unbalanced(labels, num_clients, num_classes, alpha, rng, min_total=20, max_retry=200):
+    """The CRAFT authors' _split_dirichlet_indices(balance=False) followed by
+    _enforce_min_total_samples_per_client(min_total), written out again (tum-pbs/CRAFT fed/dataset.py)."""
+    min_size, num_samples = 0, len(labels)
+    min_target = min(1, num_samples // num_clients)
+    attempts, best_idx_batch, best_min_size = 0, None, -1
+    while min_size < min_target and attempts < max_retry:
+        attempts += 1
+        idx_batch = [[] for _ in range(num_clients)]
+        for k in range(num_classes):
+            idx_k = np.where(labels == k)[0]
+            rng.shuffle(idx_k)
+            proportions = rng.dirichlet(np.repeat(alpha, num_clients))
+            split_points = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+            idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, split_points))]
+        min_size = min(len(idx_j) for idx_j in idx_batch)
+        if min_size > best_min_size:
+            best_min_size, best_idx_batch = min_size, [idx_j.copy() for idx_j in idx_batch]
+    if min_size < min_target:
+        idx_batch = best_idx_batch
+    buckets = {}
+    for cid in range(num_clients):
+        arr = np.asarray(idx_batch[cid], dtype=np.int64).copy()
+        rng.shuffle(arr)
+        buckets[cid] = arr.tolist()
+    for cid in [c for c in range(num_clients) if len(buckets[c]) < min_total]:
+        need = min_total - len(buckets[cid])
+        while need > 0:
+            donor, donor_size = None, -1
+            for d in range(num_clients):
+                if len(buckets[d]) > min_total and len(buckets[d]) > donor_size:
+                    donor, donor_size = d, len(buckets[d])
+            take = min(need, len(buckets[donor]) - min_total)
+            moved = buckets[donor][-take:]
+            buckets[donor] = buckets[donor][:-take]
+            buckets[cid].extend(moved)
+            need -= take
+    return [sorted(buckets[c]) for c in range(num_clients)]
+
+
+@pytest.mark.parametrize("alpha, n", [(0.1, 50), (0.5, 30), (0.05, 80)])
+def test_unbalanced_dirichlet_is_the_craft_authors_balance_0_split(alpha, n):
+    labels = np.random.default_rng(1).integers(0, 10, 3000)
+    ours = data_mod.unbalanced_dirichlet(labels, n, alpha, 20, np.random.default_rng(4))
+    theirs = _craft_authors_unbalanced(labels, n, 10, alpha, np.random.default_rng(4))
+    assert [p.tolist() for p in ours] == theirs
+    sizes = [len(p) for p in ours]
+    assert min(sizes) >= 20 and max(sizes) > 2 * 3000 / n  # unbalanced, every client at least 20
+    assert sorted(np.concatenate(ours).tolist()) == list(range(3000))
+
+
+def test_unbalanced_dirichlet_through_the_config():
+    cfg = _cfg(num_clients=30, partitioner="dirichlet-unbalanced", dirichlet_alpha=0.1, min_partition_size=20)
+    parts = partition_labels(np.repeat(np.arange(10), 100), cfg)
+    assert len(parts) == 30 and min(map(len, parts)) >= 20 and len(set(map(len, parts))) > 5
+    with pytest.raises(DataError, match="min-partition-size = 20"):
+        partition_labels(np.repeat(np.arange(10), 50), cfg)  # 500 < 30 x 20
+
+
+def test_craft_cifar_presets_use_the_authors_default_partition():
+    """The CRAFT authors' config.yaml and demo configs set balance: 0 (unbalanced Dirichlet,
+    at least 20 examples per client)."""
+    root = Path(__file__).parent.parent / "run_configs"
+    presets = sorted(root.glob("craft_cifar*.toml"))
+    assert presets
+    for preset in presets:
+        cfg = load_config(str(preset))
+        assert (cfg.partitioner, cfg.min_partition_size, cfg.dirichlet_alpha) == ("dirichlet-unbalanced", 20, 0.1)
+    import tomllib
+
+    sweep = tomllib.loads((root / "sweeps" / "craft_table1.toml").read_text())
+    cifar = next(s for s in sweep["settings"] if s["dataset"] == "cifar10")
+    assert cifar["partitioner"] == "dirichlet-unbalanced" and sweep["base"]["min-partition-size"] == 20
