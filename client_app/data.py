@@ -668,17 +668,60 @@ def _load_hub(cfg: RunConfig):
     try:
         # The partitioning is done by partition_labels on the pooled labels (the same code
         # path as offline data); flwr-datasets loads and caches the hub splits.
-        fds = FederatedDataset(dataset=name, partitioners={"train": IidPartitioner(1)})
-        train = fds.load_split("train")
-        try:
-            test = fds.load_split("test")
-        except (KeyError, ValueError):  # FEMNIST ships a train split only
-            test = None
+        with _offline_unless_reachable():
+            fds = FederatedDataset(dataset=name, partitioners={"train": IidPartitioner(1)})
+            train = fds.load_split("train")
+            try:
+                test = fds.load_split("test")
+            except (KeyError, ValueError):  # FEMNIST ships a train split only
+                test = None
     except Exception as exc:  # noqa: BLE001 - any hub or cache failure gets the same advice
         raise DataError(_hub_hint(cfg.dataset, name, exc)) from exc
     writer_col = WRITER_COLUMN if cfg.partitioner in ("writer", "natural") else None
     return (_hf_to_arrays(train, image_col, label_col, writer_col),
             None if test is None else _hf_to_arrays(test, image_col, label_col, writer_col))
+
+
+HUB_PROBE_TIMEOUT = 5.0  # seconds for the one reachability check of the hub (or its mirror)
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """One HEAD request to the hub's endpoint (``HF_ENDPOINT``, through the usual proxy
+    variables), no retries: does an answer come back?"""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout, follow_redirects=False)
+        return True
+    except Exception:  # noqa: BLE001 - any failure to get an answer means: not reachable
+        return False
+
+
+class _offline_unless_reachable:
+    """Loading from the hub: when offline mode is not set and the hub does not answer one
+    probe, load in offline mode (from the cache), instead of letting ``huggingface_hub``
+    retry every request with back-off (tens of seconds and a log line per retry before the
+    same error). The library's offline switches are read at import, so the module values
+    are set for the load and restored after."""
+
+    def __enter__(self):
+        import datasets.config as ds_config
+        from huggingface_hub import constants
+
+        self._saved = None
+        if not (ds_config.HF_HUB_OFFLINE or constants.HF_HUB_OFFLINE) and not hub_reachable():
+            self._saved = (ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE, constants.HF_HUB_OFFLINE)
+            ds_config.HF_HUB_OFFLINE = ds_config.HF_DATASETS_OFFLINE = constants.HF_HUB_OFFLINE = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            import datasets.config as ds_config
+            from huggingface_hub import constants
+
+            ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE, constants.HF_HUB_OFFLINE = self._saved
+        return False
 
 
 def _hub_hint(dataset: str, name: str, exc: Exception) -> str:

@@ -214,6 +214,57 @@ def test_hub_dataset_not_in_the_cache_is_one_line_with_the_dataset_path_hint(hub
     assert "dataset-path=" in err and "zalando-datasets/fashion_mnist" in err and "HF_DATASETS_OFFLINE" in err
 
 
+UNREACHABLE_HUB = """
+import json, sys, time
+slept = []
+real_sleep = time.sleep
+time.sleep = lambda s: (slept.append(s), real_sleep(min(s, 0.01)))  # a back-off retry would show here
+from client_app import data
+from fedcore.config import parse_run_config, resolve
+probes = []
+real_probe = data.hub_reachable
+data.hub_reachable = lambda *a, **k: probes.append(1) or real_probe(*a, **k)
+out = {}
+for dataset in sys.argv[1:]:
+    cfg = parse_run_config(resolve({"dataset": dataset, "num-clients": 4, "partitioner": "iid"}))
+    try:
+        out[dataset] = {"pool": len(data.load_federated_data(cfg).y)}
+    except data.DataError as exc:
+        out[dataset] = {"error": str(exc)}
+out["slept"], out["probes"] = slept, len(probes)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_hub_unreachable_fails_at_once_without_retries_and_the_cache_still_serves(tmp_path):
+    """No HF_DATASETS_OFFLINE and a hub endpoint that refuses connections (no network needed):
+    one probe, then the load runs offline: a cached dataset loads, an uncached one is the
+    one-line error, and huggingface_hub never sleeps for a retry."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    fill_hub_cache(tmp_path / "datasets", "ylecun/mnist", {
+        split: (rng.integers(0, 256, size=(n, 8, 8), dtype=np.uint8), rng.integers(0, 3, n))
+        for split, n in (("train", 40), ("test", 12))}, "image", "label")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    env.update({"HF_HOME": str(tmp_path / "home"), "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+                "HF_ENDPOINT": "http://127.0.0.1:9"})
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", UNREACHABLE_HUB, "mnist", "cifar10"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert got["mnist"] == {"pool": 40}  # from the cache
+    err = got["cifar10"]["error"]
+    assert "\n" not in err and "uoft-cs/cifar10" in err and "dataset-path=" in err
+    assert got["slept"] == [] and "Retrying in" not in proc.stderr  # no back-off
+    assert got["probes"] == 2  # one probe per load
+
+
 def test_dirichlet_retries_seeds_where_flwr_datasets_gives_up():
     # digits preset, seed 2: every one of flwr-datasets' 10 draws leaves a client under
     # min-partition-size; the partition must still be built (deterministically).
