@@ -48,6 +48,11 @@ Sources
   ``HF_DATASETS_CACHE``; offline with ``HF_DATASETS_OFFLINE=1``), a mirror
   (``HF_ENDPOINT``) and proxies; the dataset's own test split is the central test set
   (FEMNIST has none: ``central-test-fraction`` of its train split is held out).
+* ``synthetic``: the FedProx/q-FFL authors' Synthetic(α, β) (:mod:`client_app.synthetic`),
+  generated offline, one user per client (``partitioner='natural'``), the users' own 90/10
+  split; the central test set is the union of their test splits; features as generated.
+* ``dataset-path`` with ``train/*.json`` and ``test/*.json``: LEAF's layout
+  (:mod:`client_app.leaf`), the users' own split, values as given.
 * ``dataset-path``: a local folder with ``train.parquet`` and ``test.parquet``, each with
   an int ``label`` column and an ``image`` column holding either encoded images
   (``{"bytes": ...}`` as written by ``datasets``) or numeric 2-D (H×W) / 3-D (H×W×C) arrays.
@@ -635,7 +640,12 @@ def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
 
         folder = Path(cfg.dataset_path)
         if is_leaf_folder(folder):
-            return read_leaf(folder, max_classes(cfg))
+            from client_app import leaf
+
+            try:
+                return read_leaf(folder, max_classes(cfg))
+            except leaf.DataError as exc:
+                raise DataError(str(exc)) from None
         bound = max_classes(cfg)
         train, test = _read_parquet(folder, "train", bound), _read_parquet(folder, "test", bound)
         check_same_shape(train, test, folder)

@@ -15,8 +15,8 @@ vector of length d (read as 1×1×d, or 1×s×s when d = s² with s ≥ 8, e.g. 
 standardisation, as the authors' code). ``y`` holds integer class ids 0..K-1 (integral floats,
 as the authors' Synthetic files write them, are accepted), K ≤ ``max-classes``.
 
-Every defect is one :class:`~client_app.data.DataError` line naming the file, the problem and
-the fix (:func:`read_leaf`).
+Every defect is one :class:`DataError` line naming the file, the problem and the fix
+(:func:`read_leaf`); ``client_app.data`` raises it on as its DataError.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from client_app.data import MAX_IMAGE_VALUES, DataError
+MAX_IMAGE_VALUES = 1 << 20  # values per example (as client_app.data's bound for images)
+
+
+class DataError(ValueError):
+    """A defect of a LEAF file (one line: file, problem, fix); ``client_app.data`` raises it
+    on as its own DataError."""
 
 LAYOUT = ('a LEAF file holds {"users": [...], "user_data": {user: {"x": [...], "y": [...]}}, '
           '"num_samples": [...]}')

@@ -232,7 +232,7 @@ def test_each_defect_is_one_line_naming_the_file_the_problem_and_the_fix(case, t
 def test_an_example_above_the_size_bound_is_one_line(tmp_path, monkeypatch):
     folder = good_folder(tmp_path / "leaf", shape=(40, 40))
     monkeypatch.setattr(leaf, "MAX_IMAGE_VALUES", 1000)
-    with pytest.raises(DataError) as err:
+    with pytest.raises(leaf.DataError) as err:
         leaf.read_leaf(folder, 100)
     assert "holds 1,600 values, above the bound of 1,000" in str(err.value) and "downsample" in str(err.value)
 
@@ -243,3 +243,13 @@ def test_max_classes_is_a_checked_key(tmp_path):
         _load(_cfg(folder, **{"max-classes": 5}))  # labels go up to 9
     with pytest.raises(ConfigError, match="max-classes"):
         _cfg(folder, **{"max-classes": 1})
+
+
+def test_the_leaf_reader_shares_the_image_bound_and_imports_nothing_of_the_app():
+    assert leaf.MAX_IMAGE_VALUES == data_mod.MAX_IMAGE_VALUES
+    import ast
+
+    tree = ast.parse(Path(leaf.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.split(".")[0] in ("client_app", "fedpcd_app", "strategies") for m in imported)
