@@ -16,6 +16,14 @@ Partitioners (``partitioner``)
   every client is trimmed to ⌊N/num-clients⌋ and the surplus, shuffled, tops up the
   smaller ones (the first N mod num-clients clients get one more). At least
   ``min-partition-size`` examples each (the authors use 20).
+* ``dirichlet-unbalanced``: the CRAFT authors' default split (their ``balance: 0``,
+  :func:`unbalanced_dirichlet`): per class, Dirichlet(α) proportions over all clients (drawn
+  again, up to 200 times, until no client is empty), then every client below
+  ``min-partition-size`` (the authors use 20) is filled up from the largest clients.
+  Client sizes vary.
+* ``natural``: one client per user / writer id, no size cap, the users' own train/test split
+  where the source has one (``dataset='synthetic'``, a LEAF folder, parquet files with a
+  ``writer_id`` in both); ``num-clients`` must equal the number of users.
 * ``writer``: one client per writer (natural ids, as flwr-datasets' ``NaturalIdPartitioner``):
   ``num-clients`` writers drawn (seeded) from those with ``min-partition-size`` to 500
   examples (the authors' bounds). Needs writer ids: FEMNIST from the hub, or a
@@ -40,6 +48,11 @@ Sources
   ``HF_DATASETS_CACHE``; offline with ``HF_DATASETS_OFFLINE=1``), a mirror
   (``HF_ENDPOINT``) and proxies; the dataset's own test split is the central test set
   (FEMNIST has none: ``central-test-fraction`` of its train split is held out).
+* ``synthetic``: the FedProx/q-FFL authors' Synthetic(α, β) (:mod:`client_app.synthetic`),
+  generated offline, one user per client (``partitioner='natural'``), the users' own 90/10
+  split; the central test set is the union of their test splits; features as generated.
+* ``dataset-path`` with ``train/*.json`` and ``test/*.json``: LEAF's layout
+  (:mod:`client_app.leaf`), the users' own split, values as given.
 * ``dataset-path``: a local folder with ``train.parquet`` and ``test.parquet``, each with
   an int ``label`` column and an ``image`` column holding either encoded images
   (``{"bytes": ...}`` as written by ``datasets``) or numeric 2-D (H×W) / 3-D (H×W×C) arrays.
@@ -71,7 +84,16 @@ DATA_KEYS = (
     "dataset", "dataset-path", "partitioner", "dirichlet-alpha", "classes-per-client",
     "num-clients", "seed", "local-test-fraction", "central-test-fraction", "min-partition-size",
     "val-fraction", "data-pool",
+    "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed", "max-classes",
 )
+# dataset='synthetic' (client_app/synthetic.py): keys and their defaults
+SYNTHETIC_DEFAULTS = {"synthetic-alpha": 1.0, "synthetic-beta": 1.0, "synthetic-iid": False, "synthetic-seed": -1}
+# Bounds checked before anything is allocated (issue 23): labels below max-classes (a label of
+# 10^9 would mean a 10^9-way classifier), at most MAX_IMAGE_VALUES values per example and
+# MAX_DATA_BYTES of float32 examples per file.
+DEFAULT_MAX_CLASSES = 100_000
+MAX_IMAGE_VALUES = 1 << 20  # e.g. 1024×1024 grey or 591×591×3; 2000×2000 is refused
+MAX_DATA_BYTES = 8 << 30
 WRITER_COLUMN = "writer_id"
 WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
 
@@ -139,7 +161,7 @@ _CACHE: dict[tuple, FederatedData] = {}
 
 def data_cache_key(cfg: RunConfig) -> tuple:
     flat = cfg.as_dict()
-    return tuple(flat[k] for k in DATA_KEYS)
+    return tuple(flat.get(k) for k in DATA_KEYS)
 
 
 def load_federated_data(cfg: RunConfig) -> FederatedData:
@@ -153,6 +175,8 @@ def load_federated_data(cfg: RunConfig) -> FederatedData:
 
 # ----------------------------------------------------------------------------------------
 def _build(cfg: RunConfig) -> FederatedData:
+    if cfg.partitioner == "natural":
+        return _build_natural(cfg)
     x_pool, y_pool, w_pool, x_central, y_central = _pools(cfg)
     num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
     try:
@@ -174,11 +198,159 @@ def _build(cfg: RunConfig) -> FederatedData:
     if cfg.data_pool == "merged":  # no held-out set: the central test set is every local test split
         central = np.concatenate(test_idx)
         x_central, y_central = x_pool[central], y_pool[central]
-    x_pool, x_central, fill = _normalise(x_pool, x_central)
+    x_pool, x_central, fill = _tensors(x_pool, x_central, standardise=not _is_leaf(cfg))
     return FederatedData(
         x=x_pool, y=torch.from_numpy(y_pool.astype(np.int64)),
         train_idx=train_idx, test_idx=test_idx,
         x_central=x_central, y_central=torch.from_numpy(y_central.astype(np.int64)),
+        num_classes=num_classes, val_idx=val_idx, fill=fill,
+    )
+
+
+# -- natural partitions: one client per user ------------------------------------------------
+def synthetic_settings(cfg: RunConfig) -> tuple[float, float, bool, int]:
+    """(α, β, iid, synthetic-seed) of ``dataset='synthetic'``, typed and range-checked."""
+    d = SYNTHETIC_DEFAULTS
+    return (cfg.get_float("synthetic-alpha", d["synthetic-alpha"], low=0.0),
+            cfg.get_float("synthetic-beta", d["synthetic-beta"], low=0.0),
+            cfg.get_bool("synthetic-iid", d["synthetic-iid"]),
+            cfg.get_int("synthetic-seed", d["synthetic-seed"], low=-1, high=2**32 - 1))
+
+
+@dataclasses.dataclass
+class _UserSplits:
+    """Per-user train/test arrays (x N×C×H×W) of a source with its users' own split."""
+
+    x_train: list[np.ndarray]
+    y_train: list[np.ndarray]
+    x_test: list[np.ndarray]
+    y_test: list[np.ndarray]
+    names: list[str]
+    standardise: bool  # images: per-channel standardisation; feature vectors (synthetic, LEAF): as given
+    num_classes: int = 0  # 0 = max label + 1
+
+
+def _own_split_users(cfg: RunConfig) -> _UserSplits | None:
+    """The users' own train/test split where the source has one, else None."""
+    if not cfg.dataset_path and cfg.dataset == "synthetic":
+        from client_app import synthetic
+
+        alpha, beta, iid, sseed = synthetic_settings(cfg)
+        try:
+            users = synthetic.synthetic_users(cfg.num_clients, alpha, beta, iid, cfg.seed, sseed)
+        except synthetic.SyntheticError as exc:
+            raise DataError(str(exc)) from None
+
+        def shaped(arrs):  # n×60 features → n×1×1×60 (the N×C×H×W layout the models take)
+            return [a.reshape(len(a), 1, 1, -1) for a in arrs]
+
+        return _UserSplits(shaped(users.x_train), users.y_train, shaped(users.x_test), users.y_test,
+                           [f"f_{k:05d}" for k in range(cfg.num_clients)], standardise=False,
+                           num_classes=synthetic.NUM_CLASSES)
+    if cfg.dataset_path and cfg.data_pool == "split":
+        train, test = _load_arrays(cfg)
+        if train[2] is not None and test is not None and test[2] is not None:
+            folder = Path(cfg.dataset_path)
+            if _is_leaf(cfg):
+                return _writer_splits(train, test, (folder / "train", folder / "test"), "user", standardise=False)
+            return _writer_splits(train, test, (folder / "train.parquet", folder / "test.parquet"), "writer",
+                                  standardise=True)
+    return None
+
+
+def _is_leaf(cfg: RunConfig) -> bool:
+    from client_app.leaf import is_leaf_folder
+
+    return bool(cfg.dataset_path) and is_leaf_folder(Path(cfg.dataset_path))
+
+
+def max_classes(cfg: RunConfig) -> int:
+    """``max-classes``: labels must be below it (checked before anything is allocated)."""
+    return cfg.get_int("max-classes", DEFAULT_MAX_CLASSES, low=2)
+
+
+def _groups(writers: np.ndarray) -> dict:
+    """writer id → the sorted indices of its examples."""
+    ids, inverse = np.unique(np.asarray(writers), return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.concatenate([[0], np.bincount(inverse, minlength=len(ids))]))
+    return {w.item() if hasattr(w, "item") else w: order[a:b] for w, a, b in zip(ids, bounds[:-1], bounds[1:])}
+
+
+def _writer_splits(train: Arrays, test: Arrays, files: tuple[Path, Path], who: str,
+                   standardise: bool) -> _UserSplits:
+    """A user (writer) id in both splits: each user's train rows and test rows, users in
+    sorted id order."""
+    tr, te = _groups(train[2]), _groups(test[2])
+    names = sorted(set(tr) | set(te))
+    for name in names:
+        if name not in tr or name not in te:
+            missing, present = files if name not in tr else files[::-1]
+            raise DataError(f"dataset-path: {who} {name!r} has examples in {present} but none in {missing}: with "
+                            f"partitioner='natural' every {who} needs a train and a test split; give it examples in "
+                            "both or drop it")
+    return _UserSplits([train[0][tr[n]] for n in names], [train[1][tr[n]] for n in names],
+                       [test[0][te[n]] for n in names], [test[1][te[n]] for n in names],
+                       [str(n) for n in names], standardise=standardise)
+
+
+def _check_user_count(n_users: int, cfg: RunConfig, what: str) -> None:
+    if n_users != cfg.num_clients:
+        raise DataError(f"partitioner='natural': {what} has {n_users} users, one client each, but num-clients = "
+                        f"{cfg.num_clients}: set num-clients={n_users}")
+
+
+def _build_natural(cfg: RunConfig) -> FederatedData:
+    """One client per user: the users' own train/test split where the source has one (the
+    central test set is then the union of their test splits); otherwise each writer's
+    examples split as a partition (``local-test-fraction``) and the central test set as the
+    other partitioners have it."""
+    users = _own_split_users(cfg)
+    source = f"dataset-path {cfg.dataset_path}" if cfg.dataset_path else f"dataset '{cfg.dataset}'"
+    if users is not None:
+        _check_user_count(len(users.x_train), cfg, source)
+        xs, ys, train_idx, test_idx, start = [], [], [], [], 0
+        for pid, (xtr, ytr, xte, yte) in enumerate(zip(users.x_train, users.y_train, users.x_test, users.y_test)):
+            if len(ytr) < 1 or len(yte) < 1:
+                raise DataError(f"{source}: user {users.names[pid]!r} has {len(ytr)} training and {len(yte)} test "
+                                "example(s): every user needs at least one of each; drop that user from the data")
+            xs += [xtr, xte]
+            ys += [ytr, yte]
+            train_idx.append(np.arange(start, start + len(ytr), dtype=np.int64))
+            start += len(ytr)
+            test_idx.append(np.arange(start, start + len(yte), dtype=np.int64))
+            start += len(yte)
+        x_pool, y_pool = np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+        central = np.concatenate(test_idx)
+        x_central, y_central = x_pool[central], y_pool[central]
+        standardise, num_classes = users.standardise, users.num_classes
+    else:
+        x_pool, y_pool, writers, x_central, y_central = _pools(cfg)
+        if writers is None:
+            raise DataError(f"partitioner='natural' needs user ids: {source} has no '{WRITER_COLUMN}' column "
+                            "(use dataset='synthetic', dataset='femnist', a LEAF folder or parquet files with one)")
+        groups = _groups(writers)
+        _check_user_count(len(groups), cfg, source)
+        train_idx, test_idx = [], []
+        for pid, idx in enumerate(groups.values()):
+            tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
+            train_idx.append(tr)
+            test_idx.append(te)
+        if len(y_central) == 0:  # merged pools: the central test set is every local test split
+            central = np.concatenate(test_idx)
+            x_central, y_central = x_pool[central], y_pool[central]
+        standardise, num_classes = True, 0
+    val_idx = []
+    for pid, (tr, te) in enumerate(zip(train_idx, test_idx)):
+        tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
+        train_idx[pid] = tr
+        val_idx.append(va)
+    if not num_classes:
+        num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
+    x, xc, fill = _tensors(x_pool, x_central, standardise)
+    return FederatedData(
+        x=x, y=torch.from_numpy(y_pool.astype(np.int64)), train_idx=train_idx, test_idx=test_idx,
+        x_central=xc, y_central=torch.from_numpy(np.asarray(y_central, dtype=np.int64)),
         num_classes=num_classes, val_idx=val_idx, fill=fill,
     )
 
@@ -195,6 +367,15 @@ def _pools(cfg: RunConfig):
     if test is None:
         return _hold_out(*train, cfg)
     return (*train, test[0], test[1])
+
+
+def _tensors(x_pool: np.ndarray, x_central: np.ndarray, standardise: bool):
+    """(pool, central, fill) as float32 tensors: images standardised (:func:`_normalise`);
+    feature vectors (Synthetic, LEAF files) as given, a zero 'black pixel'."""
+    if standardise:
+        return _normalise(x_pool, x_central)
+    x = torch.from_numpy(np.ascontiguousarray(x_pool, dtype=np.float32))
+    return x, torch.from_numpy(np.ascontiguousarray(x_central, dtype=np.float32)), torch.zeros(x.shape[1])
 
 
 def _normalise(x_pool: np.ndarray, x_central: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -276,6 +457,9 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
             raise DataError(f"partitioner='writer' needs writer ids: the data has no '{WRITER_COLUMN}' column "
                             "(use dataset='femnist' or a dataset-path whose parquet files have one)")
         return partition_by_writer(writers, cfg)
+    if cfg.partitioner == "dirichlet-unbalanced":
+        return unbalanced_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size,
+                                    numpy_rng(cfg.seed, "partition-unbalanced"))
     if cfg.partitioner == "dirichlet-balanced":
         return balanced_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size,
                                   numpy_rng(cfg.seed, "partition-balanced"))
@@ -389,6 +573,44 @@ def balanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, 
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+def unbalanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, rng: np.random.Generator,
+                         attempts: int = 200) -> list[np.ndarray]:
+    """The CRAFT authors' unbalanced Dirichlet partition (``balance: 0`` in their config; their
+    ``_split_dirichlet_indices`` then ``_enforce_min_total_samples_per_client``): for each class
+    0..K-1, its examples shuffled and cut by Dirichlet(α) proportions over the n clients, the
+    whole draw repeated (at most ``attempts`` times) until every client holds an example;
+    then each client below ``min_size``, in order, takes examples from the end of the
+    currently largest client's (shuffled) list until it holds ``min_size``."""
+    labels = np.asarray(labels)
+    total = len(labels)
+    if total < n * min_size:
+        raise DataError(f"{total} examples cannot give {n} clients min-partition-size = {min_size} each: use fewer "
+                        "clients or a smaller min-partition-size")
+    target = min(1, total // n)
+    best: list[list[int]] | None = None
+    for _ in range(attempts):
+        parts: list[list[int]] = [[] for _ in range(n)]
+        for k in range(int(labels.max()) + 1):
+            members = rng.permutation(np.flatnonzero(labels == k))
+            cuts = (np.cumsum(rng.dirichlet(np.full(n, alpha))) * len(members)).astype(int)[:-1]
+            for p, chunk in zip(parts, np.split(members, cuts)):
+                p.extend(chunk.tolist())
+        if best is None or min(map(len, parts)) > min(map(len, best)):
+            best = parts
+        if min(map(len, best)) >= target:
+            break
+    buckets = [rng.permutation(np.asarray(p, dtype=np.int64)).tolist() for p in best]
+    for i in range(n):
+        need = min_size - len(buckets[i])
+        while need > 0:
+            donor = max((d for d in range(n) if len(buckets[d]) > min_size), key=lambda d: len(buckets[d]))
+            take = min(need, len(buckets[donor]) - min_size)
+            buckets[i].extend(buckets[donor][-take:])
+            buckets[donor] = buckets[donor][:-take]
+            need -= take
+    return [np.sort(np.asarray(b, dtype=np.int64)) for b in buckets]
+
+
 def partition_by_writer(writers: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
     """One client per writer: ``num-clients`` writers drawn (seeded) among those holding
     ``min-partition-size`` … 500 examples; a writer's natural id orders them as
@@ -414,8 +636,18 @@ Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (x N×C×H×W, y,
 def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
     """(the training pool, the test pool or None when the source has no test split)."""
     if cfg.dataset_path:
+        from client_app.leaf import is_leaf_folder, read_leaf
+
         folder = Path(cfg.dataset_path)
-        train, test = _read_parquet(folder, "train"), _read_parquet(folder, "test")
+        if is_leaf_folder(folder):
+            from client_app import leaf
+
+            try:
+                return read_leaf(folder, max_classes(cfg))
+            except leaf.DataError as exc:
+                raise DataError(str(exc)) from None
+        bound = max_classes(cfg)
+        train, test = _read_parquet(folder, "train", bound), _read_parquet(folder, "test", bound)
         check_same_shape(train, test, folder)
         return train, test
     if cfg.dataset == "digits":
@@ -446,17 +678,60 @@ def _load_hub(cfg: RunConfig):
     try:
         # The partitioning is done by partition_labels on the pooled labels (the same code
         # path as offline data); flwr-datasets loads and caches the hub splits.
-        fds = FederatedDataset(dataset=name, partitioners={"train": IidPartitioner(1)})
-        train = fds.load_split("train")
-        try:
-            test = fds.load_split("test")
-        except (KeyError, ValueError):  # FEMNIST ships a train split only
-            test = None
+        with _offline_unless_reachable():
+            fds = FederatedDataset(dataset=name, partitioners={"train": IidPartitioner(1)})
+            train = fds.load_split("train")
+            try:
+                test = fds.load_split("test")
+            except (KeyError, ValueError):  # FEMNIST ships a train split only
+                test = None
     except Exception as exc:  # noqa: BLE001 - any hub or cache failure gets the same advice
         raise DataError(_hub_hint(cfg.dataset, name, exc)) from exc
-    writer_col = WRITER_COLUMN if cfg.partitioner == "writer" else None
+    writer_col = WRITER_COLUMN if cfg.partitioner in ("writer", "natural") else None
     return (_hf_to_arrays(train, image_col, label_col, writer_col),
             None if test is None else _hf_to_arrays(test, image_col, label_col, writer_col))
+
+
+HUB_PROBE_TIMEOUT = 5.0  # seconds for the one reachability check of the hub (or its mirror)
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """One HEAD request to the hub's endpoint (``HF_ENDPOINT``, through the usual proxy
+    variables), no retries: does an answer come back?"""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout, follow_redirects=False)
+        return True
+    except Exception:  # noqa: BLE001 - any failure to get an answer means: not reachable
+        return False
+
+
+class _offline_unless_reachable:
+    """Loading from the hub: when offline mode is not set and the hub does not answer one
+    probe, load in offline mode (from the cache), instead of letting ``huggingface_hub``
+    retry every request with back-off (tens of seconds and a log line per retry before the
+    same error). The library's offline switches are read at import, so the module values
+    are set for the load and restored after."""
+
+    def __enter__(self):
+        import datasets.config as ds_config
+        from huggingface_hub import constants
+
+        self._saved = None
+        if not (ds_config.HF_HUB_OFFLINE or constants.HF_HUB_OFFLINE) and not hub_reachable():
+            self._saved = (ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE, constants.HF_HUB_OFFLINE)
+            ds_config.HF_HUB_OFFLINE = ds_config.HF_DATASETS_OFFLINE = constants.HF_HUB_OFFLINE = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            import datasets.config as ds_config
+            from huggingface_hub import constants
+
+            ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE, constants.HF_HUB_OFFLINE = self._saved
+        return False
 
 
 def _hub_hint(dataset: str, name: str, exc: Exception) -> str:
@@ -477,7 +752,7 @@ def _hf_to_arrays(ds, image_col: str, label_col: str, writer_col: str | None = N
     return _images_to_nchw(np.asarray(ds[image_col])), np.asarray(ds[label_col], dtype=np.int64), writers
 
 
-def _read_parquet(folder: Path, split: str) -> Arrays:
+def _read_parquet(folder: Path, split: str, max_classes: int = DEFAULT_MAX_CLASSES) -> Arrays:
     """``folder/<split>.parquet`` as (x N×C×H×W float32, int64 labels, writer ids or None).
 
     Every defect of the file is one :class:`DataError` line naming the file, the problem and
@@ -489,7 +764,7 @@ def _read_parquet(folder: Path, split: str) -> Arrays:
     if not path.is_file():
         raise DataError(
             f"dataset-path: {path} not found; the folder needs train.parquet and test.parquet "
-            "with columns 'image' and 'label'"
+            "with columns 'image' and 'label' (or LEAF's train/*.json and test/*.json)"
         )
     table = _read_table(path)
     for col in ("image", "label"):
@@ -498,12 +773,13 @@ def _read_parquet(folder: Path, split: str) -> Arrays:
     if table.num_rows == 0:
         raise DataError(f"dataset-path: {path} has no rows: the {split} split needs examples "
                         "(write them into the file, or point dataset-path at the right folder)")
-    labels = _labels(table, path)
+    labels = _labels(table, path, max_classes)
     writers = table.column(WRITER_COLUMN).to_numpy(zero_copy_only=False) if WRITER_COLUMN in table.column_names else None
     column = table.column("image")
     if column.null_count:
         raise DataError(f"dataset-path: {path} column 'image': {column.null_count} missing (null) image(s), "
                         f"first at row {_first_true(column.is_null())}: drop those rows or fill them in")
+    _check_image_size(column, path)
     numeric = _numeric_lists(column)
     if numeric is None:  # encoded images, ragged or nested lists with missing values
         numeric = _pylist_images(column, path)
@@ -514,11 +790,46 @@ def _read_parquet(folder: Path, split: str) -> Arrays:
         raise DataError(f"dataset-path: {path} column 'image': {exc}") from None
 
 
+def _too_big(path: Path, what: str) -> DataError:
+    return DataError(f"dataset-path: {path} {what}: downsample or crop the images, or split the data over "
+                     "several runs")
+
+
+def _check_image_size(column, path: Path) -> None:
+    """Before the images become one float32 array: the first image at most MAX_IMAGE_VALUES
+    values and all of them at most MAX_DATA_BYTES (nested lists; encoded images are checked
+    from their headers as they are decoded)."""
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(arr) == 0 or not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+                             or pa.types.is_fixed_size_list(arr.type)):
+        return
+    first = arr.slice(0, 1)
+    while pa.types.is_list(first.type) or pa.types.is_large_list(first.type) or pa.types.is_fixed_size_list(first.type):
+        first, arr = first.flatten(), arr.flatten()
+    if len(first) > MAX_IMAGE_VALUES:
+        raise _too_big(path, f"column 'image': row 0 holds {len(first):,} values, above the bound of "
+                             f"{MAX_IMAGE_VALUES:,} per image")
+    if 4 * len(arr) > MAX_DATA_BYTES:
+        raise _too_big(path, f"column 'image': {len(arr):,} values in all, {4 * len(arr) / 2**30:.1f} GiB as float32, "
+                             f"above the bound of {MAX_DATA_BYTES / 2**30:.0f} GiB")
+
+
 def _read_table(path: Path):
-    """The parquet file as a pyarrow Table; a file pyarrow cannot read is one line."""
+    """The parquet file as a pyarrow Table; a file pyarrow cannot read is one line; one whose
+    uncompressed data exceeds MAX_DATA_BYTES is refused from its footer, before reading."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        meta = pq.ParquetFile(path).metadata
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except (pa.ArrowException, OSError, ValueError):
+        size = 0  # unreadable: read_table below says why
+    if size > MAX_DATA_BYTES:
+        raise _too_big(path, f"holds {size / 2**30:.1f} GiB uncompressed, above the bound of "
+                             f"{MAX_DATA_BYTES / 2**30:.0f} GiB")
     try:
         return pq.read_table(path, page_checksum_verification=True)  # checks the CRCs a writer stored
     except (pa.ArrowException, OSError, ValueError) as exc:  # ArrowInvalid: not parquet, truncated, corrupt
@@ -549,7 +860,7 @@ def _declared_classes(schema) -> int | None:
     return len(names) if isinstance(names, list) and names else None
 
 
-def _labels(table, path: Path) -> np.ndarray:
+def _labels(table, path: Path, max_classes: int = DEFAULT_MAX_CLASSES) -> np.ndarray:
     """The 'label' column as int64 class ids 0..K-1, or one :class:`DataError` line."""
     import pyarrow as pa
 
@@ -577,6 +888,11 @@ def _labels(table, path: Path) -> np.ndarray:
         row = _first_true(labels < 0)
         raise DataError(f"{where}: label {labels[row]} at row {row} is negative ({int((labels < 0).sum())} such "
                         "row(s)): class ids must be 0..K-1")
+    if labels.max() >= max_classes:
+        row = _first_true(labels >= max_classes)
+        raise DataError(f"{where}: label {labels[row]} at row {row} is not below max-classes = {max_classes} "
+                        f"({int((labels >= max_classes).sum())} such row(s)): class ids must be 0..K-1 (raise "
+                        "max-classes if K really is that large)")
     declared = _declared_classes(table.schema)
     if declared is not None and labels.max() >= declared:
         row = _first_true(labels >= declared)
@@ -593,10 +909,23 @@ def _pylist_images(column, path: Path) -> np.ndarray:
     if isinstance(images[0], dict):  # encoded image as written by `datasets`
         from PIL import Image
 
-        decoded = []
+        decoded, total = [], 0
         for row, im in enumerate(images):
             try:
-                decoded.append(np.asarray(Image.open(io.BytesIO(im["bytes"]))))
+                image = Image.open(io.BytesIO(im["bytes"]))  # reads the header only
+                values = image.size[0] * image.size[1] * len(image.getbands())
+            except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable bytes
+                raise DataError(f"dataset-path: {path} column 'image': row {row} cannot be decoded as an image "
+                                f"[{type(exc).__name__}]: re-encode it (PNG/JPEG bytes) or drop the row") from None
+            if values > MAX_IMAGE_VALUES:
+                raise _too_big(path, f"column 'image': row {row} is a {image.size[0]}×{image.size[1]} image of "
+                                     f"{values:,} values, above the bound of {MAX_IMAGE_VALUES:,} per image")
+            total += values
+            if 4 * total > MAX_DATA_BYTES:
+                raise _too_big(path, f"column 'image': the images up to row {row} hold {total:,} values, above the "
+                                     f"bound of {MAX_DATA_BYTES / 2**30:.0f} GiB as float32")
+            try:
+                decoded.append(np.asarray(image))
             except Exception as exc:  # noqa: BLE001 - PIL raises several types for undecodable bytes
                 raise DataError(f"dataset-path: {path} column 'image': row {row} cannot be decoded as an image "
                                 f"[{type(exc).__name__}]: re-encode it (PNG/JPEG bytes) or drop the row") from None

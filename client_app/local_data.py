@@ -181,12 +181,14 @@ def data_path(node_config: Mapping) -> Path:
     return path
 
 
-def _read(folder: Path):
+def _read(folder: Path, max_classes: int | None = None):
     """(train, test) arrays in [0, 1], N×C×H×W, through the ``dataset-path`` reader and its
-    checks (empty splits, bad labels and pixels, train/test shapes: one DataError line)."""
-    from client_app.data import _read_parquet, check_same_shape
+    checks (empty splits, bad labels and pixels, train/test shapes, labels below
+    ``max-classes``, image sizes: one DataError line)."""
+    from client_app.data import DEFAULT_MAX_CLASSES, _read_parquet, check_same_shape
 
-    train, test = _read_parquet(folder, "train"), _read_parquet(folder, "test")
+    bound = DEFAULT_MAX_CLASSES if max_classes is None else max_classes
+    train, test = _read_parquet(folder, "train", bound), _read_parquet(folder, "test", bound)
     check_same_shape(train, test, folder)
     return train, test
 
@@ -272,9 +274,9 @@ def standardise(a: np.ndarray, s: Settings) -> torch.Tensor:
 
 
 def _load(folder: Path, s: Settings, cfg: RunConfig, pid: int) -> NodeData:
-    from client_app.data import split_validation
+    from client_app.data import max_classes, split_validation
 
-    (x, y, _), (x_test, y_test, _) = _read(folder)
+    (x, y, _), (x_test, y_test, _) = _read(folder, max_classes(cfg))
     if tuple(x.shape[1:]) != s.input_shape:
         raise ValueError(f"{DATA_PATH} {folder}: images are {format_shape(x.shape[1:])} but the run's model takes "
                          f"{INPUT_SHAPE} = {format_shape(s.input_shape)}")
@@ -298,7 +300,7 @@ def _load(folder: Path, s: Settings, cfg: RunConfig, pid: int) -> NodeData:
 def load_central_test(cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The server's optional central test set (``central-test-path``: a folder holding
     test.parquet, or a .parquet file), standardised as the clients' data; None when ""."""
-    from client_app.data import _read_parquet
+    from client_app.data import _read_parquet, max_classes
 
     s = settings(cfg)
     if not s.central_test_path:
@@ -311,7 +313,7 @@ def load_central_test(cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor] | Non
     else:
         raise ConfigError(f"run-config key '{CENTRAL_TEST_PATH}' = {s.central_test_path!r} is neither a folder "
                           "holding test.parquet nor a .parquet file (give an absolute path on the server)")
-    x, y, _ = _read_parquet(folder, split)
+    x, y, _ = _read_parquet(folder, split, max_classes(cfg))
     if tuple(x.shape[1:]) != s.input_shape:
         raise ConfigError(f"run-config key '{CENTRAL_TEST_PATH}': images are {format_shape(x.shape[1:])}, the "
                           f"model takes {format_shape(s.input_shape)}")

@@ -20,11 +20,21 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist",
+            # Synthetic(alpha, beta) of the FedProx/q-FFL authors, generated offline (client_app/synthetic.py)
+            "synthetic")
 MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
           # the CRAFT authors' models (their fed/nets.py): see client_app/models.py
-          "craft-mlp", "craft-cnn", "craft-resnet20", "craft-resnet56", "craft-resnet110")
-PARTITIONERS = ("dirichlet", "pathological", "iid", "dirichlet-balanced", "writer")
+          "craft-mlp", "craft-cnn", "craft-resnet20", "craft-resnet56", "craft-resnet110",
+          # multinomial logistic regression (the q-FFL/FedProx authors' "mclr")
+          "logreg")
+PARTITIONERS = ("dirichlet", "pathological", "iid", "dirichlet-balanced", "writer",
+                # the CRAFT authors' default (balance: 0): Dirichlet, small clients filled up to min-partition-size
+                "dirichlet-unbalanced",
+                # one client per user/writer id, no size cap, the users' own train/test split if any
+                "natural")
+# datasets whose examples carry a user id (partitioner='natural'); or any dataset-path with one
+NATURAL_DATASETS = ("synthetic", "femnist")
 # Which examples are partitioned: "split" = the training pool (the dataset's test split or a
 # held-out share is the central test set); "merged" = training and test pools together, the
 # central test set being the union of the clients' local test splits (the CRAFT authors').
@@ -149,6 +159,11 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("input-shape", "", "client-data='node': 'CxHxW', '' = learn it from the nodes"),
     AppKey("data-mean", "", "client-data='node': per-channel 'm1,m2,..', '' = pooled over the nodes"),
     AppKey("data-std", "", "client-data='node': per-channel, with data-mean"),
+    AppKey("synthetic-alpha", 1.0, "Synthetic(α, β): α, the spread of the users' models", low=0.0),
+    AppKey("synthetic-beta", 1.0, "Synthetic(α, β): β, the spread of the users' feature means", low=0.0),
+    AppKey("synthetic-iid", False, "Synthetic: the authors' iid variant (one shared model)"),
+    AppKey("max-classes", 100_000, "labels must be below it (checked before any allocation)", low=2),
+    AppKey("synthetic-seed", -1, "Synthetic's data seed (-1 = derived from seed)", low=-1, high=2**32 - 1),
     # -- client training --
     AppKey("momentum", 0.0, "local SGD momentum", low=0.0, high=1.0, high_open=True),
     AppKey("weight-decay", 0.0, "local SGD weight decay", low=0.0),
@@ -398,6 +413,27 @@ def _validate(cfg: RunConfig) -> None:
     if not cfg.val_fraction < 1.0 - cfg.local_test_fraction:
         raise ConfigError(f"run-config key 'val-fraction' = {cfg.val_fraction!r} must be in [0, 1 - "
                           "local-test-fraction) (0 = no validation split)")
+    _validate_data(cfg)
+
+
+def _validate_data(cfg: RunConfig) -> None:
+    """The keys of natural partitions and of dataset='synthetic' (one line each)."""
+    cfg.get_int("max-classes", 100_000, low=2)
+    if cfg.partitioner == "natural" and cfg.dataset not in NATURAL_DATASETS and not cfg.dataset_path:
+        raise ConfigError(
+            f"run-config key 'partitioner' = 'natural' needs user ids: use dataset='synthetic', dataset='femnist' or "
+            f"a dataset-path (LEAF json folder, or parquet files with a 'writer_id' column); dataset is {cfg.dataset!r}"
+        )
+    if cfg.dataset == "synthetic" and not cfg.dataset_path:
+        if cfg.partitioner != "natural":
+            raise ConfigError(
+                f"run-config key 'partitioner' = {cfg.partitioner!r}: dataset='synthetic' is split by its users "
+                "(one client per user, their own 90/10 train/test split): set partitioner='natural'"
+            )
+        cfg.get_float("synthetic-alpha", 1.0, low=0.0)
+        cfg.get_float("synthetic-beta", 1.0, low=0.0)
+        cfg.get_bool("synthetic-iid", False)
+        cfg.get_int("synthetic-seed", -1, low=-1, high=2**32 - 1)
 
 
 def load_config(overrides: Mapping[str, Scalar] | str | None = None) -> RunConfig:

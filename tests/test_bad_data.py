@@ -366,3 +366,48 @@ def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomp
     assert summary["complete"] is False
     assert summary["incomplete_reason"].startswith("partition(s) [1] could not load their data (2 dropped")
     assert str(bad / "train.parquet") in summary["incomplete_reason"]
+
+
+# -- bounds checked before anything is allocated (labels, image sizes) ---------------------------------------
+def test_a_label_of_a_billion_is_one_line_not_a_billion_way_classifier(tmp_path):
+    folder = good_folder(tmp_path / "data")
+    write(folder, "train", labels=_with(_labels(N_TRAIN), 5, 10**9))
+    message = _load_error(_cfg(folder))
+    assert "\n" not in message and str(folder / "train.parquet") in message
+    assert "label 1000000000 at row 5 is not below max-classes = 100000" in message and "raise max-classes" in message
+    write(folder, "train", labels=_with(_labels(N_TRAIN), 5, 7))
+    assert "max-classes = 5" in _load_error(_cfg(folder, **{"max-classes": 5}))
+    data_mod._CACHE.clear()
+    assert load_federated_data(_cfg(folder, **{"max-classes": 8})).num_classes == 8
+
+
+def _big_images(n, side):
+    flat = pa.array(np.zeros(n * side * side, dtype=np.uint8))
+    return pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(flat, side), side)
+
+
+def test_2000x2000_images_are_refused_before_they_become_floats(tmp_path, monkeypatch):
+    folder = good_folder(tmp_path / "data")
+    pq.write_table(pa.table({"image": _big_images(3, 2000), "label": pa.array([0, 1, 2])}), folder / "train.parquet")
+    monkeypatch.setattr(data_mod, "_numeric_lists", lambda *a: pytest.fail("converted before the bound was checked"))
+    message = _load_error(_cfg(folder))
+    assert "\n" not in message and str(folder / "train.parquet") in message
+    assert "row 0 holds 4,000,000 values, above the bound of 1,048,576 per image" in message
+    assert "downsample or crop" in message
+
+
+def test_an_encoded_2000x2000_image_is_refused_from_its_header(tmp_path, monkeypatch):
+    folder = good_folder(tmp_path / "data")
+    write(folder, "train", [_png((6, 6))] * 3 + [_png((2000, 2000))] + [_png((6, 6))] * (N_TRAIN - 4))
+    message = _load_error(_cfg(folder))
+    assert "\n" not in message and "row 3 is a 2000×2000 image of 4,000,000 values" in message
+
+
+def test_a_file_too_big_uncompressed_is_refused_from_its_footer(tmp_path, monkeypatch):
+    folder = good_folder(tmp_path / "data")
+    monkeypatch.setattr(data_mod, "MAX_DATA_BYTES", 1000)
+    import pyarrow.parquet
+
+    monkeypatch.setattr(pyarrow.parquet, "read_table", lambda *a, **k: pytest.fail("read before the bound"))
+    message = _load_error(_cfg(folder))
+    assert "\n" not in message and "uncompressed, above the bound of" in message

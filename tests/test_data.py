@@ -214,6 +214,57 @@ def test_hub_dataset_not_in_the_cache_is_one_line_with_the_dataset_path_hint(hub
     assert "dataset-path=" in err and "zalando-datasets/fashion_mnist" in err and "HF_DATASETS_OFFLINE" in err
 
 
+UNREACHABLE_HUB = """
+import json, sys, time
+slept = []
+real_sleep = time.sleep
+time.sleep = lambda s: (slept.append(s), real_sleep(min(s, 0.01)))  # a back-off retry would show here
+from client_app import data
+from fedcore.config import parse_run_config, resolve
+probes = []
+real_probe = data.hub_reachable
+data.hub_reachable = lambda *a, **k: probes.append(1) or real_probe(*a, **k)
+out = {}
+for dataset in sys.argv[1:]:
+    cfg = parse_run_config(resolve({"dataset": dataset, "num-clients": 4, "partitioner": "iid"}))
+    try:
+        out[dataset] = {"pool": len(data.load_federated_data(cfg).y)}
+    except data.DataError as exc:
+        out[dataset] = {"error": str(exc)}
+out["slept"], out["probes"] = slept, len(probes)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_hub_unreachable_fails_at_once_without_retries_and_the_cache_still_serves(tmp_path):
+    """No HF_DATASETS_OFFLINE and a hub endpoint that refuses connections (no network needed):
+    one probe, then the load runs offline: a cached dataset loads, an uncached one is the
+    one-line error, and huggingface_hub never sleeps for a retry."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    fill_hub_cache(tmp_path / "datasets", "ylecun/mnist", {
+        split: (rng.integers(0, 256, size=(n, 8, 8), dtype=np.uint8), rng.integers(0, 3, n))
+        for split, n in (("train", 40), ("test", 12))}, "image", "label")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    env.update({"HF_HOME": str(tmp_path / "home"), "HF_DATASETS_CACHE": str(tmp_path / "datasets"),
+                "HF_ENDPOINT": "http://127.0.0.1:9"})
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", UNREACHABLE_HUB, "mnist", "cifar10"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert got["mnist"] == {"pool": 40}  # from the cache
+    err = got["cifar10"]["error"]
+    assert "\n" not in err and "uoft-cs/cifar10" in err and "dataset-path=" in err
+    assert got["slept"] == [] and "Retrying in" not in proc.stderr  # no back-off
+    assert got["probes"] == 2  # one probe per load
+
+
 def test_dirichlet_retries_seeds_where_flwr_datasets_gives_up():
     # digits preset, seed 2: every one of flwr-datasets' 10 draws leaves a client under
     # min-partition-size; the partition must still be built (deterministically).
@@ -370,3 +421,139 @@ def test_augmentation_touches_training_batches_only():
         get_client_method("sgd").train(job)
         outs.append(torch.cat([p.detach().ravel() for p in model.parameters()]))
     assert not torch.equal(outs[0], outs[1])
+
+
+def _writer_parquet(folder, rng, n_writers=7, sizes=(("train", 300), ("test", 80)), test_writers=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        cols = {"image": [im.tolist() for im in rng.integers(0, 256, size=(n, 6, 6)).astype(np.uint8)],
+                "label": pa.array(rng.integers(0, 4, n), type=pa.int64())}
+        if split == "train" or test_writers:
+            cols["writer_id"] = [f"w{i}" for i in rng.permutation(np.arange(n) % n_writers)]
+        pq.write_table(pa.table(cols), folder / f"{split}.parquet")
+    return folder
+
+
+def test_natural_partition_uses_every_writers_own_train_and_test_rows(tmp_path):
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(5))
+    fd = load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))
+    train, test = pq.read_table(folder / "train.parquet"), pq.read_table(folder / "test.parquet")
+    tr_w, te_w = np.asarray(train["writer_id"].to_pylist()), np.asarray(test["writer_id"].to_pylist())
+    assert fd.num_clients == 7
+    for k, name in enumerate(sorted(set(tr_w))):  # clients in sorted writer-id order, no size cap
+        assert len(fd.train_idx[k]) == (tr_w == name).sum() and len(fd.test_idx[k]) == (te_w == name).sum()
+        np.testing.assert_array_equal(fd.client_train(k)[1].numpy(), np.asarray(train["label"])[tr_w == name])
+        np.testing.assert_array_equal(fd.client_test(k)[1].numpy(), np.asarray(test["label"])[te_w == name])
+    assert len(fd.y_central) == 80  # the union of the writers' test rows
+    with pytest.raises(DataError, match="set num-clients=7"):
+        load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=5))
+
+
+def test_natural_partition_without_own_test_rows_splits_each_writer(tmp_path):
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(6), n_writers=5, test_writers=False)
+    fd = load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=5))
+    sizes = [len(a) + len(b) for a, b in zip(fd.train_idx, fd.test_idx)]
+    assert sizes == [60] * 5  # every writer whole (300 rows over 5 writers), no cap or draw
+    assert all(len(b) == 12 for b in fd.test_idx)  # local-test-fraction 0.2 of each writer
+    assert len(fd.y_central) == 80  # test.parquet, as for the other partitioners
+    both = _writer_parquet(tmp_path / "both", np.random.default_rng(6), n_writers=5)
+    merged = load_federated_data(_cfg(dataset_path=str(both), partitioner="natural", num_clients=5,
+                                      data_pool="merged"))  # train and test rows pooled per writer, then split
+    assert [len(a) + len(b) for a, b in zip(merged.train_idx, merged.test_idx)] == [76] * 5
+    assert len(merged.y_central) == sum(len(t) for t in merged.test_idx)
+
+
+def test_natural_partition_with_a_writer_missing_from_one_file_is_one_line(tmp_path):
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(7))
+    test = pq.read_table(folder / "test.parquet").to_pydict()
+    test["writer_id"] = ["w0" if w == "w3" else w for w in test["writer_id"]]
+    pq.write_table(pa.table(test), folder / "test.parquet")
+    with pytest.raises(DataError) as err:
+        load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))
+    assert "'w3'" in str(err.value) and "test.parquet" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_natural_partition_needs_user_ids(tmp_path):
+    with pytest.raises(ConfigError, match="needs user ids"):
+        _cfg(partitioner="natural")  # digits
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(8))
+    for split in ("train", "test"):
+        pq.write_table(pq.read_table(folder / f"{split}.parquet").drop_columns(["writer_id"]),
+                       folder / f"{split}.parquet")
+    with pytest.raises(DataError, match="writer_id"):
+        load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))
+
+
+def _craft_authors_unbalanced(labels, num_clients, num_classes, alpha, rng, min_total=20, max_retry=200):
+    """The CRAFT authors' _split_dirichlet_indices(balance=False) followed by
+    _enforce_min_total_samples_per_client(min_total), written out again (tum-pbs/CRAFT fed/dataset.py)."""
+    min_size, num_samples = 0, len(labels)
+    min_target = min(1, num_samples // num_clients)
+    attempts, best_idx_batch, best_min_size = 0, None, -1
+    while min_size < min_target and attempts < max_retry:
+        attempts += 1
+        idx_batch = [[] for _ in range(num_clients)]
+        for k in range(num_classes):
+            idx_k = np.where(labels == k)[0]
+            rng.shuffle(idx_k)
+            proportions = rng.dirichlet(np.repeat(alpha, num_clients))
+            split_points = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+            idx_batch = [idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, split_points))]
+        min_size = min(len(idx_j) for idx_j in idx_batch)
+        if min_size > best_min_size:
+            best_min_size, best_idx_batch = min_size, [idx_j.copy() for idx_j in idx_batch]
+    if min_size < min_target:
+        idx_batch = best_idx_batch
+    buckets = {}
+    for cid in range(num_clients):
+        arr = np.asarray(idx_batch[cid], dtype=np.int64).copy()
+        rng.shuffle(arr)
+        buckets[cid] = arr.tolist()
+    for cid in [c for c in range(num_clients) if len(buckets[c]) < min_total]:
+        need = min_total - len(buckets[cid])
+        while need > 0:
+            donor, donor_size = None, -1
+            for d in range(num_clients):
+                if len(buckets[d]) > min_total and len(buckets[d]) > donor_size:
+                    donor, donor_size = d, len(buckets[d])
+            take = min(need, len(buckets[donor]) - min_total)
+            moved = buckets[donor][-take:]
+            buckets[donor] = buckets[donor][:-take]
+            buckets[cid].extend(moved)
+            need -= take
+    return [sorted(buckets[c]) for c in range(num_clients)]
+
+
+@pytest.mark.parametrize("alpha, n", [(0.1, 50), (0.5, 30), (0.05, 80)])
+def test_unbalanced_dirichlet_is_the_craft_authors_balance_0_split(alpha, n):
+    labels = np.random.default_rng(1).integers(0, 10, 3000)
+    ours = data_mod.unbalanced_dirichlet(labels, n, alpha, 20, np.random.default_rng(4))
+    theirs = _craft_authors_unbalanced(labels, n, 10, alpha, np.random.default_rng(4))
+    assert [p.tolist() for p in ours] == theirs
+    sizes = [len(p) for p in ours]
+    assert min(sizes) >= 20 and max(sizes) > 2 * 3000 / n  # unbalanced, every client at least 20
+    assert sorted(np.concatenate(ours).tolist()) == list(range(3000))
+
+
+def test_unbalanced_dirichlet_through_the_config():
+    cfg = _cfg(num_clients=30, partitioner="dirichlet-unbalanced", dirichlet_alpha=0.1, min_partition_size=20)
+    parts = partition_labels(np.repeat(np.arange(10), 100), cfg)
+    assert len(parts) == 30 and min(map(len, parts)) >= 20 and len(set(map(len, parts))) > 5
+    with pytest.raises(DataError, match="min-partition-size = 20"):
+        partition_labels(np.repeat(np.arange(10), 50), cfg)  # 500 < 30 x 20
+
+
+def test_craft_cifar_presets_use_the_authors_default_partition():
+    """The CRAFT authors' config.yaml and demo configs set balance: 0 (unbalanced Dirichlet,
+    at least 20 examples per client)."""
+    root = Path(__file__).parent.parent / "run_configs"
+    presets = sorted(root.glob("craft_cifar*.toml"))
+    assert presets
+    for preset in presets:
+        cfg = load_config(str(preset))
+        assert (cfg.partitioner, cfg.min_partition_size, cfg.dirichlet_alpha) == ("dirichlet-unbalanced", 20, 0.1)
+    import tomllib
+
+    sweep = tomllib.loads((root / "sweeps" / "craft_table1.toml").read_text())
+    cifar = next(s for s in sweep["settings"] if s["dataset"] == "cifar10")
+    assert cifar["partitioner"] == "dirichlet-unbalanced" and sweep["base"]["min-partition-size"] == 20
