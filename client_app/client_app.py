@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app import local_data
-from client_app.attacks import attack_mod
+from client_app.attacks import attack_eval_mod, attack_mod
 from client_app.data import batch_augmentation, crop_flip, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model, input_spec
@@ -226,7 +226,7 @@ def train(msg: Message, context: Context) -> Message:
     return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
 
 
-@app.evaluate()
+@app.evaluate(mods=[attack_eval_mod])  # eval-lie (client_app.attacks); else a pass-through
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Score the received global model (or this client's personal model) on the local test split
     (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""

@@ -189,6 +189,10 @@ APP_KEYS: tuple[AppKey, ...] = (
            choices=("rarest-classes", "last")),
     # -- defences --
     AppKey("update-clip", 0.0, "scale each update to at most c x the median norm (0 = off, else >= 1)", low=0.0),
+    AppKey("max-num-examples", 1_000_000, "the largest num-examples a client may report where the server does not "
+           "know its size", low=1),
+    AppKey("max-update-ratio", 100.0, "drop a reply whose update is longer than this x the round's median norm "
+           "(0 = off)", low=0.0),
     AppKey("on-aggregation-error", "stop", "an exception in the aggregation: stop the run or keep the model",
            choices=("stop", "keep")),
     # -- reliability --

@@ -82,6 +82,12 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     if check_update_clip(cfg.get_float("update-clip", 0.0)) and secagg.enabled(cfg):
         raise ConfigError(f"run-config key 'update-clip' = {cfg.params['update-clip']} needs each update, which "
                           "secure aggregation hides: set secure-aggregation=false or update-clip=0")
+    from fedcore.replies import DEFAULT_MAX_NUM_EXAMPLES, DEFAULT_MAX_UPDATE_RATIO
+
+    cfg.get_int("max-num-examples", DEFAULT_MAX_NUM_EXAMPLES, low=1)
+    if not (ratio := cfg.get_float("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO, low=0.0)) == 0.0 and ratio < 2.0:
+        raise ConfigError(f"run-config key 'max-update-ratio' = {ratio} would drop honest updates near the round's "
+                          "median norm: use 0 (off) or a factor >= 2 (default 100)")
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")

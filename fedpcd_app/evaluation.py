@@ -126,6 +126,9 @@ class Evaluator:
             out["honest"] = _fairness(acc[honest], loss[honest])
         out["num_scored"] = int(present.sum())
         out["unscored_clients"] = np.flatnonzero(~present).tolist()
+        reasons = getattr(self.strategy, "last_unscored", {}) if self.mode != "server" else {}
+        if reasons:  # replies that failed validation (fedcore.replies.check_eval_reply)
+            out["unscored_reasons"] = {str(pid): why for pid, why in sorted(reasons.items())}
         if out["unscored_clients"]:
             log.warning("round %d: %d of %d clients did not answer the evaluation and are left out of the "
                         "fairness metrics: %s", server_round, len(out["unscored_clients"]), len(acc),
@@ -170,6 +173,42 @@ class Evaluator:
         return acc, loss, (val_acc, val_loss)
 
 
+def reply_limits(cfg, data: FederatedData | None, membership=None):
+    """The bounds on the clients' numbers (:class:`fedcore.replies.ReplyLimits`) from what the
+    server knows: with the run's partitions (``data``) every partition's train and test size;
+    with ``client-data = "node"`` each node's sizes from its first QUERY report, capped at
+    ``max-num-examples``; else (a partitioned run whose server holds no data) ``max-num-examples``
+    for every client. ``max-update-ratio`` bounds the update norms."""
+    from fedcore.replies import DEFAULT_MAX_NUM_EXAMPLES, DEFAULT_MAX_UPDATE_RATIO, ReplyLimits
+
+    cap = cfg.get_int("max-num-examples", DEFAULT_MAX_NUM_EXAMPLES, low=1)
+    limits = ReplyLimits(max_num_examples=cap,
+                         max_update_ratio=cfg.get_float("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO, low=0.0))
+    if data is not None:
+        limits.train_sizes = {pid: len(idx) for pid, idx in enumerate(data.train_idx)}
+        limits.test_sizes = {pid: len(idx) for pid, idx in enumerate(data.test_idx)}
+    elif membership is not None:
+        limits.train_sizes = _NodeSizes(membership, "num-train", cap)
+        limits.test_sizes = _NodeSizes(membership, "num-test", cap)
+    return limits
+
+
+class _NodeSizes:
+    """partition → a split's size from the first QUERY report of the node serving it now
+    (``client-data = "node"``), capped at max-num-examples; a report's own number is a
+    client's claim, so the cap bounds it too."""
+
+    def __init__(self, membership, key: str, cap: int) -> None:
+        self.membership, self.key, self.cap = membership, key, cap
+
+    def get(self, pid: int, default=None):
+        node = self.membership.node_of.get(pid)
+        value = self.membership.reports.get(node, {}).get(self.key) if node is not None else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            return default
+        return min(int(value), self.cap)
+
+
 def _fairness(acc: np.ndarray, loss: np.ndarray) -> dict:
     """The fairness metrics over the clients that were scored (NaN when none was)."""
     from fedpcd_app.metrics import fairness_metrics
@@ -185,6 +224,8 @@ def summary_fields(final: dict, evaluations: list[dict]) -> dict:
     computed (``num_scored``) and which were not scored, the validation metrics, and the
     means over the final ten evaluations (``final10_*``; ``final10_num_evals`` of them)."""
     out = {"num_scored": final.get("num_scored"), "unscored_clients": final.get("unscored_clients", [])}
+    if final.get("unscored_reasons"):
+        out["unscored_reasons"] = final["unscored_reasons"]
     out.update({k: v for k, v in final.items() if k.startswith("val_")})
     last = evaluations[-FINAL_EVALS:]
     out["final10_num_evals"] = len(last)

@@ -35,7 +35,7 @@ from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
 from fedpcd_app import checkpoint, node_data, secagg
 from fedpcd_app.config import Setup, check, validate
-from fedpcd_app.evaluation import Evaluator, summary_fields
+from fedpcd_app.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
 from fedpcd_app.membership import Membership
 from fedpcd_app.results import ResultsWriter, write_json_atomic
@@ -82,6 +82,8 @@ class Experiment:
         self.strategy.run_config = self.cfg.as_dict()
         self.arrays = ArrayRecord(setup.model.state_dict())
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
+        # counts bounded by the partitions' sizes the server knows (fedcore.replies.ReplyLimits)
+        self.strategy.reply_limits = reply_limits(self.cfg, self.evaluator.data, self.membership)
         self.writer = ResultsWriter(self.cfg)
         self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard, when tensorboard = true
         self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or

@@ -48,7 +48,7 @@ from flwr.serverapp.strategy import Strategy
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
-from fedcore.replies import Dropped, validate_train_replies
+from fedcore.replies import Dropped, ReplyLimits, check_eval_reply, validate_train_replies
 from fedcore.seeding import derive_seed
 from fedcore.state import Fields, rebuild
 from strategies.signatures import describe_hyperparameters, strategy_signature
@@ -259,6 +259,10 @@ class FairStrategy(Strategy):
         self.last_valid: list[Message] = []
         self.last_defence: dict[str, dict[str, Any]] = {}  # the round's update_clip / privacy reports
         self.last_evaluation: dict[int, dict[str, float]] = {}  # client → accuracy, loss, num-test
+        self.last_unscored: dict[int, str] = {}  # client → why its evaluation reply was not used
+        # Bounds on the clients' numbers (fedcore.replies.ReplyLimits): the app sets the
+        # partitions' sizes and the run config's max-num-examples / max-update-ratio.
+        self.reply_limits = ReplyLimits()
         self._theta_host: torch.Tensor | None = None  # θ_t, reused every round (theta_buffer)
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
@@ -311,6 +315,11 @@ class FairStrategy(Strategy):
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """The model that evaluation scores (AFL: the running average of iterates)."""
         return arrays
+
+    def check_reply(self, metrics: dict) -> str | None:
+        """Why a train reply's metrics are unusable for this method (None: usable); such a
+        reply is dropped with this reason before :meth:`aggregate_valid` (FedeRage: β in its box)."""
+        return None
 
     def on_dropped(self, server_round: int, client: int | None) -> None:
         """A sampled client gave no usable reply (FedLF forgets its history row)."""
@@ -426,7 +435,10 @@ class FairStrategy(Strategy):
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
-        valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records)
+        norms: dict = {}
+        valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records,
+                                                limits=self.reply_limits, theta=self.current_arrays,
+                                                check=self.check_reply, stats=norms)
         # Replies arrive in whatever order the nodes finish: sort by client so that float
         # sums (and so every result) do not depend on arrival order.
         valid.sort(key=lambda r: client_of(r))
@@ -438,6 +450,8 @@ class FairStrategy(Strategy):
                         d.partition if d.partition is not None else d.node, d.reason)
             self.on_dropped(server_round, d.partition if d.partition is not None else d.node)
         self.last_valid, self.last_dropped, self.last_defence = valid, dropped, {}
+        if norms:  # the round's median update norm and largest norm / median (max-update-ratio)
+            self.last_defence["update_norms"] = norms
         if not valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
             return None, None
@@ -489,21 +503,22 @@ class FairStrategy(Strategy):
         scores: dict[int, dict[str, float]] = {}
         replies = list(replies)
         self.read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate")
+        unscored: dict[int, str] = {}
         for reply in replies:
             node = int(reply.metadata.src_node_id)
-            if reply.has_error() or keys.METRICS not in reply.content:
-                log.warning("evaluation reply of node %s dropped: %s", node,
-                            reply.error.reason if reply.has_error() else "no metrics")
-                continue
-            m = reply.content[keys.METRICS]
-            try:
-                score = {"accuracy": float(m[keys.EVAL_ACC]), "loss": float(m[keys.EVAL_LOSS]),
-                         "num-test": float(m.get(keys.NUM_TEST, 1))}
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("evaluation reply of node %s dropped: %s", node, exc)
-                continue
             want = getattr(self, "expected_eval", {}).get(node)
-            scores[want if want is not None else int(m.get(keys.PARTITION_ID, node))] = score
+            if want is None and not reply.has_error() and keys.METRICS in reply.content:
+                pid = reply.content[keys.METRICS].get(keys.PARTITION_ID, node)
+                want = int(pid) if isinstance(pid, (int, float)) and math.isfinite(pid) else node
+            client = want if want is not None else node
+            score, reason = check_eval_reply(reply, self.reply_limits.max_count(client, "test"),
+                                             self.reply_limits.source(client, "test"))
+            if reason is not None:  # the client stays unscored, with its reason
+                log.warning("evaluation reply of client %s dropped: %s", client, reason)
+                unscored[client] = reason
+                continue
+            scores[client] = score
+        self.last_unscored = unscored
         self.last_evaluation = scores
         if not scores:
             return None

@@ -35,6 +35,7 @@ federage-averaged-iterate : bool, default false — score the running average of
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from flwr.app import MetricRecord
@@ -97,6 +98,17 @@ class FedeRage(FairStrategy):
     def init_state(self) -> State:
         p = self.params
         return State(beta_hat=min(max(0.0, p.beta_min), p.beta_max))  # Algorithm 2: β_i⁰ = Π_B(0)
+
+    def check_reply(self, metrics):
+        """A β outside the box [federage-beta-min, federage-beta-max] (or not finite) drops the
+        reply: honest clients project β onto the box, so anything else is a lie (or a bug)."""
+        beta, p = metrics.get(keys.FEDERAGE_BETA), self.params
+        if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta):
+            return f"metric '{keys.FEDERAGE_BETA}' is not a finite number ({beta!r})"
+        if not p.beta_min <= beta <= p.beta_max:
+            return (f"metric '{keys.FEDERAGE_BETA}' = {beta:g} is outside the box [federage-beta-min, "
+                    f"federage-beta-max] = [{p.beta_min:g}, {p.beta_max:g}]")
+        return None
 
     def client_config(self):
         """The risk parameters the client routine reads (not the server-only averaged-iterate)."""

@@ -115,3 +115,50 @@ def test_bad_outlier_values_are_one_line(key, value, words):
     with pytest.raises(ConfigError) as err:
         strategy(**{key: value})
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# -- the lower bound (issue 23): a tiny update gets no constraint ------------------------------
+def test_norm_inliers_lower_bound():
+    norms = np.array([1.0, 1.2, 0.9, 0.01, 1.1])
+    assert norm_inliers(norms, 0.0, 10.0) == [0, 1, 2, 4]  # 0.01 < median/10
+    assert norm_inliers(norms, 0.0, 0.0) == [0, 1, 2, 3, 4]  # off
+    assert norm_inliers(np.array([1.0, 1.2, 0.9, 0.01, 50.0]), 3.0, 10.0) == [0, 1, 2]  # both bounds
+    assert norm_inliers(np.array([0.01, 1.0]), 0.0, 10.0) == [0, 1]  # fewer than 3: no median to trust
+
+
+def scaled_down_round(template, seed=0, scale=0.01):
+    """Four honest clients and one sending the honest mean reversed at ``scale`` of their length
+    (``attack = "scale-down"``): normalised, its constraint is as strong as an honest one."""
+    theta = np.random.default_rng(seed).normal(size=D)
+    grads = conflicting(seed, 5, D)
+    mean = grads[:-1].mean(axis=0)
+    grads[-1] = -scale * mean * np.linalg.norm(grads[0]) / np.linalg.norm(mean)
+    return theta, grads, Round(template, theta, grads, [0, 1, 2, 3, 4], [10, 20, 30, 40, 25], 0.1)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_scaled_down_update_has_no_constraint_with_the_lower_bound(template, cache_dtype):
+    theta, grads, r = scaled_down_round(template)
+    strat = strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-outlier-norm-low": 10.0,
+                        "fedpcd-cache-dtype": cache_dtype})
+    ours, metrics = run_round(strat, template, 1, theta, r)
+    assert metrics[fedpcd.M_OUTLIERS] == 1 and metrics[fedpcd.M_CONSTRAINTS] == 4
+    assert sorted(strat.state.cache.pids()) == [0, 1, 2, 3]
+    d, _ = fedpcd_direction(torch.tensor(r.g_bar), torch.tensor(grads[:4]), 0.5)  # ḡ over all five
+    tol = 2e-5 if cache_dtype == "float32" else 2e-2
+    np.testing.assert_allclose(ours, theta - 0.1 * d.numpy(), atol=tol * np.abs(d.numpy()).max())
+    # without it, the tiny reversed update is a full-strength constraint and bends the step
+    plain, m_plain = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-cache-dtype": cache_dtype}),
+                               template, 1, theta, r)
+    assert m_plain[fedpcd.M_CONSTRAINTS] == 5 and m_plain[fedpcd.M_OUTLIERS] == 0 and m_plain[fedpcd.M_ACTIVE] >= 1
+    assert np.abs(plain - ours).max() > 1e-3
+
+
+def test_lower_bound_off_by_default_and_checked_in_one_line(template):
+    theta, _, r = scaled_down_round(template, seed=5)
+    a, ma = run_round(strategy(**{"fedpcd-tau": 0.5}), template, 1, theta, r)
+    b, mb = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-outlier-norm-low": 0.0}), template, 1, theta, r)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError) as err:
+        strategy(**{"fedpcd-outlier-norm-low": 0.5})
+    assert "fedpcd-outlier-norm-low" in str(err.value) and "\n" not in str(err.value)
