@@ -67,6 +67,12 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg.get_int("checkpoint-keep", 2, low=1)
     cfg.get_bool("tensorboard", False)
     resume_from = str(cfg.params.get("resume-from", ""))
+    allow = checkpoint.allowed_changes(cfg.params.get("resume-allow-changes", ""))
+    unknown = sorted(k for k in allow if k not in cfg.as_dict() or k in checkpoint.FIXED)
+    if unknown:
+        raise ConfigError(f"run-config key 'resume-allow-changes' lists {', '.join(map(repr, unknown))}: give run-config "
+                          f"keys other than {', '.join(checkpoint.FIXED)} (which a checkpoint cannot change), "
+                          "comma-separated, e.g. 'lr,local-epochs'")
     if resume_from:
         if not Path(resume_from).is_dir():
             raise ConfigError(f"run-config key 'resume-from' = '{resume_from}' is not a folder: "
@@ -85,6 +91,10 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
+    cfg.get_int("diverge-patience", 5, low=0)
+    from fedpcd_app.results import check_output_dir_free
+
+    check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
     _check_node_data(cfg)
     return cfg
 
