@@ -152,3 +152,22 @@ def test_a_huge_lr_run_ends_diverged_not_scored(tmp_path):
     assert summary["complete"] is False
     assert summary["incomplete_reason"].startswith("diverged at round ")
     assert len(rounds) < 20
+
+
+# -- bounds checked before anything starts (issue 23, item 10) -----------------------------------
+@pytest.mark.parametrize("overrides, key", [
+    ({"lr": float("inf")}, "'lr'"), ({"lr": float("nan")}, "'lr'"), ({"server-lr": float("inf")}, "'server-lr'"),
+    ({"num-clients": 1_000_000_000}, "'num-clients'"), ({"num-clients": 1798}, "'num-clients' = 1798 is above the 1797"),
+])
+def test_unbounded_inputs_are_one_line_config_errors(tmp_path, overrides, key):
+    with pytest.raises(ConfigError, match=key) as err:
+        check({**_config(tmp_path).as_dict(), **overrides})
+    assert "\n" not in str(err.value)
+
+
+def test_num_clients_above_a_datasets_size_stops_the_cli_in_one_line(tmp_path, capsys):
+    from fedpcd_app import simulate
+
+    code = simulate.main(["--workers", "0", "--run-config", f"num-clients=1000000000 output-dir='{tmp_path}'"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "num-clients" in lines[0]
