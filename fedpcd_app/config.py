@@ -48,6 +48,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     from strategies.base import check_update_clip
 
     cfg = parse_run_config(raw)
+    _check_bounds(cfg)  # before anything is sized by num-clients
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
     if not cfg.get_bool("allow-unused-keys", False):
@@ -67,6 +68,12 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg.get_int("checkpoint-keep", 2, low=1)
     cfg.get_bool("tensorboard", False)
     resume_from = str(cfg.params.get("resume-from", ""))
+    allow = checkpoint.allowed_changes(cfg.params.get("resume-allow-changes", ""))
+    unknown = sorted(k for k in allow if k not in cfg.as_dict() or k in checkpoint.FIXED)
+    if unknown:
+        raise ConfigError(f"run-config key 'resume-allow-changes' lists {', '.join(map(repr, unknown))}: give run-config "
+                          f"keys other than {', '.join(checkpoint.FIXED)} (which a checkpoint cannot change), "
+                          "comma-separated, e.g. 'lr,local-epochs'")
     if resume_from:
         if not Path(resume_from).is_dir():
             raise ConfigError(f"run-config key 'resume-from' = '{resume_from}' is not a folder: "
@@ -91,8 +98,41 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
+    cfg.get_int("diverge-patience", 5, low=0)
+    from fedpcd_app.results import check_output_dir_free
+
+    check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
     _check_node_data(cfg)
     return cfg
+
+
+# At most this many clients: every per-client table (sampler, membership, counts) is sized by
+# num-clients before any data is read, so a typo like num-clients=1000000000 would allocate
+# gigabytes; a million clients is far beyond any partition of the built-in datasets.
+MAX_CLIENTS = 1_000_000
+# Examples of the built-in datasets (all splits): num-clients cannot exceed them, since every
+# client needs a training example (the data loader then checks each gets a train and a test one).
+KNOWN_EXAMPLES = {"digits": 1797, "mnist": 70_000, "fashion-mnist": 70_000, "cifar10": 60_000, "cifar100": 60_000}
+
+
+def _check_bounds(cfg: RunConfig) -> None:
+    """lr finite and > 0; num-clients bounded (see :data:`MAX_CLIENTS`, :data:`KNOWN_EXAMPLES`)."""
+    import math
+
+    for key, value in (("lr", cfg.lr), ("server-lr", cfg.server_lr)):
+        if not math.isfinite(value):
+            raise ConfigError(f"run-config key '{key}' = {value} is not a finite number: give a finite step size "
+                              f"(e.g. {key}=0.1)")
+    if cfg.num_clients > MAX_CLIENTS:
+        raise ConfigError(f"run-config key 'num-clients' = {cfg.num_clients} is above {MAX_CLIENTS:,}: every client "
+                          "has a row in the server's tables, allocated before the run; use fewer clients")
+    from client_app import local_data
+
+    own_data = cfg.dataset_path or local_data.is_node_mode(cfg.as_dict())  # sizes known once read
+    total = None if own_data else KNOWN_EXAMPLES.get(cfg.dataset)
+    if total is not None and cfg.num_clients > total:
+        raise ConfigError(f"run-config key 'num-clients' = {cfg.num_clients} is above the {total} examples of dataset "
+                          f"'{cfg.dataset}': every client needs a training example; use at most {total} clients")
 
 
 def _check_node_data(cfg: RunConfig) -> None:

@@ -11,11 +11,19 @@ left the federation (``grid.get_node_ids()`` no longer lists it: in a deployment
 the SuperLink missed its heartbeats) is forgotten, and its partition is *unserved*: the
 sampler still draws it (the draw of a round depends only on the seed and the round), but
 no message goes out and the round records it under ``unserved``. A node that appears is
-asked for its partition; if that partition is served by another node, the newest node
-wins, with one warning: that is what a restarted device looks like while the SuperLink
-still counts its old node id as online. At the start of a run, two nodes that both answer
-for one partition are a configuration error (both are alive): the run stops naming them.
-When nothing changed, a refresh costs one ``get_node_ids()`` call.
+asked for its partition. When nothing changed, a refresh costs one ``get_node_ids()`` call.
+
+**Identity: a partition belongs to its live node.** A node that claims a partition already
+served by a node the grid still lists is *refused* (logged with both node ids; its claim is
+remembered, it is not asked again): a node cannot take over another's partition, and so
+its data slot and fairness score, by claiming it. A restarted SuperNode rejoins under a
+new node id while the SuperLink still lists the old id until it misses its heartbeats; its
+remembered claim is granted at the first refresh after the old node id has left the node
+list (``grid.get_node_ids()``), so a restart still rejoins, a little later. At the start
+two nodes claiming one partition do not stop the run: the first claim received keeps the
+partition, the others are refused and logged the same way. (In a deployment, SuperNode
+authentication, docs/deployment.md, keeps unknown devices out altogether; this rule keeps
+the authorised ones to their own partition.)
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ class Membership:
         self.reports: dict[int, dict] = {}
         self.unserved: list[int] = []  # partitions of the last selection without a node
         self.moved: list[int] = []  # partitions the last refresh gave to a new node
+        self.refused: dict[int, int] = {}  # node -> the partition it claimed while a live node served it
 
     def wait_for_nodes(self, grid: Grid, timeout: float = 120.0) -> list[int]:
         """The connected node ids, once ``num-clients`` nodes are there (or after ``timeout``
@@ -112,18 +121,8 @@ class Membership:
                 log.warning("asking %d node(s) again for their partition id", len(pending))
             claims.update(self.query(grid, pending))
             pending = [n for n in pending if n not in claims]
-        by_partition: dict[int, list[int]] = {}
-        for node, pid in claims.items():
-            by_partition.setdefault(pid, []).append(node)
-        twice = {pid: sorted(nodes) for pid, nodes in by_partition.items() if len(nodes) > 1}
-        if twice:
-            pid, nodes = min(twice.items())
-            raise ValueError(
-                f"nodes {', '.join(map(str, nodes))} all serve partition-id {pid}"
-                + (f" ({len(twice)} partitions claimed twice)" if len(twice) > 1 else "")
-                + ": give every SuperNode its own partition-id in --node-config"
-            )
-        self.nodes = {**dict.fromkeys(pending), **claims}
+        claims = self._refuse_duplicate_claims(claims)
+        self.nodes = {**dict.fromkeys(pending), **claims, **dict.fromkeys(self.refused)}
         self.node_of = {pid: node for node, pid in claims.items()}
         if not self.node_of:
             raise RuntimeError("no node reported a partition id: is the federation running?")
@@ -133,6 +132,41 @@ class Membership:
                         missing, self.cfg.num_clients, len(self.node_of))
         self.sampler = build_sampler(self.cfg, sorted(self.node_of))
         return self.sampler
+
+    def _refuse_duplicate_claims(self, claims: dict[int, int]) -> dict[int, int]:
+        """At the start: the first node to claim a partition keeps it; later claimants are
+        refused (remembered in :attr:`refused`, not asked again) with one warning each."""
+        kept: dict[int, int] = {}
+        owner: dict[int, int] = {}
+        for node, pid in claims.items():  # in the order the claims arrived
+            if pid in owner:
+                self._refuse(node, pid, owner[pid], "at the start")
+                continue
+            owner[pid] = node
+            kept[node] = pid
+        return kept
+
+    def _refuse(self, node: int, pid: int, holder: int, when: str) -> None:
+        self.refused[node] = pid
+        self.query_failures[node] = QUERY_ATTEMPTS  # not asked again: its claim is remembered
+        log.warning("%s: node %s claims partition %d, served by live node %s: refused (a partition stays with "
+                    "its live node; if node %s is a restart of node %s, it takes over once node %s has left the "
+                    "federation, i.e. once the SuperLink misses its heartbeats; if two devices really hold "
+                    "partition %d, give each its own partition-id)", when, node, pid, holder, node, holder, holder,
+                    pid)
+
+    def _grant_waiting_claims(self, now: set[int], server_round: int) -> None:
+        """Refused claimants whose partition's node has left take the partition over."""
+        for node, pid in sorted(self.refused.items()):
+            if node not in now:
+                del self.refused[node]
+            elif pid not in self.node_of:
+                del self.refused[node]
+                self.nodes[node] = pid
+                self.node_of[pid] = node
+                self.moved.append(pid)
+                log.warning("round %d: node %s now serves partition %d (its previous node left the federation)",
+                            server_round, node, pid)
 
     def refresh(self, grid: Grid, server_round: int) -> None:
         """Bring the map up to date with the nodes the grid lists now (see the module doc)."""
@@ -148,23 +182,19 @@ class Membership:
                 del self.node_of[pid]
                 log.warning("round %d: node %s (partition %d) left the federation: partition %d is not "
                             "asked until a node serves it again", server_round, node, pid, pid)
+        self._grant_waiting_claims(now, server_round)
         new = sorted(now - set(self.nodes))
         ask = sorted({*new, *retry})
         self.nodes.update(dict.fromkeys(new))
         for node, pid in sorted(self.query(grid, ask, strict=False).items()):
             old = self.node_of.get(pid)
+            if old is not None and old != node:  # served by a node the grid still lists
+                self._refuse(node, pid, old, f"round {server_round}")
+                continue
             self.nodes[node] = pid
             self.node_of[pid] = node
             self.moved.append(pid)
-            if old is not None:
-                self.nodes[old] = None  # still listed: not asked again, forgotten when it leaves
-                self.query_failures[old] = QUERY_ATTEMPTS
-                log.warning("round %d: node %s claims partition %d, served by node %s until now: the newest "
-                            "node serves it (a restarted SuperNode rejoins under a new node id); if two "
-                            "devices really hold partition %d, give each its own partition-id",
-                            server_round, node, pid, old, pid)
-            else:
-                log.info("round %d: node %s joined, serving partition %d", server_round, node, pid)
+            log.info("round %d: node %s joined, serving partition %d", server_round, node, pid)
         assert self.sampler is not None
         if not set(self.node_of) <= set(self.sampler.available.tolist()):
             # a partition nobody served at the start: the sampler grows to every partition seen

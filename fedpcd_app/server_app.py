@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
-from fedpcd_app import checkpoint, node_data, secagg
+from fedpcd_app import checkpoint, divergence, node_data, secagg
 from fedpcd_app.config import Setup, check, validate
 from fedpcd_app.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
@@ -94,11 +94,23 @@ class Experiment:
         self.stop_on_error = self.cfg.params.get("on-aggregation-error", "stop") == "stop"
         self.aggregation_exception: Exception | None = None
         self.start_round = 1
+        self.watch = divergence.Watch(self.cfg, divergence.num_classes(setup.model))
+        self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
         if setup.resume_from:
-            self.resume(setup.resume_from)
+            try:
+                self.resume(setup.resume_from)
+            except BaseException:
+                self.writer.close()  # the output-dir's lock with it
+                raise
 
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.writer.lock.release()  # on any exit (finish() has released it on a normal one)
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.membership.sampler is None or self.membership_given:
             sampler = self.membership.sampler or self.membership.discover(self.grid)
@@ -113,7 +125,8 @@ class Experiment:
         t_start = time.perf_counter()
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             record = self.train_round(server_round)
-            stop = self.stop_on_error and "aggregation_error" in record
+            diverged = self.watch.observe(record, self.last_valid)
+            stop = diverged is not None or (self.stop_on_error and "aggregation_error" in record)
             if stop or self.is_eval_round(server_round):
                 record["eval"] = self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
             self.history.append(record)
@@ -121,6 +134,8 @@ class Experiment:
             if self.tracker is not None:
                 self.tracker.round(record)
             self.log_round(record, (time.perf_counter() - t_start) / (server_round - self.start_round + 1))
+            if diverged is not None:
+                return self.diverged(server_round, diverged)
             if stop:
                 self.stop(server_round, record["aggregation_error"])
             self.after_round(server_round)
@@ -133,6 +148,14 @@ class Experiment:
         log.error("%s; the run stops (on-aggregation-error='keep' would log it and keep the model)", line)
         self.finish(f"stopped after round {server_round} of {self.cfg.num_server_rounds}: {line}")
         raise AggregationStopped(line) from self.aggregation_exception
+
+    def diverged(self, server_round: int, why: str) -> dict[str, Any]:
+        """A diverged run ends (fedpcd_app.divergence): one line, no checkpoint of this round,
+        the summary saying so; the model is the last finite one."""
+        reason = f"{divergence.PREFIX} {server_round}: {why}"
+        log.error("%s; the run stops (the model is the last finite one; diverge-patience=%d)", reason,
+                  self.watch.patience)
+        return self.finish(reason)
 
     # -- one training round ----------------------------------------------------------------------
     def train_round(self, server_round: int) -> dict[str, Any]:
@@ -161,6 +184,7 @@ class Experiment:
                         record["unserved"])
         t1 = time.perf_counter()
         new_arrays, agg_metrics, error = None, None, None
+        self.last_valid = []
         if aggregate is not None:
             try:
                 new_arrays, agg_metrics = aggregate()
@@ -185,11 +209,14 @@ class Experiment:
             "lr": self.strategy.round_lr(server_round),
         })
         if valid:
+            self.last_valid = list(valid) if self.secure is None else []
             record.update(_train_losses(valid, self.strategy.want_loss_before))
             record["aggregate_seconds"] = time.perf_counter() - t1
             if error is not None:
                 record["aggregation_error"] = error
-            if new_arrays is not None:
+            if new_arrays is not None and not divergence.is_finite(new_arrays):
+                record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
+            elif new_arrays is not None:
                 self.arrays = new_arrays
             if agg_metrics is not None:
                 record["strategy"] = dict(agg_metrics)
@@ -223,6 +250,7 @@ class Experiment:
             params=self.strategy.params.to_run_config(),
             times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
             privacy=self.strategy.privacy.state if self.strategy.privacy is not None else None,
+            config=self.cfg.as_dict(),
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -231,14 +259,16 @@ class Experiment:
         """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir);
         its history is copied into this run's rounds.jsonl first."""
         ckpt = checkpoint.latest(folder)
+        allow = checkpoint.allowed_changes(self.cfg.params.get("resume-allow-changes", ""))
         checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
                                     {k: v.numpy() for k, v in self.arrays.items()},
-                                    self.strategy.params.to_run_config())
+                                    self.strategy.params.to_run_config(), allow)
         if ckpt.round >= self.cfg.num_server_rounds:
             raise ConfigError(
                 f"run-config key 'num-server-rounds' = {self.cfg.num_server_rounds}: the checkpoint in "
                 f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
             )
+        checkpoint.check_config(ckpt, self.cfg.as_dict(), allow)
         self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
         self.strategy.state = ckpt.strategy
         if self.strategy.privacy is not None and ckpt.privacy is not None:
@@ -287,7 +317,7 @@ class Experiment:
         } for pid in range(cfg.num_clients)]
         self.writer.clients(rows)
         # The final global model: a plain state_dict (torch.load(path, weights_only=True) reads it).
-        torch.save(self.arrays.to_torch_state_dict(), self.writer.dir / "final_model.pt")
+        self.writer.model(self.arrays.to_torch_state_dict())
         summary = {
             "method": cfg.method,
             "seed": cfg.seed,

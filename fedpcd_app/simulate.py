@@ -43,6 +43,7 @@ from typing import Any
 
 from client_app.data import DataError
 from fedcore.config import ConfigError
+from fedpcd_app.checkpoint import OutputError
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
@@ -298,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OutputError as exc:  # a full disk: one line, the last checkpoint intact
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         from fedpcd_app.engine import stop_forkserver
 
