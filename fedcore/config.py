@@ -195,10 +195,14 @@ APP_KEYS: tuple[AppKey, ...] = (
            "(0 = off)", low=0.0),
     AppKey("on-aggregation-error", "stop", "an exception in the aggregation: stop the run or keep the model",
            choices=("stop", "keep")),
+    AppKey("diverge-patience", 5, "rounds of all-dropped replies or a loss at chance before a run is stopped as "
+           "diverged (0 = only the first)", low=0),
     # -- reliability --
     AppKey("checkpoint-every", 10, "checkpoint every k rounds (0 = never)", low=0),
     AppKey("checkpoint-keep", 2, "checkpoints kept", low=1),
     AppKey("resume-from", "", "the output-dir of an earlier run to resume"),
+    AppKey("resume-allow-changes", "", "resume: comma-separated training/data keys that may differ from the "
+           "checkpoint's"),
     AppKey("secure-aggregation", False, "SecAgg+ (sum-only methods)"),
     AppKey("secagg-num-shares", 1.0, "SecAgg+ shares (<= 1: a fraction, else a count)", low=0.0, low_open=True),
     AppKey("secagg-reconstruction-threshold", 0.7, "SecAgg+ threshold (<= 1: a fraction, else a count)", low=0.0,
