@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fedcore.config import ConfigError, RunConfig, Scalar, parse_run_config, resolve
+from fedcore.config import ConfigError, RunConfig, Scalar, check_retired, parse_run_config, resolve
 from strategies import registry
 from strategies.base import FairStrategy
 
@@ -47,6 +47,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     from strategies import privacy
     from strategies.base import check_update_clip
 
+    check_retired(raw)
     cfg = parse_run_config(raw)
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
@@ -59,6 +60,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                     "remove it, choose the method it belongs to, or set allow-unused-keys=true"
                 )
     cls.resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
+    cfg.get_bool("eval-averaged-iterate", False)
     cfg.get_choice("participation", PARTICIPATION, "uniform")
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
