@@ -179,9 +179,11 @@ APP_KEYS: tuple[AppKey, ...] = (
            hint="seconds (0 = auto: none in simulation, 600 s in deployment)"),
     AppKey("log-every", 1, "log every k rounds", low=1),
     AppKey("allow-unused-keys", False, "let keys of another method than the selected one through"),
+    AppKey("eval-averaged-iterate", False, "score the running mean of the global models (every method)"),
+    AppKey("fedavg-weighting", "data-size", "the FedAvg family's weights: n_i/Σn or 1/m", choices=("data-size", "uniform")),
     AppKey("server-device", "auto", "where the server's aggregation maths runs", choices=SERVER_DEVICES),
     AppKey("participation", "uniform", "the client sampler (fedpcd_app/sampler.py)",
-           choices=("uniform", "skewed", "bernoulli")),
+           choices=("uniform", "skewed", "bernoulli", "size-proportional")),
     AppKey("availability-rare-clients", 3, "skewed participation: how many rare clients", low=0),
     AppKey("availability-rare-prob", 0.01, "skewed participation: a rare client's probability", low=0.0, high=1.0,
            low_open=True),
@@ -370,9 +372,24 @@ def parse_overrides(text: str) -> dict[str, Scalar]:
     return parsed
 
 
+# Keys that were removed, with what replaces them (one line each).
+RETIRED_KEYS = {
+    "federage-averaged-iterate": "set eval-averaged-iterate = true instead (every method is then scored on the "
+                                 "running average of its global iterates)",
+}
+
+
+def check_retired(keys) -> None:
+    """A retired key is refused with one line naming its replacement."""
+    for key in keys:
+        if key in RETIRED_KEYS:
+            raise ConfigError(f"run-config key '{key}' is retired: {RETIRED_KEYS[key]}")
+
+
 def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
     """Defaults fused with overrides; an unknown key is rejected as ``flwr run`` does."""
     full = default_run_config()
+    check_retired(overrides or {})
     for key, value in (overrides or {}).items():
         if key not in full:
             raise ConfigError(

@@ -8,6 +8,8 @@ Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
 * the strategy's ``state`` (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
   control variate, AFL's λ and averaged model, FedeRage's β, ...) as a plain tree
   (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
+* with ``eval-averaged-iterate``, the running average θ̄_t of the global models and its count
+  (:class:`fedpcd_app.evaluation.IterateAverage`; a resume with the other value is refused),
 * the round t, ``times_sampled`` per partition and the metric history (every
   rounds.jsonl record so far, plus the last evaluation),
 * the method, seed, number of clients and the model's array spec, checked on resume,
@@ -97,6 +99,7 @@ class Checkpoint:
     last_eval: dict[str, Any]
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
     config: Any = None  # the run's full flat config (run-config keys), compared on resume
+    averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.evaluation)
 
 
     def to_dict(self) -> dict[str, Any]:
