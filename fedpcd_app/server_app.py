@@ -37,7 +37,7 @@ from fedpcd_app import checkpoint, node_data, secagg
 from fedpcd_app.config import Setup, check, validate
 from fedpcd_app.evaluation import Evaluator, summary_fields
 from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
-from fedpcd_app.membership import Membership
+from fedpcd_app.membership import Membership, PartitionRouter, route_partitions, routing_wanted, wait_for_stable_nodes
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
 
@@ -388,7 +388,25 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
             membership.discover(grid)
             raw = node_data.complete(raw, membership)
         setup = validate(raw)
+    if membership is None:
+        grid, membership = routed(grid, setup.cfg)
     return Experiment(grid, setup, membership).run()
+
+
+def routed(grid: Grid, cfg: RunConfig) -> tuple[Grid, Membership | None]:
+    """In a partitioned simulation whose node count is not ``num-clients`` (e.g. Flower's
+    default 2 SuperNodes): the grid of one virtual node per partition over the real ones, and
+    its membership (:class:`fedpcd_app.membership.PartitionRouter`); else ``(grid, None)``."""
+    from fedpcd_app.engine import LocalGrid
+    from fedpcd_app.exchange import is_simulation
+
+    if local_data.is_node_mode(cfg) or not is_simulation(grid):
+        return grid, None
+    nodes = list(grid.get_node_ids()) if isinstance(grid, LocalGrid) else wait_for_stable_nodes(grid)
+    if not routing_wanted(cfg, grid, nodes):
+        return grid, None
+    router = PartitionRouter(grid, cfg.num_clients, nodes)
+    return router, route_partitions(resolve_round_timeout(cfg, grid), router)
 
 
 def make_server_app(setup: Setup | Mapping[str, Any] | None = None) -> ServerApp:
