@@ -43,7 +43,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
     from client_app import attacks
     from fedpcd_app import checkpoint, secagg
-    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
+    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
     from strategies import privacy
     from strategies.base import check_update_clip
 
@@ -60,7 +60,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                 )
     cls.resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
     cfg.get_choice("participation", PARTICIPATION, "uniform")
-    cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
+    rare_clients(cfg)  # the default adapts to federations of fewer than 4 clients
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
     cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
     cfg.get_int("checkpoint-every", 0, low=0)

@@ -79,18 +79,50 @@ def simulate(
     return out
 
 
+def check_output_dir(path: str | os.PathLike) -> None:
+    """ConfigError (one line) unless ``output-dir`` can be written: a file can be created in it
+    or, when it does not exist yet, in its nearest existing parent. Checked before a run starts,
+    so that a read-only or misspelt folder is not a traceback after the run's first minutes."""
+    target = Path(path).expanduser().absolute()
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    problem = None
+    if not probe.is_dir():
+        problem = f"{probe} is not a folder"
+    else:
+        try:
+            fd, name = tempfile.mkstemp(prefix=".fedpcd-write-check-", dir=probe)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            problem = f"{probe} cannot be written ({exc.strerror or exc})"
+    if problem:
+        raise ConfigError(f"run-config key 'output-dir' = '{path}': {problem}; "
+                          "give output-dir='<a folder you can write>'")
+
+
 # -- local engine --------------------------------------------------------------------------------
 def _simulate_local(overrides, workers: int | None) -> Path:
     from fedpcd_app.config import load_setup
     from fedpcd_app.engine import run_local, usable_cores
     from fedpcd_app.server_app import make_server_app
 
+    _check_output_dir_first(overrides)  # before any data is loaded or model built
     setup = load_setup(overrides)  # every key checked, strategy and model built, once
     workers = usable_cores() if workers is None else workers
     run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
               run_config=setup.raw, warmup="fedpcd_app.simulate:load_client_data" if workers else None,
               preload=CLIENT_PRELOAD)
     return Path(setup.cfg.output_dir).resolve()
+
+
+def _check_output_dir_first(overrides) -> None:
+    from fedcore.config import parse_overrides, parse_run_config, resolve
+    from fedpcd_app.results import default_output_dir
+
+    raw = resolve(parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides or {}))
+    check_output_dir(raw.get("output-dir") or default_output_dir(parse_run_config(raw)))
 
 
 def load_client_data(run_config: Mapping[str, Any]) -> None:
@@ -118,23 +150,16 @@ def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
         load_federated_data(cfg)
     # The ServerApp runs from an installed copy of the app (another working directory).
     raw["output-dir"] = str(Path(raw["output-dir"] or default_output_dir(cfg)).resolve())
-    bin_dir = Path(sys.executable).parent
-    with tempfile.TemporaryDirectory(prefix="fedpcd-flwr-") as home:
-        home = Path(home)
-        run_config = home / "run_config.toml"
-        run_config.write_text("".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in raw.items()))
-        env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-               "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-               "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-        with LocalSuperLink(home, env) as link:
-            federation = (f"num-supernodes={cfg.num_clients} client-resources-num-cpus={num_cpus:g} "
-                          f"client-resources-num-gpus={num_gpus:g}")
-            subprocess.run([str(bin_dir / "flwr"), "run", str(PROJECT), link.name, "--stream",
-                            "--federation-config", federation, "--run-config", str(run_config)],
-                           env=env, cwd=PROJECT, check=False)
-            status = link.last_run_status()
-        if status != "finished:completed":
-            raise RuntimeError(f"the flwr run ended with status {status!r} (see its log above)")
+    check_output_dir(raw["output-dir"])
+    from fedpcd_app.flwr_run import run_app
+
+    federation = (f"num-supernodes={cfg.num_clients} client-resources-num-cpus={num_cpus:g} "
+                  f"client-resources-num-gpus={num_gpus:g}")
+    run_id, info = run_app(raw, federation)  # follows the run id flwr run printed
+    status = info.get("status", "unknown")
+    if status != "finished:completed":
+        details = " ".join(str(info.get("status-details", "")).split())
+        raise RuntimeError(f"flwr run {run_id} ended with status {status!r}" + (f": {details}" if details else ""))
     return Path(raw["output-dir"])
 
 
@@ -178,12 +203,15 @@ class LocalSuperLink:
         self._watch = threading.Thread(target=self._track, daemon=True)
         self._watch.start()
         deadline = time.monotonic() + startup_timeout
-        while not self._healthy():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the local SuperLink did not start (exit code {self.process.poll()}); "
-                                   f"its log: {self.log}")
-            time.sleep(0.2)
+        try:
+            while not self._healthy():
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the local SuperLink did not start (exit code {self.process.poll()}); "
+                                       f"its log: {self.log}")
+                time.sleep(0.2)
+        except BaseException:  # a failed start, or Ctrl-C while it starts: nothing left behind
+            self.stop()
+            raise
 
     def __enter__(self) -> LocalSuperLink:
         return self
