@@ -24,32 +24,22 @@ Engines (same numbers for the same seed; ``tests/test_engine.py``):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import math
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from client_app.data import DataError
 from fedcore.config import ConfigError
+from fedpcd_app.flwr_run import PROJECT, LocalSuperLink, check_output_dir  # noqa: F401 - re-exported
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
 # What the ClientApp imports lazily (data loading; torch._dynamo on the first optimizer):
 # imported once in the forkserver the workers fork from, not once per worker.
 CLIENT_PRELOAD = ("client_app.data", "sklearn.datasets", "datasets", "flwr_datasets.partitioner", "torch._dynamo")
-PROJECT = Path(__file__).resolve().parent.parent  # the Flower app (pyproject.toml) `flwr run` builds
 
 
 def simulate(
@@ -77,29 +67,6 @@ def simulate(
     if not (out / "summary.json").is_file():
         raise RuntimeError(f"the run did not finish: no summary.json in {out} (see the log above)")
     return out
-
-
-def check_output_dir(path: str | os.PathLike) -> None:
-    """ConfigError (one line) unless ``output-dir`` can be written: a file can be created in it
-    or, when it does not exist yet, in its nearest existing parent. Checked before a run starts,
-    so that a read-only or misspelt folder is not a traceback after the run's first minutes."""
-    target = Path(path).expanduser().absolute()
-    probe = target
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    problem = None
-    if not probe.is_dir():
-        problem = f"{probe} is not a folder"
-    else:
-        try:
-            fd, name = tempfile.mkstemp(prefix=".fedpcd-write-check-", dir=probe)
-            os.close(fd)
-            os.unlink(name)
-        except OSError as exc:
-            problem = f"{probe} cannot be written ({exc.strerror or exc})"
-    if problem:
-        raise ConfigError(f"run-config key 'output-dir' = '{path}': {problem}; "
-                          "give output-dir='<a folder you can write>'")
 
 
 # -- local engine --------------------------------------------------------------------------------
@@ -161,145 +128,6 @@ def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
         details = " ".join(str(info.get("status-details", "")).split())
         raise RuntimeError(f"flwr run {run_id} ended with status {status!r}" + (f": {details}" if details else ""))
     return Path(raw["output-dir"])
-
-
-def _toml_key(key: str) -> str:
-    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _toml_value(value: Any) -> str:
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string: JSON's escapes are TOML's
-
-
-class LocalSuperLink:
-    """``flower-superlink --simulation`` on a free local port, with its own FLWR_HOME (a
-    ``config.toml`` naming it), and every process it starts tracked so that :meth:`stop`
-    ends them all by PID: Ray's actors and servers outlive the run otherwise."""
-
-    name = "fedpcd-local"
-
-    def __init__(self, home: Path, env: dict[str, str], startup_timeout: float = 60.0) -> None:
-        self.home, self.env = home, env
-        self.port = _free_port()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{self.name}"\n\n[superlink.{self.name}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        self.log = home / "superlink.log"
-        cmd = [str(Path(sys.executable).parent / "flower-superlink"), "--insecure", "--simulation",
-               "--host", "127.0.0.1", "--port", str(self.port), "--log-file", str(self.log),
-               "--disable-runtime-dependency-installation"]
-        self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True)
-        self.seen: dict[int, int] = {}  # pid -> start time (a reused pid is not ours)
-        self._stop_watch = threading.Event()
-        self._watch = threading.Thread(target=self._track, daemon=True)
-        self._watch.start()
-        deadline = time.monotonic() + startup_timeout
-        try:
-            while not self._healthy():
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the local SuperLink did not start (exit code {self.process.poll()}); "
-                                       f"its log: {self.log}")
-                time.sleep(0.2)
-        except BaseException:  # a failed start, or Ctrl-C while it starts: nothing left behind
-            self.stop()
-            raise
-
-    def __enter__(self) -> LocalSuperLink:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=0.5) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def _track(self) -> None:
-        while not self._stop_watch.wait(0.25):
-            self.seen.update(_descendants(self.process.pid))
-
-    def last_run_status(self) -> str:
-        import json
-
-        proc = subprocess.run([str(Path(sys.executable).parent / "flwr"), "ls", self.name, "--format", "json"],
-                              env=self.env, capture_output=True, text=True, check=False)
-        try:
-            runs = json.loads(proc.stdout).get("runs", [])
-        except ValueError:
-            return f"unknown ({proc.stdout.strip()[-200:]} {proc.stderr.strip()[-200:]})"
-        runs.sort(key=lambda r: r.get("pending-at", ""))
-        return runs[-1].get("status", "unknown") if runs else "no run"
-
-    def stop(self) -> None:
-        """SIGTERM the SuperLink and everything it started, then SIGKILL what remains, by PID."""
-        self.seen.update(_descendants(self.process.pid))
-        self._stop_watch.set()
-        self._watch.join()
-        self.seen.update(_descendants(self.process.pid))
-        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
-            if self.process.poll() is None:
-                self.process.send_signal(sig)
-            alive = [pid for pid, started in self.seen.items() if _start_time(pid) == started]
-            for pid in alive:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + grace
-            while (alive or self.process.poll() is None) and time.monotonic() < deadline:
-                time.sleep(0.05)
-                alive = [pid for pid in alive if _start_time(pid) == self.seen[pid]]
-            if not alive and self.process.poll() is not None:
-                break
-        self.process.wait()
-        shutil.rmtree(self.home / "apps", ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot) from /proc, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == b"Z" else int(fields[19])  # a zombie is already gone
-
-
-def _descendants(root: int) -> dict[int, int]:
-    """Every live descendant of ``root`` (pid -> start time), from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, stack = {}, list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        started = _start_time(pid)
-        if started is not None:
-            out[pid] = started
-        stack.extend(children.get(pid, []))
-    return out
 
 
 # -- command line ----------------------------------------------------------------------------------
