@@ -48,10 +48,25 @@ class AggregationStopped(RuntimeError):
     """A strategy's aggregation raised and ``on-aggregation-error`` = stop (one-line message)."""
 
 
+class _MethodTag(logging.Formatter):
+    """``HH:MM:SS [<method>] message``: the prefix names the run's method (set by
+    :func:`set_log_method`; ``fedpcd``, the app's name, before a run has one)."""
+
+    method = "fedpcd"
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.method = _MethodTag.method
+        return super().format(record)
+
+
+def set_log_method(method: str) -> None:
+    _MethodTag.method = str(method) or "fedpcd"
+
+
 def _setup_logging() -> None:
     if not log.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s [fedpcd] %(message)s", "%H:%M:%S"))
+        handler.setFormatter(_MethodTag("%(asctime)s [%(method)s] %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
@@ -66,6 +81,7 @@ class Experiment:
             setup = validate(setup.as_dict())
         # round-timeout 0 = auto: no timeout in simulation, a finite one in deployment (exchange.py)
         self.grid, self.setup, self.cfg = grid, setup, resolve_round_timeout(setup.cfg, grid)
+        set_log_method(self.cfg.method)  # the log prefix names the method
         self.node_data = local_data.settings(self.cfg).node  # the nodes bring their own data
         if self.node_data and not local_data.settings(self.cfg).complete:
             raise ConfigError("client-data='node': input-shape, num-classes, data-mean and data-std must be known "
@@ -108,7 +124,7 @@ class Experiment:
         log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, source,
                  cfg.model, cfg.num_clients, self.membership.sampler.describe(), cfg.num_server_rounds,
                  self.writer.dir)
-        t_start = time.perf_counter()
+        t_first = time.perf_counter()  # end of the run's first round (set below)
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             record = self.train_round(server_round)
             stop = self.stop_on_error and "aggregation_error" in record
@@ -118,7 +134,12 @@ class Experiment:
             self.writer.round(record)
             if self.tracker is not None:
                 self.tracker.round(record)
-            self.log_round(record, (time.perf_counter() - t_start) / (server_round - self.start_round + 1))
+            # The ETA leaves the first round out: it carries the start-up (data, workers, actors).
+            now = time.perf_counter()
+            if server_round == self.start_round:
+                t_first = now
+            done = server_round - self.start_round
+            self.log_round(record, (now - t_first) / done if done else None)
             if stop:
                 self.stop(server_round, record["aggregation_error"])
             self.after_round(server_round)
@@ -253,11 +274,12 @@ class Experiment:
         log.info("resumed from round %d of %s", ckpt.round, folder)
 
     # -- results ---------------------------------------------------------------------------------
-    def log_round(self, rec: dict[str, Any], seconds_per_round: float) -> None:
+    def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
+        """One line per round; ``seconds_per_round``: the mean of the rounds after the run's
+        first (None in the first round: no ETA yet)."""
         r = rec["round"]
         if r % self.cfg.log_every and "eval" not in rec and r != self.cfg.num_server_rounds:
             return
-        eta = seconds_per_round * (self.cfg.num_server_rounds - r)
         line = f"round {r:4d}/{self.cfg.num_server_rounds}: {rec['num_replies']} replies"
         if rec["num_dropped"]:
             line += f" ({rec['num_dropped']} dropped)"
@@ -266,7 +288,10 @@ class Experiment:
         if "eval" in rec:
             e = rec["eval"]
             line += f" | mean acc {e['mean_acc']:.4f}, worst-10% {e['worst10_acc']:.4f}, jain {e['jain']:.4f}"
-        line += f" [{rec['round_seconds']:.2f} s, ETA {eta:.0f} s]"
+        if seconds_per_round is None:
+            line += f" [{rec['round_seconds']:.2f} s]"
+        else:
+            line += f" [{rec['round_seconds']:.2f} s, ETA {seconds_per_round * (self.cfg.num_server_rounds - r):.0f} s]"
         log.info(line)
 
     def finish(self, stopped: str | None = None) -> dict[str, Any]:
@@ -381,6 +406,7 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
     their replies before the model is built (:mod:`fedpcd_app.node_data`)."""
     _setup_logging()
     membership = None
+    set_log_method((setup.cfg.method if isinstance(setup, Setup) else dict(setup).get("method")) or "fedpcd")
     if not isinstance(setup, Setup):
         raw = dict(setup)
         if local_data.is_node_mode(raw):

@@ -33,7 +33,7 @@ from typing import Any
 
 from client_app.data import DataError
 from fedcore.config import ConfigError
-from fedpcd_app.flwr_run import PROJECT, LocalSuperLink, check_output_dir  # noqa: F401 - re-exported
+from fedpcd_app.flwr_run import PROJECT, Interrupted, LocalSuperLink, check_output_dir  # noqa: F401 - re-exported
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C: one line; the workers/the flwr run are stopped
+        print("interrupted: the run stopped (its rounds so far are in its output-dir)", file=sys.stderr, flush=True)
+        return 130
     finally:
         from fedpcd_app.engine import stop_forkserver
 
