@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
-from fedpcd_app import checkpoint, node_data, secagg
+from fedpcd_app import checkpoint, node_data, run_report, secagg
 from fedpcd_app.config import Setup, check, validate
 from fedpcd_app.evaluation import Evaluator, summary_fields
 from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
@@ -99,7 +99,7 @@ class Experiment:
         self.arrays = ArrayRecord(setup.model.state_dict())
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
         self.writer = ResultsWriter(self.cfg)
-        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard, when tensorboard = true
+        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
         self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
                                               _spec(self.arrays)) if secagg.enabled(self.cfg) else None
         self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
@@ -331,7 +331,10 @@ class Experiment:
         self.writer.summary(summary)
         self.writer.close()
         if self.tracker is not None:
+            self.tracker.summary(summary)
             self.tracker.close()
+        if run_report.enabled(cfg):  # report.md and the run's figures (figures = 'auto')
+            run_report.write_quietly(self.writer.dir)
         log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                  summary["mean_acc"], summary["worst10_acc"], summary["jain"],
                  summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)

@@ -231,7 +231,8 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
     from fedpcd_app.simulate import simulate
 
     try:
-        return str(simulate({**overrides, "output-dir": folder}, **(engine or {})))
+        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end
+        return str(simulate({**overrides, "output-dir": folder, "figures": "none"}, **(engine or {})))
     finally:
         stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
 
@@ -332,9 +333,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)
-    if not failures:
-        print(f"next: python -m fedpcd_app.report {out} && python -m fedpcd_app.figures {out}")
+    if len(failures) < len(sweep.runs):
+        _report_and_figures(out)
     return 1 if failures else 0
+
+
+def _report_and_figures(out: Path) -> None:
+    """The sweep's report.md and figures (its runs draw none of their own), as
+    ``python -m fedpcd_app.report <out>`` and ``python -m fedpcd_app.figures <out>`` would."""
+    from fedpcd_app.figures import make_figures
+    from fedpcd_app.report import report
+
+    try:
+        md, _ = report(out)
+        figs = make_figures(out)
+    except Exception as exc:  # noqa: BLE001 - the runs are done: a figure problem is one line
+        print(f"note: report/figures not written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''});"
+              f" run python -m fedpcd_app.report {out} && python -m fedpcd_app.figures {out}", file=sys.stderr)
+        return
+    print(f"wrote {md} and {len(figs)} figures in {out / 'figures'}")
 
 
 if __name__ == "__main__":
