@@ -114,6 +114,7 @@ class WandbLogger:
 
     def close(self) -> None:
         self.run.finish()
+        self.wandb.teardown()  # waits for W&B's service process: the run's file is complete on return
 
 
 class Trackers:
