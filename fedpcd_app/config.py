@@ -42,7 +42,7 @@ class Setup:
 def check(raw: Mapping[str, Scalar]) -> RunConfig:
     """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
     from client_app import attacks
-    from fedpcd_app import checkpoint, run_report, secagg, tracking
+    from fedpcd_app import checkpoint, secagg, tracking
     from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
     from strategies import privacy
     from strategies.base import check_update_clip
@@ -67,7 +67,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg.get_int("checkpoint-keep", 2, low=1)
     cfg.get_bool("tensorboard", False)
     tracking.check(cfg)  # tracking = tensorboard | wandb | none (wandb installed?)
-    run_report.enabled(cfg)  # figures = auto | none
+    cfg.get_choice("figures", ("auto", "none"), "auto")  # report.md and figures when a run ends (run_report.py)
     resume_from = str(cfg.params.get("resume-from", ""))
     if resume_from:
         if not Path(resume_from).is_dir():

@@ -12,25 +12,17 @@ under ``flwr run``, by writing into its ``output-dir``:
 
 ``figures = "none"`` writes nothing (a sweep's runs: ``python -m fedpcd_app.sweep`` sets it
 and draws the sweep's report and figures once, at its end). A figure that cannot be drawn
-is a warning, never a failed run.
+is a warning, never a failed run. The ServerApp runs ``python -m fedpcd_app.run_report
+<output-dir>`` in a process of its own (:func:`draw`): matplotlib stays out of the run's
+process, and the reporting modules (which read sweeps) stay out of the ServerApp's imports.
 """
 
 from __future__ import annotations
 
-import logging
+import sys
 from pathlib import Path
 
-from fedcore.config import RunConfig
-
-KEY = "figures"
-CHOICES = ("auto", "none")
 FIGURES = ("client_hist.png", "convergence.png", "heatmap.png")
-
-log = logging.getLogger("fedpcd")
-
-
-def enabled(cfg: RunConfig) -> bool:
-    return cfg.get_choice(KEY, CHOICES, "auto") == "auto"
 
 
 def write(out_dir: str | Path) -> list[Path]:
@@ -53,12 +45,20 @@ def write(out_dir: str | Path) -> list[Path]:
     return written + ([drawn] if drawn is not None else [])
 
 
-def write_quietly(out_dir: str | Path) -> list[Path]:
-    """:func:`write`, with any failure logged as one warning (the run's results stand)."""
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m fedpcd_app.run_report <output-dir of a finished run>", file=sys.stderr)
+        return 2
     try:
-        paths = write(out_dir)
-    except Exception as exc:  # noqa: BLE001 - a figure must not fail a finished run
-        log.warning("report/figures not written: %s: %s", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-        return []
-    log.info("report and figures: %s, %s/", paths[0], Path(out_dir) / "figures")
-    return paths
+        paths = write(args[0])
+    except Exception as exc:  # noqa: BLE001 - one line: the run's results stand without them
+        print(f"report/figures not written: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+              file=sys.stderr)
+        return 1
+    print(f"report and figures: {paths[0]}, {Path(args[0]) / 'figures'}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

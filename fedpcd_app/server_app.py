@@ -33,7 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
-from fedpcd_app import checkpoint, node_data, run_report, secagg
+from fedpcd_app import checkpoint, node_data, secagg
 from fedpcd_app.config import Setup, check, validate
 from fedpcd_app.evaluation import Evaluator, summary_fields
 from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
@@ -333,8 +333,8 @@ class Experiment:
         if self.tracker is not None:
             self.tracker.summary(summary)
             self.tracker.close()
-        if run_report.enabled(cfg):  # report.md and the run's figures (figures = 'auto')
-            run_report.write_quietly(self.writer.dir)
+        if cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
+            draw_report(self.writer.dir)
         log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                  summary["mean_acc"], summary["worst10_acc"], summary["jain"],
                  summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
@@ -369,6 +369,27 @@ class Experiment:
         if self.strategy.privacy is not None:
             out["privacy"] = self.strategy.privacy.describe()
         return out
+
+
+FIGURES = ("auto", "none")  # run-config figures
+
+
+def draw_report(out_dir) -> None:
+    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.run_report`, in a
+    process of its own); a failure there is one warning, the run's results stand."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    app_root = Path(__file__).resolve().parent.parent  # this app's copy (flwr run installs one)
+    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.run_report", str(out_dir)], cwd=app_root,
+                          capture_output=True, text=True, check=False)
+    lines = (proc.stdout if proc.returncode == 0 else proc.stderr).strip().splitlines()
+    message = lines[-1] if lines else f"exit code {proc.returncode}"
+    if proc.returncode == 0:
+        log.info("%s", message)
+    else:
+        log.warning("%s", message)
 
 
 def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarray:

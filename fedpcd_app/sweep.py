@@ -45,6 +45,7 @@ import json
 import multiprocessing
 import os
 import re
+import subprocess
 import sys
 import time
 import tomllib
@@ -339,19 +340,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report_and_figures(out: Path) -> None:
-    """The sweep's report.md and figures (its runs draw none of their own), as
-    ``python -m fedpcd_app.report <out>`` and ``python -m fedpcd_app.figures <out>`` would."""
-    from fedpcd_app.figures import make_figures
-    from fedpcd_app.report import report
-
-    try:
-        md, _ = report(out)
-        figs = make_figures(out)
-    except Exception as exc:  # noqa: BLE001 - the runs are done: a figure problem is one line
-        print(f"note: report/figures not written ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''});"
-              f" run python -m fedpcd_app.report {out} && python -m fedpcd_app.figures {out}", file=sys.stderr)
-        return
-    print(f"wrote {md} and {len(figs)} figures in {out / 'figures'}")
+    """The sweep's report.md and figures (its runs draw none of their own): ``python -m
+    fedpcd_app.report <out>`` and ``python -m fedpcd_app.figures <out>``."""
+    for module in ("fedpcd_app.report", "fedpcd_app.figures"):
+        proc = subprocess.run([sys.executable, "-m", module, str(out)], capture_output=True, text=True, check=False,
+                              cwd=Path(__file__).resolve().parent.parent)
+        if proc.returncode != 0:
+            err = proc.stderr.strip().splitlines()
+            print(f"note: {module} failed ({err[-1] if err else proc.returncode}); run python -m {module} {out}",
+                  file=sys.stderr)
+            return
+    print(f"wrote {out / 'report.md'} and the figures in {out / 'figures'}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedcore.config import ConfigError, load_config
+from fedcore.config import ConfigError, load_config, parse_overrides, resolve
+from fedpcd_app.config import check
 from fedpcd_app import run_report
 from fedpcd_app.simulate import simulate
 from fedpcd_app.tracking import check as check_tracking
@@ -43,7 +44,7 @@ def test_tracking_keys_are_checked_in_one_line():
     with pytest.raises(ConfigError, match="tensorboard=false"):
         check_tracking(load_config({"tracking": "none", "tensorboard": True}))
     with pytest.raises(ConfigError, match="'figures'"):
-        run_report.enabled(load_config({"figures": "always"}))
+        check(resolve(parse_overrides("figures='always'")))
 
 
 def test_nothing_is_imported_when_tracking_is_off(tmp_path):
