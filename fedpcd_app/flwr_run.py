@@ -294,18 +294,6 @@ class LocalSuperLink:
         while not self._stop_watch.wait(0.25):
             self.seen.update(_descendants(self.process.pid))
 
-    def last_run_status(self) -> str:
-        import json
-
-        proc = subprocess.run([str(Path(sys.executable).parent / "flwr"), "ls", self.name, "--format", "json"],
-                              env=self.env, capture_output=True, text=True, check=False)
-        try:
-            runs = json.loads(proc.stdout).get("runs", [])
-        except ValueError:
-            return f"unknown ({proc.stdout.strip()[-200:]} {proc.stderr.strip()[-200:]})"
-        runs.sort(key=lambda r: r.get("pending-at", ""))
-        return runs[-1].get("status", "unknown") if runs else "no run"
-
     def stop(self) -> None:
         """SIGTERM the SuperLink and everything it started, then SIGKILL what remains, by PID."""
         self.seen.update(_descendants(self.process.pid))

@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fedcore.config import ConfigError, resolve
 from fedpcd_app import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,3 +57,32 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     assert proc.returncode == 130, "".join(seen[-10:]) + err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: "), err
     assert len([ln for ln in err.splitlines() if not re.match(r"\d\d:\d\d:\d\d \[", ln)]) == 1, err
+
+
+def test_a_one_line_error_ends_flowers_report_of_it(tmp_path):
+    """Issue 26, item 4: the ServerApp's ConfigError leaves main() and Flower logs it the way
+    flwr 1.42's simulation process does (the exception with its traceback, then the exit-code
+    message): the traceback is left out and the app's one line is the last line."""
+    import io
+    from logging import ERROR
+
+    from flwr.common.logger import console_handler
+    from flwr.common.logger import log as flwr_log
+
+    from fedpcd_app.engine import run_local
+    from fedpcd_app.server_app import make_server_app
+
+    with pytest.raises(ConfigError) as err:
+        run_local(make_server_app(), "client_app.client_app:app", 2, workers=0,
+                  run_config={**resolve({"output-dir": str(tmp_path)}), "method": "no-such-method"})
+    stream, old = io.StringIO(), console_handler.stream
+    console_handler.stream = stream
+    try:
+        flwr_log(ERROR, "%s raised an exception", "Simulation", exc_info=err.value)
+        flwr_log(ERROR, "Exit Code: 700\nAn unhandled exception occurred when running the simulation.")
+    finally:
+        console_handler.stream = old
+    lines = stream.getvalue().strip().splitlines()
+    assert "Traceback" not in stream.getvalue() and "raised an exception" not in stream.getvalue(), lines
+    assert lines[-1] == f"error: {err.value}" and "'method'" in lines[-1] and "\n" not in str(err.value), lines
+    assert lines[0].endswith("Exit Code: 700")  # Flower's own message stays, before it
