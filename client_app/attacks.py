@@ -127,7 +127,13 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     raw = dict(msg.content[keys.RUN_CONFIG])
     p = Params.from_run_config(raw)
     config = msg.content[keys.CONFIG]
-    pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
+    # the partition the request is for (a routed simulation node serves several; see
+    # client_app.client_app.served_partition); a node with its own data: its own partition
+    node_mode = str(raw.get("client-data", "partition")) == "node"
+    if not node_mode and keys.PARTITION_ID in config:
+        pid = config[keys.PARTITION_ID]
+    else:
+        pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
     if p.kind in ("none", "eval-lie") or pid is None or int(pid) not in attacked_partitions(raw):
         return call_next(msg, context)
     if p.kind == "label-flip":

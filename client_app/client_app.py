@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -47,6 +47,42 @@ def node_partition(context: Context, config: Mapping | None = None) -> int:
         "this SuperNode has no partition id: start it with "
         "--node-config \"partition-id=<i> num-partitions=<n>\""
     )
+
+
+def served_partition(context: Context, config: Mapping, cfg: RunConfig) -> int:
+    """The partition a request is for. With partitioned data (``client-data = "partition"``)
+    a node can serve any partition, and a simulation with fewer nodes than partitions routes
+    several to one node (:class:`fedpcd_app.membership.PartitionRouter`): the request's
+    ``partition-id`` wins. A node with its own data (``client-data = "node"``) always serves
+    its own partition."""
+    if not local_data.is_node_mode(cfg) and keys.PARTITION_ID in config:
+        return int(config[keys.PARTITION_ID])
+    return node_partition(context, config)
+
+
+class PartitionState(MutableMapping):
+    """A partition's view of the node's ``context.state``: its entries under keys suffixed
+    ``@p<partition>``, so that a node serving several partitions keeps each one's state
+    (SCAFFOLD's c_i, Ditto's personal model) apart, and a partition's state is the same
+    whichever other partitions its node serves."""
+
+    def __init__(self, state: RecordDict, partition_id: int) -> None:
+        self.state, self.suffix = state, f"@p{int(partition_id)}"
+
+    def __getitem__(self, key):
+        return self.state[key + self.suffix]
+
+    def __setitem__(self, key, value) -> None:
+        self.state[key + self.suffix] = value
+
+    def __delitem__(self, key) -> None:
+        del self.state[key + self.suffix]
+
+    def __iter__(self):
+        return (k[: -len(self.suffix)] for k in list(self.state) if k.endswith(self.suffix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @functools.lru_cache(maxsize=4)
@@ -164,7 +200,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
         cfg=settings, server_round=server_round, partition_id=pid,
         lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
         x=x, y=y, generator=torch_generator(seed, "batches", pid, server_round),
-        request=msg.content, state=context.state, config=config, augment=augment,
+        request=msg.content, state=PartitionState(context.state, pid), config=config, augment=augment,
     )
     outcome = method.train(job)
     metrics = {
@@ -196,7 +232,7 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
             cfg=settings, server_round=int(config[keys.SERVER_ROUND]), partition_id=pid,
             lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
             x=x, y=y, generator=torch_generator(seed, "eval", pid), request=msg.content,
-            state=context.state, config=config,
+            state=PartitionState(context.state, pid), config=config,
         )
         model = method.eval_model(job)
     acc, loss = evaluate(model, x, y, settings.eval_batch_size)
@@ -211,7 +247,7 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 @app.train(mods=[secure_aggregation_mod, attack_mod])
 def train(msg: Message, context: Context) -> Message:
     cfg, config = request_config(msg)
-    pid = node_partition(context, config)
+    pid = served_partition(context, config, cfg)
     if local_data.is_node_mode(cfg):  # the node's own folder, whole
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
         x, y, augment = own.x_train, own.y_train, crop_flip(own.fill) if cfg.augment == "crop-flip" else None
@@ -231,7 +267,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     """Score the received global model (or this client's personal model) on the local test split
     (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""
     cfg, config = request_config(msg)
-    pid = node_partition(context, config)
+    pid = served_partition(context, config, cfg)
     if local_data.is_node_mode(cfg):  # the node's own test.parquet
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
         x, y = own.x_test, own.y_test

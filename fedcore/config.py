@@ -214,6 +214,10 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("secagg-max-weight", 1000.0, "the largest weight SecAgg+ takes unclipped", low=1.0),
     # -- tracking --
     AppKey("tensorboard", False, "write TensorBoard event files"),
+    AppKey("tracking", "tensorboard", "experiment tracking: tensorboard (with tensorboard = true), wandb or none",
+           choices=("tensorboard", "wandb", "none")),
+    AppKey("figures", "auto", "auto: report.md and the run's figures in output-dir when a run ends; none: nothing",
+           choices=("auto", "none")),
 )
 APP = {k.key: k for k in APP_KEYS}
 

@@ -136,4 +136,6 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "secagg-quantization-range": 4194304,
     "secagg-max-weight": 1000.0,
     "tensorboard": False,
+    "tracking": "tensorboard",
+    "figures": "auto",
 }

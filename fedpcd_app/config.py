@@ -42,8 +42,8 @@ class Setup:
 def check(raw: Mapping[str, Scalar]) -> RunConfig:
     """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
     from client_app import attacks
-    from fedpcd_app import checkpoint, secagg
-    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
+    from fedpcd_app import checkpoint, secagg, tracking
+    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
     from strategies import privacy
     from strategies.base import check_update_clip
 
@@ -64,12 +64,14 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     cfg.get_bool("eval-averaged-iterate", False)
     _check_weighting(cfg)
     cfg.get_choice("participation", PARTICIPATION, "uniform")
-    cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
+    rare_clients(cfg)  # the default adapts to federations of fewer than 4 clients
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
     cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
     cfg.get_int("checkpoint-every", 10, low=0)
     cfg.get_int("checkpoint-keep", 2, low=1)
     cfg.get_bool("tensorboard", False)
+    tracking.check(cfg)  # tracking = tensorboard | wandb | none (wandb installed?)
+    cfg.get_choice("figures", ("auto", "none"), "auto")  # report.md and figures when a run ends (run_report.py)
     resume_from = str(cfg.params.get("resume-from", ""))
     allow = checkpoint.allowed_changes(cfg.params.get("resume-allow-changes", ""))
     unknown = sorted(k for k in allow if k not in cfg.as_dict() or k in checkpoint.FIXED)

@@ -212,3 +212,150 @@ class Membership:
         sampled = self.sampler.sample(server_round)
         self.unserved = [p for p in sampled if p not in self.node_of]
         return {self.node_of[p]: p for p in sampled if p in self.node_of}
+
+
+# -- routing: a simulated node serves whichever partition a message names ----------------------------
+#
+# With ``client-data = "partition"`` every simulated node holds the whole dataset and cuts its
+# share out of it, so any node can serve any partition. When a simulation has another number of
+# nodes than ``num-clients`` partitions (``flwr run .`` on Flower's default federation of 2
+# SuperNodes), the ServerApp talks to one *virtual node per partition* (:class:`PartitionRouter`)
+# and the router carries each message to a real node: partition p always to the same node
+# (``real[p % len(real)]``, so the per-client state a node keeps for p stays on that node), and
+# at most one message per real node at a time (a simulation node's context is read before and
+# written after each message: two at once would lose one's update). The ClientApp trains the
+# partition the request names (``partition-id`` in its config) and keeps that partition's state
+# under its own keys. The sampler, the seeds and the numbers are those of a federation with one
+# node per partition: same seed, same sampled partitions, same results.
+
+VIRTUAL_NODE_BASE = 1 << 40  # virtual node id of partition p: VIRTUAL_NODE_BASE + p
+
+
+def wait_for_stable_nodes(grid: Grid, timeout: float = 120.0, settle: float = 0.5) -> list[int]:
+    """The grid's node ids once some are there and the list has not changed for ``settle``
+    seconds (the simulation registers its nodes right after the ServerApp starts)."""
+    deadline = time.monotonic() + timeout
+    last: list[int] = []
+    since = time.monotonic()
+    while True:
+        ids = sorted(int(n) for n in grid.get_node_ids())
+        if ids != last:
+            last, since = ids, time.monotonic()
+        elif ids and time.monotonic() - since >= settle:
+            return ids
+        if time.monotonic() > deadline:
+            return ids
+        time.sleep(0.05)
+
+
+def routing_wanted(cfg: RunConfig, grid: Grid, node_ids: list[int]) -> bool:
+    """Route partitions to nodes: a simulation (no real devices), partitioned data (any node can
+    serve any partition) and not one node per partition."""
+    from client_app import local_data
+    from fedpcd_app.exchange import is_simulation
+
+    return (not local_data.is_node_mode(cfg) and is_simulation(grid) and bool(node_ids)
+            and len(node_ids) != cfg.num_clients)
+
+
+class PartitionRouter(Grid):
+    """A Grid of ``num_partitions`` virtual nodes (one per partition) over a simulation grid
+    with fewer (or more) real nodes; see the comment above."""
+
+    def __init__(self, grid: Grid, num_partitions: int, node_ids: list[int]) -> None:
+        self.inner = grid
+        self.real = sorted(int(n) for n in node_ids)
+        self.num_partitions = num_partitions
+
+    is_simulation = True  # fedpcd_app.exchange.is_simulation: only simulation grids are routed
+
+    @property
+    def pull_interval(self) -> float:  # the in-memory grid's poll interval (Experiment trims it)
+        return self.inner.pull_interval
+
+    @pull_interval.setter
+    def pull_interval(self, value: float) -> None:
+        if hasattr(self.inner, "pull_interval"):
+            self.inner.pull_interval = value
+
+    # virtual node <-> partition <-> real node
+    @staticmethod
+    def virtual(pid: int) -> int:
+        return VIRTUAL_NODE_BASE + int(pid)
+
+    def partition(self, node: int) -> int:
+        return int(node) - VIRTUAL_NODE_BASE
+
+    def real_node(self, node: int) -> int:
+        return self.real[self.partition(node) % len(self.real)]
+
+    def describe(self) -> str:
+        return f"{self.num_partitions} partitions served by {len(self.real)} simulated node(s)"
+
+    # flwr.serverapp.Grid
+    def set_run(self, run_id) -> None:
+        self.inner.set_run(run_id)
+
+    @property
+    def run(self):
+        return self.inner.run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self):
+        return [self.virtual(p) for p in range(self.num_partitions)]
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for m in messages:
+            m.metadata.dst_node_id = self.real_node(m.metadata.dst_node_id)
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        """Every message to its partition's real node, one per real node at a time (waves);
+        replies come back from the virtual node the request named, in request order."""
+        messages = list(messages)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        queues: dict[int, list[Message]] = {}
+        for m in messages:
+            queues.setdefault(self.real_node(m.metadata.dst_node_id), []).append(m)
+        replies: list[Message] = []
+        while any(queues.values()):
+            wave = [q.pop(0) for q in queues.values() if q]
+            virtual = {}
+            for m in wave:
+                virtual[id(m)] = int(m.metadata.dst_node_id)
+                m.metadata.dst_node_id = self.real_node(m.metadata.dst_node_id)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                got = list(self.inner.send_and_receive(wave, timeout=left))
+            finally:
+                for m in wave:
+                    m.metadata.dst_node_id = virtual[id(m)]
+            node_of_request = {m.metadata.message_id: virtual[id(m)] for m in wave}
+            for reply in got:
+                node = node_of_request.get(reply.metadata.reply_to_message_id)
+                if node is not None and not reply.has_error():
+                    reply.metadata.__dict__["_src_node_id"] = node  # Metadata has no setter for it
+                elif node is not None:  # an error reply: re-issued from the virtual node
+                    request = next(m for m in wave if m.metadata.message_id == reply.metadata.reply_to_message_id)
+                    reply = Message(reply.error, reply_to=request)
+                replies.append(reply)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        order = {m.metadata.message_id: i for i, m in enumerate(messages)}
+        return sorted(replies, key=lambda r: order.get(r.metadata.reply_to_message_id, len(order)))
+
+
+def route_partitions(cfg: RunConfig, router: PartitionRouter) -> Membership:
+    """A :class:`Membership` over the router's virtual nodes: every partition served, no QUERY."""
+    membership = Membership(cfg)
+    membership.node_of = {p: router.virtual(p) for p in range(cfg.num_clients)}
+    membership.nodes = {node: p for p, node in membership.node_of.items()}
+    membership.sampler = build_sampler(cfg, list(range(cfg.num_clients)))
+    log.info("simulation: %s (each request names its partition)", router.describe())
+    return membership

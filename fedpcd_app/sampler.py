@@ -134,6 +134,24 @@ def rarest_class_holders(label_counts: np.ndarray, k: int) -> list[int]:
     return sorted(chosen)
 
 
+DEFAULT_RARE_CLIENTS = 3  # pyproject's availability-rare-clients
+
+
+def rare_clients(cfg: RunConfig) -> int:
+    """``availability-rare-clients``, checked. The default (3) assumes a federation of at least
+    4 clients: with fewer it becomes num-clients − 1 (at least one frequent client), so the
+    defaults run on 2 devices; another value must leave a frequent client (one line naming
+    the fix otherwise)."""
+    n = cfg.num_clients
+    k = cfg.get_int("availability-rare-clients", DEFAULT_RARE_CLIENTS, low=0)
+    if k == DEFAULT_RARE_CLIENTS and k >= n:
+        return max(0, n - 1)
+    if k > n:
+        raise ConfigError(f"run-config key 'availability-rare-clients' = {k} is more than num-clients = {n}: "
+                          f"set availability-rare-clients to at most {max(0, n - 1)}")
+    return k
+
+
 class Sampler:
     """Seeded availability model over the present partition ids (see the module doc)."""
 
@@ -175,7 +193,7 @@ class Sampler:
     def _skewed_profile(self) -> np.ndarray:
         cfg = self.cfg
         n = len(self.available)
-        k = cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
+        k = rare_clients(cfg)
         p_rare = cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
         choice = cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
         if k * p_rare >= self.per_round:
