@@ -85,6 +85,9 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
+    from client_app.vectorised import EXECUTION, EXECUTION_KEY
+
+    cfg.get_choice(EXECUTION_KEY, EXECUTION, "auto")
     _check_node_data(cfg)
     return cfg
 
