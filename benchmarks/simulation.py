@@ -3,10 +3,14 @@
     flock /tmp/fedpcd-heavy.lock python benchmarks/simulation.py            # everything, both engines
     python benchmarks/simulation.py --settings cnn --engines local --rounds 9 --no-e2e --json out.json
     python benchmarks/simulation.py --settings cnn --device cuda --workers 4 --num-cpus 4 --ray-num-gpus 0.25
+    python benchmarks/simulation.py --settings digits --engines vectorised --rounds 9 --no-e2e --json out.json
 
 **Per round.** For each setting the app runs through :func:`fedpcd_app.simulate.simulate` on
 each engine of ``--engines`` (``local``: this project's engine, ``--workers`` worker processes;
-``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor), and
+``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor;
+``vectorised``: the local engine with ``client-execution = 'vectorised'``, each process's clients
+of a round trained at once — :mod:`client_app.vectorised`; ``local`` and ``ray`` run the
+per-client loop, ``client-execution = 'loop'``), and
 the per-round times are read from its ``rounds.jsonl`` (the server's ``round_seconds`` [+
 ``eval_seconds``]; round 1 carries the engine's start-up and is excluded). Then, in this
 process, the floor replays the very same rounds on ``--device``: for each sampled client of
@@ -31,6 +35,9 @@ Settings (``--settings``):
   100 clients, 10 per round, 1 local epoch, batch 128.
 * ``digits``: the project's default digits MLP (sklearn digits, 20 clients, 5 per round,
   batch 16).
+* ``synthetic``: logistic regression (``model = 'logreg'``) on the Synthetic dataset, 100 clients
+  per round (all of them), batch 10 (needs the dataset and model of the issue "Numbers a
+  researcher can trust").
 """
 
 from __future__ import annotations
@@ -94,7 +101,13 @@ def settings(args, data_dir: Path) -> dict[str, dict]:
             "dirichlet-alpha": 0.3, "min-partition-size": 10, "eval-batch-size": args.eval_batch_size,
         },
         "digits": {"method": "fedavg"},  # the pyproject defaults are the digits MLP setting
+        "synthetic": {"method": "fedavg", "dataset": "synthetic", "model": "logreg", "num-clients": 100,
+                      "fraction-train": 1.0, "batch-size": 10, "lr": 0.05},
     }
+
+
+ENGINES = ("local", "ray", "vectorised")
+EXECUTION = {"local": "loop", "ray": "loop", "vectorised": "vectorised"}  # each engine's client-execution
 
 
 def round_seconds(rec: dict) -> tuple[float, float]:
@@ -225,18 +238,22 @@ def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, fl
     from fedpcd_app.simulate import simulate
 
     t0 = time.perf_counter()
-    out = simulate({**overrides, "output-dir": str(out_dir)}, engine=engine, workers=args.workers,
+    out = simulate({**overrides, "output-dir": str(out_dir), "client-execution": EXECUTION[engine]},
+                   engine="ray" if engine == "ray" else "local", workers=args.workers,
                    num_cpus=args.num_cpus, num_gpus=args.ray_num_gpus)
     return out, time.perf_counter() - t0
 
 
-def engine_label(engine: str, args) -> str:
+def engine_label(engine: str, args, overrides: dict | None = None) -> str:
     if engine == "ray":
         return f"ray ({args.num_cpus:g} CPU{', %g GPU' % args.ray_num_gpus if args.ray_num_gpus else ''}/actor)"
     from fedpcd_app.engine import usable_cores
+    from fedpcd_app.simulate import auto_workers
 
-    workers = usable_cores() if args.workers is None else args.workers
-    return f"local ({workers} worker{'s' if workers != 1 else ''})" if workers else "local (in-process)"
+    workers = args.workers
+    if workers is None:  # --workers auto, decided as simulate decides it
+        workers = auto_workers(load_config(overrides), usable_cores()) if overrides is not None else usable_cores()
+    return f"{engine} ({workers} worker{'s' if workers != 1 else ''})" if workers else f"{engine} (in-process)"
 
 
 def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]:
@@ -260,12 +277,12 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
     torch.set_num_threads(default_threads)
     floor = [min(fs, key=lambda f: f["work"] + f["eval"]) for fs in zip(*floors)]
     parts = breakdown(overrides, rounds0[1])
-    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args)
+    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args, overrides)
             for engine, (out, total) in runs.items()]
 
 
 def engine_result(name: str, engine: str, rounds: list[dict], total: float, floor: list[dict], parts: dict,
-                  args) -> dict:
+                  args, overrides: dict | None = None) -> dict:
     rows = []
     for rec, fl in zip(rounds, floor):
         work, ev = round_seconds(rec)
@@ -284,7 +301,8 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
     a_we, f_we, r_we = ratio(body, True)
     evals = [r for r in body if r["eval_round"]]
     return {
-        "setting": name, "engine": engine, "engine_label": engine_label(engine, args),
+        "setting": name, "engine": engine, "engine_label": engine_label(engine, args, overrides),
+        "client_execution": EXECUTION[engine],
         "rounds": args.rounds, "eval_every": args.eval_every,
         "first_round_seconds": rows[0]["app_work"] + rows[0]["app_eval"],
         "app_total_seconds": total,
@@ -381,9 +399,12 @@ def print_tables(meta: dict, results: list[dict], e2e: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="cnn,digits", help="comma list of: cnn, digits ('' = end to end only)")
-    p.add_argument("--engines", default="local,ray", help="comma list of: local, ray (the first one feeds the floor)")
-    p.add_argument("--workers", type=int, default=None, help="local engine's workers (default: the usable cores)")
+    p.add_argument("--settings", default="cnn,digits",
+                   help="comma list of: cnn, digits, synthetic ('' = end to end only)")
+    p.add_argument("--engines", default="local,ray",
+                   help="comma list of: local, ray, vectorised (the first one feeds the floor)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local and vectorised engines' workers (default: --workers auto, as simulate decides)")
     p.add_argument("--num-cpus", type=float, default=1.0, help="ray engine: client-resources-num-cpus")
     p.add_argument("--ray-num-gpus", type=float, default=0.0, help="ray engine: client-resources-num-gpus")
     p.add_argument("--device", default="cpu", help="the floor's device (cpu, cuda); the app's clients use CUDA "
@@ -402,8 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="also write the results to this file")
     args = p.parse_args(argv)
     args.engines = [e for e in args.engines.split(",") if e]
-    if not args.engines or set(args.engines) - {"local", "ray"}:
-        p.error("--engines: a comma list of local, ray")
+    if not args.engines or set(args.engines) - set(ENGINES):
+        p.error(f"--engines: a comma list of {', '.join(ENGINES)}")
     if args.rounds < 3:
         p.error("--rounds must be >= 3 (round 1 is excluded as the engine's start-up)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -417,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for name in names:
             if name not in table:
-                p.error(f"unknown setting {name!r}: use cnn and/or digits")
+                p.error(f"unknown setting {name!r}: use cnn, digits and/or synthetic")
             results.extend(bench_setting(name, table[name], args, tmp))
         e2e = [] if args.no_e2e else end_to_end(args, tmp)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),

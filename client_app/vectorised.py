@@ -201,9 +201,22 @@ class _Forward:
         return shapes
 
 
+_FORWARDS: dict[tuple, _Forward] = {}  # per model layout and device: the parameters are the rows'
+
+
+def _forward_for(model: nn.Module) -> _Forward:
+    key = (type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+           str(next(model.parameters()).device), threading.get_ident())
+    if key not in _FORWARDS:
+        if len(_FORWARDS) > 8:
+            _FORWARDS.clear()
+        _FORWARDS[key] = _Forward(model)
+    return _FORWARDS[key]
+
+
 def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) -> list[RowResult]:
     """Train every row for its own number of steps; one batched step of all rows per step."""
-    forward = _Forward(model)
+    forward = _forward_for(model)
     dev = next(model.parameters()).device
     B = len(rows)
     S = max(len(r.steps) for r in rows)
@@ -219,13 +232,16 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
             off += len(r.y)
         offsets.append(sources[id(r.x)])
     X, Y = torch.cat(xs), torch.cat(ys)
-    index = torch.zeros(S, B, bs, dtype=torch.long)
-    weight = torch.zeros(S, B, bs)
-    for b, (r, o) in enumerate(zip(rows, offsets)):
-        for k, idx in enumerate(r.steps):
-            index[k, b, : len(idx)] = idx.cpu() + o
-            weight[k, b, : len(idx)] = 1.0
-    index, weight = index.to(dev), weight.to(dev)
+    index = torch.zeros(S, B, bs, dtype=torch.long, device=dev)
+    weight = torch.zeros(S, B, bs, device=dev)
+    for b, (r, o) in enumerate(zip(rows, offsets)):  # row b's steps, scattered in a few ops
+        if not r.steps:
+            continue
+        lens = torch.tensor([len(i) for i in r.steps], device=dev)
+        step = torch.repeat_interleave(torch.arange(len(r.steps), device=dev), lens)
+        pos = torch.arange(len(step), device=dev) - (torch.cumsum(lens, 0) - lens)[step]
+        index[step, b, pos] = torch.cat(r.steps).to(dev) + o
+        weight[step, b, pos] = 1.0
     counts = weight.sum(2)  # (S, B) real examples per step
     active = counts > 0  # (S, B)
     noise: list[torch.Tensor] = []
@@ -254,6 +270,7 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
     beta = torch.tensor([float(r.beta) for r in rows], dtype=torch.float64, device=dev)
     loss_sum = torch.zeros(B, dtype=torch.float64, device=dev)
     bufs: list[torch.Tensor] | None = None
+    full = active.all(1).tolist()  # steps where every row takes a step: no masking needed
     for k in range(S):
         act = active[k]
         idx = index[k]
@@ -277,9 +294,9 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
             step = (((1.0 - rw) * w).sum(1) / n).double()
         if risk is not None:
             moved = (beta - risk.beta_lr * step).clamp(risk.beta_min, risk.beta_max)
-            beta = torch.where(act, moved, beta)
+            beta = moved if full[k] else torch.where(act, moved, beta)
         grads = torch.autograd.grad(total, leaves)
-        loss_sum += torch.where(act, plain.detach().double(), 0.0)
+        loss_sum += plain.detach().double() if full[k] else torch.where(act, plain.detach().double(), 0.0)
         with torch.no_grad():
             mask = [act.view(B, *([1] * (p.dim() - 1))) for p in params]
             new_bufs = []
@@ -293,10 +310,12 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
                 if group.momentum:
                     if bufs is None:
                         g = g.clone()
+                    elif full[k]:
+                        g = bufs[j] * group.momentum + g
                     else:
                         g = torch.where(mask[j], bufs[j] * group.momentum + g, bufs[j])
                     new_bufs.append(g)
-                params[j] = torch.where(mask[j], p - lr[j] * g, p)
+                params[j] = p - lr[j] * g if full[k] else torch.where(mask[j], p - lr[j] * g, p)
             if group.momentum:
                 bufs = new_bufs
     steps = [len(r.steps) for r in rows]
@@ -384,7 +403,7 @@ def plan(method_name: str, job: TrainJob) -> Plan:
     group = Group(momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay))
     init = _params_of(job.model)
     x, y, steps = job_batches(job)
-    noise = dropout_noise(job, steps, _Forward(job.model)) if dropout_modules(job.model) else None
+    noise = dropout_noise(job, steps, _forward_for(job.model)) if dropout_modules(job.model) else None
     base = Row(init=init, x=x, y=y, steps=steps, lr=float(job.lr), masks=noise)
 
     def finish_plain(results):
