@@ -152,8 +152,17 @@ def covers_model(model: nn.Module) -> str | None:
     return None
 
 
+def unrolled_on(model: nn.Module) -> bool:
+    """Convolutions on the CPU: vmap makes them one grouped convolution, measured 1.5x slower
+    than the rows' convolutions one by one (docs/performance.md); there the rows' forward is a
+    loop over rows inside the one batched step (one backward, one update of all rows)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return on_cpu and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
 class _Forward:
-    """vmap(functional_call(model)) over stacked parameters (and dropout noise)."""
+    """vmap(functional_call(model)) over stacked parameters (and dropout noise); for
+    convolutions on the CPU (:func:`unrolled_on`), functional_call row by row."""
 
     def __init__(self, model: nn.Module) -> None:
         self.template = copy.deepcopy(model)
@@ -174,7 +183,14 @@ class _Forward:
                 m.noise = z
             return torch.func.functional_call(self.template, dict(zip(self.names, params)), (x,))
 
-        self.fn = torch.func.vmap(one, in_dims=(0, 0, 0))
+        if unrolled_on(model):
+            def rows(params, x, noise):
+                return torch.stack([one([p[b] for p in params], x[b], [z[b] for z in noise])
+                                    for b in range(x.shape[0])])
+
+            self.fn = rows
+        else:
+            self.fn = torch.func.vmap(one, in_dims=(0, 0, 0))
 
     def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
         try:

@@ -249,3 +249,15 @@ def test_auto_picks_rows_only_for_measured_models_and_two_clients():
         j.cfg = load_config({"model": model})
         assert vectorised.auto_picks(j, 4) is picked
         assert not vectorised.auto_picks(j, 1)
+
+
+@pytest.mark.parametrize("model", ["cnn", "craft-cnn"])
+def test_convolutions_under_vmap(model, monkeypatch):
+    """The vmapped (grouped-convolution) forward, used for convolutions off the CPU, gives the
+    loop's numbers too (on the CPU the rows' convolutions run one by one: unrolled_on)."""
+    monkeypatch.setattr(vectorised, "unrolled_on", lambda m: False)
+    vectorised._FORWARDS.clear()
+    try:
+        check_same("sgd", make_jobs(model, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
+    finally:
+        vectorised._FORWARDS.clear()
