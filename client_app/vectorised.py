@@ -192,7 +192,34 @@ class _Forward:
         else:
             self.fn = torch.func.vmap(one, in_dims=(0, 0, 0))
 
+        # flatten → (Linear → ReLU)* → Linear (mlp, craft-mlp, logreg): batched matmuls written
+        # out, without vmap's per-operation cost; checked against the model on the first batch
+        linears = [m for m in self.template.modules() if isinstance(m, nn.Linear)]
+        chain = [p for m in linears for p in ((m.weight,) if m.bias is None else (m.weight, m.bias))]
+        self.chain: bool | None = None if (not self.drops and [id(p) for p in self.template.parameters()]
+                                           == [id(p) for p in chain]) else False
+        self.layers = [m.bias is not None for m in linears]
+
+    def _chain(self, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(x.shape[0], x.shape[1], -1)
+        at = 0
+        for i, has_bias in enumerate(self.layers):
+            wt = params[at].transpose(1, 2)
+            h = torch.baddbmm(params[at + 1].unsqueeze(1), h, wt) if has_bias else torch.bmm(h, wt)
+            at += 2 if has_bias else 1
+            if i < len(self.layers) - 1:
+                h = torch.relu(h)
+        return h
+
     def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+        if self.chain is None:  # is the model this chain? one comparison on the first batch
+            with torch.no_grad():
+                probe = [p[:1].detach() for p in params]
+                want = self.fn(probe, x[:1], [])
+                got = self._chain(probe, x[:1])
+            self.chain = want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-4, atol=1e-5))
+        if self.chain:
+            return self._chain(params, x)
         try:
             return self.fn(params, x, noise)
         finally:
@@ -268,30 +295,39 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
             for k, per_module in enumerate(r.masks or []):
                 for j, z in enumerate(per_module):
                     noise[j][k, b, : len(z)] = z
-    params = [torch.stack([r.init[j].to(dev) for r in rows]) for j in range(len(rows[0].init))]
+    # All of a row's parameters in one (B, D) tensor (the model's views cut out of it): the
+    # update is a few whole-tensor operations per step, whatever the number of layers.
+    shapes = [tuple(t.shape) for t in rows[0].init]
+    sizes = [t.numel() for t in rows[0].init]
+    cuts = [0]
+    for n_ in sizes:
+        cuts.append(cuts[-1] + n_)
 
-    def per_row(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(values, dtype=like.dtype, device=dev).view(B, *([1] * (like.dim() - 1)))
+    def flat(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.reshape(-1).to(dev) for t in ts])
 
-    lr = [per_row([r.lr for r in rows], p) for p in params]
+    params = torch.stack([flat(r.init) for r in rows])  # (B, D)
+    lr = torch.tensor([r.lr for r in rows], dtype=params.dtype, device=dev)[:, None]
     pull = any(r.prox for r in rows)
     if pull:
-        coeff = [per_row([r.prox for r in rows], p) for p in params]
-        anchor = [torch.stack([(r.anchor or r.init)[j].to(dev) for r in rows]) for j, p in enumerate(params)]
+        coeff = torch.tensor([r.prox for r in rows], dtype=params.dtype, device=dev)[:, None]
+        anchor = torch.stack([flat(r.anchor or r.init) for r in rows])
     corrected = any(r.correction is not None for r in rows)
     if corrected:
-        corr = [torch.stack([(r.correction[j] if r.correction is not None else torch.zeros_like(r.init[j])).to(dev)
-                             for r in rows]) for j in range(len(params))]
+        corr = torch.stack([flat(r.correction) if r.correction is not None else torch.zeros_like(params[0])
+                            for r in rows])
     risk = group.risk
     beta = torch.tensor([float(r.beta) for r in rows], dtype=torch.float64, device=dev)
     loss_sum = torch.zeros(B, dtype=torch.float64, device=dev)
-    bufs: list[torch.Tensor] | None = None
+    buf: torch.Tensor | None = None
     full = active.all(1).tolist()  # steps where every row takes a step: no masking needed
     for k in range(S):
         act = active[k]
         idx = index[k]
         xb, yb, w = X[idx], Y[idx], weight[k]
-        leaves = [p.detach().requires_grad_(True) for p in params]
+        # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
+        leaves = [params[:, a:b].view(B, *shape).detach().requires_grad_(True)
+                  for a, b, shape in zip(cuts[:-1], cuts[1:], shapes)]
         logits = forward(leaves, xb, [z[k] for z in noise])
         ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(B, bs)
         n = counts[k].clamp_min(1.0)
@@ -311,32 +347,28 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
         if risk is not None:
             moved = (beta - risk.beta_lr * step).clamp(risk.beta_min, risk.beta_max)
             beta = moved if full[k] else torch.where(act, moved, beta)
-        grads = torch.autograd.grad(total, leaves)
+        g = torch.cat([t.reshape(B, -1) for t in torch.autograd.grad(total, leaves)], 1)
         loss_sum += plain.detach().double() if full[k] else torch.where(act, plain.detach().double(), 0.0)
         with torch.no_grad():
-            mask = [act.view(B, *([1] * (p.dim() - 1))) for p in params]
-            new_bufs = []
-            for j, (p, g) in enumerate(zip(params, grads)):
-                if pull:
-                    g = g + coeff[j] * (p - anchor[j])
-                if corrected:
-                    g = g + corr[j]
-                if group.weight_decay:
-                    g = g + group.weight_decay * p
-                if group.momentum:
-                    if bufs is None:
-                        g = g.clone()
-                    elif full[k]:
-                        g = bufs[j] * group.momentum + g
-                    else:
-                        g = torch.where(mask[j], bufs[j] * group.momentum + g, bufs[j])
-                    new_bufs.append(g)
-                params[j] = p - lr[j] * g if full[k] else torch.where(mask[j], p - lr[j] * g, p)
+            mask = act[:, None]
+            if pull:
+                g = g + coeff * (params - anchor)
+            if corrected:
+                g = g + corr
+            if group.weight_decay:
+                g = g + group.weight_decay * params
             if group.momentum:
-                bufs = new_bufs
+                if buf is None:
+                    g = g.clone()
+                elif full[k]:
+                    g = buf * group.momentum + g
+                else:
+                    g = torch.where(mask, buf * group.momentum + g, buf)
+                buf = g
+            params = params - lr * g if full[k] else torch.where(mask, params - lr * g, params)
     steps = [len(r.steps) for r in rows]
-    return [RowResult(params=[p[b] for p in params], num_steps=steps[b],
-                      train_loss=float(loss_sum[b]) / max(steps[b], 1), beta=float(beta[b]))
+    return [RowResult(params=[params[b, a:c].view(shape) for a, c, shape in zip(cuts[:-1], cuts[1:], shapes)],
+                      num_steps=steps[b], train_loss=float(loss_sum[b]) / max(steps[b], 1), beta=float(beta[b]))
             for b in range(B)]
 
 

@@ -261,3 +261,29 @@ def test_convolutions_under_vmap(model, monkeypatch):
         check_same("sgd", make_jobs(model, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
     finally:
         vectorised._FORWARDS.clear()
+
+
+def test_linear_chain_is_used_only_where_it_is_the_model():
+    """mlp / craft-mlp run as batched matmuls written out; a model with the same Linear layers
+    but another activation is found not to be that chain (and runs under vmap, same numbers)."""
+    from torch import nn
+
+    class TanhMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(64, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.tanh(self.fc1(torch.flatten(x, 1))))
+
+    vectorised._FORWARDS.clear()
+    for name in ("mlp", "craft-mlp"):
+        check_same("sgd", make_jobs(name, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
+    assert [f.chain for f in vectorised._FORWARDS.values()] == [True, True]
+    jobs = make_jobs("mlp", LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9))
+    for j in jobs:
+        torch.manual_seed(0)
+        j.model = TanhMLP()
+    vectorised._FORWARDS.clear()
+    check_same("sgd", jobs)
+    assert [f.chain for f in vectorised._FORWARDS.values()] == [False]
