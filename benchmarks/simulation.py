@@ -321,6 +321,65 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
     }
 
 
+# -- client training alone: the per-client routine vs the rows, same jobs ---------------------------
+def training_only(model_name: str, clients: int, examples: int, features: int, classes: int, batch_size: int,
+                  repeats: int, seed: int = 0) -> dict:
+    """Seconds (process CPU time, and wall) of one round's local training of ``clients`` clients,
+    by the per-client routine (``local_sgd``, one client after the other) and by
+    :func:`client_app.vectorised.run_entries` (rows), on the same jobs (data drawn here: Gaussian
+    features, random labels; ``model_name`` 'logreg' = flatten + one Linear). The fastest of
+    ``repeats`` each (after one warm-up), and the largest train-loss difference."""
+    from client_app import vectorised
+    from client_app.methods import LocalTraining, TrainJob, get_client_method
+    from client_app.models import build_model
+    from flwr.app import ArrayRecord, RecordDict
+
+    torch.manual_seed(seed)
+    shape = (features,)
+    if model_name == "logreg":
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, classes))
+    else:
+        shape = {64: (1, 8, 8), 3072: (3, 32, 32)}.get(features, (features,))
+        model = build_model(model_name, shape, classes)
+    arrays = ArrayRecord(model.state_dict())
+    settings = LocalTraining(local_epochs=1, batch_size=batch_size)
+    gen = torch_generator(seed, "training-only-data")
+    data = [(torch.randn(examples, *shape, generator=gen), torch.randint(0, classes, (examples,), generator=gen))
+            for _ in range(clients)]
+
+    def jobs():
+        import copy
+
+        return [TrainJob(cfg=settings, server_round=1, partition_id=i, lr=0.05, model=copy.deepcopy(model),
+                         global_arrays=arrays, x=x, y=y, generator=torch_generator(seed, "batches", i, 1),
+                         request=RecordDict(), state=RecordDict(), config={}) for i, (x, y) in enumerate(data)]
+
+    sgd = get_client_method("sgd")
+    out = {"loop": [], "rows": []}
+    losses = {}
+    for r in range(repeats + 1):
+        for how in ("loop", "rows"):
+            js = jobs()
+            c0, w0 = time.process_time(), time.perf_counter()
+            if how == "loop":
+                res = [sgd.train(j) for j in js]
+            else:
+                entries = [vectorised.Entry(sgd, j) for j in js]
+                vectorised.run_entries(entries, "vectorised")
+                res = [e.outcome for e in entries]
+            c1, w1 = time.process_time(), time.perf_counter()
+            if r:  # the first pass warms up (torch's lazy imports on the first optimizer)
+                out[how].append((c1 - c0, w1 - w0))
+            losses[how] = [o.train_loss for o in res]
+    best = {h: (min(c for c, _ in v), min(w for _, w in v)) for h, v in out.items()}
+    return {"model": model_name, "clients": clients, "examples_per_client": examples, "features": features,
+            "batch_size": batch_size, "repeats": repeats,
+            "loop_cpu_s": best["loop"][0], "rows_cpu_s": best["rows"][0],
+            "loop_wall_s": best["loop"][1], "rows_wall_s": best["rows"][1],
+            "speedup_cpu": best["loop"][0] / best["rows"][0], "speedup_wall": best["loop"][1] / best["rows"][1],
+            "max_train_loss_diff": max(abs(a - b) for a, b in zip(losses["loop"], losses["rows"]))}
+
+
 # -- end to end: the command a user types, to the process's exit ------------------------------------
 E2E_RUNS = {"fedpcd 3 rounds": "method='fedpcd' num-server-rounds=3",
             "fedpcd 60 rounds (default experiment)": "method='fedpcd'"}
@@ -421,7 +480,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor-repeats", type=int, default=2)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end command timings")
     p.add_argument("--json", default="", help="also write the results to this file")
+    p.add_argument("--training-only", default="",
+                   help="instead: client training alone, loop vs rows: MODEL:CLIENTS:EXAMPLES:FEATURES:BATCH "
+                        "(e.g. logreg:100:60:60:10, the Synthetic logreg shape)")
+    p.add_argument("--repeats", type=int, default=3, help="--training-only: timed passes (fastest kept)")
     args = p.parse_args(argv)
+    if args.training_only:
+        model_name, clients, examples, features, batch = args.training_only.split(":")
+        res = training_only(model_name, int(clients), int(examples), int(features), 10, int(batch), args.repeats)
+        res["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+        res["torch_threads"] = torch.get_num_threads()
+        print(json.dumps(res, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+        return 0
     args.engines = [e for e in args.engines.split(",") if e]
     if not args.engines or set(args.engines) - set(ENGINES):
         p.error(f"--engines: a comma list of {', '.join(ENGINES)}")

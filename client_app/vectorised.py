@@ -47,6 +47,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -134,6 +135,29 @@ class _MaskedDropout(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.noise
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the rows need to know of a model object (its layout), worked out once per object."""
+
+    layout: tuple  # (type, (name, shape) of each parameter, device)
+    uncovered: str | None  # why it has no row form, or None
+    has_dropout: bool
+
+
+_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_info(model: nn.Module) -> ModelInfo:
+    """(cached per model object: the ClientApp reuses its model objects across messages)"""
+    info = _INFO.get(model)
+    if info is None:
+        dev = str(next(model.parameters()).device)
+        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), dev),
+                         uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)))
+        _INFO[model] = info
+    return info
 
 
 def dropout_modules(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
@@ -248,8 +272,7 @@ _FORWARDS: dict[tuple, _Forward] = {}  # per model layout and device: the parame
 
 
 def _forward_for(model: nn.Module) -> _Forward:
-    key = (type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
-           str(next(model.parameters()).device), threading.get_ident())
+    key = (model_info(model).layout, threading.get_ident())
     if key not in _FORWARDS:
         if len(_FORWARDS) > 8:
             _FORWARDS.clear()
@@ -443,7 +466,8 @@ def _outcome(res: RowResult) -> TrainOutcome:
 
 def plan(method_name: str, job: TrainJob) -> Plan:
     """The rows of one job (raises :class:`NotCovered` where there is no row form)."""
-    reason = covers_model(job.model)
+    info = model_info(job.model)
+    reason = info.uncovered
     if reason:
         raise NotCovered(reason)
     if method_name not in COVERED_METHODS:
@@ -451,7 +475,7 @@ def plan(method_name: str, job: TrainJob) -> Plan:
     group = Group(momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay))
     init = _params_of(job.model)
     x, y, steps = job_batches(job)
-    noise = dropout_noise(job, steps, _forward_for(job.model)) if dropout_modules(job.model) else None
+    noise = dropout_noise(job, steps, _forward_for(job.model)) if info.has_dropout else None
     base = Row(init=init, x=x, y=y, steps=steps, lr=float(job.lr), masks=noise)
 
     def finish_plain(results):
@@ -491,7 +515,7 @@ def plan(method_name: str, job: TrainJob) -> Plan:
     # ditto: the shared model (plain SGD) and the personal one (pull λ towards θ_t), same batches
     from client_app.methods import ditto
 
-    if dropout_modules(job.model):
+    if info.has_dropout:
         raise NotCovered("Ditto's personal model continues torch's global generator (no row form with dropout)")
     lam = ditto.lambda_of(job)
     personal = ditto.personal_model(job)
@@ -507,8 +531,7 @@ def plan(method_name: str, job: TrainJob) -> Plan:
 
 
 def _group_key(model: nn.Module, group: Group) -> tuple:
-    shapes = tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
-    return (type(model), shapes, str(next(model.parameters()).device), group)
+    return (model_info(model).layout, group)
 
 
 @dataclasses.dataclass
