@@ -407,7 +407,10 @@ def end_to_end(args, workdir: Path) -> list[dict]:
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
             written = (folder / "summary.json").stat().st_mtime - t0
-            label = engine_label(engine, argparse.Namespace(**{**vars(args), "workers": workers}))
+            from fedcore.config import parse_overrides
+
+            label = engine_label(engine, argparse.Namespace(**{**vars(args), "workers": workers}),
+                                 parse_overrides(run_config))
             out.append({"run": what, "engine": engine, "engine_label": label, "workers": workers,
                         "wall_s": wall, "summary_written_s": written, "exit_after_summary_s": wall - written,
                         "deprecation_banner": "deprecat" in (proc.stdout + proc.stderr).lower()})

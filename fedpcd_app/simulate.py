@@ -107,8 +107,9 @@ def _simulate_local(overrides, workers: int | None) -> Path:
 
 def client_seconds(cfg) -> float | None:
     """The run's client training time in one process, estimated: rounds × clients per round ×
-    local steps per client × one step's time, measured here (the run's model, one batch of
-    client 0's data, fastest of three after a warm-up). None when the data is not here
+    local steps per client × one step's CPU time, measured here on one thread (the run's model,
+    one batch of client 0's data, fastest of three after a warm-up; CPU time, so that a busy
+    machine does not inflate it). None when the data is not here
     (``client-data = 'node'``)."""
     import time
 
@@ -133,15 +134,20 @@ def client_seconds(cfg) -> float | None:
     with torch.random.fork_rng(devices=[]):
         model = build_model(cfg.model, data.input_shape, data.num_classes)
     best = float("inf")
-    for i in range(4):
-        t0 = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(p.grad, alpha=-1e-9)
-        if i:
-            best = min(best, time.perf_counter() - t0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time of one thread: what the step costs, whatever the machine's load
+    try:
+        for i in range(4):
+            t0 = time.thread_time()
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-1e-9)
+            if i:
+                best = min(best, time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
     step_s = best * bs / probe_bs
     return cfg.num_server_rounds * cfg.clients_per_round * steps * step_s
 
