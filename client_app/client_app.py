@@ -23,7 +23,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app import local_data
+from client_app import local_data, vectorised
 from client_app.attacks import attack_eval_mod, attack_mod
 from client_app.data import batch_augmentation, crop_flip, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
@@ -120,8 +120,9 @@ def model_for(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
     model = _MODELS.get(key)
     if model is None:
         model = build_model(cfg.model, shape, classes).to(dev)
-        _MODELS.clear()  # one model per process: a new run (or thread) drops the old one
-        _MODELS[key] = model
+        for old in [k for k in _MODELS if k[:4] != key[:4]]:  # a new run drops the old run's models
+            del _MODELS[old]
+        _MODELS[key] = model  # one per thread (client_app.vectorised trains a round's clients in threads)
     load_arrays(model, arrays)
     model.zero_grad(set_to_none=True)
     return model
@@ -191,7 +192,8 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     server_round = int(config[keys.SERVER_ROUND])
     if keys.ATTACK_LABEL_MAP in config:  # a label-flip attacker (client_app.attacks) trains on label_map[y]
         y = torch.as_tensor(config[keys.ATTACK_LABEL_MAP], dtype=y.dtype, device=y.device)[y]
-    torch.manual_seed(derive_seed(seed, "client-train", pid, server_round))
+    train_seed = derive_seed(seed, "client-train", pid, server_round)
+    torch.manual_seed(train_seed)
     # F_i(θ_t): one forward pass over the train split, only for methods that use it.
     want_before = bool(config.get(keys.WANT_LOSS_BEFORE, True))
     loss_before = evaluate(model, x, y, settings.eval_batch_size)[1] if want_before else None
@@ -201,8 +203,10 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
         lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
         x=x, y=y, generator=torch_generator(seed, "batches", pid, server_round),
         request=msg.content, state=PartitionState(context.state, pid), config=config, augment=augment,
+        train_seed=train_seed,
     )
-    outcome = method.train(job)
+    # the routine, or this client's rows with the round's other clients (client-execution)
+    outcome = vectorised.train(method, job, vectorised.execution_mode(settings))
     metrics = {
         keys.NUM_EXAMPLES: int(len(y)),
         keys.TRAIN_LOSS: float(outcome.train_loss),

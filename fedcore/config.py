@@ -170,6 +170,8 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("lr-decay", 1.0, "η_l of round t is lr · lr-decay^(t-1)", low=0.0, high=1.0, low_open=True),
     AppKey("local-steps", 0, "local SGD steps", low=0, hint="(0 = local-epochs passes over the data)"),
     AppKey("augment", "none", "data augmentation on the clients", choices=AUGMENTATIONS),
+    AppKey("client-execution", "auto", "loop | vectorised | auto: a process's clients of a round trained at once",
+           choices=("auto", "loop", "vectorised")),
     # -- server --
     AppKey("server-lr", 0.0, "η_g", low=0.0, hint="(0 = the method's default)"),
     AppKey("eval-mode", "server", "who scores the clients' test splits", choices=EVAL_MODES),

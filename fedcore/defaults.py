@@ -43,6 +43,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "lr-decay": 1.0,
     "local-steps": 0,
     "augment": "none",
+    "client-execution": "auto",
     "server-lr": 0.0,
     "eval-mode": "server",
     "eval-batch-size": 128,

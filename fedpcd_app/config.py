@@ -107,6 +107,9 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     from fedpcd_app.results import check_output_dir_free
 
     check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
+    from client_app.vectorised import EXECUTION, EXECUTION_KEY
+
+    cfg.get_choice(EXECUTION_KEY, EXECUTION, "auto")
     _check_node_data(cfg)
     return cfg
 

@@ -12,8 +12,12 @@ Engines (same numbers for the same seed; ``tests/test_engine.py``):
 
 * ``local`` (default): :mod:`fedpcd_app.engine`. The ServerApp runs in this process on a
   :class:`~fedpcd_app.engine.LocalGrid`; the ClientApps run in ``--workers`` worker
-  processes (default: the usable cores; ``0`` = in this process) that keep their model and
-  data for the whole run. GPUs are shared round-robin by the workers.
+  processes (``0`` = in this process; default ``auto``: in this process when the run's
+  client training is too small to repay starting workers, else the usable cores —
+  :func:`auto_workers`) that keep their model and data for the whole run. GPUs are shared
+  round-robin by the workers. The train requests a worker (or this process) gets in a round
+  go to it together, so that ``client-execution`` can train them at once
+  (:mod:`client_app.vectorised`).
 * ``ray``: ``flwr run`` of this app against a private local SuperLink in simulation mode
   (Flower's Ray backend: one actor per ``--num-cpus``/``--num-gpus`` share), the route
   Flower 1.42 supports in place of the deprecated ``run_simulation``. The SuperLink gets a
@@ -38,6 +42,12 @@ from fedpcd_app.flwr_run import PROJECT, Interrupted, LocalSuperLink, check_outp
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
+CLIENT_BATCH = "client_app.vectorised:deliver_batch"  # a round's train requests to one process, together
+# --workers auto: worker processes only when they repay their start. Measured on this 2-core
+# machine (docs/performance.md §"Clients trained at once"): starting the pool (forkserver,
+# imports, data) costs WORKER_START_S more wall time than running in process, and W workers
+# save at most (1 − 1/W) of the clients' training time.
+WORKER_START_S = 4.0
 # What the ClientApp imports lazily (data loading; torch._dynamo on the first optimizer):
 # imported once in the forkserver the workers fork from, not once per worker.
 CLIENT_PRELOAD = ("client_app.data", "sklearn.datasets", "datasets", "flwr_datasets.partitioner", "torch._dynamo")
@@ -47,18 +57,20 @@ def simulate(
     overrides: Mapping[str, Any] | str | None = None,
     *,
     engine: str = "local",
-    workers: int | None = None,
+    workers: int | str | None = None,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     verbose: bool = False,
 ) -> Path:
     """Run one experiment; returns its output folder (holding ``summary.json``).
 
-    ``workers``: local engine, worker processes (``None`` = the usable cores, 0 = this
-    process). ``num_cpus``/``num_gpus``: Ray engine, each client actor's share."""
+    ``workers``: local engine, worker processes (``None`` or ``"auto"`` = :func:`auto_workers`,
+    0 = this process). ``num_cpus``/``num_gpus``: Ray engine, each client actor's share."""
     if engine not in ENGINES:
         raise ConfigError(f"engine '{engine}' is not one of {', '.join(ENGINES)}: use --engine local or --engine ray")
-    if workers is not None and workers < 0:
+    if workers == "auto":
+        workers = None
+    if workers is not None and (not isinstance(workers, int) or workers < 0):
         raise ConfigError(f"--workers {workers}: give 0 (in this process) or more worker processes")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     if not verbose:
@@ -78,10 +90,10 @@ def _simulate_local(overrides, workers: int | None) -> Path:
 
     _check_output_dir_first(overrides)  # before any data is loaded or model built
     setup = load_setup(overrides)  # every key checked, strategy and model built, once
-    workers = usable_cores() if workers is None else workers
+    workers = auto_workers(setup.cfg, usable_cores()) if workers is None else workers
     run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
               run_config=setup.raw, warmup="fedpcd_app.simulate:load_client_data" if workers else None,
-              preload=CLIENT_PRELOAD)
+              preload=CLIENT_PRELOAD, batch=CLIENT_BATCH)
     return Path(setup.cfg.output_dir).resolve()
 
 
@@ -91,6 +103,66 @@ def _check_output_dir_first(overrides) -> None:
 
     raw = resolve(parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides or {}))
     check_output_dir(raw.get("output-dir") or default_output_dir(parse_run_config(raw)))
+
+
+def client_seconds(cfg) -> float | None:
+    """The run's client training time in one process, estimated: rounds × clients per round ×
+    local steps per client × one step's CPU time, measured here on one thread (the run's model,
+    one batch of client 0's data, fastest of three after a warm-up; CPU time, so that a busy
+    machine does not inflate it). None when the data is not here
+    (``client-data = 'node'``)."""
+    import time
+
+    import torch
+
+    from client_app import local_data
+    from client_app.data import load_federated_data
+    from client_app.models import build_model
+    from client_app.training import num_local_steps
+
+    if local_data.is_node_mode(cfg):
+        return None
+    data = load_federated_data(cfg)
+    sizes = [len(t) for t in data.train_idx]
+    mean_n = max(1, round(sum(sizes) / len(sizes)))
+    steps = cfg.local_steps if cfg.local_steps > 0 else num_local_steps(mean_n, cfg.batch_size, cfg.local_epochs)
+    bs = mean_n if cfg.batch_size <= 0 else min(cfg.batch_size, mean_n)
+    probe_bs = min(bs, 32)  # a CNN's 128-batch step is timed on 32 examples and scaled
+    x, y = data.client_train(0)
+    reps = (probe_bs + len(y) - 1) // max(len(y), 1)
+    x, y = x.repeat(reps, *([1] * (x.dim() - 1)))[:probe_bs], y.repeat(reps)[:probe_bs]
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(cfg.model, data.input_shape, data.num_classes)
+    best = float("inf")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time of one thread: what the step costs, whatever the machine's load
+    try:
+        for i in range(4):
+            t0 = time.thread_time()
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-1e-9)
+            if i:
+                best = min(best, time.thread_time() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    step_s = best * bs / probe_bs
+    return cfg.num_server_rounds * cfg.clients_per_round * steps * step_s
+
+
+def auto_workers(cfg, cores: int) -> int:
+    """``--workers auto``: the usable cores when (1 − 1/W) of the run's client training
+    (:func:`client_seconds`) exceeds the workers' start-up cost :data:`WORKER_START_S`, else 0
+    (in this process)."""
+    if cores < 2:
+        return 0
+    est = client_seconds(cfg)
+    if est is None:
+        return cores
+    workers = cores
+    return workers if est * (1 - 1 / workers) > WORKER_START_S else 0
 
 
 def load_client_data(run_config: Mapping[str, Any]) -> None:
@@ -136,11 +208,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, workers_help: str |
     """``--engine``/``--workers``/``--num-cpus``/``--num-gpus`` (shared with the sweeps)."""
     parser.add_argument("--engine", choices=ENGINES, default="local",
                         help="local: this project's engine (default); ray: `flwr run` on Flower's Ray engine")
-    parser.add_argument("--workers", type=int, default=None,
-                        help=workers_help or "local engine: worker processes (default: the usable cores; "
-                                             "0 = in this process)")
+    parser.add_argument("--workers", type=_workers_arg, default=None,
+                        help=workers_help or "local engine: worker processes (default 'auto': in this process when "
+                                             "the run is too small to repay starting workers, else the usable "
+                                             "cores; 0 = in this process)")
     parser.add_argument("--num-cpus", type=float, default=1.0, help="ray engine: CPUs per client actor")
     parser.add_argument("--num-gpus", type=float, default=0.0, help="ray engine: GPU share per client actor")
+
+
+def _workers_arg(text: str) -> int | None:
+    """``--workers``: a count, or ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of worker processes (0 = in this process) "
+                                         "or 'auto'") from None
 
 
 def main(argv: list[str] | None = None) -> int:
