@@ -71,7 +71,10 @@ DATA_KEYS = (
     "dataset", "dataset-path", "partitioner", "dirichlet-alpha", "classes-per-client",
     "num-clients", "seed", "local-test-fraction", "central-test-fraction", "min-partition-size",
     "val-fraction", "data-pool",
+    "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed",
 )
+# dataset='synthetic' (client_app/synthetic.py): keys and their defaults
+SYNTHETIC_DEFAULTS = {"synthetic-alpha": 1.0, "synthetic-beta": 1.0, "synthetic-iid": False, "synthetic-seed": -1}
 WRITER_COLUMN = "writer_id"
 WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
 
@@ -139,7 +142,7 @@ _CACHE: dict[tuple, FederatedData] = {}
 
 def data_cache_key(cfg: RunConfig) -> tuple:
     flat = cfg.as_dict()
-    return tuple(flat[k] for k in DATA_KEYS)
+    return tuple(flat.get(k) for k in DATA_KEYS)
 
 
 def load_federated_data(cfg: RunConfig) -> FederatedData:
@@ -153,6 +156,8 @@ def load_federated_data(cfg: RunConfig) -> FederatedData:
 
 # ----------------------------------------------------------------------------------------
 def _build(cfg: RunConfig) -> FederatedData:
+    if cfg.partitioner == "natural":
+        return _build_natural(cfg)
     x_pool, y_pool, w_pool, x_central, y_central = _pools(cfg)
     num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
     try:
@@ -179,6 +184,142 @@ def _build(cfg: RunConfig) -> FederatedData:
         x=x_pool, y=torch.from_numpy(y_pool.astype(np.int64)),
         train_idx=train_idx, test_idx=test_idx,
         x_central=x_central, y_central=torch.from_numpy(y_central.astype(np.int64)),
+        num_classes=num_classes, val_idx=val_idx, fill=fill,
+    )
+
+
+# -- natural partitions: one client per user ------------------------------------------------
+def synthetic_settings(cfg: RunConfig) -> tuple[float, float, bool, int]:
+    """(α, β, iid, synthetic-seed) of ``dataset='synthetic'``, typed and range-checked."""
+    d = SYNTHETIC_DEFAULTS
+    return (cfg.get_float("synthetic-alpha", d["synthetic-alpha"], low=0.0),
+            cfg.get_float("synthetic-beta", d["synthetic-beta"], low=0.0),
+            cfg.get_bool("synthetic-iid", d["synthetic-iid"]),
+            cfg.get_int("synthetic-seed", d["synthetic-seed"], low=-1, high=2**32 - 1))
+
+
+@dataclasses.dataclass
+class _UserSplits:
+    """Per-user train/test arrays (x N×C×H×W) of a source with its users' own split."""
+
+    x_train: list[np.ndarray]
+    y_train: list[np.ndarray]
+    x_test: list[np.ndarray]
+    y_test: list[np.ndarray]
+    names: list[str]
+    standardise: bool  # images: per-channel standardisation; feature vectors (synthetic, LEAF): as given
+    num_classes: int = 0  # 0 = max label + 1
+
+
+def _own_split_users(cfg: RunConfig) -> _UserSplits | None:
+    """The users' own train/test split where the source has one, else None."""
+    if not cfg.dataset_path and cfg.dataset == "synthetic":
+        from client_app import synthetic
+
+        alpha, beta, iid, sseed = synthetic_settings(cfg)
+        try:
+            users = synthetic.synthetic_users(cfg.num_clients, alpha, beta, iid, cfg.seed, sseed)
+        except synthetic.SyntheticError as exc:
+            raise DataError(str(exc)) from None
+
+        def shaped(arrs):  # n×60 features → n×1×1×60 (the N×C×H×W layout the models take)
+            return [a.reshape(len(a), 1, 1, -1) for a in arrs]
+
+        return _UserSplits(shaped(users.x_train), users.y_train, shaped(users.x_test), users.y_test,
+                           [f"f_{k:05d}" for k in range(cfg.num_clients)], standardise=False,
+                           num_classes=synthetic.NUM_CLASSES)
+    if cfg.dataset_path and cfg.data_pool == "split":
+        train, test = _load_arrays(cfg)
+        if train[2] is not None and test is not None and test[2] is not None:
+            return _writer_splits(train, test, Path(cfg.dataset_path))
+    return None
+
+
+def _groups(writers: np.ndarray) -> dict:
+    """writer id → the sorted indices of its examples."""
+    ids, inverse = np.unique(np.asarray(writers), return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.concatenate([[0], np.bincount(inverse, minlength=len(ids))]))
+    return {w.item() if hasattr(w, "item") else w: order[a:b] for w, a, b in zip(ids, bounds[:-1], bounds[1:])}
+
+
+def _writer_splits(train: Arrays, test: Arrays, folder: Path) -> _UserSplits:
+    """Parquet files with a writer id in both: each writer's train rows and test rows."""
+    tr, te = _groups(train[2]), _groups(test[2])
+    names = sorted(set(tr) | set(te))
+    for name in names:
+        if name not in tr or name not in te:
+            where, other = ("train", "test") if name not in tr else ("test", "train")
+            raise DataError(f"dataset-path: writer {name!r} has rows in {folder / (other + '.parquet')} but none in "
+                            f"{folder / (where + '.parquet')}: with partitioner='natural' every writer needs a train "
+                            "and a test split; give it rows in both files or drop it")
+    return _UserSplits([train[0][tr[n]] for n in names], [train[1][tr[n]] for n in names],
+                       [test[0][te[n]] for n in names], [test[1][te[n]] for n in names],
+                       [str(n) for n in names], standardise=True)
+
+
+def _check_user_count(n_users: int, cfg: RunConfig, what: str) -> None:
+    if n_users != cfg.num_clients:
+        raise DataError(f"partitioner='natural': {what} has {n_users} users, one client each, but num-clients = "
+                        f"{cfg.num_clients}: set num-clients={n_users}")
+
+
+def _build_natural(cfg: RunConfig) -> FederatedData:
+    """One client per user: the users' own train/test split where the source has one (the
+    central test set is then the union of their test splits); otherwise each writer's
+    examples split as a partition (``local-test-fraction``) and the central test set as the
+    other partitioners have it."""
+    users = _own_split_users(cfg)
+    source = f"dataset-path {cfg.dataset_path}" if cfg.dataset_path else f"dataset '{cfg.dataset}'"
+    if users is not None:
+        _check_user_count(len(users.x_train), cfg, source)
+        xs, ys, train_idx, test_idx, start = [], [], [], [], 0
+        for pid, (xtr, ytr, xte, yte) in enumerate(zip(users.x_train, users.y_train, users.x_test, users.y_test)):
+            if len(ytr) < 1 or len(yte) < 1:
+                raise DataError(f"{source}: user {users.names[pid]!r} has {len(ytr)} training and {len(yte)} test "
+                                "example(s): every user needs at least one of each; drop that user from the data")
+            xs += [xtr, xte]
+            ys += [ytr, yte]
+            train_idx.append(np.arange(start, start + len(ytr), dtype=np.int64))
+            start += len(ytr)
+            test_idx.append(np.arange(start, start + len(yte), dtype=np.int64))
+            start += len(yte)
+        x_pool, y_pool = np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+        central = np.concatenate(test_idx)
+        x_central, y_central = x_pool[central], y_pool[central]
+        standardise, num_classes = users.standardise, users.num_classes
+    else:
+        x_pool, y_pool, writers, x_central, y_central = _pools(cfg)
+        if writers is None:
+            raise DataError(f"partitioner='natural' needs user ids: {source} has no '{WRITER_COLUMN}' column "
+                            "(use dataset='synthetic', dataset='femnist', a LEAF folder or parquet files with one)")
+        groups = _groups(writers)
+        _check_user_count(len(groups), cfg, source)
+        train_idx, test_idx = [], []
+        for pid, idx in enumerate(groups.values()):
+            tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
+            train_idx.append(tr)
+            test_idx.append(te)
+        if len(y_central) == 0:  # merged pools: the central test set is every local test split
+            central = np.concatenate(test_idx)
+            x_central, y_central = x_pool[central], y_pool[central]
+        standardise, num_classes = True, 0
+    val_idx = []
+    for pid, (tr, te) in enumerate(zip(train_idx, test_idx)):
+        tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
+        train_idx[pid] = tr
+        val_idx.append(va)
+    if not num_classes:
+        num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
+    if standardise:
+        x, xc, fill = _normalise(x_pool, x_central)
+    else:
+        x = torch.from_numpy(np.ascontiguousarray(x_pool, dtype=np.float32))
+        xc = torch.from_numpy(np.ascontiguousarray(x_central, dtype=np.float32))
+        fill = torch.zeros(x.shape[1])
+    return FederatedData(
+        x=x, y=torch.from_numpy(y_pool.astype(np.int64)), train_idx=train_idx, test_idx=test_idx,
+        x_central=xc, y_central=torch.from_numpy(np.asarray(y_central, dtype=np.int64)),
         num_classes=num_classes, val_idx=val_idx, fill=fill,
     )
 
@@ -454,7 +595,7 @@ def _load_hub(cfg: RunConfig):
             test = None
     except Exception as exc:  # noqa: BLE001 - any hub or cache failure gets the same advice
         raise DataError(_hub_hint(cfg.dataset, name, exc)) from exc
-    writer_col = WRITER_COLUMN if cfg.partitioner == "writer" else None
+    writer_col = WRITER_COLUMN if cfg.partitioner in ("writer", "natural") else None
     return (_hf_to_arrays(train, image_col, label_col, writer_col),
             None if test is None else _hf_to_arrays(test, image_col, label_col, writer_col))
 

@@ -12,6 +12,11 @@ parameters and average badly across non-IID clients).
   n basic blocks, 16/32/64 channels, n = 3/9/18) with GroupNorm (groups of 8 channels) and
   1×1-conv projection shortcuts.
 
+* ``logreg``: multinomial logistic regression, flatten → one linear layer to the classes (the
+  q-FFL/FedProx authors' ``mclr``): Glorot-uniform weights and zero bias, the defaults of
+  their ``tf.layers.dense`` (their L2 regulariser is never added to the loss they minimise).
+  Any input shape (60 features for Synthetic, 64 for 8×8 digits).
+
 The CRAFT authors' models (their ``fed/nets.py``; ``../shared/spec/ALGORITHMS.md``), rebuilt
 under their own names so that the models above keep their numbers:
 
@@ -109,6 +114,19 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
+
+
+class LogReg(nn.Module):
+    """Multinomial logistic regression: flatten → linear (logits; softmax in the loss)."""
+
+    def __init__(self, in_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, num_classes)
+        nn.init.xavier_uniform_(self.linear.weight)  # tf.layers.dense: glorot_uniform kernel, zero bias
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.flatten(x, 1))
 
 
 CIFAR_RESNET_DEPTHS = {"resnet20": 3, "resnet56": 9, "resnet110": 18}
@@ -227,6 +245,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     c = input_shape[0]
     if name == "mlp":
         return MLP(_flat_size(input_shape), num_classes)
+    if name == "logreg":
+        return LogReg(_flat_size(input_shape), num_classes)
     if name == "craft-mlp":
         return CraftMLP(_flat_size(input_shape), num_classes)
     if name == "craft-cnn":
@@ -251,6 +271,7 @@ DATASET_META = {
     "cifar10": ((3, 32, 32), 10),
     "cifar100": ((3, 32, 32), 100),
     "femnist": ((1, 28, 28), 62),
+    "synthetic": ((1, 1, 60), 10),  # 60 features as N×1×1×60 (client_app/synthetic.py)
 }
 
 

@@ -20,11 +20,19 @@ from typing import Any
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist",
+            # Synthetic(alpha, beta) of the FedProx/q-FFL authors, generated offline (client_app/synthetic.py)
+            "synthetic")
 MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
           # the CRAFT authors' models (their fed/nets.py): see client_app/models.py
-          "craft-mlp", "craft-cnn", "craft-resnet20", "craft-resnet56", "craft-resnet110")
-PARTITIONERS = ("dirichlet", "pathological", "iid", "dirichlet-balanced", "writer")
+          "craft-mlp", "craft-cnn", "craft-resnet20", "craft-resnet56", "craft-resnet110",
+          # multinomial logistic regression (the q-FFL/FedProx authors' "mclr")
+          "logreg")
+PARTITIONERS = ("dirichlet", "pathological", "iid", "dirichlet-balanced", "writer",
+                # one client per user/writer id, no size cap, the users' own train/test split if any
+                "natural")
+# datasets whose examples carry a user id (partitioner='natural'); or any dataset-path with one
+NATURAL_DATASETS = ("synthetic", "femnist")
 # Which examples are partitioned: "split" = the training pool (the dataset's test split or a
 # held-out share is the central test set); "merged" = training and test pools together, the
 # central test set being the union of the clients' local test splits (the CRAFT authors').
@@ -262,6 +270,7 @@ def _validate(cfg: RunConfig) -> None:
             f"run-config key 'partitioner' = 'writer' needs writer ids: use dataset='femnist' or a "
             f"dataset-path whose parquet files have a 'writer_id' column (dataset is {cfg.dataset!r})"
         )
+    _validate_data(cfg)
     checks = [
         ("num-clients", cfg.num_clients >= 1, "must be >= 1"),
         ("fraction-train", 0.0 < cfg.fraction_train <= 1.0, "must be in (0, 1]"),
@@ -290,6 +299,25 @@ def _validate(cfg: RunConfig) -> None:
     for key, ok, what in checks:
         if not ok:
             raise ConfigError(f"run-config key '{key}' = {cfg.as_dict()[key]!r} {what}")
+
+
+def _validate_data(cfg: RunConfig) -> None:
+    """The keys of natural partitions and of dataset='synthetic' (one line each)."""
+    if cfg.partitioner == "natural" and cfg.dataset not in NATURAL_DATASETS and not cfg.dataset_path:
+        raise ConfigError(
+            f"run-config key 'partitioner' = 'natural' needs user ids: use dataset='synthetic', dataset='femnist' or "
+            f"a dataset-path (LEAF json folder, or parquet files with a 'writer_id' column); dataset is {cfg.dataset!r}"
+        )
+    if cfg.dataset == "synthetic" and not cfg.dataset_path:
+        if cfg.partitioner != "natural":
+            raise ConfigError(
+                f"run-config key 'partitioner' = {cfg.partitioner!r}: dataset='synthetic' is split by its users "
+                "(one client per user, their own 90/10 train/test split): set partitioner='natural'"
+            )
+        cfg.get_float("synthetic-alpha", 1.0, low=0.0)
+        cfg.get_float("synthetic-beta", 1.0, low=0.0)
+        cfg.get_bool("synthetic-iid", False)
+        cfg.get_int("synthetic-seed", -1, low=-1, high=2**32 - 1)
 
 
 def load_config(overrides: Mapping[str, Scalar] | str | None = None) -> RunConfig:

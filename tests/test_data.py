@@ -370,3 +370,64 @@ def test_augmentation_touches_training_batches_only():
         get_client_method("sgd").train(job)
         outs.append(torch.cat([p.detach().ravel() for p in model.parameters()]))
     assert not torch.equal(outs[0], outs[1])
+
+
+def _writer_parquet(folder, rng, n_writers=7, sizes=(("train", 300), ("test", 80)), test_writers=True):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        cols = {"image": [im.tolist() for im in rng.integers(0, 256, size=(n, 6, 6)).astype(np.uint8)],
+                "label": pa.array(rng.integers(0, 4, n), type=pa.int64())}
+        if split == "train" or test_writers:
+            cols["writer_id"] = [f"w{i}" for i in rng.permutation(np.arange(n) % n_writers)]
+        pq.write_table(pa.table(cols), folder / f"{split}.parquet")
+    return folder
+
+
+def test_natural_partition_uses_every_writers_own_train_and_test_rows(tmp_path):
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(5))
+    fd = load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))
+    train, test = pq.read_table(folder / "train.parquet"), pq.read_table(folder / "test.parquet")
+    tr_w, te_w = np.asarray(train["writer_id"].to_pylist()), np.asarray(test["writer_id"].to_pylist())
+    assert fd.num_clients == 7
+    for k, name in enumerate(sorted(set(tr_w))):  # clients in sorted writer-id order, no size cap
+        assert len(fd.train_idx[k]) == (tr_w == name).sum() and len(fd.test_idx[k]) == (te_w == name).sum()
+        np.testing.assert_array_equal(fd.client_train(k)[1].numpy(), np.asarray(train["label"])[tr_w == name])
+        np.testing.assert_array_equal(fd.client_test(k)[1].numpy(), np.asarray(test["label"])[te_w == name])
+    assert len(fd.y_central) == 80  # the union of the writers' test rows
+    with pytest.raises(DataError, match="set num-clients=7"):
+        load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=5))
+
+
+def test_natural_partition_without_own_test_rows_splits_each_writer(tmp_path):
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(6), n_writers=5, test_writers=False)
+    fd = load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=5))
+    sizes = [len(a) + len(b) for a, b in zip(fd.train_idx, fd.test_idx)]
+    assert sizes == [60] * 5  # every writer whole (300 rows over 5 writers), no cap or draw
+    assert all(len(b) == 12 for b in fd.test_idx)  # local-test-fraction 0.2 of each writer
+    assert len(fd.y_central) == 80  # test.parquet, as for the other partitioners
+    both = _writer_parquet(tmp_path / "both", np.random.default_rng(6), n_writers=5)
+    merged = load_federated_data(_cfg(dataset_path=str(both), partitioner="natural", num_clients=5,
+                                      data_pool="merged"))  # train and test rows pooled per writer, then split
+    assert [len(a) + len(b) for a, b in zip(merged.train_idx, merged.test_idx)] == [76] * 5
+    assert len(merged.y_central) == sum(len(t) for t in merged.test_idx)
+
+
+def test_natural_partition_with_a_writer_missing_from_one_file_is_one_line(tmp_path):
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(7))
+    test = pq.read_table(folder / "test.parquet").to_pydict()
+    test["writer_id"] = ["w0" if w == "w3" else w for w in test["writer_id"]]
+    pq.write_table(pa.table(test), folder / "test.parquet")
+    with pytest.raises(DataError) as err:
+        load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))
+    assert "'w3'" in str(err.value) and "test.parquet" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_natural_partition_needs_user_ids(tmp_path):
+    with pytest.raises(ConfigError, match="needs user ids"):
+        _cfg(partitioner="natural")  # digits
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(8))
+    for split in ("train", "test"):
+        pq.write_table(pq.read_table(folder / f"{split}.parquet").drop_columns(["writer_id"]),
+                       folder / f"{split}.parquet")
+    with pytest.raises(DataError, match="writer_id"):
+        load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=7))

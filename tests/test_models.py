@@ -126,3 +126,31 @@ def test_craft_layer_groups_are_convs_with_their_norms_and_the_classifier():
 def test_craft_cnn_rejects_too_small_inputs():
     with pytest.raises(ValueError, match="at least 16"):
         build_model("craft-cnn", (1, 8, 8), 10)
+
+
+@pytest.mark.parametrize("shape, classes", [((1, 1, 60), 10), ((1, 8, 8), 10), ((3, 32, 32), 100)])
+def test_logreg_is_one_linear_layer_on_the_flattened_input(shape, classes):
+    model = build_model("logreg", shape, classes)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 1 and num_parameters(model) == _count_linear(int(torch.tensor(shape).prod()), classes)
+    x = torch.randn(4, *shape)
+    out = model(x)
+    assert out.shape == (4, classes)
+    torch.testing.assert_close(out, x.flatten(1) @ linears[0].weight.T + linears[0].bias)
+    # the authors' tf.layers.dense defaults: zero bias, Glorot-uniform weights
+    assert torch.count_nonzero(linears[0].bias) == 0
+    bound = (6.0 / (linears[0].in_features + classes)) ** 0.5
+    assert linears[0].weight.abs().max() <= bound and linears[0].weight.abs().max() > 0.9 * bound
+
+
+def test_logreg_initial_weights_are_seeded():
+    from client_app.models import initial_model
+    from fedcore.config import load_config
+
+    cfg = load_config({"dataset": "synthetic", "partitioner": "natural", "model": "logreg", "num-clients": 5})
+    a, b = initial_model(cfg), initial_model(cfg)
+    c = initial_model(cfg.replace(seed=1))
+    assert torch.equal(a.linear.weight, b.linear.weight) and not torch.equal(a.linear.weight, c.linear.weight)
+    assert a.linear.in_features == 60 and a.linear.out_features == 10  # the server needs no data for the shape
+    digits = initial_model(load_config({"model": "logreg"}))
+    assert digits.linear.in_features == 64
