@@ -203,9 +203,24 @@ def parse_overrides(text: str) -> dict[str, Scalar]:
     return parsed
 
 
+# Keys that were removed, with what replaces them (one line each).
+RETIRED_KEYS = {
+    "federage-averaged-iterate": "set eval-averaged-iterate = true instead (every method is then scored on the "
+                                 "running average of its global iterates)",
+}
+
+
+def check_retired(keys) -> None:
+    """A retired key is refused with one line naming its replacement."""
+    for key in keys:
+        if key in RETIRED_KEYS:
+            raise ConfigError(f"run-config key '{key}' is retired: {RETIRED_KEYS[key]}")
+
+
 def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
     """Defaults fused with overrides; an unknown key is rejected as ``flwr run`` does."""
     full = default_run_config()
+    check_retired(overrides or {})
     for key, value in (overrides or {}).items():
         if key not in full:
             raise ConfigError(

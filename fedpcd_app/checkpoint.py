@@ -70,6 +70,7 @@ class Checkpoint:
     history: list[dict[str, Any]]
     last_eval: dict[str, Any]
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
+    averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.evaluation)
 
 
     def to_dict(self) -> dict[str, Any]:

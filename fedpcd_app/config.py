@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fedcore.config import ConfigError, RunConfig, Scalar, parse_run_config, resolve
+from fedcore.config import ConfigError, RunConfig, Scalar, check_retired, parse_run_config, resolve
 from strategies import registry
 from strategies.base import FairStrategy
 
@@ -47,6 +47,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     from strategies import privacy
     from strategies.base import check_update_clip
 
+    check_retired(raw)
     cfg = parse_run_config(raw)
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
@@ -59,6 +60,8 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                     "remove it, choose the method it belongs to, or set allow-unused-keys=true"
                 )
     cls.resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
+    cfg.get_bool("eval-averaged-iterate", False)
+    _check_weighting(cfg)
     cfg.get_choice("participation", PARTICIPATION, "uniform")
     cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
     cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
@@ -89,6 +92,31 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     return cfg
 
 
+def _check_weighting(cfg: RunConfig) -> None:
+    """``fedavg-weighting`` (the FedAvg family only) and ``participation = "size-proportional"``
+    (methods whose server rule stays unbiased under size-proportional draws; README)."""
+    from fedpcd_app.sampler import FEDAVG_FAMILY, PARTICIPATION, size_proportional_refusal
+    from strategies.fedavg import WEIGHTINGS
+
+    weighting = cfg.get_choice("fedavg-weighting", WEIGHTINGS, "data-size")
+    if weighting != "data-size" and cfg.method not in FEDAVG_FAMILY:
+        raise ConfigError(f"run-config key 'fedavg-weighting' = {weighting!r} applies to the FedAvg family "
+                          f"({', '.join(FEDAVG_FAMILY)}); method '{cfg.method}' weights by its own rule: "
+                          "leave fedavg-weighting='data-size'")
+    if cfg.get_choice("participation", PARTICIPATION, "uniform") == "size-proportional":
+        why = size_proportional_refusal(cfg.method, cfg.params)
+        if why is not None:
+            raise ConfigError(f"run-config key 'participation' = 'size-proportional' draws clients with probability "
+                              f"∝ their data size, but method '{cfg.method}': {why}; use participation='uniform'")
+
+
+def fedavg_weighting(cfg: RunConfig) -> str:
+    """The FedAvg family's weighting for this run: ``uniform`` with size-proportional draws."""
+    if cfg.params.get("participation") == "size-proportional":
+        return "uniform"
+    return str(cfg.params.get("fedavg-weighting", "data-size"))
+
+
 def _check_node_data(cfg: RunConfig) -> None:
     """``client-data`` and its keys; with nodes that bring their own data, what needs a
     dataset on the server is refused in one line."""
@@ -106,6 +134,9 @@ def _check_node_data(cfg: RunConfig) -> None:
         raise ConfigError(f"run-config key 'dataset-path' = '{cfg.dataset_path}' is not read with client-data='node' "
                           "(each node reads its own data-path): set dataset-path=\"\" (a central test set is "
                           "central-test-path)")
+    if cfg.params.get("participation") == "size-proportional":
+        raise ConfigError("run-config key 'participation' = 'size-proportional' needs every client's training size on "
+                          "the server, which client-data='node' does not give: use participation='uniform'")
     if (cfg.params.get("participation") == "skewed"
             and cfg.params.get("availability-rare-choice") == "rarest-classes"):
         raise ConfigError("run-config key 'availability-rare-choice' = 'rarest-classes' needs every client's labels "
@@ -120,7 +151,7 @@ def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Se
     raw = resolve(raw) if resolve_defaults else dict(raw)
     cfg = check(raw)
     model = initial_model(cfg)
-    strategy = registry.build(cfg, model=model)
+    strategy = registry.build(cfg, model=model, fedavg_weighting=fedavg_weighting(cfg))
     if not cfg.output_dir:
         raw["output-dir"] = str(default_output_dir(cfg))
         cfg = cfg.replace(output_dir=raw["output-dir"])

@@ -20,6 +20,17 @@ which hyperparameter selection reads (``fedpcd_app.report``) instead of the test
 :func:`summary_fields` adds to ``summary.json`` the final evaluation's ``num_scored``,
 ``unscored_clients`` and ``val_*`` metrics, and the means over the final ten evaluations
 (``final10_*``, as FedeRage's Table I reads its last ten rounds), for any method.
+
+Which iterate is scored (``eval-averaged-iterate``, every method). ``false`` (default): the
+global model θ_t of the round (what the method's ``evaluation_arrays`` returns: θ_t for every
+method except AFL). ``true``: the running average θ̄_t = (1/t) Σ_{s=1..t} θ_s of the global
+models after rounds 1..t (:class:`IterateAverage`; a round without a valid reply counts with
+the unchanged model), FedeRage's Algorithm 1 output, so that every method can be scored on the
+same iterate. AFL's own output is already an averaged iterate (the mean of θ_0..θ_t, its
+paper's reported model, ``strategies.afl``): AFL is scored on it with either value of the key
+(the key changes nothing for AFL). ``summary.json`` says what was scored: ``scored_iterate``
+(``"last"`` or ``"averaged"``) and ``scored_split`` (``"test"``: the headline metrics and
+``final10_*``; ``val_*`` are the validation split's). The average is checkpointed and resumed.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from torch.nn import functional as F
 
 from client_app.data import FederatedData
 from client_app.training import evaluate
+from fedcore import flat
 
 log = logging.getLogger("fedpcd")
 
@@ -72,6 +84,43 @@ def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int =
     return evaluate(model, data.x_central, data.y_central, batch_size)
 
 
+ITERATES = ("last", "averaged")
+
+
+class IterateAverage:
+    """θ̄_t = (1/t) Σ_{s=1..t} θ_s, the running mean of the global models (float64, flat),
+    updated once per round by :meth:`observe`; :meth:`arrays` is θ̄_t in the model's arrays."""
+
+    def __init__(self) -> None:
+        self.mean: torch.Tensor | None = None
+        self.count = 0
+        self.spec: flat.FlatSpec | None = None
+
+    def observe(self, arrays) -> None:
+        x = flat.record_to_flat(arrays, dtype=torch.float64)
+        if self.spec is None:
+            self.spec = flat.spec_of(arrays)
+        self.mean = x.clone() if self.mean is None or self.count == 0 else self.mean + (x - self.mean) / (self.count + 1)
+        self.count += 1
+
+    def arrays(self):
+        return flat.flat_to_record(self.mean, self.spec)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (``{}`` before the first round)."""
+        return {} if self.mean is None else {"mean": self.mean.clone(), "count": self.count}
+
+    def restore(self, state: dict, template) -> None:
+        self.mean = None if not state else state["mean"].to(torch.float64).clone()
+        self.count = int(state.get("count", 0)) if state else 0
+        self.spec = flat.spec_of(template)
+
+
+def strategy_averages(strategy) -> bool:
+    """Whether the method's own ``evaluation_arrays`` is an averaged iterate (AFL)."""
+    return getattr(strategy, "evaluated_iterate", "last") == "averaged"
+
+
 class Evaluator:
     """Scores the global model on every client (server-side batched, or federated through
     the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set;
@@ -96,6 +145,26 @@ class Evaluator:
         elif self.mode == "server" or cfg.dataset == "digits" or cfg.dataset_path:
             self._data = load_federated_data(cfg)  # a data problem stops the run here, before training
         self.model = model.to(device())
+        self.averaged = cfg.get_bool("eval-averaged-iterate", False)
+        # AFL averages its own iterate: it is scored on that (see the module doc)
+        self.average = IterateAverage() if self.averaged and not strategy_averages(strategy) else None
+
+    @property
+    def scored_iterate(self) -> str:
+        """``"averaged"`` or ``"last"``: what :meth:`evaluate` scores."""
+        return "averaged" if self.averaged or strategy_averages(self.strategy) else "last"
+
+    def observe(self, arrays) -> None:
+        """The global model after a round (every round, evaluated or not)."""
+        if self.average is not None:
+            self.average.observe(arrays)
+
+    def scored_arrays(self, arrays):
+        """The arrays handed to the strategy's ``evaluation_arrays``: θ̄_t with
+        eval-averaged-iterate (once a round has run), else θ_t."""
+        if self.average is not None and self.average.count > 0:
+            return self.average.arrays()
+        return arrays
 
     @property
     def data(self):
@@ -105,6 +174,7 @@ class Evaluator:
         import time
 
         t0 = time.perf_counter()
+        arrays = self.scored_arrays(arrays)
         self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
         out: dict = {}
         val = None
@@ -180,11 +250,13 @@ def _fairness(acc: np.ndarray, loss: np.ndarray) -> dict:
     return fairness_metrics(acc[present], loss[present])
 
 
-def summary_fields(final: dict, evaluations: list[dict]) -> dict:
+def summary_fields(final: dict, evaluations: list[dict], scored_iterate: str = "last") -> dict:
     """What ``summary.json`` adds to the final metrics: over how many clients they were
-    computed (``num_scored``) and which were not scored, the validation metrics, and the
-    means over the final ten evaluations (``final10_*``; ``final10_num_evals`` of them)."""
-    out = {"num_scored": final.get("num_scored"), "unscored_clients": final.get("unscored_clients", [])}
+    computed (``num_scored``) and which were not scored, which iterate and split were scored
+    (``scored_iterate``, ``scored_split``), the validation metrics, and the means over the
+    final ten evaluations (``final10_*``; ``final10_num_evals`` of them)."""
+    out = {"num_scored": final.get("num_scored"), "unscored_clients": final.get("unscored_clients", []),
+           "scored_iterate": scored_iterate, "scored_split": "test"}
     out.update({k: v for k, v in final.items() if k.startswith("val_")})
     last = evaluations[-FINAL_EVALS:]
     out["final10_num_evals"] = len(last)

@@ -196,6 +196,7 @@ class Experiment:
         else:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
         record["train_seconds"] = t_train
+        self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
         record["round_seconds"] = time.perf_counter() - t0  # the whole training round
         return record
 
@@ -221,6 +222,7 @@ class Experiment:
             params=self.strategy.params.to_run_config(),
             times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
             privacy=self.strategy.privacy.state if self.strategy.privacy is not None else None,
+            averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -238,6 +240,12 @@ class Experiment:
                 f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
             )
         self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
+        if (ckpt.averaged_iterate is not None) != (self.evaluator.average is not None):
+            raise ConfigError(f"run-config key 'eval-averaged-iterate' = {self.evaluator.averaged} but the checkpoint "
+                              f"of round {ckpt.round} in {folder} was written with the other value: resume with "
+                              "the same eval-averaged-iterate")
+        if self.evaluator.average is not None:
+            self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
         if self.strategy.privacy is not None and ckpt.privacy is not None:
             self.strategy.privacy.state = ckpt.privacy  # the adaptive clipping norm
@@ -295,7 +303,7 @@ class Experiment:
             "central_acc": final.get("central_acc"),
             "central_loss": final.get("central_loss"),
             "client_acc": final["client_acc"],
-            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r]),
+            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r], self.evaluator.scored_iterate),
             "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
             "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
             **self.completeness(stopped),

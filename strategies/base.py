@@ -186,6 +186,7 @@ class FairStrategy(Strategy):
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
     app_arguments: ClassVar[tuple[str, ...]] = ()  # extra __init__ arguments the app passes
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
+    evaluated_iterate: ClassVar[str] = "last"  # what evaluation_arrays gives: "last" θ_t or "averaged" (AFL)
     resolve_device = staticmethod(resolve_device)  # for the app's config check
 
     def __init__(
