@@ -227,6 +227,87 @@ def frontier(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def qffl_diagnostics(rows: list[dict], q0: str, q1: str) -> str:
+    """What the q-FFL runs say about the pipeline and the step (markdown), per seed:
+
+    * L = 1/lr: with q = 0, Σ_k h_k = m·L exactly (``qffl-sum-h`` of ``rounds.jsonl``);
+    * sampling ∝ training size: correlation of ``times_sampled`` (``clients.csv``) with the
+      expected count T·π_k (``availability.json`` ``probabilities``);
+    * the step: ‖θ_{t+1} − θ_t‖ of q = 1 over that of q = 0, round by round on the same seed
+      (the same clients are drawn in the same rounds: the draw depends on (seed, t) only);
+    * the accuracy curves (mean and worst 10 % per evaluation).
+    """
+    by = {(r["method"]): {x.seed: x for x in r["runs"]} for r in rows}
+    if q0 not in by or q1 not in by:
+        return ""
+    out = ["| seed | Σh / (m·L) at q = 0 (min–max over rounds) | corr(times sampled, T·π) | median ‖step(q=1)‖ / ‖step(q=0)‖ "
+           "| rounds where q = 1 stepped further | q = 0 ā at rounds 10/25/50 | q = 1 ā at rounds 10/25/50 |",
+           "|---:|---|---:|---:|---:|---|---|"]
+    for seed in sorted(set(by[q0]) & set(by[q1])):
+        r0, r1 = by[q0][seed], by[q1][seed]
+        cfg = r0.summary["config"]
+        m_l = round(cfg["fraction-train"] * cfg["num-clients"]) / cfg["lr"]
+        rec0, rec1 = r0.rounds(), r1.rounds()
+        sh = np.array([x["strategy"]["qffl-sum-h"] for x in rec0 if "strategy" in x]) / m_l
+        n0 = {x["round"]: x["strategy"]["update-norm"] for x in rec0 if "strategy" in x}
+        n1 = {x["round"]: x["strategy"]["update-norm"] for x in rec1 if "strategy" in x}
+        common = sorted(set(n0) & set(n1))
+        ratio = np.array([n1[t] / n0[t] for t in common if n0[t] > 0])
+        same = sum(x.get("sampled") == y.get("sampled") for x, y in zip(rec0, rec1))
+        avail = json_load(r0.folder / "availability.json")
+        sampled = np.array([int(row["times_sampled"]) for row in csv_rows(r0.folder / "clients.csv")], dtype=float)
+        expected = np.asarray(avail["probabilities"]) * cfg["num-server-rounds"]
+        corr = float(np.corrcoef(sampled, expected)[0, 1])
+
+        def at(run, ts):
+            pts = dict(zip(*run.eval_curve("mean_acc")))
+            return " / ".join(f"{100 * pts[t]:.1f}" if t in pts else "—" for t in ts)
+
+        out.append(f"| {seed} | {sh.min():.6f}–{sh.max():.6f} | {corr:.3f} | {np.median(ratio):.3f} | "
+                   f"{int((ratio > 1).sum())}/{len(ratio)} (same clients drawn in {same}/{len(rec0)} rounds) | "
+                   f"{at(r0, (10, 25, 50))} | {at(r1, (10, 25, 50))} |")
+    return "\n".join(out) + "\n"
+
+
+def json_load(path: Path):
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+def csv_rows(path: Path) -> list[dict]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def curves_figure(rows: list[dict], path: Path, title: str) -> None:
+    """Mean and worst-10 % client accuracy per evaluation, mean over seeds, one line per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        if r["diverged"] or not (r["chosen"] or not r["selected_on"]):
+            continue
+        for ax, key in zip(axes, ("mean_acc", "worst10_acc")):
+            curves = [x.eval_curve(key) for x in r["runs"]]
+            t = curves[0][0]
+            vals = np.array([c[1][: len(t)] for c in curves if len(c[1]) >= len(t)])
+            ax.plot(t, 100 * vals.mean(axis=0), label=f"{r['setting']} {r['method']}")
+            ax.fill_between(t, 100 * vals.min(axis=0), 100 * vals.max(axis=0), alpha=0.15)
+    for ax, name in zip(axes, ("mean client accuracy (%)", "worst-10 % client accuracy (%)")):
+        ax.set_xlabel("round")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title}: mean over seeds, band = seeds' range")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="a sweep output folder")
@@ -234,9 +315,16 @@ def main(argv=None) -> int:
     ap.add_argument("--paper", choices=("qffl",), default=None, help="add the paper's row beside ours")
     ap.add_argument("--csv", default="", help="also write the table as CSV")
     ap.add_argument("--frontier", default="", help="write the mean vs worst-10 %% frontier (PNG)")
+    ap.add_argument("--curves", default="", help="write the accuracy curves of the chosen rows (PNG)")
+    ap.add_argument("--qffl-diagnostics", default="", metavar="Q0,Q1",
+                    help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
     args = ap.parse_args(argv)
     rows, _, iterate = build(Path(args.out), args.all_points)
     print(markdown(rows, iterate, PAPER_QFFL if args.paper == "qffl" else None))
+    if args.qffl_diagnostics:
+        print(qffl_diagnostics(rows, *args.qffl_diagnostics.split(",")))
+    if args.curves:
+        curves_figure(rows, Path(args.curves), Path(args.out).name)
     if args.csv:
         write_csv(rows, Path(args.csv))
     if args.frontier:
