@@ -4,6 +4,7 @@ what the protocol gives from what this project's Flower pipeline gives.
     python scripts/qffl_reference.py --seeds 0 1 2 3 4 --q 0 1 --lr 0.1 --rounds 2000 \
         [--clients-per-round 10] [--batch-size 10] [--epochs 1] [--sampling size|uniform] \
         [--loss-before train|batch] [--json out.json]
+    python scripts/qffl_reference.py --report out.json ...   # markdown table and curves of saved runs
 
 It follows ``litian96/fair_flearn`` (read, not copied): ``flearn/trainers/qffedavg.py``
 (the round), ``flearn/trainers/fedbase.py`` (``select_clients``: ``np.random.seed(round + 4)``,
@@ -76,6 +77,18 @@ def local_solve(w, b, x, y, order, perm, lr, epochs, batch_size):
     return w, b
 
 
+def authors_step(diffs: np.ndarray, losses: np.ndarray, q: float, lr: float) -> np.ndarray:
+    """``aggregate2`` of the authors' q-FedAvg: Σ Δ_k / Σ h_k for rows ``diffs`` = θ_t − θ_k
+    and ``losses`` = F_k (θ_{t+1} = θ_t − the result)."""
+    deltas, hs = [], []
+    for diff, f in zip(diffs, losses):
+        dw = diff / lr  # L (θ_t − θ_k), L = 1/lr
+        fq = np.float_power(f + EPS, q)
+        deltas.append(fq * dw)
+        hs.append(q * np.float_power(f + EPS, q - 1) * float(dw @ dw) + fq / lr)
+    return np.sum(deltas, axis=0) / np.sum(hs)
+
+
 def run(seed: int, q: float, lr: float, rounds: int, m: int, batch_size: int, epochs: int,
         sampling: str, loss_before: str, alpha: float, beta: float, num_users: int, eval_every: int) -> dict:
     users = synthetic_users(num_users, alpha, beta, False, seed)
@@ -102,7 +115,7 @@ def run(seed: int, q: float, lr: float, rounds: int, m: int, batch_size: int, ep
         np.random.seed(t + 4)
         p = n / n.sum() if sampling == "size" else None
         chosen = np.random.choice(len(n), min(m, len(n)), replace=False, p=p)
-        deltas, hs = [], []
+        diffs, losses = [], []
         for k in chosen:
             if loss_before == "train":
                 f = softmax_ce(w, b, xtr[k], ytr[k])[0]
@@ -110,11 +123,9 @@ def run(seed: int, q: float, lr: float, rounds: int, m: int, batch_size: int, ep
                 first = orders[k][perms[k]][:batch_size]
                 f = softmax_ce(w, b, xtr[k][first], ytr[k][first])[0]
             wk, bk = local_solve(w, b, xtr[k], ytr[k], orders[k], perms[k], lr, epochs, batch_size)
-            dw = np.concatenate([(w - wk).ravel(), b - bk]) / lr
-            fq = np.float_power(f + EPS, q)
-            deltas.append(fq * dw)
-            hs.append(q * np.float_power(f + EPS, q - 1) * float(dw @ dw) + fq / lr)
-        step = np.sum(deltas, axis=0) / np.sum(hs)
+            diffs.append(np.concatenate([(w - wk).ravel(), b - bk]))
+            losses.append(f)
+        step = authors_step(np.array(diffs), np.array(losses), q, lr)
         w = w - step[: d * c].reshape(d, c)
         b = b - step[d * c:]
         if not np.all(np.isfinite(w)):
@@ -128,7 +139,41 @@ def run(seed: int, q: float, lr: float, rounds: int, m: int, batch_size: int, ep
             "accuracies": a.tolist(), "curve": curve}
 
 
+def report(paths: list[str]) -> str:
+    """Markdown: one row per (file, lr, q) with the statistics over its seeds, and the curves."""
+    lines = ["| sampling | batch | lr | rounds | q | seeds | average | worst 10 % | best 10 % | variance | clients at 0 % |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    curves = []
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        a = d["args"]
+        for lr in a["lr"]:
+            for q in a["q"]:
+                ok = [r for r in d["runs"] if r["lr"] == lr and r["q"] == q and "average" in r]
+                if not ok:
+                    continue
+                cells = []
+                for k in ("average", "worst10", "best10", "variance"):
+                    v = np.array([r[k] for r in ok]) * (1 if k == "variance" else 100)
+                    d0 = 0 if k == "variance" else 2
+                    cells.append(f"{v.mean():.{d0}f}" + (f" ± {v.std(ddof=1):.{d0}f}" if len(v) > 1 else ""))
+                zeros = np.mean([np.sum(np.array(r["accuracies"]) == 0) for r in ok])
+                lines.append(f"| {a['sampling']} | {a['batch_size']} | {lr} | {a['rounds']} | {q:g} | "
+                             f"{' '.join(str(r['seed']) for r in ok)} | " + " | ".join(cells) + f" | {zeros:.1f} |")
+                if ok[0].get("curve") and len(ok[0]["curve"]) > 2:
+                    pts = np.array([[p[1] for p in r["curve"]] for r in ok]) * 100
+                    wst = np.array([[p[2] for p in r["curve"]] for r in ok]) * 100
+                    ts = [p[0] for p in ok[0]["curve"]]
+                    curves.append(f"{a['sampling']}, batch {a['batch_size']}, lr {lr}, q = {q:g} (mean over "
+                                  f"{len(ok)} seed(s)), round: average / worst 10 % — " + ", ".join(
+                                      f"{t}: {m:.1f} / {w:.1f}" for t, m, w in zip(ts, pts.mean(0), wst.mean(0))))
+    return "\n".join(lines) + "\n\n" + "\n\n".join(f"* {c}" for c in curves) + "\n"
+
+
 def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--report":
+        print(report(sys.argv[2:]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--q", type=float, nargs="+", default=[0.0, 1.0])

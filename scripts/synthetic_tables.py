@@ -156,8 +156,9 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
     for setting in dict.fromkeys(r["setting"] for r in rows):
         lines += [f"### {setting}", "",
                   "| method | hyperparameters | seeds | " + " | ".join(TITLES[k] for k in STATS)
-                  + " | final-10 average | final-10 worst 10 % | validation average |" + (" paper |" if paper else ""),
-                  "|---|---|---:|" + "---:|" * (len(STATS) + 3) + ("---|" if paper else "")]
+                  + " | final-10 average | final-10 worst 10 % | validation average |"
+                  + (" paper (avg / worst / best / var) |" if paper is not None else ""),
+                  "|---|---|---:|" + "---:|" * (len(STATS) + 3) + ("---|" if paper is not None else "")]
         for r in (x for x in rows if x["setting"] == setting):
             hyper = r["variant"].replace(",", ", ") + (" ★" if r["chosen"] and r["selected_on"] else "")
             n = len(r["seeds"])
@@ -169,7 +170,7 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
             p = ""
             if paper is not None:
                 ref = paper.get(r["method"])
-                p = " " + (" / ".join(f"{ref[k]:g}" for k in STATS) if ref else "—") + " |"
+                p = " " + (" / ".join(f"{ref[k]:g}" for k in STATS) if ref else "not retrieved") + " |"
             lines.append(f"| {r['method']} | {hyper} | {n} | " + " | ".join(cells) + " |" + p)
         reasons = [(r["method"], r["variant"], x) for r in rows if r["setting"] == setting for x in r["diverged_reasons"]]
         if reasons:
