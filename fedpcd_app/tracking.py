@@ -65,7 +65,9 @@ class TensorBoardLogger:
     """Writes round records with ``torch.utils.tensorboard.SummaryWriter`` (step = round)."""
 
     def __init__(self, out_dir: str | Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard only when asked for
+        from torch.utils.tensorboard import (
+            SummaryWriter,  # lazy: tensorboard only when asked for
+        )
 
         self.dir = Path(out_dir) / SUBDIR
         self.writer = SummaryWriter(log_dir=str(self.dir))

@@ -50,7 +50,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
             if re.search(r"round +1/500", line):
                 break
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import ConfigError, load_config, parse_overrides, resolve
-from fedpcd_app.config import check
 from fedpcd_app import run_report
+from fedpcd_app.config import check
 from fedpcd_app.simulate import simulate
 from fedpcd_app.tracking import check as check_tracking
 from fedpcd_app.tracking import tracker_for
