@@ -62,9 +62,9 @@ from client_app.data import load_federated_data  # noqa: E402
 from client_app.models import initial_model  # noqa: E402
 from client_app.training import evaluate, local_sgd  # noqa: E402
 from fedcore.config import load_config  # noqa: E402
+from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
 from fedpcd_app.evaluation import score_central, score_clients  # noqa: E402
 from fedpcd_app.results import read_rounds  # noqa: E402
-from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -329,10 +329,11 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     :func:`client_app.vectorised.run_entries` (rows), on the same jobs (data drawn here: Gaussian
     features, random labels; ``model_name`` 'logreg' = flatten + one Linear). The fastest of
     ``repeats`` each (after one warm-up), and the largest train-loss difference."""
+    from flwr.app import ArrayRecord, RecordDict
+
     from client_app import vectorised
     from client_app.methods import LocalTraining, TrainJob, get_client_method
     from client_app.models import build_model
-    from flwr.app import ArrayRecord, RecordDict
 
     torch.manual_seed(seed)
     shape = (features,)

@@ -20,7 +20,6 @@ from fedcore.config import ConfigError, RunConfig, Scalar, check_retired, parse_
 from strategies import registry
 from strategies.base import FairStrategy
 
-
 # An exception inside a strategy's aggregation: stop the run (after the round's record, a
 # checkpoint and a summary with complete = false), or log it and keep the model.
 ON_AGGREGATION_ERROR = ("stop", "keep")

@@ -128,11 +128,10 @@ class Evaluator:
     clients only too (``honest``)."""
 
     def __init__(self, cfg, strategy, model: torch.nn.Module) -> None:
-        from client_app.data import load_federated_data
-        from client_app.training import device
-
         from client_app import local_data
         from client_app.attacks import attacked_partitions
+        from client_app.data import load_federated_data
+        from client_app.training import device
 
         self.cfg, self.strategy = cfg, strategy
         self.attacked = attacked_partitions(cfg.as_dict())  # fairness is also given without them
@@ -217,7 +216,6 @@ class Evaluator:
         from flwr.app import ConfigRecord
 
         from fedcore import keys
-
         from fedpcd_app.exchange import send_and_receive  # errors attributed to the request's node
 
         msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)

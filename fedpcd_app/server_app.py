@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from flwr.app import MetricRecord
 
 from fedcore import flat, keys

@@ -88,7 +88,6 @@ import time
 
 import numpy as np
 import torch
-
 from flwr.app import MetricRecord
 
 from fedcore import flat, keys

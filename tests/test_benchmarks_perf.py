@@ -9,8 +9,8 @@ import torch
 
 import strategies.fedavg as fedavg
 from benchmarks import aggregation, cache_memory
-from fedcore.config import load_config
 from fedcore import flat
+from fedcore.config import load_config
 from strategies import registry
 from strategies.base import unpack_replies
 from tests.helpers import arrays_from_flat, tiny_template, train_reply

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpcd_app import checkpoint
 from fedcore.config import ConfigError, load_config
+from fedpcd_app import checkpoint
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.server_app import Experiment
 from strategies import registry

@@ -241,9 +241,8 @@ def test_vectorised_under_attacks(tmp_path):
 
 
 def test_client_execution_is_checked():
-    from fedcore.config import ConfigError
+    from fedcore.config import ConfigError, resolve
     from fedpcd_app.config import check
-    from fedcore.config import resolve
 
     with pytest.raises(ConfigError, match="client-execution"):
         check(resolve({"client-execution": "fast"}))

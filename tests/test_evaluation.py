@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from client_app.client_app import app as client_app
 from fedcore import flat, keys

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
-from fedcore.config import load_config
 from fedcore import flat
+from fedcore.config import load_config
 from strategies import registry
 from tests.helpers import aggregate_arrays, arrays_from_flat, tiny_template, train_reply
 

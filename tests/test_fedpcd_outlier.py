@@ -12,8 +12,8 @@ import torch
 from fedcore.config import ConfigError
 from strategies import fedpcd
 from strategies.fedpcd import cosine_inliers, fedpcd_direction, norm_inliers
-from tests.test_fedpcd_strategy import Round, conflicting, run_round, strategy
 from tests.helpers import tiny_template
+from tests.test_fedpcd_strategy import Round, conflicting, run_round, strategy
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47
 D = 47

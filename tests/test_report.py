@@ -11,7 +11,6 @@ from fedpcd_app import report
 from fedpcd_app.results import write_json_atomic
 from tests.helpers import make_run
 
-
 # per seed: client accuracies (10 clients) → final mean_acc = their mean
 FEDAVG = {0: [0.5] * 5 + [0.9] * 5, 1: [0.6] * 5 + [0.9] * 5, 2: [0.55] * 5 + [0.95] * 5}  # means .70 .75 .75
 TAU1 = {0: [0.8] * 10, 1: [0.7] * 10, 2: [0.7] * 10}       # means .80 .70 .70 → mean .7333

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from fedcore.config import ConfigError, load_config
+from fedcore.seeding import numpy_rng
 from fedpcd_app.sampler import (
     build_sampler,
     inclusion_probabilities,
     rarest_class_holders,
     systematic_sample,
 )
-from fedcore.seeding import numpy_rng
 
 ROUNDS = 20000
 
@@ -155,9 +155,8 @@ def test_size_proportional_is_numpys_weighted_draw_without_replacement():
 @pytest.mark.parametrize("method, ok", [("fedavg", True), ("fedprox", True), ("qffl", True), ("federage", True),
                                         ("fedpcd", False), ("fednova", False), ("afl", False), ("ditto", False)])
 def test_size_proportional_is_refused_where_it_would_count_sizes_twice(method, ok):
-    from fedpcd_app.config import check
-
     from fedcore.config import resolve
+    from fedpcd_app.config import check
 
     raw = resolve({"method": method, "participation": "size-proportional"})
     if ok:

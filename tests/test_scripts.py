@@ -6,9 +6,9 @@ import os
 import re
 import shlex
 import signal
-import uuid
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
