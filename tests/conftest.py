@@ -18,3 +18,12 @@ def _autograd_stays_on():
     if not torch.is_grad_enabled():
         torch.set_grad_enabled(True)
         pytest.fail("autograd was left disabled (torch.set_grad_enabled(False) without restore)")
+
+
+@pytest.fixture(autouse=True)
+def _no_end_of_run_figures(request, monkeypatch):
+    """Runs inside tests skip the end-of-run report and figures (``figures = 'auto'``: a
+    process of its own that imports matplotlib, seconds per run); tests marked ``figures``
+    keep them. Runs in subprocesses (``flwr run``) draw them as users get them."""
+    if request.node.get_closest_marker("figures") is None:
+        monkeypatch.setattr("fedpcd_app.server_app.draw_report", lambda out_dir: None)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = {"num-clients": 3, "num-server-rounds": 2, "eval-every": 1}
 
 
+@pytest.mark.figures
 def test_a_run_ends_with_its_report_and_figures(tmp_path):
     out = simulate({**TINY, "output-dir": str(tmp_path / "run")}, workers=0)
     assert (out / "report.md").is_file() and "fedavg" in (out / "report.md").read_text()
