@@ -37,7 +37,8 @@ compares the method with its own arithmetic and should not.
 fedavg_seconds, ratio, floor_seconds, floor_ratio (null without a floor), floor_parts (the
 floor's median seconds per part), device (+ size, rounds, timed, seconds_all and
 floor_ratios: every timed round), cpu_seconds / fedavg_cpu_seconds / floor_cpu_seconds (process CPU time, all
-threads) and floor_ratio_cpu (paired, like floor_ratio), threads. ``cache`` is the method's reported cache size (a MetricRecord key ending in
+threads) and floor_ratio_cpu (paired, like floor_ratio), threads. ``cache`` is the method's reported cache size
+(a MetricRecord key ending in
 ``cache-size``; 0 for stateless methods). ``--check`` exits 1 when FedPCD's or CRAFT's
 floor_ratio exceeds ``--check-limit`` (1.2) at ResNet-18 size: for a person or a script,
 not a timed test. ``--device cuda`` runs the strategies with ``server-device=cuda`` and the

@@ -162,7 +162,8 @@ def _record(net):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="resnet18", help="model size of the memory table (benchmarks.aggregation sizes)")
+    parser.add_argument("--size", default="resnet18",
+                        help="model size of the memory table (benchmarks.aggregation sizes)")
     parser.add_argument("--entries", type=int, default=70, help="cache entries of the memory table")
     parser.add_argument("--replies", type=int, default=10, help="replies per round of the memory table")
     parser.add_argument("--rounds", type=int, default=15, help="rounds of the real-update run")

@@ -77,7 +77,8 @@ def _tree_rss(root: int) -> tuple[int, int]:
 
 def run(clients: int, per_round: int, rounds: int, data: Path, out: Path) -> dict:
     overrides = (f"num-clients={clients} fraction-train={per_round / clients} num-server-rounds={rounds} "
-                 f"partitioner='dirichlet' dirichlet-alpha=100.0 min-partition-size=2 dataset-path='{data}' eval-every=0 checkpoint-every=0 output-dir='{out}'")
+                 f"partitioner='dirichlet' dirichlet-alpha=100.0 min-partition-size=2 dataset-path='{data}' "
+                 f"eval-every=0 checkpoint-every=0 output-dir='{out}'")
     env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.simulate", "--run-config", overrides],

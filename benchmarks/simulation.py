@@ -67,6 +67,7 @@ from fedpcd_app.evaluation import score_central, score_clients  # noqa: E402
 from fedpcd_app.results import read_rounds  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
+CPU = torch.device("cpu")
 
 
 def write_cifar_like(folder: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
@@ -142,7 +143,7 @@ def app_global_models(out_dir: Path, rounds: list[dict], model: torch.nn.Module)
 
 
 def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tensor],
-              device: torch.device = torch.device("cpu")) -> list[dict]:
+              device: torch.device = CPU) -> list[dict]:
     """Replay the app's rounds as a plain in-process PyTorch loop; per-round seconds.
 
     Each round starts from the app's own global model of that round (``starts``), so the
@@ -222,14 +223,15 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
         timed("config parse", lambda: parse_run_config(raw))
         model = timed("model build + load", lambda: model_for(cfg, arrays))
         if "loss_before" in rec:
-            timed("loss-before pass", lambda: evaluate(model, x, y, cfg.eval_batch_size))
-        timed("local training", lambda: local_sgd(
+            timed("loss-before pass", lambda model=model, x=x, y=y: evaluate(model, x, y, cfg.eval_batch_size))
+        timed("local training", lambda model=model, x=x, y=y, pid=pid: local_sgd(
             model, x, y, epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=cfg.lr,
             generator=torch_generator(cfg.seed, "batches", pid, rec["round"])))
-        reply = timed("reply ArrayRecord", lambda: ArrayRecord(model.state_dict()))
+        reply = timed("reply ArrayRecord", lambda model=model: ArrayRecord(model.state_dict()))
         request = RecordDict({"arrays": arrays, "config": ConfigRecord({**raw, "partition-id": pid})})
-        timed("pickle request + reply", lambda: [pickle.loads(pickle.dumps(c, protocol=5))
-                                                 for c in (request, RecordDict({"arrays": reply}))])
+        timed("pickle request + reply",
+              lambda request=request, reply=reply: [pickle.loads(pickle.dumps(c, protocol=5))
+                                                    for c in (request, RecordDict({"arrays": reply}))])
     return parts
 
 
@@ -457,7 +459,8 @@ def print_tables(meta: dict, results: list[dict], e2e: list[dict]) -> None:
         rays = {e["run"]: e for e in e2e if e["engine"] == "ray"}
         for e in e2e:
             if e["engine"] == "local" and e["run"] in rays:
-                print(f"  {e['run']}, {e['engine_label']}: {rays[e['run']]['wall_s'] / e['wall_s']:.1f}× faster than ray")
+                print(f"  {e['run']}, {e['engine_label']}: "
+                      f"{rays[e['run']]['wall_s'] / e['wall_s']:.1f}× faster than ray")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -774,7 +774,8 @@ def _read_parquet(folder: Path, split: str, max_classes: int = DEFAULT_MAX_CLASS
         raise DataError(f"dataset-path: {path} has no rows: the {split} split needs examples "
                         "(write them into the file, or point dataset-path at the right folder)")
     labels = _labels(table, path, max_classes)
-    writers = table.column(WRITER_COLUMN).to_numpy(zero_copy_only=False) if WRITER_COLUMN in table.column_names else None
+    writers = (table.column(WRITER_COLUMN).to_numpy(zero_copy_only=False)
+               if WRITER_COLUMN in table.column_names else None)
     column = table.column("image")
     if column.null_count:
         raise DataError(f"dataset-path: {path} column 'image': {column.null_count} missing (null) image(s), "

@@ -93,7 +93,8 @@ def records_to_matrix(records: list[ArrayRecord], dtype=torch.float32) -> torch.
     return out
 
 
-def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord], out: torch.Tensor | None = None) -> torch.Tensor:
+def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord],
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """Δ_i = θ_t − θ_i as an (m, d) matrix, computed straight from the reply bytes.
 
     One pass per reply (no copy of θ_i before the subtraction). ``out``, when given, is a
@@ -159,7 +160,8 @@ def deltas_into(
         views = [array_view(arrays[a]).reshape(-1) for arrays in per_record]
         n = views[0].size
         if any(v.size != n for v in views) or start + n > d:
-            raise ValueError(f"replies' array {a} sizes {[v.size for v in views]} do not fit the model's {d} parameters")
+            raise ValueError(f"replies' array {a} sizes {[v.size for v in views]} "
+                             f"do not fit the model's {d} parameters")
         for lo in range(0, n, block):
             hi = min(lo + block, n)
             c0, c1 = start + lo, start + hi

@@ -75,7 +75,8 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     allow = checkpoint.allowed_changes(cfg.params.get("resume-allow-changes", ""))
     unknown = sorted(k for k in allow if k not in cfg.as_dict() or k in checkpoint.FIXED)
     if unknown:
-        raise ConfigError(f"run-config key 'resume-allow-changes' lists {', '.join(map(repr, unknown))}: give run-config "
+        raise ConfigError(f"run-config key 'resume-allow-changes' lists {', '.join(map(repr, unknown))}: "
+                          f"give run-config "
                           f"keys other than {', '.join(checkpoint.FIXED)} (which a checkpoint cannot change), "
                           "comma-separated, e.g. 'lr,local-epochs'")
     if resume_from:

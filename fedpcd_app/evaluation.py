@@ -100,7 +100,8 @@ class IterateAverage:
         x = flat.record_to_flat(arrays, dtype=torch.float64)
         if self.spec is None:
             self.spec = flat.spec_of(arrays)
-        self.mean = x.clone() if self.mean is None or self.count == 0 else self.mean + (x - self.mean) / (self.count + 1)
+        self.mean = (x.clone() if self.mean is None or self.count == 0
+                     else self.mean + (x - self.mean) / (self.count + 1))
         self.count += 1
 
     def arrays(self):
@@ -236,7 +237,8 @@ class Evaluator:
             m = reply.content[keys.METRICS]
             pid = expected.get(int(reply.metadata.src_node_id))
             pid = m.get(keys.PARTITION_ID) if pid is None else pid
-            if pid is not None and keys.VAL_ACC in m and int(pid) in self.strategy.last_evaluation and 0 <= int(pid) < n:
+            if (pid is not None and keys.VAL_ACC in m and int(pid) in self.strategy.last_evaluation
+                    and 0 <= int(pid) < n):
                 val_acc[int(pid)], val_loss[int(pid)] = float(m[keys.VAL_ACC]), float(m[keys.VAL_LOSS])
         return acc, loss, (val_acc, val_loss)
 

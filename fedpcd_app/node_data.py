@@ -85,5 +85,6 @@ def complete(raw: Mapping[str, Any], membership) -> dict[str, Any]:
 
 def sizes(membership) -> dict[int, tuple[int, int]]:
     """partition id → (train size, test size) as the nodes reported them."""
-    return {pid: (int(rep[ld.Q_NUM_TRAIN]), int(rep[ld.Q_NUM_TEST])) for pid, (_, rep) in serving_reports(membership).items()
+    return {pid: (int(rep[ld.Q_NUM_TRAIN]), int(rep[ld.Q_NUM_TEST]))
+            for pid, (_, rep) in serving_reports(membership).items()
             if ld.Q_NUM_TRAIN in rep}

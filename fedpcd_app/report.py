@@ -18,7 +18,8 @@ highest mean over seeds of the final mean client accuracy ā is chosen (FedPCD p
 Sec. 5: "report the best performing hyperparameters per dataset after averaging the five
 seeds"), on the clients' validation splits when the runs have them (``val-fraction`` > 0,
 as the FedeRage paper tunes), else on the test splits with a warning (:func:`selection_split`;
-the table says which); ``--all`` lists every grid point instead, the chosen one marked ★. The table gives mean ± std over seeds of ā, the client spread σ_c,
+the table says which); ``--all`` lists every grid point instead, the chosen one marked ★.
+The table gives mean ± std over seeds of ā, the client spread σ_c,
 worst-10 % W₁₀, best-10 %, Jain's index and the central test accuracy, and the rounds
 needed to reach a target accuracy: by default FedAvg's final ā in that setting (the mean
 over seeds of the best FedAvg entry), read from the evaluation records of ``rounds.jsonl``

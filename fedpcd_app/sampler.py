@@ -192,7 +192,6 @@ class Sampler:
 
     def _skewed_profile(self) -> np.ndarray:
         cfg = self.cfg
-        n = len(self.available)
         k = rare_clients(cfg)
         p_rare = cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
         choice = cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")

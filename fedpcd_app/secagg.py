@@ -231,7 +231,8 @@ class SecureAggregator:
     def _aggregate_reply(self, flat: list[np.ndarray], metrics: list[dict], server_round: int) -> Message:
         n_layers = len(self.spec.keys)
         if len(flat) != n_layers * (1 + len(self.records)):
-            raise RuntimeError(f"secure aggregate has {len(flat)} arrays, expected {n_layers * (1 + len(self.records))}")
+            raise RuntimeError(f"secure aggregate has {len(flat)} arrays, "
+                               f"expected {n_layers * (1 + len(self.records))}")
 
         def record(chunk: list[np.ndarray]) -> ArrayRecord:
             return ArrayRecord({k: Array(np.ascontiguousarray(a, dtype=dt).reshape(s))

@@ -141,7 +141,8 @@ def run(seed: int, q: float, lr: float, rounds: int, m: int, batch_size: int, ep
 
 def report(paths: list[str]) -> str:
     """Markdown: one row per (file, lr, q) with the statistics over its seeds, and the curves."""
-    lines = ["| sampling | batch | lr | rounds | q | seeds | average | worst 10 % | best 10 % | variance | clients at 0 % |",
+    lines = ["| sampling | batch | lr | rounds | q | seeds | average | worst 10 % | best 10 % | variance "
+             "| clients at 0 % |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     curves = []
     for path in paths:
@@ -208,7 +209,8 @@ def main(argv=None) -> int:
             if len(ok) > 1:
                 stats = {k: np.array([r[k] for r in ok]) for k in ("average", "worst10", "best10", "variance")}
                 print(f"== lr {lr} q {q} over {len(ok)} seeds: " + ", ".join(
-                    f"{k} {v.mean() * (1 if k == 'variance' else 100):.2f} ± {v.std(ddof=1) * (1 if k == 'variance' else 100):.2f}"
+                    f"{k} {v.mean() * (1 if k == 'variance' else 100):.2f} "
+                    f"± {v.std(ddof=1) * (1 if k == 'variance' else 100):.2f}"
                     for k, v in stats.items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results}, indent=1))

@@ -121,7 +121,8 @@ def build(out: Path, all_points: bool) -> tuple[list[dict], dict[Path, str], str
         raise SystemExit(f"error: no finished run (summary.json) at or below {out}")
     iterates = {r.summary.get("scored_iterate", "last") for r in runs}
     if len(iterates) > 1:
-        raise SystemExit(f"error: the runs under {out} were scored on different iterates ({', '.join(sorted(iterates))}); "
+        raise SystemExit(f"error: the runs under {out} were scored on different iterates "
+                         f"({', '.join(sorted(iterates))}); "
                          "put runs scored on one iterate in one table (eval-averaged-iterate)")
     diverged = {r.folder: divergence(r) for r in runs}
     rows = []
@@ -172,7 +173,8 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
                 ref = paper.get(r["method"])
                 p = " " + (" / ".join(f"{ref[k]:g}" for k in STATS) if ref else "not retrieved") + " |"
             lines.append(f"| {r['method']} | {hyper} | {n} | " + " | ".join(cells) + " |" + p)
-        reasons = [(r["method"], r["variant"], x) for r in rows if r["setting"] == setting for x in r["diverged_reasons"]]
+        reasons = [(r["method"], r["variant"], x) for r in rows if r["setting"] == setting
+                   for x in r["diverged_reasons"]]
         if reasons:
             lines += ["", "Diverged (never scored): " + "; ".join(f"{m} [{v}]: {x}" for m, v, x in reasons)]
         sel = {r["selected_on"] for r in rows if r["setting"] == setting} - {""}
@@ -187,7 +189,8 @@ def write_csv(rows: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["setting", "method", "hyperparameters", "chosen", "selected_on", "seeds", "diverged"]
-                   + [f"{k}_{s}" for k in STATS for s in ("mean", "std")] + ["final10_average_mean", "val_average_mean"])
+                   + [f"{k}_{s}" for k in STATS for s in ("mean", "std")]
+                   + ["final10_average_mean", "val_average_mean"])
         for r in rows:
             vals = []
             for k in STATS:
@@ -241,7 +244,8 @@ def qffl_diagnostics(rows: list[dict], q0: str, q1: str) -> str:
     by = {(r["method"]): {x.seed: x for x in r["runs"]} for r in rows}
     if q0 not in by or q1 not in by:
         return ""
-    out = ["| seed | Σh / (m·L) at q = 0 (min–max over rounds) | corr(times sampled, T·π) | median ‖step(q=1)‖ / ‖step(q=0)‖ "
+    out = ["| seed | Σh / (m·L) at q = 0 (min–max over rounds) | corr(times sampled, T·π) "
+           "| median ‖step(q=1)‖ / ‖step(q=0)‖ "
            "| rounds where q = 1 stepped further | q = 0 ā at rounds 10/25/50 | q = 1 ā at rounds 10/25/50 |",
            "|---:|---|---:|---:|---:|---|---|"]
     for seed in sorted(set(by[q0]) & set(by[q1])):

@@ -236,7 +236,8 @@ class FairStrategy(Strategy):
         if lr <= 0.0 or server_lr < 0.0:
             raise ConfigError(f"lr = {lr} must be > 0 and server_lr = {server_lr} >= 0")
         if self.own_step is not None and server_lr != 0.0:
-            raise ConfigError(f"run-config key 'server-lr' = {server_lr} is not used by {self.name or type(self).__name__}: "
+            raise ConfigError(f"run-config key 'server-lr' = {server_lr} is not used by "
+                              f"{self.name or type(self).__name__}: "
                               f"{self.own_step}; leave server-lr = 0")
         self.params = params
         self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
@@ -293,7 +294,8 @@ class FairStrategy(Strategy):
         rounds). A method whose round-0 state needs its params overrides this."""
         return None if self.State is None else self.State()
 
-    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_valid(self, server_round: int,
+                        replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate well-formed replies (sorted by partition id): the method's own step."""
         raise NotImplementedError
 
@@ -431,7 +433,8 @@ class FairStrategy(Strategy):
         self.expected = dict(targets)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Drop malformed replies (:attr:`last_dropped`), then :meth:`aggregate_valid`."""
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")

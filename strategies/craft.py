@@ -183,7 +183,8 @@ def key_groups(keys: tuple[str, ...], sizes: tuple[int, ...]) -> list[LayerGroup
 F64_GRAM_MAX = 1 << 16  # groups of at most this many parameters get their Gram in float64
 
 
-def group_grams(rows: torch.Tensor, groups: list[tuple[int, int]], spare: torch.Tensor | None = None) -> list[np.ndarray]:
+def group_grams(rows: torch.Tensor, groups: list[tuple[int, int]],
+                spare: torch.Tensor | None = None) -> list[np.ndarray]:
     """The Gram matrix rows[:, a:b] rows[:, a:b]ᵀ of every group, as float64 numpy arrays.
 
     One read of each (n × d_q) block and nothing written but n × n numbers: on the CPU numpy's
@@ -212,7 +213,8 @@ def group_grams(rows: torch.Tensor, groups: list[tuple[int, int]], spare: torch.
     return out
 
 
-def device_grams(rows: torch.Tensor, groups: list[tuple[int, int]], spare: torch.Tensor | None = None) -> list[np.ndarray]:
+def device_grams(rows: torch.Tensor, groups: list[tuple[int, int]],
+                 spare: torch.Tensor | None = None) -> list[np.ndarray]:
     """:func:`group_grams` with torch on ``rows``' device (any device: a test runs it on the
     CPU); the matrices come back to the host in one transfer. ``spare`` is not needed here."""
     grams = []

@@ -24,7 +24,8 @@ fedfv-tau : int, default 1
     τ ≥ 0 rounds of stored updates (paper grid 0, 1, 3, 10). Degenerate case: α = 0 and
     τ = 0 with no conflicting pair is the uniform mean of the updates (FedAvg, equal weights).
 
-``server-lr`` is not used (a non-zero value is refused): the step is g, rescaled to ‖mean_i Δ_i‖. The method is ``fedfv``;
+``server-lr`` is not used (a non-zero value is refused): the step is g, rescaled to ‖mean_i Δ_i‖.
+The method is ``fedfv``;
 the strategy is :class:`FedFV`.
 """
 

@@ -9,7 +9,8 @@ and their losses l_i = F_i (the global model's loss on their data, before traini
    h = ((l·p) l/‖l‖ − p ‖l‖) / ‖l‖²  (the tangent that turns l towards the uniform vector).
 2. For each layer group q (one group per array of the model's state dict, as the authors'
    ``Loc_list`` has one group per parameter tensor, ``gfedplat/Module.py``; here running
-   statistics of normalisation layers, when the model has them, are groups too): rescale the rows of G_q to their mean norm μ_q; f_q = h·G_q rescaled to
+   statistics of normalisation layers, when the model has them, are groups too): rescale the rows of G_q to
+   their mean norm μ_q; f_q = h·G_q rescaled to
    μ_q; history rows (stored g of clients absent now, see below) rescaled to μ_q;
    λ_q = min-norm point of the convex hull of all these rows; d_q = λ_qᵀ V_q.
 3. d_raw = concat(d_q); d = d_raw rescaled to ‖mean_i g_i‖ (uniform mean). While some
@@ -68,14 +69,14 @@ def loss_fairness_direction(losses: torch.Tensor) -> torch.Tensor:
     ‖h‖‖l‖ is the sine of the angle between l and p; below 1e-9 (equal losses up to
     round-off) h is set to exactly 0 so that no direction is made of round-off.
     """
-    l = losses.to(torch.float64)
-    m = l.numel()
-    p = torch.full_like(l, 1.0 / math.sqrt(m))
-    ln = torch.linalg.vector_norm(l)
+    losses = losses.to(torch.float64)
+    m = losses.numel()
+    p = torch.full_like(losses, 1.0 / math.sqrt(m))
+    ln = torch.linalg.vector_norm(losses)
     if ln == 0:
-        return torch.zeros_like(l)
-    h = ((l @ p) * l / ln - p * ln) / ln**2
-    return h if float(h.norm() * ln) > 1e-9 else torch.zeros_like(l)
+        return torch.zeros_like(losses)
+    h = ((losses @ p) * losses / ln - p * ln) / ln**2
+    return h if float(h.norm() * ln) > 1e-9 else torch.zeros_like(losses)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,9 +44,9 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
+from strategies.registry import register
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
-from strategies.registry import register
 
 
 def no_metrics(contents, weighted_by_key):

@@ -39,7 +39,8 @@ Shares, averages, ρ and the reference values of the first round are over S_t. W
 participation this is exactly the code.
 
 Hyperparameters (``Params``): ``fedpw-beta`` β ∈ [0, 1], default 0.3, and
-``fedpw-drop-rate`` ρ̄ ∈ [0, 1], default 0.3 (the code's defaults). Degenerate case: ρ̄ = 0 drops and rescales nothing; with equal losses and
+``fedpw-drop-rate`` ρ̄ ∈ [0, 1], default 0.3 (the code's defaults). Degenerate case: ρ̄ = 0 drops and
+rescales nothing; with equal losses and
 identical updates every share is 1/m and the step is the uniform mean of Δ_i (FedAvg
 with uniform weights).
 """

@@ -16,7 +16,8 @@ qffl-q : float, default 1.0
     θ_t − Σ Δw_k / (m L) = the uniform mean of the local models, i.e. FedAvg with equal
     client weights.
 
-``server-lr`` is not used (a non-zero value is refused): the step Σ Δ_k / Σ h_k is q-FFL's own (its size comes from L and h_k).
+``server-lr`` is not used (a non-zero value is refused): the step Σ Δ_k / Σ h_k is q-FFL's own
+(its size comes from L and h_k).
 The method is ``qffl``; the strategy is :class:`QFFL`.
 """
 

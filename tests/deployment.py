@@ -113,7 +113,8 @@ class LocalFederation:
         """``extra``: more flower-superlink options (e.g. ``--enable-supernode-auth``)."""
         c = self.certs
         _, self.superlink_log = self.start("superlink", [
-            str(BIN / "flower-superlink"), "--ssl-certfile", str(c["server.pem"]), "--ssl-keyfile", str(c["server.key"]),
+            str(BIN / "flower-superlink"), "--ssl-certfile", str(c["server.pem"]),
+            "--ssl-keyfile", str(c["server.key"]),
             "--ssl-ca-certfile", str(c["ca.crt"]), "--host", "127.0.0.1", "--port", str(self.port),
             "--database", str(self.folder / "state.db"), *extra])
         wait_for(lambda: "Uvicorn running on https://" in self.superlink_log.read_text(), 60, "the SuperLink",

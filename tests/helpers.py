@@ -181,7 +181,8 @@ def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: 
     expected = {}
     for r in replies:
         node = int(r.metadata.src_node_id)
-        pid = None if r.has_error() else r.content[keys.METRICS].get(keys.PARTITION_ID) if keys.METRICS in r.content else None
+        pid = (None if r.has_error()
+               else r.content[keys.METRICS].get(keys.PARTITION_ID) if keys.METRICS in r.content else None)
         expected[node] = int(pid) if pid is not None else node - 1000
     strategy.expected = expected
     arrays, metrics = strategy.aggregate_train(server_round, replies)

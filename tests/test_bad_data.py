@@ -29,6 +29,7 @@ from client_app.data import DataError, load_federated_data
 from fedcore.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
+INT64 = pa.int64()
 N_TRAIN, N_TEST, CLASSES = 40, 12, 3
 
 
@@ -40,7 +41,7 @@ def _labels(n, seed=0):
     return np.random.default_rng(seed + 1).integers(0, CLASSES, n).tolist()
 
 
-def write(folder: Path, split: str, images=None, labels=None, *, label_type=pa.int64(), image_type=None,
+def write(folder: Path, split: str, images=None, labels=None, *, label_type=INT64, image_type=None,
           metadata=None, **options) -> Path:
     n = N_TRAIN if split == "train" else N_TEST
     images = _images(n, seed=len(split)) if images is None else images

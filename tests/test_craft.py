@@ -441,8 +441,8 @@ def test_craft_checkpoint_round_trip_resumes_identically(digits_round):
 
 @pytest.mark.parametrize(
     "overrides, key",
-    [({"craft-rho": "size"}, "craft-rho"), ({"craft-tol": -1.0}, "craft-tol"), ({"craft-layerwise": 3}, "craft-layerwise"),
-     ({"craft-step": 0.0}, "craft-step")],
+    [({"craft-rho": "size"}, "craft-rho"), ({"craft-tol": -1.0}, "craft-tol"),
+     ({"craft-layerwise": 3}, "craft-layerwise"), ({"craft-step": 0.0}, "craft-step")],
 )
 def test_bad_keys_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key):
@@ -518,6 +518,6 @@ def test_spare_row_changes_no_gram(n):
     buf = collinear_rows(n + 1, 70_000, 0.5, seed=n)
     groups = [(0, 100), (100, 70_000)]
     with_spare = craft.group_grams(buf[:n], groups, spare=buf)
-    for g, want, (a, b) in zip(with_spare, craft.group_grams(buf[:n], groups), groups):
+    for g, want, (_a, _b) in zip(with_spare, craft.group_grams(buf[:n], groups), groups):
         assert g.shape == (n, n)
         np.testing.assert_allclose(g, want, rtol=1e-5)

@@ -55,7 +55,8 @@ def test_robust_aggregators_compute_what_their_papers_define(rng):
     got, metrics = run(MultiKrum(num_malicious=1), x, n=n)
     np.testing.assert_allclose(got, np.average(x[best], axis=0, weights=np.array(n)[best]), atol=1e-6)
     assert metrics["multikrum-selected"] == sorted(best.tolist())
-    assert run(MultiKrum(num_malicious=1, num_select=2), x)[1]["multikrum-selected"] == sorted(np.argsort(scores)[:2].tolist())
+    assert (run(MultiKrum(num_malicious=1, num_select=2), x)[1]["multikrum-selected"]
+            == sorted(np.argsort(scores)[:2].tolist()))
     chosen = x[np.argsort(scores)[:5]]  # Bulyan, f = 1: MultiKrum keeps m − 2f, then per coordinate
     med = np.median(chosen, axis=0)     # the mean of the m − 4f values closest to their median
     closest = np.take_along_axis(chosen, np.argsort(np.abs(chosen - med), axis=0)[:3], axis=0)

@@ -4,7 +4,8 @@ three flower-supernodes each started with ``--node-config "partition-id=i data-p
 no dataset, learns the input shape, classes and normalisation from the nodes, and every
 node scores the model on its own test.parquet.
 
-The federation is tests/deployment.py's LocalFederation. Run: ``pytest -m deployment tests/test_deployment_own_data.py``.
+The federation is tests/deployment.py's LocalFederation.
+Run: ``pytest -m deployment tests/test_deployment_own_data.py``.
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ def test_a_huge_lr_run_ends_diverged_not_scored(tmp_path):
 # -- bounds checked before anything starts (issue 23, item 10) -----------------------------------
 @pytest.mark.parametrize("overrides, key", [
     ({"lr": float("inf")}, "'lr'"), ({"lr": float("nan")}, "'lr'"), ({"server-lr": float("inf")}, "'server-lr'"),
-    ({"num-clients": 1_000_000_000}, "'num-clients'"), ({"num-clients": 1798}, "'num-clients' = 1798 is above the 1797"),
+    ({"num-clients": 1_000_000_000}, "'num-clients'"),
+    ({"num-clients": 1798}, "'num-clients' = 1798 is above the 1797"),
 ])
 def test_unbounded_inputs_are_one_line_config_errors(tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=key) as err:

@@ -62,7 +62,6 @@ def test_fedavg_weighting_uniform_is_the_plain_mean_of_the_replies(setup, method
     b, _ = aggregate_arrays(sized, 1, arrays_from_flat(theta, template), replies)
     if method == "fedadam":  # the optimiser steps on the pseudo-gradient of the uniform mean
         ref_u = registry.build(load_config({"method": method}))
-        mean = np.mean(locals_, axis=0)
         same_n = [train_reply(arrays_from_flat(x, template), pid, num_examples=7) for pid, x in enumerate(locals_)]
         c, _ = aggregate_arrays(ref_u, 1, arrays_from_flat(theta, template), same_n)
         np.testing.assert_allclose(flat.record_to_flat(a).numpy(), flat.record_to_flat(c).numpy(), rtol=1e-5, atol=1e-6)

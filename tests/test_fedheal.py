@@ -52,7 +52,8 @@ def test_fedheal_first_round_weights_and_update():
     np.testing.assert_allclose(metrics["fedheal-weights"], w, atol=1e-5)
     np.testing.assert_allclose(new, theta - w @ deltas, atol=1e-5)
     # β = 0 keeps uniform weights: FedAvg with equal weights
-    new0, _ = aggregate_clients(FedHEAL(beta=0.0), 1, theta, template, [(p, x, 1.0, 1.0, 10) for p, x in enumerate(locals_)])
+    new0, _ = aggregate_clients(FedHEAL(beta=0.0), 1, theta, template,
+                                [(p, x, 1.0, 1.0, 10) for p, x in enumerate(locals_)])
     np.testing.assert_allclose(new0, np.mean(locals_, axis=0), atol=1e-5)
 
 

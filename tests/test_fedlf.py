@@ -162,7 +162,8 @@ def test_fedlf_gram_form_equals_row_construction(seed, m, k, equal_losses):
     common = torch.randn(d, generator=gen)
     grads = (0.5 * common + torch.randn(m, d, generator=gen)).float()
     hist = (0.5 * common + torch.randn(k, d, generator=gen)).float() if k else None
-    losses = torch.ones(m, dtype=torch.float64) if equal_losses else 0.5 + torch.rand(m, generator=gen, dtype=torch.float64)
+    losses = (torch.ones(m, dtype=torch.float64) if equal_losses
+              else 0.5 + torch.rand(m, generator=gen, dtype=torch.float64))
     got = fedlf_direction(grads, losses, groups, hist)
     ref = _fedlf_direction_rows(grads, losses, groups, hist)
     if hist is not None:  # the strategy passes its stored rows unstacked: the same result

@@ -233,7 +233,8 @@ def test_strategy_state_round_trip(template):
     params = {"fedpcd-tau": 0.2, "fedpcd-normalize": "ema", "fedpcd-ema-beta": 0.8}
     theta = np.random.default_rng(9).normal(size=47)
     a = strategy(**params)
-    th1, _ = run_round(a, template, 1, theta, Round(template, theta, conflicting(1, 4, 47), [0, 1, 2, 3], [10] * 4, 0.1))
+    th1, _ = run_round(a, template, 1, theta,
+                       Round(template, theta, conflicting(1, 4, 47), [0, 1, 2, 3], [10] * 4, 0.1))
     b = strategy(**params)
     b.state = state_through_bytes(a.state)
     r2 = Round(template, th1, conflicting(2, 3, 47), [2, 5, 6], [10, 20, 30], 0.1)

@@ -118,7 +118,8 @@ def test_craft_layer_groups_are_convs_with_their_norms_and_the_classifier():
 
     groups = layer_groups(build_model("craft-resnet20", (3, 32, 32), 10))
     assert len(groups) == 19 + 1  # 19 convs (each with its GroupNorm) + the linear layer
-    assert groups[0].keys == ("conv1.weight", "gn1.weight", "gn1.bias") and groups[-1].keys == ("linear.weight", "linear.bias")
+    assert groups[0].keys == ("conv1.weight", "gn1.weight", "gn1.bias")
+    assert groups[-1].keys == ("linear.weight", "linear.bias")
     assert [g.keys for g in layer_groups(build_model("craft-mlp", (1, 28, 28), 62))] == [
         ("fc1.weight", "fc1.bias"), ("fc2.weight", "fc2.bias"), ("fc3.weight", "fc3.bias")]
 

@@ -86,7 +86,8 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_last_checkpoint_intact(t
     assert "No space left on device" in err and "ENOSPC" in err and "round-000002.pt" in err and "intact" in err
     assert checkpoint.rounds_in(out) == [2]
     assert checkpoint.latest(out).round == 2  # verified against its checksum
-    assert not list(checkpoint.checkpoint_dir(out).glob("*.tmp")) and not list(checkpoint.checkpoint_dir(out).glob(".*"))
+    assert not list(checkpoint.checkpoint_dir(out).glob("*.tmp"))
+    assert not list(checkpoint.checkpoint_dir(out).glob(".*"))
     assert not (out / LOCK).exists()
 
 

@@ -22,7 +22,7 @@ BASE = {"client-data": "node", "num-clients": 3, "fraction-train": 1.0, "eval-mo
 
 def _grid(folders, node_extra=None) -> ClientAppGrid:
     grid = ClientAppGrid(len(folders), client_app.app)
-    for node, ctx in grid.contexts.items():
+    for _node, ctx in grid.contexts.items():
         pid = int(ctx.node_config[keys.PARTITION_ID])
         if folders[pid] is not None:
             ctx.node_config[local_data.DATA_PATH] = str(folders[pid])

@@ -27,6 +27,7 @@ from fedcore.seeding import torch_generator
 from fedpcd_app.evaluation import score_clients
 
 RECORDED = Path(__file__).parent / "data" / "perf_reference.json"
+INT64 = pa.int64()
 
 
 # -- evaluation: server batched pass == per-client evaluate (the federated path) -----------
@@ -87,7 +88,7 @@ def test_load_arrays_equals_load_state_dict_and_rejects_mismatch():
 
 
 # -- parquet fast path ----------------------------------------------------------------------
-def _write(path: Path, images, label_type=pa.int64()):
+def _write(path: Path, images, label_type=INT64):
     pq.write_table(pa.table({"image": images, "label": pa.array(np.arange(len(images)) % 3, type=label_type)}), path)
 
 

@@ -346,7 +346,8 @@ def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
     rows = {r["hyperparameters"]: r for r in csv.DictReader(open(csv_path)) if r["method"] == "fedpcd"}
     assert rows["fedpcd-tau=0.01"]["chosen"] == "1" and rows["fedpcd-tau=0.02"]["chosen"] == "0"
     bad = rows["fedpcd-tau=0.02"]
-    assert bad["status"] == "diverged" and bad["mean_acc_mean"] == "" and "seed 1: diverged at round 12" in bad["incomplete"]
+    assert (bad["status"] == "diverged" and bad["mean_acc_mean"] == ""
+            and "seed 1: diverged at round 12" in bad["incomplete"])
     text = md.read_text()
     line = next(x for x in text.splitlines() if x.startswith("| fedpcd | fedpcd-tau=0.02"))
     assert "diverged (1/3 seeds)" in line and "%" not in line and "76" not in line

@@ -171,6 +171,7 @@ def test_size_proportional_makes_the_fedavg_family_average_uniformly():
     from fedpcd_app.config import load_setup
 
     for method in ("fedavg", "fedprox", "fedavgm", "fedadam"):
-        assert load_setup({"method": method, "participation": "size-proportional"}).strategy.fedavg_weighting == "uniform"
+        setup = load_setup({"method": method, "participation": "size-proportional"})
+        assert setup.strategy.fedavg_weighting == "uniform"
         assert load_setup({"method": method}).strategy.fedavg_weighting == "data-size"
         assert load_setup({"method": method, "fedavg-weighting": "uniform"}).strategy.fedavg_weighting == "uniform"

@@ -168,7 +168,8 @@ def test_update_norm_rule_drops_only_updates_beyond_the_ratio_of_the_median():
 
 
 def test_run_config_keys_of_the_bounds_are_checked_in_one_line():
-    for overrides, words in (({"max-update-ratio": 1.5}, "'max-update-ratio'"), ({"max-num-examples": 0}, "'max-num-examples'"),
+    for overrides, words in (({"max-update-ratio": 1.5}, "'max-update-ratio'"),
+                             ({"max-num-examples": 0}, "'max-num-examples'"),
                              ({"method": "fedpcd", "fedpcd-outlier-norm-low": 0.5}, "'fedpcd-outlier-norm-low'")):
         with pytest.raises(ConfigError) as exc:
             load_setup(overrides)
@@ -218,7 +219,8 @@ def test_a_count_one_above_the_partition_size_is_dropped_in_a_run(tmp_path):
     sizes = [len(t) for t in load_federated_data(load_config({"num-clients": 6})).train_idx]
     exp, victim, rec = _fake_run(tmp_path, lambda r, pid: _with_metrics(r, **{keys.NUM_EXAMPLES: sizes[pid] + 1}))
     (drop,) = rec["dropped"]
-    assert drop["partition"] == victim and f"exceeds {sizes[victim]}, its train size known to the server" in drop["reason"]
+    assert (drop["partition"] == victim
+            and f"exceeds {sizes[victim]}, its train size known to the server" in drop["reason"])
     assert rec["update_norms"]["median"] > 0 and rec["update_norms"]["max_ratio"] >= 1.0
     # the exact size is an honest count
     exp, victim, rec = _fake_run(tmp_path / "exact", lambda r, pid: _with_metrics(r, **{keys.NUM_EXAMPLES: sizes[pid]}))

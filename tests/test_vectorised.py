@@ -4,7 +4,8 @@ For every covered client routine (plain SGD with momentum / weight decay, FedPro
 batch and sample level, SCAFFOLD, Ditto), local epochs and local steps, augmentation and the
 covered models, the rows' train losses, step counts, models and the method's extras (β, Δc_i,
 the personal model) equal the per-client routine's within RTOL = 1e-5 relative to each tensor's
-scale (max |Δ| ≤ 1e-5 · max(max |value|, 1); float32 sums in another order differ by ~1e-7). Clients of different sizes train together (masking), in the same seeded
+scale (max |Δ| ≤ 1e-5 · max(max |value|, 1); float32 sums in another order differ by ~1e-7).
+Clients of different sizes train together (masking), in the same seeded
 batch order.
 """
 
