@@ -45,7 +45,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     from fedpcd_app import checkpoint, secagg
     from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
     from strategies import privacy
-    from strategies.base import check_update_clip
+    from strategies.wrappers import check_update_clip
 
     cfg = parse_run_config(raw)
     cls = registry.strategy_class(cfg.method)

@@ -17,12 +17,20 @@ A :class:`FairStrategy` is a complete ``flwr.serverapp.strategy.Strategy``::
 ``configure_train`` samples nodes with a generator seeded by (seed, round) and sends each the
 model, a ``config`` record (the round, the client learning rate, the client routine, the
 method's client-side values) and any method records (SCAFFOLD's control variate).
-``aggregate_train`` drops malformed replies (recorded in :attr:`FairStrategy.last_dropped`,
-never a crash), clips outlying updates when ``update_clip`` is set (:func:`median_clip_scales`),
-then calls the method — inside Flower's central-DP wrapper when ``privacy`` is set
-(:mod:`strategies.privacy`). A method whose clients must do something special
-names the client routine in ``client_method``; ``client_app.methods`` documents the
-function a foreign ClientApp calls for it.
+``aggregate_train`` is :meth:`FairStrategy.check_train` (malformed and missing replies
+dropped with a reason, never a crash) then the method's :meth:`FairStrategy.aggregate_valid`.
+A method whose clients must do something special names the client routine in
+``client_method``; ``client_app.methods`` documents the function a foreign ClientApp calls for it.
+
+Results are returned, not stashed: a round's outcome is one declared object,
+:attr:`FairStrategy.last_train` (:class:`RoundOutcome`: valid, dropped, defence), an
+evaluation's is :attr:`FairStrategy.last_eval_outcome` (:class:`EvaluationOutcome`).
+
+Defences wrap a strategy instead of being flags, as Flower's
+``DifferentialPrivacyServerSideFixedClipping(strategy, ...)`` does:
+``UpdateClip(CentralDP(FedAvg(...), dp), c)`` (:mod:`strategies.wrappers`,
+:mod:`strategies.privacy`); a wrapper is itself a strategy, transforms the valid replies
+before the inner :meth:`aggregate_valid` and reports into ``last_train.defence``.
 
 This app's ServerApp (``fedpcd_app``) drives the same objects. It sets :attr:`select`
 (its seeded sampler over partition ids, mapped to nodes) and :attr:`run_config` (sent with
@@ -72,6 +80,31 @@ class ReplyBatch:
     def fedavg_weights(self) -> torch.Tensor:
         """p_i = n_i / Σ n_j (float64)."""
         return self.num_examples / self.num_examples.sum()
+
+
+@dataclasses.dataclass
+class RoundOutcome:
+    """What :meth:`FairStrategy.aggregate_train` made of one round's replies, kept as
+    :attr:`FairStrategy.last_train` (the app reads it after each round; nothing else is stashed).
+
+    ``valid`` the replies the method aggregated (sorted by client), ``dropped`` the others
+    with their reasons (no reply included), ``defence`` the reports of the wrappers that
+    transformed the valid replies (``update_clip``: :class:`strategies.wrappers.UpdateClip`,
+    ``privacy``: :class:`strategies.privacy.CentralDP`), in the order they ran."""
+
+    valid: list[Message] = dataclasses.field(default_factory=list)
+    dropped: list[Dropped] = dataclasses.field(default_factory=list)
+    defence: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class EvaluationOutcome:
+    """What :meth:`FairStrategy.aggregate_evaluate` made of one evaluation's replies, kept as
+    :attr:`FairStrategy.last_eval_outcome`: ``scores`` client → {accuracy, loss, num-test};
+    ``unscored`` the replies dropped, with their reasons."""
+
+    scores: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    unscored: list[Dropped] = dataclasses.field(default_factory=list)
 
 
 def reply_metrics(replies: Iterable[Message]) -> list[dict]:
@@ -124,21 +157,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def check_update_clip(c: float) -> float:
-    """``update-clip`` c: 0 (off) or ≥ 1 (a bound below the median would shrink most honest updates)."""
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c == 0 or c >= 1):
-        raise ConfigError(f"run-config key 'update-clip' = {c!r} must be 0 (off) or a number >= 1 "
-                          "(each update is scaled to at most c x the round's median update norm)")
-    return float(c)
-
-
-def median_clip_scales(norms: torch.Tensor, c: float) -> tuple[torch.Tensor, float]:
-    """(s_i, bound): s_i = min(1, bound/‖Δ_i‖) with bound = c · median_j ‖Δ_j‖ (the median of an
-    even count is the mean of the middle two), so every s_i·Δ_i has norm ≤ bound."""
-    bound = c * float(np.median(norms.double().numpy()))
-    return torch.clamp(bound / norms.double().clamp_min(1e-300), max=1.0), bound
-
-
 Selector = Callable[[int, Grid], dict[int, "int | None"]]
 
 
@@ -168,12 +186,6 @@ class FairStrategy(Strategy):
         Where the method's server maths runs (``server-device``; :func:`resolve_device`).
         Methods that keep large tensors (FedPCD's cache, CRAFT's update matrix) put them
         there; the others ignore it.
-    update_clip : float, default 0.0
-        c: scale each update Δ_i to at most c · the round's median ‖Δ_j‖ before the method
-        sees it (0 = off; c ≥ 1). Reported in :attr:`last_defence` (``update_clip``).
-    privacy : strategies.privacy.CentralDP or None
-        Central DP (Flower's server-side clipping wrappers) around the method's aggregation;
-        sum-only methods only. Reported in :attr:`last_defence` (``privacy``).
     params : the method's ``Params``, instead of ``**hyper``.
     """
 
@@ -212,8 +224,6 @@ class FairStrategy(Strategy):
         num_clients: int | None = None,
         loss_before: bool = False,
         device: str | torch.device = "auto",
-        update_clip: float = 0.0,
-        privacy: Any = None,
         params: MethodParams | None = None,
         **hyper: Any,
     ) -> None:
@@ -244,21 +254,15 @@ class FairStrategy(Strategy):
         self.num_clients = num_clients
         self.loss_before = loss_before
         self.device = resolve_device(device)
-        self.update_clip = check_update_clip(update_clip)
-        if privacy is not None and self.needs_individual_updates:
-            raise ConfigError(f"{self.name or type(self).__name__} does not aggregate a sum of the updates: "
-                              "central DP (dp) runs only with sum-only methods")
-        self.privacy = privacy
         self.state = self.init_state()
         self.select: Selector | None = None  # set by an app with its own sampler
         self.run_config: Mapping[str, Any] | None = None  # sent as the run-config record
         self.current_arrays: ArrayRecord | None = None
         self.spec: flat.FlatSpec | None = None
-        self.expected: dict[int, int | None] = {}  # node → partition id of this round's requests
-        self.last_dropped: list[Dropped] = []
-        self.last_valid: list[Message] = []
-        self.last_defence: dict[str, dict[str, Any]] = {}  # the round's update_clip / privacy reports
-        self.last_evaluation: dict[int, dict[str, float]] = {}  # client → accuracy, loss, num-test
+        self.expected: dict[int, int | None] = {}  # node → partition id of this round's train requests
+        self.expected_eval: dict[int, int | None] = {}  # the same for the evaluation requests
+        self.last_train = RoundOutcome()  # the latest aggregate_train's outcome
+        self.last_eval_outcome = EvaluationOutcome()  # the latest aggregate_evaluate's outcome
         self._theta_host: torch.Tensor | None = None  # θ_t, reused every round (theta_buffer)
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
@@ -314,6 +318,10 @@ class FairStrategy(Strategy):
 
     def on_dropped(self, server_round: int, client: int | None) -> None:
         """A sampled client gave no usable reply (FedLF forgets its history row)."""
+
+    def on_restored(self) -> None:
+        """Called by the app after :attr:`state` was assigned from a checkpoint (SCAFFOLD marks
+        every mirrored client as owed its c_i). Default: nothing."""
 
     def on_node_changed(self, client: int) -> None:
         """Client ``client`` is now served by another node (a restarted SuperNode rejoins under a
@@ -422,7 +430,17 @@ class FairStrategy(Strategy):
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Drop malformed replies (:attr:`last_dropped`), then :meth:`aggregate_valid`."""
+        """:meth:`check_train` (the outcome in :attr:`last_train`), then :meth:`aggregate_valid`
+        on the valid replies; (None, None) when none was valid (the model stays)."""
+        outcome = self.check_train(server_round, replies)
+        if not outcome.valid:
+            return None, None
+        return self.aggregate_valid(server_round, outcome.valid)
+
+    def check_train(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
+        """The round's replies split into valid (sorted by client) and dropped-with-reasons
+        (a malformed reply and a missing one alike: logged, :meth:`on_dropped` called, never a
+        crash); the result is also :attr:`last_train`."""
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
@@ -437,31 +455,10 @@ class FairStrategy(Strategy):
             log.warning("round %d: dropped reply of client %s: %s", server_round,
                         d.partition if d.partition is not None else d.node, d.reason)
             self.on_dropped(server_round, d.partition if d.partition is not None else d.node)
-        self.last_valid, self.last_dropped, self.last_defence = valid, dropped, {}
+        self.last_train = RoundOutcome(valid, dropped)
         if not valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
-            return None, None
-        if self.update_clip:
-            self.last_defence["update_clip"] = self.clip_updates(valid)
-        if self.privacy is not None:
-            arrays, metrics, self.last_defence["privacy"] = self.privacy.aggregate(self, server_round, valid)
-            return arrays, metrics
-        return self.aggregate_valid(server_round, valid)
-
-    def clip_updates(self, replies: list[Message]) -> dict[str, Any]:
-        """``update_clip``: replace each reply's model θ_i by θ_t − s_i·Δ_i (Δ_i = θ_t − θ_i,
-        s_i from :func:`median_clip_scales`), so no update is longer than c · the median norm."""
-        theta = self.current_flat()
-        # Two passes over the replies' bytes instead of an (m, d) matrix of updates.
-        norms = torch.tensor([float((theta - flat.record_to_flat(r.content[keys.ARRAYS])).norm()) for r in replies])
-        scales, bound = median_clip_scales(norms, self.update_clip)
-        clipped = []
-        for reply, s in zip(replies, scales.tolist()):
-            if s < 1.0:
-                delta = theta - flat.record_to_flat(reply.content[keys.ARRAYS])
-                reply.content[keys.ARRAYS] = self.to_record(theta - s * delta)
-                clipped.append(client_of(reply))
-        return {"bound": bound, "num_clipped": len(clipped), "clipped": clipped}
+        return self.last_train
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> list[Message]:
@@ -485,15 +482,17 @@ class FairStrategy(Strategy):
         ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Per-client scores into :attr:`last_evaluation`; their test-size-weighted mean."""
+        """Per-client scores into :attr:`last_eval_outcome`; their test-size-weighted mean."""
         scores: dict[int, dict[str, float]] = {}
+        unscored: list[Dropped] = []
         replies = list(replies)
         self.read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate")
         for reply in replies:
             node = int(reply.metadata.src_node_id)
             if reply.has_error() or keys.METRICS not in reply.content:
-                log.warning("evaluation reply of node %s dropped: %s", node,
-                            reply.error.reason if reply.has_error() else "no metrics")
+                reason = reply.error.reason if reply.has_error() else "no metrics"
+                log.warning("evaluation reply of node %s dropped: %s", node, reason)
+                unscored.append(Dropped(self.expected_eval.get(node), node, reason))
                 continue
             m = reply.content[keys.METRICS]
             try:
@@ -501,10 +500,11 @@ class FairStrategy(Strategy):
                          "num-test": float(m.get(keys.NUM_TEST, 1))}
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("evaluation reply of node %s dropped: %s", node, exc)
+                unscored.append(Dropped(self.expected_eval.get(node), node, str(exc)))
                 continue
-            want = getattr(self, "expected_eval", {}).get(node)
+            want = self.expected_eval.get(node)
             scores[want if want is not None else int(m.get(keys.PARTITION_ID, node))] = score
-        self.last_evaluation = scores
+        self.last_eval_outcome = EvaluationOutcome(scores, unscored)
         if not scores:
             return None
         n = np.array([s["num-test"] for s in scores.values()])
