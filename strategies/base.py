@@ -32,6 +32,22 @@ Defences wrap a strategy instead of being flags, as Flower's
 :mod:`strategies.privacy`); a wrapper is itself a strategy, transforms the valid replies
 before the inner :meth:`aggregate_valid` and reports into ``last_train.defence``.
 
+Reading a round's updates: ``batch = self.round_updates(valid)`` (:meth:`FairStrategy.round_updates`)
+gives ``batch.deltas`` Δ_i = θ_t − θ_i (m, d), ``batch.weights`` p_i, ``batch.theta`` θ_t, the
+losses and metrics. The documented kernels beside it — FedPCD's ``write_rows`` and CRAFT's
+``deltas`` — write Δ_i straight into buffers they keep across rounds (:meth:`write_deltas`,
+:meth:`theta_buffer`) because an (m, d) copy per round is what their benchmarks measure.
+
+The hooks, all declared here with a default (a method overrides only what it needs):
+
+* :meth:`aggregate_valid` (required) — the method's step on the valid replies → (arrays, metrics);
+* :meth:`init_state` / :meth:`restore_state` — the State at round 0 / rebuilt from a checkpoint;
+* :meth:`on_restored` — after a checkpoint's state was assigned (SCAFFOLD);
+* :meth:`client_config`, :meth:`round_config`, :meth:`round_records`, :meth:`client_records` —
+  what the requests carry;
+* :meth:`evaluation_arrays` — the model evaluation scores (AFL's average of iterates);
+* :meth:`on_dropped`, :meth:`on_node_changed` — a client gave no usable reply / moved node.
+
 This app's ServerApp (``fedpcd_app``) drives the same objects. It sets :attr:`select`
 (its seeded sampler over partition ids, mapped to nodes) and :attr:`run_config` (sent with
 every request as the ``run-config`` record), and calls :meth:`aggregate_valid` itself for
@@ -73,13 +89,23 @@ class ReplyBatch:
     loss_before: torch.Tensor  # (m,) float64: F_i, the global model's loss on client i
     train_loss: torch.Tensor  # (m,) float64
     num_steps: torch.Tensor  # (m,) float64
-    local: torch.Tensor  # (m, d) local models θ_i (becomes Δ_i after model_deltas)
+    local: torch.Tensor  # (m, d) local models θ_i; Δ_i when ``theta`` is set (round_updates)
     metrics: list[dict]  # each reply's raw metrics
+    theta: torch.Tensor | None = None  # θ_t when the rows are updates Δ_i = θ_t − θ_i
 
     @property
     def fedavg_weights(self) -> torch.Tensor:
         """p_i = n_i / Σ n_j (float64)."""
         return self.num_examples / self.num_examples.sum()
+
+    weights = fedavg_weights
+
+    @property
+    def deltas(self) -> torch.Tensor:
+        """(m, d) float32 updates Δ_i = θ_t − θ_i (a batch from :meth:`FairStrategy.round_updates`)."""
+        if self.theta is None:
+            raise ValueError("this batch holds local models θ_i: read the round with round_updates() for Δ_i")
+        return self.local
 
 
 @dataclasses.dataclass
@@ -368,12 +394,20 @@ class FairStrategy(Strategy):
             rows[i].copy_(flat.records_to_deltas(theta, [rec], out=self._staging)[0])
         return rows[: len(records)]
 
-    def unpack_deltas(self, replies: list[Message]) -> tuple[torch.Tensor, ReplyBatch, torch.Tensor]:
-        """(θ_t, the replies as tensors, Δ_i = θ_t − θ_i as an (m, d) float32 matrix); the
-        matrix is ``batch.local`` turned into Δ in place (no second (m, d) copy)."""
+    def round_updates(self, replies: list[Message]) -> ReplyBatch:
+        """The one way to read a round's updates: the valid replies as tensors, ``batch.deltas``
+        the (m, d) float32 Δ_i = θ_t − θ_i (in client order), ``batch.weights`` p_i = n_i/Σn_j,
+        ``batch.theta`` θ_t, plus the losses and raw metrics. Kernels that must not hold an
+        (m, d) copy write the rows themselves (:meth:`write_deltas` into their own buffer)."""
         batch = unpack_replies(replies)
-        theta = self.current_flat()
-        return theta, batch, flat.model_deltas(theta, batch.local)
+        batch.theta = self.current_flat()
+        flat.model_deltas(batch.theta, batch.local)  # in place: no second (m, d) copy
+        return batch
+
+    def unpack_deltas(self, replies: list[Message]) -> tuple[torch.Tensor, ReplyBatch, torch.Tensor]:
+        """(θ_t, batch, Δ) of :meth:`round_updates`, as a tuple (the older spelling)."""
+        batch = self.round_updates(replies)
+        return batch.theta, batch, batch.deltas
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
         assert self.spec is not None
