@@ -57,6 +57,7 @@ the one aggregate reply of a secure-aggregation round.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import random
@@ -224,7 +225,7 @@ class FairStrategy(Strategy):
     secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": weights of a secure sum
     required_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics beyond the required ones
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
-    app_arguments: ClassVar[tuple[str, ...]] = ()  # extra __init__ arguments the app passes
+    app_arguments: ClassVar[tuple[str, ...]] = ()  # derived: the subclass's own __init__ keywords
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
     resolve_device = staticmethod(resolve_device)  # for the app's config check
 
@@ -235,6 +236,11 @@ class FairStrategy(Strategy):
         hyperparameters with their run-config keys."""
         super().__init_subclass__(**kwargs)
         cls.__signature__ = strategy_signature(cls, FairStrategy)
+        # The app-side arguments (CRAFT's model, FedNova's momentum) are the keywords a
+        # subclass's own __init__ adds: read from the code, not declared a second time.
+        common = set(inspect.signature(FairStrategy.__init__).parameters)
+        cls.app_arguments = tuple(p for p in cls.__signature__.parameters
+                                  if p not in common and not any(p == f.name for f in dataclasses.fields(cls.Params)))
         cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{describe_hyperparameters(cls.Params)}"
 
     def __init__(
