@@ -57,9 +57,8 @@ import time
 import numpy as np
 import torch
 
+from fedcore import flat, keys
 from fedcore.config import load_config
-from fedcore import keys
-from fedcore import flat
 from strategies import registry
 
 _BASE_METRICS = (keys.NUM_EXAMPLES, keys.TRAIN_LOSS, keys.LOSS_BEFORE, keys.PARTITION_ID, keys.NUM_STEPS)

@@ -34,8 +34,8 @@ import sys
 import numpy as np
 import torch
 
-from fedcore.config import load_config
 from fedcore import flat
+from fedcore.config import load_config
 from strategies import registry
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -96,8 +96,8 @@ def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
     from client_app.data import load_federated_data
     from client_app.models import initial_model
     from client_app.training import local_sgd
-    from fedpcd_app.sampler import build_sampler
     from fedcore.seeding import derive_seed
+    from fedpcd_app.sampler import build_sampler
     from tests.helpers import train_reply
 
     overrides = {"method": "fedpcd", "model": model, "seed": seed}

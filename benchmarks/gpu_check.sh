@@ -7,6 +7,9 @@
 #    100 clients, 10 per round): the local engine (4 worker processes sharing the GPU) and
 #    Ray (flwr run; 4 CPUs and 0.25 GPU per actor), each next to a plain loop on the GPU
 #    -> OUT_DIR/simulation.json, OUT_DIR/simulation.txt
+# 1b. the same setting on the vectorised engine (client-execution = 'vectorised': the round's
+#    10 clients trained at once in one worker process on the GPU), next to its own plain GPU loop
+#    -> OUT_DIR/simulation_vectorised.json, OUT_DIR/simulation_vectorised.txt
 # 2. benchmarks/aggregation.py at ResNet-18 size (on the GPU when it has --device)
 #    -> OUT_DIR/aggregation.jsonl
 # plus OUT_DIR/machine.json (date, GPU, driver). On a machine without CUDA it says so in one
@@ -66,6 +69,19 @@ echo "== simulation: ${SIM[*]}"
 "$PY" benchmarks/simulation.py "${SIM[@]}" --json "$OUT/simulation.json" 2>"$OUT/simulation.log" \
   | tee "$OUT/simulation.txt"
 echo "== simulation done after $(( $(date +%s) - start )) s"
+
+# the vectorised engine: one worker, so that a round's clients train together
+VEC=()
+skip=0
+for a in "${SIM[@]}"; do
+  if [ $skip = 1 ]; then skip=0; continue; fi
+  case "$a" in --engines|--workers) skip=1 ;; *) VEC+=("$a") ;; esac
+done
+VEC+=(--engines vectorised --workers 1)
+echo "== simulation (vectorised): ${VEC[*]}"
+"$PY" benchmarks/simulation.py "${VEC[@]}" --json "$OUT/simulation_vectorised.json" \
+  2>"$OUT/simulation_vectorised.log" | tee "$OUT/simulation_vectorised.txt"
+echo "== simulation (vectorised) done after $(( $(date +%s) - start )) s"
 
 # --device only where aggregation.py offers it (another change adds it)
 if "$PY" benchmarks/aggregation.py --help | grep -q -- "--device"; then

@@ -3,10 +3,14 @@
     flock /tmp/fedpcd-heavy.lock python benchmarks/simulation.py            # everything, both engines
     python benchmarks/simulation.py --settings cnn --engines local --rounds 9 --no-e2e --json out.json
     python benchmarks/simulation.py --settings cnn --device cuda --workers 4 --num-cpus 4 --ray-num-gpus 0.25
+    python benchmarks/simulation.py --settings digits --engines vectorised --rounds 9 --no-e2e --json out.json
 
 **Per round.** For each setting the app runs through :func:`fedpcd_app.simulate.simulate` on
 each engine of ``--engines`` (``local``: this project's engine, ``--workers`` worker processes;
-``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor), and
+``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor;
+``vectorised``: the local engine with ``client-execution = 'vectorised'``, each process's clients
+of a round trained at once — :mod:`client_app.vectorised`; ``local`` and ``ray`` run the
+per-client loop, ``client-execution = 'loop'``), and
 the per-round times are read from its ``rounds.jsonl`` (the server's ``round_seconds`` [+
 ``eval_seconds``]; round 1 carries the engine's start-up and is excluded). Then, in this
 process, the floor replays the very same rounds on ``--device``: for each sampled client of
@@ -31,6 +35,9 @@ Settings (``--settings``):
   100 clients, 10 per round, 1 local epoch, batch 128.
 * ``digits``: the project's default digits MLP (sklearn digits, 20 clients, 5 per round,
   batch 16).
+* ``synthetic``: logistic regression (``model = 'logreg'``) on the Synthetic dataset, 100 clients
+  per round (all of them), batch 10 (needs the dataset and model of the issue "Numbers a
+  researcher can trust").
 """
 
 from __future__ import annotations
@@ -55,9 +62,9 @@ from client_app.data import load_federated_data  # noqa: E402
 from client_app.models import initial_model  # noqa: E402
 from client_app.training import evaluate, local_sgd  # noqa: E402
 from fedcore.config import load_config  # noqa: E402
+from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
 from fedpcd_app.evaluation import score_central, score_clients  # noqa: E402
 from fedpcd_app.results import read_rounds  # noqa: E402
-from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +101,13 @@ def settings(args, data_dir: Path) -> dict[str, dict]:
             "dirichlet-alpha": 0.3, "min-partition-size": 10, "eval-batch-size": args.eval_batch_size,
         },
         "digits": {"method": "fedavg"},  # the pyproject defaults are the digits MLP setting
+        "synthetic": {"method": "fedavg", "dataset": "synthetic", "model": "logreg", "num-clients": 100,
+                      "fraction-train": 1.0, "batch-size": 10, "lr": 0.05},
     }
+
+
+ENGINES = ("local", "ray", "vectorised")
+EXECUTION = {"local": "loop", "ray": "loop", "vectorised": "vectorised"}  # each engine's client-execution
 
 
 def round_seconds(rec: dict) -> tuple[float, float]:
@@ -225,18 +238,22 @@ def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, fl
     from fedpcd_app.simulate import simulate
 
     t0 = time.perf_counter()
-    out = simulate({**overrides, "output-dir": str(out_dir)}, engine=engine, workers=args.workers,
+    out = simulate({**overrides, "output-dir": str(out_dir), "client-execution": EXECUTION[engine]},
+                   engine="ray" if engine == "ray" else "local", workers=args.workers,
                    num_cpus=args.num_cpus, num_gpus=args.ray_num_gpus)
     return out, time.perf_counter() - t0
 
 
-def engine_label(engine: str, args) -> str:
+def engine_label(engine: str, args, overrides: dict | None = None) -> str:
     if engine == "ray":
         return f"ray ({args.num_cpus:g} CPU{', %g GPU' % args.ray_num_gpus if args.ray_num_gpus else ''}/actor)"
     from fedpcd_app.engine import usable_cores
+    from fedpcd_app.simulate import auto_workers
 
-    workers = usable_cores() if args.workers is None else args.workers
-    return f"local ({workers} worker{'s' if workers != 1 else ''})" if workers else "local (in-process)"
+    workers = args.workers
+    if workers is None:  # --workers auto, decided as simulate decides it
+        workers = auto_workers(load_config(overrides), usable_cores()) if overrides is not None else usable_cores()
+    return f"{engine} ({workers} worker{'s' if workers != 1 else ''})" if workers else f"{engine} (in-process)"
 
 
 def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]:
@@ -260,12 +277,12 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
     torch.set_num_threads(default_threads)
     floor = [min(fs, key=lambda f: f["work"] + f["eval"]) for fs in zip(*floors)]
     parts = breakdown(overrides, rounds0[1])
-    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args)
+    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args, overrides)
             for engine, (out, total) in runs.items()]
 
 
 def engine_result(name: str, engine: str, rounds: list[dict], total: float, floor: list[dict], parts: dict,
-                  args) -> dict:
+                  args, overrides: dict | None = None) -> dict:
     rows = []
     for rec, fl in zip(rounds, floor):
         work, ev = round_seconds(rec)
@@ -284,7 +301,8 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
     a_we, f_we, r_we = ratio(body, True)
     evals = [r for r in body if r["eval_round"]]
     return {
-        "setting": name, "engine": engine, "engine_label": engine_label(engine, args),
+        "setting": name, "engine": engine, "engine_label": engine_label(engine, args, overrides),
+        "client_execution": EXECUTION[engine],
         "rounds": args.rounds, "eval_every": args.eval_every,
         "first_round_seconds": rows[0]["app_work"] + rows[0]["app_eval"],
         "app_total_seconds": total,
@@ -301,6 +319,66 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
         "breakdown_s": parts,
         "rows": rows,
     }
+
+
+# -- client training alone: the per-client routine vs the rows, same jobs ---------------------------
+def training_only(model_name: str, clients: int, examples: int, features: int, classes: int, batch_size: int,
+                  repeats: int, seed: int = 0) -> dict:
+    """Seconds (process CPU time, and wall) of one round's local training of ``clients`` clients,
+    by the per-client routine (``local_sgd``, one client after the other) and by
+    :func:`client_app.vectorised.run_entries` (rows), on the same jobs (data drawn here: Gaussian
+    features, random labels; ``model_name`` 'logreg' = flatten + one Linear). The fastest of
+    ``repeats`` each (after one warm-up), and the largest train-loss difference."""
+    from flwr.app import ArrayRecord, RecordDict
+
+    from client_app import vectorised
+    from client_app.methods import LocalTraining, TrainJob, get_client_method
+    from client_app.models import build_model
+
+    torch.manual_seed(seed)
+    shape = (features,)
+    if model_name == "logreg":
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, classes))
+    else:
+        shape = {64: (1, 8, 8), 3072: (3, 32, 32)}.get(features, (features,))
+        model = build_model(model_name, shape, classes)
+    arrays = ArrayRecord(model.state_dict())
+    settings = LocalTraining(local_epochs=1, batch_size=batch_size)
+    gen = torch_generator(seed, "training-only-data")
+    data = [(torch.randn(examples, *shape, generator=gen), torch.randint(0, classes, (examples,), generator=gen))
+            for _ in range(clients)]
+
+    def jobs():
+        import copy
+
+        return [TrainJob(cfg=settings, server_round=1, partition_id=i, lr=0.05, model=copy.deepcopy(model),
+                         global_arrays=arrays, x=x, y=y, generator=torch_generator(seed, "batches", i, 1),
+                         request=RecordDict(), state=RecordDict(), config={}) for i, (x, y) in enumerate(data)]
+
+    sgd = get_client_method("sgd")
+    out = {"loop": [], "rows": []}
+    losses = {}
+    for r in range(repeats + 1):
+        for how in ("loop", "rows"):
+            js = jobs()
+            c0, w0 = time.process_time(), time.perf_counter()
+            if how == "loop":
+                res = [sgd.train(j) for j in js]
+            else:
+                entries = [vectorised.Entry(sgd, j) for j in js]
+                vectorised.run_entries(entries, "vectorised")
+                res = [e.outcome for e in entries]
+            c1, w1 = time.process_time(), time.perf_counter()
+            if r:  # the first pass warms up (torch's lazy imports on the first optimizer)
+                out[how].append((c1 - c0, w1 - w0))
+            losses[how] = [o.train_loss for o in res]
+    best = {h: (min(c for c, _ in v), min(w for _, w in v)) for h, v in out.items()}
+    return {"model": model_name, "clients": clients, "examples_per_client": examples, "features": features,
+            "batch_size": batch_size, "repeats": repeats,
+            "loop_cpu_s": best["loop"][0], "rows_cpu_s": best["rows"][0],
+            "loop_wall_s": best["loop"][1], "rows_wall_s": best["rows"][1],
+            "speedup_cpu": best["loop"][0] / best["rows"][0], "speedup_wall": best["loop"][1] / best["rows"][1],
+            "max_train_loss_diff": max(abs(a - b) for a, b in zip(losses["loop"], losses["rows"]))}
 
 
 # -- end to end: the command a user types, to the process's exit ------------------------------------
@@ -330,7 +408,10 @@ def end_to_end(args, workdir: Path) -> list[dict]:
             if proc.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
             written = (folder / "summary.json").stat().st_mtime - t0
-            label = engine_label(engine, argparse.Namespace(**{**vars(args), "workers": workers}))
+            from fedcore.config import parse_overrides
+
+            label = engine_label(engine, argparse.Namespace(**{**vars(args), "workers": workers}),
+                                 parse_overrides(run_config))
             out.append({"run": what, "engine": engine, "engine_label": label, "workers": workers,
                         "wall_s": wall, "summary_written_s": written, "exit_after_summary_s": wall - written,
                         "deprecation_banner": "deprecat" in (proc.stdout + proc.stderr).lower()})
@@ -381,9 +462,12 @@ def print_tables(meta: dict, results: list[dict], e2e: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--settings", default="cnn,digits", help="comma list of: cnn, digits ('' = end to end only)")
-    p.add_argument("--engines", default="local,ray", help="comma list of: local, ray (the first one feeds the floor)")
-    p.add_argument("--workers", type=int, default=None, help="local engine's workers (default: the usable cores)")
+    p.add_argument("--settings", default="cnn,digits",
+                   help="comma list of: cnn, digits, synthetic ('' = end to end only)")
+    p.add_argument("--engines", default="local,ray",
+                   help="comma list of: local, ray, vectorised (the first one feeds the floor)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local and vectorised engines' workers (default: --workers auto, as simulate decides)")
     p.add_argument("--num-cpus", type=float, default=1.0, help="ray engine: client-resources-num-cpus")
     p.add_argument("--ray-num-gpus", type=float, default=0.0, help="ray engine: client-resources-num-gpus")
     p.add_argument("--device", default="cpu", help="the floor's device (cpu, cuda); the app's clients use CUDA "
@@ -400,10 +484,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor-repeats", type=int, default=2)
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end command timings")
     p.add_argument("--json", default="", help="also write the results to this file")
+    p.add_argument("--training-only", default="",
+                   help="instead: client training alone, loop vs rows: MODEL:CLIENTS:EXAMPLES:FEATURES:BATCH "
+                        "(e.g. logreg:100:60:60:10, the Synthetic logreg shape)")
+    p.add_argument("--repeats", type=int, default=3, help="--training-only: timed passes (fastest kept)")
     args = p.parse_args(argv)
+    if args.training_only:
+        model_name, clients, examples, features, batch = args.training_only.split(":")
+        res = training_only(model_name, int(clients), int(examples), int(features), 10, int(batch), args.repeats)
+        res["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+        res["torch_threads"] = torch.get_num_threads()
+        print(json.dumps(res, indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+        return 0
     args.engines = [e for e in args.engines.split(",") if e]
-    if not args.engines or set(args.engines) - {"local", "ray"}:
-        p.error("--engines: a comma list of local, ray")
+    if not args.engines or set(args.engines) - set(ENGINES):
+        p.error(f"--engines: a comma list of {', '.join(ENGINES)}")
     if args.rounds < 3:
         p.error("--rounds must be >= 3 (round 1 is excluded as the engine's start-up)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -417,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for name in names:
             if name not in table:
-                p.error(f"unknown setting {name!r}: use cnn and/or digits")
+                p.error(f"unknown setting {name!r}: use cnn, digits and/or synthetic")
             results.extend(bench_setting(name, table[name], args, tmp))
         e2e = [] if args.no_e2e else end_to_end(args, tmp)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),

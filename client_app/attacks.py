@@ -19,7 +19,14 @@ s = ``attack-scale``:
   so every metric is what an honest client would report);
 * ``loss-lie`` — reports its losses s times larger than they are: ``loss-before`` (the
   metric q-FFL, AFL, FedFV and FedLF weight by) and, under FedeRage, the β it returns (an
-  estimate of a loss quantile, so in loss units too). The model is left honest.
+  estimate of a loss quantile, so in loss units too). The model is left honest;
+* ``scale-down`` — sign-flip with s < 1 (required): θ_t − s·Δ, a short reversed update (a
+  normalising method such as FedPCD's turns it into a full-strength constraint);
+* ``huge`` — sends θ_i + 10³⁰ on every coordinate (finite in float32, so only a bound on
+  the update norm catches it);
+* ``count-lie`` — reports ``num-examples`` = 10³⁰⁸ (a finite float64); the model is honest;
+* ``eval-lie`` — answers federated evaluation with accuracy 5.0 and loss −3
+  (:func:`attack_eval_mod`, on the ClientApp's evaluate handler); trains honestly.
 
 Everything else in the reply (metric names, example count, method records) is unchanged,
 so the server cannot tell an attacked reply by its shape.
@@ -46,7 +53,11 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import numpy_rng, torch_generator
 
-ATTACKS = ("none", "sign-flip", "scale", "gaussian", "label-flip", "free-rider", "loss-lie")
+ATTACKS = ("none", "sign-flip", "scale", "gaussian", "label-flip", "free-rider", "loss-lie", "scale-down", "huge",
+           "count-lie", "eval-lie")
+HUGE = 1e30  # huge: added to every coordinate
+COUNT_LIE = 1e308  # count-lie: the reported num-examples
+EVAL_LIE = (5.0, -3.0)  # eval-lie: the reported (accuracy, loss)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +76,9 @@ class Params(MethodParams):
             raise ConfigError(f"run-config keys 'attack-clients' = {self.clients!r} and 'attack-fraction' = "
                               f"{self.fraction} both choose the attackers: set one of them")
         _client_list(self.clients)
+        if self.kind == "scale-down" and not self.scale < 1.0:
+            raise ConfigError(f"run-config key 'attack' = 'scale-down' is a sign-flip shorter than the honest update: "
+                              f"set attack-scale < 1 (e.g. 0.01), not {self.scale}")
         if self.kind != "none" and not self.clients and not self.fraction:
             raise ConfigError(f"run-config key 'attack' = {self.kind!r} attacks nobody: set attack-clients "
                               "(e.g. \"0,3\") or attack-fraction (e.g. 0.2)")
@@ -113,8 +127,14 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     raw = dict(msg.content[keys.RUN_CONFIG])
     p = Params.from_run_config(raw)
     config = msg.content[keys.CONFIG]
-    pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
-    if p.kind == "none" or pid is None or int(pid) not in attacked_partitions(raw):
+    # the partition the request is for (a routed simulation node serves several; see
+    # client_app.client_app.served_partition); a node with its own data: its own partition
+    node_mode = str(raw.get("client-data", "partition")) == "node"
+    if not node_mode and keys.PARTITION_ID in config:
+        pid = config[keys.PARTITION_ID]
+    else:
+        pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
+    if p.kind in ("none", "eval-lie") or pid is None or int(pid) not in attacked_partitions(raw):
         return call_next(msg, context)
     if p.kind == "label-flip":
         from client_app import local_data
@@ -136,10 +156,15 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
             if key in metrics:
                 metrics[key] = p.scale * float(metrics[key])
         return reply
+    if p.kind == "count-lie":
+        reply.content[keys.METRICS][keys.NUM_EXAMPLES] = COUNT_LIE
+        return reply
     theta = flat.record_to_flat(msg.content[keys.ARRAYS], dtype=torch.float64)
     local = flat.record_to_flat(reply.content[keys.ARRAYS], dtype=torch.float64)
-    if p.kind == "sign-flip":
+    if p.kind in ("sign-flip", "scale-down"):
         sent = theta - p.scale * (local - theta)
+    elif p.kind == "huge":
+        sent = local + HUGE
     elif p.kind == "scale":
         sent = theta + p.scale * (local - theta)
     elif p.kind == "gaussian":
@@ -148,4 +173,24 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     else:  # free-rider
         sent = theta
     reply.content[keys.ARRAYS] = flat.flat_to_record(sent, flat.spec_of(reply.content[keys.ARRAYS]))
+    return reply
+
+
+def attack_eval_mod(msg: Message, context: Context, call_next) -> Message:
+    """ClientApp evaluate mod: ``eval-lie`` on an attacked partition reports accuracy 5.0 and
+    loss −3 (and the same for the validation split, when scored); else a pass-through."""
+    reply = call_next(msg, context)
+    if keys.RUN_CONFIG not in msg.content or reply.has_error():
+        return reply
+    raw = dict(msg.content[keys.RUN_CONFIG])
+    if Params.from_run_config(raw).kind != "eval-lie":
+        return reply
+    config = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else {}
+    pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
+    if pid is None or int(pid) not in attacked_partitions(raw):
+        return reply
+    metrics = reply.content[keys.METRICS]
+    for acc_key, loss_key in ((keys.EVAL_ACC, keys.EVAL_LOSS), (keys.VAL_ACC, keys.VAL_LOSS)):
+        if acc_key in metrics:
+            metrics[acc_key], metrics[loss_key] = EVAL_LIE
     return reply

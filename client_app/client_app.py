@@ -17,14 +17,14 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app import local_data
-from client_app.attacks import attack_mod
+from client_app import local_data, vectorised
+from client_app.attacks import attack_eval_mod, attack_mod
 from client_app.data import batch_augmentation, crop_flip, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model, input_spec
@@ -47,6 +47,42 @@ def node_partition(context: Context, config: Mapping | None = None) -> int:
         "this SuperNode has no partition id: start it with "
         "--node-config \"partition-id=<i> num-partitions=<n>\""
     )
+
+
+def served_partition(context: Context, config: Mapping, cfg: RunConfig) -> int:
+    """The partition a request is for. With partitioned data (``client-data = "partition"``)
+    a node can serve any partition, and a simulation with fewer nodes than partitions routes
+    several to one node (:class:`fedpcd_app.membership.PartitionRouter`): the request's
+    ``partition-id`` wins. A node with its own data (``client-data = "node"``) always serves
+    its own partition."""
+    if not local_data.is_node_mode(cfg) and keys.PARTITION_ID in config:
+        return int(config[keys.PARTITION_ID])
+    return node_partition(context, config)
+
+
+class PartitionState(MutableMapping):
+    """A partition's view of the node's ``context.state``: its entries under keys suffixed
+    ``@p<partition>``, so that a node serving several partitions keeps each one's state
+    (SCAFFOLD's c_i, Ditto's personal model) apart, and a partition's state is the same
+    whichever other partitions its node serves."""
+
+    def __init__(self, state: RecordDict, partition_id: int) -> None:
+        self.state, self.suffix = state, f"@p{int(partition_id)}"
+
+    def __getitem__(self, key):
+        return self.state[key + self.suffix]
+
+    def __setitem__(self, key, value) -> None:
+        self.state[key + self.suffix] = value
+
+    def __delitem__(self, key) -> None:
+        del self.state[key + self.suffix]
+
+    def __iter__(self):
+        return (k[: -len(self.suffix)] for k in list(self.state) if k.endswith(self.suffix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @functools.lru_cache(maxsize=4)
@@ -84,8 +120,9 @@ def model_for(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
     model = _MODELS.get(key)
     if model is None:
         model = build_model(cfg.model, shape, classes).to(dev)
-        _MODELS.clear()  # one model per process: a new run (or thread) drops the old one
-        _MODELS[key] = model
+        for old in [k for k in _MODELS if k[:4] != key[:4]]:  # a new run drops the old run's models
+            del _MODELS[old]
+        _MODELS[key] = model  # one per thread (client_app.vectorised trains a round's clients in threads)
     load_arrays(model, arrays)
     model.zero_grad(set_to_none=True)
     return model
@@ -155,7 +192,8 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     server_round = int(config[keys.SERVER_ROUND])
     if keys.ATTACK_LABEL_MAP in config:  # a label-flip attacker (client_app.attacks) trains on label_map[y]
         y = torch.as_tensor(config[keys.ATTACK_LABEL_MAP], dtype=y.dtype, device=y.device)[y]
-    torch.manual_seed(derive_seed(seed, "client-train", pid, server_round))
+    train_seed = derive_seed(seed, "client-train", pid, server_round)
+    torch.manual_seed(train_seed)
     # F_i(θ_t): one forward pass over the train split, only for methods that use it.
     want_before = bool(config.get(keys.WANT_LOSS_BEFORE, True))
     loss_before = evaluate(model, x, y, settings.eval_batch_size)[1] if want_before else None
@@ -164,9 +202,11 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
         cfg=settings, server_round=server_round, partition_id=pid,
         lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
         x=x, y=y, generator=torch_generator(seed, "batches", pid, server_round),
-        request=msg.content, state=context.state, config=config, augment=augment,
+        request=msg.content, state=PartitionState(context.state, pid), config=config, augment=augment,
+        train_seed=train_seed,
     )
-    outcome = method.train(job)
+    # the routine, or this client's rows with the round's other clients (client-execution)
+    outcome = vectorised.train(method, job, vectorised.execution_mode(settings))
     metrics = {
         keys.NUM_EXAMPLES: int(len(y)),
         keys.TRAIN_LOSS: float(outcome.train_loss),
@@ -196,7 +236,7 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
             cfg=settings, server_round=int(config[keys.SERVER_ROUND]), partition_id=pid,
             lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
             x=x, y=y, generator=torch_generator(seed, "eval", pid), request=msg.content,
-            state=context.state, config=config,
+            state=PartitionState(context.state, pid), config=config,
         )
         model = method.eval_model(job)
     acc, loss = evaluate(model, x, y, settings.eval_batch_size)
@@ -211,7 +251,7 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 @app.train(mods=[secure_aggregation_mod, attack_mod])
 def train(msg: Message, context: Context) -> Message:
     cfg, config = request_config(msg)
-    pid = node_partition(context, config)
+    pid = served_partition(context, config, cfg)
     if local_data.is_node_mode(cfg):  # the node's own folder, whole
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
         x, y, augment = own.x_train, own.y_train, crop_flip(own.fill) if cfg.augment == "crop-flip" else None
@@ -226,12 +266,12 @@ def train(msg: Message, context: Context) -> Message:
     return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
 
 
-@app.evaluate()
+@app.evaluate(mods=[attack_eval_mod])  # eval-lie (client_app.attacks); else a pass-through
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Score the received global model (or this client's personal model) on the local test split
     (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""
     cfg, config = request_config(msg)
-    pid = node_partition(context, config)
+    pid = served_partition(context, config, cfg)
     if local_data.is_node_mode(cfg):  # the node's own test.parquet
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
         x, y = own.x_test, own.y_test

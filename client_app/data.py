@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcore.config import ConfigError, RunConfig
+from fedcore.config import RunConfig
 from fedcore.seeding import derive_seed, numpy_rng
 
 HUB_NAMES = {

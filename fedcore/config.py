@@ -170,6 +170,8 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("lr-decay", 1.0, "η_l of round t is lr · lr-decay^(t-1)", low=0.0, high=1.0, low_open=True),
     AppKey("local-steps", 0, "local SGD steps", low=0, hint="(0 = local-epochs passes over the data)"),
     AppKey("augment", "none", "data augmentation on the clients", choices=AUGMENTATIONS),
+    AppKey("client-execution", "auto", "loop | vectorised | auto: a process's clients of a round trained at once",
+           choices=("auto", "loop", "vectorised")),
     # -- server --
     AppKey("server-lr", 0.0, "η_g", low=0.0, hint="(0 = the method's default)"),
     AppKey("eval-mode", "server", "who scores the clients' test splits", choices=EVAL_MODES),
@@ -179,9 +181,11 @@ APP_KEYS: tuple[AppKey, ...] = (
            hint="seconds (0 = auto: none in simulation, 600 s in deployment)"),
     AppKey("log-every", 1, "log every k rounds", low=1),
     AppKey("allow-unused-keys", False, "let keys of another method than the selected one through"),
+    AppKey("eval-averaged-iterate", False, "score the running mean of the global models (every method)"),
+    AppKey("fedavg-weighting", "data-size", "the FedAvg family's weights: n_i/Σn or 1/m", choices=("data-size", "uniform")),
     AppKey("server-device", "auto", "where the server's aggregation maths runs", choices=SERVER_DEVICES),
     AppKey("participation", "uniform", "the client sampler (fedpcd_app/sampler.py)",
-           choices=("uniform", "skewed", "bernoulli")),
+           choices=("uniform", "skewed", "bernoulli", "size-proportional")),
     AppKey("availability-rare-clients", 3, "skewed participation: how many rare clients", low=0),
     AppKey("availability-rare-prob", 0.01, "skewed participation: a rare client's probability", low=0.0, high=1.0,
            low_open=True),
@@ -189,12 +193,20 @@ APP_KEYS: tuple[AppKey, ...] = (
            choices=("rarest-classes", "last")),
     # -- defences --
     AppKey("update-clip", 0.0, "scale each update to at most c x the median norm (0 = off, else >= 1)", low=0.0),
+    AppKey("max-num-examples", 1_000_000, "the largest num-examples a client may report where the server does not "
+           "know its size", low=1),
+    AppKey("max-update-ratio", 100.0, "drop a reply whose update is longer than this x the round's median norm "
+           "(0 = off)", low=0.0),
     AppKey("on-aggregation-error", "stop", "an exception in the aggregation: stop the run or keep the model",
            choices=("stop", "keep")),
+    AppKey("diverge-patience", 5, "rounds of all-dropped replies or a loss at chance before a run is stopped as "
+           "diverged (0 = only the first)", low=0),
     # -- reliability --
     AppKey("checkpoint-every", 10, "checkpoint every k rounds (0 = never)", low=0),
     AppKey("checkpoint-keep", 2, "checkpoints kept", low=1),
     AppKey("resume-from", "", "the output-dir of an earlier run to resume"),
+    AppKey("resume-allow-changes", "", "resume: comma-separated training/data keys that may differ from the "
+           "checkpoint's"),
     AppKey("secure-aggregation", False, "SecAgg+ (sum-only methods)"),
     AppKey("secagg-num-shares", 1.0, "SecAgg+ shares (<= 1: a fraction, else a count)", low=0.0, low_open=True),
     AppKey("secagg-reconstruction-threshold", 0.7, "SecAgg+ threshold (<= 1: a fraction, else a count)", low=0.0,
@@ -204,6 +216,10 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("secagg-max-weight", 1000.0, "the largest weight SecAgg+ takes unclipped", low=1.0),
     # -- tracking --
     AppKey("tensorboard", False, "write TensorBoard event files"),
+    AppKey("tracking", "tensorboard", "experiment tracking: tensorboard (with tensorboard = true), wandb or none",
+           choices=("tensorboard", "wandb", "none")),
+    AppKey("figures", "auto", "auto: report.md and the run's figures in output-dir when a run ends; none: nothing",
+           choices=("auto", "none")),
 )
 APP = {k.key: k for k in APP_KEYS}
 
@@ -362,9 +378,24 @@ def parse_overrides(text: str) -> dict[str, Scalar]:
     return parsed
 
 
+# Keys that were removed, with what replaces them (one line each).
+RETIRED_KEYS = {
+    "federage-averaged-iterate": "set eval-averaged-iterate = true instead (every method is then scored on the "
+                                 "running average of its global iterates)",
+}
+
+
+def check_retired(keys) -> None:
+    """A retired key is refused with one line naming its replacement."""
+    for key in keys:
+        if key in RETIRED_KEYS:
+            raise ConfigError(f"run-config key '{key}' is retired: {RETIRED_KEYS[key]}")
+
+
 def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
     """Defaults fused with overrides; an unknown key is rejected as ``flwr run`` does."""
     full = default_run_config()
+    check_retired(overrides or {})
     for key, value in (overrides or {}).items():
         if key not in full:
             raise ConfigError(

@@ -3,18 +3,50 @@
 Flower's own FedAvg raises on inconsistent replies and takes the ServerApp down with it;
 every strategy here filters its replies through :func:`validate_train_replies` first
 (``strategies.base.FairStrategy.aggregate_train``), so a method only sees well-formed ones.
+
+Well-formed is not enough: every number a client sends is checked against what the server
+knows (:class:`ReplyLimits`), and a reply that fails is dropped with its reason:
+
+* **counts** — ``num-examples`` must be a finite whole number in [1, the client's bound]:
+  its training size known to the server (``train_sizes``: the app's partitions, or with
+  ``client-data = "node"`` the node's first QUERY report capped at ``max-num-examples``),
+  else ``max-num-examples`` (default :data:`DEFAULT_MAX_NUM_EXAMPLES`, for a foreign app's
+  clients whose sizes the server never learns). Every method and wrapper that weights by
+  count (FedAvg's p_i, the update clip, central DP, Flower's robust rules, secure
+  aggregation's clear metrics) only sees counts that passed, so Σ n_i is finite and > 0 in
+  float64;
+* **sizes** — the update norm ‖θ_t − θ_i‖, computed in float64 in the pass that checks the
+  arrays, must be finite and at most ``max-update-ratio`` × the round's median norm (default
+  :data:`DEFAULT_MAX_UPDATE_RATIO`; 0 = off). The ratio rule needs a median to trust: with
+  fewer than :data:`MIN_REPLIES_FOR_RATIO` valid replies (the median of two is their mean,
+  which a huge one drags along) or a median of 0 (free riders) it is skipped and only the
+  finiteness check holds;
+* **method values** — a strategy's ``check_reply`` (FedeRage's β in its box);
+* **scores** — :func:`check_eval_reply`: accuracy in [0, 1], loss finite and ≥ 0, ``num-test``
+  a count bounded like ``num-examples`` (by the test size the server knows).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from fedcore import keys
 from fedcore.flat import FlatSpec, array_view
+
+# num-examples bound for a client whose training size the server does not know (a foreign
+# app's clients): above any single client of the benchmarks here (the largest whole training
+# set, FEMNIST's, is ~0.7 M examples) and 10⁶× below what zeroes a float32 FedAvg; raise it
+# (max-num-examples) for cross-silo clients holding more.
+DEFAULT_MAX_NUM_EXAMPLES = 1_000_000
+# max-update-ratio: honest digits MLP/CNN rounds stay below 5× the round's median update norm
+# (docs/results/robustness_digits.md, "Honest update norms"); 100 leaves a wide margin and
+# leaves the ×10 scale/sign-flip attacks of the robustness table to the methods.
+DEFAULT_MAX_UPDATE_RATIO = 100.0
+MIN_REPLIES_FOR_RATIO = 3
 
 
 @dataclasses.dataclass
@@ -27,42 +59,94 @@ class Dropped:
         return {"partition": self.partition, "node": self.node, "reason": self.reason}
 
 
-def _check_arrays(record, spec: FlatSpec, what: str) -> str | None:
+@dataclasses.dataclass
+class ReplyLimits:
+    """What the server knows about its clients' numbers (see the module docstring).
+
+    ``train_sizes`` / ``test_sizes`` map a client (partition id) to its split's size as the
+    server knows it; a client missing there is bounded by ``max_num_examples``."""
+
+    max_num_examples: int = DEFAULT_MAX_NUM_EXAMPLES
+    max_update_ratio: float = DEFAULT_MAX_UPDATE_RATIO
+    train_sizes: Mapping[int, int] | None = None
+    test_sizes: Mapping[int, int] | None = None
+
+    def max_count(self, client: int | None, split: str = "train") -> int:
+        sizes = self.train_sizes if split == "train" else self.test_sizes
+        if client is not None and sizes is not None:
+            size = sizes.get(int(client))
+            if size is not None:
+                return int(size)
+        return int(self.max_num_examples)
+
+    def source(self, client: int | None, split: str = "train") -> str:
+        sizes = self.train_sizes if split == "train" else self.test_sizes
+        if client is not None and sizes is not None and sizes.get(int(client)) is not None:
+            return f"its {split} size known to the server"
+        return "max-num-examples"
+
+
+def _check_arrays(record, spec: FlatSpec, what: str, theta: Mapping[str, np.ndarray] | None = None
+                  ) -> tuple[str | None, float]:
+    """(reason or None, ‖record − theta‖ in float64, NaN without ``theta``)."""
     from flwr.app import ArrayRecord
 
     if not isinstance(record, ArrayRecord):
-        return f"{what}: not an ArrayRecord"
+        return f"{what}: not an ArrayRecord", math.nan
     got = tuple(record.keys())
     if got != spec.keys:
         missing = sorted(set(spec.keys) - set(got))
         extra = sorted(set(got) - set(spec.keys))
         if missing or extra:
-            return f"{what}: missing arrays {missing[:3]} extra arrays {extra[:3]}"
-        return f"{what}: arrays in a different order"
+            return f"{what}: missing arrays {missing[:3]} extra arrays {extra[:3]}", math.nan
+        return f"{what}: arrays in a different order", math.nan
+    sq = 0.0
     for key, arr, shape, dtype in zip(spec.keys, record.values(), spec.shapes, spec.dtypes):
         if tuple(arr.shape) != shape:
-            return f"{what}: array '{key}' has shape {tuple(arr.shape)}, expected {shape}"
+            return f"{what}: array '{key}' has shape {tuple(arr.shape)}, expected {shape}", math.nan
         if str(arr.dtype) != dtype:
-            return f"{what}: array '{key}' has dtype {arr.dtype}, expected {dtype}"
+            return f"{what}: array '{key}' has dtype {arr.dtype}, expected {dtype}", math.nan
         try:
             view = array_view(arr)
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are a bad reply
-            return f"{what}: array '{key}' cannot be decoded ({type(exc).__name__})"
+            return f"{what}: array '{key}' cannot be decoded ({type(exc).__name__})", math.nan
         if view.size and not np.isfinite(view).all():
-            return f"{what}: array '{key}' holds NaN or Inf"
-    return None
+            return f"{what}: array '{key}' holds NaN or Inf", math.nan
+        if theta is not None and view.size:
+            diff = view.reshape(-1).astype(np.float64)
+            diff -= theta[key]
+            sq += float(np.dot(diff, diff))
+    return None, (math.sqrt(sq) if theta is not None else math.nan)
 
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def check_count(value, bound: int, key: str = keys.NUM_EXAMPLES, source: str = "max-num-examples") -> str | None:
+    """Why ``value`` is not a count in [1, ``bound``] (None when it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"metric '{key}' is not a finite number ({value!r})"
+    if not float(value).is_integer():
+        return f"metric '{key}' = {value!r} is not a whole number"
+    if value < 1:
+        return f"metric '{key}' = {value:g} (must be >= 1)"
+    if value > bound:
+        return f"metric '{key}' = {value:g} exceeds {bound}, {source}"
+    return None
+
+
 def check_train_reply(
     msg, spec: FlatSpec, required_metrics: Iterable[str] = (), required_records: Iterable[str] = (),
-    partition_required: bool = True,
+    partition_required: bool = True, *, max_count: int | None = None, count_source: str = "max-num-examples",
+    theta: Mapping[str, np.ndarray] | None = None, check: Callable[[dict], str | None] | None = None,
+    norm_out: list | None = None,
 ) -> tuple[int | None, str | None]:
     """(partition id or None, reason to drop or None) for one train reply. Without
-    ``partition_required`` (a foreign app's clients, keyed by node id) partition-id may be absent."""
+    ``partition_required`` (a foreign app's clients, keyed by node id) partition-id may be absent.
+    ``max_count`` bounds num-examples (default :data:`DEFAULT_MAX_NUM_EXAMPLES`); with ``theta``
+    (θ_t per array, flat float64) the update norm ‖θ_t − θ_i‖ is appended to ``norm_out``;
+    ``check(metrics)`` is the method's own check of its metrics."""
     from flwr.app import MetricRecord
 
     if msg.has_error():
@@ -80,20 +164,47 @@ def check_train_reply(
             return pid, f"missing metric '{key}'"
         if not _is_number(metrics[key]):
             return pid, f"metric '{key}' is not a finite number ({metrics[key]!r})"
-    if metrics[keys.NUM_EXAMPLES] <= 0:
-        return pid, f"num-examples = {metrics[keys.NUM_EXAMPLES]} (must be > 0)"
-    if keys.ARRAYS not in content:
-        return pid, "missing ArrayRecord 'arrays'"
-    reason = _check_arrays(content[keys.ARRAYS], spec, "model")
+    bound = DEFAULT_MAX_NUM_EXAMPLES if max_count is None else max_count
+    reason = check_count(metrics[keys.NUM_EXAMPLES], bound, source=count_source)
     if reason:
         return pid, reason
+    if check is not None:
+        reason = check(dict(metrics))
+        if reason:
+            return pid, reason
+    if keys.ARRAYS not in content:
+        return pid, "missing ArrayRecord 'arrays'"
+    reason, norm = _check_arrays(content[keys.ARRAYS], spec, "model", theta)
+    if reason:
+        return pid, reason
+    if theta is not None and not math.isfinite(norm):
+        return pid, "update norm ‖θ_t − θ_i‖ is not finite in float64"
     for name in required_records:
         if name not in content:
             return pid, f"missing ArrayRecord '{name}'"
-        reason = _check_arrays(content[name], spec, name)
+        reason, _ = _check_arrays(content[name], spec, name)
         if reason:
             return pid, reason
+    if norm_out is not None:
+        norm_out.append(norm)
     return pid, None
+
+
+def theta_views(arrays, spec: FlatSpec) -> dict[str, np.ndarray]:
+    """θ_t per array as flat float64 (what the update norms are measured from)."""
+    return {key: array_view(arr).reshape(-1).astype(np.float64) for key, arr in zip(spec.keys, arrays.values())}
+
+
+def ratio_outliers(norms: list[float], ratio: float) -> tuple[list[int], float]:
+    """(indices whose norm exceeds ``ratio`` × the median of ``norms``, the median). None when
+    the rule is off (ratio 0), with fewer than :data:`MIN_REPLIES_FOR_RATIO` norms, or a
+    median of 0."""
+    if not norms:
+        return [], math.nan
+    med = float(np.median(np.asarray(norms, dtype=np.float64)))
+    if ratio <= 0 or len(norms) < MIN_REPLIES_FOR_RATIO or not med > 0:
+        return [], med
+    return [i for i, n in enumerate(norms) if n > ratio * med], med
 
 
 def validate_train_replies(
@@ -102,14 +213,29 @@ def validate_train_replies(
     spec: FlatSpec,
     required_metrics: Iterable[str] = (),
     required_records: Iterable[str] = (),
+    *,
+    limits: ReplyLimits | None = None,
+    theta=None,
+    check: Callable[[dict], str | None] | None = None,
+    stats: dict | None = None,
 ) -> tuple[list, list[Dropped]]:
     """Split replies into (valid, dropped). ``expected`` maps node id → partition id sent
-    (None: the client is known by its node id)."""
-    valid, dropped, seen = [], [], set()
+    (None: the client is known by its node id). ``limits`` bound the counts and the update
+    norms (default :class:`ReplyLimits`); ``theta`` (θ_t, an ArrayRecord) turns on the norm
+    checks; ``check`` is the method's check of a reply's metrics. ``stats`` receives the
+    round's ``median`` update norm and ``max_ratio`` (largest norm / median of the valid
+    replies before the ratio rule) when the norms were measured."""
+    limits = limits if limits is not None else ReplyLimits()
+    views = theta_views(theta, spec) if theta is not None else None
+    valid, dropped, seen, norms = [], [], set(), []
     for msg in replies:
         node = int(msg.metadata.src_node_id)
         want = expected.get(node)
-        pid, reason = check_train_reply(msg, spec, required_metrics, required_records, want is not None)
+        norm: list = []
+        pid, reason = check_train_reply(
+            msg, spec, required_metrics, required_records, want is not None,
+            max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
+            norm_out=norm)
         if reason is None:
             if node not in expected:
                 reason = "reply from a node that was not asked this round"
@@ -124,4 +250,51 @@ def validate_train_replies(
             continue
         seen.add(pid)
         valid.append(msg)
+        norms.extend(norm)
+    if views is not None and valid:
+        out, med = ratio_outliers(norms, limits.max_update_ratio)
+        if stats is not None:
+            stats.update(median=med, max_ratio=(max(norms) / med) if med > 0 else math.nan)
+        for i in out:
+            msg = valid[i]
+            node = int(msg.metadata.src_node_id)
+            want = expected.get(node)
+            pid = want if want is not None else int(msg.content[keys.METRICS].get(keys.PARTITION_ID, node))
+            dropped.append(Dropped(pid, node, f"update norm {norms[i]:.3g} is {norms[i] / med:.3g} x the round's "
+                                              f"median {med:.3g} (max-update-ratio = {limits.max_update_ratio:g})"))
+        gone = set(out)
+        valid = [msg for i, msg in enumerate(valid) if i not in gone]
     return valid, dropped
+
+
+def check_eval_reply(msg, max_test: int | None = None, count_source: str = "max-num-examples"
+                     ) -> tuple[dict[str, float] | None, str | None]:
+    """(score, None) of a valid evaluation reply, or (None, reason): accuracy (and
+    val-accuracy, when sent) in [0, 1], loss (and val-loss) finite and ≥ 0, num-test (when
+    sent) a count in [1, ``max_test``]."""
+    if msg.has_error():
+        return None, f"error reply: {msg.error.reason}"
+    metrics = msg.content.get(keys.METRICS) if keys.METRICS in msg.content else None
+    if metrics is None:
+        return None, "no metrics"
+    for acc_key, loss_key, required in ((keys.EVAL_ACC, keys.EVAL_LOSS, True), (keys.VAL_ACC, keys.VAL_LOSS, False)):
+        if not required and acc_key not in metrics and loss_key not in metrics:
+            continue
+        for key in (acc_key, loss_key):
+            if key not in metrics:
+                return None, f"missing metric '{key}'"
+            if not _is_number(metrics[key]):
+                return None, f"metric '{key}' is not a finite number ({metrics[key]!r})"
+        if not 0.0 <= metrics[acc_key] <= 1.0:
+            return None, f"metric '{acc_key}' = {metrics[acc_key]:g} is outside [0, 1]"
+        if metrics[loss_key] < 0:
+            return None, f"metric '{loss_key}' = {metrics[loss_key]:g} is negative"
+    num_test = 1.0
+    if keys.NUM_TEST in metrics:
+        bound = DEFAULT_MAX_NUM_EXAMPLES if max_test is None else max_test
+        reason = check_count(metrics[keys.NUM_TEST], bound, keys.NUM_TEST, count_source)
+        if reason:
+            return None, reason
+        num_test = float(metrics[keys.NUM_TEST])
+    return {"accuracy": float(metrics[keys.EVAL_ACC]), "loss": float(metrics[keys.EVAL_LOSS]),
+            "num-test": num_test}, None

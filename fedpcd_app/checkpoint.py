@@ -8,9 +8,25 @@ Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
 * the strategy's ``state`` (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
   control variate, AFL's λ and averaged model, FedeRage's β, ...) as a plain tree
   (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
+* with ``eval-averaged-iterate``, the running average θ̄_t of the global models and its count
+  (:class:`fedpcd_app.evaluation.IterateAverage`; a resume with the other value is refused),
 * the round t, ``times_sampled`` per partition and the metric history (every
   rounds.jsonl record so far, plus the last evaluation),
-* the method, seed, number of clients and the model's array spec, checked on resume.
+* the method, seed, number of clients and the model's array spec, checked on resume,
+* the run's full config: on resume every training and data key (all but the operational
+  ones of :data:`NOT_COMPARED`) must equal this run's, unless ``resume-allow-changes``
+  lists it (``resume-allow-changes = "lr,local-epochs"``); a difference is refused in one
+  line naming every differing key.
+
+Every checkpoint carries a checksum: ``round-<t>.pt.sha256`` beside it (``sha256sum``'s
+format, so ``sha256sum -c round-<t>.pt.sha256`` checks it by hand), written before the
+checkpoint is renamed into place. :func:`load` verifies it; a file whose bytes do not match,
+or that has no checksum, is *damaged*: :func:`latest` refuses it with a warning containing
+"damaged" and uses the previous checkpoint.
+
+A full disk (any ``OSError``) while writing ends the write with :class:`OutputError`, one line
+naming the file, the cause and the last checkpoint, which is left intact (the new file is
+written beside it under a temporary name and only renamed over nothing once complete).
 
 There is no sampler RNG state to save: the clients of round t are drawn from a generator
 seeded by (seed, t) alone (:mod:`fedpcd_app.sampler`), and every client draw (batch order,
@@ -22,7 +38,7 @@ then renamed over its final name (``os.replace`` is atomic on POSIX), and the fo
 fsync-ed so the rename itself survives a power cut. A process killed mid-write leaves at
 worst a stray ``*.tmp`` file, never a truncated ``round-<t>.pt``. :func:`latest` also
 skips (with a warning) any checkpoint that fails to load, so a file damaged after the
-fact falls back to the previous one. The newest ``checkpoint-keep`` files are kept.
+fact falls back to the previous one (with its checksum, below). The newest ``checkpoint-keep`` files are kept.
 
 Client-side state in Flower's ``context.state`` is not on the server and is not in the
 checkpoint: SCAFFOLD's strategy mirrors the client control variates c_i on the server and
@@ -36,6 +52,8 @@ reads one (:func:`load` rebuilds the objects).
 from __future__ import annotations
 
 import dataclasses
+import errno
+import hashlib
 import logging
 import os
 import re
@@ -51,6 +69,16 @@ from fedcore.state import from_tree, to_tree
 log = logging.getLogger("fedpcd")
 
 FOLDER = "checkpoints"
+CHECKSUM_SUFFIX = ".sha256"
+# Keys that do not change what the run computes (where it writes, how often it saves, logs,
+# scores or waits): free to differ on resume. Every other key is compared with the checkpoint's.
+NOT_COMPARED = frozenset({
+    "output-dir", "resume-from", "resume-allow-changes", "num-server-rounds", "checkpoint-every",
+    "checkpoint-keep", "log-every", "eval-every", "eval-batch-size", "tensorboard", "round-timeout",
+    "server-device", "on-aggregation-error", "diverge-patience", "allow-unused-keys",
+})
+# Keys no resume-allow-changes can free: the checkpoint's model and client ids depend on them.
+FIXED = ("method", "seed", "num-clients")
 FORMAT = 2  # 2: a weights_only tree (fedcore.state), the method's params
 _NAME = re.compile(r"^round-(\d{6})\.pt$")
 
@@ -70,6 +98,8 @@ class Checkpoint:
     history: list[dict[str, Any]]
     last_eval: dict[str, Any]
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
+    config: Any = None  # the run's full flat config (run-config keys), compared on resume
+    averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.evaluation)
 
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,23 +125,62 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+class OutputError(RuntimeError):
+    """Results or a checkpoint could not be written (a full disk, a read-only folder): one line."""
+
+
+def checksum_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_checksum(final: Path, digest: str) -> None:
+    side = checksum_path(final)
+    tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(f"{digest}  {final.name}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, side)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write(folder: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
-    """Write ``ckpt`` atomically (temp file, fsync, rename); keep the newest ``keep`` files."""
+    """Write ``ckpt`` atomically (temp file, fsync, checksum, rename); keep the newest ``keep``
+    files. Any ``OSError`` (a full disk) is one :class:`OutputError`; earlier checkpoints stay."""
     final = path_for(folder, ckpt.round)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             torch.save(ckpt.to_dict(), fh)
             fh.flush()
             os.fsync(fh.fileno())
+        _write_checksum(final, _sha256_of(tmp))  # before the rename: a checkpoint never lacks one
         os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except OSError as exc:
+        found = [r for r in rounds_in(folder) if r != ckpt.round]
+        last = f"the last checkpoint, {path_for(folder, found[-1])}, is intact" if found else "no earlier checkpoint"
+        raise OutputError(f"cannot write checkpoint {final}: {exc.strerror or exc} "
+                          f"({errno.errorcode.get(exc.errno, exc.errno)}); {last}; free space and resume with "
+                          f"resume-from='{checkpoint_dir(folder).parent}'") from None
     finally:
         tmp.unlink(missing_ok=True)  # only left behind when the write itself failed
-    _fsync_dir(final.parent)
     if keep > 0:
         for old in rounds_in(folder)[:-keep]:
             path_for(folder, old).unlink(missing_ok=True)
+            checksum_path(path_for(folder, old)).unlink(missing_ok=True)
     return final
 
 
@@ -123,8 +192,27 @@ def rounds_in(folder: str | Path) -> list[int]:
     return sorted(int(m.group(1)) for p in d.iterdir() if (m := _NAME.match(p.name)))
 
 
+class DamagedCheckpoint(ValueError):
+    """A checkpoint whose bytes do not match its checksum, or that has none."""
+
+
+def verify(path: str | Path) -> None:
+    """Raise :class:`DamagedCheckpoint` unless ``path``'s sha256 equals its checksum file's."""
+    path, side = Path(path), checksum_path(path)
+    try:
+        want = side.read_text().split()[0]
+    except (OSError, IndexError):
+        raise DamagedCheckpoint(f"checkpoint {path} is damaged or unverifiable: no checksum file {side.name}") \
+            from None
+    have = _sha256_of(path)
+    if have != want:
+        raise DamagedCheckpoint(f"checkpoint {path} is damaged: its sha256 {have[:12]}... differs from the "
+                                f"recorded {want[:12]}...")
+
+
 def load(path: str | Path) -> Checkpoint:
-    """Load one checkpoint file; raises on a damaged or foreign file."""
+    """Load one checkpoint file after verifying its checksum; raises on a damaged or foreign file."""
+    verify(path)
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
@@ -139,8 +227,10 @@ def latest(folder: str | Path) -> Checkpoint:
         path = path_for(folder, server_round)
         try:
             return load(path)
+        except DamagedCheckpoint as exc:
+            log.warning("%s; refused, trying an older one", exc)
         except Exception as exc:  # noqa: BLE001 - a damaged file falls back to the previous one
-            log.warning("checkpoint %s cannot be loaded (%s: %s); trying an older one",
+            log.warning("checkpoint %s is damaged: it cannot be loaded (%s: %s); refused, trying an older one",
                         path, type(exc).__name__, exc)
     what = "none loads" if found else "none found"
     raise ConfigError(
@@ -149,10 +239,37 @@ def latest(folder: str | Path) -> Checkpoint:
     )
 
 
+def allowed_changes(value: Any) -> set[str]:
+    """``resume-allow-changes``: the listed keys (comma-separated)."""
+    return {k.strip() for k in str(value or "").split(",") if k.strip()}
+
+
+def check_config(ckpt: Checkpoint, config: dict[str, Any], allow: set[str] = frozenset()) -> None:
+    """One-line :class:`ConfigError` naming every training or data key whose value differs from
+    the checkpoint's run config (keys in ``allow`` and :data:`NOT_COMPARED` are not compared).
+    A checkpoint without a config (written before configs were saved) is compared on its
+    method parameters only (:func:`check_compatible`)."""
+    if not isinstance(ckpt.config, dict):
+        return
+    keys = sorted(set(ckpt.config) - NOT_COMPARED - set(allow))  # a key newer than the checkpoint: not known
+    changed = [k for k in keys if ckpt.config.get(k) != config.get(k)]
+    if changed:
+        shown = ", ".join(f"{k} {ckpt.config.get(k)!r} -> {config.get(k)!r}" for k in changed[:6])
+        more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
+        raise ConfigError(
+            f"run-config key(s) {', '.join(repr(k) for k in changed)} differ from the checkpoint of round "
+            f"{ckpt.round} ({shown}{more}): resume with the same values, or list them in "
+            f"resume-allow-changes='{','.join(changed)}' to continue on purpose with the new ones"
+        )
+
+
 def check_compatible(ckpt: Checkpoint, method: str, seed: int, num_clients: int,
-                     arrays: dict[str, np.ndarray], params: dict[str, Any] | None = None) -> None:
+                     arrays: dict[str, np.ndarray], params: dict[str, Any] | None = None,
+                     allow: set[str] = frozenset()) -> None:
     """Raise a one-line :class:`ConfigError` unless ``ckpt`` continues this run's setting."""
     for key, want in (params or {}).items():
+        if key in allow:
+            continue
         have = ckpt.params.get(key)
         if have != want:
             raise ConfigError(

@@ -159,9 +159,27 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def load_batch(ref: str | None):
+    """The ``batch`` hook from ``"module:function"`` (None: none)."""
+    if not ref:
+        return None
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch=None,
+                 one=deliver) -> list[Message]:
+    """Replies to several (message, node context) pairs: through the ``batch`` hook when one
+    is given (``batch(app, items, one)``: e.g. :func:`client_app.vectorised.deliver_batch`,
+    which trains the clients together), else one by one (``one(app, message, context)``)."""
+    if batch is not None and len(items) > 1:
+        return list(batch(app, items, one))
+    return [one(app, m, c) for m, c in items]
+
+
 def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, warmup: str | None,
-                 run_config: dict, run_id: int) -> None:
-    """A worker: load the ClientApp once, then answer (message id, message, context) until None."""
+                 run_config: dict, run_id: int, batch_ref: str | None = None) -> None:
+    """A worker: load the ClientApp once, then answer (message ids, messages, contexts) until None."""
     import signal
     import sys
 
@@ -179,6 +197,7 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
         torch.cuda.set_device(gpu)
     with task_identity(run_id=run_id, node_id=SERVER_NODE_ID + 1 + index):
         app = load_client_app(app_ref)
+        batch = load_batch(batch_ref)
         if warmup:
             module, _, fn = warmup.partition(":")
             getattr(importlib.import_module(module), fn)(run_config)
@@ -191,8 +210,9 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(0)
-            mid, message, context = task
-            conn.send((mid, deliver(app, message, context), context))
+            mids, messages, contexts = task
+            replies = deliver_many(app, list(zip(messages, contexts)), batch)
+            conn.send((mids, replies, contexts))
 
 
 @contextlib.contextmanager
@@ -223,7 +243,7 @@ class _Worker:
         with _main_module_hidden():
             self.process.start()
         child.close()
-        self.busy: str | None = None  # the message id it is working on
+        self.busy: list[str] | None = None  # the message ids it is working on
 
 
 def _start_method(preload: list[str]):
@@ -263,11 +283,11 @@ class _Pool:
     overlaps theirs; the first task waits for them."""
 
     def __init__(self, app_ref: str, workers: int, *, threads: int, gpus: int, warmup: str | None,
-                 run_config: dict, run_id: int, preload: list[str]) -> None:
+                 run_config: dict, run_id: int, preload: list[str], batch: str | None = None) -> None:
         modules = ["torch", app_ref.partition(":")[0], *([warmup.partition(":")[0]] if warmup else []), *preload]
         ctx = _start_method(list(dict.fromkeys(modules)))
         self.workers: list[_Worker] = []
-        self.pending: list[tuple[str, Message, Context]] = []
+        self.pending: list[tuple[list[str], list[Message], list[Context]]] = []  # one task: one or more messages
         self.done: dict[str, tuple[Message | None, Context | None]] = {}  # message id -> (reply, context)
         self._error: BaseException | None = None
 
@@ -275,7 +295,7 @@ class _Pool:
             try:
                 for i in range(workers):
                     self.workers.append(_Worker(ctx, i, (app_ref, threads, (i % gpus) if gpus else None, warmup,
-                                                         dict(run_config), run_id)))
+                                                         dict(run_config), run_id, batch)))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the driver's thread
                 self._error = exc
 
@@ -293,7 +313,11 @@ class _Pool:
         return [w.process.pid for w in self.workers]
 
     def submit(self, mid: str, message: Message, context: Context) -> None:
-        self.pending.append((mid, message, context))
+        self.submit_many([mid], [message], [context])
+
+    def submit_many(self, mids: list[str], messages: list[Message], contexts: list[Context]) -> None:
+        """One task of several messages: one worker answers them all (trained together)."""
+        self.pending.append((list(mids), list(messages), list(contexts)))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -308,7 +332,7 @@ class _Pool:
                 except OSError:  # it has just died: the task goes to another worker
                     self.pending.insert(0, task)
                     continue
-                w.busy = task[0]
+                w.busy = task[0]  # the task's message ids
 
     def wait(self, timeout: float | None) -> None:
         """Collect the results that arrive within ``timeout`` s, then hand out pending tasks."""
@@ -323,13 +347,15 @@ class _Pool:
             if w.conn not in ready and w.process.sentinel not in ready:
                 continue
             try:
-                mid, reply, context = w.conn.recv()
+                mids, replies, contexts = w.conn.recv()
             except (EOFError, OSError):  # it died (its pipe closed) before replying
                 w.process.join(1.0)
                 log.error("local engine: worker %d (pid %d) died with exit code %s",
                           self.workers.index(w), w.process.pid, w.process.exitcode)
-                mid, reply, context = w.busy, None, None  # the grid turns it into an error reply
-            self.done[mid] = (reply, context)
+                mids = w.busy  # the grid turns them into error replies
+                replies, contexts = [None] * len(mids), [None] * len(mids)
+            for mid, reply, context in zip(mids, replies, contexts):
+                self.done[mid] = (reply, context)
             w.busy = None
         self._dispatch()
 
@@ -375,7 +401,8 @@ class LocalGrid(Grid):
     def __init__(self, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
                  run_config: Mapping[str, Any] | None = None, run_id: int = LOCAL_RUN_ID,
                  threads: int | None = None, gpus: int | None = None, warmup: str | None = None,
-                 preload: Iterable[str] = (), node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
+                 preload: Iterable[str] = (), node_configs: Sequence[Mapping[str, Any]] | None = None,
+                 batch: str | None = None) -> None:
         if num_nodes < 1:
             raise ValueError(f"a federation needs at least one node, got num_nodes={num_nodes}")
         if workers < 0:
@@ -399,6 +426,8 @@ class LocalGrid(Grid):
         self._abandoned: set[str] = set()  # timed out: a late reply is dropped (its context kept)
         self.pool: _Pool | None = None
         self.app: ClientApp | None = None
+        self.workers = workers
+        self.batch = load_batch(batch)
         if workers == 0:
             self.app = load_client_app(client_app) if isinstance(client_app, str) else client_app
         else:
@@ -411,7 +440,7 @@ class LocalGrid(Grid):
                 gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
             threads = threads or max(1, usable_cores() // workers)
             self.pool = _Pool(client_app, workers, threads=threads, gpus=gpus, warmup=warmup,
-                              run_config=self.run_config, run_id=run_id, preload=list(preload))
+                              run_config=self.run_config, run_id=run_id, preload=list(preload), batch=batch)
         self._finalizer = weakref.finalize(self, _close_pool, self.pool)
 
     # -- lifecycle
@@ -446,8 +475,13 @@ class LocalGrid(Grid):
     def partition_of(self, node_id: int) -> int:
         return int(self.contexts[node_id].node_config[PARTITION_ID])
 
+    def _batched(self, message: Message) -> bool:
+        wants = getattr(self.batch, "wants", None)
+        return self.batch is not None and (wants is None or bool(wants(message)))
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
+        grouped: list[tuple[str, Message]] = []  # for the pool: handed out together below
         for message in messages:
             mid = f"local-{next(self._ids)}"
             _stamp(message, mid)
@@ -459,16 +493,34 @@ class LocalGrid(Grid):
                 self._inbox[mid] = message
             else:
                 self._tasks[mid] = message
-                self.pool.submit(mid, message, self.contexts[node])
+                if self._batched(message):
+                    grouped.append((mid, message))
+                else:
+                    self.pool.submit(mid, message, self.contexts[node])
+        # The batched messages of one push (a round's train requests) in one task per worker,
+        # split in order into equal shares: each worker trains its share together.
+        shares = min(self.workers, len(grouped))
+        for k in range(shares):
+            part = grouped[k * len(grouped) // shares:(k + 1) * len(grouped) // shares]
+            self.pool.submit_many([m for m, _ in part], [msg for _, msg in part],
+                                  [self.contexts[int(msg.metadata.dst_node_id)] for _, msg in part])
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         wanted = list(message_ids)
         if self.pool is None:
+            grouped: list[tuple[str, Message]] = []
             for mid in wanted:
                 if mid in self._inbox:
                     message = copy.deepcopy(self._inbox.pop(mid))  # a node gets its own copy (mods edit it)
-                    self._replies[mid] = self.deliver(message, self.contexts[int(message.metadata.dst_node_id)])
+                    if self._batched(message):
+                        grouped.append((mid, message))
+                    else:
+                        self._replies[mid] = self.deliver(message, self.contexts[int(message.metadata.dst_node_id)])
+            if grouped:  # trained together (the batch hook)
+                replies = self.deliver_many([(m, self.contexts[int(m.metadata.dst_node_id)]) for _, m in grouped])
+                for (mid, _), reply in zip(grouped, replies):
+                    self._replies[mid] = reply
         else:
             self._collect(timeout=0.0)
         return [self._replies.pop(mid) for mid in wanted if mid in self._replies]
@@ -495,6 +547,10 @@ class LocalGrid(Grid):
         """One message (the node's own copy) on one node, in this process (a subclass may wrap it)."""
         return deliver(self.app, message, context)
 
+    def deliver_many(self, items: list[tuple[Message, Context]]) -> list[Message]:
+        """Several messages on their nodes at once, in this process, through the batch hook."""
+        return deliver_many(self.app, items, self.batch, lambda _app, m, c: self.deliver(m, c))
+
     def _collect(self, timeout: float | None) -> None:
         self.pool.wait(timeout)
         for mid in list(self.pool.done):
@@ -517,13 +573,13 @@ class LocalGrid(Grid):
 def run_local(server_app: ServerApp, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
               run_config: Mapping[str, Any] | None = None, warmup: str | None = None,
               preload: Iterable[str] = (), gpus: int | None = None, run_id: int = LOCAL_RUN_ID,
-              node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
+              node_configs: Sequence[Mapping[str, Any]] | None = None, batch: str | None = None) -> None:
     """Run a ServerApp against ``num_nodes`` nodes of ``client_app`` on a :class:`LocalGrid`
     (``node_configs``: see there); the workers are stopped when it returns (or raises)."""
     run_config = dict(run_config or {})
     with task_identity(run_id=run_id), LocalGrid(client_app, num_nodes, workers=workers, run_config=run_config,
                                                  run_id=run_id, warmup=warmup, preload=preload, gpus=gpus,
-                                                 node_configs=node_configs) as grid:
+                                                 node_configs=node_configs, batch=batch) as grid:
         context = Context(run_id=run_id, node_id=SERVER_NODE_ID, node_config={}, state=RecordDict(),
                           run_config=run_config)
         server_app(grid, context)

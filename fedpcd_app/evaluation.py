@@ -20,6 +20,17 @@ which hyperparameter selection reads (``fedpcd_app.report``) instead of the test
 :func:`summary_fields` adds to ``summary.json`` the final evaluation's ``num_scored``,
 ``unscored_clients`` and ``val_*`` metrics, and the means over the final ten evaluations
 (``final10_*``, as FedeRage's Table I reads its last ten rounds), for any method.
+
+Which iterate is scored (``eval-averaged-iterate``, every method). ``false`` (default): the
+global model θ_t of the round (what the method's ``evaluation_arrays`` returns: θ_t for every
+method except AFL). ``true``: the running average θ̄_t = (1/t) Σ_{s=1..t} θ_s of the global
+models after rounds 1..t (:class:`IterateAverage`; a round without a valid reply counts with
+the unchanged model), FedeRage's Algorithm 1 output, so that every method can be scored on the
+same iterate. AFL's own output is already an averaged iterate (the mean of θ_0..θ_t, its
+paper's reported model, ``strategies.afl``): AFL is scored on it with either value of the key
+(the key changes nothing for AFL). ``summary.json`` says what was scored: ``scored_iterate``
+(``"last"`` or ``"averaged"``) and ``scored_split`` (``"test"``: the headline metrics and
+``final10_*``; ``val_*`` are the validation split's). The average is checkpointed and resumed.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from torch.nn import functional as F
 
 from client_app.data import FederatedData
 from client_app.training import evaluate
+from fedcore import flat
 
 log = logging.getLogger("fedpcd")
 
@@ -72,6 +84,43 @@ def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int =
     return evaluate(model, data.x_central, data.y_central, batch_size)
 
 
+ITERATES = ("last", "averaged")
+
+
+class IterateAverage:
+    """θ̄_t = (1/t) Σ_{s=1..t} θ_s, the running mean of the global models (float64, flat),
+    updated once per round by :meth:`observe`; :meth:`arrays` is θ̄_t in the model's arrays."""
+
+    def __init__(self) -> None:
+        self.mean: torch.Tensor | None = None
+        self.count = 0
+        self.spec: flat.FlatSpec | None = None
+
+    def observe(self, arrays) -> None:
+        x = flat.record_to_flat(arrays, dtype=torch.float64)
+        if self.spec is None:
+            self.spec = flat.spec_of(arrays)
+        self.mean = x.clone() if self.mean is None or self.count == 0 else self.mean + (x - self.mean) / (self.count + 1)
+        self.count += 1
+
+    def arrays(self):
+        return flat.flat_to_record(self.mean, self.spec)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (``{}`` before the first round)."""
+        return {} if self.mean is None else {"mean": self.mean.clone(), "count": self.count}
+
+    def restore(self, state: dict, template) -> None:
+        self.mean = None if not state else state["mean"].to(torch.float64).clone()
+        self.count = int(state.get("count", 0)) if state else 0
+        self.spec = flat.spec_of(template)
+
+
+def strategy_averages(strategy) -> bool:
+    """Whether the method's own ``evaluation_arrays`` is an averaged iterate (AFL)."""
+    return getattr(strategy, "evaluated_iterate", "last") == "averaged"
+
+
 class Evaluator:
     """Scores the global model on every client (server-side batched, or federated through
     the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set;
@@ -79,11 +128,10 @@ class Evaluator:
     clients only too (``honest``)."""
 
     def __init__(self, cfg, strategy, model: torch.nn.Module) -> None:
-        from client_app.data import load_federated_data
-        from client_app.training import device
-
         from client_app import local_data
         from client_app.attacks import attacked_partitions
+        from client_app.data import load_federated_data
+        from client_app.training import device
 
         self.cfg, self.strategy = cfg, strategy
         self.attacked = attacked_partitions(cfg.as_dict())  # fairness is also given without them
@@ -96,6 +144,26 @@ class Evaluator:
         elif self.mode == "server" or cfg.dataset == "digits" or cfg.dataset_path:
             self._data = load_federated_data(cfg)  # a data problem stops the run here, before training
         self.model = model.to(device())
+        self.averaged = cfg.get_bool("eval-averaged-iterate", False)
+        # AFL averages its own iterate: it is scored on that (see the module doc)
+        self.average = IterateAverage() if self.averaged and not strategy_averages(strategy) else None
+
+    @property
+    def scored_iterate(self) -> str:
+        """``"averaged"`` or ``"last"``: what :meth:`evaluate` scores."""
+        return "averaged" if self.averaged or strategy_averages(self.strategy) else "last"
+
+    def observe(self, arrays) -> None:
+        """The global model after a round (every round, evaluated or not)."""
+        if self.average is not None:
+            self.average.observe(arrays)
+
+    def scored_arrays(self, arrays):
+        """The arrays handed to the strategy's ``evaluation_arrays``: θ̄_t with
+        eval-averaged-iterate (once a round has run), else θ_t."""
+        if self.average is not None and self.average.count > 0:
+            return self.average.arrays()
+        return arrays
 
     @property
     def data(self):
@@ -105,6 +173,7 @@ class Evaluator:
         import time
 
         t0 = time.perf_counter()
+        arrays = self.scored_arrays(arrays)
         self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
         out: dict = {}
         val = None
@@ -126,6 +195,9 @@ class Evaluator:
             out["honest"] = _fairness(acc[honest], loss[honest])
         out["num_scored"] = int(present.sum())
         out["unscored_clients"] = np.flatnonzero(~present).tolist()
+        reasons = self.strategy.last_eval_outcome.unscored if self.mode != "server" else {}
+        if reasons:  # replies that failed validation (fedcore.replies.check_eval_reply)
+            out["unscored_reasons"] = {str(pid): why for pid, why in sorted(reasons.items())}
         if out["unscored_clients"]:
             log.warning("round %d: %d of %d clients did not answer the evaluation and are left out of the "
                         "fairness metrics: %s", server_round, len(out["unscored_clients"]), len(acc),
@@ -144,7 +216,6 @@ class Evaluator:
         from flwr.app import ConfigRecord
 
         from fedcore import keys
-
         from fedpcd_app.exchange import send_and_receive  # errors attributed to the request's node
 
         msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
@@ -171,6 +242,42 @@ class Evaluator:
         return acc, loss, (val_acc, val_loss)
 
 
+def reply_limits(cfg, data: FederatedData | None, membership=None):
+    """The bounds on the clients' numbers (:class:`fedcore.replies.ReplyLimits`) from what the
+    server knows: with the run's partitions (``data``) every partition's train and test size;
+    with ``client-data = "node"`` each node's sizes from its first QUERY report, capped at
+    ``max-num-examples``; else (a partitioned run whose server holds no data) ``max-num-examples``
+    for every client. ``max-update-ratio`` bounds the update norms."""
+    from fedcore.replies import DEFAULT_MAX_NUM_EXAMPLES, DEFAULT_MAX_UPDATE_RATIO, ReplyLimits
+
+    cap = cfg.get_int("max-num-examples", DEFAULT_MAX_NUM_EXAMPLES, low=1)
+    limits = ReplyLimits(max_num_examples=cap,
+                         max_update_ratio=cfg.get_float("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO, low=0.0))
+    if data is not None:
+        limits.train_sizes = {pid: len(idx) for pid, idx in enumerate(data.train_idx)}
+        limits.test_sizes = {pid: len(idx) for pid, idx in enumerate(data.test_idx)}
+    elif membership is not None:
+        limits.train_sizes = _NodeSizes(membership, "num-train", cap)
+        limits.test_sizes = _NodeSizes(membership, "num-test", cap)
+    return limits
+
+
+class _NodeSizes:
+    """partition → a split's size from the first QUERY report of the node serving it now
+    (``client-data = "node"``), capped at max-num-examples; a report's own number is a
+    client's claim, so the cap bounds it too."""
+
+    def __init__(self, membership, key: str, cap: int) -> None:
+        self.membership, self.key, self.cap = membership, key, cap
+
+    def get(self, pid: int, default=None):
+        node = self.membership.node_of.get(pid)
+        value = self.membership.reports.get(node, {}).get(self.key) if node is not None else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            return default
+        return min(int(value), self.cap)
+
+
 def _fairness(acc: np.ndarray, loss: np.ndarray) -> dict:
     """The fairness metrics over the clients that were scored (NaN when none was)."""
     from fedpcd_app.metrics import fairness_metrics
@@ -181,11 +288,15 @@ def _fairness(acc: np.ndarray, loss: np.ndarray) -> dict:
     return fairness_metrics(acc[present], loss[present])
 
 
-def summary_fields(final: dict, evaluations: list[dict]) -> dict:
+def summary_fields(final: dict, evaluations: list[dict], scored_iterate: str = "last") -> dict:
     """What ``summary.json`` adds to the final metrics: over how many clients they were
-    computed (``num_scored``) and which were not scored, the validation metrics, and the
-    means over the final ten evaluations (``final10_*``; ``final10_num_evals`` of them)."""
-    out = {"num_scored": final.get("num_scored"), "unscored_clients": final.get("unscored_clients", [])}
+    computed (``num_scored``) and which were not scored (with reasons), which iterate and split
+    were scored (``scored_iterate``, ``scored_split``), the validation metrics, and the means over
+    the final ten evaluations (``final10_*``; ``final10_num_evals`` of them)."""
+    out = {"num_scored": final.get("num_scored"), "unscored_clients": final.get("unscored_clients", []),
+           "scored_iterate": scored_iterate, "scored_split": "test"}
+    if final.get("unscored_reasons"):
+        out["unscored_reasons"] = final["unscored_reasons"]
     out.update({k: v for k, v in final.items() if k.startswith("val_")})
     last = evaluations[-FINAL_EVALS:]
     out["final10_num_evals"] = len(last)

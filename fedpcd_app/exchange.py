@@ -46,7 +46,8 @@ def is_simulation(grid: Grid) -> bool:
 
     from fedpcd_app.engine import LocalGrid
 
-    return isinstance(grid, (LocalGrid, InMemoryGrid))
+    # ...or a grid over one of them (fedpcd_app.membership.PartitionRouter)
+    return isinstance(grid, (LocalGrid, InMemoryGrid)) or getattr(grid, "is_simulation", False) is True
 
 
 def round_timeout(cfg: RunConfig, grid: Grid) -> float:

@@ -1,6 +1,6 @@
 """The papers' table from finished runs: ``report.md`` and ``report.csv``.
 
-    python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD]
+    python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD] [--mixed-iterates]
 
 ``<folder>`` is a single run folder (holding ``summary.json``), a sweep output folder, or
 any folder holding runs (searched recursively). Runs made by a sweep carry their labels
@@ -28,6 +28,20 @@ The std over seeds is the sample std (ddof = 1); with a single seed only the val
 shown (no ±). The best value of each column is in bold (highest, except σ_c and rounds:
 lowest; only when there is a comparison). Markdown shows accuracies as percentages with 2
 decimals and Jain's index (a ratio in [1/N, 1]) with 4; the CSV holds raw fractions.
+
+Equal terms. Every table says which iterate and which split were scored: each run's
+``summary.json`` records ``scored_iterate`` (``last`` θ_T or ``averaged`` θ̄_T, the
+run-config key ``eval-averaged-iterate``; AFL is always ``averaged``) and ``scored_split``
+(``test``); runs written before these fields are read as ``last`` (``averaged`` for AFL and
+for FedeRage with the retired ``federage-averaged-iterate``). A table (one setting) holding
+runs scored on different iterates is refused with one line (exit 2) unless
+``--mixed-iterates`` is given; the table then has an ``iterate`` column.
+
+Runs that did not finish normally (``complete: false`` in ``summary.json``, e.g.
+``incomplete_reason: "diverged at round N"``) never give a score: a grid point with such a
+seed is shown as ``diverged (k/n seeds)`` (``incomplete`` for other reasons) with the
+reasons under the table, is not a candidate for selection (unless every grid point of the
+method is), sets no best value and enters no paired comparison.
 
 ``--baseline METHOD`` adds a paired comparison per setting: every other row against the
 baseline's chosen grid point, over the seeds both ran (a seed fixes the partition, the
@@ -91,6 +105,27 @@ class Run:
     seed: int
     grid: dict[str, Any]
     summary: dict[str, Any]
+
+    @property
+    def iterate(self) -> str:
+        """The iterate its metrics were scored on (``last`` / ``averaged``; see the module doc)."""
+        if self.summary.get("scored_iterate"):
+            return str(self.summary["scored_iterate"])
+        cfg = self.summary.get("config", {})
+        if self.summary.get("method") == "afl" or cfg.get("federage-averaged-iterate") is True:
+            return "averaged"
+        return "last"
+
+    @property
+    def split(self) -> str:
+        return str(self.summary.get("scored_split", "test"))
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run gives no score (``complete: false``), else None."""
+        if self.summary.get("complete", True) is False:
+            return str(self.summary.get("incomplete_reason") or "incomplete (no reason given)")
+        return None
 
     def rounds(self) -> list[dict[str, Any]]:
         return read_rounds(self.folder) if (self.folder / ROUNDS).is_file() else []
@@ -266,7 +301,10 @@ def best_variant(runs: list[Run]) -> tuple[str, dict[str, list[Run]]]:
     for r in runs:
         by_variant[r.variant].append(r)
     key = "val_mean_acc" if selection_split(runs, warn=True) == "validation" else "mean_acc"
-    best = max(by_variant, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
+    complete = [v for v in by_variant if not any(r.incomplete for r in by_variant[v])]
+    if not complete:  # every grid point has a diverged seed: shown as such, never as a score
+        return next(iter(by_variant)), by_variant
+    best = max(complete, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
     return best, by_variant
 
 
@@ -289,6 +327,16 @@ class Row:
     chosen: bool = True  # the method's best grid point (every row unless --all)
     runs: list[Run] = dataclasses.field(default_factory=list, repr=False)
     selected_on: str = ""  # the split its grid point was selected on (selection_split); "" = no grid
+    iterate: str = "last"  # the iterate its runs were scored on (Run.iterate)
+    split: str = "test"  # the split its metrics are on (Run.split)
+    incomplete: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (seed, reason): no score
+
+    @property
+    def status(self) -> str:
+        """``""`` (scored), or ``diverged`` / ``incomplete`` when a seed did not finish normally."""
+        if not self.incomplete:
+            return ""
+        return "diverged" if any("diverg" in why for _, why in self.incomplete) else "incomplete"
 
 
 def is_fedavg(runs: list[Run]) -> bool:
@@ -309,6 +357,7 @@ def summarize(runs: list[Run], target: float | None = None,
         goal = target
         if goal is None:
             fedavg = [m for m in chosen if is_fedavg(variants[m][chosen[m]])]
+            fedavg = [m for m in fedavg if not any(r.incomplete for r in variants[m][chosen[m]])]
             if fedavg:  # the best FedAvg entry's final accuracy, as in the papers
                 goal = max(mean_std(r.summary["mean_acc"] for r in variants[m][chosen[m]])[0] for m in fedavg)
         for method in chosen:
@@ -316,14 +365,19 @@ def summarize(runs: list[Run], target: float | None = None,
             split = selection_split(candidates) if len({r.variant for r in candidates}) > 1 else ""
             for variant in (variants[method] if all_points else [chosen[method]]):
                 rs = sorted(variants[method][variant], key=lambda r: r.seed)
-                stats = {key: mean_std(r.summary.get(key) for r in rs) for key, *_ in METRICS}
+                bad = [(r.seed, r.incomplete) for r in rs if r.incomplete]
+                stats = {key: (math.nan, math.nan) if bad else mean_std(r.summary.get(key) for r in rs)
+                         for key, *_ in METRICS}
                 reach = None
-                if goal is not None:
+                if goal is not None and not bad:
                     hits = [rounds_to_target(r, goal) for r in rs]
                     m, s = mean_std(h for h in hits if h is not None)
                     reach = (m, s, sum(h is not None for h in hits))
+                iterates = sorted({r.iterate for r in rs})
                 rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
-                                chosen=variant == chosen[method], runs=rs, selected_on=split))
+                                chosen=variant == chosen[method], runs=rs, selected_on=split,
+                                iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
+                                incomplete=bad))
     return rows
 
 
@@ -409,11 +463,11 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Pair
     out = []
     for setting in dict.fromkeys(r.setting for r in rows):
         base = find_baseline(rows, setting, baseline)
-        if base is None:
+        if base is None or base.incomplete:
             continue
         base_by_seed = {r.seed: r.summary for r in base.runs}
         for row in rows:
-            if row.setting != setting or row is base:
+            if row.setting != setting or row is base or row.incomplete:
                 continue
             seeds = [r.seed for r in row.runs if r.seed in base_by_seed]
             mine = {r.seed: r.summary for r in row.runs}
@@ -506,14 +560,23 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> s
         group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
         target = group[0][1].target
         lines += ["", f"## {setting}", ""]
+        lines += [scored_line([r for _, r in group]), ""]
+        mixed = len({r.iterate for _, r in group}) > 1
         rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
-        head = ["method", "hyperparameters", "seeds"] + [t for _, t, _, _ in METRICS] + [rounds_title]
+        head = (["method", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
+                + [t for _, t, _, _ in METRICS] + [rounds_title])
         lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "|".join(["---"] * 3 + ["---:"] * (len(METRICS) + 1)) + "|")
+        lines.append("|" + "|".join(["---"] * (4 if mixed else 3) + ["---:"] * (len(METRICS) + 1)) + "|")
+        notes = []
         for i, r in group:
             n = len(r.seeds)
             hyper = r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
-            cells = [r.method, hyper, str(n)]
+            cells = [r.method, hyper, str(n)] + ([r.iterate] if mixed else [])
+            if r.incomplete:  # never a score: what happened, and why under the table
+                cells += [f"{r.status} ({len(r.incomplete)}/{n} seeds)"] + ["—"] * len(METRICS)
+                lines.append("| " + " | ".join(cells) + " |")
+                notes += [f"{r.method} [{r.variant}] seed {seed}: {why}" for seed, why in r.incomplete]
+                continue
             for key, _, _, percent in METRICS:
                 text = format_cell(*r.stats[key], percent, n)
                 cells.append(f"**{text}**" if marks[(i, key)] and text != "—" else text)
@@ -527,11 +590,39 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> s
                     text = f"**{text}**"
             cells.append(text)
             lines.append("| " + " | ".join(cells) + " |")
+        if notes:
+            lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
+            lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
 
+def scored_line(rows: list[Row]) -> str:
+    """What a table scored: the iterate(s) and the split."""
+    iterates = sorted({r.iterate for r in rows})
+    splits = sorted({r.split for r in rows})
+    names = {"last": "the last global model θ_T", "averaged": "the averaged iterate θ̄_T (mean of θ_1..θ_T)",
+             "last/averaged": "mixed"}
+    what = " and ".join(names.get(i, i) for i in iterates)
+    mixed = " — **mixed iterates** (--mixed-iterates): rows are not on equal terms" if len(iterates) > 1 else ""
+    return f"Scored: {what}, on the {' and '.join(splits)} split(s){mixed}."
+
+
+def check_iterates(runs: list[Run]) -> None:
+    """One line (ReportError) when a table (a setting) mixes runs scored on different iterates."""
+    for setting in dict.fromkeys(r.setting for r in runs):
+        by_iterate: dict[str, list[str]] = defaultdict(list)
+        for run in runs:
+            if run.setting == setting and run.method not in by_iterate[run.iterate]:
+                by_iterate[run.iterate].append(run.method)
+        if len(by_iterate) > 1:
+            parts = "; ".join(f"{it}: {', '.join(ms)}" for it, ms in sorted(by_iterate.items()))
+            raise ReportError(f"setting '{setting}' mixes runs scored on different iterates ({parts}): rerun them "
+                              "with the same eval-averaged-iterate, or pass --mixed-iterates to tabulate them anyway")
+
+
 def write_csv(rows: list[Row], path: Path) -> None:
-    fields = ["setting", "method", "hyperparameters", "chosen", "num_seeds", "seeds"]
+    fields = ["setting", "method", "hyperparameters", "chosen", "num_seeds", "seeds", "scored_iterate",
+              "scored_split", "status", "incomplete"]
     for key, *_ in METRICS:
         fields += [f"{key}_mean", f"{key}_std"]
     fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
@@ -541,9 +632,11 @@ def write_csv(rows: list[Row], path: Path) -> None:
         for r in rows:
             row = {"setting": r.setting, "method": r.method, "hyperparameters": r.variant, "chosen": int(r.chosen),
                    "num_seeds": len(r.seeds), "seeds": " ".join(map(str, r.seeds)),
-                   "target_acc": "" if r.target is None else r.target}
+                   "target_acc": "" if r.target is None else r.target, "scored_iterate": r.iterate,
+                   "scored_split": r.split, "status": r.status or "scored",
+                   "incomplete": "; ".join(f"seed {seed}: {why}" for seed, why in r.incomplete)}
             for key, *_ in METRICS:
-                row[f"{key}_mean"], row[f"{key}_std"] = r.stats[key]
+                row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.incomplete else r.stats[key]
             if r.rounds is not None:
                 row["rounds_to_target_mean"], row["rounds_to_target_std"], row["seeds_reaching_target"] = r.rounds
             w.writerow(row)
@@ -554,12 +647,14 @@ class ReportError(ValueError):
 
 
 def report(out: str | Path, target: float | None = None, all_points: bool = False,
-           baseline: str | None = None, metrics=PAIRED_METRICS) -> tuple[Path, Path]:
+           baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False) -> tuple[Path, Path]:
     out = Path(out)
     runs = load_runs(out)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
     rows = summarize(runs, target, sweep_order(out), all_points)
+    if not mixed_iterates:
+        check_iterates(runs)
     text = to_markdown(rows, title_of(out), all_points)
     if baseline:
         unknown = [m for m in metrics if m not in METRIC_INFO]
@@ -587,12 +682,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="list every grid point, not only each method's best")
     parser.add_argument("--baseline", default=None, metavar="METHOD",
                         help="add a paired comparison over seeds against this method entry")
+    parser.add_argument("--mixed-iterates", action="store_true",
+                        help="allow runs scored on different iterates (last / averaged) in one table")
     parser.add_argument("--metrics", default=",".join(PAIRED_METRICS),
                         help=f"metrics of the paired comparison (default {','.join(PAIRED_METRICS)})")
     args = parser.parse_args(argv)
     try:
         md, csv_path = report(args.out, args.target, args.all_points, args.baseline,
-                              [m.strip() for m in args.metrics.split(",") if m.strip()])
+                              [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -10,23 +10,143 @@
   per-client accuracies and the full resolved config.
 
 Accuracies are fractions in [0, 1].
+
+**One run per folder.** A run holds ``<output-dir>/.lock`` (its PID and the process's start
+time) from the moment its writer opens the folder until it ends (``close``, or any exit:
+``Experiment.run`` releases it in a ``finally``, and an interpreter exit through ``atexit``).
+A second run into a folder whose lock belongs to a live process is refused in one line (a
+:class:`ConfigError` naming the key and the PID, also raised by ``fedpcd_app.config.check``
+before anything starts). A lock left by a process that is gone (killed, or its PID reused by
+another program since) is stale and taken over with a warning. One process may open the
+same folder again (an earlier run of it ended or was abandoned).
+
+**A full disk** (any ``OSError`` writing a results file) ends the run with one line
+(:class:`fedpcd_app.checkpoint.OutputError`) naming the file, the cause and the last
+checkpoint, which stays intact.
 """
 
 from __future__ import annotations
 
+import atexit
 import csv
+import errno
 import json
+import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedcore.config import RunConfig
+from fedcore.config import ConfigError, RunConfig
+from fedpcd_app.checkpoint import OutputError, path_for, rounds_in
+
+log = logging.getLogger("fedpcd")
 
 SUMMARY = "summary.json"
 ROUNDS = "rounds.jsonl"
 CLIENTS = "clients.csv"
+LOCK = ".lock"
+FINAL_MODEL = "final_model.pt"
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot, /proc/<pid>/stat field 22), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    """``pid`` runs and is the process that wrote the lock (not a later one with its PID)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's live process
+    now = _start_time(pid)
+    return start is None or now is None or now == start
+
+
+def lock_holder(folder: str | Path) -> tuple[int, str | None] | None:
+    """(pid, start time) of the live *other* process holding ``folder``'s lock, else None."""
+    try:
+        fields = (Path(folder) / LOCK).read_text().split()
+        pid, start = int(fields[0]), (fields[1] if len(fields) > 1 else None)
+    except (OSError, ValueError, IndexError):
+        return None
+    if pid == os.getpid() or not _alive(pid, start):
+        return None
+    return pid, start
+
+
+def busy_error(folder: str | Path, pid: int) -> ConfigError:
+    return ConfigError(f"run-config key 'output-dir' = '{folder}' is in use by a live run (pid {pid}, lock file "
+                       f"{Path(folder) / LOCK}): give this run another output-dir, or wait for that run to end")
+
+
+def check_output_dir_free(folder: str | Path) -> None:
+    """One-line :class:`ConfigError` when a live other process holds ``folder`` (nothing taken)."""
+    if folder and (holder := lock_holder(folder)) is not None:
+        raise busy_error(folder, holder[0])
+
+
+class OutputLock:
+    """``<folder>/.lock`` held by this process (see the module docstring)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / LOCK
+        self.text = f"{os.getpid()} {_start_time(os.getpid()) or '-'}\n"
+        self.held = False
+
+    def acquire(self) -> None:
+        for _ in range(5):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = lock_holder(self.path.parent)
+                if holder is not None:
+                    raise busy_error(self.path.parent, holder[0]) from None
+                stale = self.path.read_text(errors="replace").split()[:1] if self.path.exists() else []
+                if stale and stale[0] != str(os.getpid()):
+                    log.warning("output-dir %s: taking over the stale lock of process %s (no longer running)",
+                                self.path.parent, stale[0])
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.text)
+            self.held = True
+            atexit.register(self.release)
+            return
+        raise ConfigError(f"run-config key 'output-dir' = '{self.path.parent}': its lock {self.path} keeps "
+                          "changing (another run is starting there): give this run another output-dir")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            if self.path.read_text() == self.text:
+                self.path.unlink()
+        except OSError:
+            pass
+
+
+@contextmanager
+def writing(path: Path, folder: Path):
+    """Any ``OSError`` writing ``path`` (a full disk) → one :class:`OutputError` line."""
+    try:
+        yield
+    except OSError as exc:
+        found = rounds_in(folder)
+        last = (f"the last checkpoint, {path_for(folder, found[-1])}, is intact" if found
+                else "no checkpoint was written (checkpoint-every)")
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)}); "
+                          f"{last}; free space and resume with resume-from='{folder}'") from None
 
 
 def default_output_dir(cfg: RunConfig) -> Path:
@@ -51,37 +171,58 @@ def _clean(value: Any) -> Any:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(_clean(obj), fh, indent=2, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with writing(path, path.parent):
+        try:
+            with open(tmp, "w") as fh:
+                json.dump(_clean(obj), fh, indent=2, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 class ResultsWriter:
     def __init__(self, cfg: RunConfig, out_dir: Path | None = None) -> None:
         self.dir = Path(out_dir or (cfg.output_dir or default_output_dir(cfg))).resolve()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with writing(self.dir, self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock = OutputLock(self.dir)
+        self.lock.acquire()  # a live run in this folder: one line, before rounds.jsonl is touched
         self.cfg = cfg
-        self._rounds = open(self.dir / ROUNDS, "w")
+        with writing(self.dir / ROUNDS, self.dir):
+            self._rounds = open(self.dir / ROUNDS, "w")
 
     def round(self, record: dict[str, Any]) -> None:
-        self._rounds.write(json.dumps(_clean(record), sort_keys=True) + "\n")
-        self._rounds.flush()
+        with writing(self.dir / ROUNDS, self.dir):
+            self._rounds.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+            self._rounds.flush()
 
     def clients(self, rows: list[dict[str, Any]]) -> None:
         tmp = self.dir / (CLIENTS + ".tmp")
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-            writer.writeheader()
-            writer.writerows(_clean(rows))
-        os.replace(tmp, self.dir / CLIENTS)
+        with writing(self.dir / CLIENTS, self.dir):
+            with open(tmp, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
+                writer.writeheader()
+                writer.writerows(_clean(rows))
+            os.replace(tmp, self.dir / CLIENTS)
+
+    def model(self, state_dict: dict[str, Any]) -> None:
+        """The final global model: a plain state_dict (``torch.load(path, weights_only=True)``)."""
+        import torch
+
+        with writing(self.dir / FINAL_MODEL, self.dir):
+            torch.save(state_dict, self.dir / FINAL_MODEL)
 
     def summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.dir / SUMMARY, summary)
 
     def close(self) -> None:
-        self._rounds.close()
+        try:
+            self._rounds.close()
+        except OSError:
+            pass  # the run is ending; its error (if any) is already on its way
+        self.lock.release()
 
 
 def read_rounds(folder: str | Path) -> list[dict[str, Any]]:

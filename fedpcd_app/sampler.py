@@ -16,6 +16,15 @@ who reaches the server.
   probabilities with a fixed round size.
 * ``bernoulli`` — each client present independently with probability π_i: variable-size
   rounds (E|S_t| = M), possibly empty.
+* ``size-proportional`` — the q-FFL/FedProx authors' ``select_clients``: M clients drawn
+  without replacement with probability p_k = n_k / Σ n_j ∝ the client's training size
+  (numpy ``choice(replace=False, p=p)``, i.e. successive draws ∝ p among those not yet
+  drawn), seeded by (seed, round) as the other schemes. The FedAvg family then averages the
+  drawn clients uniformly (``fedavg-weighting`` is taken as ``uniform``), so the aggregate
+  stays unbiased for Σ_k p_k F_k; methods whose server rule weights by data size in another
+  way are refused in one line (:data:`SIZE_PROPORTIONAL_REFUSED`). The profile's
+  ``probabilities`` are then the per-round inclusion probabilities estimated from
+  :data:`PROFILE_DRAWS` seeded draws (there is no closed form), ``draw_weights`` the p_k.
 
 The profile π (``availability-*`` keys): ``availability-rare-clients`` = k clients are
 present with probability ``availability-rare-prob`` per round, the other N − k share the
@@ -33,8 +42,37 @@ import numpy as np
 from fedcore.config import ConfigError, RunConfig
 from fedcore.seeding import numpy_rng
 
-PARTICIPATION = ("uniform", "skewed", "bernoulli")
+PARTICIPATION = ("uniform", "skewed", "bernoulli", "size-proportional")
 RARE_CHOICES = ("rarest-classes", "last")
+PROFILE_DRAWS = 4000
+
+# participation = "size-proportional": what it changes per method (README, "Participation").
+# The FedAvg family averages the drawn clients uniformly; these keep their own server rule
+# (it has no data-size weights, so drawing ∝ n_k only tilts which clients are seen) ...
+FEDAVG_FAMILY = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+SIZE_PROPORTIONAL_OWN_RULE = ("qffl", "federage", "scaffold", "fedfv", "fedlf", "fedheal", "fedpw", "config-fl",
+                              "fedmedian", "fedtrimmedavg")
+# ... and these weight by data size (or need every client each round) in a way the uniform
+# mean does not replace: drawing ∝ n_k would count the sizes twice.
+SIZE_PROPORTIONAL_REFUSED = {
+    "fedpcd": "its primary direction ḡ weights the replies by data size",
+    "craft": "craft-rho='data-size' weights the replies by data size (craft-rho='uniform' is allowed)",
+    "fednova": "its step weights the normalised updates by data size p_i",
+    "fedmgda": "its λ is kept near the data-size weights",
+    "afl": "its mixture λ is over all clients (the paper's full participation), falling back to data-size weights",
+    "ditto": "its shared model is a data-size-weighted FedAvg",
+    "krum": "not checked for it", "multikrum": "Flower's MultiKrum averages the kept replies by data size",
+    "bulyan": "not checked for it",
+}
+
+
+def size_proportional_refusal(method: str, params) -> str | None:
+    """Why ``participation = "size-proportional"`` is refused for this method (None: allowed)."""
+    if method in FEDAVG_FAMILY or method in SIZE_PROPORTIONAL_OWN_RULE:
+        return None
+    if method == "craft" and params.get("craft-rho", "data-size") == "uniform":
+        return None
+    return SIZE_PROPORTIONAL_REFUSED.get(method, "its server rule was not checked for size-proportional draws")
 
 
 def inclusion_probabilities(weights: np.ndarray, m: float) -> np.ndarray:
@@ -96,6 +134,24 @@ def rarest_class_holders(label_counts: np.ndarray, k: int) -> list[int]:
     return sorted(chosen)
 
 
+DEFAULT_RARE_CLIENTS = 3  # pyproject's availability-rare-clients
+
+
+def rare_clients(cfg: RunConfig) -> int:
+    """``availability-rare-clients``, checked. The default (3) assumes a federation of at least
+    4 clients: with fewer it becomes num-clients − 1 (at least one frequent client), so the
+    defaults run on 2 devices; another value must leave a frequent client (one line naming
+    the fix otherwise)."""
+    n = cfg.num_clients
+    k = cfg.get_int("availability-rare-clients", DEFAULT_RARE_CLIENTS, low=0)
+    if k == DEFAULT_RARE_CLIENTS and k >= n:
+        return max(0, n - 1)
+    if k > n:
+        raise ConfigError(f"run-config key 'availability-rare-clients' = {k} is more than num-clients = {n}: "
+                          f"set availability-rare-clients to at most {max(0, n - 1)}")
+    return k
+
+
 class Sampler:
     """Seeded availability model over the present partition ids (see the module doc)."""
 
@@ -105,15 +161,39 @@ class Sampler:
         self.per_round = min(cfg.clients_per_round, len(self.available))
         self.participation = cfg.get_choice("participation", PARTICIPATION, "uniform")
         self.rare_clients: list[int] = []
+        self.draw_weights: np.ndarray | None = None
         if self.participation == "uniform":
             self.probabilities = np.full(len(self.available), self.per_round / len(self.available))
+        elif self.participation == "size-proportional":
+            self.draw_weights = self._size_weights()
+            self.probabilities = self._estimated_inclusion()
         else:
             self.probabilities = self._skewed_profile()
+
+    def _size_weights(self) -> np.ndarray:
+        """p_k = n_k / Σ n_j over the present clients (n_k: training-split size)."""
+        from client_app.data import load_federated_data  # the server holds the data already
+
+        train = load_federated_data(self.cfg).train_idx
+        n = np.array([len(train[int(p)]) for p in self.available], dtype=np.float64)
+        if np.count_nonzero(n) < self.per_round:
+            raise ConfigError(f"run-config key 'participation' = 'size-proportional': only {np.count_nonzero(n)} "
+                              f"clients hold training data, fewer than the {self.per_round} drawn per round; "
+                              "lower fraction-train")
+        return n / n.sum()
+
+    def _estimated_inclusion(self) -> np.ndarray:
+        """P(client in a round), from PROFILE_DRAWS seeded draws (for availability.json only)."""
+        rng = numpy_rng(self.cfg.seed, "size-proportional-profile")
+        counts = np.zeros(len(self.available))
+        for _ in range(PROFILE_DRAWS):
+            counts[rng.choice(len(self.available), size=self.per_round, replace=False, p=self.draw_weights)] += 1
+        return counts / PROFILE_DRAWS
 
     def _skewed_profile(self) -> np.ndarray:
         cfg = self.cfg
         n = len(self.available)
-        k = cfg.get_int("availability-rare-clients", 3, low=0, high=cfg.num_clients)
+        k = rare_clients(cfg)
         p_rare = cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
         choice = cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
         if k * p_rare >= self.per_round:
@@ -145,6 +225,8 @@ class Sampler:
         rng = numpy_rng(self.cfg.seed, "sample", server_round)
         if self.participation == "uniform":
             picked = rng.choice(len(self.available), size=self.per_round, replace=False)
+        elif self.participation == "size-proportional":  # the q-FFL authors' select_clients(pk=...)
+            picked = rng.choice(len(self.available), size=self.per_round, replace=False, p=self.draw_weights)
         elif self.participation == "skewed":
             picked = systematic_sample(self.probabilities, rng)
         else:
@@ -155,7 +237,12 @@ class Sampler:
         """The availability profile (for ``availability.json``; never given to a strategy)."""
         probs = np.zeros(self.cfg.num_clients)
         probs[self.available] = self.probabilities
-        return {
+        extra = {}
+        if self.draw_weights is not None:
+            weights = np.zeros(self.cfg.num_clients)
+            weights[self.available] = self.draw_weights
+            extra = {"draw_weights": weights.tolist(), "probabilities_estimated_from": PROFILE_DRAWS}
+        return {**extra,
             "participation": self.participation,
             "per_round": self.per_round,
             "probabilities": probs.tolist(),
@@ -167,6 +254,8 @@ class Sampler:
         n = len(self.available)
         if self.participation == "uniform":
             return f"uniform, {self.per_round} of {n} per round"
+        if self.participation == "size-proportional":
+            return f"size-proportional, {self.per_round} of {n} per round (p_k = n_k / sum n)"
         size = f"{self.per_round}" if self.participation == "skewed" else f"~{self.per_round} (variable)"
         return (f"{self.participation}, {size} of {n} per round; rare clients {self.rare_clients} "
                 f"at p={self.probabilities[np.isin(self.available, self.rare_clients)].max(initial=0):.3g}")

@@ -47,7 +47,7 @@ from flwr.app.metadata import Metadata
 
 from fedcore import keys
 from fedcore.config import ConfigError, RunConfig
-from fedcore.replies import Dropped, check_train_reply
+from fedcore.replies import Dropped, ReplyLimits, check_count, check_train_reply
 
 log = logging.getLogger("fedpcd")
 
@@ -157,7 +157,7 @@ class SecureAggregator:
 
     def __init__(self, cfg: RunConfig, strategy, spec) -> None:
         check_strategy(cfg, strategy)
-        self.cfg, self.spec = cfg, spec
+        self.cfg, self.spec, self.strategy = cfg, spec, strategy
         self.weighting = getattr(strategy, "secagg_weighting", "num-examples")
         self.records = tuple(getattr(strategy, "required_records", ()))
         self.kwargs = workflow_settings(cfg)
@@ -198,12 +198,35 @@ class SecureAggregator:
         ]
         if halted:
             return [], dropped
+        bad = self.invalid_contributors(contributors, expected)
+        if bad:  # a masked update cannot be taken out of the sum: the round's aggregate goes
+            liars = {node for node, _ in bad}
+            return [], dropped + [Dropped(expected.get(node), node, reason) for node, reason in bad] + [
+                Dropped(expected.get(node), node, "secure aggregate rejected: another contributor's reply failed "
+                        "validation and its masked update is inside the sum")
+                for node in contributors if node not in liars]
         flat = parameters_to_ndarrays(shim.aggregated)
         reply = self._aggregate_reply(flat, list(contributors.values()), server_round)
-        pid, reason = check_train_reply(reply, self.spec, (), self.records)
+        pid, reason = check_train_reply(reply, self.spec, (), self.records, max_count=2**62)  # Σ n_i, checked each
         if reason is not None:
             return [], dropped + [Dropped(None, 0, f"secure aggregate rejected: {reason}")]
         return [reply], dropped
+
+    def invalid_contributors(self, contributors: dict[int, dict], expected: dict[int, int]) -> list[tuple[int, str]]:
+        """(node, reason) of each contributor whose clear metrics fail the checks every reply
+        gets (fedcore.replies: num-examples a count within the client's bound; the method's
+        ``check_reply``, e.g. FedeRage's β in its box)."""
+        limits = getattr(self.strategy, "reply_limits", None) or ReplyLimits()
+        check = getattr(self.strategy, "check_reply", None)
+        bad = []
+        for node, metrics in sorted(contributors.items()):
+            pid = expected.get(node)
+            reason = check_count(metrics.get(keys.NUM_EXAMPLES), limits.max_count(pid), source=limits.source(pid))
+            if reason is None and check is not None:
+                reason = check(dict(metrics))
+            if reason is not None:
+                bad.append((node, reason))
+        return bad
 
     def _aggregate_reply(self, flat: list[np.ndarray], metrics: list[dict], server_round: int) -> Message:
         n_layers = len(self.spec.keys)
@@ -217,7 +240,7 @@ class SecureAggregator:
         content = RecordDict({keys.ARRAYS: record(flat[:n_layers])})
         for i, name in enumerate(self.records, start=1):
             content[name] = record(flat[i * n_layers:(i + 1) * n_layers])
-        n = np.array([float(m[keys.NUM_EXAMPLES]) for m in metrics])
+        n = np.array([float(m[keys.NUM_EXAMPLES]) for m in metrics], dtype=np.float64)  # validated counts
         w = n if self.weighting == "num-examples" else np.ones_like(n)
         means = {}
         for key in metrics[0]:

@@ -27,17 +27,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
-from fedpcd_app import checkpoint, node_data, secagg
+from fedpcd_app import checkpoint, divergence, node_data, secagg
 from fedpcd_app.config import Setup, check, validate
-from fedpcd_app.evaluation import Evaluator, summary_fields
+from fedpcd_app.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
-from fedpcd_app.membership import Membership
+from fedpcd_app.membership import Membership, PartitionRouter, route_partitions, routing_wanted, wait_for_stable_nodes
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
 from strategies.privacy import CentralDP
@@ -50,10 +49,25 @@ class AggregationStopped(RuntimeError):
     """A strategy's aggregation raised and ``on-aggregation-error`` = stop (one-line message)."""
 
 
+class _MethodTag(logging.Formatter):
+    """``HH:MM:SS [<method>] message``: the prefix names the run's method (set by
+    :func:`set_log_method`; ``fedpcd``, the app's name, before a run has one)."""
+
+    method = "fedpcd"
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.method = _MethodTag.method
+        return super().format(record)
+
+
+def set_log_method(method: str) -> None:
+    _MethodTag.method = str(method) or "fedpcd"
+
+
 def _setup_logging() -> None:
     if not log.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s [fedpcd] %(message)s", "%H:%M:%S"))
+        handler.setFormatter(_MethodTag("%(asctime)s [%(method)s] %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
@@ -68,6 +82,7 @@ class Experiment:
             setup = validate(setup.as_dict())
         # round-timeout 0 = auto: no timeout in simulation, a finite one in deployment (exchange.py)
         self.grid, self.setup, self.cfg = grid, setup, resolve_round_timeout(setup.cfg, grid)
+        set_log_method(self.cfg.method)  # the log prefix names the method
         self.node_data = local_data.settings(self.cfg).node  # the nodes bring their own data
         if self.node_data and not local_data.settings(self.cfg).complete:
             raise ConfigError("client-data='node': input-shape, num-classes, data-mean and data-std must be known "
@@ -84,8 +99,10 @@ class Experiment:
         self.strategy.run_config = self.cfg.as_dict()
         self.arrays = ArrayRecord(setup.model.state_dict())
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
+        # counts bounded by the partitions' sizes the server knows (fedcore.replies.ReplyLimits)
+        self.strategy.reply_limits = reply_limits(self.cfg, self.evaluator.data, self.membership)
         self.writer = ResultsWriter(self.cfg)
-        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard, when tensorboard = true
+        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
         self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
                                               _spec(self.arrays)) if secagg.enabled(self.cfg) else None
         self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
@@ -94,11 +111,23 @@ class Experiment:
         self.stop_on_error = self.cfg.params.get("on-aggregation-error", "stop") == "stop"
         self.aggregation_exception: Exception | None = None
         self.start_round = 1
+        self.watch = divergence.Watch(self.cfg, divergence.num_classes(setup.model))
+        self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
         if setup.resume_from:
-            self.resume(setup.resume_from)
+            try:
+                self.resume(setup.resume_from)
+            except BaseException:
+                self.writer.close()  # the output-dir's lock with it
+                raise
 
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.writer.lock.release()  # on any exit (finish() has released it on a normal one)
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.membership.sampler is None or self.membership_given:
             sampler = self.membership.sampler or self.membership.discover(self.grid)
@@ -110,17 +139,25 @@ class Experiment:
         log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, source,
                  cfg.model, cfg.num_clients, self.membership.sampler.describe(), cfg.num_server_rounds,
                  self.writer.dir)
-        t_start = time.perf_counter()
+        t_first = time.perf_counter()  # end of the run's first round (set below)
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             record = self.train_round(server_round)
-            stop = self.stop_on_error and "aggregation_error" in record
+            diverged = self.watch.observe(record, self.last_valid)
+            stop = diverged is not None or (self.stop_on_error and "aggregation_error" in record)
             if stop or self.is_eval_round(server_round):
                 record["eval"] = self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
             self.history.append(record)
             self.writer.round(record)
             if self.tracker is not None:
                 self.tracker.round(record)
-            self.log_round(record, (time.perf_counter() - t_start) / (server_round - self.start_round + 1))
+            # The ETA leaves the first round out: it carries the start-up (data, workers, actors).
+            now = time.perf_counter()
+            if server_round == self.start_round:
+                t_first = now
+            done = server_round - self.start_round
+            self.log_round(record, (now - t_first) / done if done else None)
+            if diverged is not None:
+                return self.diverged(server_round, diverged)
             if stop:
                 self.stop(server_round, record["aggregation_error"])
             self.after_round(server_round)
@@ -133,6 +170,14 @@ class Experiment:
         log.error("%s; the run stops (on-aggregation-error='keep' would log it and keep the model)", line)
         self.finish(f"stopped after round {server_round} of {self.cfg.num_server_rounds}: {line}")
         raise AggregationStopped(line) from self.aggregation_exception
+
+    def diverged(self, server_round: int, why: str) -> dict[str, Any]:
+        """A diverged run ends (fedpcd_app.divergence): one line, no checkpoint of this round,
+        the summary saying so; the model is the last finite one."""
+        reason = f"{divergence.PREFIX} {server_round}: {why}"
+        log.error("%s; the run stops (the model is the last finite one; diverge-patience=%d)", reason,
+                  self.watch.patience)
+        return self.finish(reason)
 
     # -- one training round ----------------------------------------------------------------------
     def train_round(self, server_round: int) -> dict[str, Any]:
@@ -161,6 +206,7 @@ class Experiment:
                         record["unserved"])
         t1 = time.perf_counter()
         new_arrays, agg_metrics, error = None, None, None
+        self.last_valid = []
         if aggregate is not None:
             try:
                 new_arrays, agg_metrics = aggregate()
@@ -185,11 +231,14 @@ class Experiment:
             "lr": self.strategy.round_lr(server_round),
         })
         if valid:
+            self.last_valid = list(valid) if self.secure is None else []
             record.update(_train_losses(valid, self.strategy.want_loss_before))
             record["aggregate_seconds"] = time.perf_counter() - t1
             if error is not None:
                 record["aggregation_error"] = error
-            if new_arrays is not None:
+            if new_arrays is not None and not divergence.is_finite(new_arrays):
+                record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
+            elif new_arrays is not None:
                 self.arrays = new_arrays
             if agg_metrics is not None:
                 record["strategy"] = dict(agg_metrics)
@@ -198,6 +247,7 @@ class Experiment:
         else:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
         record["train_seconds"] = t_train
+        self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
         record["round_seconds"] = time.perf_counter() - t0  # the whole training round
         return record
 
@@ -223,6 +273,8 @@ class Experiment:
             params=self.strategy.params.to_run_config(),
             times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
             privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
+            config=self.cfg.as_dict(),
+            averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -231,15 +283,23 @@ class Experiment:
         """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir);
         its history is copied into this run's rounds.jsonl first."""
         ckpt = checkpoint.latest(folder)
+        allow = checkpoint.allowed_changes(self.cfg.params.get("resume-allow-changes", ""))
         checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
                                     {k: v.numpy() for k, v in self.arrays.items()},
-                                    self.strategy.params.to_run_config())
+                                    self.strategy.params.to_run_config(), allow)
         if ckpt.round >= self.cfg.num_server_rounds:
             raise ConfigError(
                 f"run-config key 'num-server-rounds' = {self.cfg.num_server_rounds}: the checkpoint in "
                 f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
             )
+        checkpoint.check_config(ckpt, self.cfg.as_dict(), allow)
         self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
+        if (ckpt.averaged_iterate is not None) != (self.evaluator.average is not None):
+            raise ConfigError(f"run-config key 'eval-averaged-iterate' = {self.evaluator.averaged} but the checkpoint "
+                              f"of round {ckpt.round} in {folder} was written with the other value: resume with "
+                              "the same eval-averaged-iterate")
+        if self.evaluator.average is not None:
+            self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
             dp.dp_state = ckpt.privacy  # the adaptive clipping norm
@@ -254,11 +314,12 @@ class Experiment:
         log.info("resumed from round %d of %s", ckpt.round, folder)
 
     # -- results ---------------------------------------------------------------------------------
-    def log_round(self, rec: dict[str, Any], seconds_per_round: float) -> None:
+    def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
+        """One line per round; ``seconds_per_round``: the mean of the rounds after the run's
+        first (None in the first round: no ETA yet)."""
         r = rec["round"]
         if r % self.cfg.log_every and "eval" not in rec and r != self.cfg.num_server_rounds:
             return
-        eta = seconds_per_round * (self.cfg.num_server_rounds - r)
         line = f"round {r:4d}/{self.cfg.num_server_rounds}: {rec['num_replies']} replies"
         if rec["num_dropped"]:
             line += f" ({rec['num_dropped']} dropped)"
@@ -267,7 +328,10 @@ class Experiment:
         if "eval" in rec:
             e = rec["eval"]
             line += f" | mean acc {e['mean_acc']:.4f}, worst-10% {e['worst10_acc']:.4f}, jain {e['jain']:.4f}"
-        line += f" [{rec['round_seconds']:.2f} s, ETA {eta:.0f} s]"
+        if seconds_per_round is None:
+            line += f" [{rec['round_seconds']:.2f} s]"
+        else:
+            line += f" [{rec['round_seconds']:.2f} s, ETA {seconds_per_round * (self.cfg.num_server_rounds - r):.0f} s]"
         log.info(line)
 
     def finish(self, stopped: str | None = None) -> dict[str, Any]:
@@ -286,7 +350,7 @@ class Experiment:
         } for pid in range(cfg.num_clients)]
         self.writer.clients(rows)
         # The final global model: a plain state_dict (torch.load(path, weights_only=True) reads it).
-        torch.save(self.arrays.to_torch_state_dict(), self.writer.dir / "final_model.pt")
+        self.writer.model(self.arrays.to_torch_state_dict())
         summary = {
             "method": cfg.method,
             "seed": cfg.seed,
@@ -296,7 +360,7 @@ class Experiment:
             "central_acc": final.get("central_acc"),
             "central_loss": final.get("central_loss"),
             "client_acc": final["client_acc"],
-            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r]),
+            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r], self.evaluator.scored_iterate),
             "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
             "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
             **self.completeness(stopped),
@@ -307,7 +371,10 @@ class Experiment:
         self.writer.summary(summary)
         self.writer.close()
         if self.tracker is not None:
+            self.tracker.summary(summary)
             self.tracker.close()
+        if cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
+            draw_report(self.writer.dir)
         log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                  summary["mean_acc"], summary["worst10_acc"], summary["jain"],
                  summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
@@ -342,6 +409,27 @@ class Experiment:
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None:
             out["privacy"] = dp.describe()
         return out
+
+
+FIGURES = ("auto", "none")  # run-config figures
+
+
+def draw_report(out_dir) -> None:
+    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.run_report`, in a
+    process of its own); a failure there is one warning, the run's results stand."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    app_root = Path(__file__).resolve().parent.parent  # this app's copy (flwr run installs one)
+    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.run_report", str(out_dir)], cwd=app_root,
+                          capture_output=True, text=True, check=False)
+    lines = (proc.stdout if proc.returncode == 0 else proc.stderr).strip().splitlines()
+    message = lines[-1] if lines else f"exit code {proc.returncode}"
+    if proc.returncode == 0:
+        log.info("%s", message)
+    else:
+        log.warning("%s", message)
 
 
 def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarray:
@@ -382,6 +470,7 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
     their replies before the model is built (:mod:`fedpcd_app.node_data`)."""
     _setup_logging()
     membership = None
+    set_log_method((setup.cfg.method if isinstance(setup, Setup) else dict(setup).get("method")) or "fedpcd")
     if not isinstance(setup, Setup):
         raw = dict(setup)
         if local_data.is_node_mode(raw):
@@ -389,7 +478,25 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
             membership.discover(grid)
             raw = node_data.complete(raw, membership)
         setup = validate(raw)
+    if membership is None:
+        grid, membership = routed(grid, setup.cfg)
     return Experiment(grid, setup, membership).run()
+
+
+def routed(grid: Grid, cfg: RunConfig) -> tuple[Grid, Membership | None]:
+    """In a partitioned simulation whose node count is not ``num-clients`` (e.g. Flower's
+    default 2 SuperNodes): the grid of one virtual node per partition over the real ones, and
+    its membership (:class:`fedpcd_app.membership.PartitionRouter`); else ``(grid, None)``."""
+    from fedpcd_app.engine import LocalGrid
+    from fedpcd_app.exchange import is_simulation
+
+    if local_data.is_node_mode(cfg) or not is_simulation(grid):
+        return grid, None
+    nodes = list(grid.get_node_ids()) if isinstance(grid, LocalGrid) else wait_for_stable_nodes(grid)
+    if not routing_wanted(cfg, grid, nodes):
+        return grid, None
+    router = PartitionRouter(grid, cfg.num_clients, nodes)
+    return router, route_partitions(resolve_round_timeout(cfg, grid), router)
 
 
 def make_server_app(setup: Setup | Mapping[str, Any] | None = None) -> ServerApp:
@@ -408,9 +515,69 @@ def make_server_app(setup: Setup | Mapping[str, Any] | None = None) -> ServerApp
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_experiment(grid, setup if setup is not None else dict(context.run_config))
+        try:
+            run_experiment(grid, setup if setup is not None else dict(context.run_config))
+        except ONE_LINE_ERRORS as exc:
+            one_line_report(exc)  # Flower's report of it ends with the app's one line
+            raise
 
     return server_app
+
+
+# -- errors on the Flower path: the app's one line, last ----------------------------------------------
+# A ServerApp that raises ends the run as failed: Flower 1.42 logs "<entity> raised an
+# exception" with the traceback, then its exit-code message (flwr.supercore.exit.flwr_exit),
+# and puts "... failed with exception: <str(exc)>" in the run's status details (`flwr ls`).
+# For the errors whose message is already the whole story (a bad run config, unloadable data,
+# a stopped aggregation), the traceback is noise: the filter below drops it from Flower's log
+# and ends Flower's exit message with the app's own line, the last line of `flwr log`.
+
+
+def _one_line_errors() -> tuple[type[BaseException], ...]:
+    from client_app.data import DataError
+
+    return (ConfigError, DataError, AggregationStopped)
+
+
+class _OneLineReport(logging.Filter):
+    """On Flower's logger, for one exception: its traceback record is dropped, and the next
+    "Exit Code" message ends with ``error: <the exception's one line>``. Removes itself then."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc, self.line = exc, f"error: {exc}".splitlines()[0]
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _caused_by(record.exc_info[1], self.exc):
+            self.seen = True
+            return False
+        if self.seen and str(record.msg).startswith("Exit Code"):
+            record.msg, record.args = f"{record.getMessage()}\n{self.line}", ()
+            logging.getLogger("flwr").removeFilter(self)
+        return True
+
+
+def _caused_by(exc: BaseException | None, cause: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if exc is cause:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def one_line_report(exc: BaseException) -> None:
+    """Make Flower's report of ``exc`` (about to leave the ServerApp) end with its one line."""
+    flwr_logger = logging.getLogger("flwr")
+    for old in [f for f in flwr_logger.filters if isinstance(f, _OneLineReport)]:
+        flwr_logger.removeFilter(old)
+    flwr_logger.addFilter(_OneLineReport(exc))
+    log.error("%s", f"{exc}".splitlines()[0])
+
+
+ONE_LINE_ERRORS = _one_line_errors()
 
 
 app = make_server_app()

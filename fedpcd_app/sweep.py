@@ -45,6 +45,7 @@ import json
 import multiprocessing
 import os
 import re
+import subprocess
 import sys
 import time
 import tomllib
@@ -231,7 +232,8 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
     from fedpcd_app.simulate import simulate
 
     try:
-        return str(simulate({**overrides, "output-dir": folder}, **(engine or {})))
+        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end
+        return str(simulate({**overrides, "output-dir": folder, "figures": "none"}, **(engine or {})))
     finally:
         stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
 
@@ -332,9 +334,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)
-    if not failures:
-        print(f"next: python -m fedpcd_app.report {out} && python -m fedpcd_app.figures {out}")
+    if len(failures) < len(sweep.runs):
+        _report_and_figures(out)
     return 1 if failures else 0
+
+
+def _report_and_figures(out: Path) -> None:
+    """The sweep's report.md and figures (its runs draw none of their own): ``python -m
+    fedpcd_app.report <out>`` and ``python -m fedpcd_app.figures <out>``."""
+    for module in ("fedpcd_app.report", "fedpcd_app.figures"):
+        proc = subprocess.run([sys.executable, "-m", module, str(out)], capture_output=True, text=True, check=False,
+                              cwd=Path(__file__).resolve().parent.parent)
+        if proc.returncode != 0:
+            err = proc.stderr.strip().splitlines()
+            print(f"note: {module} failed ({err[-1] if err else proc.returncode}); run python -m {module} {out}",
+                  file=sys.stderr)
+            return
+    print(f"wrote {out / 'report.md'} and the figures in {out / 'figures'}")
 
 
 if __name__ == "__main__":

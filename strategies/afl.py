@@ -10,7 +10,9 @@ over ALL N clients, initially uniform) ascends on it:
 with Δ_k = θ_t − θ_k and F_k the loss of θ_t on client k before training
 (``loss-before``). The model that is evaluated and reported is the running average of
 the iterates θ_0, θ_1, …, θ_t (:meth:`AFL.evaluation_arrays`); θ_0 is the first model
-the strategy is handed. λ, the averaged iterate and its count are the :class:`State`.
+the strategy is handed. The app's ``eval-averaged-iterate`` (the mean of θ_1..θ_t for every
+other method) changes nothing for AFL: it is always scored on this average, and its
+summary says ``scored_iterate = "averaged"``. λ, the averaged iterate and its count are the :class:`State`.
 
 Partial participation. AFL assumes every client every round. When only S_t is sampled,
 only the sampled entries λ_S are updated: λ_S ← Proj_{c·Δ}(λ_S + γ_λ F_S), the Euclidean
@@ -120,6 +122,7 @@ class AFL(FairStrategy):
 
     Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    evaluated_iterate = "averaged"  # evaluation_arrays: the mean of θ_0..θ_t (its paper's output)
 
     def init_state(self) -> State:
         n = self.num_clients

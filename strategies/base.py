@@ -41,6 +41,7 @@ losses and metrics. The documented kernels beside it — FedPCD's ``write_rows``
 The hooks, all declared here with a default (a method overrides only what it needs):
 
 * :meth:`aggregate_valid` (required) — the method's step on the valid replies → (arrays, metrics);
+* :meth:`check_reply` — why a train reply's metrics are unusable for the method (FedeRage's β);
 * :meth:`init_state` / :meth:`restore_state` — the State at round 0 / rebuilt from a checkpoint;
 * :meth:`on_restored` — after a checkpoint's state was assigned (SCAFFOLD);
 * :meth:`client_config`, :meth:`round_config`, :meth:`round_records`, :meth:`client_records` —
@@ -73,7 +74,7 @@ from flwr.serverapp.strategy import Strategy
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
-from fedcore.replies import Dropped, validate_train_replies
+from fedcore.replies import Dropped, ReplyLimits, check_eval_reply, validate_train_replies
 from fedcore.seeding import derive_seed
 from fedcore.state import Fields, rebuild
 from strategies.signatures import describe_hyperparameters, strategy_signature
@@ -115,8 +116,9 @@ class RoundOutcome:
     :attr:`FairStrategy.last_train` (the app reads it after each round; nothing else is stashed).
 
     ``valid`` the replies the method aggregated (sorted by client), ``dropped`` the others
-    with their reasons (no reply included), ``defence`` the reports of the wrappers that
-    transformed the valid replies (``update_clip``: :class:`strategies.wrappers.UpdateClip`,
+    with their reasons (no reply included), ``defence`` the round's defence reports:
+    ``update_norms`` (the validation's median norm and largest ratio, max-update-ratio), then
+    those of the wrappers that transformed the valid replies (``update_clip``: :class:`strategies.wrappers.UpdateClip`,
     ``privacy``: :class:`strategies.privacy.CentralDP`), in the order they ran."""
 
     valid: list[Message] = dataclasses.field(default_factory=list)
@@ -128,10 +130,10 @@ class RoundOutcome:
 class EvaluationOutcome:
     """What :meth:`FairStrategy.aggregate_evaluate` made of one evaluation's replies, kept as
     :attr:`FairStrategy.last_eval_outcome`: ``scores`` client → {accuracy, loss, num-test};
-    ``unscored`` the replies dropped, with their reasons."""
+    ``unscored`` client → why its reply was not used (:func:`fedcore.replies.check_eval_reply`)."""
 
     scores: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
-    unscored: list[Dropped] = dataclasses.field(default_factory=list)
+    unscored: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def reply_metrics(replies: Iterable[Message]) -> list[dict]:
@@ -227,6 +229,7 @@ class FairStrategy(Strategy):
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
     app_arguments: ClassVar[tuple[str, ...]] = ()  # derived: the subclass's own __init__ keywords
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
+    evaluated_iterate: ClassVar[str] = "last"  # what evaluation_arrays gives: "last" θ_t or "averaged" (AFL)
     resolve_device = staticmethod(resolve_device)  # for the app's config check
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -295,6 +298,9 @@ class FairStrategy(Strategy):
         self.expected_eval: dict[int, int | None] = {}  # the same for the evaluation requests
         self.last_train = RoundOutcome()  # the latest aggregate_train's outcome
         self.last_eval_outcome = EvaluationOutcome()  # the latest aggregate_evaluate's outcome
+        # Bounds on the clients' numbers (fedcore.replies.ReplyLimits): the app sets the
+        # partitions' sizes and the run config's max-num-examples / max-update-ratio.
+        self.reply_limits = ReplyLimits()
         self._theta_host: torch.Tensor | None = None  # θ_t, reused every round (theta_buffer)
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
@@ -347,6 +353,11 @@ class FairStrategy(Strategy):
     def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
         """The model that evaluation scores (AFL: the running average of iterates)."""
         return arrays
+
+    def check_reply(self, metrics: dict) -> str | None:
+        """Why a train reply's metrics are unusable for this method (None: usable); such a
+        reply is dropped with this reason before :meth:`aggregate_valid` (FedeRage: β in its box)."""
+        return None
 
     def on_dropped(self, server_round: int, client: int | None) -> None:
         """A sampled client gave no usable reply (FedLF forgets its history row)."""
@@ -484,7 +495,10 @@ class FairStrategy(Strategy):
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
-        valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records)
+        norms: dict = {}
+        valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records,
+                                                limits=self.reply_limits, theta=self.current_arrays,
+                                                check=self.check_reply, stats=norms)
         # Replies arrive in whatever order the nodes finish: sort by client so that float
         # sums (and so every result) do not depend on arrival order.
         valid.sort(key=lambda r: client_of(r))
@@ -495,7 +509,8 @@ class FairStrategy(Strategy):
             log.warning("round %d: dropped reply of client %s: %s", server_round,
                         d.partition if d.partition is not None else d.node, d.reason)
             self.on_dropped(server_round, d.partition if d.partition is not None else d.node)
-        self.last_train = RoundOutcome(valid, dropped)
+        # update_norms: the round's median update norm and largest norm / median (max-update-ratio)
+        self.last_train = RoundOutcome(valid, dropped, {"update_norms": norms} if norms else {})
         if not valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
         return self.last_train
@@ -524,26 +539,23 @@ class FairStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Per-client scores into :attr:`last_eval_outcome`; their test-size-weighted mean."""
         scores: dict[int, dict[str, float]] = {}
-        unscored: list[Dropped] = []
         replies = list(replies)
         self.read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate")
+        unscored: dict[int, str] = {}
         for reply in replies:
             node = int(reply.metadata.src_node_id)
-            if reply.has_error() or keys.METRICS not in reply.content:
-                reason = reply.error.reason if reply.has_error() else "no metrics"
-                log.warning("evaluation reply of node %s dropped: %s", node, reason)
-                unscored.append(Dropped(self.expected_eval.get(node), node, reason))
-                continue
-            m = reply.content[keys.METRICS]
-            try:
-                score = {"accuracy": float(m[keys.EVAL_ACC]), "loss": float(m[keys.EVAL_LOSS]),
-                         "num-test": float(m.get(keys.NUM_TEST, 1))}
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("evaluation reply of node %s dropped: %s", node, exc)
-                unscored.append(Dropped(self.expected_eval.get(node), node, str(exc)))
-                continue
             want = self.expected_eval.get(node)
-            scores[want if want is not None else int(m.get(keys.PARTITION_ID, node))] = score
+            if want is None and not reply.has_error() and keys.METRICS in reply.content:
+                pid = reply.content[keys.METRICS].get(keys.PARTITION_ID, node)
+                want = int(pid) if isinstance(pid, (int, float)) and math.isfinite(pid) else node
+            client = want if want is not None else node
+            score, reason = check_eval_reply(reply, self.reply_limits.max_count(client, "test"),
+                                             self.reply_limits.source(client, "test"))
+            if reason is not None:  # the client stays unscored, with its reason
+                log.warning("evaluation reply of client %s dropped: %s", client, reason)
+                unscored[client] = reason
+                continue
+            scores[client] = score
         self.last_eval_outcome = EvaluationOutcome(scores, unscored)
         if not scores:
             return None

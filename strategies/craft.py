@@ -71,8 +71,7 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat, keys
-from fedcore.config import ConfigError
+from fedcore import keys
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy, metric_column, reply_metrics
 from strategies.registry import register

@@ -10,12 +10,12 @@ probabilities. Under secure aggregation the secure sum is uniform too
 With ``server-lr`` η_g > 0 the model step is θ_t − (η_g/η_l)·mean Δ_i (as in FedAvg);
 η_g = η_l (the default, 0) is the plain average.
 
-Algorithm 2 returns the average of the global iterates, (1/T) Σ_{τ=1..T} θ̂_τ. With
-``federage-averaged-iterate = true`` that running average (over the rounds that produced an
-iterate: a round without any reply leaves the model and the average as they were) is what
-evaluation scores (:meth:`FedeRage.evaluation_arrays`, as AFL's); the training rounds still
-broadcast θ̂_t. Algorithm 2's local work (every client the same H steps, each on a fresh
-i.i.d. mini-batch) is the app's ``local-steps`` key (any method).
+Algorithm 2 returns the average of the global iterates, (1/T) Σ_{τ=1..T} θ̂_τ. Scoring that
+average is the app's ``eval-averaged-iterate = true`` (every method, so that all are scored
+on the same iterate: ``fedpcd_app.evaluation``); the retired ``federage-averaged-iterate``
+is refused with a line naming it. The training rounds broadcast θ̂_t. Algorithm 2's local
+work (every client the same H steps, each on a fresh i.i.d. mini-batch) is the app's
+``local-steps`` key (any method).
 
 Hyperparameters (declared here once; the strategy sends them to the clients with every
 request, :meth:`FedeRage.client_config`)
@@ -28,19 +28,17 @@ federage-beta-min, federage-beta-max : float, default 0 and 10 — the box B = [
     that β is projected onto (β_min ≤ β_max). Algorithm 2 starts from β⁰ = Π_B(0).
 federage-level : ``batch`` | ``sample``, default ``batch`` — one risk weight per mini-batch,
     or one per sample (the paper's b = 1 case).
-federage-averaged-iterate : bool, default false — score the running average of the global
-    iterates (Algorithm 2's output) instead of the last one. Server-side only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
-from fedcore.flat import spec_of
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy, unpack_replies
@@ -57,7 +55,6 @@ class Params(MethodParams):
     beta_min: float = hyper(0.0)
     beta_max: float = hyper(10.0)
     level: str = hyper("batch", choices=("batch", "sample"))
-    averaged_iterate: bool = hyper(False)
 
     def check(self) -> None:
         if self.beta_max < self.beta_min:
@@ -68,20 +65,12 @@ class Params(MethodParams):
 @dataclasses.dataclass
 class State:
     beta_hat: float  # β̂ broadcast in the next round's requests
-    avg_model: torch.Tensor | None = None  # running mean of θ̂_1..θ̂_t (float64; averaged-iterate only)
-    num_averaged: int = 0
 
 
 def uniform_average(values: torch.Tensor) -> torch.Tensor:
     """(1/m) Σ_i values_i over the first axis: the agnostic aggregate."""
     m = values.shape[0]
     return fedavg_direction(values, torch.full((m,), 1.0 / m, dtype=torch.float64))
-
-
-def running_mean(mean: torch.Tensor | None, count: int, x: torch.Tensor) -> torch.Tensor:
-    """The mean of ``count`` vectors updated with one more, ``x`` (float64)."""
-    x = x.to(torch.float64)
-    return x.clone() if mean is None or count == 0 else mean + (x - mean) / (count + 1)
 
 
 @register("federage")
@@ -98,10 +87,20 @@ class FedeRage(FairStrategy):
         p = self.params
         return State(beta_hat=min(max(0.0, p.beta_min), p.beta_max))  # Algorithm 2: β_i⁰ = Π_B(0)
 
+    def check_reply(self, metrics):
+        """A β outside the box [federage-beta-min, federage-beta-max] (or not finite) drops the
+        reply: honest clients project β onto the box, so anything else is a lie (or a bug)."""
+        beta, p = metrics.get(keys.FEDERAGE_BETA), self.params
+        if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta):
+            return f"metric '{keys.FEDERAGE_BETA}' is not a finite number ({beta!r})"
+        if not p.beta_min <= beta <= p.beta_max:
+            return (f"metric '{keys.FEDERAGE_BETA}' = {beta:g} is outside the box [federage-beta-min, "
+                    f"federage-beta-max] = [{p.beta_min:g}, {p.beta_max:g}]")
+        return None
+
     def client_config(self):
-        """The risk parameters the client routine reads (not the server-only averaged-iterate)."""
-        server_only = self.Params.key_of("averaged_iterate")
-        return {k: v for k, v in self.params.to_run_config().items() if k != server_only}
+        """The risk parameters the client routine reads."""
+        return self.params.to_run_config()
 
     def round_config(self, server_round):
         return {keys.FEDERAGE_BETA_HAT: self.state.beta_hat}
@@ -113,19 +112,8 @@ class FedeRage(FairStrategy):
         new = theta - self.step_scale(server_round) * mean_delta
         betas = torch.tensor([float(m[keys.FEDERAGE_BETA]) for m in batch.metrics], dtype=torch.float64)
         self.state.beta_hat = float(uniform_average(betas.unsqueeze(1))[0])
-        if self.params.averaged_iterate:
-            self.state.avg_model = running_mean(self.state.avg_model, self.state.num_averaged, new)
-            self.state.num_averaged += 1
         return self.to_record(new), MetricRecord({
             "federage-beta-hat": self.state.beta_hat,
             "federage-betas": betas.tolist(),
             "update-norm": float(mean_delta.norm()),
         })
-
-    def evaluation_arrays(self, arrays):
-        """θ̂_t, or with averaged-iterate the mean of the iterates so far (Algorithm 2's output)."""
-        if not self.params.averaged_iterate or self.state.avg_model is None:
-            return arrays
-        if self.spec is None:  # resumed from a checkpoint, evaluated before any round
-            self.spec = spec_of(arrays)
-        return self.to_record(self.state.avg_model)

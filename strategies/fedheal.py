@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
 from flwr.app import MetricRecord
 
 from fedcore import flat

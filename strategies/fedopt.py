@@ -23,6 +23,9 @@ fedadam-eta 0.1, fedadam-beta1 0.9, fedadam-beta2 0.99, fedadam-tau 0.001.
 fedyogi-eta 0.01, fedyogi-beta1 0.9, fedyogi-beta2 0.99, fedyogi-tau 0.001.
 fedadagrad-eta 0.1, fedadagrad-tau 0.001.
 η > 0, β ∈ [0, 1), τ > 0 (the adaptivity floor: large τ makes FedAdagrad plain SGD on Δ).
+With ``fedavg-weighting = "uniform"`` (or ``participation = "size-proportional"``) the mean
+of the local models that the optimisers step on is the uniform one (``strategies.fedavg``).
+
 Flower's ``eta_l`` is the run's ``lr`` (it enters no arithmetic, only Flower's summary). The
 run-wide ``server-lr`` does not apply: each optimiser has its own server step size.
 """
@@ -36,10 +39,13 @@ import numpy as np
 from flwr.app import MetricRecord
 from flwr.serverapp import strategy as flower
 
-from fedcore import flat
+from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
+from strategies.fedavg import check_weighting
+
+UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
 from strategies.registry import register
 
 
@@ -113,10 +119,15 @@ class FlowerServerOpt(FairStrategy):
 
     # Only the weighted mean of the local models enters: works under secure aggregation.
     needs_individual_updates = False
+    app_arguments = ("fedavg_weighting",)
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, fedavg_weighting: str = "data-size", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.fedavg_weighting = check_weighting(fedavg_weighting)
         self.inner = self.make_inner()
+        if fedavg_weighting == "uniform":  # Flower weights by a reply metric: one that is 1 for all
+            self.inner.weighted_by_key = UNIFORM_KEY
+            self.secagg_weighting = "uniform"
 
     def make_inner(self):
         raise NotImplementedError
@@ -130,6 +141,9 @@ class FlowerServerOpt(FairStrategy):
         self.inner.current_arrays = self.inner_view(self.current_arrays)
         for name in moments:  # the state's moments into the wrapped strategy ...
             setattr(self.inner, name, getattr(self.state, name))
+        if self.fedavg_weighting == "uniform":
+            for msg in replies:
+                msg.content[keys.METRICS][UNIFORM_KEY] = 1
         new_arrays, _ = self.inner.aggregate_train(server_round, replies)
         for name in moments:  # ... and its updated moments back
             setattr(self.state, name, getattr(self.inner, name))

@@ -38,6 +38,13 @@ fedpcd-outlier-norm : float, default 0 = off
     stored in the cache (a returning client's older entry is dropped too). Its update still
     counts in ḡ, as in FedAvg: the option only stops FedPCD from *bending towards* a
     scaled, sign-flipped or noisy update; bound its weight in ḡ with ``update-clip``.
+fedpcd-outlier-norm-low : float, default 0 = off
+    *This project's extension* (issue 23), the lower bound beside ``outlier-norm``: a client
+    of the round whose update is shorter than the median norm / ``outlier-norm-low`` (≥ 3
+    valid clients) gets no constraint either. Normalisation makes every constraint full
+    strength whatever the update's length, so a tiny sign-flipped update (``attack =
+    "scale-down"``) would otherwise bend the direction as much as an honest one. Its update
+    still counts in ḡ with its (small) length.
 fedpcd-outlier-cosine : float in [-1, 1], default -1 = off
     *This project's extension.* A constraint (current or cached) whose cosine to this
     round's ḡ is below the threshold is left out of this round's QP (it stays cached).
@@ -81,12 +88,12 @@ import time
 
 import numpy as np
 import torch
-
 from flwr.app import MetricRecord
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
+from fedcore.replies import Dropped
 from strategies.base import FairStrategy, client_of
 from strategies.fedpcd_cache import HistoryCache
 from strategies.linalg import clarabel_qp
@@ -108,12 +115,17 @@ class Params(MethodParams):
     primary: str = hyper("fedavg", choices=("fedavg", "none"))
     cache_dtype: str = hyper("float32", choices=("float32", "bfloat16", "float16"))
     outlier_norm: float = hyper(0.0, low=0.0)
+    outlier_norm_low: float = hyper(0.0, low=0.0)
     outlier_cosine: float = hyper(-1.0, low=-1.0, high=1.0)
 
     def check(self) -> None:
         if 0.0 < self.outlier_norm < 1.0:
             raise ConfigError(f"run-config key 'fedpcd-outlier-norm' = {self.outlier_norm} would leave out clients "
                               "shorter than the median: use 0 (off) or a factor >= 1 (e.g. 3)")
+        if 0.0 < self.outlier_norm_low < 1.0:
+            raise ConfigError(f"run-config key 'fedpcd-outlier-norm-low' = {self.outlier_norm_low} would leave out "
+                              "clients longer than the median: use 0 (off) or a factor k >= 1 (e.g. 10: no "
+                              "constraint for an update shorter than median/10)")
         if self.primary == "none" and self.tau == 0.0:
             raise ConfigError("run-config key 'fedpcd-primary' = 'none' needs 'fedpcd-tau' > 0 "
                               "(with τ = 0 the minimum-norm feasible direction is 0)")
@@ -269,13 +281,16 @@ def correct_direction(
     return direction, Correction(mu, status, reason, active, corrected, step, cosine, solve_s)
 
 
-def norm_inliers(norms: np.ndarray, factor: float) -> list[int]:
-    """Indices of the updates whose norm is at most ``factor`` × the median norm (all of
-    them when ``factor`` is 0 or there are fewer than 3: no median to trust)."""
+def norm_inliers(norms: np.ndarray, factor: float, low: float = 0.0) -> list[int]:
+    """Indices of the updates whose norm is at most ``factor`` × the median norm and (with
+    ``low`` = k > 0) at least the median / k (all of them when both are 0 or there are fewer
+    than 3: no median to trust)."""
     norms = np.asarray(norms, dtype=np.float64)
-    if factor <= 0.0 or norms.size < 3:
+    if (factor <= 0.0 and low <= 0.0) or norms.size < 3:
         return list(range(norms.size))
-    return [i for i in range(norms.size) if norms[i] <= factor * float(np.median(norms))]
+    med = float(np.median(norms))
+    return [i for i in range(norms.size)
+            if (factor <= 0.0 or norms[i] <= factor * med) and (low <= 0.0 or norms[i] >= med / low)]
 
 
 def cosine_inliers(gram: np.ndarray, c_dot_gbar, g_bar_norm: float, threshold: float) -> list[int]:
@@ -380,6 +395,16 @@ class FedPCD(FairStrategy):
             copies[i].copy_(rows[i])
         return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
 
+    def list_discards(self, server_round, replies, reason) -> None:
+        """Replies FedPCD could not use after validation: moved from the round's outcome's
+        ``valid`` to its ``dropped`` (with ``reason``), so the round's record lists them."""
+        gone, outcome = {id(r) for r in replies}, self.last_train
+        outcome.valid = [r for r in outcome.valid if id(r) not in gone]
+        for r in replies:
+            pid = client_of(r)
+            outcome.dropped.append(Dropped(pid, int(r.metadata.src_node_id), reason))
+            self.on_dropped(server_round, pid)
+
     def aggregate_valid(self, server_round, replies):
         p_, cache = self.params, self.state.cache
         work, out = self._buffers(len(replies), self.spec.dim)
@@ -405,6 +430,9 @@ class FedPCD(FairStrategy):
             log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf", server_round, pids[i])
             if raw:
                 cache.release(pids[i], claimed[i])
+        if len(keep) < m:  # listed with the round's other drops (rounds.jsonl "dropped")
+            self.list_discards(server_round, [replies[i] for i in sorted(set(range(m)) - set(keep))],
+                               "FedPCD: its update's squared norm is not finite in float32 (NaN/Inf or too large)")
         dropped, k = m - len(keep), len(keep)
         if k == 0:  # nothing usable: keep the model, never crash the round
             cache.expire(server_round)
@@ -418,10 +446,11 @@ class FedPCD(FairStrategy):
         pids = [pids[i] for i in keep]
         norms = torch.tensor(np.sqrt(sq[keep]) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l
         # Outlier option (this project's extension): over-long updates count in ḡ, get no constraint.
-        inl = norm_inliers(norms.numpy(), p_.outlier_norm)
+        inl = norm_inliers(norms.numpy(), p_.outlier_norm, p_.outlier_norm_low)
         for i in sorted(set(range(k)) - set(inl)):
-            log.info("round %d: FedPCD keeps partition %d out of the QP: its update norm %.3g > %g x the median",
-                     server_round, pids[i], float(norms[i]), p_.outlier_norm)
+            log.info("round %d: FedPCD keeps partition %d out of the QP: its update norm %.3g is outside "
+                     "[median/%g, %g x median]", server_round, pids[i], float(norms[i]), p_.outlier_norm_low,
+                     p_.outlier_norm)
             if raw:
                 cache.release(pids[i], claimed[keep[i]])
         outliers = k - len(inl)

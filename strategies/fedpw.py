@@ -50,7 +50,6 @@ import dataclasses
 
 import numpy as np
 import torch
-
 from flwr.app import MetricRecord
 
 from fedcore import flat
@@ -58,6 +57,7 @@ from fedcore.params import MethodParams, hyper
 from strategies import linalg
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
+
 _STAT_MARKERS = ("running_mean", "running_var", "num_batches_tracked")  # not parameters
 
 

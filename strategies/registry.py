@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from strategies.base import FairStrategy
 
 _CLASSES: dict[str, type[FairStrategy]] = {}
-_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "wrappers"}
+_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "algorithms", "wrappers"}
 
 
 def register(name: str):

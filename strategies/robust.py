@@ -180,5 +180,8 @@ class Bulyan(FlowerRobust):
             if per_round < 4 * f + 3:
                 raise ConfigError(
                     f"run-config key 'bulyan-num-malicious' = {f} needs at least 4f + 3 = {4 * f + 3} replies per "
-                    f"round, but fraction-train x num-clients gives {per_round}: lower it or raise fraction-train"
+                    f"round, but fraction-train x num-clients gives {per_round}: "
+                    + ("lower it or raise fraction-train" if self.num_clients >= 4 * f + 3 else
+                       f"a federation of {self.num_clients} clients is too small for Bulyan; use num-clients >= "
+                       f"{4 * f + 3} or another robust method (e.g. method='krum' or 'fedmedian')")
                 )

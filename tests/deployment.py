@@ -109,19 +109,41 @@ class LocalFederation:
         self.procs.append((p, log))
         return p, log
 
-    def start_superlink(self) -> None:
+    def start_superlink(self, *extra: str) -> None:
+        """``extra``: more flower-superlink options (e.g. ``--enable-supernode-auth``)."""
         c = self.certs
         _, self.superlink_log = self.start("superlink", [
             str(BIN / "flower-superlink"), "--ssl-certfile", str(c["server.pem"]), "--ssl-keyfile", str(c["server.key"]),
             "--ssl-ca-certfile", str(c["ca.crt"]), "--host", "127.0.0.1", "--port", str(self.port),
-            "--database", str(self.folder / "state.db")])
+            "--database", str(self.folder / "state.db"), *extra])
         wait_for(lambda: "Uvicorn running on https://" in self.superlink_log.read_text(), 60, "the SuperLink",
                  self.procs)
 
-    def start_supernode(self, name: str, node_config: str) -> tuple[subprocess.Popen, Path]:
+    def start_supernode(self, name: str, node_config: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+        """``extra``: more flower-supernode options (e.g. ``--auth-supernode-private-key KEY``)."""
         return self.start(name, [str(BIN / "flower-supernode"), "--root-certificates", str(self.certs["ca.crt"]),
                                  "--superlink", f"127.0.0.1:{self.port}", "--port", str(free_port()),
-                                 "--node-config", node_config])
+                                 "--node-config", node_config, *extra])
+
+    def node_key(self, name: str) -> tuple[Path, Path]:
+        """A SuperNode key pair (ECDSA P-384, OpenSSH format, as ``ssh-keygen -t ecdsa -b 384``
+        makes): (private key, public key) files in the folder."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        key = ec.generate_private_key(ec.SECP384R1())
+        private, public = self.folder / f"{name}_key", self.folder / f"{name}_key.pub"
+        private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                              serialization.NoEncryption()))
+        private.chmod(0o600)
+        public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                         serialization.PublicFormat.OpenSSH))
+        return private, public
+
+    def register_key(self, public_key: Path) -> subprocess.CompletedProcess:
+        """``flwr supernode register``: authorise a SuperNode's public key on the SuperLink."""
+        return subprocess.run([str(BIN / "flwr"), "supernode", "register", str(public_key), FEDERATION],
+                              env=self.env, cwd=self.folder, capture_output=True, text=True, timeout=120)
 
     def registered(self) -> int:
         """Distinct node ids the SuperLink has activated so far."""

@@ -28,8 +28,13 @@ def scaled(arrays: ArrayRecord, factor: float) -> ArrayRecord:
 
 
 def honest_reply(request: Message, pid: int, node: int, strategy, *, num_examples: int = 20) -> Message:
-    """A valid train reply: the received model shrunk by 1 % (so aggregation moves the model)."""
+    """A valid train reply: the received model shrunk by 1 % (so aggregation moves the model).
+    An honest client holds no more examples than its partition: ``num_examples`` is capped at
+    the bound the server knows (``strategy.reply_limits``)."""
     arrays = request.content[keys.ARRAYS]
+    limits = getattr(strategy, "reply_limits", None)
+    if limits is not None:
+        num_examples = min(num_examples, limits.max_count(pid))
     extra_metrics = {name: 1.0 for name in getattr(strategy, "required_metrics", ())}
     extra_records = {name: scaled(arrays, 0.0) for name in getattr(strategy, "required_records", ())}
     return train_reply(scaled(arrays, 0.99), pid, node_id=node, num_examples=num_examples,

@@ -80,8 +80,8 @@ def score(model: torch.nn.Module, path: Path, mean: float, std: float) -> tuple[
 
 def final_model(out: Path) -> tuple[torch.nn.Module, dict]:
     """The run's final global model (built from summary.json's resolved config) and that config."""
-    from client_app.models import build_model
     from client_app.local_data import parse_shape
+    from client_app.models import build_model
 
     config = json.loads((Path(out) / "summary.json").read_text())["config"]
     model = build_model(config["model"], parse_shape(config["input-shape"]), int(config["num-classes"]))

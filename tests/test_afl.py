@@ -11,8 +11,16 @@ from fedcore.flat import spec_of
 from strategies import afl, linalg
 from strategies.afl import AFL
 from tests.fakegrid import FakeGrid, task_identity
-from tests.helpers import (aggregate_round, arrays_from_flat, brute_force_projection, check_resume, flat64,
-                           make_replies, random_rounds, tiny_template)
+from tests.helpers import (
+    aggregate_round,
+    arrays_from_flat,
+    brute_force_projection,
+    check_resume,
+    flat64,
+    make_replies,
+    random_rounds,
+    tiny_template,
+)
 
 TEMPLATE = tiny_template()
 D = spec_of(TEMPLATE).dim

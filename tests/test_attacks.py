@@ -28,8 +28,9 @@ ATTACKED, HONEST = 1, 2  # partitions of the 6-client federation below
 
 
 def config(kind: str, **extra):
+    scale = 0.25 if kind == "scale-down" else 3.0  # scale-down: a sign-flip with s < 1
     return load_config({"num-clients": 6, "seed": 3, "attack": kind, "attack-clients": f"{ATTACKED},4",
-                        "attack-scale": 3.0, "attack-noise": 0.05, **extra})
+                        "attack-scale": scale, "attack-noise": 0.05, **extra})
 
 
 def train(cfg, pid: int, **round_values) -> tuple[Message, Message]:
@@ -58,14 +59,45 @@ def pair(kind: str, pid: int = ATTACKED, **round_values):
     ("sign-flip", lambda theta, local: theta - 3.0 * (local - theta)),
     ("scale", lambda theta, local: theta + 3.0 * (local - theta)),
     ("free-rider", lambda theta, local: theta),
+    ("scale-down", lambda theta, local: theta - 0.25 * (local - theta)),
+    ("huge", lambda theta, local: local + 1e30),
 ])
 def test_model_attacks_send_exactly_their_model_and_honest_metrics(kind, expected):
     theta, honest, attacked = pair(kind)
     local = flat_of(honest.content[keys.ARRAYS])
     assert np.abs(local - theta).max() > 1e-3  # the honest client moved
-    np.testing.assert_allclose(flat_of(attacked.content[keys.ARRAYS]), expected(theta, local), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(flat_of(attacked.content[keys.ARRAYS]), expected(theta, local), rtol=1e-7, atol=1e-5)
     assert metrics_of(attacked) == metrics_of(honest)  # real example count, losses, steps
     assert list(attacked.content.keys()) == list(honest.content.keys())
+
+
+def test_count_lie_reports_1e308_examples_and_nothing_else():
+    _, honest, attacked = pair("count-lie")
+    got, want = metrics_of(attacked), metrics_of(honest)
+    assert got.pop(keys.NUM_EXAMPLES) == 1e308 and want.pop(keys.NUM_EXAMPLES) > 0
+    assert got == want
+    assert np.array_equal(flat_of(attacked.content[keys.ARRAYS]), flat_of(honest.content[keys.ARRAYS]))
+
+
+def evaluate(cfg, pid: int) -> Message:
+    arrays = ArrayRecord(initial_model(cfg).state_dict())
+    with task_identity():
+        content = app_request(cfg, arrays, MessageType.EVALUATE).content
+        request = Message(content, dst_node_id=1000 + pid, message_type=MessageType.EVALUATE)
+        (reply,) = ClientAppGrid(cfg.num_clients, client_app).send_and_receive([request])
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    return reply
+
+
+def test_eval_lie_reports_accuracy_5_and_loss_minus_3_and_trains_honestly():
+    honest, lied = metrics_of(evaluate(config("none"), ATTACKED)), metrics_of(evaluate(config("eval-lie"), ATTACKED))
+    assert 0.0 <= honest[keys.EVAL_ACC] <= 1.0 and honest[keys.EVAL_LOSS] > 0
+    assert (lied.pop(keys.EVAL_ACC), lied.pop(keys.EVAL_LOSS)) == (5.0, -3.0)
+    assert lied == {k: v for k, v in honest.items() if k not in (keys.EVAL_ACC, keys.EVAL_LOSS)}
+    assert metrics_of(evaluate(config("eval-lie"), HONEST)) == metrics_of(evaluate(config("none"), HONEST))
+    _, train_honest, train_lied = pair("eval-lie")  # its train replies are an honest client's
+    assert metrics_of(train_lied) == metrics_of(train_honest)
+    assert np.array_equal(flat_of(train_lied.content[keys.ARRAYS]), flat_of(train_honest.content[keys.ARRAYS]))
 
 
 def test_free_rider_returns_the_received_model_bit_for_bit():
@@ -149,6 +181,7 @@ def test_attackers_depend_on_the_seed_alone():
     ({"attack": "flood", "attack-fraction": 0.2}, "'attack'"),
     ({"attack": "scale", "attack-fraction": 1.5}, "'attack-fraction'"),
     ({"attack": "scale", "attack-fraction": 0.2, "attack-scale": 0.0}, "'attack-scale'"),
+    ({"attack": "scale-down", "attack-fraction": 0.2}, "attack-scale < 1"),
 ])
 def test_bad_attack_keys_stop_the_run_in_one_line(overrides, fragment):
     with pytest.raises(ConfigError) as exc:

@@ -49,7 +49,7 @@ def test_toy_method_is_the_coordinate_mean(rng):
     arrays, metrics = aggregate_arrays(strategy, 1, arrays_from_flat(theta, TEMPLATE), make_replies(TEMPLATE, x))
     np.testing.assert_allclose(flat64(arrays), x.mean(axis=0), atol=1e-6)
     assert isinstance(strategy.last_train, RoundOutcome) and len(strategy.last_train.valid) == 4
-    assert strategy.last_train.dropped == [] and strategy.last_train.defence == {}
+    assert strategy.last_train.dropped == [] and set(strategy.last_train.defence) == {"update_norms"}
     assert metrics["update-norm"] == pytest.approx(np.linalg.norm(theta - x.mean(axis=0)), rel=1e-5)
 
 
@@ -82,7 +82,7 @@ def test_the_run_config_wraps_the_toy_in_update_clip(toy_registered, rng):
 
 
 def test_every_hook_the_app_calls_is_declared_on_the_base():
-    for hook in ("aggregate_valid", "check_train", "round_updates", "on_restored", "on_dropped", "on_node_changed",
+    for hook in ("aggregate_valid", "check_train", "check_reply", "round_updates", "on_restored", "on_dropped", "on_node_changed",
                  "init_state", "restore_state", "client_config", "round_config", "round_records", "client_records",
                  "evaluation_arrays"):
         assert callable(getattr(FairStrategy, hook)), hook

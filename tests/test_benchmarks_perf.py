@@ -9,8 +9,8 @@ import torch
 
 import strategies.fedavg as fedavg
 from benchmarks import aggregation, cache_memory
-from fedcore.config import load_config
 from fedcore import flat
+from fedcore.config import load_config
 from strategies import registry
 from strategies.base import unpack_replies
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
@@ -162,3 +162,25 @@ def test_simulation_benchmark_floor_replays_the_app(tmp_path):
     assert res["no_eval"]["ratio"] > 0 and res["with_eval"]["ratio"] > 0
     assert res["eval_round_cost"]["app_s"] is not None
     assert "local training" in res["breakdown_s"]
+
+
+def test_simulation_benchmark_vectorised_engine_rows_have_the_contract_fields():
+    """--engines vectorised: rows with "engine": "vectorised", the setting, no_eval.ratio and
+    max_train_loss_diff as the other engines' rows (the local engine with client-execution =
+    'vectorised'; local and ray run the loop)."""
+    import argparse
+
+    from benchmarks import simulation
+
+    assert simulation.EXECUTION == {"local": "loop", "ray": "loop", "vectorised": "vectorised"}
+    rounds = [{"round": r, "round_seconds": 0.2, "train_seconds": 0.2, "train_loss": 1.0 / r, **({"eval": {"eval_seconds": 0.1}}
+               if r % 3 == 0 else {})} for r in range(1, 7)]
+    floor = [{"round": r, "work": 0.1, "eval": 0.05 if r % 3 == 0 else 0.0, "model_gap": 0.0,
+              "train_loss": 1.0 / r + 1e-8} for r in range(1, 7)]
+    args = argparse.Namespace(rounds=6, eval_every=3, workers=0, num_cpus=1.0, ray_num_gpus=0.0)
+    row = simulation.engine_result("digits", "vectorised", rounds, 3.0, floor, {}, args)
+    assert row["engine"] == "vectorised" and row["setting"] == "digits"
+    assert row["client_execution"] == "vectorised" and row["engine_label"] == "vectorised (in-process)"
+    assert row["no_eval"]["ratio"] == pytest.approx(2.0) and row["max_train_loss_diff"] == pytest.approx(1e-8)
+    with pytest.raises(SystemExit):
+        simulation.main(["--engines", "vectorised,fast"])

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpcd_app import checkpoint
 from fedcore.config import ConfigError, load_config
+from fedpcd_app import checkpoint
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.server_app import Experiment
 from strategies import registry
@@ -82,7 +82,7 @@ def test_damaged_latest_falls_back_to_the_previous(tmp_path, caplog):
     path.write_bytes(path.read_bytes()[:100])
     # Execute / Assert
     assert checkpoint.latest(tmp_path).round == 2
-    assert "cannot be loaded" in caplog.text
+    assert "damaged" in caplog.text
 
 
 def test_no_checkpoint_is_a_one_line_config_error(tmp_path):
@@ -160,3 +160,75 @@ def test_resumed_run_matches_the_uninterrupted_run(method, tmp_path):
     ra, rb = read_rounds(full), read_rounds(resumed)
     assert [r["round"] for r in rb] == [1, 2, 3, 4]
     assert [r["train_loss"] for r in rb] == pytest.approx([r["train_loss"] for r in ra], rel=1e-6)
+
+
+# -- checksums (a damaged file is refused, the previous one used) -------------------------------
+def test_flipped_bytes_are_refused_as_damaged_and_the_previous_checkpoint_used(tmp_path, caplog):
+    """64 flipped bytes in the middle of a checkpoint still load with torch (the probe of issue 23:
+    a silently different model); the checksum refuses the file."""
+    checkpoint.write(tmp_path, _ckpt(2, size=5000))
+    path = checkpoint.write(tmp_path, _ckpt(4, size=5000))
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+    path.write_bytes(bytes(data))
+    got = checkpoint.latest(tmp_path)
+    assert got.round == 2
+    assert "damaged" in caplog.text and "round-000004.pt" in caplog.text
+
+
+def test_a_checkpoint_without_its_checksum_is_refused(tmp_path, caplog):
+    checkpoint.write(tmp_path, _ckpt(2))
+    path = checkpoint.write(tmp_path, _ckpt(4))
+    checkpoint.checksum_path(path).unlink()
+    assert checkpoint.latest(tmp_path).round == 2
+    assert "damaged" in caplog.text
+
+
+def test_the_checksum_file_is_sha256sum_format_and_rotates_with_its_checkpoint(tmp_path):
+    import hashlib
+
+    for r in (2, 4, 6):
+        checkpoint.write(tmp_path, _ckpt(r), keep=2)
+    d = checkpoint.checkpoint_dir(tmp_path)
+    assert sorted(p.name for p in d.iterdir()) == ["round-000004.pt", "round-000004.pt.sha256",
+                                                   "round-000006.pt", "round-000006.pt.sha256"]
+    digest, name = (d / "round-000006.pt.sha256").read_text().split()
+    assert name == "round-000006.pt" and digest == hashlib.sha256((d / name).read_bytes()).hexdigest()
+
+
+# -- resume compares every training and data key ----------------------------------------------
+@pytest.mark.parametrize("change", [{"lr": 0.05}, {"fraction-train": 1.0}, {"dirichlet-alpha": 0.9},
+                                    {"local-epochs": 3}, {"lr": 0.05, "local-epochs": 3}])
+def test_resume_refuses_changed_training_or_data_keys_naming_them(tmp_path, change):
+    full = _fake_run(tmp_path, "full")
+    with pytest.raises(ConfigError) as err:
+        _fake_run(tmp_path, "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), **change})
+    line = str(err.value)
+    assert "\n" not in line and "resume-allow-changes" in line
+    for key in change:
+        assert f"'{key}'" in line
+
+
+def test_resume_allow_changes_lets_the_listed_keys_differ(tmp_path):
+    full = _fake_run(tmp_path, "full")
+    resumed = _fake_run(tmp_path, "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), "lr": 0.05,
+                                          "local-epochs": 3, "resume-allow-changes": "lr, local-epochs"})
+    assert [r["round"] for r in read_rounds(resumed.writer.dir)] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(ConfigError, match="'local-epochs'"):  # only what is listed
+        _fake_run(tmp_path, "r2", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), "lr": 0.05,
+                                     "local-epochs": 3, "resume-allow-changes": "lr"})
+
+
+def test_operational_keys_may_change_on_resume(tmp_path):
+    full = _fake_run(tmp_path, "full")
+    _fake_run(tmp_path, "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), "eval-every": 3,
+                                "log-every": 2, "checkpoint-every": 3})
+
+
+@pytest.mark.parametrize("value", ["seed", "no-such-key", "lr,method"])
+def test_resume_allow_changes_is_checked(tmp_path, value):
+    from fedpcd_app.config import check
+
+    with pytest.raises(ConfigError, match="resume-allow-changes"):
+        check({**load_config({"output-dir": str(tmp_path)}).as_dict(), "resume-allow-changes": value})

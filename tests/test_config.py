@@ -61,7 +61,9 @@ def test_flwr_override_syntax():
         ({"augment": "flip"}, "'augment'"),
         ({"partitioner": "writer"}, "writer_id"),
         ({"model": "craft-vgg"}, "'model'"),
-        ({"method": "federage", "federage-averaged-iterate": "yes"}, "'federage-averaged-iterate'"),
+        ({"eval-averaged-iterate": "yes"}, "'eval-averaged-iterate'"),
+        # retired: one line naming the key that replaces it
+        ({"method": "federage", "federage-averaged-iterate": True}, "eval-averaged-iterate = true"),
     ],
 )
 def test_bad_values_fail_with_one_line(override, fragment):

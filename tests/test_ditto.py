@@ -23,7 +23,7 @@ from strategies.craft import Craft
 from strategies.ditto import Ditto
 from strategies.fedavg import FedAvg
 from tests.fakegrid import task_identity
-from tests.helpers import app_request, aggregate_arrays, arrays_from_flat, make_reply, state_through_bytes, train_reply
+from tests.helpers import aggregate_arrays, app_request, arrays_from_flat, state_through_bytes, train_reply
 
 
 def _job(cfg, model, state, server_round=1, config=None):

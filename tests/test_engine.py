@@ -125,7 +125,9 @@ def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, mon
 
     from fedpcd_app.simulate import simulate
 
-    over = {**SMALL, "method": method, "num-server-rounds": 3}
+    # the per-client loop on both sides: with client-execution = 'vectorised' a worker trains its
+    # share of the round as rows, in process the whole round (equal within 1e-5: the tests below)
+    over = {**SMALL, "method": method, "num-server-rounds": 3, "client-execution": "loop"}
     monkeypatch.setattr("fedpcd_app.engine.usable_cores", lambda: 2)  # 2 workers: one torch thread each
     pooled = simulate({**over, "output-dir": str(tmp_path / "pool")}, workers=2)
     threads = torch.get_num_threads()
@@ -153,7 +155,7 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
             links.append(self)
 
     monkeypatch.setattr(sim, "LocalSuperLink", Recorded)
-    over = {**SMALL, "method": method, "num-server-rounds": 2}
+    over = {**SMALL, "method": method, "num-server-rounds": 2, "client-execution": "loop"}
     # Execute: the same run on both engines (the local one with a worker per core: one torch
     # thread per client, as each Ray actor with client-resources-num-cpus=1)
     local = sim.simulate({**over, "output-dir": str(tmp_path / "local")}, workers=None)
@@ -165,3 +167,97 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
     (link,) = links
     assert len(link.seen) >= 3  # SuperExec, the simulation, Ray's processes ...
     assert [p for p, started in link.seen.items() if sim._start_time(p) == started] == []
+
+
+# -- a round's train requests to one process together (the batch hook; client_app/vectorised.py) ----
+GROUPS: list[int] = []  # sizes of the batches the recording hook got (in this process)
+
+
+def recording_batch(app, items, one):
+    """A batch hook that records each batch's size and answers one by one (worker processes report
+    the size in each reply's metrics)."""
+    GROUPS.append(len(items))
+    replies = [one(app, m, c) for m, c in items]
+    for r in replies:
+        if not r.has_error():
+            r.content[keys.METRICS]["batch"] = len(items)
+    return replies
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_rounds_train_requests_reach_a_process_together(workers):
+    """In process: the whole round in one batch; with 2 workers: two shares (3 + 2), each one task."""
+    GROUPS.clear()
+    with engine.task_identity(), engine.LocalGrid(PROBE, 5, workers=workers,
+                                                  batch="tests.test_engine:recording_batch") as grid:
+        replies = _round(grid, x=1)
+        again = _round(grid, x=2, fail=(1,))
+    sizes = sorted(r.content[keys.METRICS]["batch"] for r in replies)
+    assert sizes == ([5] * 5 if workers == 0 else [2, 2, 3, 3, 3])
+    assert again[1].has_error() and not any(r.has_error() for i, r in enumerate(again) if i != 1)
+    assert [r.content[keys.METRICS]["seen"] for i, r in enumerate(again) if i != 1] == [2, 2, 2, 2]
+    if workers == 0:
+        assert GROUPS == [5, 5]
+
+
+def _close_runs(a, b, rtol=1e-5):
+    import numpy as np
+
+    from fedpcd_app.results import read_rounds, read_summary
+
+    ra, rb = read_rounds(a), read_rounds(b)
+    assert [r["sampled"] for r in ra] == [r["sampled"] for r in rb]
+    np.testing.assert_allclose([r["train_loss"] for r in ra], [r["train_loss"] for r in rb], rtol=rtol)
+    sa, sb = read_summary(a), read_summary(b)
+    np.testing.assert_allclose(sa["client_acc"], sb["client_acc"], atol=0.02)  # a few test examples at most
+    assert abs(sa["central_acc"] - sb["central_acc"]) <= 0.02
+
+
+@pytest.mark.parametrize("method,workers", [("fedavg", 0), ("federage", 2), ("ditto", 0), ("scaffold", 2)])
+def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monkeypatch):
+    """client-execution = 'vectorised' through the engine (in process and in 2 workers): the
+    loop's sampled clients and train losses within 1e-5 relative."""
+    from fedpcd_app.simulate import simulate
+
+    monkeypatch.setattr("fedpcd_app.engine.usable_cores", lambda: 2)
+    over = {**SMALL, "method": method, "num-server-rounds": 3, "local-epochs": 2}
+    loop = simulate({**over, "client-execution": "loop", "output-dir": str(tmp_path / "loop")}, workers=workers)
+    rows = simulate({**over, "client-execution": "vectorised", "output-dir": str(tmp_path / "rows")},
+                    workers=workers)
+    _close_runs(loop, rows)
+
+
+def test_vectorised_under_attacks(tmp_path):
+    """The attack mods run around the batched training as around the routine: label-flip's map,
+    sign-flip's reversed update, loss-lie's scaled losses."""
+    from fedpcd_app.simulate import simulate
+
+    for attack in ("label-flip", "sign-flip", "loss-lie"):
+        over = {**SMALL, "method": "federage", "num-server-rounds": 2, "attack": attack, "attack-clients": "0,1,2"}
+        loop = simulate({**over, "client-execution": "loop", "output-dir": str(tmp_path / f"{attack}-l")}, workers=0)
+        rows = simulate({**over, "client-execution": "vectorised", "output-dir": str(tmp_path / f"{attack}-v")},
+                        workers=0)
+        _close_runs(loop, rows)
+
+
+def test_client_execution_is_checked():
+    from fedcore.config import ConfigError, resolve
+    from fedpcd_app.config import check
+
+    with pytest.raises(ConfigError, match="client-execution"):
+        check(resolve({"client-execution": "fast"}))
+
+
+def test_workers_auto_rule(monkeypatch):
+    """--workers auto: workers when (1 − 1/W) of the estimated client training exceeds their start."""
+    from fedcore.config import load_config
+    from fedpcd_app import simulate as sim
+
+    cfg = load_config({})
+    est = sim.client_seconds(cfg)
+    assert est is not None and est > 0  # measured: rounds × clients × steps × one step's seconds
+    monkeypatch.setattr(sim, "client_seconds", lambda cfg: 2 * sim.WORKER_START_S + 1)
+    assert sim.auto_workers(cfg, 2) == 2 and sim.auto_workers(cfg, 1) == 0
+    monkeypatch.setattr(sim, "client_seconds", lambda cfg: 2 * sim.WORKER_START_S - 1)
+    assert sim.auto_workers(cfg, 2) == 0
+    assert sim._workers_arg("auto") is None and sim._workers_arg("3") == 3

@@ -8,9 +8,10 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 
 from client_app.client_app import app as client_app
-from fedcore import keys
+from fedcore import flat, keys
 from fedcore.config import load_config
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.server_app import Experiment
@@ -78,3 +79,81 @@ def test_summary_gives_the_means_over_the_final_ten_evaluations(tmp_path):
         assert summary[f"final10_{key}"] == pytest.approx(np.mean([e[key] for e in evals[-10:]]))
     _, short = run(tmp_path, "short", **{"eval-every": 0})  # one evaluation: its own values
     assert short["final10_num_evals"] == 1 and short["final10_mean_acc"] == pytest.approx(short["mean_acc"])
+
+
+# -- eval-averaged-iterate: every method can be scored on the running mean of its iterates ------------
+def _drive(tmp_path, name, method="fedavg", rounds=3, **overrides):
+    """An Experiment driven round by round: the global model after each round, the final evaluation."""
+    cfg = load_config({**BASE, "method": method, "num-server-rounds": rounds, "eval-every": 0,
+                       "output-dir": str(tmp_path / name), **overrides})
+    with task_identity():
+        exp = Experiment(ClientAppGrid(cfg.num_clients, client_app), cfg)
+        exp.membership.discover(exp.grid)
+        iterates = []
+        for r in range(1, rounds + 1):
+            exp.train_round(r)
+            iterates.append(flat.record_to_flat(exp.arrays, dtype=torch.float64))
+        scores = exp.evaluate(rounds)
+    return exp, iterates, scores
+
+
+@pytest.mark.parametrize("method", ["fedavg", "federage", "qffl"])
+def test_eval_averaged_iterate_scores_the_mean_of_the_global_iterates(tmp_path, method):
+    from fedpcd_app.evaluation import score_clients
+
+    exp, iterates, scores = _drive(tmp_path, "avg", method, **{"eval-averaged-iterate": True})
+    plain, plain_iterates, plain_scores = _drive(tmp_path, "last", method)
+    # training is the same; only the scored model differs
+    assert all(torch.equal(a, b) for a, b in zip(iterates, plain_iterates))
+    mean = torch.stack(iterates).mean(dim=0)
+    scored = flat.record_to_flat(exp.evaluator.scored_arrays(exp.arrays), dtype=torch.float64)
+    torch.testing.assert_close(scored, mean.to(torch.float32).double(), rtol=0, atol=1e-6)
+    # the evaluation's numbers are those of the averaged model, not of θ_3
+    model = exp.evaluator.model
+    model.load_state_dict(flat.flat_to_record(mean, flat.spec_of(exp.arrays)).to_torch_state_dict())
+    acc, _ = score_clients(model, exp.evaluator.data)
+    assert scores["client_acc"] == pytest.approx(acc.tolist(), abs=1e-12)
+    assert scores["client_acc"] != plain_scores["client_acc"]
+    assert exp.evaluator.scored_iterate == "averaged" and plain.evaluator.scored_iterate == "last"
+
+
+def test_summary_says_which_iterate_and_split_were_scored(tmp_path):
+    _, averaged = run(tmp_path, "avg", **{"eval-averaged-iterate": True})
+    _, last = run(tmp_path, "last")
+    assert (averaged["scored_iterate"], averaged["scored_split"]) == ("averaged", "test")
+    assert (last["scored_iterate"], last["scored_split"]) == ("last", "test")
+    assert "final10_mean_acc" in averaged and "final10_mean_acc" in last
+    # AFL's own output is an averaged iterate (θ_0..θ_t): the key changes nothing for it
+    _, afl = run(tmp_path, "afl", method="afl")
+    _, afl_avg = run(tmp_path, "afl_avg", method="afl", **{"eval-averaged-iterate": True})
+    assert afl["scored_iterate"] == afl_avg["scored_iterate"] == "averaged"
+    assert afl["client_acc"] == afl_avg["client_acc"]
+
+
+def _fake_run(tmp_path, name, **overrides):
+    from tests.fakegrid import FakeGrid, honest_reply
+
+    cfg = load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
+                       "eval-every": 1, "checkpoint-every": 2, "output-dir": str(tmp_path / name), **overrides})
+    holder = {}
+    with task_identity():
+        grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy,
+                                                                 num_examples=10 + pid)])
+        exp = holder["exp"] = Experiment(grid, cfg)
+        exp.run()
+    return exp
+
+
+def test_averaged_iterate_survives_a_checkpoint(tmp_path):
+    from fedcore.config import ConfigError
+    from fedpcd_app import checkpoint
+
+    full = _fake_run(tmp_path, "full", **{"eval-averaged-iterate": True})
+    checkpoint.path_for(full.writer.dir, 4).unlink()  # "killed" after round 2
+    resumed = _fake_run(tmp_path, "resumed", **{"eval-averaged-iterate": True, "resume-from": str(full.writer.dir)})
+    a, b = read_summary(full.writer.dir), read_summary(resumed.writer.dir)
+    for key in ("mean_acc", "client_acc", "final10_mean_acc", "scored_iterate"):
+        assert a[key] == b[key], key
+    assert resumed.evaluator.average.count == 4
+    with pytest.raises(ConfigError, match="'eval-averaged-iterate'"):  # the other value: refused
+        _fake_run(tmp_path, "other", **{"resume-from": str(full.writer.dir)})

@@ -308,37 +308,24 @@ def test_sampled_batches_are_uniform_with_replacement():
 
 
 def test_averaged_iterate_is_the_mean_of_the_global_iterates(replies):
-    """Algorithm 2 returns (1/T) Σ_τ θ̂_τ: evaluation scores it; training goes on from θ̂_t."""
+    """Algorithm 2 returns (1/T) Σ_τ θ̂_τ: the app's eval-averaged-iterate (any method,
+    fedpcd_app.evaluation.IterateAverage) scores it; the strategy itself gives θ̂_t and
+    training goes on from θ̂_t. (Through the app and a checkpoint: tests/test_evaluation.py.)"""
+    from fedpcd_app.evaluation import IterateAverage
+
     template, theta, locals_, betas, msgs = replies
-    plain, averaged = FedeRage(), FedeRage(averaged_iterate=True)
+    strategy, average = FedeRage(), IterateAverage()
     iterates, arrays = [], arrays_from_flat(theta, template)
     for r in range(1, 4):
         shifted = [train_reply(arrays_from_flat(np.asarray(x) + r, template), pid, extra_metrics={BETA: b})
                    for pid, (x, b) in enumerate(zip(locals_, betas))]
-        new_plain, _ = aggregate_arrays(plain, r, arrays, shifted)
-        arrays, _ = aggregate_arrays(averaged, r, arrays, shifted)
-        assert torch.equal(flat.record_to_flat(arrays), flat.record_to_flat(new_plain))  # training unchanged
+        arrays, _ = aggregate_arrays(strategy, r, arrays, shifted)
+        average.observe(arrays)
         iterates.append(flat.record_to_flat(arrays).double().numpy())
-    np.testing.assert_allclose(flat.record_to_flat(averaged.evaluation_arrays(arrays)).numpy(),
-                               np.mean(iterates, axis=0), rtol=1e-6, atol=1e-6)
-    assert plain.evaluation_arrays(arrays) is arrays  # the default scores the last iterate
-    assert "federage-averaged-iterate" not in averaged.client_config()  # server-side only
-
-
-def test_averaged_iterate_survives_a_checkpoint():
-    """A run resumed from the checkpointed State evaluates the same average (and trains the same)."""
-    from tests.helpers import check_resume, make_replies
-
-    template = tiny_template()
-    rng = np.random.default_rng(2)
-    d = flat.spec_of(template).dim
-    offsets = [[rng.normal(size=d) for _ in range(3)] for _ in range(4)]
-
-    def replies_at(server_round, theta):
-        return make_replies(template, [theta + o for o in offsets[server_round - 1]], [0, 1, 2],
-                            extra_metrics=[{BETA: 0.1 * server_round}] * 3)
-
-    check_resume(lambda: FedeRage(averaged_iterate=True), template, rng.normal(size=d), replies_at, atol=1e-6)
+    np.testing.assert_allclose(flat.record_to_flat(average.arrays()).numpy(), np.mean(iterates, axis=0),
+                               rtol=1e-6, atol=1e-6)
+    assert strategy.evaluation_arrays(arrays) is arrays  # the strategy scores its last iterate
+    assert "federage-averaged-iterate" not in strategy.client_config()  # retired key
 
 
 def test_secure_aggregation_loop_gives_the_plain_uniform_mean(tmp_path):

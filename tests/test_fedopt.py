@@ -11,8 +11,14 @@ from fedcore import flat
 from fedcore.config import ConfigError
 from fedcore.state import from_tree, to_tree
 from strategies.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
-from tests.helpers import (aggregate_round, aggregate_arrays, arrays_from_flat, build_strategy, make_replies,
-                           tiny_template)
+from tests.helpers import (
+    aggregate_arrays,
+    aggregate_round,
+    arrays_from_flat,
+    build_strategy,
+    make_replies,
+    tiny_template,
+)
 
 TEMPLATE = tiny_template()
 D = flat.spec_of(TEMPLATE).dim

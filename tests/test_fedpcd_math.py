@@ -181,3 +181,57 @@ def test_first_solve_failure_uses_elastic(monkeypatch):
     # a feasible program's elastic solution is the exact one when ρ exceeds max μ*
     ref = primal_reference(unit(g_bar), c, 0.2 * np.ones(6))
     np.testing.assert_allclose(unit(g_bar) + mu @ c, ref, atol=1e-5)
+
+
+# -- the constraint threshold τ‖c̃_j‖², pinned where ‖c̃_j‖ ≠ 1 (issue 22, item 10) -------------------
+def _spy_rounds(monkeypatch, normalize: str, rounds):
+    """Run the strategy over ``rounds`` [(grads, pids)] and record, per round, the constraint
+    entries c̃_j, the direction d̃ the QP returned (before the rescaling to ‖ḡ‖) and τ."""
+    from tests.helpers import tiny_template
+    from tests.test_fedpcd_strategy import Round, run_round, strategy
+
+    seen = []
+    original = fedpcd.correct_direction
+
+    def spy(cache, slots, g_bar, c_dot_gbar, g0_scale, tau, eta_g, out):
+        direction, corr = original(cache, slots, g_bar, c_dot_gbar, g0_scale, tau, eta_g, out)
+        seen.append((cache.matrix(slots).double(), direction.detach().clone().double(), corr, tau))
+        return direction, corr
+
+    monkeypatch.setattr(fedpcd, "correct_direction", spy)
+    template = tiny_template(((6, 5), (5,), (4, 3)))
+    strat = strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-normalize": normalize})
+    theta = np.random.default_rng(11).normal(size=47)
+    for rnd, (grads, pids) in enumerate(rounds, start=1):
+        theta, _ = run_round(strat, template, rnd, theta, Round(template, theta, grads, pids, [10, 20, 30, 40], 0.1))
+    return seen
+
+
+def _assert_threshold(c, d, corr, tau):
+    sq = (c * c).sum(dim=1)
+    progress = c @ d
+    assert corr.corrected and corr.active.size > 0
+    assert (sq[corr.active] - 1.0).abs().min() > 0.3  # ‖c̃_j‖² far from 1: τ and τ‖c̃_j‖² differ
+    tol = 1e-4 * sq.max()
+    assert torch.all(progress >= tau * sq - tol), (progress, tau * sq)
+    # the active constraints hold with equality (KKT): the threshold is exactly τ‖c̃_j‖²
+    torch.testing.assert_close(progress[corr.active], tau * sq[corr.active], rtol=1e-4, atol=tol)
+
+
+def test_constraint_threshold_is_tau_times_the_squared_norm_without_normalisation(monkeypatch):
+    from tests.test_fedpcd_strategy import conflicting
+
+    grads = 0.3 * conflicting(21, 4, 47)  # ‖g_j‖ ≈ 20: c̃_j = g_j
+    (c, d, corr, tau), = _spy_rounds(monkeypatch, "none", [(grads, [0, 1, 2, 3])])
+    _assert_threshold(c, d, corr, tau)
+
+
+def test_constraint_threshold_is_tau_times_the_squared_norm_with_ema(monkeypatch):
+    from tests.test_fedpcd_strategy import conflicting
+
+    # the same clients return with 5x longer updates: v̂ (the EMA of ‖g‖²) lags behind, so
+    # ‖c̃_j‖ = ‖g_j‖/√v̂_j ≈ 1.35, not 1 (on first sight the bias correction makes it exactly 1)
+    first, second = conflicting(22, 4, 47), 5.0 * conflicting(23, 4, 47)
+    seen = _spy_rounds(monkeypatch, "ema", [(first, [0, 1, 2, 3]), (second, [0, 1, 2, 3])])
+    c, d, corr, tau = seen[-1]
+    _assert_threshold(c, d, corr, tau)

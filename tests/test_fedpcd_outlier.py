@@ -12,8 +12,8 @@ import torch
 from fedcore.config import ConfigError
 from strategies import fedpcd
 from strategies.fedpcd import cosine_inliers, fedpcd_direction, norm_inliers
-from tests.test_fedpcd_strategy import Round, conflicting, run_round, strategy
 from tests.helpers import tiny_template
+from tests.test_fedpcd_strategy import Round, conflicting, run_round, strategy
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47
 D = 47
@@ -97,13 +97,26 @@ def test_cosine_option_leaves_opposed_constraints_out_of_the_round(template):
 
 
 def test_options_off_by_default_change_nothing(template):
+    """The defaults are really "off": a round of the default strategy is the paper's FedPCD
+    over every constraint (the pure function, an independent assembly), and on an attacked
+    round the default keeps every constraint where the options drop some and step elsewhere."""
+    default = strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0})
+    assert (default.params.outlier_norm, default.params.outlier_cosine) == (0.0, -1.0)
+    # a feasible round with active constraints: the default equals the paper's maths
+    theta = np.random.default_rng(2).normal(size=D)
+    grads = conflicting(2, 5, D)
+    r = Round(template, theta, grads, [0, 1, 2, 3, 4], [10, 20, 30, 40, 50], 0.1)
+    a, ma = run_round(default, template, 1, theta, r)
+    d, mu = fedpcd_direction(torch.tensor(r.g_bar), torch.tensor(grads), 0.5)  # all five constraints
+    assert (mu > 0).any() and ma[fedpcd.M_OUTLIERS] == 0 and ma[fedpcd.M_CONSTRAINTS] == 5
+    np.testing.assert_allclose(a, theta - 0.1 * d.numpy(), atol=2e-5 * np.abs(d.numpy()).max())
+    # an attacked round: the default keeps the attacker's constraint, the options do not
     theta, _, r = attacked_round(template, seed=5)
-    a, ma = run_round(strategy(**{"fedpcd-tau": 0.5}), template, 1, theta, r)
-    b, mb = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-outlier-norm": 0.0, "fedpcd-outlier-cosine": -1.0}),
-                      template, 1, theta, r)
-    np.testing.assert_array_equal(a, b)
-    ma.pop(fedpcd.M_SOLVE_SECONDS), mb.pop(fedpcd.M_SOLVE_SECONDS)
-    assert ma == mb and ma[fedpcd.M_OUTLIERS] == 0
+    off, m_off = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0}), template, 1, theta, r)
+    on, m_on = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-outlier-norm": 3.0,
+                                     "fedpcd-outlier-cosine": -0.5}), template, 1, theta, r)
+    assert (m_off[fedpcd.M_OUTLIERS], m_off[fedpcd.M_CONSTRAINTS]) == (0, 5)
+    assert m_on[fedpcd.M_OUTLIERS] >= 1 and np.abs(on - off).max() > 1e-3
 
 
 @pytest.mark.parametrize("key, value, words", [
@@ -115,3 +128,50 @@ def test_bad_outlier_values_are_one_line(key, value, words):
     with pytest.raises(ConfigError) as err:
         strategy(**{key: value})
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+# -- the lower bound (issue 23): a tiny update gets no constraint ------------------------------
+def test_norm_inliers_lower_bound():
+    norms = np.array([1.0, 1.2, 0.9, 0.01, 1.1])
+    assert norm_inliers(norms, 0.0, 10.0) == [0, 1, 2, 4]  # 0.01 < median/10
+    assert norm_inliers(norms, 0.0, 0.0) == [0, 1, 2, 3, 4]  # off
+    assert norm_inliers(np.array([1.0, 1.2, 0.9, 0.01, 50.0]), 3.0, 10.0) == [0, 1, 2]  # both bounds
+    assert norm_inliers(np.array([0.01, 1.0]), 0.0, 10.0) == [0, 1]  # fewer than 3: no median to trust
+
+
+def scaled_down_round(template, seed=0, scale=0.01):
+    """Four honest clients and one sending the honest mean reversed at ``scale`` of their length
+    (``attack = "scale-down"``): normalised, its constraint is as strong as an honest one."""
+    theta = np.random.default_rng(seed).normal(size=D)
+    grads = conflicting(seed, 5, D)
+    mean = grads[:-1].mean(axis=0)
+    grads[-1] = -scale * mean * np.linalg.norm(grads[0]) / np.linalg.norm(mean)
+    return theta, grads, Round(template, theta, grads, [0, 1, 2, 3, 4], [10, 20, 30, 40, 25], 0.1)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_scaled_down_update_has_no_constraint_with_the_lower_bound(template, cache_dtype):
+    theta, grads, r = scaled_down_round(template)
+    strat = strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-outlier-norm-low": 10.0,
+                        "fedpcd-cache-dtype": cache_dtype})
+    ours, metrics = run_round(strat, template, 1, theta, r)
+    assert metrics[fedpcd.M_OUTLIERS] == 1 and metrics[fedpcd.M_CONSTRAINTS] == 4
+    assert sorted(strat.state.cache.pids()) == [0, 1, 2, 3]
+    d, _ = fedpcd_direction(torch.tensor(r.g_bar), torch.tensor(grads[:4]), 0.5)  # ḡ over all five
+    tol = 2e-5 if cache_dtype == "float32" else 2e-2
+    np.testing.assert_allclose(ours, theta - 0.1 * d.numpy(), atol=tol * np.abs(d.numpy()).max())
+    # without it, the tiny reversed update is a full-strength constraint and bends the step
+    plain, m_plain = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-cache-dtype": cache_dtype}),
+                               template, 1, theta, r)
+    assert m_plain[fedpcd.M_CONSTRAINTS] == 5 and m_plain[fedpcd.M_OUTLIERS] == 0 and m_plain[fedpcd.M_ACTIVE] >= 1
+    assert np.abs(plain - ours).max() > 1e-3
+
+
+def test_lower_bound_off_by_default_and_checked_in_one_line(template):
+    theta, _, r = scaled_down_round(template, seed=5)
+    a, ma = run_round(strategy(**{"fedpcd-tau": 0.5}), template, 1, theta, r)
+    b, mb = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-outlier-norm-low": 0.0}), template, 1, theta, r)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ConfigError) as err:
+        strategy(**{"fedpcd-outlier-norm-low": 0.5})
+    assert "fedpcd-outlier-norm-low" in str(err.value) and "\n" not in str(err.value)

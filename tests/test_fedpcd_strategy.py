@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedcore.config import ConfigError, load_config
 from fedcore import flat
+from fedcore.config import ConfigError, load_config
+from fedcore.state import from_tree, to_tree
 from strategies import fedpcd, registry
 from strategies.fedpcd import fedpcd_direction
 from strategies.fedpcd_cache import HistoryCache
-from fedcore.state import from_tree, to_tree
 from tests.helpers import aggregate_arrays, arrays_from_flat, state_through_bytes, tiny_template, train_reply
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47

@@ -9,8 +9,16 @@ import torch
 from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from strategies import registry
-from strategies.fedpw import (FedPW, State, assign_slots, consensus_rescale, drop_rates, drop_smallest,
-                              momentum_weights, smallest_k)
+from strategies.fedpw import (
+    FedPW,
+    State,
+    assign_slots,
+    consensus_rescale,
+    drop_rates,
+    drop_smallest,
+    momentum_weights,
+    smallest_k,
+)
 from tests.helpers import aggregate_clients, check_resume_equals_uninterrupted, tiny_template
 
 T64 = torch.float64

@@ -23,8 +23,8 @@ from client_app.data import load_federated_data
 from client_app.models import initial_model
 from client_app.training import evaluate, local_sgd
 from fedcore.config import load_config
-from fedpcd_app.evaluation import score_clients
 from fedcore.seeding import torch_generator
+from fedpcd_app.evaluation import score_clients
 
 RECORDED = Path(__file__).parent / "data" / "perf_reference.json"
 

@@ -11,7 +11,6 @@ from fedpcd_app import report
 from fedpcd_app.results import write_json_atomic
 from tests.helpers import make_run
 
-
 # per seed: client accuracies (10 clients) → final mean_acc = their mean
 FEDAVG = {0: [0.5] * 5 + [0.9] * 5, 1: [0.6] * 5 + [0.9] * 5, 2: [0.55] * 5 + [0.95] * 5}  # means .70 .75 .75
 TAU1 = {0: [0.8] * 10, 1: [0.7] * 10, 2: [0.7] * 10}       # means .80 .70 .70 → mean .7333
@@ -290,3 +289,67 @@ def test_selecting_on_test_is_said_and_warned_about(sweep_out):
         md, _ = report.report(sweep_out)
     text = md.read_text()
     assert "on the test split" in text and "**Warning:** hyperparameters selected on the test split" in text
+
+
+# -- equal terms: which iterate was scored, and runs that diverged ------------------------------------
+def _iterate_runs(tmp_path, fedpcd_iterate="averaged"):
+    for seed in range(3):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed], summary={"scored_iterate": "averaged",
+                                                                       "scored_split": "test"})
+        make_run(tmp_path, "s", "fedpcd", seed, TAU2[seed], summary={"scored_iterate": fedpcd_iterate,
+                                                                     "scored_split": "test"})
+    return tmp_path
+
+
+def test_each_table_states_the_scored_iterate_and_split(tmp_path):
+    md, csv_path = report.report(_iterate_runs(tmp_path))
+    text = md.read_text()
+    assert "Scored: the averaged iterate θ̄_T (mean of θ_1..θ_T), on the test split(s)." in text
+    rows = list(csv.DictReader(open(csv_path)))
+    assert {(r["scored_iterate"], r["scored_split"], r["status"]) for r in rows} == {("averaged", "test", "scored")}
+
+
+def test_runs_scored_on_different_iterates_are_refused_in_one_table(tmp_path, capsys):
+    out = _iterate_runs(tmp_path, fedpcd_iterate="last")
+    with pytest.raises(report.ReportError, match="mixes runs scored on different iterates") as exc:
+        report.report(out)
+    assert "averaged: fedavg" in str(exc.value) and "last: fedpcd" in str(exc.value)
+    assert report.main([str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--mixed-iterates" in err and len(err.splitlines()) == 1
+    # allowed when asked for: the table says so and has an iterate column
+    assert report.main([str(out), "--mixed-iterates"]) == 0
+    text = (out / "report.md").read_text()
+    assert "**mixed iterates**" in text and "| method | hyperparameters | seeds | iterate |" in text
+
+
+def test_runs_written_before_the_field_are_read_by_what_they_scored(tmp_path):
+    """No scored_iterate: AFL (its own averaged iterate) and FedeRage with the retired
+    federage-averaged-iterate are 'averaged', the others 'last'."""
+    make_run(tmp_path, "s", "fedavg", 0, [0.5, 0.6])
+    make_run(tmp_path, "s", "afl", 0, [0.5, 0.7], registered="afl")
+    runs = {r.method: r for r in report.load_runs(tmp_path)}
+    assert (runs["fedavg"].iterate, runs["afl"].iterate) == ("last", "averaged")
+    with pytest.raises(report.ReportError, match="last: fedavg"):
+        report.report(tmp_path)
+
+
+def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
+    # Prepare: τ=0.02 (the best by mean) diverged on seed 1
+    folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.02" / "seed1"
+    summary = json.loads((folder / "summary.json").read_text())
+    write_json_atomic(folder / "summary.json", {**summary, "complete": False,
+                                                "incomplete_reason": "diverged at round 12"})
+    # Execute
+    md, csv_path = report.report(sweep_out, all_points=True, baseline="fedavg")
+    # Assert: τ=0.01 is chosen; τ=0.02 has no number, only what happened
+    rows = {r["hyperparameters"]: r for r in csv.DictReader(open(csv_path)) if r["method"] == "fedpcd"}
+    assert rows["fedpcd-tau=0.01"]["chosen"] == "1" and rows["fedpcd-tau=0.02"]["chosen"] == "0"
+    bad = rows["fedpcd-tau=0.02"]
+    assert bad["status"] == "diverged" and bad["mean_acc_mean"] == "" and "seed 1: diverged at round 12" in bad["incomplete"]
+    text = md.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("| fedpcd | fedpcd-tau=0.02"))
+    assert "diverged (1/3 seeds)" in line and "%" not in line and "76" not in line
+    assert "- fedpcd [fedpcd-tau=0.02] seed 1: diverged at round 12" in text
+    paired = list(csv.DictReader(open(sweep_out / "report_paired.csv")))
+    assert {r["hyperparameters"] for r in paired} == {"fedpcd-tau=0.01"}

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from fedcore.config import ConfigError, load_config
+from fedcore.seeding import numpy_rng
 from fedpcd_app.sampler import (
     build_sampler,
     inclusion_probabilities,
     rarest_class_holders,
     systematic_sample,
 )
-from fedcore.seeding import numpy_rng
 
 ROUNDS = 20000
 
@@ -122,3 +122,55 @@ def test_bad_availability_config_is_one_clear_error():
         build_sampler(cfg_for(participation="sometimes"))
     with pytest.raises(ConfigError, match="availability-rare-prob"):
         build_sampler(cfg_for(participation="skewed", **{"availability-rare-prob": 1.0}))
+
+
+# -- participation = "size-proportional": the q-FFL authors' select_clients(pk = n_k / Σ n) ----------
+def _train_sizes(cfg):
+    from client_app.data import load_federated_data
+
+    return np.array([len(t) for t in load_federated_data(cfg).train_idx], dtype=np.float64)
+
+
+def test_size_proportional_is_numpys_weighted_draw_without_replacement():
+    cfg = cfg_for(participation="size-proportional", partitioner="dirichlet", **{"num-clients": 20,
+                                                                                 "fraction-train": 0.25})
+    s = build_sampler(cfg)
+    n = _train_sizes(cfg)
+    assert np.ptp(n) > 0  # unequal sizes, or the test would not tell the schemes apart
+    np.testing.assert_allclose(s.draw_weights, n / n.sum())
+    for r in (1, 2, 17):  # seeded by (seed, round) like the other schemes
+        want = numpy_rng(cfg.seed, "sample", r).choice(20, size=5, replace=False, p=n / n.sum())
+        assert s.sample(r) == sorted(int(i) for i in want)
+    # first-draw frequencies of a one-client round are p_k: the draw is ∝ training size
+    one = build_sampler(cfg_for(participation="size-proportional", partitioner="dirichlet",
+                                **{"num-clients": 20, "fraction-train": 0.05}))
+    freq, sizes = frequencies(one, 20000)
+    assert set(sizes) == {1}
+    assert_binomial(freq, n / n.sum(), rounds=20000)
+    prof = s.profile()
+    assert prof["participation"] == "size-proportional" and sum(prof["probabilities"]) == pytest.approx(5.0)
+    assert prof["draw_weights"] == pytest.approx((n / n.sum()).tolist())
+
+
+@pytest.mark.parametrize("method, ok", [("fedavg", True), ("fedprox", True), ("qffl", True), ("federage", True),
+                                        ("fedpcd", False), ("fednova", False), ("afl", False), ("ditto", False)])
+def test_size_proportional_is_refused_where_it_would_count_sizes_twice(method, ok):
+    from fedcore.config import resolve
+    from fedpcd_app.config import check
+
+    raw = resolve({"method": method, "participation": "size-proportional"})
+    if ok:
+        check(raw)
+    else:
+        with pytest.raises(ConfigError, match="size-proportional") as exc:
+            check(raw)
+        assert "\n" not in str(exc.value) and "participation='uniform'" in str(exc.value)
+
+
+def test_size_proportional_makes_the_fedavg_family_average_uniformly():
+    from fedpcd_app.config import load_setup
+
+    for method in ("fedavg", "fedprox", "fedavgm", "fedadam"):
+        assert load_setup({"method": method, "participation": "size-proportional"}).strategy.fedavg_weighting == "uniform"
+        assert load_setup({"method": method}).strategy.fedavg_weighting == "data-size"
+        assert load_setup({"method": method, "fedavg-weighting": "uniform"}).strategy.fedavg_weighting == "uniform"

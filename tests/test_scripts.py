@@ -5,9 +5,10 @@ import json
 import os
 import re
 import shlex
-import socket
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,7 @@ BAD_SYNTAX = [
 ]
 # well-formed overrides that the config validation rejects (before any SuperLink or Ray start)
 BAD_CONFIG = [
+    ("output-dir='/proc/fedpcd-out/run'", "'output-dir'"),  # cannot be written (even by root)
     ("no-such-key=1", "no-such-key"),
     ("lr=-1", "'lr'"),
     ("method='nope'", "'method'"),
@@ -103,23 +105,140 @@ def test_readme_example_overrides_the_default_method():
     assert merged["method"] == "'fedavg'" and merged["output-dir"] == "'/o'"
 
 
-def _foreign_superlink() -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", 39091)) == 0
-
-
 @pytest.mark.slow
 def test_readme_example_runs_as_written(tmp_path):
     """`bash scripts/run_default.sh "method='fedavg'"` through flwr run, 2 rounds (a further
     override, as overrides compose), into a temporary folder."""
-    if _foreign_superlink():
-        pytest.skip("another local SuperLink holds 127.0.0.1:39091 (flwr run's fixed port)")
     out = tmp_path / "out"
     argv = _readme_example() + ["num-server-rounds=2", f"output-dir='{out}'"]
     proc = subprocess.run(argv, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "run status: finished:completed" in proc.stdout, log
+    assert re.search(r"run \d+ status: finished:completed", proc.stdout), log
     assert proc.returncode == 0, log
     summary = json.loads((out / "summary.json").read_text())
     assert summary["method"] == "fedavg" and summary["rounds"] == 2, log
     assert summary["config"]["method"] == "fedavg" and summary["config"]["num-server-rounds"] == 2
+
+
+# -- flwr_run.sh: the run it started, its status, its processes (issue 26, item 1) ------------------------
+def test_federation_config_overrides_the_defaults_key_by_key():
+    from fedpcd_app.flwr_run import compose_federation
+
+    assert compose_federation(20, []) == "num-supernodes=20 client-resources-num-cpus=1"
+    assert compose_federation(20, ["num-supernodes=2"]) == "num-supernodes=2 client-resources-num-cpus=1"
+    assert compose_federation(4, ["client-resources-num-cpus=2", "num-supernodes=3 client-resources-num-gpus=0.5"]) \
+        == "num-supernodes=3 client-resources-num-cpus=2 client-resources-num-gpus=0.5"
+
+
+def test_the_run_id_is_read_from_flwr_runs_json_output():
+    from fedpcd_app.flwr_run import _last_json
+
+    out = 'Flower App configuration warnings...\n{"success": true, "run-id": "123", "fab-id": "x/y"}\n'
+    assert _last_json(out)["run-id"] == "123" and _last_json("no json here") is None
+
+
+def _marked_env(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """The scripts' environment with a marker every process it starts inherits (Ray's too)."""
+    mark = uuid.uuid4().hex
+    return {**_env(tmp_path), "FEDPCD_TEST_MARK": mark}, mark
+
+
+def _processes_with(mark: str) -> list[int]:
+    """Live processes whose environment holds the marker (zombies have none)."""
+    found = []
+    needle = f"FEDPCD_TEST_MARK={mark}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _tiny(out: Path, extra: str = "") -> list[str]:
+    return ["--run-config", f"num-clients=2 num-server-rounds=1 eval-every=1 output-dir='{out}' {extra}"]
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_is_a_failure(tmp_path):
+    """A run that fails inside the ServerApp (here: client-data='node' on simulated nodes, which
+    have no data of their own) exits 1 with the run's status and the app's one line last;
+    before, the script printed the status of another run and exited 0."""
+    env, mark = _marked_env(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPTS / "flwr_run.sh"),
+                           *_tiny(out, "client-data='node' eval-mode='federated'")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    log = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1, log
+    assert re.search(r"run \d+ status: finished:failed", proc.stdout), log
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "reported no data of its own" in last, log
+    # the app's one line is the last line of the run's log (Flower's traceback left out)
+    streamed = [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("run ")]
+    assert "reported no data of its own" in streamed[-1], log
+    assert "Traceback" not in proc.stdout, log
+    assert not (out / "summary.json").exists()
+    assert _processes_with(mark) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_and_everything_it_started(tmp_path):
+    """SIGINT to the script's process group (a terminal's Ctrl-C) during round 1 or 2 of 50:
+    exit 130 with one line, the run stopped, no process left (before: exit 0, 'completed', and
+    the simulation went on as an orphan)."""
+    env, mark = _marked_env(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", str(SCRIPTS / "flwr_run.sh"), "--run-config",
+                             f"num-clients=2 num-server-rounds=50 eval-every=0 output-dir='{out}'"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if re.search(r"round +\d+/50", line):
+                break
+        else:
+            pytest.fail("the run never reached a round: " + "".join(seen[-30:]) + proc.stderr.read()[-2000:])
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, "".join(seen[-20:]) + rest[-2000:] + err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted: run "), err[-2000:]
+    assert "Traceback" not in err and "finished:completed" not in rest
+    assert not (out / "summary.json").exists()
+    assert _processes_with(mark) == []
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_from_one_checkout_both_complete(tmp_path):
+    """Two scripts started together, each with its own SuperLink and port: both complete with
+    their own results; one runs 4 partitions on 2 SuperNodes and still samples all 4."""
+    env, mark = _marked_env(tmp_path)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    cmds = [
+        ["bash", str(SCRIPTS / "flwr_run.sh"), "--run-config",
+         f"num-clients=4 fraction-train=1.0 num-server-rounds=1 output-dir='{outs[0]}'",
+         "--federation-config", "num-supernodes=2"],
+        ["bash", str(SCRIPTS / "flwr_run.sh"), *_tiny(outs[1], "seed=1")],
+    ]
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    results = [p.communicate(timeout=900) for p in procs]
+    for p, (o, e) in zip(procs, results):
+        assert p.returncode == 0, o[-3000:] + e[-2000:]
+        assert re.search(r"run \d+ status: finished:completed", o), o[-3000:]
+    ids = [re.search(r"run (\d+) status", o).group(1) for o, _ in results]
+    assert ids[0] != ids[1]
+    a, b = (json.loads((d / "summary.json").read_text()) for d in outs)
+    assert a["config"]["num-clients"] == 4 and b["config"]["seed"] == 1
+    rows = (outs[0] / "clients.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    sampled = [int(r.split(",")[header.index("times_sampled")]) for r in rows[1:]]
+    assert sampled == [1, 1, 1, 1]  # every partition, though only 2 SuperNodes
+    assert _processes_with(mark) == []

@@ -14,8 +14,8 @@ import pytest
 from client_app.client_app import app as client_app
 from client_app.data import load_federated_data
 from fedcore import keys
-from fedpcd_app import secagg
 from fedcore.config import ConfigError, load_config
+from fedpcd_app import secagg
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.sampler import build_sampler
 from fedpcd_app.server_app import Experiment

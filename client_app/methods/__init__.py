@@ -36,6 +36,7 @@ class LocalTraining:
     momentum: float = 0.0
     weight_decay: float = 0.0
     eval_batch_size: int = 128  # batch size of scoring passes (loss-before, evaluation)
+    client_execution: str = "auto"  # "loop" | "vectorised" | "auto" (client_app.vectorised)
 
 
 @dataclasses.dataclass
@@ -54,6 +55,8 @@ class TrainJob:
     config: dict  # the request's ConfigRecord as a dict (per-round values included)
     # augments each training batch: augment(batch, generator) (None = no augmentation)
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
+    # torch's global seed in effect when training starts (dropout draws from it), if known
+    train_seed: int | None = None
 
 
 @dataclasses.dataclass

@@ -34,12 +34,23 @@ def personal_model(job: TrainJob) -> nn.Module:
     return model
 
 
-@register_client_method("ditto", eval_model=personal_model)
-def ditto(job: TrainJob) -> TrainOutcome:
+def lambda_of(job: TrainJob) -> float:
+    """λ, as the server sent it."""
     if LAMBDA not in job.config:
         raise ValueError(f"the server did not send '{LAMBDA}' in the request's config "
                          "(Ditto's server strategy sends it with every request)")
-    lam = float(job.config[LAMBDA])
+    return float(job.config[LAMBDA])
+
+
+def finish(job: TrainJob, outcome: TrainOutcome, personal: nn.Module, personal_loss: float) -> None:
+    """Keep the trained personal model in the node's state; report its loss."""
+    job.state[PERSONAL] = ArrayRecord(personal.state_dict())
+    outcome.metrics[PERSONAL_LOSS] = personal_loss
+
+
+@register_client_method("ditto", eval_model=personal_model)
+def ditto(job: TrainJob) -> TrainOutcome:
+    lam = lambda_of(job)
     personal = personal_model(job)
     anchor = [p.detach().clone() for p in job.model.parameters()]  # θ_t
     same_batches = torch.Generator()
@@ -49,6 +60,5 @@ def ditto(job: TrainJob) -> TrainOutcome:
         dataclasses.replace(job, model=personal, generator=same_batches),
         before_step=proximal_pull(anchor, lam),
     )
-    job.state[PERSONAL] = ArrayRecord(personal.state_dict())
-    outcome.metrics[PERSONAL_LOSS] = personal_run.train_loss
+    finish(job, outcome, personal, personal_run.train_loss)
     return outcome

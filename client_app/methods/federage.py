@@ -90,10 +90,21 @@ class RiskAverseLoss:
         return loss
 
 
+def start(job: TrainJob) -> tuple[RiskParams, float]:
+    """(the risk parameters, the starting β = Π_B(β̂)) of a request."""
+    params = RiskParams.from_request(job.config)
+    return params, params.project(float(sent_value(job.config, keys.FEDERAGE_BETA_HAT)))
+
+
+def finish(outcome: TrainOutcome, beta: float) -> None:
+    """The reply's β."""
+    outcome.metrics[keys.FEDERAGE_BETA] = beta
+
+
 @register_client_method("federage")
 def federage(job: TrainJob) -> TrainOutcome:
-    params = RiskParams.from_request(job.config)
-    risk = RiskAverseLoss(params, float(sent_value(job.config, keys.FEDERAGE_BETA_HAT)))
+    params, beta = start(job)
+    risk = RiskAverseLoss(params, beta)
     outcome = run_sgd(job, loss_fn=risk)
-    outcome.metrics[keys.FEDERAGE_BETA] = risk.beta
+    finish(outcome, risk.beta)
     return outcome

@@ -16,9 +16,14 @@ from client_app.training import proximal_pull
 from fedcore.params import sent_value
 
 
+def mu_of(job: TrainJob) -> float:
+    """μ, as the server sent it."""
+    return float(sent_value(job.config, "fedprox-mu"))
+
+
 @register_client_method("fedprox")
 def fedprox(job: TrainJob) -> TrainOutcome:
-    mu = float(sent_value(job.config, "fedprox-mu"))
+    mu = mu_of(job)
     # θ_t = the parameters on entry (the received global model)
     anchor = [p.detach().clone() for p in job.model.parameters()]
     return run_sgd(job, before_step=proximal_pull(anchor, mu))

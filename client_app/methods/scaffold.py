@@ -20,6 +20,8 @@ A foreign ClientApp runs this routine through ``client_app.client_app.train_repl
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -64,19 +66,47 @@ def _flat_or_zeros(record, d: int) -> torch.Tensor:
     return flat.record_to_flat(record) if record is not None else torch.zeros(d)
 
 
-@register_client_method("scaffold")
-def scaffold(job: TrainJob) -> TrainOutcome:
+@dataclasses.dataclass
+class Setup:
+    """A request's SCAFFOLD values: the flat layout, θ_t, c and c_i."""
+
+    spec: flat.FlatSpec
+    theta: torch.Tensor
+    c: torch.Tensor
+    c_i: torch.Tensor
+
+
+def setup(job: TrainJob) -> Setup:
     spec = flat.spec_of(job.global_arrays)
     theta = flat.record_to_flat(job.global_arrays)
     c = _flat_or_zeros(job.request.get(keys.SCAFFOLD_C), spec.dim)
     c_i = _flat_or_zeros(job.request.get(keys.SCAFFOLD_C_CLIENT, job.state.get(keys.SCAFFOLD_C_CLIENT)), spec.dim)
-    outcome = run_sgd(job, before_step=corrected_gradients(job.model, spec, c - c_i))
+    return Setup(spec, theta, c, c_i)
+
+
+def correction_per_parameter(model: nn.Module, s: Setup) -> list[torch.Tensor]:
+    """c − c_i cut into the model's parameters (named_parameters order)."""
+    slices = dict(zip(s.spec.keys, s.spec.offsets()))
+    corr = s.c - s.c_i
+    dev = next(model.parameters()).device
+    return [corr[slices[n][0]:slices[n][1]].reshape(p.shape).to(dev, p.dtype) for n, p in model.named_parameters()]
+
+
+def finish(job: TrainJob, outcome: TrainOutcome, s: Setup) -> None:
+    """c_i⁺ from the trained model; the reply's Δc_i and the node's stored c_i."""
     from flwr.app import ArrayRecord
 
     y = flat.record_to_flat(ArrayRecord(job.model.state_dict()))
-    mask = parameter_mask(job.model, spec)
-    c_new = torch.where(mask, control_update(c_i, c, theta, y, max(outcome.num_steps, 1), job.lr), 0.0)
-    delta = c_new - c_i
-    job.state[keys.SCAFFOLD_C_CLIENT] = flat.flat_to_record(c_i + delta, spec)
-    outcome.records[keys.SCAFFOLD_DELTA_C] = flat.flat_to_record(delta, spec)
+    mask = parameter_mask(job.model, s.spec)
+    c_new = torch.where(mask, control_update(s.c_i, s.c, s.theta, y, max(outcome.num_steps, 1), job.lr), 0.0)
+    delta = c_new - s.c_i
+    job.state[keys.SCAFFOLD_C_CLIENT] = flat.flat_to_record(s.c_i + delta, s.spec)
+    outcome.records[keys.SCAFFOLD_DELTA_C] = flat.flat_to_record(delta, s.spec)
+
+
+@register_client_method("scaffold")
+def scaffold(job: TrainJob) -> TrainOutcome:
+    s = setup(job)
+    outcome = run_sgd(job, before_step=corrected_gradients(job.model, s.spec, s.c - s.c_i))
+    finish(job, outcome, s)
     return outcome

@@ -3,6 +3,13 @@ before the "one contract per method" redesign; ``tests/test_golden.py`` checks t
 code still gives them.
 
     python -m tests.golden.record            # rewrites tests/golden/methods.json
+    python -m tests.golden.record --rehash   # another machine: its model hashes (metrics checked)
+
+The final model's bits depend on the numeric environment (torch wheel, BLAS, CPU, threads:
+:mod:`tests.golden.environment`), which is recorded beside the numbers in
+``tests/golden/environment.json``; the hashes are compared only there. ``--rehash`` moves the
+recorded environment to this machine: it reruns every entry, checks the recorded metrics within
+the cross-machine tolerances, and replaces only the model's hash and projections and the environment.
 
 What is kept per run: each round's sampled partitions, train loss and the strategy's
 diagnostics (timings left out), the final per-client accuracies and the central accuracy,
@@ -82,16 +89,68 @@ def run_one(overrides: dict, out_dir: str) -> dict:
     }
 
 
+def compare(got: dict, want: dict, *, same_environment: bool, bit_identical: bool = True) -> None:
+    """Raise AssertionError unless ``got`` keeps ``want``'s numbers: in the recorded environment the
+    metrics within 1e-6 and (``bit_identical``) the model's sha256; elsewhere the tolerances of
+    :data:`tests.golden.environment.FOREIGN` and no hash."""
+    from tests.golden.environment import FOREIGN
+
+    tol = FOREIGN
+    assert [r["sampled"] for r in got["rounds"]] == [r["sampled"] for r in want["rounds"]], "sampled clients"
+    rtol_loss = 1e-6 if same_environment else tol["train_loss_rtol"]
+    np.testing.assert_allclose([r["train_loss"] for r in got["rounds"]],
+                               [r["train_loss"] for r in want["rounds"]], rtol=rtol_loss, atol=1e-7)
+    for g, w in zip(got["rounds"], want["rounds"]):
+        # every recorded diagnostic is still there; a new one (e.g. fedpcd-outliers) may join
+        assert w["strategy"].keys() <= g["strategy"].keys()
+        for key, value in w["strategy"].items():
+            np.testing.assert_allclose(g["strategy"][key], value, err_msg=key,
+                                       rtol=1e-5 if same_environment else tol["strategy_rtol"],
+                                       atol=1e-6 if same_environment else tol["strategy_atol"])
+    np.testing.assert_allclose(got["client_acc"], want["client_acc"],
+                               atol=1e-6 if same_environment else tol["client_acc_atol"])
+    np.testing.assert_allclose(got["central_acc"], want["central_acc"],
+                               atol=1e-6 if same_environment else tol["central_acc_atol"])
+    got_p, want_p = np.asarray(got["model_projections"]), np.asarray(want["model_projections"])
+    if same_environment:
+        np.testing.assert_allclose(got_p, want_p, rtol=1e-6, atol=1e-6)
+        if bit_identical:
+            assert got["model_sha256"] == want["model_sha256"], "the final model is no longer bit-identical"
+    else:
+        rel = float(np.abs(got_p - want_p).max() / max(np.linalg.norm(want_p), 1e-12))
+        assert rel <= tol["projection_rel_norm"], (
+            f"the final model moved {rel:.3g} of its projections' norm (> {tol['projection_rel_norm']} "
+            "allowed across environments)")
+
+
 def main(argv: list[str]) -> int:
-    only = set(argv)
+    from tests.golden import environment
+
+    rehash = "--rehash" in argv
+    only = set() if rehash else {a for a in argv if not a.startswith("--")}  # --rehash: every entry
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
+    here, there = environment.fingerprint(), environment.recorded()
+    moved = environment.differences(here, there) if there else []
+    if moved and not rehash and only:
+        print(f"error: this machine differs from the recorded environment in {', '.join(moved)}: "
+              "new entries would carry another environment's hashes; run "
+              "python -m tests.golden.record --rehash here first", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in runs().items():
             if only and name not in only:
                 continue
-            golden[name] = run_one(overrides, f"{tmp}/{name}")
+            got = run_one(overrides, f"{tmp}/{name}")
+            if rehash and name in golden:  # the metrics stay; the model as this machine gives it
+                compare(got, golden[name], same_environment=False)
+                golden[name]["model_sha256"] = got["model_sha256"]
+                golden[name]["model_projections"] = got["model_projections"]
+            else:
+                golden[name] = got
             print(name, golden[name]["mean_acc"], flush=True)
     GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+    if rehash or not only or not there:
+        environment.save(here)
     return 0
 
 

@@ -1,0 +1,733 @@
+"""A round's clients trained at once: one batched step of every client per step.
+
+The per-client path (:func:`client_app.training.local_sgd` through a method's routine) trains
+one model at a time. Here the clients a process receives in a round are *rows* of stacked
+parameters — (B, *shape) per parameter — and one step of every row is one batched forward
+and backward: ``torch.func.vmap`` over ``functional_call`` of the run's model (batched
+matmuls and grouped convolutions), with ``autograd.grad`` of the sum of the rows' losses
+(rows are independent, so each row's gradient is its own client's). Each row carries what its
+method changes:
+
+* plain SGD: momentum, weight decay (``torch.optim.SGD``'s update, written out), the round's lr;
+* FedProx / Ditto's personal model: the proximal pull coeff·(w − anchor) added to the gradient;
+* SCAFFOLD: the correction c − c_i added to the gradient;
+* FedeRage: the CVaR weights at the row's β and the β step (batch or sample level);
+* Ditto: two rows per client (the shared model, and the personal one with the pull towards
+  θ_t) on the same batches.
+
+Each row's batches are drawn from its job's own generator exactly as the per-client path
+draws them (the same shuffled epochs or i.i.d. steps, then the augmentation's draws), so the
+rows see the same examples in the same order; clients with fewer batches (different sizes,
+``local-epochs``) are masked out of the remaining steps (their parameters, momentum and β
+stay), and a short last batch is padded with zero-weight examples. ``craft-cnn``'s dropout
+masks are drawn per row from a generator seeded as the per-client path seeds torch's global
+one (CPU only). The result is the per-client path's within float rounding (the tests hold
+both to 1e-5 relative; ``tests/test_vectorised.py``).
+
+Where it does not fit (a model with buffers or dropout on CUDA, a method without a row
+form, one client), the per-client routine runs, and the reason is logged once.
+
+**How a process gets the round's clients at once.** :func:`deliver_batch` runs each message
+of a batch through the unchanged ClientApp (mods included: attacks, secure aggregation) in a
+thread of its own; when a thread reaches the training step it hands its job to the batch's
+:class:`_Collector` and waits (:func:`train`); once every thread waits or has finished, the
+collector trains the waiting jobs together and wakes them. The local engine calls it with
+the train messages it gives one worker (or the process) in a round.
+
+``client-execution`` (run config): ``loop`` = always the per-client path; ``vectorised`` =
+rows wherever covered (even one client, e.g. in a Ray actor, which receives one message at a
+time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`, two clients or
+more), else the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from client_app.methods import TrainJob, TrainOutcome
+from client_app.training import batch_indices, sampled_batches
+
+log = logging.getLogger("fedpcd")
+
+EXECUTION = ("auto", "loop", "vectorised")
+EXECUTION_KEY = "client-execution"
+# client-execution = 'auto' trains these models as rows (measured faster than the loop on the
+# CPU with two clients or more; docs/performance.md §"Clients trained at once").
+AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
+COVERED_METHODS = ("sgd", "fedprox", "federage", "scaffold", "ditto")
+
+_SAID: set[str] = set()
+
+
+def _say_once(reason: str) -> None:
+    if reason not in _SAID:
+        _SAID.add(reason)
+        log.info("client-execution: %s", reason)
+
+
+class NotCovered(Exception):
+    """This job has no row form here (the per-client routine runs)."""
+
+
+def execution_mode(settings) -> str:
+    """The run's ``client-execution`` from the routine's settings (a RunConfig keeps it in its
+    params; :class:`client_app.methods.LocalTraining` as a field)."""
+    params = getattr(settings, "params", None)
+    if params is not None:
+        mode = str(params.get(EXECUTION_KEY, "auto"))
+    else:
+        mode = str(getattr(settings, "client_execution", "auto"))
+    if mode not in EXECUTION:
+        raise ValueError(f"run-config key '{EXECUTION_KEY}' = {mode!r} is not one of {', '.join(EXECUTION)}")
+    return mode
+
+
+# -- rows: the batched trainer -----------------------------------------------------------------
+@dataclasses.dataclass
+class Row:
+    """One model trained as a row: its start, its data and batches, its method's terms."""
+
+    init: list[torch.Tensor]  # starting parameters (named_parameters order)
+    x: torch.Tensor  # the examples its batches index (already augmented when augmenting)
+    y: torch.Tensor
+    steps: list[torch.Tensor]  # per step, indices into x / y
+    lr: float
+    prox: float = 0.0  # coeff of the pull coeff·(w − anchor)
+    anchor: list[torch.Tensor] | None = None
+    correction: list[torch.Tensor] | None = None  # added to every step's gradient
+    beta: float = 0.0  # FedeRage's β (with a risk group)
+    masks: list[list[torch.Tensor]] | None = None  # per step, per dropout module: its noise
+
+
+@dataclasses.dataclass
+class RowResult:
+    params: list[torch.Tensor]
+    num_steps: int
+    train_loss: float
+    beta: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """What the rows trained together share."""
+
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    risk: object | None = None  # federage.RiskParams: the CVaR loss and β step
+
+
+class _MaskedDropout(nn.Module):
+    """A dropout whose noise (``Bernoulli(1 − p) / (1 − p)``, drawn outside) is set per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.noise
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the rows need to know of a model object (its layout), worked out once per object."""
+
+    layout: tuple  # (type, (name, shape) of each parameter, device)
+    uncovered: str | None  # why it has no row form, or None
+    has_dropout: bool
+
+
+_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_info(model: nn.Module) -> ModelInfo:
+    """(cached per model object: the ClientApp reuses its model objects across messages)"""
+    info = _INFO.get(model)
+    if info is None:
+        dev = str(next(model.parameters()).device)
+        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), dev),
+                         uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)))
+        _INFO[model] = info
+    return info
+
+
+def dropout_modules(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Dropout) and m.p > 0]
+
+
+def covers_model(model: nn.Module) -> str | None:
+    """None if ``model`` trains as rows here, else why not."""
+    if any(True for _ in model.buffers()):
+        return f"{type(model).__name__} has buffers (running statistics)"
+    if any(isinstance(m, (nn.modules.dropout._DropoutNd,)) and not isinstance(m, nn.Dropout)
+           for m in model.modules()):
+        return f"{type(model).__name__} has a dropout variant without a row form"
+    if dropout_modules(model) and next(model.parameters()).device.type != "cpu":
+        return f"{type(model).__name__}'s dropout draws from the CUDA generator (no row form)"
+    return None
+
+
+def unrolled_on(model: nn.Module) -> bool:
+    """Convolutions on the CPU: vmap makes them one grouped convolution, measured 1.5x slower
+    than the rows' convolutions one by one (docs/performance.md); there the rows' forward is a
+    loop over rows inside the one batched step (one backward, one update of all rows)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return on_cpu and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+class _Forward:
+    """vmap(functional_call(model)) over stacked parameters (and dropout noise); for
+    convolutions on the CPU (:func:`unrolled_on`), functional_call row by row."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.template = copy.deepcopy(model)
+        self.template.train()
+        self.drops: list[_MaskedDropout] = []
+        for name, _ in dropout_modules(self.template):
+            parent_name, _, attr = name.rpartition(".")
+            parent = self.template.get_submodule(parent_name) if parent_name else self.template
+            masked = _MaskedDropout()
+            setattr(parent, attr, masked)
+            self.drops.append(masked)
+        self.names = [n for n, _ in self.template.named_parameters()]
+        for p in self.template.parameters():
+            p.requires_grad_(False)
+
+        def one(params, x, noise):
+            for m, z in zip(self.drops, noise):
+                m.noise = z
+            return torch.func.functional_call(self.template, dict(zip(self.names, params)), (x,))
+
+        if unrolled_on(model):
+            def rows(params, x, noise):
+                return torch.stack([one([p[b] for p in params], x[b], [z[b] for z in noise])
+                                    for b in range(x.shape[0])])
+
+            self.fn = rows
+        else:
+            self.fn = torch.func.vmap(one, in_dims=(0, 0, 0))
+
+        # flatten → (Linear → ReLU)* → Linear (mlp, craft-mlp, logreg): batched matmuls written
+        # out, without vmap's per-operation cost; checked against the model on the first batch
+        linears = [m for m in self.template.modules() if isinstance(m, nn.Linear)]
+        chain = [p for m in linears for p in ((m.weight,) if m.bias is None else (m.weight, m.bias))]
+        self.chain: bool | None = None if (not self.drops and [id(p) for p in self.template.parameters()]
+                                           == [id(p) for p in chain]) else False
+        self.layers = [m.bias is not None for m in linears]
+
+    def _chain(self, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(x.shape[0], x.shape[1], -1)
+        at = 0
+        for i, has_bias in enumerate(self.layers):
+            wt = params[at].transpose(1, 2)
+            h = torch.baddbmm(params[at + 1].unsqueeze(1), h, wt) if has_bias else torch.bmm(h, wt)
+            at += 2 if has_bias else 1
+            if i < len(self.layers) - 1:
+                h = torch.relu(h)
+        return h
+
+    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+        if self.chain is None:  # is the model this chain? one comparison on the first batch
+            with torch.no_grad():
+                probe = [p[:1].detach() for p in params]
+                want = self.fn(probe, x[:1], [])
+                got = self._chain(probe, x[:1])
+            self.chain = want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-4, atol=1e-5))
+        if self.chain:
+            return self._chain(params, x)
+        try:
+            return self.fn(params, x, noise)
+        finally:
+            for m in self.drops:
+                m.noise = None
+
+    def dropout_shapes(self, sample: torch.Tensor) -> list[tuple[int, ...]]:
+        """The feature shape each dropout module sees (one forward of one example)."""
+        shapes: list[tuple[int, ...]] = []
+        hooks = [m.register_forward_hook(lambda _m, inp, _o: shapes.append(tuple(inp[0].shape[1:])))
+                 for m in self.drops]
+        try:
+            for m in self.drops:
+                m.noise = torch.ones((), device=sample.device, dtype=sample.dtype)
+            with torch.no_grad():
+                self.template(sample[:1])
+        finally:
+            for h in hooks:
+                h.remove()
+            for m in self.drops:
+                m.noise = None
+        return shapes
+
+
+_FORWARDS: dict[tuple, _Forward] = {}  # per model layout and device: the parameters are the rows'
+
+
+def _forward_for(model: nn.Module) -> _Forward:
+    key = (model_info(model).layout, threading.get_ident())
+    if key not in _FORWARDS:
+        if len(_FORWARDS) > 8:
+            _FORWARDS.clear()
+        _FORWARDS[key] = _Forward(model)
+    return _FORWARDS[key]
+
+
+def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) -> list[RowResult]:
+    """Train every row for its own number of steps; one batched step of all rows per step."""
+    forward = _forward_for(model)
+    dev = next(model.parameters()).device
+    B = len(rows)
+    S = max(len(r.steps) for r in rows)
+    bs = max((len(i) for r in rows for i in r.steps), default=1)
+    sources: dict[int, int] = {}  # id(x) -> offset in the pool (Ditto's two rows share one)
+    xs, ys, off = [], [], 0
+    offsets = []
+    for r in rows:
+        if id(r.x) not in sources:
+            sources[id(r.x)] = off
+            xs.append(r.x.to(dev))
+            ys.append(r.y.to(dev))
+            off += len(r.y)
+        offsets.append(sources[id(r.x)])
+    X, Y = torch.cat(xs), torch.cat(ys)
+    index = torch.zeros(S, B, bs, dtype=torch.long, device=dev)
+    weight = torch.zeros(S, B, bs, device=dev)
+    for b, (r, o) in enumerate(zip(rows, offsets)):  # row b's steps, scattered in a few ops
+        if not r.steps:
+            continue
+        lens = torch.tensor([len(i) for i in r.steps], device=dev)
+        step = torch.repeat_interleave(torch.arange(len(r.steps), device=dev), lens)
+        pos = torch.arange(len(step), device=dev) - (torch.cumsum(lens, 0) - lens)[step]
+        index[step, b, pos] = torch.cat(r.steps).to(dev) + o
+        weight[step, b, pos] = 1.0
+    counts = weight.sum(2)  # (S, B) real examples per step
+    active = counts > 0  # (S, B)
+    noise: list[torch.Tensor] = []
+    if forward.drops:  # per step and dropout module: (B, bs, *features), zero-padded
+        shapes = forward.dropout_shapes(X)
+        noise = [torch.zeros(S, B, bs, *shape, device=dev) for shape in shapes]
+        for b, r in enumerate(rows):
+            for k, per_module in enumerate(r.masks or []):
+                for j, z in enumerate(per_module):
+                    noise[j][k, b, : len(z)] = z
+    # All of a row's parameters in one (B, D) tensor (the model's views cut out of it): the
+    # update is a few whole-tensor operations per step, whatever the number of layers.
+    shapes = [tuple(t.shape) for t in rows[0].init]
+    sizes = [t.numel() for t in rows[0].init]
+    cuts = [0]
+    for n_ in sizes:
+        cuts.append(cuts[-1] + n_)
+
+    def flat(ts: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.reshape(-1).to(dev) for t in ts])
+
+    params = torch.stack([flat(r.init) for r in rows])  # (B, D)
+    lr = torch.tensor([r.lr for r in rows], dtype=params.dtype, device=dev)[:, None]
+    pull = any(r.prox for r in rows)
+    if pull:
+        coeff = torch.tensor([r.prox for r in rows], dtype=params.dtype, device=dev)[:, None]
+        anchor = torch.stack([flat(r.anchor or r.init) for r in rows])
+    corrected = any(r.correction is not None for r in rows)
+    if corrected:
+        corr = torch.stack([flat(r.correction) if r.correction is not None else torch.zeros_like(params[0])
+                            for r in rows])
+    risk = group.risk
+    beta = torch.tensor([float(r.beta) for r in rows], dtype=torch.float64, device=dev)
+    loss_sum = torch.zeros(B, dtype=torch.float64, device=dev)
+    buf: torch.Tensor | None = None
+    full = active.all(1).tolist()  # steps where every row takes a step: no masking needed
+    for k in range(S):
+        act = active[k]
+        idx = index[k]
+        xb, yb, w = X[idx], Y[idx], weight[k]
+        # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
+        leaves = [params[:, a:b].view(B, *shape).detach().requires_grad_(True)
+                  for a, b, shape in zip(cuts[:-1], cuts[1:], shapes)]
+        logits = forward(leaves, xb, [z[k] for z in noise])
+        ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(B, bs)
+        n = counts[k].clamp_min(1.0)
+        plain = (ce * w).sum(1) / n  # (B,) each row's mean batch loss
+        if risk is None:
+            total = plain.sum()
+        elif risk.level == "batch":
+            f = plain.detach()
+            rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (f >= beta.float()).to(f.dtype)
+            total = (rw * plain).sum()
+            step = (1.0 - rw).double()
+        else:
+            e = ce.detach()
+            rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (e >= beta.float()[:, None]).to(e.dtype)
+            total = ((rw * ce * w).sum(1) / n).sum()
+            step = (((1.0 - rw) * w).sum(1) / n).double()
+        if risk is not None:
+            moved = (beta - risk.beta_lr * step).clamp(risk.beta_min, risk.beta_max)
+            beta = moved if full[k] else torch.where(act, moved, beta)
+        g = torch.cat([t.reshape(B, -1) for t in torch.autograd.grad(total, leaves)], 1)
+        loss_sum += plain.detach().double() if full[k] else torch.where(act, plain.detach().double(), 0.0)
+        with torch.no_grad():
+            mask = act[:, None]
+            if pull:
+                g = g + coeff * (params - anchor)
+            if corrected:
+                g = g + corr
+            if group.weight_decay:
+                g = g + group.weight_decay * params
+            if group.momentum:
+                if buf is None:
+                    g = g.clone()
+                elif full[k]:
+                    g = buf * group.momentum + g
+                else:
+                    g = torch.where(mask, buf * group.momentum + g, buf)
+                buf = g
+            params = params - lr * g if full[k] else torch.where(mask, params - lr * g, params)
+    steps = [len(r.steps) for r in rows]
+    return [RowResult(params=[params[b, a:c].view(shape) for a, c, shape in zip(cuts[:-1], cuts[1:], shapes)],
+                      num_steps=steps[b], train_loss=float(loss_sum[b]) / max(steps[b], 1), beta=float(beta[b]))
+            for b in range(B)]
+
+
+# -- jobs → rows: what each method's routine does, as rows -----------------------------------------
+def job_batches(job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The job's (x, y, per-step indices) drawn exactly as :func:`local_sgd` draws them (the
+    generator's batch draws and the augmentation's draws in the same order)."""
+    dev = next(job.model.parameters()).device
+    x, y = job.x.to(dev), job.y.to(dev)
+    cfg = job.cfg
+    n = len(y)
+    batches = (sampled_batches(n, cfg.batch_size, cfg.local_steps, job.generator) if cfg.local_steps > 0
+               else batch_indices(n, cfg.batch_size, cfg.local_epochs, job.generator))
+    if job.augment is None:
+        return x, y, [idx.to(dev) for idx in batches]
+    xbs, ybs, steps, start = [], [], [], 0
+    for idx in batches:
+        idx = idx.to(dev)
+        xb = job.augment(x[idx], job.generator)
+        xbs.append(xb)
+        ybs.append(y[idx])
+        steps.append(torch.arange(start, start + len(idx), device=dev))
+        start += len(idx)
+    if not steps:
+        return x[:0], y[:0], []
+    return torch.cat(xbs), torch.cat(ybs), steps
+
+
+def dropout_noise(job: TrainJob, steps: list[torch.Tensor], forward: _Forward) -> list[list[torch.Tensor]] | None:
+    """Each step's dropout noise as the per-client path draws it: torch's global generator
+    seeded with ``job.train_seed``, one ``bernoulli_(1 − p)`` per dropout module per forward."""
+    if not forward.drops:
+        return None
+    if job.train_seed is None:
+        raise NotCovered("the job has no train seed for its dropout draws")
+    probs = [m.p for _, m in dropout_modules(job.model)]
+    shapes = forward.dropout_shapes(job.x[:1].to(next(job.model.parameters()).device))
+    gen = torch.Generator()
+    gen.manual_seed(int(job.train_seed))
+    out = []
+    for idx in steps:
+        per = []
+        for p, shape in zip(probs, shapes):
+            z = torch.empty((len(idx), *shape)).bernoulli_(1 - p, generator=gen)
+            per.append(z.div_(1 - p))
+        out.append(per)
+    return out
+
+
+@dataclasses.dataclass
+class Plan:
+    """A job's rows, the group they train in, and how the rows' results become its outcome."""
+
+    rows: list[Row]
+    group: Group
+    finish: Callable[[list[RowResult]], TrainOutcome]
+
+
+def _params_of(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@torch.no_grad()
+def load_params(model: nn.Module, params: list[torch.Tensor]) -> None:
+    for p, v in zip(model.parameters(), params):
+        p.copy_(v)
+
+
+def _outcome(res: RowResult) -> TrainOutcome:
+    return TrainOutcome(num_steps=res.num_steps, train_loss=res.train_loss)
+
+
+def plan(method_name: str, job: TrainJob) -> Plan:
+    """The rows of one job (raises :class:`NotCovered` where there is no row form)."""
+    info = model_info(job.model)
+    reason = info.uncovered
+    if reason:
+        raise NotCovered(reason)
+    if method_name not in COVERED_METHODS:
+        raise NotCovered(f"client method {method_name!r} has no row form")
+    group = Group(momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay))
+    init = _params_of(job.model)
+    x, y, steps = job_batches(job)
+    noise = dropout_noise(job, steps, _forward_for(job.model)) if info.has_dropout else None
+    base = Row(init=init, x=x, y=y, steps=steps, lr=float(job.lr), masks=noise)
+
+    def finish_plain(results):
+        load_params(job.model, results[0].params)
+        return _outcome(results[0])
+
+    if method_name == "sgd":
+        return Plan([base], group, finish_plain)
+    if method_name == "fedprox":
+        from client_app.methods import fedprox
+
+        return Plan([dataclasses.replace(base, prox=fedprox.mu_of(job), anchor=init)], group, finish_plain)
+    if method_name == "federage":
+        from client_app.methods import federage
+
+        params, beta = federage.start(job)
+        group = dataclasses.replace(group, risk=params)
+
+        def finish_federage(results):
+            out = finish_plain(results)
+            federage.finish(out, results[0].beta)
+            return out
+
+        return Plan([dataclasses.replace(base, beta=beta)], group, finish_federage)
+    if method_name == "scaffold":
+        from client_app.methods import scaffold
+
+        setup = scaffold.setup(job)
+        row = dataclasses.replace(base, correction=scaffold.correction_per_parameter(job.model, setup))
+
+        def finish_scaffold(results):
+            out = finish_plain(results)
+            scaffold.finish(job, out, setup)
+            return out
+
+        return Plan([row], group, finish_scaffold)
+    # ditto: the shared model (plain SGD) and the personal one (pull λ towards θ_t), same batches
+    from client_app.methods import ditto
+
+    if info.has_dropout:
+        raise NotCovered("Ditto's personal model continues torch's global generator (no row form with dropout)")
+    lam = ditto.lambda_of(job)
+    personal = ditto.personal_model(job)
+    prow = Row(init=_params_of(personal), x=x, y=y, steps=steps, lr=float(job.lr), prox=lam, anchor=init)
+
+    def finish_ditto(results):
+        out = finish_plain(results)
+        load_params(personal, results[1].params)
+        ditto.finish(job, out, personal, results[1].train_loss)
+        return out
+
+    return Plan([base, prow], group, finish_ditto)
+
+
+def _group_key(model: nn.Module, group: Group) -> tuple:
+    return (model_info(model).layout, group)
+
+
+@dataclasses.dataclass
+class Entry:
+    method: object  # client_app.methods.ClientMethod
+    job: TrainJob
+    outcome: TrainOutcome | None = None
+    error: BaseException | None = None
+    done: bool = False
+    generator_state: torch.Tensor | None = None  # before plan() drew the batches (for a fallback)
+
+
+def auto_picks(job: TrainJob, batch_size: int) -> bool:
+    """``auto``: rows for the measured-faster models, with two clients or more at once."""
+    dev = next(job.model.parameters()).device.type
+    name = getattr(job.cfg, "model", None)
+    return batch_size >= 2 and name in AUTO_MODELS.get(dev, ())
+
+
+def run_entries(entries: Sequence[Entry], mode: str) -> None:
+    """Train the jobs: rows where covered (grouped), the per-client routine elsewhere. Each
+    entry gets its outcome or its error."""
+    plans: dict[tuple, list[tuple[Entry, Plan]]] = {}
+    loop: list[Entry] = []
+    for e in entries:
+        if mode == "loop" or (mode == "auto" and not auto_picks(e.job, len(entries))):
+            loop.append(e)
+            continue
+        e.generator_state = e.job.generator.get_state()
+        try:
+            p = plan(e.method.name, e.job)
+        except NotCovered as exc:
+            _say_once(f"the per-client loop trains {e.method.name} on {type(e.job.model).__name__}: {exc}")
+            e.job.generator.set_state(e.generator_state)
+            loop.append(e)
+            continue
+        except Exception as exc:  # noqa: BLE001 - the routine's own error (e.g. a missing key): its reply
+            e.error, e.done = exc, True
+            continue
+        plans.setdefault(_group_key(e.job.model, p.group), []).append((e, p))
+    for items in plans.values():
+        rows = [r for _, p in items for r in p.rows]
+        try:
+            results = train_rows(items[0][0].job.model, rows, items[0][1].group)
+        except Exception as exc:  # noqa: BLE001 - a row-form failure falls back to the loop, said once
+            _say_once(f"rows failed ({type(exc).__name__}: {exc}); the per-client loop trains instead")
+            log.debug("rows failed", exc_info=True)
+            for e, _ in items:
+                e.job.generator.set_state(e.generator_state)
+                loop.append(e)
+            continue
+        at = 0
+        for e, p in items:
+            mine = results[at: at + len(p.rows)]
+            at += len(p.rows)
+            try:
+                e.outcome = p.finish(mine)
+            except Exception as exc:  # noqa: BLE001
+                e.error = exc
+            e.done = True
+    for e in loop:
+        if e.done:
+            continue
+        try:
+            if e.job.train_seed is not None:  # the global generator as the per-client path left it
+                torch.manual_seed(int(e.job.train_seed))
+            e.outcome = e.method.train(e.job)
+        except Exception as exc:  # noqa: BLE001
+            e.error = exc
+        e.done = True
+
+
+# -- one process, many messages: the collector and the threads ----------------------------------------
+_local = threading.local()
+
+
+class _Collector:
+    """Gathers the training jobs of one batch of messages, trains them together once every
+    message's thread waits for its training or has finished."""
+
+    def __init__(self, n: int, mode: str) -> None:
+        self.n, self.mode = n, mode
+        self.cv = threading.Condition()
+        self.waiting: list[Entry] = []
+        self.finished = 0
+
+    def _maybe_run(self) -> None:  # with self.cv held
+        if self.waiting and len(self.waiting) + self.finished == self.n:
+            entries, self.waiting = self.waiting, []
+            try:
+                run_entries(entries, self.mode)
+            finally:
+                for e in entries:
+                    e.done = True
+                self.cv.notify_all()
+
+    def submit(self, method, job: TrainJob) -> TrainOutcome:
+        entry = Entry(method, job)
+        with self.cv:
+            self.waiting.append(entry)
+            self._maybe_run()
+            while not entry.done:
+                self.cv.wait()
+        if entry.error is not None:
+            raise entry.error
+        return entry.outcome
+
+    def leave(self) -> None:
+        with self.cv:
+            self.finished += 1
+            self._maybe_run()
+
+
+def train(method, job: TrainJob, mode: str) -> TrainOutcome:
+    """The training step of :func:`client_app.client_app.train_reply`: with the batch's
+    collector (this thread is one of :func:`deliver_batch`'s), wait for the batch's rows; else
+    rows for this one job when ``client-execution = 'vectorised'``; else the routine."""
+    collector: _Collector | None = getattr(_local, "collector", None)
+    if collector is not None and mode != "loop":
+        return collector.submit(method, job)
+    if mode == "vectorised":
+        entry = Entry(method, job)
+        run_entries([entry], mode)
+        if entry.error is not None:
+            raise entry.error
+        return entry.outcome
+    return method.train(job)
+
+
+class _Threads:
+    """Threads that live for the process (a thread keeps its reused model object)."""
+
+    def __init__(self) -> None:
+        self.queues: list[queue.SimpleQueue] = []
+        self.lock = threading.Lock()
+
+    def _loop(self, q: queue.SimpleQueue) -> None:
+        while True:
+            fn, done = q.get()
+            try:
+                fn()
+            finally:
+                done.release()
+
+    def run_all(self, fns: Sequence[Callable[[], None]]) -> None:
+        with self.lock:
+            while len(self.queues) < len(fns):
+                q: queue.SimpleQueue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, args=(q,), daemon=True,
+                                 name=f"fedpcd-client-{len(self.queues)}").start()
+                self.queues.append(q)
+            done = threading.Semaphore(0)
+            for q, fn in zip(self.queues, fns):
+                q.put((fn, done))
+            for _ in fns:
+                done.acquire()
+
+
+_THREADS = _Threads()
+
+
+def message_mode(message) -> str:
+    """The run's ``client-execution`` as the request carries it (``loop`` for a foreign request)."""
+    try:
+        run = message.content["run-config"]
+    except (KeyError, AttributeError):
+        return "loop"
+    mode = str(dict(run.items()).get(EXECUTION_KEY, "auto")) if run is not None else "loop"
+    return mode if mode in EXECUTION else "loop"
+
+
+def wants_batch(message) -> bool:
+    """Whether the local engine should hand this request to :func:`deliver_batch` with the
+    round's other train requests (a train request of a run whose ``client-execution`` is not
+    ``loop``)."""
+    return message.metadata.message_type == "train" and message_mode(message) != "loop"
+
+
+def deliver_batch(app, items: Sequence[tuple], deliver: Callable) -> list:
+    """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
+    context)``, their training done together (see the module's docstring). In order."""
+    if len(items) < 2:
+        return [deliver(app, m, c) for m, c in items]
+    collector = _Collector(len(items), message_mode(items[0][0]))
+    replies: list = [None] * len(items)
+
+    def work(i: int) -> None:
+        _local.collector = collector
+        try:
+            replies[i] = deliver(app, *items[i])
+        finally:
+            _local.collector = None
+            collector.leave()
+
+    _THREADS.run_all([lambda i=i: work(i) for i in range(len(items))])
+    return replies
+
+
+deliver_batch.wants = wants_batch

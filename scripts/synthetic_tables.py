@@ -1,0 +1,337 @@
+"""The tables of the Synthetic results pages (docs/results/{qffl,federage,fairness}_synthetic/)
+from finished sweep runs, in the q-FFL paper's statistics.
+
+    python scripts/synthetic_tables.py <sweep-out> [--paper qffl] [--frontier FIG.png] [--csv OUT.csv]
+
+Runs are found and labelled as by ``fedpcd_app.report`` (``load_runs``). Per run it reads
+``summary.json`` (and ``rounds.jsonl`` for the divergence check) and computes the q-FFL
+paper's Table 1 statistics of the final per-client test accuracies (``client_acc``), as the
+authors' ``plot_fairness.py`` does: average (unweighted mean over clients), worst 10 % and
+best 10 % (mean of the ⌊0.1 N⌋ lowest / highest), variance ``np.var(acc) · 10⁴`` (population
+variance, in %²). Over seeds: mean ± sample std.
+
+Divergence. A run is *diverged* when a training or evaluation loss it recorded is not finite,
+or when its evaluated mean client loss stays at or above its first evaluation's for the last
+``K`` = 5 evaluations (training made the model no better than where it started), or when its
+final mean client accuracy is at or below chance (1/C, C = 10 classes). A diverged run is
+listed with the reason and never scored: a grid point with a diverged seed is not eligible
+for selection and its row shows ``diverged (k/n)`` instead of numbers.
+
+Selection. Per setting and method entry, the eligible grid point with the best mean over
+seeds of the validation mean accuracy (``val_mean_acc``; the test mean with a warning when
+the runs have no validation split), as ``fedpcd_app.report``.
+
+Equal scoring. Every run of one table must have been scored on the same iterate
+(``scored_iterate`` of ``summary.json``: ``last`` or ``averaged``); the script refuses (one
+line) to mix them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fedpcd_app.report import Run, load_runs, ordered, sweep_order  # noqa: E402
+
+NUM_CLASSES = 10
+STALL_EVALS = 5
+STATS = ("average", "worst10", "best10", "variance")
+TITLES = {"average": "Average (%)", "worst10": "Worst 10 % (%)", "best10": "Best 10 % (%)", "variance": "Variance"}
+# q-FFL paper (Li et al., ICLR 2020, arXiv 1905.10497), Table 1, Synthetic: not retrievable
+# from the sources this project can reach offline (see docs/results/qffl_synthetic/report.md).
+PAPER_QFFL: dict[str, dict[str, float]] = {}
+
+
+def paper_stats(acc) -> dict[str, float]:
+    """The q-FFL authors' statistics of one run's per-client accuracies (fractions in)."""
+    a = np.sort(np.asarray(acc, dtype=np.float64))
+    k = max(1, int(0.1 * len(a)))
+    return {"average": 100 * float(a.mean()), "worst10": 100 * float(a[:k].mean()),
+            "best10": 100 * float(a[-k:].mean()), "variance": float(np.var(a) * 1e4)}
+
+
+def divergence(run: Run) -> str:
+    """Why the run diverged ("" when it did not): see the module doc."""
+    s = run.summary
+    for key in ("mean_acc", "mean_loss"):
+        v = s.get(key)
+        if v is None or not math.isfinite(v):
+            return f"final {key} not finite"
+    rounds = run.rounds()
+    for r in rounds:
+        for key in ("train_loss", "loss_before"):
+            if key in r and (r[key] is None or not math.isfinite(r[key])):
+                return f"{key} not finite at round {r['round']}"
+    evals = [r["eval"] for r in rounds if "eval" in r]
+    losses = [e.get("mean_loss") for e in evals]
+    if any(v is None or not math.isfinite(v) for v in losses):
+        return "evaluation loss not finite"
+    if len(losses) > STALL_EVALS and all(v >= losses[0] for v in losses[-STALL_EVALS:]):
+        return f"mean loss >= its first evaluation ({losses[0]:.3f}) for the last {STALL_EVALS} evaluations"
+    if s["mean_acc"] <= 1.0 / NUM_CLASSES:
+        return f"final mean accuracy {100 * s['mean_acc']:.2f} % <= chance"
+    return ""
+
+
+def fmt(values: list[float], digits: int = 2) -> str:
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return "—"
+    if v.size == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+
+
+def group_runs(runs: list[Run], order) -> dict[str, dict[str, dict[str, list[Run]]]]:
+    """setting → method entry → grid point → runs (sorted by seed)."""
+    out: dict = {}
+    for setting in ordered((r.setting for r in runs), order[0]):
+        out[setting] = {}
+        in_setting = [r for r in runs if r.setting == setting]
+        for method in ordered((r.method for r in in_setting), order[1]):
+            by_variant: dict[str, list[Run]] = defaultdict(list)
+            for r in sorted((r for r in in_setting if r.method == method), key=lambda r: r.seed):
+                by_variant[r.variant].append(r)
+            out[setting][method] = dict(by_variant)
+    return out
+
+
+def select(variants: dict[str, list[Run]], diverged: dict[Path, str]) -> tuple[str | None, str]:
+    """(chosen grid point or None when every point diverged somewhere, the split used)."""
+    eligible = {v: rs for v, rs in variants.items() if not any(diverged[r.folder] for r in rs)}
+    if not eligible:
+        return None, ""
+    has_val = all(r.summary.get("val_mean_acc") is not None for rs in eligible.values() for r in rs)
+    key = "val_mean_acc" if has_val else "mean_acc"
+    best = max(eligible, key=lambda v: float(np.mean([r.summary[key] for r in eligible[v]])))
+    return best, "validation" if has_val else "test"
+
+
+def build(out: Path, all_points: bool) -> tuple[list[dict], dict[Path, str], str]:
+    runs = load_runs(out)
+    if not runs:
+        raise SystemExit(f"error: no finished run (summary.json) at or below {out}")
+    iterates = {r.summary.get("scored_iterate", "last") for r in runs}
+    if len(iterates) > 1:
+        raise SystemExit(f"error: the runs under {out} were scored on different iterates ({', '.join(sorted(iterates))}); "
+                         "put runs scored on one iterate in one table (eval-averaged-iterate)")
+    diverged = {r.folder: divergence(r) for r in runs}
+    rows = []
+    for setting, methods in group_runs(runs, sweep_order(out)).items():
+        for method, variants in methods.items():
+            chosen, split = select(variants, diverged)
+            for variant, rs in variants.items():
+                if not all_points and variant != chosen and not (chosen is None and variant == next(iter(variants))):
+                    continue
+                bad = [r for r in rs if diverged[r.folder]]
+                stats = [paper_stats(r.summary["client_acc"]) for r in rs if not diverged[r.folder]]
+                rows.append({
+                    "setting": setting, "method": method, "variant": variant, "chosen": variant == chosen,
+                    "selected_on": split if len(variants) > 1 else "", "seeds": [r.seed for r in rs],
+                    "diverged": len(bad), "diverged_reasons": sorted({diverged[r.folder] for r in bad}),
+                    "stats": {k: [s[k] for s in stats] for k in STATS} if not bad else {k: [] for k in STATS},
+                    "val_average": [100 * r.summary["val_mean_acc"] for r in rs
+                                    if r.summary.get("val_mean_acc") is not None and not diverged[r.folder]],
+                    "final10_average": [100 * r.summary["final10_mean_acc"] for r in rs
+                                        if r.summary.get("final10_mean_acc") is not None and not diverged[r.folder]],
+                    "final10_worst10": [100 * r.summary["final10_worst10_acc"] for r in rs
+                                        if r.summary.get("final10_worst10_acc") is not None and not diverged[r.folder]],
+                    "runs": rs,
+                })
+    return rows, diverged, iterates.pop()
+
+
+def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] | None = None) -> str:
+    lines = [f"Scored iterate: **{iterate}** (every run of this table); split: the clients' test splits. "
+             "Mean ± sample std over seeds of the q-FFL paper's statistics of the final per-client accuracies "
+             "(variance = np.var · 10⁴, in %²); `final-10` = mean accuracy averaged over the last ten evaluations.", ""]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        lines += [f"### {setting}", "",
+                  "| method | hyperparameters | seeds | " + " | ".join(TITLES[k] for k in STATS)
+                  + " | final-10 average | final-10 worst 10 % | validation average |"
+                  + (" paper (avg / worst / best / var) |" if paper is not None else ""),
+                  "|---|---|---:|" + "---:|" * (len(STATS) + 3) + ("---|" if paper is not None else "")]
+        for r in (x for x in rows if x["setting"] == setting):
+            hyper = r["variant"].replace(",", ", ") + (" ★" if r["chosen"] and r["selected_on"] else "")
+            n = len(r["seeds"])
+            if r["diverged"]:
+                cells = [f"diverged ({r['diverged']}/{n})"] + ["—"] * (len(STATS) + 2)
+            else:
+                cells = [fmt(r["stats"][k], 0 if k == "variance" else 2) for k in STATS]
+                cells += [fmt(r["final10_average"]), fmt(r["final10_worst10"]), fmt(r["val_average"])]
+            p = ""
+            if paper is not None:
+                ref = paper.get(r["method"])
+                p = " " + (" / ".join(f"{ref[k]:g}" for k in STATS) if ref else "not retrieved") + " |"
+            lines.append(f"| {r['method']} | {hyper} | {n} | " + " | ".join(cells) + " |" + p)
+        reasons = [(r["method"], r["variant"], x) for r in rows if r["setting"] == setting for x in r["diverged_reasons"]]
+        if reasons:
+            lines += ["", "Diverged (never scored): " + "; ".join(f"{m} [{v}]: {x}" for m, v, x in reasons)]
+        sel = {r["selected_on"] for r in rows if r["setting"] == setting} - {""}
+        if sel:
+            lines += ["", f"★ = grid point selected on the {' / '.join(sorted(sel))} split (best mean over seeds "
+                          "among the grid points with no diverged seed)."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["setting", "method", "hyperparameters", "chosen", "selected_on", "seeds", "diverged"]
+                   + [f"{k}_{s}" for k in STATS for s in ("mean", "std")] + ["final10_average_mean", "val_average_mean"])
+        for r in rows:
+            vals = []
+            for k in STATS:
+                v = np.asarray(r["stats"][k], dtype=np.float64)
+                vals += [v.mean() if v.size else "", v.std(ddof=1) if v.size > 1 else ""]
+            f10 = np.mean(r["final10_average"]) if r["final10_average"] else ""
+            va = np.mean(r["val_average"]) if r["val_average"] else ""
+            w.writerow([r["setting"], r["method"], r["variant"], int(r["chosen"]), r["selected_on"],
+                        " ".join(map(str, r["seeds"])), r["diverged"]] + vals + [f10, va])
+
+
+def frontier(rows: list[dict], path: Path, title: str) -> None:
+    """Mean client accuracy against worst-10 %: each chosen row's seed mean with bars over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), squeeze=False)
+    markers = "os^vD<>pP*hX"
+    for ax, setting in zip(axes[0], settings):
+        chosen = [r for r in rows if r["setting"] == setting and (r["chosen"] or not r["selected_on"])
+                  and not r["diverged"]]
+        for i, r in enumerate(chosen):
+            x, y = np.asarray(r["stats"]["average"]), np.asarray(r["stats"]["worst10"])
+            ax.errorbar(x.mean(), y.mean(), xerr=[[x.mean() - x.min()], [x.max() - x.mean()]],
+                        yerr=[[y.mean() - y.min()], [y.max() - y.mean()]], fmt=markers[i % len(markers)],
+                        capsize=3, label=r["method"] + ("" if r["variant"] == "base" else f" [{r['variant']}]"))
+        ax.set_xlabel("mean client accuracy (%)")
+        ax.set_ylabel("worst-10 % client accuracy (%)")
+        ax.set_title(f"{title}: {setting}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.text(0.5, 0.005, "seed mean; bars span the seeds' range; up and right is better", ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def qffl_diagnostics(rows: list[dict], q0: str, q1: str) -> str:
+    """What the q-FFL runs say about the pipeline and the step (markdown), per seed:
+
+    * L = 1/lr: with q = 0, Σ_k h_k = m·L exactly (``qffl-sum-h`` of ``rounds.jsonl``);
+    * sampling ∝ training size: correlation of ``times_sampled`` (``clients.csv``) with the
+      expected count T·π_k (``availability.json`` ``probabilities``);
+    * the step: ‖θ_{t+1} − θ_t‖ of q = 1 over that of q = 0, round by round on the same seed
+      (the same clients are drawn in the same rounds: the draw depends on (seed, t) only);
+    * the accuracy curves (mean and worst 10 % per evaluation).
+    """
+    by = {(r["method"]): {x.seed: x for x in r["runs"]} for r in rows}
+    if q0 not in by or q1 not in by:
+        return ""
+    out = ["| seed | Σh / (m·L) at q = 0 (min–max over rounds) | corr(times sampled, T·π) | median ‖step(q=1)‖ / ‖step(q=0)‖ "
+           "| rounds where q = 1 stepped further | q = 0 ā at rounds 10/25/50 | q = 1 ā at rounds 10/25/50 |",
+           "|---:|---|---:|---:|---:|---|---|"]
+    for seed in sorted(set(by[q0]) & set(by[q1])):
+        r0, r1 = by[q0][seed], by[q1][seed]
+        cfg = r0.summary["config"]
+        m_l = round(cfg["fraction-train"] * cfg["num-clients"]) / cfg["lr"]
+        rec0, rec1 = r0.rounds(), r1.rounds()
+        sh = np.array([x["strategy"]["qffl-sum-h"] for x in rec0 if "strategy" in x]) / m_l
+        n0 = {x["round"]: x["strategy"]["update-norm"] for x in rec0 if "strategy" in x}
+        n1 = {x["round"]: x["strategy"]["update-norm"] for x in rec1 if "strategy" in x}
+        common = sorted(set(n0) & set(n1))
+        ratio = np.array([n1[t] / n0[t] for t in common if n0[t] > 0])
+        same = sum(x.get("sampled") == y.get("sampled") for x, y in zip(rec0, rec1))
+        avail = json_load(r0.folder / "availability.json")
+        sampled = np.array([int(row["times_sampled"]) for row in csv_rows(r0.folder / "clients.csv")], dtype=float)
+        expected = np.asarray(avail["probabilities"]) * cfg["num-server-rounds"]
+        corr = float(np.corrcoef(sampled, expected)[0, 1])
+
+        def at(run, ts):
+            pts = dict(zip(*run.eval_curve("mean_acc")))
+            return " / ".join(f"{100 * pts[t]:.1f}" if t in pts else "—" for t in ts)
+
+        out.append(f"| {seed} | {sh.min():.6f}–{sh.max():.6f} | {corr:.3f} | {np.median(ratio):.3f} | "
+                   f"{int((ratio > 1).sum())}/{len(ratio)} (same clients drawn in {same}/{len(rec0)} rounds) | "
+                   f"{at(r0, (10, 25, 50))} | {at(r1, (10, 25, 50))} |")
+    return "\n".join(out) + "\n"
+
+
+def json_load(path: Path):
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+def csv_rows(path: Path) -> list[dict]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def curves_figure(rows: list[dict], path: Path, title: str) -> None:
+    """Mean and worst-10 % client accuracy per evaluation, mean over seeds, one line per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in rows:
+        if r["diverged"] or not (r["chosen"] or not r["selected_on"]):
+            continue
+        for ax, key in zip(axes, ("mean_acc", "worst10_acc")):
+            curves = [x.eval_curve(key) for x in r["runs"]]
+            t = curves[0][0]
+            vals = np.array([c[1][: len(t)] for c in curves if len(c[1]) >= len(t)])
+            ax.plot(t, 100 * vals.mean(axis=0), label=f"{r['setting']} {r['method']}")
+            ax.fill_between(t, 100 * vals.min(axis=0), 100 * vals.max(axis=0), alpha=0.15)
+    for ax, name in zip(axes, ("mean client accuracy (%)", "worst-10 % client accuracy (%)")):
+        ax.set_xlabel("round")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title}: mean over seeds, band = seeds' range")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="a sweep output folder")
+    ap.add_argument("--all", dest="all_points", action="store_true", help="every grid point, not only the chosen one")
+    ap.add_argument("--paper", choices=("qffl",), default=None, help="add the paper's row beside ours")
+    ap.add_argument("--csv", default="", help="also write the table as CSV")
+    ap.add_argument("--frontier", default="", help="write the mean vs worst-10 %% frontier (PNG)")
+    ap.add_argument("--curves", default="", help="write the accuracy curves of the chosen rows (PNG)")
+    ap.add_argument("--qffl-diagnostics", default="", metavar="Q0,Q1",
+                    help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
+    args = ap.parse_args(argv)
+    rows, _, iterate = build(Path(args.out), args.all_points)
+    print(markdown(rows, iterate, PAPER_QFFL if args.paper == "qffl" else None))
+    if args.qffl_diagnostics:
+        print(qffl_diagnostics(rows, *args.qffl_diagnostics.split(",")))
+    if args.curves:
+        curves_figure(rows, Path(args.curves), Path(args.out).name)
+    if args.csv:
+        write_csv(rows, Path(args.csv))
+    if args.frontier:
+        frontier(rows, Path(args.frontier), Path(args.out).name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The in-process entry point fails fast and quietly (issue 26, item 5): an output-dir that
+cannot be written is one line before anything loads, Ctrl-C is one line and exit 130, the log
+prefix names the method, and the ETA leaves out the first round's start-up."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedcore.config import ConfigError, resolve
+from fedpcd_app import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_unwritable_output_dir_is_one_line_before_the_run(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for bad in ("/proc/fedpcd-out", str(blocker / "run")):
+        code = simulate.main(["--workers", "0", "--run-config", f"output-dir='{bad}'"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "'output-dir'" in err, err
+
+
+def test_the_log_names_the_method_and_the_eta_leaves_out_the_first_round(tmp_path, capfd):
+    simulate.simulate({"method": "fedprox", "num-clients": 2, "num-server-rounds": 3, "eval-every": 0,
+                       "output-dir": str(tmp_path / "run")}, workers=0)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if re.match(r"\d\d:\d\d:\d\d \[", ln)]
+    assert lines and all("[fedprox]" in ln for ln in lines), lines
+    rounds = {int(m.group(1)): ln for ln in lines if (m := re.search(r"round +(\d+)/3:", ln))}
+    assert "ETA" not in rounds[1] and "ETA" in rounds[2], rounds  # round 1 carries the start-up
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.simulate", "--workers", "0", "--run-config",
+                             f"num-clients=2 num-server-rounds=500 eval-every=0 output-dir='{tmp_path / 'run'}'"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if re.search(r"round +1/500", line):
+                break
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, "".join(seen[-10:]) + err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: "), err
+    assert len([ln for ln in err.splitlines() if not re.match(r"\d\d:\d\d:\d\d \[", ln)]) == 1, err
+
+
+def test_a_one_line_error_ends_flowers_report_of_it(tmp_path):
+    """Issue 26, item 4: the ServerApp's ConfigError leaves main() and Flower logs it the way
+    flwr 1.42's simulation process does (the exception with its traceback, then the exit-code
+    message): the traceback is left out and the app's one line is the last line."""
+    import io
+    from logging import ERROR
+
+    from flwr.common.logger import console_handler
+    from flwr.common.logger import log as flwr_log
+
+    from fedpcd_app.engine import run_local
+    from fedpcd_app.server_app import make_server_app
+
+    with pytest.raises(ConfigError) as err:
+        run_local(make_server_app(), "client_app.client_app:app", 2, workers=0,
+                  run_config={**resolve({"output-dir": str(tmp_path)}), "method": "no-such-method"})
+    stream, old = io.StringIO(), console_handler.stream
+    console_handler.stream = stream
+    try:
+        flwr_log(ERROR, "%s raised an exception", "Simulation", exc_info=err.value)
+        flwr_log(ERROR, "Exit Code: 700\nAn unhandled exception occurred when running the simulation.")
+    finally:
+        console_handler.stream = old
+    lines = stream.getvalue().strip().splitlines()
+    assert "Traceback" not in stream.getvalue() and "raised an exception" not in stream.getvalue(), lines
+    assert lines[-1] == f"error: {err.value}" and "'method'" in lines[-1] and "\n" not in str(err.value), lines
+    assert lines[0].endswith("Exit Code: 700")  # Flower's own message stays, before it

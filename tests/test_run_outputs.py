@@ -1,0 +1,109 @@
+"""What a run leaves to look at (issue 26, items 6 and 7): report.md and the run's figures by
+default, none with figures='none'; W&B tracking (offline) as an optional extra, nothing
+imported when tracking is off."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedcore.config import ConfigError, load_config, parse_overrides, resolve
+from fedpcd_app import run_report
+from fedpcd_app.config import check
+from fedpcd_app.simulate import simulate
+from fedpcd_app.tracking import check as check_tracking
+from fedpcd_app.tracking import tracker_for
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"num-clients": 3, "num-server-rounds": 2, "eval-every": 1}
+
+
+def test_a_run_ends_with_its_report_and_figures(tmp_path):
+    out = simulate({**TINY, "output-dir": str(tmp_path / "run")}, workers=0)
+    assert (out / "report.md").is_file() and "fedavg" in (out / "report.md").read_text()
+    for name in run_report.FIGURES:
+        png = out / "figures" / name
+        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_figures_none_writes_none(tmp_path):
+    out = simulate({**TINY, "figures": "none", "output-dir": str(tmp_path / "run")}, workers=0)
+    assert (out / "summary.json").is_file()
+    assert not (out / "report.md").exists() and not (out / "figures").exists()
+
+
+def test_tracking_keys_are_checked_in_one_line():
+    with pytest.raises(ConfigError, match="'tracking'"):
+        check_tracking(load_config({"tracking": "mlflow"}))
+    with pytest.raises(ConfigError, match="tensorboard=false"):
+        check_tracking(load_config({"tracking": "none", "tensorboard": True}))
+    with pytest.raises(ConfigError, match="'figures'"):
+        check(resolve(parse_overrides("figures='always'")))
+
+
+def test_nothing_is_imported_when_tracking_is_off(tmp_path):
+    code = ("import sys\nfrom fedcore.config import load_config\nfrom fedpcd_app.tracking import tracker_for\n"
+            f"assert tracker_for(load_config({{}}), {str(tmp_path)!r}) is None\n"
+            "print(sorted(m for m in ('wandb', 'torch.utils.tensorboard') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
+
+
+def test_wandb_offline_gets_every_round(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = simulate({**TINY, "tracking": "wandb", "figures": "none", "output-dir": str(tmp_path / "run")}, workers=0)
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((out / "wandb").iterdir())
+    from wandb.proto import wandb_internal_pb2
+
+    steps, keys, config = [], set(), {}
+    for data in _wandb_records(next(runs[0].glob("*.wandb"))):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            steps.append(int(rec.history.step.num))
+            keys |= {i.key or "/".join(i.nested_key) for i in rec.history.item}
+        elif kind == "run":
+            config.update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+    assert steps == [1, 2]
+    assert {"train/train_loss", "eval/mean_acc", "eval/worst10_acc", "eval/jain"} <= keys
+    assert config["method"] == "fedavg" and config["num-clients"] == 3, config
+
+
+def _wandb_records(path: Path):
+    """The records of W&B's offline run file (a LevelDB-style log: a 7-byte header, then
+    32 KiB blocks of [crc32, length, type, data] fragments)."""
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:  # full
+            yield chunk
+        elif kind == 2:  # first
+            buf = chunk
+        elif kind == 3:  # middle
+            buf += chunk
+        elif kind == 4:  # last
+            yield buf + chunk
+
+
+def test_wandb_missing_is_one_line(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r'pip install -e "\.\[wandb\]"'):
+        tracker_for(load_config({"tracking": "wandb"}), os.getcwd())

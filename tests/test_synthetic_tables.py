@@ -1,0 +1,101 @@
+"""scripts/synthetic_tables.py: the q-FFL paper's statistics, divergence marking, selection on
+validation among non-diverged grid points, and one iterate per table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("synthetic_tables", ROOT / "scripts" / "synthetic_tables.py")
+tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tables)
+
+
+def make_run(root: Path, method: str, variant: str, seed: int, acc, val: float | None = None,
+             losses=(2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.7), train_loss: float = 0.5, iterate: str = "averaged") -> Path:
+    folder = root / "default" / method / variant / f"seed{seed}"
+    folder.mkdir(parents=True)
+    grid = dict(kv.split("=") for kv in variant.split(",")) if variant != "base" else {}
+    (folder / "run.json").write_text(json.dumps({"setting": "default", "method": method, "variant": variant,
+                                                 "grid": grid, "seed": seed, "overrides": {}}))
+    a = np.asarray(acc, dtype=float)
+    summary = {"method": method, "seed": seed, "mean_acc": float(a.mean()), "std_acc": float(a.std()),
+               "worst10_acc": 0.0, "best10_acc": 1.0, "mean_loss": losses[-1], "client_acc": a.tolist(),
+               "scored_iterate": iterate}
+    if val is not None:
+        summary["val_mean_acc"] = val
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with open(folder / "rounds.jsonl", "w") as fh:
+        for i, lo in enumerate(losses):
+            fh.write(json.dumps({"round": i + 1, "train_loss": train_loss, "eval": {"mean_loss": lo}}) + "\n")
+    return folder
+
+
+def test_paper_statistics_match_the_authors_definitions():
+    acc = np.linspace(0.0, 1.0, 25)  # 25 clients: floor(2.5) = 2 in each tail
+    s = tables.paper_stats(acc)
+    assert s["average"] == pytest.approx(100 * acc.mean())
+    assert s["worst10"] == pytest.approx(100 * acc[:2].mean())
+    assert s["best10"] == pytest.approx(100 * acc[-2:].mean())
+    assert s["variance"] == pytest.approx(np.var(acc) * 1e4)
+
+
+def test_divergence_reasons(tmp_path):
+    ok = make_run(tmp_path, "a", "base", 0, [0.5, 0.7, 0.9])
+    nan = make_run(tmp_path, "b", "base", 0, [0.5, 0.7, 0.9], train_loss=math.nan)
+    stall = make_run(tmp_path, "c", "base", 0, [0.5, 0.7, 0.9], losses=(2.0, 1.0, 2.1, 2.2, 2.3, 2.4, 2.5))
+    chance = make_run(tmp_path, "d", "base", 0, [0.05, 0.1, 0.1])
+    runs = {r.folder: r for r in tables.load_runs(tmp_path)}
+    assert tables.divergence(runs[ok]) == ""
+    assert "train_loss not finite" in tables.divergence(runs[nan])
+    assert "first evaluation" in tables.divergence(runs[stall])
+    assert "chance" in tables.divergence(runs[chance])
+
+
+def test_selection_skips_grid_points_with_a_diverged_seed(tmp_path):
+    # lr=0.1 has the best validation accuracy but one of its seeds diverged: never scored
+    for seed in (0, 1):
+        make_run(tmp_path, "fedavg", "lr=0.1", seed, [0.9, 0.9, 0.9], val=0.95,
+                 train_loss=math.inf if seed == 1 else 0.5)
+        make_run(tmp_path, "fedavg", "lr=0.01", seed, [0.6, 0.7, 0.8], val=0.7)
+    rows, diverged, iterate = tables.build(tmp_path, all_points=True)
+    chosen = [r for r in rows if r["chosen"]]
+    assert [r["variant"] for r in chosen] == ["lr=0.01"]
+    assert chosen[0]["selected_on"] == "validation"
+    bad = next(r for r in rows if r["variant"] == "lr=0.1")
+    assert bad["diverged"] == 1 and bad["stats"]["average"] == []
+    assert "diverged (1/2)" in tables.markdown(rows, iterate)
+    assert iterate == "averaged"
+
+
+def test_refuses_to_mix_iterates(tmp_path):
+    make_run(tmp_path, "fedavg", "base", 0, [0.5, 0.6, 0.7], iterate="last")
+    make_run(tmp_path, "federage", "base", 0, [0.5, 0.6, 0.7], iterate="averaged")
+    with pytest.raises(SystemExit, match="different iterates"):
+        tables.build(tmp_path, all_points=False)
+
+
+def test_project_qffl_step_is_the_authors_aggregate2():
+    """strategies.qffl.qffl_step (this project's q-FFL) against the authors' aggregate2 as
+    scripts/qffl_reference.py re-implements it: the same step for q = 0, 1, 2 (L = 1/lr)."""
+    import torch
+
+    from strategies.qffl import qffl_step
+
+    spec = importlib.util.spec_from_file_location("qffl_reference", ROOT / "scripts" / "qffl_reference.py")
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    rng = np.random.default_rng(0)
+    diffs = rng.normal(size=(10, 610)) * 0.3
+    losses = rng.uniform(0.1, 3.0, size=10)
+    for q in (0.0, 1.0, 2.0):
+        ours, _ = qffl_step(torch.tensor(diffs), torch.tensor(losses), q, 1.0 / 0.1)
+        np.testing.assert_allclose(ours.numpy(), ref.authors_step(diffs, losses, q, 0.1), rtol=1e-9)
+    # q = 0: the uniform mean of the local models
+    np.testing.assert_allclose(ref.authors_step(diffs, losses, 0.0, 0.1), diffs.mean(axis=0), rtol=1e-12)

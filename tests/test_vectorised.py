@@ -1,0 +1,289 @@
+"""Clients trained at once (client_app/vectorised.py) give the per-client path's numbers.
+
+For every covered client routine (plain SGD with momentum / weight decay, FedProx, FedeRage at
+batch and sample level, SCAFFOLD, Ditto), local epochs and local steps, augmentation and the
+covered models, the rows' train losses, step counts, models and the method's extras (β, Δc_i,
+the personal model) equal the per-client routine's within RTOL = 1e-5 relative to each tensor's
+scale (max |Δ| ≤ 1e-5 · max(max |value|, 1); float32 sums in another order differ by ~1e-7). Clients of different sizes train together (masking), in the same seeded
+batch order.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from client_app import vectorised
+from client_app.data import crop_flip
+from client_app.methods import LocalTraining, TrainJob, get_client_method
+from client_app.models import build_model
+from fedcore import flat, keys
+from fedcore.seeding import derive_seed, torch_generator
+from strategies.federage import FedeRage
+
+RTOL = 1e-5
+
+SHAPES = {"mlp": (1, 8, 8), "craft-mlp": (1, 8, 8), "cnn": (3, 16, 16), "craft-cnn": (3, 16, 16)}
+SIZES = (23, 40, 9, 57)  # the clients' train sizes: different numbers of batches, short last batches
+
+
+def federage_config(level: str = "batch") -> dict:
+    strat = FedeRage(level=level)
+    return {**strat.client_config(), **strat.round_config(1)}
+
+
+def make_jobs(model_name: str, settings: LocalTraining, *, config=None, augment=None, request_extra=None,
+              state_extra=None, lr: float = 0.1, sizes=SIZES, seed: int = 0) -> list[TrainJob]:
+    shape = SHAPES[model_name]
+    torch.manual_seed(seed)
+    model = build_model(model_name, shape, 4)
+    arrays = ArrayRecord(model.state_dict())
+    jobs = []
+    for pid, n in enumerate(sizes):
+        g = torch.Generator().manual_seed(derive_seed(seed, "data", pid))
+        x = torch.randn(n, *shape, generator=g)
+        y = torch.randint(0, 4, (n,), generator=g)
+        m = copy.deepcopy(model)
+        request = RecordDict({keys.ARRAYS: arrays, **(request_extra(pid, arrays) if request_extra else {})})
+        state = RecordDict(state_extra(pid, arrays) if state_extra else {})
+        jobs.append(TrainJob(cfg=settings, server_round=1, partition_id=pid, lr=lr, model=m, global_arrays=arrays,
+                             x=x, y=y, generator=torch_generator(seed, "batches", pid, 1), request=request,
+                             state=state, config=dict(config or {}), augment=augment,
+                             train_seed=derive_seed(seed, "client-train", pid, 1)))
+    return jobs
+
+
+def clone_jobs(jobs: list[TrainJob]) -> list[TrainJob]:
+    out = []
+    for j in jobs:
+        g = torch.Generator()
+        g.set_state(j.generator.get_state())
+        out.append(TrainJob(**{**j.__dict__, "model": copy.deepcopy(j.model), "generator": g,
+                               "state": RecordDict(dict(j.state.items()))}))
+    return out
+
+
+def run_loop(method: str, jobs: list[TrainJob]):
+    routine = get_client_method(method)
+    outs = []
+    for j in jobs:
+        torch.manual_seed(j.train_seed)  # as train_reply seeds it
+        outs.append(routine.train(j))
+    return outs
+
+
+def run_rows(method: str, jobs: list[TrainJob]):
+    routine = get_client_method(method)
+    entries = [vectorised.Entry(routine, j) for j in jobs]
+    vectorised.run_entries(entries, "vectorised")
+    for e in entries:
+        assert e.error is None, e.error
+    return [e.outcome for e in entries]
+
+
+def close(a, b, what: str) -> None:
+    """max |a − b| ≤ RTOL · max(|b|_∞, 1): 1e-5 relative to the tensor's scale."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    assert a.shape == b.shape, what
+    gap = float(np.max(np.abs(a - b))) if a.size else 0.0
+    assert gap <= RTOL * max(float(np.max(np.abs(b))) if b.size else 0.0, 1.0), f"{what}: max |Δ| = {gap:.3g}"
+
+
+def check_same(method: str, jobs: list[TrainJob], *, must_cover: bool = True) -> tuple[list, list]:
+    loop_jobs, row_jobs = jobs, clone_jobs(jobs)
+    if must_cover:
+        vectorised.plan(method, clone_jobs(jobs)[0])  # raises NotCovered if this case fell back to the loop
+    want = run_loop(method, loop_jobs)
+    got = run_rows(method, row_jobs)
+    for i, (w, g, lj, rj) in enumerate(zip(want, got, loop_jobs, row_jobs)):
+        assert g.num_steps == w.num_steps, f"client {i}: steps"
+        close(g.train_loss, w.train_loss, f"client {i}: train loss")
+        for (name, p), q in zip(lj.model.named_parameters(), rj.model.parameters()):
+            close(q.detach(), p.detach(), f"client {i}: {name}")
+        assert set(g.metrics) == set(w.metrics)
+        for k in w.metrics:
+            close(g.metrics[k], w.metrics[k], f"client {i}: metric {k}")
+        assert set(g.records) == set(w.records)
+        for k in w.records:
+            close(flat.record_to_flat(g.records[k]), flat.record_to_flat(w.records[k]), f"client {i}: {k}")
+        assert set(rj.state.keys()) == set(lj.state.keys())
+        for k in lj.state.keys():
+            close(flat.record_to_flat(rj.state[k]), flat.record_to_flat(lj.state[k]), f"client {i}: state {k}")
+    return want, got
+
+
+# -- plain SGD ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["mlp", "craft-mlp", "cnn", "craft-cnn"])
+def test_sgd_epochs_every_model(model):
+    settings = LocalTraining(local_epochs=2, batch_size=8)
+    want, _ = check_same("sgd", make_jobs(model, settings))
+    assert len({w.num_steps for w in want}) > 1  # the clients had different numbers of batches
+
+
+def test_sgd_momentum_weight_decay_lr():
+    settings = LocalTraining(local_epochs=3, batch_size=16, momentum=0.9, weight_decay=5e-4)
+    check_same("sgd", make_jobs("mlp", settings, lr=0.03))
+
+
+def test_sgd_local_steps_and_full_batch():
+    check_same("sgd", make_jobs("mlp", LocalTraining(local_steps=7, batch_size=8)))
+    check_same("sgd", make_jobs("craft-mlp", LocalTraining(local_epochs=4, batch_size=0)))
+    check_same("sgd", make_jobs("mlp", LocalTraining(local_steps=3, batch_size=0)))
+
+
+def test_sgd_with_augmentation():
+    fill = torch.tensor([0.1, -0.2, 0.3])
+    check_same("sgd", make_jobs("cnn", LocalTraining(local_epochs=1, batch_size=8), augment=crop_flip(fill)))
+
+
+# -- methods -----------------------------------------------------------------------------------------
+def test_fedprox():
+    jobs = make_jobs("mlp", LocalTraining(local_epochs=2, batch_size=8, momentum=0.5), config={"fedprox-mu": 0.3})
+    check_same("fedprox", jobs)
+
+
+@pytest.mark.parametrize("level", ["batch", "sample"])
+def test_federage(level):
+    jobs = make_jobs("mlp", LocalTraining(local_steps=6, batch_size=8), config=federage_config(level))
+    want, _ = check_same("federage", jobs)
+    assert len({round(w.metrics[keys.FEDERAGE_BETA], 6) for w in want}) > 1  # β moved, per client
+
+
+def test_federage_epochs_cnn():
+    check_same("federage", make_jobs("cnn", LocalTraining(local_epochs=1, batch_size=8),
+                                     config=federage_config("sample")))
+
+
+def test_scaffold():
+    def c_and_ci(pid, arrays):
+        spec = flat.spec_of(arrays)
+        g = torch.Generator().manual_seed(pid + 100)
+        return {keys.SCAFFOLD_C: flat.flat_to_record(0.01 * torch.randn(spec.dim, generator=g), spec)}
+
+    def own_ci(pid, arrays):
+        spec = flat.spec_of(arrays)
+        g = torch.Generator().manual_seed(pid + 200)
+        return {keys.SCAFFOLD_C_CLIENT: flat.flat_to_record(0.01 * torch.randn(spec.dim, generator=g), spec)}
+
+    jobs = make_jobs("mlp", LocalTraining(local_epochs=2, batch_size=8), request_extra=c_and_ci, state_extra=own_ci)
+    check_same("scaffold", jobs)
+
+
+def test_ditto_first_round_and_with_a_personal_model():
+    settings = LocalTraining(local_epochs=2, batch_size=8)
+    check_same("ditto", make_jobs("mlp", settings, config={"ditto-lambda": 0.5}))
+
+    def personal(pid, arrays):
+        model = build_model("mlp", SHAPES["mlp"], 4)
+        return {"ditto-personal": ArrayRecord(model.state_dict())}
+
+    want, _ = check_same("ditto", make_jobs("mlp", settings, config={"ditto-lambda": 0.5}, state_extra=personal))
+    assert all("ditto-personal-loss" in w.metrics for w in want)
+
+
+def test_label_flip_labels_and_mixed_methods_in_one_batch():
+    """A batch with clients of several methods (and a relabelled client) trains each as its own."""
+    settings = LocalTraining(local_epochs=1, batch_size=8)
+    jobs = make_jobs("mlp", settings, config={"fedprox-mu": 0.1})
+    jobs[1].y = 3 - jobs[1].y  # what attack_mod's label map does
+    loop_jobs, row_jobs = jobs, clone_jobs(jobs)
+    methods = ["sgd", "fedprox", "sgd", "fedprox"]
+    want = [get_client_method(m).train(j) for m, j in zip(methods, loop_jobs)]
+    entries = [vectorised.Entry(get_client_method(m), j) for m, j in zip(methods, row_jobs)]
+    vectorised.run_entries(entries, "vectorised")
+    for w, e, lj, rj in zip(want, entries, loop_jobs, row_jobs):
+        close(e.outcome.train_loss, w.train_loss, "train loss")
+        for p, q in zip(lj.model.parameters(), rj.model.parameters()):
+            close(q.detach(), p.detach(), "model")
+
+
+# -- what is not covered runs the per-client routine ---------------------------------------------------
+def test_uncovered_method_runs_the_loop_and_says_so(caplog):
+    settings = LocalTraining(local_epochs=1, batch_size=8)
+    jobs = make_jobs("mlp", settings)
+    routine = get_client_method("sgd")
+    fake = type(routine)("not-a-row-method", routine.train, None)
+    with pytest.raises(vectorised.NotCovered):
+        vectorised.plan("not-a-row-method", clone_jobs(jobs)[0])
+    vectorised._SAID.clear()
+    entries = [vectorised.Entry(fake, j) for j in clone_jobs(jobs)]
+    with caplog.at_level(logging.INFO, logger="fedpcd"):
+        vectorised.run_entries(entries, "vectorised")
+        vectorised.run_entries([vectorised.Entry(fake, j) for j in clone_jobs(jobs)], "vectorised")
+    said = [r for r in caplog.records if "not-a-row-method" in r.getMessage()]
+    assert len(said) == 1  # once
+    want = run_loop("sgd", jobs)
+    for w, e in zip(want, entries):
+        assert e.outcome.train_loss == w.train_loss  # the routine itself: bit for bit
+
+
+def test_model_with_buffers_is_not_covered():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.BatchNorm1d(8))
+    assert "buffers" in vectorised.covers_model(model)
+
+
+def test_routine_error_reaches_its_own_client_only():
+    settings = LocalTraining(local_epochs=1, batch_size=8)
+    jobs = make_jobs("mlp", settings, config={"fedprox-mu": 0.1})
+    jobs[2].config = {}  # no μ sent: this client's routine fails
+    entries = [vectorised.Entry(get_client_method("fedprox"), j) for j in jobs]
+    vectorised.run_entries(entries, "vectorised")
+    assert [e.error is not None for e in entries] == [False, False, True, False]
+    assert all(e.outcome is not None for i, e in enumerate(entries) if i != 2)
+
+
+def test_auto_picks_rows_only_for_measured_models_and_two_clients():
+    settings = LocalTraining(local_epochs=1, batch_size=8)
+    job = make_jobs("mlp", settings)[0]
+    assert not vectorised.auto_picks(job, 4)  # LocalTraining names no model: the loop
+    from fedcore.config import load_config
+
+    for model, picked in (("mlp", True), ("cnn", False)):
+        j = make_jobs(model, settings)[0]
+        j.cfg = load_config({"model": model})
+        assert vectorised.auto_picks(j, 4) is picked
+        assert not vectorised.auto_picks(j, 1)
+
+
+@pytest.mark.parametrize("model", ["cnn", "craft-cnn"])
+def test_convolutions_under_vmap(model, monkeypatch):
+    """The vmapped (grouped-convolution) forward, used for convolutions off the CPU, gives the
+    loop's numbers too (on the CPU the rows' convolutions run one by one: unrolled_on)."""
+    monkeypatch.setattr(vectorised, "unrolled_on", lambda m: False)
+    vectorised._FORWARDS.clear()
+    try:
+        check_same("sgd", make_jobs(model, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
+    finally:
+        vectorised._FORWARDS.clear()
+
+
+def test_linear_chain_is_used_only_where_it_is_the_model():
+    """mlp / craft-mlp run as batched matmuls written out; a model with the same Linear layers
+    but another activation is found not to be that chain (and runs under vmap, same numbers)."""
+    from torch import nn
+
+    class TanhMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(64, 32), nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.tanh(self.fc1(torch.flatten(x, 1))))
+
+    vectorised._FORWARDS.clear()
+    for name in ("mlp", "craft-mlp"):
+        check_same("sgd", make_jobs(name, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
+    assert [f.chain for f in vectorised._FORWARDS.values()] == [True, True]
+    jobs = make_jobs("mlp", LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9))
+    for j in jobs:
+        torch.manual_seed(0)
+        j.model = TanhMLP()
+    vectorised._FORWARDS.clear()
+    check_same("sgd", jobs)
+    assert [f.chain for f in vectorised._FORWARDS.values()] == [False]
