@@ -72,13 +72,16 @@ class StrategyWrapper(Strategy):
             result.arrays = initial_arrays
         return result
 
-    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None,
+                                                                                MetricRecord | None]:
         return self.inner.aggregate_valid(server_round, replies)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> list[Message]:
         return self.inner.configure_train(server_round, arrays, config, grid)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> list[Message]:
         return self.inner.configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -123,7 +126,8 @@ class UpdateClip(StrategyWrapper):
         super().__init__(strategy)
         self.c = check_update_clip(c)
 
-    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None,
+                                                                                MetricRecord | None]:
         self.last_train.defence["update_clip"] = self.clip(replies)
         return self.inner.aggregate_valid(server_round, replies)
 

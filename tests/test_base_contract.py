@@ -82,14 +82,14 @@ def test_the_run_config_wraps_the_toy_in_update_clip(toy_registered, rng):
 
 
 def test_every_hook_the_app_calls_is_declared_on_the_base():
-    for hook in ("aggregate_valid", "check_train", "check_reply", "round_updates", "on_restored", "on_dropped", "on_node_changed",
-                 "init_state", "restore_state", "client_config", "round_config", "round_records", "client_records",
-                 "evaluation_arrays"):
+    for hook in ("aggregate_valid", "check_train", "check_reply", "round_updates", "on_restored", "on_dropped",
+                 "on_node_changed", "init_state", "restore_state", "client_config", "round_config", "round_records",
+                 "client_records", "evaluation_arrays"):
         assert callable(getattr(FairStrategy, hook)), hook
     CoordinateMean().on_restored()  # a no-op unless a method keeps client-side mirrors (SCAFFOLD)
     batch = CoordinateMean()
     batch.set_model(arrays_from_flat(np.zeros(D), TEMPLATE))
     local = batch.round_updates(make_replies(TEMPLATE, np.ones((2, D))))
-    assert torch.equal(local.deltas, -torch.ones(2, D)) and torch.allclose(local.weights, torch.full((2,), 0.5,
-                                                                                                     dtype=torch.float64))
+    assert torch.equal(local.deltas, -torch.ones(2, D))
+    assert torch.allclose(local.weights, torch.full((2,), 0.5, dtype=torch.float64))
     assert keys.NUM_EXAMPLES in local.metrics[0]

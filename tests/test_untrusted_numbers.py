@@ -99,7 +99,8 @@ def test_every_method_drops_every_lie_and_stays_finite(method, probe):
             strategy.configure_evaluate(1, arrays, None, FakeGrid(len(PIDS), None))
             replies = [_eval_reply(p, accuracy=5.0 if p == VICTIM else 0.5 + 0.05 * p) for p in PIDS]
             metrics = dict(strategy.aggregate_evaluate(1, replies))
-            assert VICTIM not in strategy.last_eval_outcome.scores and words in strategy.last_eval_outcome.unscored[VICTIM]
+            outcome = strategy.last_eval_outcome
+            assert VICTIM not in outcome.scores and words in outcome.unscored[VICTIM]
             assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] >= 0 and metrics["num-scored"] == 6
             return
         requests = configure_round(strategy, 1, arrays, PIDS)
