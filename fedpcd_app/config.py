@@ -44,7 +44,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     from fedpcd_app import checkpoint, secagg, tracking
     from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
     from strategies import privacy
-    from strategies.base import check_update_clip
+    from strategies.wrappers import check_update_clip
 
     check_retired(raw)
     cfg = parse_run_config(raw)

@@ -196,7 +196,7 @@ class Evaluator:
             out["honest"] = _fairness(acc[honest], loss[honest])
         out["num_scored"] = int(present.sum())
         out["unscored_clients"] = np.flatnonzero(~present).tolist()
-        reasons = getattr(self.strategy, "last_unscored", {}) if self.mode != "server" else {}
+        reasons = self.strategy.last_eval_outcome.unscored if self.mode != "server" else {}
         if reasons:  # replies that failed validation (fedcore.replies.check_eval_reply)
             out["unscored_reasons"] = {str(pid): why for pid, why in sorted(reasons.items())}
         if out["unscored_clients"]:
@@ -224,21 +224,21 @@ class Evaluator:
         self.strategy.aggregate_evaluate(server_round, replies)
         n = self.cfg.num_clients
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
-        for pid, score in self.strategy.last_evaluation.items():
+        scores = self.strategy.last_eval_outcome.scores
+        for pid, score in scores.items():
             if 0 <= pid < n:
                 acc[pid], loss[pid] = score["accuracy"], score["loss"]
         if self.cfg.val_fraction <= 0:
             return acc, loss, None
         val_acc, val_loss = np.full(n, np.nan), np.full(n, np.nan)
-        expected = getattr(self.strategy, "expected_eval", {})
+        expected = self.strategy.expected_eval
         for reply in replies:
             if reply.has_error() or keys.METRICS not in reply.content:
                 continue
             m = reply.content[keys.METRICS]
             pid = expected.get(int(reply.metadata.src_node_id))
             pid = m.get(keys.PARTITION_ID) if pid is None else pid
-            if (pid is not None and keys.VAL_ACC in m and int(pid) in self.strategy.last_evaluation
-                    and 0 <= int(pid) < n):
+            if pid is not None and keys.VAL_ACC in m and int(pid) in scores and 0 <= int(pid) < n:
                 val_acc[int(pid)], val_loss[int(pid)] = float(m[keys.VAL_ACC]), float(m[keys.VAL_LOSS])
         return acc, loss, (val_acc, val_loss)
 

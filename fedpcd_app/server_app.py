@@ -39,6 +39,8 @@ from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
 from fedpcd_app.membership import Membership, PartitionRouter, route_partitions, routing_wanted, wait_for_stable_nodes
 from fedpcd_app.results import ResultsWriter, write_json_atomic
 from fedpcd_app.tracking import tracker_for
+from strategies.privacy import CentralDP
+from strategies.wrappers import UpdateClip, find_wrapper
 
 log = logging.getLogger("fedpcd")
 
@@ -214,7 +216,7 @@ class Experiment:
                 self.aggregation_exception = exc
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if self.secure is None:
-            valid, dropped = self.strategy.last_valid, self.strategy.last_dropped
+            valid, dropped = self.strategy.last_train.valid, self.strategy.last_train.dropped
             replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
         else:
             for d in dropped:
@@ -241,7 +243,7 @@ class Experiment:
             if agg_metrics is not None:
                 record["strategy"] = dict(agg_metrics)
             if self.secure is None:
-                record.update(self.strategy.last_defence)  # update_clip, privacy
+                record.update(self.strategy.last_train.defence)  # update_clip, privacy (the wrappers' reports)
         else:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
         record["train_seconds"] = t_train
@@ -270,7 +272,7 @@ class Experiment:
             arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=self.strategy.state,
             params=self.strategy.params.to_run_config(),
             times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
-            privacy=self.strategy.privacy.state if self.strategy.privacy is not None else None,
+            privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
             config=self.cfg.as_dict(),
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
         )
@@ -299,10 +301,9 @@ class Experiment:
         if self.evaluator.average is not None:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
-        if self.strategy.privacy is not None and ckpt.privacy is not None:
-            self.strategy.privacy.state = ckpt.privacy  # the adaptive clipping norm
-        if hasattr(self.strategy, "restored"):
-            self.strategy.restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
+        if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
+            dp.dp_state = ckpt.privacy  # the adaptive clipping norm
+        self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
         self.times_sampled = np.asarray(ckpt.times_sampled, dtype=np.int64).copy()
         self.history = list(ckpt.history)
         self.last_eval = dict(ckpt.last_eval)
@@ -402,11 +403,11 @@ class Experiment:
                                "attacked_partitions": list(self.evaluator.attacked)}
         if "honest" in final:
             out["honest"] = final["honest"]
-        if self.strategy.update_clip:
-            out["update_clip"] = {"c": self.strategy.update_clip, "num_clipped": sum(
+        if (clip := find_wrapper(self.strategy, UpdateClip)) is not None:
+            out["update_clip"] = {"c": clip.c, "num_clipped": sum(
                 r.get("update_clip", {}).get("num_clipped", 0) for r in self.history)}
-        if self.strategy.privacy is not None:
-            out["privacy"] = self.strategy.privacy.describe()
+        if (dp := find_wrapper(self.strategy, CentralDP)) is not None:
+            out["privacy"] = dp.describe()
         return out
 
 

@@ -17,12 +17,37 @@ A :class:`FairStrategy` is a complete ``flwr.serverapp.strategy.Strategy``::
 ``configure_train`` samples nodes with a generator seeded by (seed, round) and sends each the
 model, a ``config`` record (the round, the client learning rate, the client routine, the
 method's client-side values) and any method records (SCAFFOLD's control variate).
-``aggregate_train`` drops malformed replies (recorded in :attr:`FairStrategy.last_dropped`,
-never a crash), clips outlying updates when ``update_clip`` is set (:func:`median_clip_scales`),
-then calls the method — inside Flower's central-DP wrapper when ``privacy`` is set
-(:mod:`strategies.privacy`). A method whose clients must do something special
-names the client routine in ``client_method``; ``client_app.methods`` documents the
-function a foreign ClientApp calls for it.
+``aggregate_train`` is :meth:`FairStrategy.check_train` (malformed and missing replies
+dropped with a reason, never a crash) then the method's :meth:`FairStrategy.aggregate_valid`.
+A method whose clients must do something special names the client routine in
+``client_method``; ``client_app.methods`` documents the function a foreign ClientApp calls for it.
+
+Results are returned, not stashed: a round's outcome is one declared object,
+:attr:`FairStrategy.last_train` (:class:`RoundOutcome`: valid, dropped, defence), an
+evaluation's is :attr:`FairStrategy.last_eval_outcome` (:class:`EvaluationOutcome`).
+
+Defences wrap a strategy instead of being flags, as Flower's
+``DifferentialPrivacyServerSideFixedClipping(strategy, ...)`` does:
+``UpdateClip(CentralDP(FedAvg(...), dp), c)`` (:mod:`strategies.wrappers`,
+:mod:`strategies.privacy`); a wrapper is itself a strategy, transforms the valid replies
+before the inner :meth:`aggregate_valid` and reports into ``last_train.defence``.
+
+Reading a round's updates: ``batch = self.round_updates(valid)`` (:meth:`FairStrategy.round_updates`)
+gives ``batch.deltas`` Δ_i = θ_t − θ_i (m, d), ``batch.weights`` p_i, ``batch.theta`` θ_t, the
+losses and metrics. The documented kernels beside it — FedPCD's ``write_rows`` and CRAFT's
+``deltas`` — write Δ_i straight into buffers they keep across rounds (:meth:`write_deltas`,
+:meth:`theta_buffer`) because an (m, d) copy per round is what their benchmarks measure.
+
+The hooks, all declared here with a default (a method overrides only what it needs):
+
+* :meth:`aggregate_valid` (required) — the method's step on the valid replies → (arrays, metrics);
+* :meth:`check_reply` — why a train reply's metrics are unusable for the method (FedeRage's β);
+* :meth:`init_state` / :meth:`restore_state` — the State at round 0 / rebuilt from a checkpoint;
+* :meth:`on_restored` — after a checkpoint's state was assigned (SCAFFOLD);
+* :meth:`client_config`, :meth:`round_config`, :meth:`round_records`, :meth:`client_records` —
+  what the requests carry;
+* :meth:`evaluation_arrays` — the model evaluation scores (AFL's average of iterates);
+* :meth:`on_dropped`, :meth:`on_node_changed` — a client gave no usable reply / moved node.
 
 This app's ServerApp (``fedpcd_app``) drives the same objects. It sets :attr:`select`
 (its seeded sampler over partition ids, mapped to nodes) and :attr:`run_config` (sent with
@@ -33,6 +58,7 @@ the one aggregate reply of a secure-aggregation round.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import random
@@ -65,13 +91,49 @@ class ReplyBatch:
     loss_before: torch.Tensor  # (m,) float64: F_i, the global model's loss on client i
     train_loss: torch.Tensor  # (m,) float64
     num_steps: torch.Tensor  # (m,) float64
-    local: torch.Tensor  # (m, d) local models θ_i (becomes Δ_i after model_deltas)
+    local: torch.Tensor  # (m, d) local models θ_i; Δ_i when ``theta`` is set (round_updates)
     metrics: list[dict]  # each reply's raw metrics
+    theta: torch.Tensor | None = None  # θ_t when the rows are updates Δ_i = θ_t − θ_i
 
     @property
     def fedavg_weights(self) -> torch.Tensor:
         """p_i = n_i / Σ n_j (float64)."""
         return self.num_examples / self.num_examples.sum()
+
+    weights = fedavg_weights
+
+    @property
+    def deltas(self) -> torch.Tensor:
+        """(m, d) float32 updates Δ_i = θ_t − θ_i (a batch from :meth:`FairStrategy.round_updates`)."""
+        if self.theta is None:
+            raise ValueError("this batch holds local models θ_i: read the round with round_updates() for Δ_i")
+        return self.local
+
+
+@dataclasses.dataclass
+class RoundOutcome:
+    """What :meth:`FairStrategy.aggregate_train` made of one round's replies, kept as
+    :attr:`FairStrategy.last_train` (the app reads it after each round; nothing else is stashed).
+
+    ``valid`` the replies the method aggregated (sorted by client), ``dropped`` the others
+    with their reasons (no reply included), ``defence`` the round's defence reports:
+    ``update_norms`` (the validation's median norm and largest ratio, max-update-ratio), then
+    those of the wrappers that transformed the valid replies (``update_clip``: :class:`strategies.wrappers.UpdateClip`,
+    ``privacy``: :class:`strategies.privacy.CentralDP`), in the order they ran."""
+
+    valid: list[Message] = dataclasses.field(default_factory=list)
+    dropped: list[Dropped] = dataclasses.field(default_factory=list)
+    defence: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class EvaluationOutcome:
+    """What :meth:`FairStrategy.aggregate_evaluate` made of one evaluation's replies, kept as
+    :attr:`FairStrategy.last_eval_outcome`: ``scores`` client → {accuracy, loss, num-test};
+    ``unscored`` client → why its reply was not used (:func:`fedcore.replies.check_eval_reply`)."""
+
+    scores: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    unscored: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def reply_metrics(replies: Iterable[Message]) -> list[dict]:
@@ -124,21 +186,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def check_update_clip(c: float) -> float:
-    """``update-clip`` c: 0 (off) or ≥ 1 (a bound below the median would shrink most honest updates)."""
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or not (c == 0 or c >= 1):
-        raise ConfigError(f"run-config key 'update-clip' = {c!r} must be 0 (off) or a number >= 1 "
-                          "(each update is scaled to at most c x the round's median update norm)")
-    return float(c)
-
-
-def median_clip_scales(norms: torch.Tensor, c: float) -> tuple[torch.Tensor, float]:
-    """(s_i, bound): s_i = min(1, bound/‖Δ_i‖) with bound = c · median_j ‖Δ_j‖ (the median of an
-    even count is the mean of the middle two), so every s_i·Δ_i has norm ≤ bound."""
-    bound = c * float(np.median(norms.double().numpy()))
-    return torch.clamp(bound / norms.double().clamp_min(1e-300), max=1.0), bound
-
-
 Selector = Callable[[int, Grid], dict[int, "int | None"]]
 
 
@@ -168,12 +215,6 @@ class FairStrategy(Strategy):
         Where the method's server maths runs (``server-device``; :func:`resolve_device`).
         Methods that keep large tensors (FedPCD's cache, CRAFT's update matrix) put them
         there; the others ignore it.
-    update_clip : float, default 0.0
-        c: scale each update Δ_i to at most c · the round's median ‖Δ_j‖ before the method
-        sees it (0 = off; c ≥ 1). Reported in :attr:`last_defence` (``update_clip``).
-    privacy : strategies.privacy.CentralDP or None
-        Central DP (Flower's server-side clipping wrappers) around the method's aggregation;
-        sum-only methods only. Reported in :attr:`last_defence` (``privacy``).
     params : the method's ``Params``, instead of ``**hyper``.
     """
 
@@ -186,7 +227,7 @@ class FairStrategy(Strategy):
     secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": weights of a secure sum
     required_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics beyond the required ones
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
-    app_arguments: ClassVar[tuple[str, ...]] = ()  # extra __init__ arguments the app passes
+    app_arguments: ClassVar[tuple[str, ...]] = ()  # derived: the subclass's own __init__ keywords
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
     evaluated_iterate: ClassVar[str] = "last"  # what evaluation_arrays gives: "last" θ_t or "averaged" (AFL)
     resolve_device = staticmethod(resolve_device)  # for the app's config check
@@ -198,6 +239,11 @@ class FairStrategy(Strategy):
         hyperparameters with their run-config keys."""
         super().__init_subclass__(**kwargs)
         cls.__signature__ = strategy_signature(cls, FairStrategy)
+        # The app-side arguments (CRAFT's model, FedNova's momentum) are the keywords a
+        # subclass's own __init__ adds: read from the code, not declared a second time.
+        common = set(inspect.signature(FairStrategy.__init__).parameters)
+        cls.app_arguments = tuple(p for p in cls.__signature__.parameters
+                                  if p not in common and not any(p == f.name for f in dataclasses.fields(cls.Params)))
         cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{describe_hyperparameters(cls.Params)}"
 
     def __init__(
@@ -213,8 +259,6 @@ class FairStrategy(Strategy):
         num_clients: int | None = None,
         loss_before: bool = False,
         device: str | torch.device = "auto",
-        update_clip: float = 0.0,
-        privacy: Any = None,
         params: MethodParams | None = None,
         **hyper: Any,
     ) -> None:
@@ -246,22 +290,15 @@ class FairStrategy(Strategy):
         self.num_clients = num_clients
         self.loss_before = loss_before
         self.device = resolve_device(device)
-        self.update_clip = check_update_clip(update_clip)
-        if privacy is not None and self.needs_individual_updates:
-            raise ConfigError(f"{self.name or type(self).__name__} does not aggregate a sum of the updates: "
-                              "central DP (dp) runs only with sum-only methods")
-        self.privacy = privacy
         self.state = self.init_state()
         self.select: Selector | None = None  # set by an app with its own sampler
         self.run_config: Mapping[str, Any] | None = None  # sent as the run-config record
         self.current_arrays: ArrayRecord | None = None
         self.spec: flat.FlatSpec | None = None
-        self.expected: dict[int, int | None] = {}  # node → partition id of this round's requests
-        self.last_dropped: list[Dropped] = []
-        self.last_valid: list[Message] = []
-        self.last_defence: dict[str, dict[str, Any]] = {}  # the round's update_clip / privacy reports
-        self.last_evaluation: dict[int, dict[str, float]] = {}  # client → accuracy, loss, num-test
-        self.last_unscored: dict[int, str] = {}  # client → why its evaluation reply was not used
+        self.expected: dict[int, int | None] = {}  # node → partition id of this round's train requests
+        self.expected_eval: dict[int, int | None] = {}  # the same for the evaluation requests
+        self.last_train = RoundOutcome()  # the latest aggregate_train's outcome
+        self.last_eval_outcome = EvaluationOutcome()  # the latest aggregate_evaluate's outcome
         # Bounds on the clients' numbers (fedcore.replies.ReplyLimits): the app sets the
         # partitions' sizes and the run config's max-num-examples / max-update-ratio.
         self.reply_limits = ReplyLimits()
@@ -327,6 +364,10 @@ class FairStrategy(Strategy):
     def on_dropped(self, server_round: int, client: int | None) -> None:
         """A sampled client gave no usable reply (FedLF forgets its history row)."""
 
+    def on_restored(self) -> None:
+        """Called by the app after :attr:`state` was assigned from a checkpoint (SCAFFOLD marks
+        every mirrored client as owed its c_i). Default: nothing."""
+
     def on_node_changed(self, client: int) -> None:
         """Client ``client`` is now served by another node (a restarted SuperNode rejoins under a
         new node id): whatever it kept in its node's ``context.state`` is gone (SCAFFOLD
@@ -372,12 +413,20 @@ class FairStrategy(Strategy):
             rows[i].copy_(flat.records_to_deltas(theta, [rec], out=self._staging)[0])
         return rows[: len(records)]
 
-    def unpack_deltas(self, replies: list[Message]) -> tuple[torch.Tensor, ReplyBatch, torch.Tensor]:
-        """(θ_t, the replies as tensors, Δ_i = θ_t − θ_i as an (m, d) float32 matrix); the
-        matrix is ``batch.local`` turned into Δ in place (no second (m, d) copy)."""
+    def round_updates(self, replies: list[Message]) -> ReplyBatch:
+        """The one way to read a round's updates: the valid replies as tensors, ``batch.deltas``
+        the (m, d) float32 Δ_i = θ_t − θ_i (in client order), ``batch.weights`` p_i = n_i/Σn_j,
+        ``batch.theta`` θ_t, plus the losses and raw metrics. Kernels that must not hold an
+        (m, d) copy write the rows themselves (:meth:`write_deltas` into their own buffer)."""
         batch = unpack_replies(replies)
-        theta = self.current_flat()
-        return theta, batch, flat.model_deltas(theta, batch.local)
+        batch.theta = self.current_flat()
+        flat.model_deltas(batch.theta, batch.local)  # in place: no second (m, d) copy
+        return batch
+
+    def unpack_deltas(self, replies: list[Message]) -> tuple[torch.Tensor, ReplyBatch, torch.Tensor]:
+        """(θ_t, batch, Δ) of :meth:`round_updates`, as a tuple (the older spelling)."""
+        batch = self.round_updates(replies)
+        return batch.theta, batch, batch.deltas
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
         assert self.spec is not None
@@ -435,7 +484,17 @@ class FairStrategy(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Drop malformed replies (:attr:`last_dropped`), then :meth:`aggregate_valid`."""
+        """:meth:`check_train` (the outcome in :attr:`last_train`), then :meth:`aggregate_valid`
+        on the valid replies; (None, None) when none was valid (the model stays)."""
+        outcome = self.check_train(server_round, replies)
+        if not outcome.valid:
+            return None, None
+        return self.aggregate_valid(server_round, outcome.valid)
+
+    def check_train(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
+        """The round's replies split into valid (sorted by client) and dropped-with-reasons
+        (a malformed reply and a missing one alike: logged, :meth:`on_dropped` called, never a
+        crash); the result is also :attr:`last_train`."""
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
@@ -453,33 +512,11 @@ class FairStrategy(Strategy):
             log.warning("round %d: dropped reply of client %s: %s", server_round,
                         d.partition if d.partition is not None else d.node, d.reason)
             self.on_dropped(server_round, d.partition if d.partition is not None else d.node)
-        self.last_valid, self.last_dropped, self.last_defence = valid, dropped, {}
-        if norms:  # the round's median update norm and largest norm / median (max-update-ratio)
-            self.last_defence["update_norms"] = norms
+        # update_norms: the round's median update norm and largest norm / median (max-update-ratio)
+        self.last_train = RoundOutcome(valid, dropped, {"update_norms": norms} if norms else {})
         if not valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
-            return None, None
-        if self.update_clip:
-            self.last_defence["update_clip"] = self.clip_updates(valid)
-        if self.privacy is not None:
-            arrays, metrics, self.last_defence["privacy"] = self.privacy.aggregate(self, server_round, valid)
-            return arrays, metrics
-        return self.aggregate_valid(server_round, valid)
-
-    def clip_updates(self, replies: list[Message]) -> dict[str, Any]:
-        """``update_clip``: replace each reply's model θ_i by θ_t − s_i·Δ_i (Δ_i = θ_t − θ_i,
-        s_i from :func:`median_clip_scales`), so no update is longer than c · the median norm."""
-        theta = self.current_flat()
-        # Two passes over the replies' bytes instead of an (m, d) matrix of updates.
-        norms = torch.tensor([float((theta - flat.record_to_flat(r.content[keys.ARRAYS])).norm()) for r in replies])
-        scales, bound = median_clip_scales(norms, self.update_clip)
-        clipped = []
-        for reply, s in zip(replies, scales.tolist()):
-            if s < 1.0:
-                delta = theta - flat.record_to_flat(reply.content[keys.ARRAYS])
-                reply.content[keys.ARRAYS] = self.to_record(theta - s * delta)
-                clipped.append(client_of(reply))
-        return {"bound": bound, "num_clipped": len(clipped), "clipped": clipped}
+        return self.last_train
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> list[Message]:
@@ -503,14 +540,14 @@ class FairStrategy(Strategy):
         ]
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Per-client scores into :attr:`last_evaluation`; their test-size-weighted mean."""
+        """Per-client scores into :attr:`last_eval_outcome`; their test-size-weighted mean."""
         scores: dict[int, dict[str, float]] = {}
         replies = list(replies)
         self.read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate")
         unscored: dict[int, str] = {}
         for reply in replies:
             node = int(reply.metadata.src_node_id)
-            want = getattr(self, "expected_eval", {}).get(node)
+            want = self.expected_eval.get(node)
             if want is None and not reply.has_error() and keys.METRICS in reply.content:
                 pid = reply.content[keys.METRICS].get(keys.PARTITION_ID, node)
                 want = int(pid) if isinstance(pid, (int, float)) and math.isfinite(pid) else node
@@ -522,8 +559,7 @@ class FairStrategy(Strategy):
                 unscored[client] = reason
                 continue
             scores[client] = score
-        self.last_unscored = unscored
-        self.last_evaluation = scores
+        self.last_eval_outcome = EvaluationOutcome(scores, unscored)
         if not scores:
             return None
         n = np.array([s["num-test"] for s in scores.values()])

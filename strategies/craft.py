@@ -419,8 +419,6 @@ class GroupedStrategy(FairStrategy):
     (:meth:`FairStrategy.write_deltas`), then a spare row (finite) for :func:`group_grams`.
     """
 
-    app_arguments = ("model",)
-
     def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.model = model

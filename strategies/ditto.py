@@ -73,7 +73,6 @@ class Ditto(FairStrategy):
     Params = Params
     client_method = "ditto"
     personalized = True
-    app_arguments = ("model",)  # for the CRAFT aggregator's layer groups
 
     def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

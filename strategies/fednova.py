@@ -59,7 +59,6 @@ class FedNova(FairStrategy):
     # that sent Δ_i/a_i itself would make a weighted sum enough; the SGD client does not).
     needs_individual_updates = True
     required_metrics = (keys.NUM_STEPS,)
-    app_arguments = ("momentum",)
 
     def __init__(self, *, momentum: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)

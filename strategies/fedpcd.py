@@ -396,13 +396,13 @@ class FedPCD(FairStrategy):
         return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
 
     def list_discards(self, server_round, replies, reason) -> None:
-        """Replies FedPCD could not use after validation: moved from :attr:`last_valid` to
-        :attr:`last_dropped` (with ``reason``), so the round's record lists them."""
-        gone = {id(r) for r in replies}
-        self.last_valid = [r for r in self.last_valid if id(r) not in gone]
+        """Replies FedPCD could not use after validation: moved from the round's outcome's
+        ``valid`` to its ``dropped`` (with ``reason``), so the round's record lists them."""
+        gone, outcome = {id(r) for r in replies}, self.last_train
+        outcome.valid = [r for r in outcome.valid if id(r) not in gone]
         for r in replies:
             pid = client_of(r)
-            self.last_dropped.append(Dropped(pid, int(r.metadata.src_node_id), reason))
+            outcome.dropped.append(Dropped(pid, int(r.metadata.src_node_id), reason))
             self.on_dropped(server_round, pid)
 
     def aggregate_valid(self, server_round, replies):

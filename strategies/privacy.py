@@ -6,7 +6,7 @@
 NeurIPS 2021, arXiv:1905.03871). Each round:
 
 1. every update θ_i − θ_t is scaled to norm ≤ C (the clipping norm);
-2. the method aggregates the clipped replies as usual (:meth:`FairStrategy.aggregate_valid`);
+2. the inner strategy aggregates the clipped replies as usual (its :meth:`aggregate_valid`);
 3. Gaussian noise N(0, σ² I) is added to the aggregated model, σ = z·C/m (Flower's
    ``compute_stdv``; z the noise multiplier, m the round's valid replies);
 4. adaptive only: C ← C·exp(−η_C (b̃ − q)), b̃ the fraction of updates not clipped plus
@@ -52,6 +52,7 @@ from fedcore.params import MethodParams, hyper
 from fedcore.seeding import derive_seed
 from fedcore.state import Fields, rebuild
 from strategies.base import client_of
+from strategies.wrappers import StrategyWrapper
 
 MODES = ("none", "fixed", "adaptive")
 
@@ -136,57 +137,68 @@ class _AdaptiveClipping(flower.DifferentialPrivacyServerSideAdaptiveClipping):
         return super()._noisy_fraction(count, total + self.uncounted)
 
 
-class CentralDP:
-    """Flower's server-side DP clipping around a strategy's :meth:`aggregate_valid`."""
+class CentralDP(StrategyWrapper):
+    """Flower's server-side DP clipping around the inner strategy's :meth:`aggregate_valid`
+    (a :class:`strategies.wrappers.StrategyWrapper`): ``CentralDP(FedAvg(), Params(mode="fixed"))``.
+    Reported as ``privacy`` in the round's outcome; :attr:`dp_state` is checkpointed."""
 
-    def __init__(self, params: Params, *, seed: int = 0, clients_per_round: int = 1) -> None:
-        self.params, self.seed = params, seed
+    own = ("inner", "dp", "dp_seed", "count_stddev", "dp_state", "_dp_state")
+
+    def __init__(self, strategy: Any, params: Params, *, seed: int = 0, clients_per_round: int = 1) -> None:
+        super().__init__(strategy)
+        if params.mode not in ("fixed", "adaptive"):
+            raise ConfigError(f"run-config key 'dp' = {params.mode!r}: CentralDP needs 'fixed' or 'adaptive'")
+        if strategy.needs_individual_updates:
+            raise ConfigError(f"{strategy.name or type(strategy).__name__} does not aggregate a sum of the updates: "
+                              "central DP (dp) runs only with sum-only methods")
+        self.dp, self.dp_seed = params, seed
         self.count_stddev = params.count_stddev(clients_per_round)
-        self.state = State(params.clipping_norm)
+        self.dp_state = State(params.clipping_norm)
 
     @property
-    def state(self) -> State:
-        return self._state
+    def dp_state(self) -> State:
+        return self._dp_state
 
-    @state.setter
-    def state(self, value: Any) -> None:  # a checkpoint's saved fields are rebuilt here (fedcore.state)
-        self._state = rebuild(State, value) if isinstance(value, Fields) else value
+    @dp_state.setter
+    def dp_state(self, value: Any) -> None:  # a checkpoint's saved fields are rebuilt here (fedcore.state)
+        self._dp_state = rebuild(State, value) if isinstance(value, Fields) else value
 
-    def aggregate(self, method, server_round: int, replies: list) -> tuple[Any, MetricRecord | None, dict[str, Any]]:
-        """(arrays, metrics) of the method on the clipped replies, with noise; and the round's report."""
-        p, m, clip = self.params, len(replies), self.state.clipping_norm
-        theta = method.current_flat(torch.float64)
+    def aggregate_valid(self, server_round: int, replies: list) -> tuple[Any, MetricRecord | None]:
+        """The inner strategy on the clipped replies, with noise; the round's report as ``privacy``."""
+        p, m, clip = self.dp, len(replies), self.dp_state.clipping_norm
+        theta = self.current_flat(torch.float64)
         norms = [float((flat.record_to_flat(r.content[keys.ARRAYS], dtype=torch.float64) - theta).norm())
                  for r in replies]
         # Flower's clipping divides by the update's norm: a zero update (a free-rider's) needs
         # no clipping and goes straight to the method.
-        step = _MethodStep(method, [r for r, n in zip(replies, norms) if n == 0.0])
+        step = _MethodStep(self.inner, [r for r, n in zip(replies, norms) if n == 0.0])
         if p.mode == "fixed":
             wrapper = flower.DifferentialPrivacyServerSideFixedClipping(step, p.noise_multiplier, clip, m)
         else:
             wrapper = _AdaptiveClipping(
                 step, p.noise_multiplier, m, clip, p.target_quantile, p.clip_norm_lr, self.count_stddev)
             wrapper.uncounted = len(step.unclipped)
-        wrapper.current_arrays = method.current_arrays
+        wrapper.current_arrays = self.current_arrays
         saved = np.random.get_state()
-        np.random.seed(derive_seed(self.seed, "dp-noise", server_round) % 2**32)
+        np.random.seed(derive_seed(self.dp_seed, "dp-noise", server_round) % 2**32)
         try:
             arrays, metrics = wrapper.aggregate_train(server_round, [r for r, n in zip(replies, norms) if n > 0.0])
         finally:
             np.random.set_state(saved)
-        self.state.clipping_norm = float(wrapper.clipping_norm)
+        self.dp_state.clipping_norm = float(wrapper.clipping_norm)
         report = {"mode": p.mode, "noise_multiplier": float(wrapper.noise_multiplier), "clipping_norm": clip,
                   "noise_std": compute_stdv(wrapper.noise_multiplier, wrapper.clipping_norm, m),
                   "num_clipped": sum(n > clip for n in norms), "num_updates": m}
         if p.mode == "adaptive":
-            report["next_clipping_norm"] = self.state.clipping_norm
-        return arrays, metrics, report
+            report["next_clipping_norm"] = self.dp_state.clipping_norm
+        self.last_train.defence["privacy"] = report
+        return arrays, metrics
 
     def describe(self) -> dict[str, Any]:
         """The privacy parameters for summary.json."""
-        p = self.params
+        p = self.dp
         out = {"mode": p.mode, "noise_multiplier": p.noise_multiplier, "clipping_norm": p.clipping_norm}
         if p.mode == "adaptive":
             out.update(target_quantile=p.target_quantile, clip_norm_lr=p.clip_norm_lr,
-                       clipped_count_stddev=self.count_stddev, final_clipping_norm=self.state.clipping_norm)
+                       clipped_count_stddev=self.count_stddev, final_clipping_norm=self.dp_state.clipping_norm)
         return out

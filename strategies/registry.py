@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from strategies.base import FairStrategy
 
 _CLASSES: dict[str, type[FairStrategy]] = {}
-_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "algorithms"}
+_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "algorithms", "wrappers"}
 
 
 def register(name: str):
@@ -65,12 +65,14 @@ def method_keys() -> dict[str, Any]:
 
 def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
     """The run's strategy: its Params from the run config, the common arguments from ``cfg``
-    (``update-clip`` and the central-DP keys ``dp-*`` included)."""
+    wrapped, when on, as ``UpdateClip(CentralDP(method, dp), c)`` (``update-clip`` and the
+    central-DP keys ``dp-*``; :mod:`strategies.wrappers`)."""
     from strategies import privacy
+    from strategies.wrappers import UpdateClip
 
     cls = strategy_class(cfg.method)
     dp = privacy.Params.from_run_config(cfg.params)
-    return cls(
+    strategy = cls(
         params=cls.Params.from_run_config(cfg.params),
         fraction_train=cfg.fraction_train,
         seed=cfg.seed,
@@ -80,8 +82,9 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
         num_clients=cfg.num_clients,
         loss_before=cfg.client_loss_before == "always",
         device=cfg.server_device,
-        update_clip=cfg.get_float("update-clip", 0.0),
-        privacy=None if dp.mode == "none" else privacy.CentralDP(dp, seed=cfg.seed,
-                                                                 clients_per_round=cfg.clients_per_round),
         **{k: v for k, v in {"momentum": cfg.momentum, **extra}.items() if k in cls.app_arguments},
     )
+    if dp.mode != "none":
+        strategy = privacy.CentralDP(strategy, dp, seed=cfg.seed, clients_per_round=cfg.clients_per_round)
+    clip = cfg.get_float("update-clip", 0.0)
+    return UpdateClip(strategy, clip) if clip else strategy

@@ -13,7 +13,7 @@ number of connected nodes at sampling time).
 State (:class:`State`, checkpointed generically): the server control variate c, a mirror
 of every client's c_i kept exactly from the Δc_i replies (c_i ← c_i + Δc_i in float32, the
 same sum the client stores), and the clients still owed their c_i. Clients keep c_i in
-their context state, which a restarted run loses; so after a restore (:meth:`Scaffold.restored`)
+their context state, which a restarted run loses; so after a restore (:meth:`Scaffold.on_restored`)
 the strategy sends each client its mirrored c_i (record ``scaffold-c-i``) the next time it
 is sampled, until a reply from it arrives. The same for one client whose SuperNode restarted
 (:meth:`Scaffold.on_node_changed`). Record names are in :mod:`fedcore.keys`.
@@ -61,7 +61,7 @@ class Scaffold(FairStrategy):
 
     State = State
 
-    def restored(self) -> None:
+    def on_restored(self) -> None:
         """After ``self.state`` is assigned from a checkpoint: every mirrored client is owed its c_i."""
         self.state.pending_restore = set(self.state.client_c)
 

@@ -18,8 +18,8 @@ from fedpcd_app.config import load_setup
 from fedpcd_app.results import read_rounds, read_summary
 from fedpcd_app.server_app import Experiment
 from strategies import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, registry
-from strategies.base import median_clip_scales
 from strategies.privacy import CentralDP, Params
+from strategies.wrappers import UpdateClip, find_wrapper, median_clip_scales
 from tests.fakegrid import FakeGrid, configure_round, flat_of, honest_reply, scaled, task_identity
 from tests.helpers import aggregate_arrays, arrays_from_flat, build_strategy, flat64, make_replies, tiny_template
 
@@ -124,8 +124,8 @@ def test_update_clip_bounds_every_update_before_the_method_sees_it(method):
     norms = [np.linalg.norm(theta - flat_of(r.content[keys.ARRAYS])) for r in seen]
     honest = 0.01 * np.linalg.norm(theta)
     np.testing.assert_allclose(norms, [honest, honest, 2 * honest, honest], rtol=1e-4)
-    assert strategy.last_defence["update_clip"]["clipped"] == [2]
-    assert strategy.last_defence["update_clip"]["num_clipped"] == 1
+    assert strategy.last_train.defence["update_clip"]["clipped"] == [2]
+    assert strategy.last_train.defence["update_clip"]["num_clipped"] == 1
 
 
 def test_update_clip_keys(tmp_path):
@@ -134,12 +134,12 @@ def test_update_clip_keys(tmp_path):
             load_setup({"update-clip": bad})
     with pytest.raises(ConfigError, match="secure aggregation hides"):
         load_setup({"update-clip": 2.0, "secure-aggregation": True})
-    assert load_setup({"update-clip": 3}).strategy.update_clip == 3.0
+    assert find_wrapper(load_setup({"update-clip": 3}).strategy, UpdateClip).c == 3.0
 
 
 # -- central DP ------------------------------------------------------------------------------
 def dp_fedavg(**params) -> FedAvg:
-    return FedAvg(privacy=CentralDP(Params(**params), seed=7, clients_per_round=5))
+    return CentralDP(FedAvg(), Params(**params), seed=7, clients_per_round=5)
 
 
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
@@ -151,7 +151,7 @@ def test_clipping_without_noise_is_fedavg_of_the_clipped_updates(mode, rng):
     norms = np.linalg.norm(x, axis=1)
     np.testing.assert_allclose(got, np.mean(x * np.minimum(1, 1.0 / np.maximum(norms, 1e-9))[:, None], axis=0),
                                atol=1e-6)
-    report = strategy.last_defence["privacy"]
+    report = strategy.last_train.defence["privacy"]
     assert {k: report[k] for k in ("mode", "noise_std", "clipping_norm", "num_clipped", "num_updates")} == \
         {"mode": mode, "noise_std": 0.0, "clipping_norm": 1.0, "num_clipped": int((norms > 1).sum()), "num_updates": 5}
 
@@ -165,7 +165,7 @@ def test_fixed_clipping_noise_has_sigma_z_c_over_m_and_is_seeded():
         strategy = dp_fedavg(mode="fixed", noise_multiplier=2.0, clipping_norm=0.5)
         arrays, _ = aggregate_arrays(strategy, server_round, arrays_from_flat(np.zeros(10_000), big),
                                      make_replies(big, x))
-        assert strategy.last_defence["privacy"]["noise_std"] == pytest.approx(2.0 * 0.5 / 4)
+        assert strategy.last_train.defence["privacy"]["noise_std"] == pytest.approx(2.0 * 0.5 / 4)
         return flat64(arrays)
 
     a, b, c = once(3), once(3), once(4)
@@ -179,7 +179,7 @@ def clipping_norms(strategy, norm: float, rounds: int) -> list[float]:
     out = []
     for r in range(1, rounds + 1):
         run(strategy, [norm * direction] * 5, server_round=r)
-        out.append(strategy.last_defence["privacy"]["next_clipping_norm"])
+        out.append(strategy.last_train.defence["privacy"]["next_clipping_norm"])
     return out
 
 
@@ -191,7 +191,7 @@ def test_adaptive_clipping_norm_follows_the_update_norms():
     mixed = dp_fedavg(mode="adaptive", noise_multiplier=0.0, clipping_norm=1.0, clip_norm_lr=0.5)
     for r in range(1, 41):  # norms 1..5, q = 0.5: C settles near their median
         run(mixed, [k * np.ones(D) / np.sqrt(D) for k in (1, 2, 3, 4, 5)], server_round=r)
-    assert 2.0 <= mixed.privacy.state.clipping_norm <= 4.0
+    assert 2.0 <= mixed.dp_state.clipping_norm <= 4.0
 
 
 def test_flowers_own_adaptive_wrapper_moves_the_norm_the_other_way():

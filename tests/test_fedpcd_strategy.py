@@ -192,7 +192,7 @@ def test_nan_update_drops_client(template):
     ref, _ = run_round(strategy(**{"fedpcd-tau": 0.2}), template, 1, theta, r)
     np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), ref, atol=1e-6)
     # the reply validation drops it before FedPCD sees it, with the reason recorded
-    assert [d.partition for d in strat.last_dropped] == [9] and "NaN" in strat.last_dropped[0].reason
+    assert [d.partition for d in strat.last_train.dropped] == [9] and "NaN" in strat.last_train.dropped[0].reason
     assert 9 not in strat.state.cache.pids()
 
 

@@ -105,7 +105,7 @@ def test_resume_sends_mirrored_c_i_once(tmp_path):
     torch.save(to_tree(strat.state), tmp_path / "state.pt")
     resumed = registry.build(cfg())
     resumed.state = from_tree(torch.load(tmp_path / "state.pt", weights_only=True))
-    resumed.restored()
+    resumed.on_restored()
     assert torch.equal(strat.state.c, resumed.state.c)
     assert sorted(resumed.state.client_c) == sorted(strat.state.client_c) == [0, 1]
     assert all(torch.equal(strat.state.client_c[p], resumed.state.client_c[p]) for p in (0, 1))

@@ -127,8 +127,8 @@ def test_a_stateless_method_refuses_a_checkpoint_with_state():
 
 
 def test_central_dp_state_is_rebuilt_too():
-    dp = privacy.CentralDP(privacy.Params(mode="adaptive"), seed=0)
-    dp.state.clipping_norm = 0.25
-    other = privacy.CentralDP(privacy.Params(mode="adaptive"), seed=0)
-    other.state = from_tree(through_bytes(to_tree(dp.state)))
-    assert isinstance(other.state, privacy.State) and other.state.clipping_norm == 0.25
+    dp = privacy.CentralDP(built("fedavg"), privacy.Params(mode="adaptive"), seed=0)
+    dp.dp_state.clipping_norm = 0.25
+    other = privacy.CentralDP(built("fedavg"), privacy.Params(mode="adaptive"), seed=0)
+    other.dp_state = from_tree(through_bytes(to_tree(dp.dp_state)))
+    assert isinstance(other.dp_state, privacy.State) and other.dp_state.clipping_norm == 0.25

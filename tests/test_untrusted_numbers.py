@@ -99,16 +99,17 @@ def test_every_method_drops_every_lie_and_stays_finite(method, probe):
             strategy.configure_evaluate(1, arrays, None, FakeGrid(len(PIDS), None))
             replies = [_eval_reply(p, accuracy=5.0 if p == VICTIM else 0.5 + 0.05 * p) for p in PIDS]
             metrics = dict(strategy.aggregate_evaluate(1, replies))
-            assert VICTIM not in strategy.last_evaluation and words in strategy.last_unscored[VICTIM]
+            outcome = strategy.last_eval_outcome
+            assert VICTIM not in outcome.scores and words in outcome.unscored[VICTIM]
             assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] >= 0 and metrics["num-scored"] == 6
             return
         requests = configure_round(strategy, 1, arrays, PIDS)
         replies = [honest_reply(req, pid, 1000 + pid, strategy) for pid, req in zip(PIDS, requests)]
         replies[VICTIM] = edit(replies[VICTIM])
         new, metrics = strategy.aggregate_train(1, replies)
-    (drop,) = [d for d in strategy.last_dropped if d.partition == VICTIM]
+    (drop,) = [d for d in strategy.last_train.dropped if d.partition == VICTIM]
     assert words in drop.reason, drop.reason
-    assert len(strategy.last_dropped) == 1 and len(strategy.last_valid) == len(PIDS) - 1
+    assert len(strategy.last_train.dropped) == 1 and len(strategy.last_train.valid) == len(PIDS) - 1
     assert new is not None and np.isfinite(flat_of(new)).all()
     assert np.abs(flat_of(new)).max() < 10 * np.abs(flat_of(arrays)).max() + 1
     for key, value in dict(metrics or {}).items():
@@ -237,9 +238,9 @@ def test_fedpcd_lists_its_own_discards_under_dropped(tmp_path):
         replies = [honest_reply(req, pid, 1000 + pid, strategy) for pid, req in enumerate(requests)]
         replies[1], replies[2] = _plus(replies[1], 1e20), _plus(replies[2], -1e20)
         new, metrics = strategy.aggregate_train(1, replies)
-    assert sorted(d.partition for d in strategy.last_dropped) == [1, 2]
-    assert all("FedPCD" in d.reason for d in strategy.last_dropped)
-    assert [int(r.content[keys.METRICS][keys.PARTITION_ID]) for r in strategy.last_valid] == [0]
+    assert sorted(d.partition for d in strategy.last_train.dropped) == [1, 2]
+    assert all("FedPCD" in d.reason for d in strategy.last_train.dropped)
+    assert [int(r.content[keys.METRICS][keys.PARTITION_ID]) for r in strategy.last_train.valid] == [0]
     assert dict(metrics)["fedpcd-dropped"] == 2 and np.isfinite(flat_of(new)).all()
 
 
