@@ -384,7 +384,10 @@ class Experiment:
         """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, one
         whose aggregation failed in some round (the model kept, on-aggregation-error=keep), or
         one in which a node could not load its data (a ``DataError`` reply: that client never
-        trained, unlike a node that dropped out for a while)."""
+        trained, unlike a node that dropped out for a while), or one that ended inside a streak of
+        rounds whose every arrived reply was dropped (shorter than ``diverge-patience``: measured, a
+        round whose attackers were the majority let a huge update through and the next rounds'
+        replies were all refused; the final model is then not to be trusted)."""
         failed = [r for r in self.history if "aggregation_error" in r]
         reason = stopped
         if reason is None and failed:
@@ -395,6 +398,11 @@ class Experiment:
             pids = sorted({d["partition"] for d in bad_data if d.get("partition") is not None})
             reason = (f"partition(s) {pids} could not load their data ({len(bad_data)} dropped train repl(ies)), "
                       f"first: {bad_data[0]['reason']}")
+        streak = self.watch.refused_rounds
+        if reason is None and streak:
+            reason = (f"the last {streak} round(s) dropped every reply that arrived (diverge-patience = "
+                      f"{self.watch.patience} was not reached before the run ended): the final model may have "
+                      "diverged or been poisoned")
         return {"complete": reason is None, "incomplete_reason": reason}
 
     def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:

@@ -72,6 +72,30 @@ def test_every_reply_dropped_for_patience_rounds_stops_the_run(tmp_path):
     assert len(read_rounds(tmp_path)) == 3
 
 
+def test_a_run_ending_inside_a_refused_streak_is_incomplete(tmp_path):
+    """Measured in the robustness sweep: the last rounds refused every reply, fewer than
+    diverge-patience of them; the run ended there and must not say complete."""
+    def craft(m, pid, node):
+        rnd = int(m.content[keys.CONFIG]["server-round"])
+        loss = float("nan") if rnd >= 3 else 1.0  # rounds 3 and 4: every reply dropped
+        return [train_reply(m.content[keys.ARRAYS], pid, node_id=node, num_examples=20, train_loss=loss)]
+
+    _, summary = _run(_config(tmp_path, **{"diverge-patience": 5, "num-server-rounds": 4}), craft)
+    assert len(read_rounds(tmp_path)) == 4
+    assert summary["complete"] is False
+    assert summary["incomplete_reason"].startswith("the last 2 round(s) dropped every reply that arrived")
+
+
+def test_a_refused_round_followed_by_replies_stays_complete(tmp_path):
+    def craft(m, pid, node):
+        rnd = int(m.content[keys.CONFIG]["server-round"])
+        loss = float("nan") if rnd == 2 else 1.0  # one refused round in the middle
+        return [train_reply(m.content[keys.ARRAYS], pid, node_id=node, num_examples=20, train_loss=loss)]
+
+    _, summary = _run(_config(tmp_path, **{"diverge-patience": 5, "num-server-rounds": 4}), craft)
+    assert summary["complete"] is True
+
+
 def test_patience_zero_keeps_such_a_run_going(tmp_path):
     def craft(m, pid, node):
         return [train_reply(m.content[keys.ARRAYS], pid, node_id=node, num_examples=20, train_loss=float("nan"))]
