@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
 
-from client_app.client_app import evaluate_handler
+from client_app.client_app import PartitionState, evaluate_handler
 from client_app.methods import TrainJob, get_client_method
 from client_app.methods.ditto import PERSONAL, PERSONAL_LOSS, personal_model
 from client_app.methods.sgd import run_sgd
@@ -108,7 +108,8 @@ def test_evaluation_scores_the_personal_model():
     with torch.no_grad():
         for p in personal.parameters():
             p.mul_(-3.0)  # far from the global model: different scores
-    state[PERSONAL] = ArrayRecord(personal.state_dict())
+    # the node keeps each partition's state apart (client_app.client_app.PartitionState)
+    PartitionState(state, 2)[PERSONAL] = ArrayRecord(personal.state_dict())
 
     def score(node_state):
         msg = app_request(cfg, global_arrays, MessageType.EVALUATE, client_method="ditto", **{"ditto-lambda": 0.1})
