@@ -154,11 +154,12 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
             super().__init__(*args, **kwargs)
             links.append(self)
 
-    monkeypatch.setattr(sim, "LocalSuperLink", Recorded)
+    monkeypatch.setattr("fedpcd_app.flwr_run.LocalSuperLink", Recorded)  # where the ray engine builds it
     over = {**SMALL, "method": method, "num-server-rounds": 2, "client-execution": "loop"}
     # Execute: the same run on both engines (the local one with a worker per core: one torch
     # thread per client, as each Ray actor with client-resources-num-cpus=1)
-    local = sim.simulate({**over, "output-dir": str(tmp_path / "local")}, workers=None)
+    # (explicitly: --workers auto would run this small run in process, with this process's threads)
+    local = sim.simulate({**over, "output-dir": str(tmp_path / "local")}, workers=engine.usable_cores())
     ray = sim.simulate({**over, "output-dir": str(tmp_path / "ray")}, engine="ray", num_cpus=1)
     # Assert
     _same_run(local, ray)
@@ -166,7 +167,9 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
     assert "deprecat" not in printed
     (link,) = links
     assert len(link.seen) >= 3  # SuperExec, the simulation, Ray's processes ...
-    assert [p for p, started in link.seen.items() if sim._start_time(p) == started] == []
+    from fedpcd_app.flwr_run import _start_time
+
+    assert [p for p, started in link.seen.items() if _start_time(p) == started] == []
 
 
 # -- a round's train requests to one process together (the batch hook; client_app/vectorised.py) ----
