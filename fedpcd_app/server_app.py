@@ -64,9 +64,24 @@ def set_log_method(method: str) -> None:
     _MethodTag.method = str(method) or "fedpcd"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the *current* ``sys.stderr`` (not the one of the first run in this process:
+    test runners and tools swap it between runs)."""
+
+    @property
+    def stream(self):
+        import sys
+
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(_MethodTag("%(asctime)s [%(method)s] %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
