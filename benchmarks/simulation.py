@@ -102,7 +102,8 @@ def settings(args, data_dir: Path) -> dict[str, dict]:
             "dirichlet-alpha": 0.3, "min-partition-size": 10, "eval-batch-size": args.eval_batch_size,
         },
         "digits": {"method": "fedavg"},  # the pyproject defaults are the digits MLP setting
-        "synthetic": {"method": "fedavg", "dataset": "synthetic", "model": "logreg", "num-clients": 100,
+        "synthetic": {"method": "fedavg", "dataset": "synthetic", "partitioner": "natural", "model": "logreg",
+                      "num-clients": 100,
                       "fraction-train": 1.0, "batch-size": 10, "lr": 0.05},
     }
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import queue
 import threading
@@ -235,14 +236,55 @@ class _Forward:
                 h = torch.relu(h)
         return h
 
-    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
-        if self.chain is None:  # is the model this chain? one comparison on the first batch
+    def is_chain(self, params: list[torch.Tensor], x: torch.Tensor) -> bool:
+        """Is the model the linear chain? (one comparison on the first batch, then remembered)"""
+        if self.chain is None:
             with torch.no_grad():
                 probe = [p[:1].detach() for p in params]
                 want = self.fn(probe, x[:1], [])
                 got = self._chain(probe, x[:1])
             self.chain = want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-4, atol=1e-5))
-        if self.chain:
+        return self.chain
+
+    @torch.no_grad()
+    def chain_step(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                   coefficient: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chain's per-example cross-entropy (rows, batch) and the gradient of
+        Σ coefficient(ce)·ce with respect to every row's parameters, as one (rows, D) tensor in
+        parameter order, by hand (softmax − one-hot, then the matmuls' transposes): the
+        backward autograd would run, without its per-operation bookkeeping."""
+        h = x.reshape(x.shape[0], x.shape[1], -1)
+        inputs, pre = [], []
+        at = 0
+        for i, has_bias in enumerate(self.layers):
+            inputs.append(h)
+            wt = params[at].transpose(1, 2)
+            h = torch.baddbmm(params[at + 1].unsqueeze(1), h, wt) if has_bias else torch.bmm(h, wt)
+            at += 2 if has_bias else 1
+            if i < len(self.layers) - 1:
+                pre.append(h)
+                h = torch.relu(h)
+        logp = torch.log_softmax(h, 2)
+        at_y = y.unsqueeze(2)
+        ce = -logp.gather(2, at_y).squeeze(2)
+        c = coefficient(ce)  # (rows, batch): d total / d ce
+        dz = logp.exp_()
+        dz.scatter_add_(2, at_y, torch.full_like(ce, -1.0).unsqueeze(2))
+        dz.mul_(c.unsqueeze(2))
+        grads: list[torch.Tensor] = []
+        for i in range(len(self.layers) - 1, -1, -1):
+            at -= 2 if self.layers[i] else 1
+            rows = dz.shape[0]
+            part = [torch.bmm(dz.transpose(1, 2), inputs[i]).reshape(rows, -1)]
+            if self.layers[i]:
+                part.append(dz.sum(1))
+            grads[:0] = part
+            if i:
+                dz = torch.bmm(dz, params[at]) * (pre[i - 1] > 0)
+        return ce, torch.cat(grads, 1)
+
+    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+        if self.is_chain(params, x):
             return self._chain(params, x)
         try:
             return self.fn(params, x, noise)
@@ -268,6 +310,8 @@ class _Forward:
         return shapes
 
 
+_GATHER_BYTES = 256 * 2**20  # a round's batches gathered up front up to this size, else step by step
+
 _FORWARDS: dict[tuple, _Forward] = {}  # per model layout and device: the parameters are the rows'
 
 
@@ -280,12 +324,41 @@ def _forward_for(model: nn.Module) -> _Forward:
     return _FORWARDS[key]
 
 
+def _coefficient(risk, w: torch.Tensor, n: torch.Tensor, wn: torch.Tensor, beta: torch.Tensor, terms: dict,
+                 ce: torch.Tensor) -> torch.Tensor:
+    """d(total)/d(ce) per example of one batched step (w: the examples' weights, 0 for padding;
+    n: real examples per row; wn = w / n); the rows' mean batch losses (``terms['plain']``) and
+    FedeRage's β step (``terms['step']``) on the side."""
+    e = ce.detach()
+    plain = (e * wn).sum(1)  # (rows,) each row's mean batch loss
+    terms["plain"] = plain
+    if risk is None:
+        return wn
+    if risk.level == "batch":
+        rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (plain >= beta.float()).to(e.dtype)
+        terms["step"] = (1.0 - rw).double()
+        return rw[:, None] * w / n
+    rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (e >= beta.float()[:, None]).to(e.dtype)
+    terms["step"] = (((1.0 - rw) * w).sum(1) / n[:, 0]).double()
+    return rw * w / n
+
+
 def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) -> list[RowResult]:
-    """Train every row for its own number of steps; one batched step of all rows per step."""
+    """Train every row for its own number of steps; one batched step of all rows per step.
+
+    The rows are ordered by their number of steps (most first), so the rows still training at
+    step k are a prefix and step k computes on that prefix alone: a round whose clients' sizes
+    differ (Synthetic's are lognormal: 45 to 5,353 examples) costs the longest client's steps
+    on fewer and fewer rows, not every row padded to the longest."""
     forward = _forward_for(model)
     dev = next(model.parameters()).device
+    order = sorted(range(len(rows)), key=lambda b: -len(rows[b].steps))  # stable: ties keep their order
+    given, rows = rows, [rows[b] for b in order]
     B = len(rows)
     S = max(len(r.steps) for r in rows)
+    if S == 0:  # no row has a batch: every row keeps its start
+        return [RowResult(params=[t.clone() for t in r.init], num_steps=0, train_loss=0.0, beta=float(r.beta))
+                for r in given]
     bs = max((len(i) for r in rows for i in r.steps), default=1)
     sources: dict[int, int] = {}  # id(x) -> offset in the pool (Ditto's two rows share one)
     xs, ys, off = [], [], 0
@@ -298,18 +371,26 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
             off += len(r.y)
         offsets.append(sources[id(r.x)])
     X, Y = torch.cat(xs), torch.cat(ys)
+    # every (row, step)'s batch scattered into (S, B, bs) index / weight tensors in one go
+    lens = [len(i) for r in rows for i in r.steps]
     index = torch.zeros(S, B, bs, dtype=torch.long, device=dev)
     weight = torch.zeros(S, B, bs, device=dev)
-    for b, (r, o) in enumerate(zip(rows, offsets)):  # row b's steps, scattered in a few ops
-        if not r.steps:
-            continue
-        lens = torch.tensor([len(i) for i in r.steps], device=dev)
-        step = torch.repeat_interleave(torch.arange(len(r.steps), device=dev), lens)
-        pos = torch.arange(len(step), device=dev) - (torch.cumsum(lens, 0) - lens)[step]
-        index[step, b, pos] = torch.cat(r.steps).to(dev) + o
-        weight[step, b, pos] = 1.0
+    if lens:
+        step_of = [k for r in rows for k in range(len(r.steps))]
+        row_of = [b for b, r in enumerate(rows) for _ in r.steps]
+        lens_t = torch.tensor(lens, device=dev)
+        flat_step = torch.repeat_interleave(torch.tensor(step_of, device=dev), lens_t)
+        flat_row = torch.repeat_interleave(torch.tensor(row_of, device=dev), lens_t)
+        pos = torch.arange(int(lens_t.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(lens_t, 0) - lens_t,
+                                                                                  lens_t)
+        shift = torch.repeat_interleave(torch.tensor([offsets[b] for b in row_of], device=dev), lens_t)
+        index[flat_step, flat_row, pos] = torch.cat([i.to(dev) for r in rows for i in r.steps]) + shift
+        weight[flat_step, flat_row, pos] = 1.0
     counts = weight.sum(2)  # (S, B) real examples per step
     active = counts > 0  # (S, B)
+    steps = [len(r.steps) for r in rows]
+    width = [sum(1 for n_ in steps if n_ > k) for k in range(S)] if B > 1 else [B] * S  # the prefix per step
+    full = [bool(active[k, :width[k]].all()) for k in range(S)]  # every row of the prefix takes a step
     noise: list[torch.Tensor] = []
     if forward.drops:  # per step and dropout module: (B, bs, *features), zero-padded
         shapes = forward.dropout_shapes(X)
@@ -329,6 +410,9 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
     def flat(ts: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.cat([t.reshape(-1).to(dev) for t in ts])
 
+    def views(p: torch.Tensor) -> list[torch.Tensor]:
+        return [p[:, a:b].view(p.shape[0], *shape) for a, b, shape in zip(cuts[:-1], cuts[1:], shapes)]
+
     params = torch.stack([flat(r.init) for r in rows])  # (B, D)
     lr = torch.tensor([r.lr for r in rows], dtype=params.dtype, device=dev)[:, None]
     pull = any(r.prox for r in rows)
@@ -341,58 +425,72 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
                             for r in rows])
     risk = group.risk
     beta = torch.tensor([float(r.beta) for r in rows], dtype=torch.float64, device=dev)
-    loss_sum = torch.zeros(B, dtype=torch.float64, device=dev)
+    per_row = counts.clamp_min(1.0)[..., None]  # (S, B, 1)
+    # The (step, row) pairs that train, packed step by step (step k's rows at start[k]:start[k+1]):
+    # each step reads its batch as one slice. The examples are gathered once where that fits.
+    start = [0]
+    for m_ in width:
+        start.append(start[-1] + m_)
+    packed = torch.cat([index[k, :width[k]] for k in range(S)])  # (pairs, bs)
+    labels = Y[packed]
+    per_example = torch.cat([weight[k, :width[k]] / per_row[k, :width[k]] for k in range(S)])  # d(batch loss)/d(ce)
+    gathered = X[packed] if packed.numel() * X[:1].numel() * X.element_size() <= _GATHER_BYTES else None
+    losses = torch.zeros(start[-1], device=dev)  # each pair's mean batch loss (0 where a row took none)
     buf: torch.Tensor | None = None
-    full = active.all(1).tolist()  # steps where every row takes a step: no masking needed
+    by_hand = not forward.drops and forward.is_chain(views(params[:1]), X[index[0, :1]])
     for k in range(S):
-        act = active[k]
-        idx = index[k]
-        xb, yb, w = X[idx], Y[idx], weight[k]
-        # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
-        leaves = [params[:, a:b].view(B, *shape).detach().requires_grad_(True)
-                  for a, b, shape in zip(cuts[:-1], cuts[1:], shapes)]
-        logits = forward(leaves, xb, [z[k] for z in noise])
-        ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(B, bs)
-        n = counts[k].clamp_min(1.0)
-        plain = (ce * w).sum(1) / n  # (B,) each row's mean batch loss
-        if risk is None:
-            total = plain.sum()
-        elif risk.level == "batch":
-            f = plain.detach()
-            rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (f >= beta.float()).to(f.dtype)
-            total = (rw * plain).sum()
-            step = (1.0 - rw).double()
+        m = width[k]  # rows 0..m-1 still train
+        a, b = start[k], start[k + 1]
+        xb = gathered[a:b] if gathered is not None else X[packed[a:b]]
+        yb, p = labels[a:b], params[:m]
+        act = None if full[k] else active[k, :m]
+        w, n, beta_k = (None, None, None) if risk is None else (weight[k, :m], per_row[k, :m], beta[:m])
+        terms: dict[str, torch.Tensor] = {}
+
+        coefficient = functools.partial(_coefficient, risk, w, n, per_example[a:b], beta_k, terms)
+        if by_hand:
+            _, g = forward.chain_step(views(p), xb, yb, coefficient)
         else:
-            e = ce.detach()
-            rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (e >= beta.float()[:, None]).to(e.dtype)
-            total = ((rw * ce * w).sum(1) / n).sum()
-            step = (((1.0 - rw) * w).sum(1) / n).double()
+            # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
+            leaves = [v.detach().requires_grad_(True) for v in views(p)]
+            logits = forward(leaves, xb, [z[k, :m] for z in noise])
+            ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(m, bs)
+            total = (coefficient(ce).detach() * ce).sum()
+            g = torch.cat([t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], 1)
+        losses[a:b] = terms["plain"]  # 0 for a row of the prefix without a batch at this step
         if risk is not None:
-            moved = (beta - risk.beta_lr * step).clamp(risk.beta_min, risk.beta_max)
-            beta = moved if full[k] else torch.where(act, moved, beta)
-        g = torch.cat([t.reshape(B, -1) for t in torch.autograd.grad(total, leaves)], 1)
-        loss_sum += plain.detach().double() if full[k] else torch.where(act, plain.detach().double(), 0.0)
+            moved = (beta_k - risk.beta_lr * terms["step"]).clamp(risk.beta_min, risk.beta_max)
+            beta[:m] = moved if full[k] else torch.where(act, moved, beta_k)
         with torch.no_grad():
-            mask = act[:, None]
+            mask = None if full[k] else act[:, None]
             if pull:
-                g = g + coeff * (params - anchor)
+                g = g + coeff[:m] * (p - anchor[:m])
             if corrected:
-                g = g + corr
+                g = g + corr[:m]
             if group.weight_decay:
-                g = g + group.weight_decay * params
+                g = g + group.weight_decay * p
             if group.momentum:
                 if buf is None:
+                    buf = torch.zeros_like(params)
                     g = g.clone()
                 elif full[k]:
-                    g = buf * group.momentum + g
+                    g = buf[:m] * group.momentum + g
                 else:
-                    g = torch.where(mask, buf * group.momentum + g, buf)
-                buf = g
-            params = params - lr * g if full[k] else torch.where(mask, params - lr * g, params)
-    steps = [len(r.steps) for r in rows]
-    return [RowResult(params=[params[b, a:c].view(shape) for a, c, shape in zip(cuts[:-1], cuts[1:], shapes)],
-                      num_steps=steps[b], train_loss=float(loss_sum[b]) / max(steps[b], 1), beta=float(beta[b]))
-            for b in range(B)]
+                    g = torch.where(mask, buf[:m] * group.momentum + g, buf[:m])
+                buf[:m] = g
+            if full[k]:
+                p.addcmul_(lr[:m], g, value=-1.0)
+            else:
+                params[:m] = torch.where(mask, p - lr[:m] * g, p)
+    loss_sum = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(
+        0, torch.cat([torch.arange(m_, device=dev) for m_ in width]), losses.double())
+    results = [RowResult(params=[params[b, a:c].view(shape) for a, c, shape in zip(cuts[:-1], cuts[1:], shapes)],
+                         num_steps=steps[b], train_loss=float(loss_sum[b]) / max(steps[b], 1), beta=float(beta[b]))
+               for b in range(B)]
+    out: list[RowResult] = [results[0]] * len(given)
+    for b, at in enumerate(order):
+        out[at] = results[b]
+    return out
 
 
 # -- jobs → rows: what each method's routine does, as rows -----------------------------------------

