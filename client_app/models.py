@@ -287,7 +287,7 @@ def input_spec(cfg) -> tuple[tuple[int, ...], int]:
 
             raise ConfigError(
                 "client-data='node': 'input-shape' and 'num-classes' are unknown; give them in the run config, or "
-                "let the ServerApp learn them from the nodes' first QUERY (fedpcd_app.server_app.run_experiment)"
+                "let the ServerApp learn them from the nodes' first QUERY (fedpcd_app.server.server_app.run_experiment)"
             )
         return s.input_shape, s.num_classes
     if cfg.dataset_path:

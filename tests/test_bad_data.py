@@ -315,12 +315,12 @@ def test_the_simulate_command_exits_2_with_one_line_and_writes_no_summary(tmp_pa
 
 def test_the_ray_engine_checks_a_local_folder_before_starting_flower(tmp_path, monkeypatch):
     """``--engine ray`` loads ``dataset-path`` before the SuperLink starts: one line, no failed run."""
-    from fedpcd_app import simulate
+    from fedpcd_app.runtime import flwr_run, simulate
 
     def no_superlink(*args, **kwargs):
         raise AssertionError("the SuperLink was started for bad data")
 
-    monkeypatch.setattr(simulate, "LocalSuperLink", no_superlink)
+    monkeypatch.setattr(flwr_run, "LocalSuperLink", no_superlink)  # where the ray engine looks it up
     folder = good_folder(tmp_path / "data")
     _train_test_shapes(folder)
     data_mod._CACHE.clear()
@@ -339,8 +339,8 @@ def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomp
 
     from client_app.client_app import app as client_app
     from fedcore import keys
-    from fedpcd_app.results import read_rounds, read_summary
-    from fedpcd_app.server_app import Experiment
+    from fedpcd_app.server.results import read_rounds, read_summary
+    from fedpcd_app.server.server_app import Experiment
     from tests.fakegrid import ClientAppGrid, task_identity
 
     good = good_folder(tmp_path / "good")

@@ -24,7 +24,7 @@ from client_app.models import initial_model
 from client_app.training import evaluate, local_sgd
 from fedcore.config import load_config
 from fedcore.seeding import torch_generator
-from fedpcd_app.evaluation import score_clients
+from fedpcd_app.server.evaluation import score_clients
 
 RECORDED = Path(__file__).parent / "data" / "perf_reference.json"
 INT64 = pa.int64()
@@ -124,7 +124,7 @@ TINY = {"method": "fedavg", "num-server-rounds": 2, "num-clients": 6, "eval-ever
 
 
 def _metrics(out):
-    from fedpcd_app.results import read_rounds, read_summary
+    from fedpcd_app.server.results import read_rounds, read_summary
 
     s, rs = read_summary(out), read_rounds(out)
     return s, rs
@@ -134,7 +134,7 @@ def _metrics(out):
 def test_eval_modes_agree_and_metrics_match_recorded_reference(tmp_path):
     """eval-mode=server and eval-mode=federated give the same per-client scores, and the
     run's metrics equal those recorded from the foundation code (before any speed-up)."""
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     ref = json.loads(RECORDED.read_text())
     # The server-eval run asks every client for loss-before (the foundation computed it in

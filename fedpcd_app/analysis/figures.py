@@ -3,7 +3,7 @@
     python -m fedpcd_app.figures <folder> [--out DIR] [--baseline METHOD] [--methods A,B,...]
 
 ``<folder>`` is a single run folder, a sweep output folder or any folder holding runs
-(found and labelled as in :mod:`fedpcd_app.report`). Per setting, each method at its best
+(found and labelled as in :mod:`fedpcd_app.analysis.report`). Per setting, each method at its best
 grid point (chosen as in the report); legends name the method entry and its grid point,
 ``method [key=value]``, and say when a method's data is identical to another's (drawn
 dashed or offset so that neither hides the other). ``--methods`` keeps (and orders) the
@@ -62,8 +62,8 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from fedpcd_app.report import Run, best_variant, load_runs, ordered, sweep_order  # noqa: E402
-from fedpcd_app.sweep import _safe  # noqa: E402
+from fedpcd_app.analysis.report import Run, best_variant, load_runs, ordered, sweep_order  # noqa: E402
+from fedpcd_app.analysis.sweep import _safe  # noqa: E402
 
 HISTORY_KEY = "fedpcd-history"
 ACTIVE_KEY = "fedpcd-active"

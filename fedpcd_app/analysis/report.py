@@ -6,7 +6,7 @@
 any folder holding runs (searched recursively). Runs made by a sweep carry their labels
 (setting, method entry, grid point, seed) in ``run.json``, and a folder with a
 ``sweep.json`` contributes only the runs that manifest lists (the current sweep file).
-Other runs (``flwr run``, ``fedpcd_app.simulate``) are labelled from their resolved config
+Other runs (``flwr run``, ``fedpcd_app.runtime.simulate``) are labelled from their resolved config
 in ``summary.json``: the method is ``method``; the setting is named by the data and
 federation keys (:data:`SETTING_KEYS`) that differ between the runs found ("default" when
 none does); the grid point by the other keys that differ between runs of one method and
@@ -67,8 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from fedpcd_app.results import ROUNDS, SUMMARY, read_rounds, read_summary
-from fedpcd_app.sweep import MANIFEST, NO_GRID, RUN_FILE
+from fedpcd_app.analysis.sweep import MANIFEST, NO_GRID, RUN_FILE
+from fedpcd_app.server.results import ROUNDS, SUMMARY, read_rounds, read_summary
 
 # (summary key, column title, higher is better, shown as a percentage)
 METRICS: tuple[tuple[str, str, bool, bool], ...] = (

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpcd_app.report import format_cell, load_runs, mean_std, ordered, sweep_order, title_of
+from fedpcd_app.analysis.report import format_cell, load_runs, mean_std, ordered, sweep_order, title_of
 
 METRICS = (("mean_acc", "honest mean accuracy"), ("worst10_acc", "honest worst-10 % accuracy"))
 

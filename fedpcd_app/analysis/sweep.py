@@ -26,10 +26,10 @@ sees the same federation (FedPCD paper, Sec. 5: "five paired random seeds").
 
 Each run goes to ``<out>/<setting>/<method>/<grid point>/seed<k>`` (deterministic from its
 labels) with a ``run.json`` (its labels and overrides) and, once finished, the results of
-:mod:`fedpcd_app.results`. A run whose folder already holds ``summary.json`` is skipped, so
+:mod:`fedpcd_app.server.results`. A run whose folder already holds ``summary.json`` is skipped, so
 an interrupted sweep is restarted by rerunning the command. Every run's config is validated
 (method registered, keys known, values in range) before the first run starts.
-Runs execute through :func:`fedpcd_app.simulate.simulate`, each in a fresh process
+Runs execute through :func:`fedpcd_app.runtime.simulate.simulate`, each in a fresh process
 (``--jobs`` processes in parallel), on the local engine (default; ``--workers`` worker
 processes per run, default the usable cores shared among the jobs) or with ``--engine ray``
 on Flower's Ray engine (``flwr run`` against a private local SuperLink per run).
@@ -54,9 +54,9 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.config import ConfigError, Scalar, resolve
-from fedpcd_app.config import check
-from fedpcd_app.results import SUMMARY, write_json_atomic
-from fedpcd_app.simulate import add_engine_arguments
+from fedpcd_app.runtime.simulate import add_engine_arguments
+from fedpcd_app.server.config import check
+from fedpcd_app.server.results import SUMMARY, write_json_atomic
 
 RUN_FILE = "run.json"
 MANIFEST = "sweep.json"
@@ -223,13 +223,13 @@ def is_done(folder: Path) -> bool:
 
 def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any] | None = None) -> str:
     """Process body: one run, its output (and its engine's) to ``run.log``; ``engine`` holds
-    :func:`~fedpcd_app.simulate.simulate`'s engine arguments."""
+    :func:`~fedpcd_app.runtime.simulate.simulate`'s engine arguments."""
     log = open(Path(folder) / LOG_FILE, "w")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
-    from fedpcd_app.engine import stop_forkserver
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.engine import stop_forkserver
+    from fedpcd_app.runtime.simulate import simulate
 
     try:
         # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end
@@ -241,7 +241,7 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
 def default_workers(jobs: int) -> int:
     """Local-engine workers per run: the usable cores shared among the parallel runs; 0 (the
     ClientApps in the run's own process) when that leaves fewer than two per run."""
-    from fedpcd_app.engine import usable_cores
+    from fedpcd_app.runtime.engine import usable_cores
 
     per_run = usable_cores() // jobs
     return per_run if per_run >= 2 else 0
@@ -262,7 +262,7 @@ def check_finished(sweep: Sweep, out: Path) -> None:
 def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True,
               engine: Mapping[str, Any] | None = None) -> list[tuple[RunSpec, str]]:
     """Run every pending run; returns the failures ``(run, reason)`` (finished runs are kept).
-    ``engine``: :func:`~fedpcd_app.simulate.simulate`'s engine arguments (``engine``,
+    ``engine``: :func:`~fedpcd_app.runtime.simulate.simulate`'s engine arguments (``engine``,
     ``workers``: default :func:`default_workers`, ``num_cpus``, ``num_gpus``)."""
     from tqdm import tqdm
 
@@ -342,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
 def _report_and_figures(out: Path) -> None:
     """The sweep's report.md and figures (its runs draw none of their own): ``python -m
     fedpcd_app.report <out>`` and ``python -m fedpcd_app.figures <out>``."""
-    for module in ("fedpcd_app.report", "fedpcd_app.figures"):
+    for module in ("fedpcd_app.report", "fedpcd_app.figures"):  # the commands a user reruns
         proc = subprocess.run([sys.executable, "-m", module, str(out)], capture_output=True, text=True, check=False,
-                              cwd=Path(__file__).resolve().parent.parent)
+                              cwd=Path(__file__).resolve().parents[2])
         if proc.returncode != 0:
             err = proc.stderr.strip().splitlines()
             print(f"note: {module} failed ({err[-1] if err else proc.returncode}); run python -m {module} {out}",

@@ -45,7 +45,7 @@ from typing import Any
 
 from fedcore.config import ConfigError
 
-PROJECT = Path(__file__).resolve().parent.parent  # the Flower app (pyproject.toml) `flwr run` builds
+PROJECT = Path(__file__).resolve().parents[2]  # the Flower app (pyproject.toml) `flwr run` builds
 EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 DEFAULT_FEDERATION = "client-resources-num-cpus=1"  # and num-supernodes=<num-clients>
 STATUS_TIMEOUT = 60.0  # seconds to wait, after the log stream ends, for the run's final status
@@ -194,8 +194,8 @@ def prepare(run_configs: list[str]) -> dict[str, Any]:
     (ConfigError / OverrideError, one line, otherwise)."""
     from fedcore import overrides as ov
     from fedcore.config import parse_overrides, resolve
-    from fedpcd_app.config import check
-    from fedpcd_app.results import default_output_dir
+    from fedpcd_app.server.config import check
+    from fedpcd_app.server.results import default_output_dir
 
     raw = resolve(parse_overrides(ov.render(ov.compose(*run_configs))))
     cfg = check(raw)

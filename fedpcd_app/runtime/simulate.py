@@ -10,8 +10,8 @@ call :func:`simulate`. Prints the output folder on the last line.
 
 Engines (same numbers for the same seed; ``tests/test_engine.py``):
 
-* ``local`` (default): :mod:`fedpcd_app.engine`. The ServerApp runs in this process on a
-  :class:`~fedpcd_app.engine.LocalGrid`; the ClientApps run in ``--workers`` worker
+* ``local`` (default): :mod:`fedpcd_app.runtime.engine`. The ServerApp runs in this process on a
+  :class:`~fedpcd_app.runtime.engine.LocalGrid`; the ClientApps run in ``--workers`` worker
   processes (``0`` = in this process; default ``auto``: in this process when the run's
   client training is too small to repay starting workers, else the usable cores —
   :func:`auto_workers`) that keep their model and data for the whole run. GPUs are shared
@@ -37,8 +37,8 @@ from typing import Any
 
 from client_app.data import DataError
 from fedcore.config import ConfigError
-from fedpcd_app.checkpoint import OutputError
-from fedpcd_app.flwr_run import PROJECT, Interrupted, LocalSuperLink, check_output_dir  # noqa: F401 - re-exported
+from fedpcd_app.runtime.flwr_run import Interrupted, check_output_dir
+from fedpcd_app.server.checkpoint import OutputError
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
@@ -84,22 +84,22 @@ def simulate(
 
 # -- local engine --------------------------------------------------------------------------------
 def _simulate_local(overrides, workers: int | None) -> Path:
-    from fedpcd_app.config import load_setup
-    from fedpcd_app.engine import run_local, usable_cores
-    from fedpcd_app.server_app import make_server_app
+    from fedpcd_app.runtime.engine import run_local, usable_cores
+    from fedpcd_app.server.config import load_setup
+    from fedpcd_app.server.server_app import make_server_app
 
     _check_output_dir_first(overrides)  # before any data is loaded or model built
     setup = load_setup(overrides)  # every key checked, strategy and model built, once
     workers = auto_workers(setup.cfg, usable_cores()) if workers is None else workers
     run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
-              run_config=setup.raw, warmup="fedpcd_app.simulate:load_client_data" if workers else None,
+              run_config=setup.raw, warmup="fedpcd_app.runtime.simulate:load_client_data" if workers else None,
               preload=CLIENT_PRELOAD, batch=CLIENT_BATCH)
     return Path(setup.cfg.output_dir).resolve()
 
 
 def _check_output_dir_first(overrides) -> None:
     from fedcore.config import parse_overrides, parse_run_config, resolve
-    from fedpcd_app.results import default_output_dir
+    from fedpcd_app.server.results import default_output_dir
 
     raw = resolve(parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides or {}))
     check_output_dir(raw.get("output-dir") or default_output_dir(parse_run_config(raw)))
@@ -177,8 +177,8 @@ def load_client_data(run_config: Mapping[str, Any]) -> None:
 # -- Ray engine: `flwr run` against a private local SuperLink --------------------------------------
 def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
     from fedcore.config import parse_overrides, resolve
-    from fedpcd_app.config import check
-    from fedpcd_app.results import default_output_dir
+    from fedpcd_app.server.config import check
+    from fedpcd_app.server.results import default_output_dir
 
     if isinstance(overrides, str):
         overrides = parse_overrides(overrides)
@@ -191,7 +191,7 @@ def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
     # The ServerApp runs from an installed copy of the app (another working directory).
     raw["output-dir"] = str(Path(raw["output-dir"] or default_output_dir(cfg)).resolve())
     check_output_dir(raw["output-dir"])
-    from fedpcd_app.flwr_run import run_app
+    from fedpcd_app.runtime.flwr_run import run_app
 
     federation = (f"num-supernodes={cfg.num_clients} client-resources-num-cpus={num_cpus:g} "
                   f"client-resources-num-gpus={num_gpus:g}")
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: the run stopped (its rounds so far are in its output-dir)", file=sys.stderr, flush=True)
         return 130
     finally:
-        from fedpcd_app.engine import stop_forkserver
+        from fedpcd_app.runtime.engine import stop_forkserver
 
         stop_forkserver()
     print(out, flush=True)

@@ -14,9 +14,9 @@ summary with ``complete: false`` and stops with :class:`AggregationStopped` (one
 the method, the round and the exception); with ``"keep"`` it logs the exception, keeps the
 model and goes on. ``summary.json`` says whether the run is complete and, if not, why.
 
-Parts, one job each: :mod:`fedpcd_app.config` (validation, once), :mod:`fedpcd_app.membership`
-(node ↔ partition), :class:`fedpcd_app.evaluation.Evaluator`, :mod:`fedpcd_app.results` and
-:mod:`fedpcd_app.checkpoint`.
+Parts, one job each: :mod:`fedpcd_app.server.config` (validation, once), :mod:`fedpcd_app.server.membership`
+(node ↔ partition), :class:`fedpcd_app.server.evaluation.Evaluator`, :mod:`fedpcd_app.server.results` and
+:mod:`fedpcd_app.server.checkpoint`.
 """
 
 from __future__ import annotations
@@ -32,13 +32,19 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
-from fedpcd_app import checkpoint, divergence, node_data, secagg
-from fedpcd_app.config import Setup, check, validate
-from fedpcd_app.evaluation import Evaluator, reply_limits, summary_fields
-from fedpcd_app.exchange import resolve_round_timeout, send_and_receive
-from fedpcd_app.membership import Membership, PartitionRouter, route_partitions, routing_wanted, wait_for_stable_nodes
-from fedpcd_app.results import ResultsWriter, write_json_atomic
-from fedpcd_app.tracking import tracker_for
+from fedpcd_app.server import checkpoint, divergence, node_data, secagg
+from fedpcd_app.server.config import Setup, check, validate
+from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
+from fedpcd_app.server.exchange import resolve_round_timeout, send_and_receive
+from fedpcd_app.server.membership import (
+    Membership,
+    PartitionRouter,
+    route_partitions,
+    routing_wanted,
+    wait_for_stable_nodes,
+)
+from fedpcd_app.server.results import ResultsWriter, write_json_atomic
+from fedpcd_app.server.tracking import tracker_for
 from strategies.privacy import CentralDP
 from strategies.wrappers import UpdateClip, find_wrapper
 
@@ -187,7 +193,7 @@ class Experiment:
         raise AggregationStopped(line) from self.aggregation_exception
 
     def diverged(self, server_round: int, why: str) -> dict[str, Any]:
-        """A diverged run ends (fedpcd_app.divergence): one line, no checkpoint of this round,
+        """A diverged run ends (fedpcd_app.server.divergence): one line, no checkpoint of this round,
         the summary saying so; the model is the last finite one."""
         reason = f"{divergence.PREFIX} {server_round}: {why}"
         log.error("%s; the run stops (the model is the last finite one; diverge-patience=%d)", reason,
@@ -274,7 +280,7 @@ class Experiment:
         self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
         return self.last_eval
 
-    # -- checkpoints (fedpcd_app.checkpoint) ---------------------------------------------------
+    # -- checkpoints (fedpcd_app.server.checkpoint) ---------------------------------------------------
     def after_round(self, server_round: int) -> None:
         """Called after each round's record is written: the checkpoint, when due."""
         every = self.setup.checkpoint_every
@@ -438,14 +444,14 @@ FIGURES = ("auto", "none")  # run-config figures
 
 
 def draw_report(out_dir) -> None:
-    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.run_report`, in a
+    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.analysis.run_report`, in a
     process of its own); a failure there is one warning, the run's results stand."""
     import subprocess
     import sys
     from pathlib import Path
 
-    app_root = Path(__file__).resolve().parent.parent  # this app's copy (flwr run installs one)
-    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.run_report", str(out_dir)], cwd=app_root,
+    app_root = Path(__file__).resolve().parents[2]  # this app's copy (flwr run installs one)
+    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.analysis.run_report", str(out_dir)], cwd=app_root,
                           capture_output=True, text=True, check=False)
     lines = (proc.stdout if proc.returncode == 0 else proc.stderr).strip().splitlines()
     message = lines[-1] if lines else f"exit code {proc.returncode}"
@@ -490,7 +496,7 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
     """One run on ``grid``: a :class:`Setup`, or a full flat run config validated here. With
     ``client-data = "node"`` the nodes are asked first (one QUERY: partition and data) and
     what the run config leaves unknown (input shape, classes, normalisation) is filled from
-    their replies before the model is built (:mod:`fedpcd_app.node_data`)."""
+    their replies before the model is built (:mod:`fedpcd_app.server.node_data`)."""
     _setup_logging()
     membership = None
     set_log_method((setup.cfg.method if isinstance(setup, Setup) else dict(setup).get("method")) or "fedpcd")
@@ -509,13 +515,15 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
 def routed(grid: Grid, cfg: RunConfig) -> tuple[Grid, Membership | None]:
     """In a partitioned simulation whose node count is not ``num-clients`` (e.g. Flower's
     default 2 SuperNodes): the grid of one virtual node per partition over the real ones, and
-    its membership (:class:`fedpcd_app.membership.PartitionRouter`); else ``(grid, None)``."""
-    from fedpcd_app.engine import LocalGrid
-    from fedpcd_app.exchange import is_simulation
+    its membership (:class:`fedpcd_app.server.membership.PartitionRouter`); else ``(grid, None)``."""
+    from fedpcd_app.server.exchange import is_simulation
 
     if local_data.is_node_mode(cfg) or not is_simulation(grid):
         return grid, None
-    nodes = list(grid.get_node_ids()) if isinstance(grid, LocalGrid) else wait_for_stable_nodes(grid)
+    # a grid whose nodes all exist when it is built (the local engine's LocalGrid) declares
+    # nodes_fixed = True; Flower's simulation grid is waited on until its node set is stable
+    fixed = getattr(grid, "nodes_fixed", False) is True
+    nodes = list(grid.get_node_ids()) if fixed else wait_for_stable_nodes(grid)
     if not routing_wanted(cfg, grid, nodes):
         return grid, None
     router = PartitionRouter(grid, cfg.num_clients, nodes)
