@@ -85,7 +85,7 @@ def write_cifar_like(folder: Path, n_train: int, n_test: int, seed: int = 0) -> 
     for split, n in (("train", n_train), ("test", n_test)):
         labels = rng.integers(0, 10, size=n)
         imgs = np.clip(means[labels] + rng.normal(0, 50, size=(n, 32, 32, 3)), 0, 255).astype(np.uint8)
-        # Nested fixed-size lists H×W×C: the numeric-array form data.py reads.
+        # Nested fixed-size lists H×W×C: the numeric-array form client_app/data/parquet.py reads.
         flat = pa.array(imgs.reshape(-1), type=pa.uint8())
         col = pa.FixedSizeListArray.from_arrays(
             pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(flat, 3), 32), 32)

@@ -26,6 +26,7 @@ import pytest
 
 from client_app import data as data_mod
 from client_app.data import DataError, load_federated_data
+from client_app.data import parquet as data_parquet
 from fedcore.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -390,7 +391,7 @@ def _big_images(n, side):
 def test_2000x2000_images_are_refused_before_they_become_floats(tmp_path, monkeypatch):
     folder = good_folder(tmp_path / "data")
     pq.write_table(pa.table({"image": _big_images(3, 2000), "label": pa.array([0, 1, 2])}), folder / "train.parquet")
-    monkeypatch.setattr(data_mod, "_numeric_lists", lambda *a: pytest.fail("converted before the bound was checked"))
+    monkeypatch.setattr(data_parquet, "_numeric_lists", lambda *a: pytest.fail("converted before the bound checked"))
     message = _load_error(_cfg(folder))
     assert "\n" not in message and str(folder / "train.parquet") in message
     assert "row 0 holds 4,000,000 values, above the bound of 1,048,576 per image" in message
@@ -406,7 +407,7 @@ def test_an_encoded_2000x2000_image_is_refused_from_its_header(tmp_path, monkeyp
 
 def test_a_file_too_big_uncompressed_is_refused_from_its_footer(tmp_path, monkeypatch):
     folder = good_folder(tmp_path / "data")
-    monkeypatch.setattr(data_mod, "MAX_DATA_BYTES", 1000)
+    monkeypatch.setattr(data_parquet, "MAX_DATA_BYTES", 1000)  # where the reader looks it up
     import pyarrow.parquet
 
     monkeypatch.setattr(pyarrow.parquet, "read_table", lambda *a, **k: pytest.fail("read before the bound"))

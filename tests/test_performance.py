@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from client_app import data as data_mod
 from client_app.client_app import model_for
+from client_app.data import base as data_base
 from client_app.data import load_federated_data
+from client_app.data import parquet as data_parquet
 from client_app.models import initial_model
 from client_app.training import evaluate, local_sgd
 from fedcore.config import load_config
@@ -98,12 +99,12 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
     imgs = (rng.uniform(0, 255, size=shape)).astype(dtype)
     _write(tmp_path / "train.parquet", pa.array(imgs.tolist()))  # variable-size nested lists
     table = pq.read_table(tmp_path / "train.parquet")
-    fast = data_mod._numeric_lists(table.column("image"))
+    fast = data_parquet._numeric_lists(table.column("image"))
     slow = np.asarray(table.column("image").to_pylist(), dtype=np.float32)
     assert fast is not None and fast.dtype == np.float32
     np.testing.assert_array_equal(fast, slow)
-    x, y, writers = data_mod._read_parquet(tmp_path, "train")
-    np.testing.assert_array_equal(x, data_mod._images_to_nchw(slow))
+    x, y, writers = data_parquet.read_parquet(tmp_path, "train")
+    np.testing.assert_array_equal(x, data_base.images_to_nchw(slow))
     np.testing.assert_array_equal(y, np.arange(shape[0]) % 3)
     assert writers is None  # no writer column
 
@@ -111,12 +112,12 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
 def test_parquet_fixed_size_lists_and_ragged(tmp_path):
     imgs = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     col = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(imgs.reshape(-1)), 3), 3)
-    np.testing.assert_array_equal(data_mod._numeric_lists(pa.chunked_array([col])), imgs.astype(np.float32))
+    np.testing.assert_array_equal(data_parquet._numeric_lists(pa.chunked_array([col])), imgs.astype(np.float32))
     ragged = pa.array([[[1, 2], [3, 4]], [[1, 2, 3], [4, 5, 6]]])
-    assert data_mod._numeric_lists(ragged) is None  # left to the slow path, which names the error
+    assert data_parquet._numeric_lists(ragged) is None  # left to the slow path, which names the error
     _write(tmp_path / "train.parquet", ragged)
-    with pytest.raises(data_mod.DataError, match="same shape"):
-        data_mod._read_parquet(tmp_path, "train")
+    with pytest.raises(data_base.DataError, match="same shape"):
+        data_parquet.read_parquet(tmp_path, "train")
 
 
 # -- end to end: seeded runs --------------------------------------------------------------
