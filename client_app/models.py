@@ -271,7 +271,7 @@ DATASET_META = {
     "cifar10": ((3, 32, 32), 10),
     "cifar100": ((3, 32, 32), 100),
     "femnist": ((1, 28, 28), 62),
-    "synthetic": ((1, 1, 60), 10),  # 60 features as N×1×1×60 (client_app/synthetic.py)
+    "synthetic": ((1, 1, 60), 10),  # 60 features as N×1×1×60 (client_app/data/synthetic.py)
 }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist",
-            # Synthetic(alpha, beta) of the FedProx/q-FFL authors, generated offline (client_app/synthetic.py)
+            # Synthetic(alpha, beta) of the FedProx/q-FFL authors, generated offline (client_app/data/synthetic.py)
             "synthetic")
 MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
           # the CRAFT authors' models (their fed/nets.py): see client_app/models.py

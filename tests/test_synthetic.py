@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from client_app import synthetic
-from client_app.data import DataError, load_federated_data
+from client_app.data import DataError, load_federated_data, synthetic
 from fedcore.config import ConfigError, load_config
 from fedcore.seeding import derive_seed, numpy_rng
 

@@ -48,11 +48,11 @@ Sources
   ``HF_DATASETS_CACHE``; offline with ``HF_DATASETS_OFFLINE=1``), a mirror
   (``HF_ENDPOINT``) and proxies; the dataset's own test split is the central test set
   (FEMNIST has none: ``central-test-fraction`` of its train split is held out).
-* ``synthetic``: the FedProx/q-FFL authors' Synthetic(α, β) (:mod:`client_app.synthetic`),
+* ``synthetic``: the FedProx/q-FFL authors' Synthetic(α, β) (:mod:`client_app.data.synthetic`),
   generated offline, one user per client (``partitioner='natural'``), the users' own 90/10
   split; the central test set is the union of their test splits; features as generated.
 * ``dataset-path`` with ``train/*.json`` and ``test/*.json``: LEAF's layout
-  (:mod:`client_app.leaf`), the users' own split, values as given.
+  (:mod:`client_app.data.leaf`), the users' own split, values as given.
 * ``dataset-path``: a local folder with ``train.parquet`` and ``test.parquet``, each with
   an int ``label`` column and an ``image`` column holding either encoded images
   (``{"bytes": ...}`` as written by ``datasets``) or numeric 2-D (H×W) / 3-D (H×W×C) arrays.
@@ -62,9 +62,9 @@ Sources
 Modules
 -------
 :mod:`.base` (DataError, FederatedData, shared bounds), :mod:`.build` (from the data keys to
-a FederatedData), the sources :mod:`.builtin` (digits, synthetic), :mod:`.hub` and
-:mod:`.parquet` (with :mod:`client_app.leaf` for LEAF folders and :mod:`client_app.local_data`
-for a node's own folder), :mod:`.partition`, :mod:`.splits` and :mod:`.augment`. The names
+a FederatedData), the sources :mod:`.builtin` (digits, and synthetic from :mod:`.synthetic`'s
+generator), :mod:`.hub`, :mod:`.parquet` and :mod:`.leaf` (a node's own folder, in deployments:
+:mod:`client_app.local_data`), then :mod:`.partition`, :mod:`.splits` and :mod:`.augment`. The names
 below are the public API (``from client_app.data import ...``); to monkeypatch a function,
 patch it in the module that calls it.
 """

@@ -1,6 +1,6 @@
 """A run's :class:`~client_app.data.base.FederatedData` from its data keys: the source's
 arrays (:func:`_load_arrays` picks it: a ``dataset-path`` folder in LEAF's layout
-(:mod:`client_app.leaf`) or with parquet files (:mod:`.parquet`), the built-in sources
+(:mod:`client_app.data.leaf`) or with parquet files (:mod:`.parquet`), the built-in sources
 (:mod:`.builtin`) or the hub (:mod:`.hub`)), the pools (``data-pool``), the partitions
 (:mod:`.partition`) or one client per user (``partitioner='natural'``), each client's splits
 (:mod:`.splits`) and the tensors (images standardised per channel)."""
@@ -71,7 +71,7 @@ def _own_split_users(cfg: RunConfig) -> UserSplits | None:
 
 
 def _is_leaf(cfg: RunConfig) -> bool:
-    from client_app.leaf import is_leaf_folder
+    from client_app.data.leaf import is_leaf_folder
 
     return bool(cfg.dataset_path) and is_leaf_folder(Path(cfg.dataset_path))
 
@@ -198,11 +198,11 @@ def _normalise(x_pool: np.ndarray, x_central: np.ndarray) -> tuple[torch.Tensor,
 def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
     """(the training pool, the test pool or None when the source has no test split)."""
     if cfg.dataset_path:
-        from client_app.leaf import is_leaf_folder, read_leaf
+        from client_app.data.leaf import is_leaf_folder, read_leaf
 
         folder = Path(cfg.dataset_path)
         if is_leaf_folder(folder):
-            from client_app import leaf
+            from client_app.data import leaf
 
             try:
                 return read_leaf(folder, max_classes(cfg))

@@ -1,6 +1,6 @@
 """The built-in sources, offline: scikit-learn's 8×8 handwritten digits (``dataset='digits'``,
 the default) and the FedProx/q-FFL authors' Synthetic(α, β) (``dataset='synthetic'``, generated
-by :mod:`client_app.synthetic`: one user per client, with the users' own 90/10 split)."""
+by :mod:`client_app.data.synthetic`: one user per client, with the users' own 90/10 split)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from client_app.data.base import Arrays, DataError, UserSplits
 from fedcore.config import RunConfig
 
-# dataset='synthetic' (client_app/synthetic.py): keys and their defaults
+# dataset='synthetic' (client_app/data/synthetic.py): keys and their defaults
 SYNTHETIC_DEFAULTS = {"synthetic-alpha": 1.0, "synthetic-beta": 1.0, "synthetic-iid": False, "synthetic-seed": -1}
 
 
@@ -34,7 +34,7 @@ def synthetic_settings(cfg: RunConfig) -> tuple[float, float, bool, int]:
 def synthetic_user_splits(cfg: RunConfig) -> UserSplits:
     """Synthetic(α, β) with ``num-clients`` users, each its own train/test split; features as
     generated (n×60 as N×1×1×60, the N×C×H×W layout the models take)."""
-    from client_app import synthetic
+    from client_app.data import synthetic
 
     alpha, beta, iid, sseed = synthetic_settings(cfg)
     try:
