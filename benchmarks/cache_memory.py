@@ -97,7 +97,7 @@ def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
     from client_app.models import initial_model
     from client_app.training import local_sgd
     from fedcore.seeding import derive_seed
-    from fedpcd_app.sampler import build_sampler
+    from fedpcd_app.server.sampler import build_sampler
     from tests.helpers import train_reply
 
     overrides = {"method": "fedpcd", "model": model, "seed": seed}

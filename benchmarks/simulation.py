@@ -5,7 +5,7 @@
     python benchmarks/simulation.py --settings cnn --device cuda --workers 4 --num-cpus 4 --ray-num-gpus 0.25
     python benchmarks/simulation.py --settings digits --engines vectorised --rounds 9 --no-e2e --json out.json
 
-**Per round.** For each setting the app runs through :func:`fedpcd_app.simulate.simulate` on
+**Per round.** For each setting the app runs through :func:`fedpcd_app.runtime.simulate.simulate` on
 each engine of ``--engines`` (``local``: this project's engine, ``--workers`` worker processes;
 ``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor;
 ``vectorised``: the local engine with ``client-execution = 'vectorised'``, each process's clients
@@ -63,8 +63,8 @@ from client_app.models import initial_model  # noqa: E402
 from client_app.training import evaluate, local_sgd  # noqa: E402
 from fedcore.config import load_config  # noqa: E402
 from fedcore.seeding import numpy_rng, torch_generator  # noqa: E402
-from fedpcd_app.evaluation import score_central, score_clients  # noqa: E402
-from fedpcd_app.results import read_rounds  # noqa: E402
+from fedpcd_app.server.evaluation import score_central, score_clients  # noqa: E402
+from fedpcd_app.server.results import read_rounds  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
@@ -85,7 +85,7 @@ def write_cifar_like(folder: Path, n_train: int, n_test: int, seed: int = 0) -> 
     for split, n in (("train", n_train), ("test", n_test)):
         labels = rng.integers(0, 10, size=n)
         imgs = np.clip(means[labels] + rng.normal(0, 50, size=(n, 32, 32, 3)), 0, 255).astype(np.uint8)
-        # Nested fixed-size lists H×W×C: the numeric-array form data.py reads.
+        # Nested fixed-size lists H×W×C: the numeric-array form client_app/data/parquet.py reads.
         flat = pa.array(imgs.reshape(-1), type=pa.uint8())
         col = pa.FixedSizeListArray.from_arrays(
             pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(flat, 3), 32), 32)
@@ -132,7 +132,7 @@ def load_vector(theta: torch.Tensor, params: list[torch.Tensor]) -> None:
 def app_global_models(out_dir: Path, rounds: list[dict], model: torch.nn.Module) -> dict[int, torch.Tensor]:
     """The app's global model (its parameters as one vector) at the start of each round:
     round r starts from the checkpoint of round r − 1, round 1 from ``model`` (the initial one)."""
-    from fedpcd_app import checkpoint
+    from fedpcd_app.server import checkpoint
 
     names = [n for n, _ in model.named_parameters()]
     start = {1: torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()}
@@ -238,7 +238,7 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
 
 def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, float]:
     """One run of the app on ``engine``; (its output folder, its wall seconds in this process)."""
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     t0 = time.perf_counter()
     out = simulate({**overrides, "output-dir": str(out_dir), "client-execution": EXECUTION[engine]},
@@ -250,8 +250,8 @@ def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, fl
 def engine_label(engine: str, args, overrides: dict | None = None) -> str:
     if engine == "ray":
         return f"ray ({args.num_cpus:g} CPU{', %g GPU' % args.ray_num_gpus if args.ray_num_gpus else ''}/actor)"
-    from fedpcd_app.engine import usable_cores
-    from fedpcd_app.simulate import auto_workers
+    from fedpcd_app.runtime.engine import usable_cores
+    from fedpcd_app.runtime.simulate import auto_workers
 
     workers = args.workers
     if workers is None:  # --workers auto, decided as simulate decides it

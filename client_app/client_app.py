@@ -52,7 +52,7 @@ def node_partition(context: Context, config: Mapping | None = None) -> int:
 def served_partition(context: Context, config: Mapping, cfg: RunConfig) -> int:
     """The partition a request is for. With partitioned data (``client-data = "partition"``)
     a node can serve any partition, and a simulation with fewer nodes than partitions routes
-    several to one node (:class:`fedpcd_app.membership.PartitionRouter`): the request's
+    several to one node (:class:`fedpcd_app.server.membership.PartitionRouter`): the request's
     ``partition-id`` wins. A node with its own data (``client-data = "node"``) always serves
     its own partition."""
     if not local_data.is_node_mode(cfg) and keys.PARTITION_ID in config:

@@ -20,7 +20,7 @@ the validation split (as for a partition).
   first QUERY, where every node reports its images' shape and the labels it holds
   (:func:`describe`; a node config may declare ``num-classes`` too, for a node whose folder
   lacks the highest classes). Shapes must agree, labels must be < num-classes.
-* **Normalisation**: as for a partitioned dataset (:func:`client_app.data._normalise`), per
+* **Normalisation**: as for a partitioned dataset (:func:`client_app.data.build._normalise`), per
   channel standardisation with one mean and std for the whole federation, so that every
   client feeds the model the same kind of input: ``data-mean`` / ``data-std`` in the run
   config (comma-separated, one per channel), or "" = the statistics of the union of the
@@ -185,10 +185,11 @@ def _read(folder: Path, max_classes: int | None = None):
     """(train, test) arrays in [0, 1], N×C×H×W, through the ``dataset-path`` reader and its
     checks (empty splits, bad labels and pixels, train/test shapes, labels below
     ``max-classes``, image sizes: one DataError line)."""
-    from client_app.data import DEFAULT_MAX_CLASSES, _read_parquet, check_same_shape
+    from client_app.data import DEFAULT_MAX_CLASSES, check_same_shape
+    from client_app.data.parquet import read_parquet
 
     bound = DEFAULT_MAX_CLASSES if max_classes is None else max_classes
-    train, test = _read_parquet(folder, "train", bound), _read_parquet(folder, "test", bound)
+    train, test = read_parquet(folder, "train", bound), read_parquet(folder, "test", bound)
     check_same_shape(train, test, folder)
     return train, test
 
@@ -300,7 +301,8 @@ def _load(folder: Path, s: Settings, cfg: RunConfig, pid: int) -> NodeData:
 def load_central_test(cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The server's optional central test set (``central-test-path``: a folder holding
     test.parquet, or a .parquet file), standardised as the clients' data; None when ""."""
-    from client_app.data import _read_parquet, max_classes
+    from client_app.data import max_classes
+    from client_app.data.parquet import read_parquet
 
     s = settings(cfg)
     if not s.central_test_path:
@@ -313,7 +315,7 @@ def load_central_test(cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor] | Non
     else:
         raise ConfigError(f"run-config key '{CENTRAL_TEST_PATH}' = {s.central_test_path!r} is neither a folder "
                           "holding test.parquet nor a .parquet file (give an absolute path on the server)")
-    x, y, _ = _read_parquet(folder, split, max_classes(cfg))
+    x, y, _ = read_parquet(folder, split, max_classes(cfg))
     if tuple(x.shape[1:]) != s.input_shape:
         raise ConfigError(f"run-config key '{CENTRAL_TEST_PATH}': images are {format_shape(x.shape[1:])}, the "
                           f"model takes {format_shape(s.input_shape)}")

@@ -271,7 +271,7 @@ DATASET_META = {
     "cifar10": ((3, 32, 32), 10),
     "cifar100": ((3, 32, 32), 100),
     "femnist": ((1, 28, 28), 62),
-    "synthetic": ((1, 1, 60), 10),  # 60 features as N×1×1×60 (client_app/synthetic.py)
+    "synthetic": ((1, 1, 60), 10),  # 60 features as N×1×1×60 (client_app/data/synthetic.py)
 }
 
 
@@ -287,7 +287,7 @@ def input_spec(cfg) -> tuple[tuple[int, ...], int]:
 
             raise ConfigError(
                 "client-data='node': 'input-shape' and 'num-classes' are unknown; give them in the run config, or "
-                "let the ServerApp learn them from the nodes' first QUERY (fedpcd_app.server_app.run_experiment)"
+                "let the ServerApp learn them from the nodes' first QUERY (fedpcd_app.server.server_app.run_experiment)"
             )
         return s.input_shape, s.num_classes
     if cfg.dataset_path:

@@ -1,6 +1,6 @@
 """The client half of secure aggregation (SecAgg+): a ClientApp train mod.
 
-The server half (the SecAgg+ workflow, the reply it rebuilds) is ``fedpcd_app.secagg``.
+The server half (the SecAgg+ workflow, the reply it rebuilds) is ``fedpcd_app.server.secagg``.
 A request that carries SecAgg+'s stage config goes through Flower's ``secaggplus_mod``,
 which masks this app's train reply after it is put into the legacy FitRes form; any other
 request passes through unchanged.

@@ -8,7 +8,7 @@ and are read, typed and range-checked by the method's ``Params``
 (:mod:`fedcore.params`); app-level keys (sampler, checkpoints, secure aggregation) are declared
 once in :data:`APP_KEYS` (type, range or choices, default), checked when the config is parsed,
 and read by :meth:`RunConfig.get_float` and friends (the declared default when none is given).
-``fedpcd_app.config.validate`` does all of it once, before any node starts.
+``fedpcd_app.server.config.validate`` does all of it once, before any node starts.
 
 The defaults of every key ship with the package (:mod:`fedcore.defaults`, generated from
 pyproject.toml's ``[tool.flwr.app.config]``): nothing reads a pyproject.toml at run time.
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "femnist",
-            # Synthetic(alpha, beta) of the FedProx/q-FFL authors, generated offline (client_app/synthetic.py)
+            # Synthetic(alpha, beta) of the FedProx/q-FFL authors, generated offline (client_app/data/synthetic.py)
             "synthetic")
 MODELS = ("mlp", "cnn", "resnet18", "resnet20", "resnet56", "resnet110",
           # the CRAFT authors' models (their fed/nets.py): see client_app/models.py
@@ -124,7 +124,7 @@ def _num(x: float | None) -> str:
 # Every app-level key (the experiment, data, client training, server, defences, reliability
 # and tracking sections of pyproject.toml's [tool.flwr.app.config]), in that order. A key
 # read with cfg.get_*() or cfg.params.get() is declared here; the range checks that involve
-# two keys (val-fraction, dataset or dataset-path, ...) are in _validate and fedpcd_app.config.
+# two keys (val-fraction, dataset or dataset-path, ...) are in _validate and fedpcd_app.server.config.
 APP_KEYS: tuple[AppKey, ...] = (
     # -- experiment (contract: scripts and sweeps read these names) --
     AppKey("method", "fedavg", "the aggregation method (strategies.registry)"),
@@ -185,7 +185,7 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("fedavg-weighting", "data-size", "the FedAvg family's weights: n_i/Σn or 1/m",
            choices=("data-size", "uniform")),
     AppKey("server-device", "auto", "where the server's aggregation maths runs", choices=SERVER_DEVICES),
-    AppKey("participation", "uniform", "the client sampler (fedpcd_app/sampler.py)",
+    AppKey("participation", "uniform", "the client sampler (fedpcd_app/server/sampler.py)",
            choices=("uniform", "skewed", "bernoulli", "size-proportional")),
     AppKey("availability-rare-clients", 3, "skewed participation: how many rare clients", low=0),
     AppKey("availability-rare-prob", 0.01, "skewed participation: a rare client's probability", low=0.0, high=1.0,
@@ -411,7 +411,7 @@ def parse_run_config(raw: Mapping[str, Scalar]) -> RunConfig:
 
     Raises :class:`ConfigError` (one line, naming the key and the fix) on any problem.
     Method keys stay in :attr:`RunConfig.params`: the app checks them against the method's
-    ``Params`` (``fedpcd_app.config.validate``); clients need not know the strategies.
+    ``Params`` (``fedpcd_app.server.config.validate``); clients need not know the strategies.
     """
     raw = dict(raw)
     kwargs: dict[str, Any] = {}

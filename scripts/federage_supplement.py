@@ -15,9 +15,9 @@ import torch
 from client_app.data import load_federated_data
 from client_app.models import build_model
 from fedcore.config import parse_run_config
-from fedpcd_app import report
-from fedpcd_app.evaluation import score_clients
-from fedpcd_app.metrics import fairness_metrics
+from fedpcd_app.analysis import report
+from fedpcd_app.server.evaluation import score_clients
+from fedpcd_app.server.metrics import fairness_metrics
 
 
 def pct(values) -> str:

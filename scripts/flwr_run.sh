@@ -18,7 +18,7 @@
 # Uses the installed environment ($FEDPCD_VENV, default ./.venv; no run-time dependency
 # install, no network), a private FLWR_HOME (a temporary folder) and a free port per
 # invocation, so runs started at once from one checkout never share a SuperLink; it follows
-# the run id `flwr run` printed. The work is done by fedpcd_app/flwr_run.py.
+# the run id `flwr run` printed. The work is done by fedpcd_app/runtime/flwr_run.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -26,7 +26,7 @@ and the final per-client test accuracies give the authors' statistics (``plot_fa
 average, worst 10 % and best 10 % (mean of the ⌊0.1 N⌋ lowest / highest), and variance
 ``np.var(acc) · 10⁴`` (population variance in %²).
 
-The data are this project's (:func:`client_app.synthetic.synthetic_users`, the same arrays a
+The data are this project's (:func:`client_app.data.synthetic.synthetic_users`, the same arrays a
 run with ``dataset = 'synthetic'`` and the same ``seed`` uses), so a difference between this
 script and a Flower run is the pipeline's, not the data's. ``--loss-before batch`` replaces F_k
 by the loss on the client's first mini-batch (an ablation: how much the whole-split loss
@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from client_app.synthetic import synthetic_users  # noqa: E402
+from client_app.data.synthetic import synthetic_users  # noqa: E402
 
 EPS = 1e-10
 

@@ -3,7 +3,7 @@ from finished sweep runs, in the q-FFL paper's statistics.
 
     python scripts/synthetic_tables.py <sweep-out> [--paper qffl] [--frontier FIG.png] [--csv OUT.csv]
 
-Runs are found and labelled as by ``fedpcd_app.report`` (``load_runs``). Per run it reads
+Runs are found and labelled as by ``fedpcd_app.analysis.report`` (``load_runs``). Per run it reads
 ``summary.json`` (and ``rounds.jsonl`` for the divergence check) and computes the q-FFL
 paper's Table 1 statistics of the final per-client test accuracies (``client_acc``), as the
 authors' ``plot_fairness.py`` does: average (unweighted mean over clients), worst 10 % and
@@ -19,7 +19,7 @@ for selection and its row shows ``diverged (k/n)`` instead of numbers.
 
 Selection. Per setting and method entry, the eligible grid point with the best mean over
 seeds of the validation mean accuracy (``val_mean_acc``; the test mean with a warning when
-the runs have no validation split), as ``fedpcd_app.report``.
+the runs have no validation split), as ``fedpcd_app.analysis.report``.
 
 Equal scoring. Every run of one table must have been scored on the same iterate
 (``scored_iterate`` of ``summary.json``: ``last`` or ``averaged``); the script refuses (one
@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpcd_app.report import Run, load_runs, ordered, sweep_order  # noqa: E402
+from fedpcd_app.analysis.report import Run, load_runs, ordered, sweep_order  # noqa: E402
 
 NUM_CLASSES = 10
 STALL_EVALS = 5

@@ -12,7 +12,7 @@ With ``server-lr`` η_g > 0 the model step is θ_t − (η_g/η_l)·mean Δ_i (a
 
 Algorithm 2 returns the average of the global iterates, (1/T) Σ_{τ=1..T} θ̂_τ. Scoring that
 average is the app's ``eval-averaged-iterate = true`` (every method, so that all are scored
-on the same iterate: ``fedpcd_app.evaluation``); the retired ``federage-averaged-iterate``
+on the same iterate: ``fedpcd_app.server.evaluation``); the retired ``federage-averaged-iterate``
 is refused with a line naming it. The training rounds broadcast θ̂_t. Algorithm 2's local
 work (every client the same H steps, each on a fresh i.i.d. mini-batch) is the app's
 ``local-steps`` key (any method).

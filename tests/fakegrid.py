@@ -13,7 +13,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedcore import keys
-from fedpcd_app import engine
+from fedpcd_app.runtime import engine
 from tests.helpers import make_reply, train_reply
 
 

@@ -312,8 +312,8 @@ def make_run(out: Path, setting: str, method: str, seed: int, client_acc: list[f
     import json
 
     from fedcore.config import resolve
-    from fedpcd_app.metrics import fairness_metrics
-    from fedpcd_app.results import write_json_atomic
+    from fedpcd_app.server.metrics import fairness_metrics
+    from fedpcd_app.server.results import write_json_atomic
 
     grid = grid or {}
     variant = ",".join(f"{k}={v}" for k, v in grid.items()) or "base"

@@ -2,7 +2,14 @@
 
 fedcore is a leaf: it imports none of this project's other packages. strategies and
 client_app import only fedcore (and libraries). fedpcd_app wires everything. No import
-cycle between modules of this project. Imports inside functions count too."""
+cycle between modules of this project. Imports inside functions count too.
+
+Inside fedpcd_app, three jobs (issue 24): ``server`` (the ServerApp) <- ``runtime`` (running
+it: the local engine, Ray / ``flwr run``) <- ``analysis`` (sweeps, reports, figures). An arrow
+points at what a job may import: the server imports nothing of the runtime or the analysis,
+the runtime nothing of the analysis. The only modules at fedpcd_app's top level are the
+published entry points (``fedpcd_app.server_app:app``, ``python -m fedpcd_app.<command>``),
+each a thin shim that nothing of the project imports."""
 
 from __future__ import annotations
 
@@ -17,6 +24,15 @@ ALLOWED = {
     "client_app": {"fedcore", "client_app"},
     "fedpcd_app": set(PACKAGES),
 }
+# the jobs inside fedpcd_app and what each may import of it
+LAYERS = {
+    "fedpcd_app.server": {"fedpcd_app.server"},
+    "fedpcd_app.runtime": {"fedpcd_app.server", "fedpcd_app.runtime"},
+    "fedpcd_app.analysis": {"fedpcd_app.server", "fedpcd_app.runtime", "fedpcd_app.analysis"},
+}
+# fedpcd_app's top level: the package and the published entry points (contracts read by outside scripts)
+ENTRY_POINTS = {"fedpcd_app", "fedpcd_app.server_app", "fedpcd_app.simulate", "fedpcd_app.sweep",
+                "fedpcd_app.report", "fedpcd_app.figures", "fedpcd_app.robustness", "fedpcd_app.flwr_run"}
 
 
 def module_name(path: Path) -> str:
@@ -56,6 +72,59 @@ def test_packages_import_only_in_the_allowed_direction():
     assert not bad, "imports against the dependency direction:\n" + "\n".join(bad)
 
 
+def layer_of(mod: str) -> str | None:
+    return next((layer for layer in LAYERS if mod == layer or mod.startswith(layer + ".")), None)
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Imports inside fedpcd_app against server <- runtime <- analysis, and imports of the
+    top-level entry points (shims for outside callers, not an API) from anywhere in the project."""
+    bad = []
+    for mod, deps in sorted(edges.items()):
+        layer = layer_of(mod)
+        for dep in sorted(deps):
+            if dep in ENTRY_POINTS - {"fedpcd_app"}:
+                bad.append(f"{mod} imports the entry point {dep} (import {dep}'s target instead)")
+            elif layer is not None and dep.startswith("fedpcd_app.") and layer_of(dep) not in LAYERS[layer]:
+                bad.append(f"{mod} imports {dep}")
+    return bad
+
+
+def test_fedpcd_app_jobs_import_only_in_the_allowed_direction():
+    bad = layer_violations(graph())
+    assert not bad, "imports against server <- runtime <- analysis:\n" + "\n".join(bad)
+
+
+def test_fedpcd_app_top_level_holds_only_the_entry_points():
+    top = {module_name(p) for p in (ROOT / "fedpcd_app").glob("*.py")}
+    assert top == ENTRY_POINTS, f"modules at fedpcd_app's top level that belong in a job: {sorted(top - ENTRY_POINTS)}"
+    subpackages = {module_name(p.parent) for p in (ROOT / "fedpcd_app").glob("*/__init__.py")}
+    assert subpackages == set(LAYERS)
+    for mod in ENTRY_POINTS - {"fedpcd_app"}:  # a shim: it imports its target and nothing else of the project
+        path = ROOT / (mod.replace(".", "/") + ".py")
+        assert len(path.read_text().splitlines()) <= 15, f"{path.name} is an entry-point shim: keep the code in a job"
+        deps = graph()[mod]
+        assert len(deps) == 1 and layer_of(next(iter(deps))) is not None, (mod, deps)
+
+
+def test_the_layer_checker_sees_a_forbidden_edge():
+    """Each forbidden direction is reported (and the allowed ones are not)."""
+    edges = {
+        "fedpcd_app.server.evaluation": {"fedpcd_app.runtime.engine", "fedpcd_app.server.metrics", "fedcore.config"},
+        "fedpcd_app.server.results": {"fedpcd_app.analysis.report"},
+        "fedpcd_app.runtime.simulate": {"fedpcd_app.analysis.sweep", "fedpcd_app.server.config"},
+        "fedpcd_app.analysis.sweep": {"fedpcd_app.runtime.simulate", "fedpcd_app.server.results"},
+        "fedpcd_app.analysis.report": {"fedpcd_app.simulate"},
+    }
+    assert layer_violations(edges) == [
+        "fedpcd_app.analysis.report imports the entry point fedpcd_app.simulate (import fedpcd_app.simulate's "
+        "target instead)",
+        "fedpcd_app.runtime.simulate imports fedpcd_app.analysis.sweep",
+        "fedpcd_app.server.evaluation imports fedpcd_app.runtime.engine",
+        "fedpcd_app.server.results imports fedpcd_app.analysis.report",
+    ]
+
+
 def test_no_import_cycle():
     edges = graph()
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
@@ -82,5 +151,5 @@ def test_no_import_cycle():
 def test_the_checker_sees_a_forbidden_edge(tmp_path, monkeypatch):
     """The walk finds an import inside a function (the way the old cycles were hidden)."""
     f = tmp_path / "m.py"
-    f.write_text("def f():\n    from fedpcd_app.config import validate\n    import client_app.data\n")
-    assert imports_of(f) == {"fedpcd_app.config", "fedpcd_app.config.validate", "client_app.data"}
+    f.write_text("def f():\n    from fedpcd_app.server.config import validate\n    import client_app.data\n")
+    assert imports_of(f) == {"fedpcd_app.server.config", "fedpcd_app.server.config.validate", "client_app.data"}

@@ -16,10 +16,10 @@ from client_app.data import load_federated_data
 from client_app.models import initial_model
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
-from fedpcd_app.config import load_setup
-from fedpcd_app.metrics import fairness_metrics
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server.config import load_setup
+from fedpcd_app.server.metrics import fairness_metrics
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from strategies import FedeRage
 from tests.fakegrid import ClientAppGrid, flat_of, task_identity
 from tests.helpers import app_request

@@ -26,6 +26,7 @@ import pytest
 
 from client_app import data as data_mod
 from client_app.data import DataError, load_federated_data
+from client_app.data import parquet as data_parquet
 from fedcore.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,12 +316,12 @@ def test_the_simulate_command_exits_2_with_one_line_and_writes_no_summary(tmp_pa
 
 def test_the_ray_engine_checks_a_local_folder_before_starting_flower(tmp_path, monkeypatch):
     """``--engine ray`` loads ``dataset-path`` before the SuperLink starts: one line, no failed run."""
-    from fedpcd_app import simulate
+    from fedpcd_app.runtime import flwr_run, simulate
 
     def no_superlink(*args, **kwargs):
         raise AssertionError("the SuperLink was started for bad data")
 
-    monkeypatch.setattr(simulate, "LocalSuperLink", no_superlink)
+    monkeypatch.setattr(flwr_run, "LocalSuperLink", no_superlink)  # where the ray engine looks it up
     folder = good_folder(tmp_path / "data")
     _train_test_shapes(folder)
     data_mod._CACHE.clear()
@@ -339,8 +340,8 @@ def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomp
 
     from client_app.client_app import app as client_app
     from fedcore import keys
-    from fedpcd_app.results import read_rounds, read_summary
-    from fedpcd_app.server_app import Experiment
+    from fedpcd_app.server.results import read_rounds, read_summary
+    from fedpcd_app.server.server_app import Experiment
     from tests.fakegrid import ClientAppGrid, task_identity
 
     good = good_folder(tmp_path / "good")
@@ -390,7 +391,7 @@ def _big_images(n, side):
 def test_2000x2000_images_are_refused_before_they_become_floats(tmp_path, monkeypatch):
     folder = good_folder(tmp_path / "data")
     pq.write_table(pa.table({"image": _big_images(3, 2000), "label": pa.array([0, 1, 2])}), folder / "train.parquet")
-    monkeypatch.setattr(data_mod, "_numeric_lists", lambda *a: pytest.fail("converted before the bound was checked"))
+    monkeypatch.setattr(data_parquet, "_numeric_lists", lambda *a: pytest.fail("converted before the bound checked"))
     message = _load_error(_cfg(folder))
     assert "\n" not in message and str(folder / "train.parquet") in message
     assert "row 0 holds 4,000,000 values, above the bound of 1,048,576 per image" in message
@@ -406,7 +407,7 @@ def test_an_encoded_2000x2000_image_is_refused_from_its_header(tmp_path, monkeyp
 
 def test_a_file_too_big_uncompressed_is_refused_from_its_footer(tmp_path, monkeypatch):
     folder = good_folder(tmp_path / "data")
-    monkeypatch.setattr(data_mod, "MAX_DATA_BYTES", 1000)
+    monkeypatch.setattr(data_parquet, "MAX_DATA_BYTES", 1000)  # where the reader looks it up
     import pyarrow.parquet
 
     monkeypatch.setattr(pyarrow.parquet, "read_table", lambda *a, **k: pytest.fail("read before the bound"))

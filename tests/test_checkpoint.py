@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from fedcore.config import ConfigError, load_config
-from fedpcd_app import checkpoint
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server import checkpoint
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import FakeGrid, honest_reply, task_identity
 
@@ -53,7 +53,7 @@ def test_process_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(PROJECT)!r})
-        from fedpcd_app import checkpoint
+        from fedpcd_app.server import checkpoint
         from tests.test_checkpoint import _ckpt
 
         real_save = checkpoint.torch.save
@@ -140,7 +140,7 @@ RESUME_METHODS = ["fedavg", "fedpcd", "craft", "scaffold", "federage"]
 def test_resumed_run_matches_the_uninterrupted_run(method, tmp_path):
     if method not in registry.names():
         pytest.skip(f"method {method!r} is not registered on this branch")
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     # Prepare: an uninterrupted 4-round run checkpointing every 2 rounds
     base = {"method": method, "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
@@ -228,7 +228,7 @@ def test_operational_keys_may_change_on_resume(tmp_path):
 
 @pytest.mark.parametrize("value", ["seed", "no-such-key", "lr,method"])
 def test_resume_allow_changes_is_checked(tmp_path, value):
-    from fedpcd_app.config import check
+    from fedpcd_app.server.config import check
 
     with pytest.raises(ConfigError, match="resume-allow-changes"):
         check({**load_config({"output-dir": str(tmp_path)}).as_dict(), "resume-allow-changes": value})

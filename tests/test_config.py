@@ -3,7 +3,7 @@
 import pytest
 
 from fedcore.config import ConfigError, default_run_config, load_config, parse_overrides
-from fedpcd_app.config import load_setup
+from fedpcd_app.server.config import load_setup
 from strategies import registry
 
 CONTRACT_KEYS = [
@@ -243,8 +243,8 @@ def test_every_default_in_the_code_is_the_declared_one():
 def test_declared_choices_match_the_apps_own_lists():
     from client_app.local_data import CLIENT_DATA_MODES
     from fedcore.config import APP
-    from fedpcd_app.config import ON_AGGREGATION_ERROR
-    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES
+    from fedpcd_app.server.config import ON_AGGREGATION_ERROR
+    from fedpcd_app.server.sampler import PARTICIPATION, RARE_CHOICES
 
     assert APP["participation"].choices == PARTICIPATION
     assert APP["availability-rare-choice"].choices == RARE_CHOICES

@@ -483,8 +483,8 @@ def test_digits_preset_repeats_the_shared_setting():
 # -- end to end ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_craft_end_to_end_writes_diagnostics(tmp_path):
-    from fedpcd_app.results import read_rounds, read_summary
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
+    from fedpcd_app.server.results import read_rounds, read_summary
 
     out = simulate({"method": "craft", "num-server-rounds": 2, "num-clients": 6, "fraction-train": 0.5,
                     "eval-every": 1, "output-dir": str(tmp_path)})

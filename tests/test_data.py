@@ -220,10 +220,11 @@ slept = []
 real_sleep = time.sleep
 time.sleep = lambda s: (slept.append(s), real_sleep(min(s, 0.01)))  # a back-off retry would show here
 from client_app import data
+from client_app.data import hub
 from fedcore.config import parse_run_config, resolve
 probes = []
-real_probe = data.hub_reachable
-data.hub_reachable = lambda *a, **k: probes.append(1) or real_probe(*a, **k)
+real_probe = hub.hub_reachable
+hub.hub_reachable = lambda *a, **k: probes.append(1) or real_probe(*a, **k)
 out = {}
 for dataset in sys.argv[1:]:
     cfg = parse_run_config(resolve({"dataset": dataset, "num-clients": 4, "partitioner": "iid"}))

@@ -13,10 +13,10 @@ from scipy import stats
 
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
-from fedpcd_app import checkpoint
-from fedpcd_app.config import load_setup
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server import checkpoint
+from fedpcd_app.server.config import load_setup
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from strategies import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, registry
 from strategies.privacy import CentralDP, Params
 from strategies.wrappers import UpdateClip, find_wrapper, median_clip_scales

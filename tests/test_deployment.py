@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedpcd_app import checkpoint
-from fedpcd_app.results import read_rounds, read_summary
+from fedpcd_app.server import checkpoint
+from fedpcd_app.server.results import read_rounds, read_summary
 from strategies import registry
 from tests.deployment import LocalFederation
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from fedpcd_app.results import read_rounds, read_summary
+from fedpcd_app.server.results import read_rounds, read_summary
 from tests.deployment import LocalFederation, wait_for
 from tests.test_deployment import METHOD
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedpcd_app.results import read_rounds, read_summary
+from fedpcd_app.server.results import read_rounds, read_summary
 from tests import own_data
 from tests.deployment import LocalFederation
 

@@ -195,8 +195,8 @@ def test_bad_keys_name_the_key(overrides, key):
 
 @pytest.mark.slow
 def test_ditto_craft_end_to_end_scores_personal_models(tmp_path):
-    from fedpcd_app.results import read_rounds
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
+    from fedpcd_app.server.results import read_rounds
 
     out = simulate({"method": "ditto", "ditto-aggregator": "craft", "num-server-rounds": 2, "num-clients": 6,
                     "fraction-train": 0.5, "eval-every": 1, "output-dir": str(tmp_path)})

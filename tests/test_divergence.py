@@ -1,4 +1,4 @@
-"""A run that diverges says so (fedpcd_app.divergence): it stops with one line, its summary
+"""A run that diverges says so (fedpcd_app.server.divergence): it stops with one line, its summary
 says ``complete: false`` and ``incomplete_reason: "diverged at round N: ..."``, and the model
 left (scored, final_model.pt) is the last finite one. Never reported as a score."""
 
@@ -13,10 +13,10 @@ from flwr.app import Array, ArrayRecord
 
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
-from fedpcd_app import divergence
-from fedpcd_app.config import check
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server import divergence
+from fedpcd_app.server.config import check
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import FakeGrid, flat_of, honest_reply, task_identity
 from tests.helpers import train_reply
 
@@ -137,7 +137,7 @@ def test_slow_progress_near_chance_is_not_a_divergence(tmp_path):
 
 
 def Experiment_model(tmp_path):  # noqa: N802 - the model the runs above build
-    from fedpcd_app.config import validate
+    from fedpcd_app.server.config import validate
 
     return validate(_config(tmp_path).as_dict()).model
 
@@ -191,7 +191,7 @@ def test_unbounded_inputs_are_one_line_config_errors(tmp_path, overrides, key):
 
 
 def test_num_clients_above_a_datasets_size_stops_the_cli_in_one_line(tmp_path, capsys):
-    from fedpcd_app import simulate
+    from fedpcd_app.runtime import simulate
 
     code = simulate.main(["--workers", "0", "--run-config", f"num-clients=1000000000 output-dir='{tmp_path}'"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.simulate import simulate
+from fedpcd_app.runtime.simulate import simulate
+from fedpcd_app.server.results import read_rounds, read_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 2, "eval-every": 1,

@@ -1,4 +1,4 @@
-"""The local engine (fedpcd_app.engine): Flower's Grid for one machine, in this process or in
+"""The local engine (fedpcd_app.runtime.engine): Flower's Grid for one machine, in this process or in
 worker processes; and the Flower internals it relies on."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from fedcore import keys
-from fedpcd_app import engine
+from fedpcd_app.runtime import engine
 
 PROBE = "tests.fakegrid:probe_app"
 
@@ -24,7 +24,7 @@ def _alive(pid: int) -> bool:
 
 def test_flower_internals_the_engine_sets_are_unchanged():
     """Outside Flower's runtime a Message needs TaskIdentity (internal) and a Grid a Run (internal):
-    fedpcd_app/engine.py sets them in one place. This fails, saying where, if an upgrade moves them."""
+    fedpcd_app/runtime/engine.py sets them in one place. This fails, saying where, if an upgrade moves them."""
     try:
         engine.check_flower_internals()
     except RuntimeError as exc:
@@ -109,7 +109,7 @@ METRICS = ["mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain"
 
 
 def _same_run(a, b):
-    from fedpcd_app.results import read_rounds, read_summary
+    from fedpcd_app.server.results import read_rounds, read_summary
 
     sa, sb = read_summary(a), read_summary(b)
     assert {k: sa[k] for k in METRICS} == {k: sb[k] for k in METRICS}
@@ -123,12 +123,12 @@ def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, mon
     gives bit for bit what the ClientApps give in this process (both at one torch thread)."""
     import torch
 
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     # the per-client loop on both sides: with client-execution = 'vectorised' a worker trains its
     # share of the round as rows, in process the whole round (equal within 1e-5: the tests below)
     over = {**SMALL, "method": method, "num-server-rounds": 3, "client-execution": "loop"}
-    monkeypatch.setattr("fedpcd_app.engine.usable_cores", lambda: 2)  # 2 workers: one torch thread each
+    monkeypatch.setattr("fedpcd_app.runtime.engine.usable_cores", lambda: 2)  # 2 workers: one torch thread each
     pooled = simulate({**over, "output-dir": str(tmp_path / "pool")}, workers=2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' thread count: float sums in the same order
@@ -144,17 +144,18 @@ def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, mon
 def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypatch, capfd):
     """--engine local and --engine ray (flwr run on a private local SuperLink): identical
     summary metrics and per-round train losses; no deprecation banner; no process left."""
-    from fedpcd_app import simulate as sim
+    from fedpcd_app.runtime import flwr_run
+    from fedpcd_app.runtime import simulate as sim
 
     # Prepare: keep the SuperLink objects to check afterwards that all they started is gone
     links = []
 
-    class Recorded(sim.LocalSuperLink):
+    class Recorded(flwr_run.LocalSuperLink):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             links.append(self)
 
-    monkeypatch.setattr("fedpcd_app.flwr_run.LocalSuperLink", Recorded)  # where the ray engine builds it
+    monkeypatch.setattr(flwr_run, "LocalSuperLink", Recorded)  # where the ray engine builds it
     over = {**SMALL, "method": method, "num-server-rounds": 2, "client-execution": "loop"}
     # Execute: the same run on both engines (the local one with a worker per core: one torch
     # thread per client, as each Ray actor with client-resources-num-cpus=1)
@@ -167,7 +168,7 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
     assert "deprecat" not in printed
     (link,) = links
     assert len(link.seen) >= 3  # SuperExec, the simulation, Ray's processes ...
-    from fedpcd_app.flwr_run import _start_time
+    from fedpcd_app.runtime.flwr_run import _start_time
 
     assert [p for p, started in link.seen.items() if _start_time(p) == started] == []
 
@@ -206,7 +207,7 @@ def test_a_rounds_train_requests_reach_a_process_together(workers):
 def _close_runs(a, b, rtol=1e-5):
     import numpy as np
 
-    from fedpcd_app.results import read_rounds, read_summary
+    from fedpcd_app.server.results import read_rounds, read_summary
 
     ra, rb = read_rounds(a), read_rounds(b)
     assert [r["sampled"] for r in ra] == [r["sampled"] for r in rb]
@@ -220,9 +221,9 @@ def _close_runs(a, b, rtol=1e-5):
 def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monkeypatch):
     """client-execution = 'vectorised' through the engine (in process and in 2 workers): the
     loop's sampled clients and train losses within 1e-5 relative."""
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
-    monkeypatch.setattr("fedpcd_app.engine.usable_cores", lambda: 2)
+    monkeypatch.setattr("fedpcd_app.runtime.engine.usable_cores", lambda: 2)
     over = {**SMALL, "method": method, "num-server-rounds": 3, "local-epochs": 2}
     loop = simulate({**over, "client-execution": "loop", "output-dir": str(tmp_path / "loop")}, workers=workers)
     rows = simulate({**over, "client-execution": "vectorised", "output-dir": str(tmp_path / "rows")},
@@ -233,7 +234,7 @@ def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monke
 def test_vectorised_under_attacks(tmp_path):
     """The attack mods run around the batched training as around the routine: label-flip's map,
     sign-flip's reversed update, loss-lie's scaled losses."""
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     for attack in ("label-flip", "sign-flip", "loss-lie"):
         over = {**SMALL, "method": "federage", "num-server-rounds": 2, "attack": attack, "attack-clients": "0,1,2"}
@@ -245,7 +246,7 @@ def test_vectorised_under_attacks(tmp_path):
 
 def test_client_execution_is_checked():
     from fedcore.config import ConfigError, resolve
-    from fedpcd_app.config import check
+    from fedpcd_app.server.config import check
 
     with pytest.raises(ConfigError, match="client-execution"):
         check(resolve({"client-execution": "fast"}))
@@ -254,7 +255,7 @@ def test_client_execution_is_checked():
 def test_workers_auto_rule(monkeypatch):
     """--workers auto: workers when (1 − 1/W) of the estimated client training exceeds their start."""
     from fedcore.config import load_config
-    from fedpcd_app import simulate as sim
+    from fedpcd_app.runtime import simulate as sim
 
     cfg = load_config({})
     est = sim.client_seconds(cfg)

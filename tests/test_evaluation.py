@@ -13,8 +13,8 @@ import torch
 from client_app.client_app import app as client_app
 from fedcore import flat, keys
 from fedcore.config import load_config
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import ClientAppGrid, task_identity
 
 BASE = {"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 2, "eval-every": 1,
@@ -99,7 +99,7 @@ def _drive(tmp_path, name, method="fedavg", rounds=3, **overrides):
 
 @pytest.mark.parametrize("method", ["fedavg", "federage", "qffl"])
 def test_eval_averaged_iterate_scores_the_mean_of_the_global_iterates(tmp_path, method):
-    from fedpcd_app.evaluation import score_clients
+    from fedpcd_app.server.evaluation import score_clients
 
     exp, iterates, scores = _drive(tmp_path, "avg", method, **{"eval-averaged-iterate": True})
     plain, plain_iterates, plain_scores = _drive(tmp_path, "last", method)
@@ -146,7 +146,7 @@ def _fake_run(tmp_path, name, **overrides):
 
 def test_averaged_iterate_survives_a_checkpoint(tmp_path):
     from fedcore.config import ConfigError
-    from fedpcd_app import checkpoint
+    from fedpcd_app.server import checkpoint
 
     full = _fake_run(tmp_path, "full", **{"eval-averaged-iterate": True})
     checkpoint.path_for(full.writer.dir, 4).unlink()  # "killed" after round 2

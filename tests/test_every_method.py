@@ -13,9 +13,9 @@ import torch
 from client_app.client_app import app as client_app
 from fedcore.config import load_config
 from fedcore.state import to_tree
-from fedpcd_app import checkpoint
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server import checkpoint
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import ClientAppGrid, task_identity
 

@@ -26,9 +26,9 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedcore import keys
 from fedcore.config import load_config
-from fedpcd_app.exchange import DEPLOYMENT_ROUND_TIMEOUT, round_timeout
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server.exchange import DEPLOYMENT_ROUND_TIMEOUT, round_timeout
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import ClientAppGrid, FakeGrid, honest_reply, probe_app, task_identity
 
 NUM = 4

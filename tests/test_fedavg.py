@@ -80,7 +80,7 @@ def test_fedavg_weighting_uniform_is_the_plain_mean_of_the_replies(setup, method
 ])
 def test_fedavg_weighting_is_refused_outside_the_fedavg_family(override, fragment):
     from fedcore.config import ConfigError
-    from fedpcd_app.config import load_setup
+    from fedpcd_app.server.config import load_setup
 
     with pytest.raises(ConfigError, match=fragment) as exc:
         load_setup(override)

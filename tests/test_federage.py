@@ -209,7 +209,7 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
 
     from client_app.secagg import _as_fitres
     from fedcore import keys
-    from fedpcd_app import secagg
+    from fedpcd_app.server import secagg
     from tests.fakegrid import task_identity
 
     template, theta, locals_, betas, msgs = replies
@@ -251,7 +251,7 @@ def test_bad_config_is_one_clear_error(bad, key):
     for p in __import__("pathlib").Path(__file__).resolve().parent.parent.joinpath("run_configs").glob(pattern)))
 def test_presets_load_with_the_papers_setting(preset):
     from fedcore.config import parse_overrides
-    from fedpcd_app.sampler import PARTICIPATION
+    from fedpcd_app.server.sampler import PARTICIPATION
 
     c = load_config(parse_overrides(preset))
     registry.build(c)
@@ -309,9 +309,9 @@ def test_sampled_batches_are_uniform_with_replacement():
 
 def test_averaged_iterate_is_the_mean_of_the_global_iterates(replies):
     """Algorithm 2 returns (1/T) Σ_τ θ̂_τ: the app's eval-averaged-iterate (any method,
-    fedpcd_app.evaluation.IterateAverage) scores it; the strategy itself gives θ̂_t and
+    fedpcd_app.server.evaluation.IterateAverage) scores it; the strategy itself gives θ̂_t and
     training goes on from θ̂_t. (Through the app and a checkpoint: tests/test_evaluation.py.)"""
-    from fedpcd_app.evaluation import IterateAverage
+    from fedpcd_app.server.evaluation import IterateAverage
 
     template, theta, locals_, betas, msgs = replies
     strategy, average = FedeRage(), IterateAverage()
@@ -334,8 +334,8 @@ def test_secure_aggregation_loop_gives_the_plain_uniform_mean(tmp_path):
     (2·clip/levels per coordinate for equal weights) and β̂ exactly. A data-size weighted
     secure sum is 0.096 away on this setting (measured)."""
     from client_app.client_app import app as client_app
-    from fedpcd_app.results import read_rounds
-    from fedpcd_app.server_app import Experiment
+    from fedpcd_app.server.results import read_rounds
+    from fedpcd_app.server.server_app import Experiment
     from tests.fakegrid import ClientAppGrid, flat_of, task_identity
 
     base = {"method": "federage", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 1,

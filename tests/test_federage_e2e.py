@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.simulate import simulate
+from fedpcd_app.runtime.simulate import simulate
+from fedpcd_app.server.results import read_rounds, read_summary
 
 pytestmark = pytest.mark.slow
 

@@ -40,8 +40,8 @@ def test_aggregation_benchmark_json_lines(capsys):
 
 @pytest.mark.slow
 def test_fedpcd_simulation_reports_diagnostics(tmp_path):
-    from fedpcd_app.results import read_rounds, read_summary
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
+    from fedpcd_app.server.results import read_rounds, read_summary
 
     out = simulate({"method": "fedpcd", "num-server-rounds": 2, "num-clients": 6, "fraction-train": 0.5,
                     "fedpcd-tau": 0.3, "eval-every": 2, "output-dir": str(tmp_path)})

@@ -6,7 +6,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
-from fedpcd_app import figures
+from fedpcd_app.analysis import figures
 from tests.helpers import make_run
 
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from client_app import data as data_mod
-from client_app import leaf, synthetic
-from client_app.data import DataError, load_federated_data
+from client_app.data import DataError, leaf, load_federated_data, synthetic
 from fedcore.config import ConfigError, load_config
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from fedcore.config import ConfigError, load_config
-from fedpcd_app import checkpoint
-from fedpcd_app.config import load_setup
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.server_app import AggregationStopped, Experiment
+from fedpcd_app.server import checkpoint
+from fedpcd_app.server.config import load_setup
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.server_app import AggregationStopped, Experiment
 from tests.fakegrid import FakeGrid, flat_of, honest_reply, task_identity
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedpcd_app.metrics import fairness_metrics, jain_index, tail_mean
+from fedpcd_app.server.metrics import fairness_metrics, jain_index, tail_mean
 
 
 def test_hand_computed_ten_clients():

@@ -1,5 +1,5 @@
 """One run per output-dir (a lock with the PID, stale locks taken over) and a full disk that
-ends a run with one line, the last checkpoint intact (fedpcd_app.results, fedpcd_app.checkpoint)."""
+ends a run with one line, the last checkpoint intact (fedpcd_app.server.results, fedpcd_app.server.checkpoint)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import ConfigError, load_config
-from fedpcd_app import checkpoint, simulate
-from fedpcd_app.results import LOCK, ResultsWriter, read_rounds
+from fedpcd_app.runtime import simulate
+from fedpcd_app.server import checkpoint
+from fedpcd_app.server.results import LOCK, ResultsWriter, read_rounds
 
 PROJECT = Path(__file__).resolve().parent.parent
 RUN = "dataset='digits' num-clients=4 fraction-train=1.0 local-epochs=1 eval-every=0 seed=0"
@@ -21,7 +22,7 @@ RUN = "dataset='digits' num-clients=4 fraction-train=1.0 local-epochs=1 eval-eve
 def _holder(folder: Path) -> subprocess.Popen:
     """Another live process holding ``folder`` (its writer open), until killed."""
     script = ("import sys, time; sys.path.insert(0, %r)\n"
-              "from fedcore.config import load_config\nfrom fedpcd_app.results import ResultsWriter\n"
+              "from fedcore.config import load_config\nfrom fedpcd_app.server.results import ResultsWriter\n"
               "w = ResultsWriter(load_config({'output-dir': %r}))\nprint('held', flush=True)\ntime.sleep(600)\n"
               % (str(PROJECT), str(folder)))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

@@ -11,8 +11,8 @@ import torch
 from client_app import client_app, local_data
 from fedcore import keys
 from fedcore.config import ConfigError, resolve
-from fedpcd_app.config import load_setup
-from fedpcd_app.server_app import run_experiment
+from fedpcd_app.server.config import load_setup
+from fedpcd_app.server.server_app import run_experiment
 from tests import own_data
 from tests.fakegrid import ClientAppGrid, task_identity
 
@@ -71,7 +71,7 @@ def test_nodes_train_and_score_on_their_own_folders(folders, tmp_path):
     acc, loss = own_data.score(model, central, float(cfg["data-mean"]), float(cfg["data-std"]))
     assert summary["central_acc"] == acc and summary["central_loss"] == pytest.approx(loss, abs=1e-5)
     # the figures of such a run: everything but the label distribution (the labels stayed on the nodes)
-    from fedpcd_app import figures
+    from fedpcd_app.analysis import figures
 
     drawn = figures.make_figures(out, tmp_path / "figures")
     assert drawn and not [p for p in drawn if "labels" in p.name]

@@ -143,7 +143,7 @@ INSTALLED_CHECK = textwrap.dedent('''
     net = torch.nn.Sequential(torch.nn.Linear(4, 3))
     made = [FedPCD(tau=0.05, history=3), Craft(model=net, step=0.5), FedeRage(alpha=0.3)]
     built = [registry.build(load_config({"method": m}), model=net) for m in registry.names()]
-    import fedpcd_app.server_app  # the app's ServerApp imports from the installed packages too
+    import fedpcd_app.server.server_app  # the app's ServerApp imports from the installed packages too
     print(len(made), len(built))
 ''')
 

@@ -17,14 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from client_app import data as data_mod
 from client_app.client_app import model_for
+from client_app.data import base as data_base
 from client_app.data import load_federated_data
+from client_app.data import parquet as data_parquet
 from client_app.models import initial_model
 from client_app.training import evaluate, local_sgd
 from fedcore.config import load_config
 from fedcore.seeding import torch_generator
-from fedpcd_app.evaluation import score_clients
+from fedpcd_app.server.evaluation import score_clients
 
 RECORDED = Path(__file__).parent / "data" / "perf_reference.json"
 INT64 = pa.int64()
@@ -98,12 +99,12 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
     imgs = (rng.uniform(0, 255, size=shape)).astype(dtype)
     _write(tmp_path / "train.parquet", pa.array(imgs.tolist()))  # variable-size nested lists
     table = pq.read_table(tmp_path / "train.parquet")
-    fast = data_mod._numeric_lists(table.column("image"))
+    fast = data_parquet._numeric_lists(table.column("image"))
     slow = np.asarray(table.column("image").to_pylist(), dtype=np.float32)
     assert fast is not None and fast.dtype == np.float32
     np.testing.assert_array_equal(fast, slow)
-    x, y, writers = data_mod._read_parquet(tmp_path, "train")
-    np.testing.assert_array_equal(x, data_mod._images_to_nchw(slow))
+    x, y, writers = data_parquet.read_parquet(tmp_path, "train")
+    np.testing.assert_array_equal(x, data_base.images_to_nchw(slow))
     np.testing.assert_array_equal(y, np.arange(shape[0]) % 3)
     assert writers is None  # no writer column
 
@@ -111,12 +112,12 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
 def test_parquet_fixed_size_lists_and_ragged(tmp_path):
     imgs = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     col = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(imgs.reshape(-1)), 3), 3)
-    np.testing.assert_array_equal(data_mod._numeric_lists(pa.chunked_array([col])), imgs.astype(np.float32))
+    np.testing.assert_array_equal(data_parquet._numeric_lists(pa.chunked_array([col])), imgs.astype(np.float32))
     ragged = pa.array([[[1, 2], [3, 4]], [[1, 2, 3], [4, 5, 6]]])
-    assert data_mod._numeric_lists(ragged) is None  # left to the slow path, which names the error
+    assert data_parquet._numeric_lists(ragged) is None  # left to the slow path, which names the error
     _write(tmp_path / "train.parquet", ragged)
-    with pytest.raises(data_mod.DataError, match="same shape"):
-        data_mod._read_parquet(tmp_path, "train")
+    with pytest.raises(data_base.DataError, match="same shape"):
+        data_parquet.read_parquet(tmp_path, "train")
 
 
 # -- end to end: seeded runs --------------------------------------------------------------
@@ -124,7 +125,7 @@ TINY = {"method": "fedavg", "num-server-rounds": 2, "num-clients": 6, "eval-ever
 
 
 def _metrics(out):
-    from fedpcd_app.results import read_rounds, read_summary
+    from fedpcd_app.server.results import read_rounds, read_summary
 
     s, rs = read_summary(out), read_rounds(out)
     return s, rs
@@ -134,7 +135,7 @@ def _metrics(out):
 def test_eval_modes_agree_and_metrics_match_recorded_reference(tmp_path):
     """eval-mode=server and eval-mode=federated give the same per-client scores, and the
     run's metrics equal those recorded from the foundation code (before any speed-up)."""
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     ref = json.loads(RECORDED.read_text())
     # The server-eval run asks every client for loss-before (the foundation computed it in

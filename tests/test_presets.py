@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import load_config
-from fedpcd_app.config import check
+from fedpcd_app.server.config import check
 
 RUN_CONFIGS = Path(__file__).parent.parent / "run_configs"
 PRESETS = sorted(RUN_CONFIGS.glob("*.toml")) + sorted((RUN_CONFIGS / "baselines").glob("*.toml"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import ConfigError, resolve
-from fedpcd_app import simulate
+from fedpcd_app.runtime import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,8 +69,8 @@ def test_a_one_line_error_ends_flowers_report_of_it(tmp_path):
     from flwr.common.logger import console_handler
     from flwr.common.logger import log as flwr_log
 
-    from fedpcd_app.engine import run_local
-    from fedpcd_app.server_app import make_server_app
+    from fedpcd_app.runtime.engine import run_local
+    from fedpcd_app.server.server_app import make_server_app
 
     with pytest.raises(ConfigError) as err:
         run_local(make_server_app(), "client_app.client_app:app", 2, workers=0,

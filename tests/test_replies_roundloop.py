@@ -15,9 +15,9 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedcore import keys
 from fedcore.config import load_config
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.sampler import build_sampler
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.sampler import build_sampler
+from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import FakeGrid, flat_of, honest_reply, task_identity
 from tests.helpers import make_error_reply, make_reply

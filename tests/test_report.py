@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedpcd_app import report
-from fedpcd_app.results import write_json_atomic
+from fedpcd_app.analysis import report
+from fedpcd_app.server.results import write_json_atomic
 from tests.helpers import make_run
 
 # per seed: client accuracies (10 clients) → final mean_acc = their mean

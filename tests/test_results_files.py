@@ -13,7 +13,7 @@ import torch
 
 from client_app.client_app import app as client_app
 from fedcore.config import load_config
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import ClientAppGrid, task_identity
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -1,4 +1,4 @@
-"""The robustness table (fedpcd_app.robustness) from fake sweep folders: honest clients' means
+"""The robustness table (fedpcd_app.analysis.robustness) from fake sweep folders: honest clients' means
 and stds per method and attack, the shared honest clients checked, placeholders, incomplete runs."""
 
 import csv
@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from fedpcd_app import robustness
-from fedpcd_app.metrics import fairness_metrics
+from fedpcd_app.analysis import robustness
+from fedpcd_app.server.metrics import fairness_metrics
 from tests.helpers import make_run
 
 ATTACKED = {0: [0, 1], 1: [2, 3]}  # per seed

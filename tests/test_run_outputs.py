@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from fedcore.config import ConfigError, load_config, parse_overrides, resolve
-from fedpcd_app import run_report
-from fedpcd_app.config import check
-from fedpcd_app.simulate import simulate
-from fedpcd_app.tracking import check as check_tracking
-from fedpcd_app.tracking import tracker_for
+from fedpcd_app.analysis import run_report
+from fedpcd_app.runtime.simulate import simulate
+from fedpcd_app.server.config import check
+from fedpcd_app.server.tracking import check as check_tracking
+from fedpcd_app.server.tracking import tracker_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"num-clients": 3, "num-server-rounds": 2, "eval-every": 1}
@@ -49,7 +49,7 @@ def test_tracking_keys_are_checked_in_one_line():
 
 
 def test_nothing_is_imported_when_tracking_is_off(tmp_path):
-    code = ("import sys\nfrom fedcore.config import load_config\nfrom fedpcd_app.tracking import tracker_for\n"
+    code = ("import sys\nfrom fedcore.config import load_config\nfrom fedpcd_app.server.tracking import tracker_for\n"
             f"assert tracker_for(load_config({{}}), {str(tmp_path)!r}) is None\n"
             "print(sorted(m for m in ('wandb', 'torch.utils.tensorboard') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

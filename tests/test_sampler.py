@@ -5,7 +5,7 @@ import pytest
 
 from fedcore.config import ConfigError, load_config
 from fedcore.seeding import numpy_rng
-from fedpcd_app.sampler import (
+from fedpcd_app.server.sampler import (
     build_sampler,
     inclusion_probabilities,
     rarest_class_holders,
@@ -156,7 +156,7 @@ def test_size_proportional_is_numpys_weighted_draw_without_replacement():
                                         ("fedpcd", False), ("fednova", False), ("afl", False), ("ditto", False)])
 def test_size_proportional_is_refused_where_it_would_count_sizes_twice(method, ok):
     from fedcore.config import resolve
-    from fedpcd_app.config import check
+    from fedpcd_app.server.config import check
 
     raw = resolve({"method": method, "participation": "size-proportional"})
     if ok:
@@ -168,7 +168,7 @@ def test_size_proportional_is_refused_where_it_would_count_sizes_twice(method, o
 
 
 def test_size_proportional_makes_the_fedavg_family_average_uniformly():
-    from fedpcd_app.config import load_setup
+    from fedpcd_app.server.config import load_setup
 
     for method in ("fedavg", "fedprox", "fedavgm", "fedadam"):
         setup = load_setup({"method": method, "participation": "size-proportional"})

@@ -122,7 +122,7 @@ def test_readme_example_runs_as_written(tmp_path):
 
 # -- flwr_run.sh: the run it started, its status, its processes (issue 26, item 1) ------------------------
 def test_federation_config_overrides_the_defaults_key_by_key():
-    from fedpcd_app.flwr_run import compose_federation
+    from fedpcd_app.runtime.flwr_run import compose_federation
 
     assert compose_federation(20, []) == "num-supernodes=20 client-resources-num-cpus=1"
     assert compose_federation(20, ["num-supernodes=2"]) == "num-supernodes=2 client-resources-num-cpus=1"
@@ -131,7 +131,7 @@ def test_federation_config_overrides_the_defaults_key_by_key():
 
 
 def test_the_run_id_is_read_from_flwr_runs_json_output():
-    from fedpcd_app.flwr_run import _last_json
+    from fedpcd_app.runtime.flwr_run import _last_json
 
     out = 'Flower App configuration warnings...\n{"success": true, "run-id": "123", "fab-id": "x/y"}\n'
     assert _last_json(out)["run-id"] == "123" and _last_json("no json here") is None

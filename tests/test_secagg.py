@@ -15,10 +15,10 @@ from client_app.client_app import app as client_app
 from client_app.data import load_federated_data
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
-from fedpcd_app import secagg
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.sampler import build_sampler
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server import secagg
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.sampler import build_sampler
+from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import ClientAppGrid, flat_of, task_identity
 
@@ -100,7 +100,7 @@ def test_a_method_needing_individual_updates_refuses_to_start(tmp_path, monkeypa
     # Execute / Assert: the ServerApp and the in-process entry point refuse before any round
     with task_identity(), pytest.raises(ConfigError, match="needs each client's individual update"):
         Experiment(ClientAppGrid(6, client_app), load_config(overrides))
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     with pytest.raises(ConfigError, match="set secure-aggregation=false"):
         simulate(overrides)  # raises before any node starts
@@ -111,7 +111,7 @@ def test_a_method_needing_individual_updates_refuses_to_start(tmp_path, monkeypa
 def test_secagg_through_flower_simulation(method, tmp_path):
     if method not in registry.names():
         pytest.skip(f"method {method!r} is not registered on this branch")
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
 
     base = {**BASE, "method": method, "num-server-rounds": 2, "eval-every": 1}
     plain = read_summary(simulate({**base, "output-dir": str(tmp_path / "plain")}))

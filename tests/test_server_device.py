@@ -7,7 +7,7 @@ import torch
 
 from fedcore import flat
 from fedcore.config import ConfigError, load_config
-from fedpcd_app.config import load_setup
+from fedpcd_app.server.config import load_setup
 from strategies import registry
 from strategies.base import resolve_device
 from tests.helpers import arrays_from_flat, tiny_template

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from fedcore.config import ConfigError, parse_overrides, parse_run_config, resolve
-from fedpcd_app.config import check, load_setup
-from fedpcd_app.sampler import Sampler, rare_clients
+from fedpcd_app.server.config import check, load_setup
+from fedpcd_app.server.sampler import Sampler, rare_clients
 from strategies import registry
 
 TOO_SMALL = {"bulyan"}  # 4f + 3 = 3 replies per round at least: not on 2 devices

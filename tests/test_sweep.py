@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedpcd_app import sweep
-from fedpcd_app.results import read_rounds, read_summary
+from fedpcd_app.analysis import sweep
+from fedpcd_app.server.results import read_rounds, read_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 

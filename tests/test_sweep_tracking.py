@@ -4,7 +4,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedcore.config import ConfigError, load_config
-from fedpcd_app.tracking import SUBDIR, TensorBoardLogger, tracker_for
+from fedpcd_app.server.tracking import SUBDIR, TensorBoardLogger, tracker_for
 
 
 def test_switch_defaults_off_and_rejects_non_bools(tmp_path):

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from client_app import synthetic
-from client_app.data import DataError, load_federated_data
+from client_app.data import DataError, load_federated_data, synthetic
 from fedcore.config import ConfigError, load_config
 from fedcore.seeding import derive_seed, numpy_rng
 
@@ -180,8 +179,8 @@ def test_too_many_users_for_memory_is_one_data_error(monkeypatch):
 
 @pytest.mark.slow  # through Flower: seconds on an idle machine, minutes on a loaded one
 def test_a_small_synthetic_run_end_to_end(tmp_path):
-    from fedpcd_app.results import read_summary
-    from fedpcd_app.simulate import simulate
+    from fedpcd_app.runtime.simulate import simulate
+    from fedpcd_app.server.results import read_summary
 
     out = simulate({"dataset": "synthetic", "partitioner": "natural", "model": "logreg", "num-clients": 8,
                     "fraction-train": 0.5, "num-server-rounds": 2, "eval-every": 1, "seed": 3,

@@ -24,11 +24,11 @@ from fedcore import keys
 from fedcore.config import ConfigError, load_config
 from fedcore.flat import spec_of
 from fedcore.replies import DEFAULT_MAX_NUM_EXAMPLES, ReplyLimits, check_eval_reply, validate_train_replies
-from fedpcd_app.config import load_setup
-from fedpcd_app.evaluation import reply_limits
-from fedpcd_app.results import read_rounds, read_summary
-from fedpcd_app.sampler import build_sampler
-from fedpcd_app.server_app import Experiment
+from fedpcd_app.server.config import load_setup
+from fedpcd_app.server.evaluation import reply_limits
+from fedpcd_app.server.results import read_rounds, read_summary
+from fedpcd_app.server.sampler import build_sampler
+from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import ClientAppGrid, FakeGrid, configure_round, flat_of, honest_reply, task_identity
 from tests.helpers import make_reply, train_reply
@@ -188,7 +188,7 @@ def test_counts_are_bounded_by_the_partition_sizes_the_server_knows():
 
 
 def test_node_data_counts_are_bounded_by_the_first_query_report_capped_by_max_num_examples():
-    class Membership:  # what fedpcd_app.membership.Membership holds after its QUERY round
+    class Membership:  # what fedpcd_app.server.membership.Membership holds after its QUERY round
         node_of = {0: 1000, 1: 1001, 2: 1002}
         reports = {1000: {"num-train": 40, "num-test": 9}, 1001: {"num-train": 10**12, "num-test": 3}, 1002: {}}
 
@@ -245,7 +245,7 @@ def test_fedpcd_lists_its_own_discards_under_dropped(tmp_path):
 
 
 def test_secure_aggregation_refuses_an_aggregate_holding_a_lied_count():
-    from fedpcd_app.secagg import SecureAggregator
+    from fedpcd_app.server.secagg import SecureAggregator
 
     for method, metrics, words in (("fedavg", {keys.NUM_EXAMPLES: 1e308}, "exceeds"),
                                    ("federage", {keys.NUM_EXAMPLES: 5, keys.FEDERAGE_BETA: 1e6}, "outside the box")):

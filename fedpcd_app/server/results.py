@@ -15,13 +15,13 @@ Accuracies are fractions in [0, 1].
 time) from the moment its writer opens the folder until it ends (``close``, or any exit:
 ``Experiment.run`` releases it in a ``finally``, and an interpreter exit through ``atexit``).
 A second run into a folder whose lock belongs to a live process is refused in one line (a
-:class:`ConfigError` naming the key and the PID, also raised by ``fedpcd_app.config.check``
+:class:`ConfigError` naming the key and the PID, also raised by ``fedpcd_app.server.config.check``
 before anything starts). A lock left by a process that is gone (killed, or its PID reused by
 another program since) is stale and taken over with a warning. One process may open the
 same folder again (an earlier run of it ended or was abandoned).
 
 **A full disk** (any ``OSError`` writing a results file) ends the run with one line
-(:class:`fedpcd_app.checkpoint.OutputError`) naming the file, the cause and the last
+(:class:`fedpcd_app.server.checkpoint.OutputError`) naming the file, the cause and the last
 checkpoint, which stays intact.
 """
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.config import ConfigError, RunConfig
-from fedpcd_app.checkpoint import OutputError, path_for, rounds_in
+from fedpcd_app.server.checkpoint import OutputError, path_for, rounds_in
 
 log = logging.getLogger("fedpcd")
 

@@ -9,7 +9,7 @@ Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
   control variate, AFL's λ and averaged model, FedeRage's β, ...) as a plain tree
   (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
 * with ``eval-averaged-iterate``, the running average θ̄_t of the global models and its count
-  (:class:`fedpcd_app.evaluation.IterateAverage`; a resume with the other value is refused),
+  (:class:`fedpcd_app.server.evaluation.IterateAverage`; a resume with the other value is refused),
 * the round t, ``times_sampled`` per partition and the metric history (every
   rounds.jsonl record so far, plus the last evaluation),
 * the method, seed, number of clients and the model's array spec, checked on resume,
@@ -29,7 +29,7 @@ naming the file, the cause and the last checkpoint, which is left intact (the ne
 written beside it under a temporary name and only renamed over nothing once complete).
 
 There is no sampler RNG state to save: the clients of round t are drawn from a generator
-seeded by (seed, t) alone (:mod:`fedpcd_app.sampler`), and every client draw (batch order,
+seeded by (seed, t) alone (:mod:`fedpcd_app.server.sampler`), and every client draw (batch order,
 model init) likewise derives from (seed, partition, round). A run resumed after round k
 therefore draws exactly what the uninterrupted run drew in rounds k+1, k+2, ...
 
@@ -99,7 +99,7 @@ class Checkpoint:
     last_eval: dict[str, Any]
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
     config: Any = None  # the run's full flat config (run-config keys), compared on resume
-    averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.evaluation)
+    averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.server.evaluation)
 
 
     def to_dict(self) -> dict[str, Any]:

@@ -53,7 +53,7 @@ PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"  # Flower's node
 
 FLOWER_CHANGED = (
     "Flower's internal {what} changed in this flwr version ({detail}); the local engine sets it "
-    "in fedpcd_app/engine.py ({where}): adapt it there, or run with --engine ray meanwhile"
+    "in fedpcd_app/runtime/engine.py ({where}): adapt it there, or run with --engine ray meanwhile"
 )
 
 
@@ -397,6 +397,10 @@ class LocalGrid(Grid):
     ``node_configs``: entry i is added to the node config of partition i's node (e.g. its own
     ``data-path``, as ``flower-supernode --node-config`` gives it). Use it as a context manager
     (or call :meth:`close`) so that the workers stop."""
+
+    # what the ServerApp reads off a grid (it imports nothing of the runtime):
+    is_simulation = True  # fedpcd_app.server.exchange.is_simulation: simulated nodes
+    nodes_fixed = True  # every node exists once the grid is built (fedpcd_app.server.server_app.routed)
 
     def __init__(self, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
                  run_config: Mapping[str, Any] | None = None, run_id: int = LOCAL_RUN_ID,

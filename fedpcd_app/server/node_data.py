@@ -1,7 +1,7 @@
 """The server's side of SuperNodes that bring their own data (``client-data = "node"``).
 
 The ServerApp holds no dataset. Before it builds the model it asks every node once
-(:class:`fedpcd_app.membership.Membership`'s QUERY round, which also maps nodes to
+(:class:`fedpcd_app.server.membership.Membership`'s QUERY round, which also maps nodes to
 partitions); each node with a ``data-path`` reports its images' shape, the labels it holds,
 its sizes and its train split's per-channel count, sum and sum of squares
 (:func:`client_app.local_data.describe`). :func:`complete` checks those reports against each

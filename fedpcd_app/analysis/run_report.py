@@ -3,16 +3,16 @@
 With ``figures = "auto"`` (the default) the ServerApp ends every run, on either engine and
 under ``flwr run``, by writing into its ``output-dir``:
 
-* ``report.md`` / ``report.csv``: :func:`fedpcd_app.report.report` of the run (final mean,
+* ``report.md`` / ``report.csv``: :func:`fedpcd_app.analysis.report.report` of the run (final mean,
   worst-10 %, Jain, rounds to the target, ...);
 * ``figures/client_hist.png``: the final per-client accuracy histogram,
   ``figures/convergence.png``: the mean and worst-10 % (W₁₀) accuracy per evaluation round,
   ``figures/heatmap.png``: every client's accuracy at every evaluation round
-  (:mod:`fedpcd_app.figures`' own functions, for one run).
+  (:mod:`fedpcd_app.analysis.figures`' own functions, for one run).
 
 ``figures = "none"`` writes nothing (a sweep's runs: ``python -m fedpcd_app.sweep`` sets it
 and draws the sweep's report and figures once, at its end). A figure that cannot be drawn
-is a warning, never a failed run. The ServerApp runs ``python -m fedpcd_app.run_report
+is a warning, never a failed run. The ServerApp runs ``python -m fedpcd_app.analysis.run_report
 <output-dir>`` in a process of its own (:func:`draw`): matplotlib stays out of the run's
 process, and the reporting modules (which read sweeps) stay out of the ServerApp's imports.
 """
@@ -28,8 +28,8 @@ FIGURES = ("client_hist.png", "convergence.png", "heatmap.png")
 def write(out_dir: str | Path) -> list[Path]:
     """``report.md``/``report.csv`` and the run's figures (``figures/``) in ``out_dir``, which
     holds a finished run (its ``summary.json``); the paths written."""
-    from fedpcd_app import figures
-    from fedpcd_app.report import load_runs, report
+    from fedpcd_app.analysis import figures
+    from fedpcd_app.analysis.report import load_runs, report
 
     out = Path(out_dir)
     md, csv_path = report(out)
@@ -48,7 +48,7 @@ def write(out_dir: str | Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m fedpcd_app.run_report <output-dir of a finished run>", file=sys.stderr)
+        print("usage: python -m fedpcd_app.analysis.run_report <output-dir of a finished run>", file=sys.stderr)
         return 2
     try:
         paths = write(args[0])

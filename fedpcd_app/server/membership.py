@@ -36,8 +36,8 @@ from flwr.serverapp import Grid
 
 from fedcore import keys
 from fedcore.config import RunConfig
-from fedpcd_app.exchange import send_and_receive
-from fedpcd_app.sampler import Sampler, build_sampler
+from fedpcd_app.server.exchange import send_and_receive
+from fedpcd_app.server.sampler import Sampler, build_sampler
 
 log = logging.getLogger("fedpcd")
 
@@ -54,7 +54,7 @@ class Membership:
         self.query_failures: dict[int, int] = {}  # node -> failed QUERYs so far
         self.sampler: Sampler | None = None
         # node id -> its QUERY reply's metrics (a node with its own data also reports its
-        # data's shape, labels, sizes and channel sums: fedpcd_app.node_data reads them)
+        # data's shape, labels, sizes and channel sums: fedpcd_app.server.node_data reads them)
         self.reports: dict[int, dict] = {}
         self.unserved: list[int] = []  # partitions of the last selection without a node
         self.moved: list[int] = []  # partitions the last refresh gave to a new node
@@ -252,7 +252,7 @@ def routing_wanted(cfg: RunConfig, grid: Grid, node_ids: list[int]) -> bool:
     """Route partitions to nodes: a simulation (no real devices), partitioned data (any node can
     serve any partition) and not one node per partition."""
     from client_app import local_data
-    from fedpcd_app.exchange import is_simulation
+    from fedpcd_app.server.exchange import is_simulation
 
     return (not local_data.is_node_mode(cfg) and is_simulation(grid) and bool(node_ids)
             and len(node_ids) != cfg.num_clients)
@@ -267,7 +267,7 @@ class PartitionRouter(Grid):
         self.real = sorted(int(n) for n in node_ids)
         self.num_partitions = num_partitions
 
-    is_simulation = True  # fedpcd_app.exchange.is_simulation: only simulation grids are routed
+    is_simulation = True  # fedpcd_app.server.exchange.is_simulation: only simulation grids are routed
 
     @property
     def pull_interval(self) -> float:  # the in-memory grid's poll interval (Experiment trims it)

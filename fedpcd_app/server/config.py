@@ -41,8 +41,8 @@ class Setup:
 def check(raw: Mapping[str, Scalar]) -> RunConfig:
     """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
     from client_app import attacks
-    from fedpcd_app import checkpoint, secagg, tracking
-    from fedpcd_app.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
+    from fedpcd_app.server import checkpoint, secagg, tracking
+    from fedpcd_app.server.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
     from strategies import privacy
     from strategies.wrappers import check_update_clip
 
@@ -104,7 +104,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
     cfg.get_int("diverge-patience", 5, low=0)
-    from fedpcd_app.results import check_output_dir_free
+    from fedpcd_app.server.results import check_output_dir_free
 
     check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
     from client_app.vectorised import EXECUTION, EXECUTION_KEY
@@ -146,7 +146,7 @@ def _check_bounds(cfg: RunConfig) -> None:
 def _check_weighting(cfg: RunConfig) -> None:
     """``fedavg-weighting`` (the FedAvg family only) and ``participation = "size-proportional"``
     (methods whose server rule stays unbiased under size-proportional draws; README)."""
-    from fedpcd_app.sampler import FEDAVG_FAMILY, PARTICIPATION, size_proportional_refusal
+    from fedpcd_app.server.sampler import FEDAVG_FAMILY, PARTICIPATION, size_proportional_refusal
     from strategies.fedavg import WEIGHTINGS
 
     weighting = cfg.get_choice("fedavg-weighting", WEIGHTINGS, "data-size")
@@ -197,7 +197,7 @@ def _check_node_data(cfg: RunConfig) -> None:
 def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Setup:
     """:func:`check` every key, then build the run's strategy (once) and initial model."""
     from client_app.models import initial_model
-    from fedpcd_app.results import default_output_dir
+    from fedpcd_app.server.results import default_output_dir
 
     raw = resolve(raw) if resolve_defaults else dict(raw)
     cfg = check(raw)

@@ -16,7 +16,7 @@ Two paths give the same numbers:
 
 With a validation split (``val-fraction`` > 0) every evaluation also scores it: the same
 metrics prefixed ``val_`` (``val_mean_acc``, ``val_worst10_acc``, ..., ``val_client_acc``),
-which hyperparameter selection reads (``fedpcd_app.report``) instead of the test numbers.
+which hyperparameter selection reads (``fedpcd_app.analysis.report``) instead of the test numbers.
 :func:`summary_fields` adds to ``summary.json`` the final evaluation's ``num_scored``,
 ``unscored_clients`` and ``val_*`` metrics, and the means over the final ten evaluations
 (``final10_*``, as FedeRage's Table I reads its last ten rounds), for any method.
@@ -217,7 +217,7 @@ class Evaluator:
         from flwr.app import ConfigRecord
 
         from fedcore import keys
-        from fedpcd_app.exchange import send_and_receive  # errors attributed to the request's node
+        from fedpcd_app.server.exchange import send_and_receive  # errors attributed to the request's node
 
         msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
         replies = send_and_receive(grid, msgs, timeout=self.cfg.round_timeout or None)
@@ -281,7 +281,7 @@ class _NodeSizes:
 
 def _fairness(acc: np.ndarray, loss: np.ndarray) -> dict:
     """The fairness metrics over the clients that were scored (NaN when none was)."""
-    from fedpcd_app.metrics import fairness_metrics
+    from fedpcd_app.server.metrics import fairness_metrics
 
     present = ~np.isnan(acc)
     if not present.any():

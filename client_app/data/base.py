@@ -1,0 +1,110 @@
+"""What every data module shares: :class:`DataError`, :class:`FederatedData` (a run's data),
+:class:`UserSplits` (a source's users with their own train/test split), the arrays a source
+returns (:data:`Arrays`), the class-count bound (``max-classes``) and the image layout
+conversion (:func:`images_to_nchw`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from fedcore.config import RunConfig
+
+# Labels must be below max-classes, checked before anything is allocated (issue 23): a label of
+# 10^9 would mean a 10^9-way classifier. (The image bounds are in client_app/data/parquet.py.)
+DEFAULT_MAX_CLASSES = 100_000
+WRITER_COLUMN = "writer_id"
+WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
+
+
+class DataError(RuntimeError):
+    """The data cannot be loaded or partitioned as configured (message says how to fix)."""
+
+
+@dataclasses.dataclass
+class FederatedData:
+    """All examples of a run as tensors, with index sets per client.
+
+    ``x``/``y`` hold the partitioned pool; client ``i`` trains on ``x[train_idx[i]]``, is
+    scored on ``x[test_idx[i]]`` and, with ``val-fraction`` > 0, validated on ``x[val_idx[i]]``.
+    ``x_central``/``y_central`` is the central test set. ``fill`` is the value (per channel)
+    of a black pixel after standardisation: what :func:`crop_flip` pads with.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    train_idx: list[np.ndarray]
+    test_idx: list[np.ndarray]
+    x_central: torch.Tensor
+    y_central: torch.Tensor
+    num_classes: int
+    val_idx: list[np.ndarray] = dataclasses.field(default_factory=list)
+    fill: torch.Tensor | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train_idx)
+
+    def client_train(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.train_idx[pid])
+        return self.x[idx], self.y[idx]
+
+    def client_test(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.test_idx[pid])
+        return self.x[idx], self.y[idx]
+
+    @property
+    def has_validation(self) -> bool:
+        return any(len(v) for v in self.val_idx)
+
+    def client_val(self, pid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(self.val_idx[pid] if self.val_idx else np.zeros(0, dtype=np.int64))
+        return self.x[idx], self.y[idx]
+
+    def label_counts(self) -> np.ndarray:
+        """(num_clients, num_classes) counts of labels in each client's whole partition."""
+        y = self.y.numpy()
+        out = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
+        for i, (tr, te) in enumerate(zip(self.train_idx, self.test_idx)):
+            val = self.val_idx[i] if self.val_idx else np.zeros(0, dtype=np.int64)
+            out[i] = np.bincount(y[np.concatenate([tr, te, val])], minlength=self.num_classes)
+        return out
+
+
+@dataclasses.dataclass
+class UserSplits:
+    """Per-user train/test arrays (x N×C×H×W) of a source with its users' own split."""
+
+    x_train: list[np.ndarray]
+    y_train: list[np.ndarray]
+    x_test: list[np.ndarray]
+    y_test: list[np.ndarray]
+    names: list[str]
+    standardise: bool  # images: per-channel standardisation; feature vectors (synthetic, LEAF): as given
+    num_classes: int = 0  # 0 = max label + 1
+
+
+def max_classes(cfg: RunConfig) -> int:
+    """``max-classes``: labels must be below it (checked before anything is allocated)."""
+    return cfg.get_int("max-classes", DEFAULT_MAX_CLASSES, low=2)
+
+
+Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (x N×C×H×W, y, writer ids or None)
+
+
+def images_to_nchw(arr: np.ndarray) -> np.ndarray:
+    """N×H×W or N×H×W×C (uint8 or float) → float32 N×C×H×W in [0, 1] for uint8 input."""
+    arr = np.asarray(arr)
+    scale = 255.0 if arr.dtype == np.uint8 or arr.max() > 1.5 else 1.0
+    arr = arr.astype(np.float32) / scale
+    if arr.ndim == 3:
+        return arr[:, None, :, :]
+    if arr.ndim == 4:
+        return np.ascontiguousarray(arr.transpose(0, 3, 1, 2))
+    raise DataError(f"images must be 2-D (H×W) or 3-D (H×W×C), got shape {arr.shape[1:]}")

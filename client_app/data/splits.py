@@ -1,0 +1,39 @@
+"""Each client's partition split, seeded by (seed, partition id): local train / local test
+(``local-test-fraction``) and a validation split of the train split (``val-fraction``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from client_app.data.base import DataError
+from fedcore.seeding import numpy_rng
+
+
+def split_local(idx: np.ndarray, test_fraction: float, seed: int, pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of one partition into local train / local test (both non-empty)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if len(idx) < 2:
+        raise DataError(
+            f"client {pid} got {len(idx)} example(s): a local train and test split need >= 2; "
+            "use fewer clients, a larger dirichlet-alpha or a larger min-partition-size"
+        )
+    perm = numpy_rng(seed, "local-split", pid).permutation(idx)
+    n_test = min(len(idx) - 1, max(1, int(round(test_fraction * len(idx)))))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def split_validation(train: np.ndarray, partition_size: int, fraction: float, seed: int,
+                     pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of a local train split into (train, validation): round(``fraction`` ×
+    partition size) examples, at least one, leaving at least one to train on. The test split
+    is not touched, so ``val-fraction`` changes only what the client trains on."""
+    if fraction <= 0.0:
+        return train, np.zeros(0, dtype=np.int64)
+    if len(train) < 2:
+        raise DataError(
+            f"client {pid} has {len(train)} training example(s): a validation split needs >= 2; "
+            "use fewer clients, a smaller val-fraction or a larger min-partition-size"
+        )
+    perm = numpy_rng(seed, "local-val", pid).permutation(train)
+    n_val = min(len(train) - 1, max(1, int(round(fraction * partition_size))))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])

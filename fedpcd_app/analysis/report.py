@@ -1,0 +1,703 @@
+"""The papers' table from finished runs: ``report.md`` and ``report.csv``.
+
+    python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD] [--mixed-iterates]
+
+``<folder>`` is a single run folder (holding ``summary.json``), a sweep output folder, or
+any folder holding runs (searched recursively). Runs made by a sweep carry their labels
+(setting, method entry, grid point, seed) in ``run.json``, and a folder with a
+``sweep.json`` contributes only the runs that manifest lists (the current sweep file).
+Other runs (``flwr run``, ``fedpcd_app.runtime.simulate``) are labelled from their resolved config
+in ``summary.json``: the method is ``method``; the setting is named by the data and
+federation keys (:data:`SETTING_KEYS`) that differ between the runs found ("default" when
+none does); the grid point by the other keys that differ between runs of one method and
+setting (:data:`IGNORED_KEYS` never count). If several runs share a seed of one grid
+point, the newest is used.
+
+Per setting and per method (a ``[[methods]]`` label of the sweep), the grid point with the
+highest mean over seeds of the final mean client accuracy ā is chosen (FedPCD paper,
+Sec. 5: "report the best performing hyperparameters per dataset after averaging the five
+seeds"), on the clients' validation splits when the runs have them (``val-fraction`` > 0,
+as the FedeRage paper tunes), else on the test splits with a warning (:func:`selection_split`;
+the table says which); ``--all`` lists every grid point instead, the chosen one marked ★.
+The table gives mean ± std over seeds of ā, the client spread σ_c,
+worst-10 % W₁₀, best-10 %, Jain's index and the central test accuracy, and the rounds
+needed to reach a target accuracy: by default FedAvg's final ā in that setting (the mean
+over seeds of the best FedAvg entry), read from the evaluation records of ``rounds.jsonl``
+(a run reaches the target at its first evaluation round with ā ≥ target).
+
+The std over seeds is the sample std (ddof = 1); with a single seed only the value is
+shown (no ±). The best value of each column is in bold (highest, except σ_c and rounds:
+lowest; only when there is a comparison). Markdown shows accuracies as percentages with 2
+decimals and Jain's index (a ratio in [1/N, 1]) with 4; the CSV holds raw fractions.
+
+Equal terms. Every table says which iterate and which split were scored: each run's
+``summary.json`` records ``scored_iterate`` (``last`` θ_T or ``averaged`` θ̄_T, the
+run-config key ``eval-averaged-iterate``; AFL is always ``averaged``) and ``scored_split``
+(``test``); runs written before these fields are read as ``last`` (``averaged`` for AFL and
+for FedeRage with the retired ``federage-averaged-iterate``). A table (one setting) holding
+runs scored on different iterates is refused with one line (exit 2) unless
+``--mixed-iterates`` is given; the table then has an ``iterate`` column.
+
+Runs that did not finish normally (``complete: false`` in ``summary.json``, e.g.
+``incomplete_reason: "diverged at round N"``) never give a score: a grid point with such a
+seed is shown as ``diverged (k/n seeds)`` (``incomplete`` for other reasons) with the
+reasons under the table, is not a candidate for selection (unless every grid point of the
+method is), sets no best value and enters no paired comparison.
+
+``--baseline METHOD`` adds a paired comparison per setting: every other row against the
+baseline's chosen grid point, over the seeds both ran (a seed fixes the partition, the
+initial model and the sampled clients, so the runs are paired): the mean over seeds of
+the per-seed difference (method − baseline), the two-sided paired t-test and Wilcoxon
+signed-rank p-values (``scipy.stats``) and the number of seeds on which the method did
+better. Written to ``report.md`` and ``report_paired.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import sys
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedpcd_app.analysis.sweep import MANIFEST, NO_GRID, RUN_FILE
+from fedpcd_app.server.results import ROUNDS, SUMMARY, read_rounds, read_summary
+
+# (summary key, column title, higher is better, shown as a percentage)
+METRICS: tuple[tuple[str, str, bool, bool], ...] = (
+    ("mean_acc", "ā", True, True),
+    ("std_acc", "σ_c", False, True),
+    ("worst10_acc", "W₁₀", True, True),
+    ("best10_acc", "B₁₀", True, True),
+    ("jain", "Jain", True, False),
+    ("central_acc", "central", True, True),
+)
+METRIC_INFO = {key: (title, high, percent) for key, title, high, percent in METRICS}
+PAIRED_METRICS = ("mean_acc", "worst10_acc", "std_acc")
+
+# Runs without run.json: keys that define the federation (a setting) ...
+SETTING_KEYS = (
+    "dataset", "dataset-path", "model", "partitioner", "dirichlet-alpha", "classes-per-client",
+    "num-clients", "min-partition-size", "local-test-fraction", "central-test-fraction",
+    "fraction-train", "num-server-rounds", "participation", "availability-rare-clients",
+    "availability-rare-prob", "availability-rare-choice",
+)
+# ... and keys that do not change what a run computes (bookkeeping, evaluation schedule).
+IGNORED_KEYS = frozenset({
+    "seed", "output-dir", "resume-from", "checkpoint-every", "checkpoint-keep", "tensorboard",
+    "log-every", "eval-every", "eval-batch-size", "eval-mode", "round-timeout", "client-loss-before",
+})
+DEFAULT_SETTING = "default"
+
+
+@dataclasses.dataclass
+class Run:
+    folder: Path
+    setting: str
+    method: str
+    variant: str
+    seed: int
+    grid: dict[str, Any]
+    summary: dict[str, Any]
+
+    @property
+    def iterate(self) -> str:
+        """The iterate its metrics were scored on (``last`` / ``averaged``; see the module doc)."""
+        if self.summary.get("scored_iterate"):
+            return str(self.summary["scored_iterate"])
+        cfg = self.summary.get("config", {})
+        if self.summary.get("method") == "afl" or cfg.get("federage-averaged-iterate") is True:
+            return "averaged"
+        return "last"
+
+    @property
+    def split(self) -> str:
+        return str(self.summary.get("scored_split", "test"))
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run gives no score (``complete: false``), else None."""
+        if self.summary.get("complete", True) is False:
+            return str(self.summary.get("incomplete_reason") or "incomplete (no reason given)")
+        return None
+
+    def rounds(self) -> list[dict[str, Any]]:
+        return read_rounds(self.folder) if (self.folder / ROUNDS).is_file() else []
+
+    def eval_curve(self, key: str = "mean_acc") -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, values) of the evaluation records of ``rounds.jsonl``."""
+        pts = [(r["round"], r["eval"][key]) for r in self.rounds() if "eval" in r and r["eval"].get(key) is not None]
+        return np.array([p[0] for p in pts], dtype=np.int64), np.array([p[1] for p in pts], dtype=np.float64)
+
+    @property
+    def label(self) -> str:
+        """The method entry with its grid point, as legends and tables name it."""
+        return self.method if self.variant == NO_GRID else f"{self.method} [{self.variant}]"
+
+
+# -- finding runs ------------------------------------------------------------------------
+def _manifests(out: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(folder, sweep.json content) of every sweep at or below ``out`` (or holding it)."""
+    found = sorted({p.parent for p in out.rglob(MANIFEST)} | ({out} if (out / MANIFEST).is_file() else set()))
+    out_list = []
+    for folder in found:
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            [r["folder"] for r in manifest["runs"]]  # noqa: B018 - the fields the report reads
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"warning: {folder / MANIFEST} is not a sweep manifest ({type(exc).__name__}: {exc}); "
+                  "its runs are read as plain runs", file=sys.stderr)
+            continue
+        out_list.append((folder, manifest))
+    return out_list
+
+
+def _run_folders(out: Path, manifests: list[tuple[Path, dict[str, Any]]]) -> list[Path]:
+    if (out / SUMMARY).is_file():
+        return [out]
+    folders = sorted({p.parent for p in out.rglob(SUMMARY)})
+    for root, manifest in manifests:  # a sweep contributes the runs its current file lists
+        listed = {(root / r["folder"]).resolve() for r in manifest["runs"]}
+        folders = [f for f in folders if not _is_below(f, root) or f.resolve() in listed]
+    return folders
+
+
+def _is_below(folder: Path, root: Path) -> bool:
+    try:
+        folder.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _fmt(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _varying(configs: list[dict[str, Any]], keys) -> list[str]:
+    return [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1]
+
+
+def _label_loose(loose: list[tuple[Path, dict[str, Any]]]) -> list[Run]:
+    """Labels for runs without run.json, from the config keys that differ between them."""
+    configs = [s.get("config", {}) for _, s in loose]
+    setting_keys = _varying(configs, SETTING_KEYS)
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, (_, summary) in enumerate(loose):
+        cfg = configs[i]
+        setting = ",".join(f"{k}={_fmt(cfg.get(k))}" for k in setting_keys) or DEFAULT_SETTING
+        groups[(setting, str(summary.get("method", cfg.get("method", "?"))))].append(i)
+    runs = []
+    for (setting, method), idx in groups.items():
+        own = sorted({k for i in idx for k in configs[i]} - set(SETTING_KEYS) - IGNORED_KEYS - {"method"})
+        grid_keys = _varying([configs[i] for i in idx], own)
+        for i in idx:
+            folder, summary = loose[i]
+            grid = {k: configs[i].get(k) for k in grid_keys}
+            variant = ",".join(f"{k}={_fmt(v)}" for k, v in grid.items()) or NO_GRID
+            seed = int(summary.get("seed", configs[i].get("seed", 0)))
+            runs.append(Run(folder, setting, method, variant, seed, grid, summary))
+    return runs
+
+
+def load_runs(out: str | Path) -> list[Run]:
+    """Every finished run (a folder with ``summary.json``) at or below ``out``: a run
+    folder, a sweep folder or any folder holding runs (see the module doc for labels)."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out} is not a folder")
+    manifests = _manifests(out)
+    sweep_of = {root.resolve(): m["name"] for root, m in manifests}
+    prefix = len(manifests) > 1  # several sweeps: their settings are told apart by name
+    labelled, loose = [], []
+    for folder in _run_folders(out, manifests):
+        summary = read_summary(folder)
+        if not (folder / RUN_FILE).is_file():
+            loose.append((folder, summary))
+            continue
+        labels = json.loads((folder / RUN_FILE).read_text())
+        setting = labels["setting"]
+        if prefix:
+            owner = next((name for root, name in sweep_of.items() if _is_below(folder, root)), None)
+            setting = f"{owner}/{setting}" if owner else setting
+        labelled.append(Run(folder, setting, labels["method"], labels["variant"], int(labels["seed"]),
+                            labels.get("grid", {}), summary))
+    return _newest_per_seed(labelled + _label_loose(loose))
+
+
+def _newest_per_seed(runs: list[Run]) -> list[Run]:
+    keep: dict[tuple, Run] = {}
+    for run in runs:
+        key = (run.setting, run.method, run.variant, run.seed)
+        if key not in keep or _mtime(run) > _mtime(keep[key]):
+            keep[key] = run
+    if len(keep) < len(runs):
+        print(f"note: {len(runs) - len(keep)} run(s) repeat a seed of the same setting, method and grid "
+              "point; the newest of each is used", file=sys.stderr)
+    return [r for r in runs if keep[(r.setting, r.method, r.variant, r.seed)] is r]
+
+
+def _mtime(run: Run) -> float:
+    return (run.folder / SUMMARY).stat().st_mtime
+
+
+def ordered(values, order: list[str]) -> list[str]:
+    """Unique values, in the sweep file's order where known, else first-seen order."""
+    seen = list(dict.fromkeys(values))
+    rank = {v: i for i, v in enumerate(order)}
+    return sorted(seen, key=lambda v: (rank.get(v, len(rank)), seen.index(v)))
+
+
+def sweep_order(out: str | Path) -> tuple[list[str], list[str]]:
+    """(settings, methods) in the order of the sweep files (the ``sweep.json`` found)."""
+    manifests = _manifests(Path(out))
+    settings, methods = [], []
+    for _, m in manifests:
+        prefix = f"{m['name']}/" if len(manifests) > 1 else ""
+        settings += [prefix + r["setting"] for r in m["runs"]]
+        methods += [r["method"] for r in m["runs"]]
+    return list(dict.fromkeys(settings)), list(dict.fromkeys(methods))
+
+
+def title_of(out: str | Path) -> str:
+    manifests = _manifests(Path(out))
+    return manifests[0][1]["name"] if len(manifests) == 1 else Path(out).resolve().name
+
+
+# -- statistics --------------------------------------------------------------------------
+def mean_std(values) -> tuple[float, float]:
+    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def selection_split(runs: list[Run], warn: bool = False) -> str:
+    """``validation`` when every run scored a validation split (``val-fraction`` > 0: its
+    summary has ``val_mean_acc``), else ``test`` (with a warning when there is a choice to
+    make: selecting on the reported test data inflates the "best" numbers)."""
+    if runs and all(r.summary.get("val_mean_acc") is not None for r in runs):
+        return "validation"
+    if warn and len({r.variant for r in runs}) > 1:
+        import warnings
+
+        warnings.warn(f"{runs[0].setting}/{runs[0].method}: no validation split (val-fraction = 0): the grid point "
+                      "is selected on the test accuracy it reports; set val-fraction > 0 to select on validation",
+                      stacklevel=2)
+    return "test"
+
+
+def best_variant(runs: list[Run]) -> tuple[str, dict[str, list[Run]]]:
+    """The grid point with the highest mean over seeds of the mean client accuracy on the
+    validation split when the runs have one (else on the test split, :func:`selection_split`);
+    first on ties."""
+    by_variant: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_variant[r.variant].append(r)
+    key = "val_mean_acc" if selection_split(runs, warn=True) == "validation" else "mean_acc"
+    complete = [v for v in by_variant if not any(r.incomplete for r in by_variant[v])]
+    if not complete:  # every grid point has a diverged seed: shown as such, never as a score
+        return next(iter(by_variant)), by_variant
+    best = max(complete, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
+    return best, by_variant
+
+
+def rounds_to_target(run: Run, target: float) -> int | None:
+    """First evaluation round whose mean client accuracy reaches ``target`` (None: never)."""
+    rounds, acc = run.eval_curve("mean_acc")
+    hit = np.nonzero(acc >= target - 1e-12)[0]
+    return int(rounds[hit[0]]) if hit.size else None
+
+
+@dataclasses.dataclass
+class Row:
+    setting: str
+    method: str
+    variant: str
+    seeds: list[int]
+    stats: dict[str, tuple[float, float]]
+    target: float | None
+    rounds: tuple[float, float, int] | None  # (mean, std over seeds that reached, count reached)
+    chosen: bool = True  # the method's best grid point (every row unless --all)
+    runs: list[Run] = dataclasses.field(default_factory=list, repr=False)
+    selected_on: str = ""  # the split its grid point was selected on (selection_split); "" = no grid
+    iterate: str = "last"  # the iterate its runs were scored on (Run.iterate)
+    split: str = "test"  # the split its metrics are on (Run.split)
+    incomplete: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (seed, reason): no score
+
+    @property
+    def status(self) -> str:
+        """``""`` (scored), or ``diverged`` / ``incomplete`` when a seed did not finish normally."""
+        if not self.incomplete:
+            return ""
+        return "diverged" if any("diverg" in why for _, why in self.incomplete) else "incomplete"
+
+
+def is_fedavg(runs: list[Run]) -> bool:
+    return all(r.summary.get("method") == "fedavg" for r in runs)
+
+
+def summarize(runs: list[Run], target: float | None = None,
+              order: tuple[list[str], list[str]] = ([], []), all_points: bool = False) -> list[Row]:
+    """One row per (setting, method): the best grid point's mean ± std over seeds; with
+    ``all_points`` one row per grid point (``chosen`` marks the best)."""
+    rows = []
+    for setting in ordered((r.setting for r in runs), order[0]):
+        in_setting = [r for r in runs if r.setting == setting]
+        chosen: dict[str, str] = {}
+        variants: dict[str, dict[str, list[Run]]] = {}
+        for method in ordered((r.method for r in in_setting), order[1]):
+            chosen[method], variants[method] = best_variant([r for r in in_setting if r.method == method])
+        goal = target
+        if goal is None:
+            fedavg = [m for m in chosen if is_fedavg(variants[m][chosen[m]])]
+            fedavg = [m for m in fedavg if not any(r.incomplete for r in variants[m][chosen[m]])]
+            if fedavg:  # the best FedAvg entry's final accuracy, as in the papers
+                goal = max(mean_std(r.summary["mean_acc"] for r in variants[m][chosen[m]])[0] for m in fedavg)
+        for method in chosen:
+            candidates = [r for r in in_setting if r.method == method]
+            split = selection_split(candidates) if len({r.variant for r in candidates}) > 1 else ""
+            for variant in (variants[method] if all_points else [chosen[method]]):
+                rs = sorted(variants[method][variant], key=lambda r: r.seed)
+                bad = [(r.seed, r.incomplete) for r in rs if r.incomplete]
+                stats = {key: (math.nan, math.nan) if bad else mean_std(r.summary.get(key) for r in rs)
+                         for key, *_ in METRICS}
+                reach = None
+                if goal is not None and not bad:
+                    hits = [rounds_to_target(r, goal) for r in rs]
+                    m, s = mean_std(h for h in hits if h is not None)
+                    reach = (m, s, sum(h is not None for h in hits))
+                iterates = sorted({r.iterate for r in rs})
+                rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
+                                chosen=variant == chosen[method], runs=rs, selected_on=split,
+                                iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
+                                incomplete=bad))
+    return rows
+
+
+def _best_marks(rows: list[Row]) -> dict[tuple[int, str], bool]:
+    """(row index, column) → is the best mean of that column in its setting."""
+    marks = {}
+    for setting in dict.fromkeys(r.setting for r in rows):
+        group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
+        for key, _, high, _ in METRICS:
+            vals = [r.stats[key][0] for _, r in group]
+            finite = [v for v in vals if not math.isnan(v)]
+            for (i, _), v in zip(group, vals):
+                marks[(i, key)] = len(finite) > 1 and v == (max(finite) if high else min(finite))
+        reach = [r.rounds[0] for _, r in group if r.rounds and r.rounds[2] == len(r.seeds)]
+        for i, r in group:
+            marks[(i, "rounds")] = (len(group) > 1 and bool(reach) and r.rounds is not None
+                                    and r.rounds[2] == len(r.seeds) and r.rounds[0] == min(reach))
+    return marks
+
+
+def format_cell(mean: float, std: float, percent: bool, n: int = 2) -> str:
+    """``mean ± std`` (no ± for a single seed: there is no spread to show)."""
+    if math.isnan(mean):
+        return "—"
+    if percent:
+        return f"{100 * mean:.2f}" if n == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}"
+    return f"{mean:.4f}" if n == 1 else f"{mean:.4f} ± {std:.4f}"
+
+
+# -- paired comparison -------------------------------------------------------------------
+@dataclasses.dataclass
+class Paired:
+    setting: str
+    method: str
+    variant: str
+    baseline: str
+    baseline_variant: str
+    metric: str
+    seeds: list[int]
+    diffs: list[float]  # method − baseline, per paired seed
+    mean_diff: float
+    ttest_p: float
+    wilcoxon_p: float
+    wins: int  # seeds on which the method did better (higher, or lower for σ_c)
+    ties: int
+
+
+def paired_tests(diffs) -> tuple[float, float]:
+    """Two-sided p-values (paired t-test = one-sample t-test of the differences against 0,
+    Wilcoxon signed-rank, zero differences dropped) of per-seed differences; NaN where
+    undefined (fewer than 2 seeds; t-test: no spread; Wilcoxon: all differences zero)."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=np.float64)
+    t_p = w_p = math.nan
+    if d.size >= 2 and np.ptp(d) > 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t_p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    if d.size >= 2 and np.any(d != 0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                w_p = float(stats.wilcoxon(d).pvalue)
+            except ValueError:
+                w_p = math.nan
+    return t_p, w_p
+
+
+def find_baseline(rows: list[Row], setting: str, name: str) -> Row | None:
+    """The setting's chosen row of method entry ``name`` (or of the registered method
+    ``name`` when exactly one entry runs it)."""
+    group = [r for r in rows if r.setting == setting and r.chosen]
+    exact = [r for r in group if r.method == name]
+    if exact:
+        return exact[0]
+    by_method = [r for r in group if r.runs and all(x.summary.get("method") == name for x in r.runs)]
+    return by_method[0] if len(by_method) == 1 else None
+
+
+def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Paired]:
+    """Every row against the baseline's chosen grid point of its setting, over paired seeds."""
+    out = []
+    for setting in dict.fromkeys(r.setting for r in rows):
+        base = find_baseline(rows, setting, baseline)
+        if base is None or base.incomplete:
+            continue
+        base_by_seed = {r.seed: r.summary for r in base.runs}
+        for row in rows:
+            if row.setting != setting or row is base or row.incomplete:
+                continue
+            seeds = [r.seed for r in row.runs if r.seed in base_by_seed]
+            mine = {r.seed: r.summary for r in row.runs}
+            for key in metrics:
+                high = METRIC_INFO[key][1] if key in METRIC_INFO else True
+                pairs = [(mine[s].get(key), base_by_seed[s].get(key)) for s in seeds]
+                ok = [(s, a - b) for s, (a, b) in zip(seeds, pairs) if a is not None and b is not None]
+                d = np.array([x for _, x in ok], dtype=np.float64)
+                t_p, w_p = paired_tests(d)
+                better = d > 0 if high else d < 0
+                out.append(Paired(setting, row.method, row.variant, base.method, base.variant, key,
+                                  [s for s, _ in ok], d.tolist(), float(d.mean()) if d.size else math.nan,
+                                  t_p, w_p, int(better.sum()), int((d == 0).sum())))
+    return out
+
+
+def _p(value: float) -> str:
+    if math.isnan(value):
+        return "—"
+    return f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
+
+
+def _diff(value: float, key: str) -> str:
+    if math.isnan(value):
+        return "—"
+    percent = METRIC_INFO.get(key, ("", True, False))[2]
+    return f"{100 * value:+.2f} pp" if percent else f"{value:+.4f}"
+
+
+def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -> list[str]:
+    lines = []
+    for setting in settings:
+        group = [p for p in results if p.setting == setting]
+        lines += ["", f"## {setting}: paired comparison against {baseline}", ""]
+        if not group:
+            lines.append(f"No method entry '{baseline}' in this setting (or nothing to compare with it).")
+            continue
+        first = group[0]
+        base = first.baseline + ("" if first.baseline_variant == NO_GRID else f" [{first.baseline_variant}]")
+        lines.append(f"Per seed difference method − {base} on the same seed (same partition, initial model "
+                     "and sampled clients); mean over the paired seeds, two-sided paired t-test and Wilcoxon "
+                     "signed-rank p-values (scipy.stats; — where undefined: one seed, or no spread), and the "
+                     "seeds on which the method did better (higher; for σ_c lower). With n seeds the "
+                     "Wilcoxon p-value cannot fall below 2/2ⁿ (0.25 for 3 seeds).")
+        lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference | t-test p | "
+                      "Wilcoxon p | seeds better |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
+        for p in group:
+            title = METRIC_INFO.get(p.metric, (p.metric,))[0]
+            better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "")
+            lines.append(f"| {p.method} | {p.variant.replace(',', ', ')} | {title} | {len(p.seeds)} | "
+                         f"{_diff(p.mean_diff, p.metric)} | {_p(p.ttest_p)} | {_p(p.wilcoxon_p)} | {better} |")
+    return lines
+
+
+def write_paired_csv(results: list[Paired], path: Path) -> None:
+    fields = ["setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric",
+              "num_seeds", "seeds", "differences", "mean_difference", "ttest_p", "wilcoxon_p", "seeds_better",
+              "seeds_tied"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for p in results:
+            w.writerow({"setting": p.setting, "method": p.method, "hyperparameters": p.variant,
+                        "baseline": p.baseline, "baseline_hyperparameters": p.baseline_variant,
+                        "metric": p.metric, "num_seeds": len(p.seeds), "seeds": " ".join(map(str, p.seeds)),
+                        "differences": " ".join(repr(d) for d in p.diffs), "mean_difference": p.mean_diff,
+                        "ttest_p": p.ttest_p, "wilcoxon_p": p.wilcoxon_p, "seeds_better": p.wins,
+                        "seeds_tied": p.ties})
+
+
+# -- output ------------------------------------------------------------------------------
+def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> str:
+    marks = _best_marks(rows)
+    lines = [f"# {title}" if title else "# Results", ""]
+    splits = sorted({r.selected_on for r in rows} - {""})
+    on = f" on the {' or '.join(splits)} split" if splits else ""
+    if all_points:
+        lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits), every grid "
+                     f"point; ★ marks each method's chosen grid point (best mean ā over seeds{on}). Accuracies in %, "
+                     "best per column in bold.")
+    else:
+        lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits); per method the "
+                     f"grid point with the best mean ā over seeds{on}. Accuracies in %, best per column in bold.")
+    if "test" in splits:
+        lines.append("")
+        lines.append("**Warning:** hyperparameters selected on the test split they are reported on (no "
+                     "validation split: val-fraction = 0), which inflates the best numbers.")
+    for setting in dict.fromkeys(r.setting for r in rows):
+        group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
+        target = group[0][1].target
+        lines += ["", f"## {setting}", ""]
+        lines += [scored_line([r for _, r in group]), ""]
+        mixed = len({r.iterate for _, r in group}) > 1
+        rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
+        head = (["method", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
+                + [t for _, t, _, _ in METRICS] + [rounds_title])
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join(["---"] * (4 if mixed else 3) + ["---:"] * (len(METRICS) + 1)) + "|")
+        notes = []
+        for i, r in group:
+            n = len(r.seeds)
+            hyper = r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
+            cells = [r.method, hyper, str(n)] + ([r.iterate] if mixed else [])
+            if r.incomplete:  # never a score: what happened, and why under the table
+                cells += [f"{r.status} ({len(r.incomplete)}/{n} seeds)"] + ["—"] * len(METRICS)
+                lines.append("| " + " | ".join(cells) + " |")
+                notes += [f"{r.method} [{r.variant}] seed {seed}: {why}" for seed, why in r.incomplete]
+                continue
+            for key, _, _, percent in METRICS:
+                text = format_cell(*r.stats[key], percent, n)
+                cells.append(f"**{text}**" if marks[(i, key)] and text != "—" else text)
+            if r.rounds is None or r.rounds[2] == 0:
+                text = "—" if r.rounds is None else f"not reached (0/{n})"
+            else:
+                text = f"{r.rounds[0]:.1f}" if r.rounds[2] == 1 else f"{r.rounds[0]:.1f} ± {r.rounds[1]:.1f}"
+                if r.rounds[2] < n:
+                    text += f" ({r.rounds[2]}/{n} seeds)"
+                elif marks[(i, "rounds")]:
+                    text = f"**{text}**"
+            cells.append(text)
+            lines.append("| " + " | ".join(cells) + " |")
+        if notes:
+            lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
+            lines += [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def scored_line(rows: list[Row]) -> str:
+    """What a table scored: the iterate(s) and the split."""
+    iterates = sorted({r.iterate for r in rows})
+    splits = sorted({r.split for r in rows})
+    names = {"last": "the last global model θ_T", "averaged": "the averaged iterate θ̄_T (mean of θ_1..θ_T)",
+             "last/averaged": "mixed"}
+    what = " and ".join(names.get(i, i) for i in iterates)
+    mixed = " — **mixed iterates** (--mixed-iterates): rows are not on equal terms" if len(iterates) > 1 else ""
+    return f"Scored: {what}, on the {' and '.join(splits)} split(s){mixed}."
+
+
+def check_iterates(runs: list[Run]) -> None:
+    """One line (ReportError) when a table (a setting) mixes runs scored on different iterates."""
+    for setting in dict.fromkeys(r.setting for r in runs):
+        by_iterate: dict[str, list[str]] = defaultdict(list)
+        for run in runs:
+            if run.setting == setting and run.method not in by_iterate[run.iterate]:
+                by_iterate[run.iterate].append(run.method)
+        if len(by_iterate) > 1:
+            parts = "; ".join(f"{it}: {', '.join(ms)}" for it, ms in sorted(by_iterate.items()))
+            raise ReportError(f"setting '{setting}' mixes runs scored on different iterates ({parts}): rerun them "
+                              "with the same eval-averaged-iterate, or pass --mixed-iterates to tabulate them anyway")
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    fields = ["setting", "method", "hyperparameters", "chosen", "num_seeds", "seeds", "scored_iterate",
+              "scored_split", "status", "incomplete"]
+    for key, *_ in METRICS:
+        fields += [f"{key}_mean", f"{key}_std"]
+    fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            row = {"setting": r.setting, "method": r.method, "hyperparameters": r.variant, "chosen": int(r.chosen),
+                   "num_seeds": len(r.seeds), "seeds": " ".join(map(str, r.seeds)),
+                   "target_acc": "" if r.target is None else r.target, "scored_iterate": r.iterate,
+                   "scored_split": r.split, "status": r.status or "scored",
+                   "incomplete": "; ".join(f"seed {seed}: {why}" for seed, why in r.incomplete)}
+            for key, *_ in METRICS:
+                row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.incomplete else r.stats[key]
+            if r.rounds is not None:
+                row["rounds_to_target_mean"], row["rounds_to_target_std"], row["seeds_reaching_target"] = r.rounds
+            w.writerow(row)
+
+
+class ReportError(ValueError):
+    """A report option does not fit the runs found (one line)."""
+
+
+def report(out: str | Path, target: float | None = None, all_points: bool = False,
+           baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False) -> tuple[Path, Path]:
+    out = Path(out)
+    runs = load_runs(out)
+    if not runs:
+        raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
+    rows = summarize(runs, target, sweep_order(out), all_points)
+    if not mixed_iterates:
+        check_iterates(runs)
+    text = to_markdown(rows, title_of(out), all_points)
+    if baseline:
+        unknown = [m for m in metrics if m not in METRIC_INFO]
+        if unknown:
+            raise ReportError(f"--metrics: unknown metric {unknown[0]!r} (choose from {', '.join(METRIC_INFO)})")
+        settings = list(dict.fromkeys(r.setting for r in rows))
+        if not any(find_baseline(rows, s, baseline) for s in settings):
+            names = ", ".join(dict.fromkeys(r.method for r in rows))
+            raise ReportError(f"--baseline {baseline!r} is not a method of the runs found (methods: {names})")
+        results = compare(rows, baseline, metrics)
+        text += "\n".join(paired_markdown(results, baseline, settings)) + "\n"
+        write_paired_csv(results, out / "report_paired.csv")
+    md, csv_path = out / "report.md", out / "report.csv"
+    md.write_text(text)
+    write_csv(rows, csv_path)
+    return md, csv_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="a run folder, a sweep output folder or any folder holding runs")
+    parser.add_argument("--target", type=float, default=None,
+                        help="target accuracy (fraction) for the rounds column (default: FedAvg's final mean)")
+    parser.add_argument("--all", dest="all_points", action="store_true",
+                        help="list every grid point, not only each method's best")
+    parser.add_argument("--baseline", default=None, metavar="METHOD",
+                        help="add a paired comparison over seeds against this method entry")
+    parser.add_argument("--mixed-iterates", action="store_true",
+                        help="allow runs scored on different iterates (last / averaged) in one table")
+    parser.add_argument("--metrics", default=",".join(PAIRED_METRICS),
+                        help=f"metrics of the paired comparison (default {','.join(PAIRED_METRICS)})")
+    args = parser.parse_args(argv)
+    try:
+        md, csv_path = report(args.out, args.target, args.all_points, args.baseline,
+                              [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates)
+    except (FileNotFoundError, ReportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(md.read_text())
+    print(f"wrote {md} and {csv_path}" + (f" and {md.parent / 'report_paired.csv'}" if args.baseline else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,616 @@
+"""The ServerApp: a validated setup → membership → rounds → evaluation → results.
+
+The round loop is this app's own (not ``Strategy.start``) because fairness experiments
+need what Flower's loop does not keep: a seeded sampler over *partition ids* (so every
+method under one seed sees the same clients in the same rounds), scoring of *every*
+client each evaluation round, per-round records and checkpoints on disk. The strategies
+are the same Flower-native objects a foreign app starts with ``strategy.start(...)``:
+the loop calls their ``configure_train`` / ``aggregate_train`` (reply validation included)
+and, for federated evaluation, ``configure_evaluate`` / ``aggregate_evaluate``.
+
+An exception inside the strategy's aggregation is recorded in the round's record; with
+``on-aggregation-error = "stop"`` (the default) the run then writes a checkpoint and a
+summary with ``complete: false`` and stops with :class:`AggregationStopped` (one line naming
+the method, the round and the exception); with ``"keep"`` it logs the exception, keeps the
+model and goes on. ``summary.json`` says whether the run is complete and, if not, why.
+
+Parts, one job each: :mod:`fedpcd_app.server.config` (validation, once), :mod:`fedpcd_app.server.membership`
+(node ↔ partition), :class:`fedpcd_app.server.evaluation.Evaluator`, :mod:`fedpcd_app.server.results` and
+:mod:`fedpcd_app.server.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from client_app import local_data
+from fedcore.config import ConfigError, RunConfig, resolve
+from fedpcd_app.server import checkpoint, divergence, node_data, secagg
+from fedpcd_app.server.config import Setup, check, validate
+from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
+from fedpcd_app.server.exchange import resolve_round_timeout, send_and_receive
+from fedpcd_app.server.membership import (
+    Membership,
+    PartitionRouter,
+    route_partitions,
+    routing_wanted,
+    wait_for_stable_nodes,
+)
+from fedpcd_app.server.results import ResultsWriter, write_json_atomic
+from fedpcd_app.server.tracking import tracker_for
+from strategies.privacy import CentralDP
+from strategies.wrappers import UpdateClip, find_wrapper
+
+log = logging.getLogger("fedpcd")
+
+
+class AggregationStopped(RuntimeError):
+    """A strategy's aggregation raised and ``on-aggregation-error`` = stop (one-line message)."""
+
+
+class _MethodTag(logging.Formatter):
+    """``HH:MM:SS [<method>] message``: the prefix names the run's method (set by
+    :func:`set_log_method`; ``fedpcd``, the app's name, before a run has one)."""
+
+    method = "fedpcd"
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.method = _MethodTag.method
+        return super().format(record)
+
+
+def set_log_method(method: str) -> None:
+    _MethodTag.method = str(method) or "fedpcd"
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the *current* ``sys.stderr`` (not the one of the first run in this process:
+    test runners and tools swap it between runs)."""
+
+    @property
+    def stream(self):
+        import sys
+
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(_MethodTag("%(asctime)s [%(method)s] %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class Experiment:
+    """One federated run on a Grid: ``run()`` does everything; the round and the evaluation
+    are methods so that tests and the checkpoint logic can drive them one by one."""
+
+    def __init__(self, grid: Grid, setup: Setup | RunConfig, membership: Membership | None = None) -> None:
+        if isinstance(setup, RunConfig):
+            setup = validate(setup.as_dict())
+        # round-timeout 0 = auto: no timeout in simulation, a finite one in deployment (exchange.py)
+        self.grid, self.setup, self.cfg = grid, setup, resolve_round_timeout(setup.cfg, grid)
+        set_log_method(self.cfg.method)  # the log prefix names the method
+        self.node_data = local_data.settings(self.cfg).node  # the nodes bring their own data
+        if self.node_data and not local_data.settings(self.cfg).complete:
+            raise ConfigError("client-data='node': input-shape, num-classes, data-mean and data-std must be known "
+                              "before the run: run_experiment() learns them from the nodes (or declare them)")
+        # Simulation's in-memory grid sleeps 0.1 s between polls for replies; 0.01 s trims
+        # the idle tail of every round (docs/performance.md). Other grids lack the attribute.
+        if hasattr(grid, "pull_interval"):
+            grid.pull_interval = min(grid.pull_interval, 0.01)
+        self.strategy = setup.strategy
+        self.membership_given = membership is not None  # discovered already (run_experiment)
+        self.membership = membership if membership is not None else Membership(self.cfg)
+        self.membership.cfg = self.cfg
+        self.strategy.select = self.membership.select
+        self.strategy.run_config = self.cfg.as_dict()
+        self.arrays = ArrayRecord(setup.model.state_dict())
+        self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
+        # counts bounded by the partitions' sizes the server knows (fedcore.replies.ReplyLimits)
+        self.strategy.reply_limits = reply_limits(self.cfg, self.evaluator.data, self.membership)
+        self.writer = ResultsWriter(self.cfg)
+        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
+        self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
+                                              _spec(self.arrays)) if secagg.enabled(self.cfg) else None
+        self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
+        self.history: list[dict[str, Any]] = []
+        self.last_eval: dict[str, Any] = {}
+        self.stop_on_error = self.cfg.params.get("on-aggregation-error", "stop") == "stop"
+        self.aggregation_exception: Exception | None = None
+        self.start_round = 1
+        self.watch = divergence.Watch(self.cfg, divergence.num_classes(setup.model))
+        self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
+        if setup.resume_from:
+            try:
+                self.resume(setup.resume_from)
+            except BaseException:
+                self.writer.close()  # the output-dir's lock with it
+                raise
+
+    # -- the whole run: one screen ------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        finally:
+            self.writer.lock.release()  # on any exit (finish() has released it on a normal one)
+
+    def _run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.membership.sampler is None or self.membership_given:
+            sampler = self.membership.sampler or self.membership.discover(self.grid)
+            write_json_atomic(self.writer.dir / "availability.json", sampler.profile())
+            self.membership_given = False
+        if self.node_data:  # every node's data checked against the others and the run config
+            node_data.complete(cfg.as_dict(), self.membership)
+        source = "the nodes' own data" if self.node_data else cfg.dataset_path or cfg.dataset
+        log.info("%s on %s/%s: %d clients (%s), %d rounds -> %s", cfg.method, source,
+                 cfg.model, cfg.num_clients, self.membership.sampler.describe(), cfg.num_server_rounds,
+                 self.writer.dir)
+        t_first = time.perf_counter()  # end of the run's first round (set below)
+        for server_round in range(self.start_round, cfg.num_server_rounds + 1):
+            record = self.train_round(server_round)
+            diverged = self.watch.observe(record, self.last_valid)
+            stop = diverged is not None or (self.stop_on_error and "aggregation_error" in record)
+            if stop or self.is_eval_round(server_round):
+                record["eval"] = self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
+            self.history.append(record)
+            self.writer.round(record)
+            if self.tracker is not None:
+                self.tracker.round(record)
+            # The ETA leaves the first round out: it carries the start-up (data, workers, actors).
+            now = time.perf_counter()
+            if server_round == self.start_round:
+                t_first = now
+            done = server_round - self.start_round
+            self.log_round(record, (now - t_first) / done if done else None)
+            if diverged is not None:
+                return self.diverged(server_round, diverged)
+            if stop:
+                self.stop(server_round, record["aggregation_error"])
+            self.after_round(server_round)
+        return self.finish()
+
+    def stop(self, server_round: int, error: str) -> None:
+        """A failed aggregation ends the run: a checkpoint, a summary saying so, one line."""
+        self.save_checkpoint(server_round)
+        line = f"aggregation failed: method '{self.cfg.method}', round {server_round}: {error}"
+        log.error("%s; the run stops (on-aggregation-error='keep' would log it and keep the model)", line)
+        self.finish(f"stopped after round {server_round} of {self.cfg.num_server_rounds}: {line}")
+        raise AggregationStopped(line) from self.aggregation_exception
+
+    def diverged(self, server_round: int, why: str) -> dict[str, Any]:
+        """A diverged run ends (fedpcd_app.server.divergence): one line, no checkpoint of this round,
+        the summary saying so; the model is the last finite one."""
+        reason = f"{divergence.PREFIX} {server_round}: {why}"
+        log.error("%s; the run stops (the model is the last finite one; diverge-patience=%d)", reason,
+                  self.watch.patience)
+        return self.finish(reason)
+
+    # -- one training round ----------------------------------------------------------------------
+    def train_round(self, server_round: int) -> dict[str, Any]:
+        """Sample → requests → replies → validation and aggregation → the round's record."""
+        t0 = time.perf_counter()
+        if self.membership.sampler is not None:
+            self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
+            for pid in self.membership.moved:  # a new node: the client's node-side state is gone
+                self.strategy.on_node_changed(pid)
+        msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid)
+        expected = dict(self.strategy.expected)  # node → partition id
+        pids = list(expected.values())
+        self.times_sampled[pids] += 1  # rounds a partition was asked: sampled and served by a node
+        # A Bernoulli availability round can be empty: nothing to send, the model stays.
+        if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
+            valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round) if msgs else ([], [])
+            aggregate = (lambda: self.strategy.aggregate_valid(server_round, valid)) if valid else None
+        else:
+            replies = send_and_receive(self.grid, msgs, timeout=self.cfg.round_timeout or None)
+            aggregate = lambda: self.strategy.aggregate_train(server_round, replies)  # noqa: E731
+        t_train = time.perf_counter() - t0
+        record: dict[str, Any] = {"round": server_round, "sampled": pids}
+        if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
+            record["unserved"] = list(self.membership.unserved)
+            log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
+                        record["unserved"])
+        t1 = time.perf_counter()
+        new_arrays, agg_metrics, error = None, None, None
+        self.last_valid = []
+        if aggregate is not None:
+            try:
+                new_arrays, agg_metrics = aggregate()
+            except Exception as exc:  # noqa: BLE001 - recorded; run() stops unless on-aggregation-error=keep
+                if not self.stop_on_error:
+                    log.exception("round %d: aggregation failed; the model stays as it was", server_round)
+                self.aggregation_exception = exc
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if self.secure is None:
+            valid, dropped = self.strategy.last_train.valid, self.strategy.last_train.dropped
+            replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
+        else:
+            for d in dropped:
+                log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
+            gone = {d.partition for d in dropped}  # the one valid reply: the mean of the others
+            replied = sorted(p for p in pids if p not in gone) if valid else []
+        record.update({
+            "replied": replied,  # partitions whose reply was aggregated (clients.csv times_replied)
+            "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
+            "dropped": [d.as_dict() for d in dropped],
+            "num_dropped": len(dropped),
+            "lr": self.strategy.round_lr(server_round),
+        })
+        if valid:
+            self.last_valid = list(valid) if self.secure is None else []
+            record.update(_train_losses(valid, self.strategy.want_loss_before))
+            record["aggregate_seconds"] = time.perf_counter() - t1
+            if error is not None:
+                record["aggregation_error"] = error
+            if new_arrays is not None and not divergence.is_finite(new_arrays):
+                record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
+            elif new_arrays is not None:
+                self.arrays = new_arrays
+            if agg_metrics is not None:
+                record["strategy"] = dict(agg_metrics)
+            if self.secure is None:
+                record.update(self.strategy.last_train.defence)  # update_clip, privacy (the wrappers' reports)
+        else:
+            log.warning("round %d: no valid reply; the model stays as it was", server_round)
+        record["train_seconds"] = t_train
+        self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
+        record["round_seconds"] = time.perf_counter() - t0  # the whole training round
+        return record
+
+    def is_eval_round(self, server_round: int) -> bool:
+        every = self.cfg.eval_every
+        return server_round == self.cfg.num_server_rounds or (every > 0 and server_round % every == 0)
+
+    def evaluate(self, server_round: int) -> dict[str, Any]:
+        self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
+        return self.last_eval
+
+    # -- checkpoints (fedpcd_app.server.checkpoint) ---------------------------------------------------
+    def after_round(self, server_round: int) -> None:
+        """Called after each round's record is written: the checkpoint, when due."""
+        every = self.setup.checkpoint_every
+        if every and (server_round % every == 0 or server_round == self.cfg.num_server_rounds):
+            self.save_checkpoint(server_round)
+
+    def save_checkpoint(self, server_round: int) -> None:
+        ckpt = checkpoint.Checkpoint(
+            round=server_round, method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
+            arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=self.strategy.state,
+            params=self.strategy.params.to_run_config(),
+            times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
+            privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
+            config=self.cfg.as_dict(),
+            averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
+        )
+        path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
+        log.info("round %d: checkpoint %s", server_round, path)
+
+    def resume(self, folder: str) -> None:
+        """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir);
+        its history is copied into this run's rounds.jsonl first."""
+        ckpt = checkpoint.latest(folder)
+        allow = checkpoint.allowed_changes(self.cfg.params.get("resume-allow-changes", ""))
+        checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
+                                    {k: v.numpy() for k, v in self.arrays.items()},
+                                    self.strategy.params.to_run_config(), allow)
+        if ckpt.round >= self.cfg.num_server_rounds:
+            raise ConfigError(
+                f"run-config key 'num-server-rounds' = {self.cfg.num_server_rounds}: the checkpoint in "
+                f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
+            )
+        checkpoint.check_config(ckpt, self.cfg.as_dict(), allow)
+        self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
+        if (ckpt.averaged_iterate is not None) != (self.evaluator.average is not None):
+            raise ConfigError(f"run-config key 'eval-averaged-iterate' = {self.evaluator.averaged} but the checkpoint "
+                              f"of round {ckpt.round} in {folder} was written with the other value: resume with "
+                              "the same eval-averaged-iterate")
+        if self.evaluator.average is not None:
+            self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
+        self.strategy.state = ckpt.strategy
+        if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
+            dp.dp_state = ckpt.privacy  # the adaptive clipping norm
+        self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
+        self.times_sampled = np.asarray(ckpt.times_sampled, dtype=np.int64).copy()
+        self.history = list(ckpt.history)
+        self.last_eval = dict(ckpt.last_eval)
+        self.start_round = ckpt.round + 1
+        for record in self.history:
+            self.writer.round(record)
+        _setup_logging()
+        log.info("resumed from round %d of %s", ckpt.round, folder)
+
+    # -- results ---------------------------------------------------------------------------------
+    def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
+        """One line per round; ``seconds_per_round``: the mean of the rounds after the run's
+        first (None in the first round: no ETA yet)."""
+        r = rec["round"]
+        if r % self.cfg.log_every and "eval" not in rec and r != self.cfg.num_server_rounds:
+            return
+        line = f"round {r:4d}/{self.cfg.num_server_rounds}: {rec['num_replies']} replies"
+        if rec["num_dropped"]:
+            line += f" ({rec['num_dropped']} dropped)"
+        if "train_loss" in rec:
+            line += f", train loss {rec['train_loss']:.4f}"
+        if "eval" in rec:
+            e = rec["eval"]
+            line += f" | mean acc {e['mean_acc']:.4f}, worst-10% {e['worst10_acc']:.4f}, jain {e['jain']:.4f}"
+        if seconds_per_round is None:
+            line += f" [{rec['round_seconds']:.2f} s]"
+        else:
+            line += f" [{rec['round_seconds']:.2f} s, ETA {seconds_per_round * (self.cfg.num_server_rounds - r):.0f} s]"
+        log.info(line)
+
+    def finish(self, stopped: str | None = None) -> dict[str, Any]:
+        """clients.csv, the final model and summary.json; ``stopped``: why the run ended early."""
+        cfg, final, data = self.cfg, self.last_eval, self.evaluator.data
+        reported = node_data.sizes(self.membership) if self.node_data else {}  # (train, test) rows per node
+        replied = _times_replied(self.history, cfg.num_clients)
+        rows = [{
+            "partition_id": pid,
+            "num_train": len(data.train_idx[pid]) if data else reported.get(pid, ("", ""))[0],
+            "num_test": len(data.test_idx[pid]) if data else reported.get(pid, ("", ""))[1],
+            "times_sampled": int(self.times_sampled[pid]),
+            "times_replied": int(replied[pid]),
+            "final_acc": final["client_acc"][pid],
+            "final_loss": final["client_loss"][pid],
+        } for pid in range(cfg.num_clients)]
+        self.writer.clients(rows)
+        # The final global model: a plain state_dict (torch.load(path, weights_only=True) reads it).
+        self.writer.model(self.arrays.to_torch_state_dict())
+        summary = {
+            "method": cfg.method,
+            "seed": cfg.seed,
+            "rounds": cfg.num_server_rounds,
+            **{k: final[k] for k in ("mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain",
+                                     "mean_loss", "max_loss")},
+            "central_acc": final.get("central_acc"),
+            "central_loss": final.get("central_loss"),
+            "client_acc": final["client_acc"],
+            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r], self.evaluator.scored_iterate),
+            "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
+            "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
+            **self.completeness(stopped),
+            **self.hostile_summary(final),
+            "config": cfg.as_dict(),
+            "output_dir": str(self.writer.dir),
+        }
+        self.writer.summary(summary)
+        self.writer.close()
+        if self.tracker is not None:
+            self.tracker.summary(summary)
+            self.tracker.close()
+        if cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
+            draw_report(self.writer.dir)
+        log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
+                 summary["mean_acc"], summary["worst10_acc"], summary["jain"],
+                 summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
+        return summary
+
+    def completeness(self, stopped: str | None) -> dict[str, Any]:
+        """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, one
+        whose aggregation failed in some round (the model kept, on-aggregation-error=keep), or
+        one in which a node could not load its data (a ``DataError`` reply: that client never
+        trained, unlike a node that dropped out for a while), or one that ended inside a streak of
+        rounds whose every arrived reply was dropped (shorter than ``diverge-patience``: measured, a
+        round whose attackers were the majority let a huge update through and the next rounds'
+        replies were all refused; the final model is then not to be trusted)."""
+        failed = [r for r in self.history if "aggregation_error" in r]
+        reason = stopped
+        if reason is None and failed:
+            reason = (f"aggregation failed in {len(failed)} round(s), first round {failed[0]['round']}: "
+                      f"{failed[0]['aggregation_error']}; on-aggregation-error='keep' kept the previous model")
+        bad_data = [d for r in self.history for d in r.get("dropped", ()) if "DataError" in str(d.get("reason"))]
+        if reason is None and bad_data:
+            pids = sorted({d["partition"] for d in bad_data if d.get("partition") is not None})
+            reason = (f"partition(s) {pids} could not load their data ({len(bad_data)} dropped train repl(ies)), "
+                      f"first: {bad_data[0]['reason']}")
+        streak = self.watch.refused_rounds
+        if reason is None and streak:
+            reason = (f"the last {streak} round(s) dropped every reply that arrived (diverge-patience = "
+                      f"{self.watch.patience} was not reached before the run ended): the final model may have "
+                      "diverged or been poisoned")
+        return {"complete": reason is None, "incomplete_reason": reason}
+
+    def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:
+        """The attack and the attacked partitions, the honest clients' metrics, the defences."""
+        out: dict[str, Any] = {"attack": self.cfg.params.get("attack", "none"),
+                               "attacked_partitions": list(self.evaluator.attacked)}
+        if "honest" in final:
+            out["honest"] = final["honest"]
+        if (clip := find_wrapper(self.strategy, UpdateClip)) is not None:
+            out["update_clip"] = {"c": clip.c, "num_clipped": sum(
+                r.get("update_clip", {}).get("num_clipped", 0) for r in self.history)}
+        if (dp := find_wrapper(self.strategy, CentralDP)) is not None:
+            out["privacy"] = dp.describe()
+        return out
+
+
+FIGURES = ("auto", "none")  # run-config figures
+
+
+def draw_report(out_dir) -> None:
+    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.analysis.run_report`, in a
+    process of its own); a failure there is one warning, the run's results stand."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    app_root = Path(__file__).resolve().parents[2]  # this app's copy (flwr run installs one)
+    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.analysis.run_report", str(out_dir)], cwd=app_root,
+                          capture_output=True, text=True, check=False)
+    lines = (proc.stdout if proc.returncode == 0 else proc.stderr).strip().splitlines()
+    message = lines[-1] if lines else f"exit code {proc.returncode}"
+    if proc.returncode == 0:
+        log.info("%s", message)
+    else:
+        log.warning("%s", message)
+
+
+def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarray:
+    """Per partition: the rounds whose aggregation had its reply (records before ``replied``
+    existed: asked and not dropped)."""
+    out = np.zeros(num_clients, dtype=np.int64)
+    for rec in history:
+        if "replied" in rec:
+            out[rec["replied"]] += 1
+        else:
+            dropped = {d["partition"] for d in rec.get("dropped", ())}
+            out[[p for p in rec["sampled"] if p not in dropped]] += 1
+    return out
+
+
+def _spec(arrays: ArrayRecord):
+    from fedcore.flat import spec_of
+
+    return spec_of(arrays)
+
+
+def _train_losses(valid, want_loss_before: bool) -> dict[str, float]:
+    """The round's example-weighted train loss (and loss-before, when the clients computed it)."""
+    from fedcore import keys
+
+    metrics = [r.content[keys.METRICS] for r in valid]
+    n = np.array([m[keys.NUM_EXAMPLES] for m in metrics], dtype=np.float64)
+    out = {"train_loss": float(np.dot(n, [m[keys.TRAIN_LOSS] for m in metrics]) / n.sum())}
+    if want_loss_before:
+        out["loss_before"] = float(np.dot(n, [m[keys.LOSS_BEFORE] for m in metrics]) / n.sum())
+    return out
+
+
+def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, Any]:
+    """One run on ``grid``: a :class:`Setup`, or a full flat run config validated here. With
+    ``client-data = "node"`` the nodes are asked first (one QUERY: partition and data) and
+    what the run config leaves unknown (input shape, classes, normalisation) is filled from
+    their replies before the model is built (:mod:`fedpcd_app.server.node_data`)."""
+    _setup_logging()
+    membership = None
+    set_log_method((setup.cfg.method if isinstance(setup, Setup) else dict(setup).get("method")) or "fedpcd")
+    if not isinstance(setup, Setup):
+        raw = dict(setup)
+        if local_data.is_node_mode(raw):
+            membership = Membership(resolve_round_timeout(check(raw), grid))
+            membership.discover(grid)
+            raw = node_data.complete(raw, membership)
+        setup = validate(raw)
+    if membership is None:
+        grid, membership = routed(grid, setup.cfg)
+    return Experiment(grid, setup, membership).run()
+
+
+def routed(grid: Grid, cfg: RunConfig) -> tuple[Grid, Membership | None]:
+    """In a partitioned simulation whose node count is not ``num-clients`` (e.g. Flower's
+    default 2 SuperNodes): the grid of one virtual node per partition over the real ones, and
+    its membership (:class:`fedpcd_app.server.membership.PartitionRouter`); else ``(grid, None)``."""
+    from fedpcd_app.server.exchange import is_simulation
+
+    if local_data.is_node_mode(cfg) or not is_simulation(grid):
+        return grid, None
+    # a grid whose nodes all exist when it is built (the local engine's LocalGrid) declares
+    # nodes_fixed = True; Flower's simulation grid is waited on until its node set is stable
+    fixed = getattr(grid, "nodes_fixed", False) is True
+    nodes = list(grid.get_node_ids()) if fixed else wait_for_stable_nodes(grid)
+    if not routing_wanted(cfg, grid, nodes):
+        return grid, None
+    router = PartitionRouter(grid, cfg.num_clients, nodes)
+    return router, route_partitions(resolve_round_timeout(cfg, grid), router)
+
+
+def make_server_app(setup: Setup | Mapping[str, Any] | None = None) -> ServerApp:
+    """A ServerApp. With a :class:`Setup` (or overrides, validated here) it ignores
+    ``context.run_config`` (in-process runs, where Flower leaves it empty); without, it
+    validates ``context.run_config`` once when the run starts. Overrides with
+    ``client-data = "node"`` are checked here and completed from the nodes at the start."""
+    server_app = ServerApp()
+    if setup is not None and not isinstance(setup, Setup):
+        raw = resolve(setup)
+        if local_data.is_node_mode(raw):
+            check(raw)  # every key now; the model once the nodes have reported their data
+            setup = raw
+        else:
+            setup = validate(raw)
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            run_experiment(grid, setup if setup is not None else dict(context.run_config))
+        except ONE_LINE_ERRORS as exc:
+            one_line_report(exc)  # Flower's report of it ends with the app's one line
+            raise
+
+    return server_app
+
+
+# -- errors on the Flower path: the app's one line, last ----------------------------------------------
+# A ServerApp that raises ends the run as failed: Flower 1.42 logs "<entity> raised an
+# exception" with the traceback, then its exit-code message (flwr.supercore.exit.flwr_exit),
+# and puts "... failed with exception: <str(exc)>" in the run's status details (`flwr ls`).
+# For the errors whose message is already the whole story (a bad run config, unloadable data,
+# a stopped aggregation), the traceback is noise: the filter below drops it from Flower's log
+# and ends Flower's exit message with the app's own line, the last line of `flwr log`.
+
+
+def _one_line_errors() -> tuple[type[BaseException], ...]:
+    from client_app.data import DataError
+
+    return (ConfigError, DataError, AggregationStopped)
+
+
+class _OneLineReport(logging.Filter):
+    """On Flower's logger, for one exception: its traceback record is dropped, and the next
+    "Exit Code" message ends with ``error: <the exception's one line>``. Removes itself then."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__()
+        self.exc, self.line = exc, f"error: {exc}".splitlines()[0]
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _caused_by(record.exc_info[1], self.exc):
+            self.seen = True
+            return False
+        if self.seen and str(record.msg).startswith("Exit Code"):
+            record.msg, record.args = f"{record.getMessage()}\n{self.line}", ()
+            logging.getLogger("flwr").removeFilter(self)
+        return True
+
+
+def _caused_by(exc: BaseException | None, cause: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if exc is cause:
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def one_line_report(exc: BaseException) -> None:
+    """Make Flower's report of ``exc`` (about to leave the ServerApp) end with its one line."""
+    flwr_logger = logging.getLogger("flwr")
+    for old in [f for f in flwr_logger.filters if isinstance(f, _OneLineReport)]:
+        flwr_logger.removeFilter(old)
+    flwr_logger.addFilter(_OneLineReport(exc))
+    log.error("%s", f"{exc}".splitlines()[0])
+
+
+ONE_LINE_ERRORS = _one_line_errors()
+
+
+app = make_server_app()
+
+__all__ = ["app", "make_server_app", "run_experiment", "Experiment"]
