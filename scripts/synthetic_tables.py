@@ -12,7 +12,10 @@ variance, in %²). Over seeds: mean ± sample std.
 
 Divergence. A run is *diverged* when a training or evaluation loss it recorded is not finite,
 or when its evaluated mean client loss stays at or above its first evaluation's for the last
-``K`` = 5 evaluations (training made the model no better than where it started), or when its
+``K`` = 5 evaluations while its mean client accuracy is no higher than at the first evaluation
+(training made the model no better than where it started: a model whose accuracy rose while its
+mean loss grew is over-confident on the clients it gets wrong, not diverged; FedAvg's 1,000-round
+Synthetic runs do that), or when its
 final mean client accuracy is at or below chance (1/C, C = 10 classes). A diverged run is
 listed with the reason and never scored: a grid point with a diverged seed is not eligible
 for selection and its row shows ``diverged (k/n)`` instead of numbers.
@@ -74,7 +77,9 @@ def divergence(run: Run) -> str:
     losses = [e.get("mean_loss") for e in evals]
     if any(v is None or not math.isfinite(v) for v in losses):
         return "evaluation loss not finite"
-    if len(losses) > STALL_EVALS and all(v >= losses[0] for v in losses[-STALL_EVALS:]):
+    accs = [float(np.mean(e["client_acc"])) if e.get("client_acc") else None for e in evals]
+    no_better = accs[0] is None or accs[-1] is None or accs[-1] <= accs[0]
+    if len(losses) > STALL_EVALS and all(v >= losses[0] for v in losses[-STALL_EVALS:]) and no_better:
         return f"mean loss >= its first evaluation ({losses[0]:.3f}) for the last {STALL_EVALS} evaluations"
     if s["mean_acc"] <= 1.0 / NUM_CLASSES:
         return f"final mean accuracy {100 * s['mean_acc']:.2f} % <= chance"

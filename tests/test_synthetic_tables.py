@@ -18,7 +18,8 @@ _spec.loader.exec_module(tables)
 
 
 def make_run(root: Path, method: str, variant: str, seed: int, acc, val: float | None = None,
-             losses=(2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.7), train_loss: float = 0.5, iterate: str = "averaged") -> Path:
+             losses=(2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.7), train_loss: float = 0.5, iterate: str = "averaged",
+             eval_accs=None) -> Path:
     folder = root / "default" / method / variant / f"seed{seed}"
     folder.mkdir(parents=True)
     grid = dict(kv.split("=") for kv in variant.split(",")) if variant != "base" else {}
@@ -33,7 +34,8 @@ def make_run(root: Path, method: str, variant: str, seed: int, acc, val: float |
     (folder / "summary.json").write_text(json.dumps(summary))
     with open(folder / "rounds.jsonl", "w") as fh:
         for i, lo in enumerate(losses):
-            fh.write(json.dumps({"round": i + 1, "train_loss": train_loss, "eval": {"mean_loss": lo}}) + "\n")
+            ev = {"mean_loss": lo, **({"client_acc": [eval_accs[i]] * 3} if eval_accs else {})}
+            fh.write(json.dumps({"round": i + 1, "train_loss": train_loss, "eval": ev}) + "\n")
     return folder
 
 
@@ -56,6 +58,19 @@ def test_divergence_reasons(tmp_path):
     assert "train_loss not finite" in tables.divergence(runs[nan])
     assert "first evaluation" in tables.divergence(runs[stall])
     assert "chance" in tables.divergence(runs[chance])
+
+
+def test_a_rising_loss_with_rising_accuracy_is_not_divergence(tmp_path):
+    # FedAvg's long Synthetic runs: the mean test loss ends above its first evaluation (over-confident
+    # on the clients it gets wrong) while the mean accuracy climbed from 20 % to 50 %
+    losses = (2.0, 1.9, 2.1, 2.2, 2.3, 2.4, 2.5)
+    rising = make_run(tmp_path, "a", "base", 0, [0.4, 0.5, 0.6], losses=losses,
+                      eval_accs=(0.2, 0.3, 0.4, 0.45, 0.5, 0.5, 0.5))
+    flat = make_run(tmp_path, "b", "base", 0, [0.4, 0.5, 0.6], losses=losses,
+                    eval_accs=(0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3))
+    runs = {r.folder: r for r in tables.load_runs(tmp_path)}
+    assert tables.divergence(runs[rising]) == ""
+    assert "first evaluation" in tables.divergence(runs[flat])
 
 
 def test_selection_skips_grid_points_with_a_diverged_seed(tmp_path):
