@@ -198,6 +198,26 @@ def _clarabel_qp(gram: np.ndarray, lin: np.ndarray, upper: float | None) -> np.n
     return mu
 
 
+CANCEL_MAX = 1e3  # Σ μ_j ‖c̃_j‖ / ‖Σ μ_j c̃_j‖ beyond this: the correction is a near-cancellation
+
+
+def _cancellation(q: np.ndarray, mu: np.ndarray) -> float:
+    """Σ_j μ_j ‖c̃_j‖ / ‖Σ_j μ_j c̃_j‖ from the Gram matrix: how much the correction cancels.
+
+    An infeasible program has an unbounded dual; in round-off (a float32 cache's Gram
+    matrix) the solver returns a huge finite μ whose terms nearly cancel, and the primal
+    check C d̃ ≥ b then passes within round-off (measured: μ up to 1.8e7, ratio 9.9e3, on
+    an attacked round reported as solved). Feasible rounds measured ≤ 6 (digits, 60 rounds,
+    with and without sign-flip attackers; μ ≤ 0.84), so ``CANCEL_MAX`` = 1e3 separates them;
+    beyond it the d̃ a float32 cache yields carries a relative error ≳ 1e3·eps₃₂ ≈ 1e-4.
+    """
+    norms = np.sqrt(np.maximum(np.diag(q), 0.0))
+    total = float(mu @ norms)
+    if total <= 0.0:
+        return 0.0
+    return total / max(float(np.sqrt(max(float(mu @ q @ mu), 0.0))), 1e-300)
+
+
 def dual_multipliers(gram, c_dot_g0, b) -> tuple[np.ndarray, int, str]:
     """μ* of the FedPCD dual from the Gram matrix, C g̃_0 and b (all float64-able).
 
@@ -215,9 +235,14 @@ def dual_multipliers(gram, c_dot_g0, b) -> tuple[np.ndarray, int, str]:
     reason = ""
     try:
         mu = _clarabel_qp(q, lin, None)
-        if np.all(cg + q @ mu >= b - tol):  # C d̃ ≥ b: the primal really is feasible
+        cancel = _cancellation(q, mu)
+        if cancel > CANCEL_MAX:
+            reason = (f"dual solution cancels by {cancel:.3g}x (max mu {mu.max():.3g}): the constraints are "
+                      "jointly infeasible or nearly so, beyond what the cache's precision can verify")
+        elif np.all(cg + q @ mu >= b - tol):  # C d̃ ≥ b: the primal really is feasible
             return mu, STATUS_SOLVED, ""
-        reason = "dual solution violates the constraints (infeasible program)"
+        else:
+            reason = "dual solution violates the constraints (infeasible program)"
     except Exception as exc:  # noqa: BLE001 - any solver failure → documented fallback
         reason = f"{type(exc).__name__}: {exc}"
     try:

@@ -175,3 +175,17 @@ def test_lower_bound_off_by_default_and_checked_in_one_line(template):
     with pytest.raises(ConfigError) as err:
         strategy(**{"fedpcd-outlier-norm-low": 0.5})
     assert "fedpcd-outlier-norm-low" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_infeasible_round_is_not_reported_solved_from_the_float32_cache(template):
+    """Seed 5's attacked round is infeasible: the float64 assembly finds no feasible dual, and
+    the float32 cache's Gram matrix used to give a 'solved' μ of ~1.8e7 whose terms cancel
+    (≈1e4×). Both now take the elastic relaxation; a feasible round's cancellation is O(1)."""
+    theta, _, r = attacked_round(template, seed=5)
+    _, m = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0}), template, 1, theta, r)
+    assert m[fedpcd.M_SOLVER_STATUS] == fedpcd.STATUS_ELASTIC
+    q = np.array([[1.0, -1.0 + 1e-9], [-1.0 + 1e-9, 1.0]])  # two nearly opposite unit constraints
+    assert fedpcd._cancellation(q, np.array([1e6, 1e6])) > fedpcd.CANCEL_MAX
+    assert fedpcd._cancellation(np.eye(2), np.array([0.5, 0.2])) < 2.0
+    mu, status, reason = fedpcd.dual_multipliers(q, np.array([-1.0, -1.0]), np.array([0.5, 0.5]))
+    assert status == fedpcd.STATUS_ELASTIC and mu.max() <= fedpcd.ELASTIC_PENALTY + 1e-9 and reason
