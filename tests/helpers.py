@@ -346,3 +346,13 @@ def make_run(out: Path, setting: str, method: str, seed: int, client_acc: list[f
         for i, a in enumerate(client_acc):
             fh.write(f"{i},{10 + 3 * i},3,{(i % 3) * 5},{a},0.1\n")
     return folder
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that a test interrupts with SIGINT: restore the default
+    action. A shell's background job (``cmd &``, nohup, a CI runner) starts with SIGINT
+    ignored, the child inherits that, and Python then installs no KeyboardInterrupt handler:
+    the test's Ctrl-C would be ignored and the run go on."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,6 +15,7 @@ import pytest
 
 from fedcore.config import ConfigError, resolve
 from fedpcd_app.runtime import simulate
+from tests.helpers import default_sigint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.simulate", "--workers", "0", "--run-config",
                              f"num-clients=2 num-server-rounds=500 eval-every=0 output-dir='{tmp_path / 'run'}'"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     seen = []
     try:
         for line in proc.stderr:

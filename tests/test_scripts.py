@@ -18,6 +18,7 @@ SCRIPTS = ROOT / "scripts"
 
 
 from fedcore import overrides as run_config  # noqa: E402 - what scripts/run_config.py runs
+from tests.helpers import default_sigint  # noqa: E402 - after the sys.path set-up above
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -195,7 +196,7 @@ def test_ctrl_c_stops_the_run_and_everything_it_started(tmp_path):
     proc = subprocess.Popen(["bash", str(SCRIPTS / "flwr_run.sh"), "--run-config",
                              f"num-clients=2 num-server-rounds=50 eval-every=0 output-dir='{out}'"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_sigint)
     seen = []
     try:
         for line in proc.stdout:
