@@ -351,10 +351,19 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     data = [(torch.randn(examples, *shape, generator=gen), torch.randint(0, classes, (examples,), generator=gen))
             for _ in range(clients)]
 
-    def jobs():
-        import copy
+    import copy
 
-        return [TrainJob(cfg=settings, server_round=1, partition_id=i, lr=0.05, model=copy.deepcopy(model),
+    # One model object per client, reused by every pass and both routines, its weights reset to
+    # the start before each pass (untimed): the ClientApp reuses its model objects across
+    # messages the same way (client_app.client_app.model_for), and the rows' per-object facts
+    # (client_app.vectorised.model_info) are worked out once per object, as in a run.
+    models = [copy.deepcopy(model) for _ in data]
+    start = model.state_dict()
+
+    def jobs():
+        for m in models:
+            m.load_state_dict(start)
+        return [TrainJob(cfg=settings, server_round=1, partition_id=i, lr=0.05, model=models[i],
                          global_arrays=arrays, x=x, y=y, generator=torch_generator(seed, "batches", i, 1),
                          request=RecordDict(), state=RecordDict(), config={}) for i, (x, y) in enumerate(data)]
 

@@ -32,7 +32,7 @@ from client_app.secagg import secure_aggregation_mod
 from client_app.training import device, evaluate
 from fedcore import flat, keys
 from fedcore.config import RunConfig, parse_run_config
-from fedcore.seeding import derive_seed, torch_generator
+from fedcore.seeding import derive_seed, seed_torch, torch_generator
 
 app = ClientApp()
 
@@ -193,7 +193,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     if keys.ATTACK_LABEL_MAP in config:  # a label-flip attacker (client_app.attacks) trains on label_map[y]
         y = torch.as_tensor(config[keys.ATTACK_LABEL_MAP], dtype=y.dtype, device=y.device)[y]
     train_seed = derive_seed(seed, "client-train", pid, server_round)
-    torch.manual_seed(train_seed)
+    seed_torch(train_seed)
     # F_i(θ_t): one forward pass over the train split, only for methods that use it.
     want_before = bool(config.get(keys.WANT_LOSS_BEFORE, True))
     loss_before = evaluate(model, x, y, settings.eval_batch_size)[1] if want_before else None
@@ -261,7 +261,7 @@ def train(msg: Message, context: Context) -> Message:
         augment = batch_augmentation(cfg, data)
     # Pin torch's global RNG so that nothing depends on what ran before in this process
     # (model construction draws from it; the batch order has its own generator).
-    torch.manual_seed(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
+    seed_torch(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
     model = model_for(cfg, msg.content[keys.ARRAYS])
     return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
 

@@ -301,10 +301,10 @@ def input_spec(cfg) -> tuple[tuple[int, ...], int]:
 def initial_model(cfg) -> nn.Module:
     """The run's model with the seeded initial weights (the same for every method under
     one seed). Also the template for the model's structure (e.g. CRAFT's layer groups)."""
-    from fedcore.seeding import derive_seed
+    from fedcore.seeding import derive_seed, seed_torch
 
     shape, classes = input_spec(cfg)
-    torch.manual_seed(derive_seed(cfg.seed, "init"))
+    seed_torch(derive_seed(cfg.seed, "init"))
     return build_model(cfg.model, shape, classes)
 
 

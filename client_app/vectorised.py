@@ -57,6 +57,7 @@ from torch.nn import functional as F
 
 from client_app.methods import TrainJob, TrainOutcome
 from client_app.training import batch_indices, sampled_batches
+from fedcore.seeding import seed_torch
 
 log = logging.getLogger("fedpcd")
 
@@ -695,7 +696,7 @@ def run_entries(entries: Sequence[Entry], mode: str) -> None:
             continue
         try:
             if e.job.train_seed is not None:  # the global generator as the per-client path left it
-                torch.manual_seed(int(e.job.train_seed))
+                seed_torch(int(e.job.train_seed))
             e.outcome = e.method.train(e.job)
         except Exception as exc:  # noqa: BLE001
             e.error = exc

@@ -7,6 +7,7 @@ resumed run redraws exactly what the uninterrupted one drew (no RNG state to car
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import numpy as np
@@ -28,3 +29,28 @@ def torch_generator(seed: int, purpose: str, *ids: int):
     gen = torch.Generator()
     gen.manual_seed(derive_seed(seed, purpose, *ids))
     return gen
+
+
+@functools.lru_cache(maxsize=1)
+def _accelerator() -> bool:
+    import torch
+
+    probe = getattr(getattr(torch, "accelerator", None), "is_available", None)
+    return bool(probe()) if probe is not None else bool(torch.cuda.is_available())
+
+
+def seed_torch(seed: int) -> None:
+    """``torch.manual_seed(seed)``, without its cost where no accelerator exists.
+
+    ``torch.manual_seed`` also seeds CUDA, XPU and MTIA; on a CUDA build of torch on a machine
+    without the device, each of those defers the call and records ``traceback.format_stack()``
+    for it: 0.1-0.5 ms a call (deeper stacks cost more), twice per client message — a tenth of
+    a round of 100 Synthetic clients (docs/performance.md §7). Where no accelerator is
+    available only the CPU generator exists to seed, and it is seeded exactly as
+    ``torch.manual_seed`` seeds it (the same numbers)."""
+    import torch
+
+    if _accelerator():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(int(seed))

@@ -184,3 +184,18 @@ def test_simulation_benchmark_vectorised_engine_rows_have_the_contract_fields():
     assert row["no_eval"]["ratio"] == pytest.approx(2.0) and row["max_train_loss_diff"] == pytest.approx(1e-8)
     with pytest.raises(SystemExit):
         simulation.main(["--engines", "vectorised,fast"])
+
+
+def test_training_only_trains_the_same_jobs_both_ways_on_reused_model_objects():
+    """--training-only: the loop and the rows train the same jobs (same losses within float
+    tolerance); every pass starts from the same weights on the same model objects (as the
+    ClientApp reuses its models), so repeats do not drift."""
+    from benchmarks import simulation
+
+    res = simulation.training_only("logreg", clients=4, examples=12, features=6, classes=3, batch_size=5,
+                                   repeats=2)
+    assert res["max_train_loss_diff"] < 1e-5
+    assert res["loop_cpu_s"] > 0 and res["rows_cpu_s"] > 0 and res["speedup_cpu"] > 0
+    again = simulation.training_only("logreg", clients=4, examples=12, features=6, classes=3, batch_size=5,
+                                     repeats=1)
+    assert again["max_train_loss_diff"] < 1e-5
