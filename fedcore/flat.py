@@ -51,19 +51,45 @@ def spec_of(arrays: ArrayRecord) -> FlatSpec:
     )
 
 
-def array_view(array) -> np.ndarray:
-    """A read-only numpy view of a Flower ``Array`` without copying its data."""
-    buf = array.data
+# .npy headers already parsed: header bytes -> (shape, fortran, dtype, data offset). A run sends
+# the same few (shape, dtype) headers thousands of times; numpy parses each with
+# ast.literal_eval (~30-70 us), several arrays per reply and pass.
+_HEADERS: dict[bytes, tuple] = {}
+_MAGIC = b"\x93NUMPY"
+
+
+def _npy_header(buf) -> tuple:
+    """(shape, fortran, dtype, offset) of the .npy bytes ``buf``."""
+    key = None
+    if bytes(buf[:6]) == _MAGIC and buf[6] in (1, 2):
+        width = 2 if buf[6] == 1 else 4
+        end = 8 + width + int.from_bytes(buf[8:8 + width], "little")
+        key = bytes(buf[:end])
+        hit = _HEADERS.get(key)
+        if hit is not None:
+            return hit
     fp = io.BytesIO(buf)  # shares the bytes (copy-on-write): no copy here
     version = np.lib.format.read_magic(fp)
     read_header = (
         np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     )
     shape, fortran, dtype = read_header(fp)
+    out = (shape, fortran, dtype, fp.tell())
+    if key is not None and len(key) == out[3]:
+        if len(_HEADERS) > 4096:
+            _HEADERS.clear()
+        _HEADERS[key] = out
+    return out
+
+
+def array_view(array) -> np.ndarray:
+    """A read-only numpy view of a Flower ``Array`` without copying its data."""
+    buf = array.data
+    shape, fortran, dtype, offset = _npy_header(buf)
     if fortran or dtype.hasobject:
         return array.numpy()
     count = int(np.prod(shape, dtype=np.int64))
-    return np.frombuffer(buf, dtype=dtype, count=count, offset=fp.tell()).reshape(shape)
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def record_to_flat(arrays: ArrayRecord, out: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:

@@ -29,6 +29,7 @@ replying from the request's node (``Message(error, reply_to=request)``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 from flwr.app import Message
@@ -44,9 +45,12 @@ def is_simulation(grid: Grid) -> bool:
     that declare ``is_simulation = True``: this project's local engine
     (:class:`fedpcd_app.runtime.engine.LocalGrid`; the server names no runtime class) or a grid
     over one of them (:class:`fedpcd_app.server.membership.PartitionRouter`)."""
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    return isinstance(grid, InMemoryGrid) or getattr(grid, "is_simulation", False) is True
+    if getattr(grid, "is_simulation", False) is True:
+        return True
+    # Flower's InMemoryGrid only exists once its module is imported; importing it to ask costs
+    # ~1 s (the SuperLink's state, SQL and HTTP stacks) on every run that is not Flower's.
+    module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
+    return module is not None and isinstance(grid, module.InMemoryGrid)
 
 
 def round_timeout(cfg: RunConfig, grid: Grid) -> float:

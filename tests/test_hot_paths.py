@@ -1,4 +1,5 @@
-"""fedcore.seeding: seed_torch is torch.manual_seed for every generator that exists."""
+"""Hot per-message paths made cheaper keep their meaning: seed_torch is torch.manual_seed for
+every generator that exists; MethodParams reads; array_view's header cache."""
 
 import torch
 
@@ -51,3 +52,22 @@ def test_params_reads_keep_their_declarations_when_cached():
     assert FedPCDParams.key_of("tau") == "fedpcd-tau"
     assert FedPCDParams.from_run_config({"fedpcd-tau": 0.5}).tau == 0.5
     assert MethodParams._fields() == []
+
+
+def test_array_view_reads_every_array_as_numpy_does_with_its_header_cached():
+    """fedcore.flat.array_view parses each distinct .npy header once: arrays sharing a header
+    (same shape and dtype, other data) and arrays with other headers read back exactly."""
+    import numpy as np
+    from flwr.app import Array
+
+    from fedcore import flat
+
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(12, 24, dtype=np.float32).reshape(3, 4),
+              np.zeros((0,), np.float64), np.array(3.0, dtype=np.float32), np.asfortranarray(np.ones((3, 2))),
+              np.arange(6, dtype=np.int64), np.full((2, 5), np.nan, dtype=np.float16)]
+    for _ in range(2):  # the first pass parses, the second reads from the cache
+        for a in arrays:
+            got = flat.array_view(Array(a))
+            assert got.shape == a.shape and got.dtype == a.dtype
+            np.testing.assert_array_equal(got, a)
+    assert len(flat._HEADERS) >= 5
