@@ -35,8 +35,7 @@ def torch_generator(seed: int, purpose: str, *ids: int):
 def _accelerator() -> bool:
     import torch
 
-    probe = getattr(getattr(torch, "accelerator", None), "is_available", None)
-    return bool(probe()) if probe is not None else bool(torch.cuda.is_available())
+    return bool(torch.accelerator.is_available())  # CUDA, MPS, XPU, MTIA, ... (torch is pinned: it has it)
 
 
 def seed_torch(seed: int) -> None:
