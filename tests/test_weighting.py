@@ -3,6 +3,7 @@ choices of FedPCD's primary direction and FedMGDA+'s centre, checked against num
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fedcore.config import ConfigError
@@ -80,3 +81,72 @@ def test_a_method_without_a_declared_weighting_is_refused_at_registration():
 
     with pytest.raises(ValueError, match="declares no weighting"):
         register("h3-test-odd-weighting")(Odd)
+
+
+# -- FedPCD's uniform primary direction ---------------------------------------------------------
+def _fedpcd_round(template, theta, grads, n, **params):
+    from tests.test_fedpcd_strategy import Round, run_round, strategy
+
+    r = Round(template, theta, grads, list(range(len(n))), n, 0.1)
+    return run_round(strategy(**params), template, 1, theta, r)
+
+
+def test_uniform_primary_is_the_uniform_mean_on_a_feasible_round():
+    from tests.helpers import tiny_template
+
+    template = tiny_template(((6, 5), (5,), (4, 3)))  # d = 47
+    rng = np.random.default_rng(1)
+    theta = rng.normal(size=47)
+    grads = rng.normal(size=47) + 0.05 * rng.normal(size=(4, 47))  # nearly aligned: no correction
+    n = [5, 10, 40, 400]  # sizes far from equal, so the two weightings differ
+    ours, metrics = _fedpcd_round(template, theta, grads, n, **{"fedpcd-primary": "fedavg-uniform"})
+    assert metrics["fedpcd-corrected"] == 0
+    np.testing.assert_allclose(ours, theta - 0.1 * grads.mean(axis=0), rtol=1e-6, atol=1e-6)
+    size, _ = _fedpcd_round(template, theta, grads, n)  # the default: data-size ḡ
+    p = np.asarray(n, dtype=np.float64) / sum(n)
+    np.testing.assert_allclose(size, theta - 0.1 * p @ grads, rtol=1e-6, atol=1e-6)
+    assert np.abs(ours - size).max() > 1e-4
+
+
+def test_uniform_primary_on_a_corrected_round_matches_an_independent_qp():
+    from tests.helpers import tiny_template
+    from tests.test_fedpcd_math import primal_reference
+    from tests.test_fedpcd_strategy import conflicting
+
+    template = tiny_template(((6, 5), (5,), (4, 3)))
+    theta = np.random.default_rng(2).normal(size=47)
+    grads = conflicting(2, 5, 47)
+    n = [10, 20, 30, 40, 500]
+    tau = 0.5
+    ours, metrics = _fedpcd_round(template, theta, grads, n, **{"fedpcd-primary": "fedavg-uniform",
+                                                                  "fedpcd-tau": tau, "fedpcd-history": 0})
+    assert metrics["fedpcd-corrected"] == 1
+    g_bar = grads.mean(axis=0)  # (1/m) Σ g_i
+    c = grads / np.linalg.norm(grads, axis=1, keepdims=True)
+    ref = primal_reference(g_bar / np.linalg.norm(g_bar), c, tau * np.ones(len(n)))
+    np.testing.assert_allclose(ours, theta - 0.1 * np.linalg.norm(g_bar) * ref / np.linalg.norm(ref), atol=2e-5)
+
+
+# -- FedMGDA+'s uniform centre -------------------------------------------------------------------
+def test_fedmgda_uniform_centre_keeps_lambda_near_one_over_m():
+    from fedcore.flat import spec_of
+    from strategies.fedmgda import FedMGDA
+    from tests.helpers import aggregate_round, make_replies, tiny_template
+
+    template = tiny_template()
+    d = spec_of(template).dim
+    rng = np.random.default_rng(4)
+    theta = rng.normal(size=d)
+    locals_ = [theta + rng.normal(size=d) for _ in range(4)]
+    n = [10, 20, 70, 900]
+    units = np.stack([(theta - x) / np.linalg.norm(theta - x) for x in locals_])
+    # ε = 0: λ is the centre itself, so the step is the uniform mean of the unit updates
+    strat = FedMGDA(params=FedMGDA.Params.from_run_config({"fedmgda-eps": 0.0, "fedmgda-centre": "uniform"}))
+    new, metrics = aggregate_round(strat, 1, theta, template, make_replies(template, locals_, n=n))
+    np.testing.assert_allclose(metrics["fedmgda-lambda"], np.full(4, 0.25))
+    np.testing.assert_allclose(new, theta - 1.0 * units.mean(axis=0), rtol=1e-5, atol=1e-5)
+    # ε > 0: every λ_i within ε of 1/m (the data-size centre would put 0.9 on the last client)
+    strat = FedMGDA(params=FedMGDA.Params.from_run_config({"fedmgda-eps": 0.05, "fedmgda-centre": "uniform"}))
+    _, metrics = aggregate_round(strat, 1, theta, template, make_replies(template, locals_, n=n))
+    lam = np.asarray(metrics["fedmgda-lambda"])
+    assert np.all(np.abs(lam - 0.25) <= 0.05 + 1e-6) and lam.sum() == pytest.approx(1.0)
