@@ -150,3 +150,17 @@ def test_fedmgda_uniform_centre_keeps_lambda_near_one_over_m():
     _, metrics = aggregate_round(strat, 1, theta, template, make_replies(template, locals_, n=n))
     lam = np.asarray(metrics["fedmgda-lambda"])
     assert np.all(np.abs(lam - 0.25) <= 0.05 + 1e-6) and lam.sum() == pytest.approx(1.0)
+
+
+# -- recorded in every run's summary.json ----------------------------------------------------------
+def test_a_runs_summary_records_its_weighting(tmp_path):
+    from fedpcd_app.runtime.simulate import simulate
+    from fedpcd_app.server.results import read_summary
+
+    tiny = {"num-clients": 3, "num-server-rounds": 1, "eval-every": 1, "figures": "none"}
+    out = simulate({**tiny, "fedavg-weighting": "uniform", "output-dir": str(tmp_path / "u")}, workers=0)
+    summary = read_summary(out)
+    assert summary["weighting"] == "uniform"
+    assert summary["weighting"] == weighting_of(summary["method"], summary["config"])
+    out = simulate({**tiny, "output-dir": str(tmp_path / "d")}, workers=0)
+    assert read_summary(out)["weighting"] == "data-size"
