@@ -164,3 +164,15 @@ def test_a_runs_summary_records_its_weighting(tmp_path):
     assert summary["weighting"] == weighting_of(summary["method"], summary["config"])
     out = simulate({**tiny, "output-dir": str(tmp_path / "d")}, workers=0)
     assert read_summary(out)["weighting"] == "data-size"
+
+
+@pytest.mark.parametrize("method, own", [("fedpcd", "fedpcd-primary='fedavg-uniform'"),
+                                         ("craft", "craft-rho='uniform'"), ("fedmgda", "fedmgda-centre='uniform'")])
+def test_fedavg_weighting_on_another_method_names_its_own_uniform_key(method, own):
+    from fedcore.config import resolve
+    from fedpcd_app.server.config import check
+
+    with pytest.raises(ConfigError, match="FedAvg family") as exc:
+        check(resolve({"method": method, "fedavg-weighting": "uniform"}))
+    assert own in str(exc.value) and "\n" not in str(exc.value)
+    check(resolve({"method": method, **dict([own.replace("'", "").split("=")])}))  # and that key is accepted
