@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from fedcore import keys
-from fedcore.flat import FlatSpec, array_view
+from fedcore.flat import FlatSpec, _npy_header, array_view
 
 # num-examples bound for a client whose training size the server does not know (a foreign
 # app's clients): above any single client of the benchmarks here (the largest whole training
@@ -107,9 +107,12 @@ def _check_arrays(record, spec: FlatSpec, what: str, theta: Mapping[str, np.ndar
         if str(arr.dtype) != dtype:
             return f"{what}: array '{key}' has dtype {arr.dtype}, expected {dtype}", math.nan
         try:
-            view = array_view(arr)
+            reason = payload_error(arr, shape, dtype)
+            view = array_view(arr) if reason is None else None
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are a bad reply
-            return f"{what}: array '{key}' cannot be decoded ({type(exc).__name__})", math.nan
+            reason = f"cannot be decoded ({type(exc).__name__})"
+        if reason is not None:
+            return f"{what}: array '{key}' {reason}", math.nan
         if view.size and not np.isfinite(view).all():
             return f"{what}: array '{key}' holds NaN or Inf", math.nan
         if theta is not None and view.size:
@@ -117,6 +120,26 @@ def _check_arrays(record, spec: FlatSpec, what: str, theta: Mapping[str, np.ndar
             diff -= theta[key]
             sq += float(np.dot(diff, diff))
     return None, (math.sqrt(sq) if theta is not None else math.nan)
+
+
+def payload_error(arr, shape: tuple[int, ...], dtype: str) -> str | None:
+    """Why the bytes of a Flower ``Array`` do not hold the ``shape``/``dtype`` array its
+    metadata promises (None when they do). Flower never checks that ``Array.data`` agrees
+    with ``Array.shape``/``Array.dtype``: here the ``.npy`` header must name the same shape
+    and dtype, and the byte length must be exactly header + size × itemsize,
+    before any arithmetic reads the array."""
+    data = arr.data
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return f"holds {type(data).__name__}, not bytes"
+    got_shape, fortran, got_dtype, offset = _npy_header(data)
+    if tuple(got_shape) != tuple(shape):
+        return f"bytes hold shape {tuple(got_shape)}, its metadata says {tuple(shape)}"
+    if str(got_dtype) != dtype or got_dtype.hasobject:
+        return f"bytes hold dtype {got_dtype}, its metadata says {dtype}"
+    want = offset + int(np.prod(shape, dtype=np.int64)) * got_dtype.itemsize
+    if len(data) != want:
+        return f"holds {len(data)} bytes, its shape {tuple(shape)} and dtype {dtype} need {want}"
+    return None
 
 
 def _is_number(v) -> bool:
@@ -232,10 +255,13 @@ def validate_train_replies(
         node = int(msg.metadata.src_node_id)
         want = expected.get(node)
         norm: list = []
-        pid, reason = check_train_reply(
-            msg, spec, required_metrics, required_records, want is not None,
-            max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
-            norm_out=norm)
+        try:
+            pid, reason = check_train_reply(
+                msg, spec, required_metrics, required_records, want is not None,
+                max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
+                norm_out=norm)
+        except Exception as exc:  # noqa: BLE001 - whatever a reply holds, it can only drop itself
+            pid, reason, norm = want, f"reply could not be validated ({type(exc).__name__}: {exc})".splitlines()[0], []
         if reason is None:
             if node not in expected:
                 reason = "reply from a node that was not asked this round"

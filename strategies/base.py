@@ -504,7 +504,9 @@ class FairStrategy(Strategy):
     def check_train(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         """The round's replies split into valid (sorted by client) and dropped-with-reasons
         (a malformed reply and a missing one alike: logged, :meth:`on_dropped` called, never a
-        crash); the result is also :attr:`last_train`."""
+        crash); the result is also :attr:`last_train`, reset first: whatever happens below, the
+        app never reads an earlier round's outcome as this round's."""
+        self.last_train = RoundOutcome()
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))

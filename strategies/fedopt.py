@@ -44,6 +44,7 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
+from strategies.robust import flower_copies
 from strategies.registry import register
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
@@ -141,6 +142,7 @@ class FlowerServerOpt(FairStrategy):
         self.inner.current_arrays = self.inner_view(self.current_arrays)
         for name in moments:  # the state's moments into the wrapped strategy ...
             setattr(self.inner, name, getattr(self.state, name))
+        replies = flower_copies(replies)  # the metric keys all replies share (Flower's requirement)
         if self.fedavg_weighting == "uniform":
             for msg in replies:
                 msg.content[keys.METRICS][UNIFORM_KEY] = 1
