@@ -44,8 +44,8 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
-from strategies.robust import flower_copies
 from strategies.registry import register
+from strategies.robust import flower_copies
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
 

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat
+from fedcore import flat, keys
 from fedcore.params import MethodParams, hyper
 from strategies import linalg
 from strategies.base import FairStrategy, unpack_replies
@@ -229,6 +229,7 @@ class FedPW(FairStrategy):
     num_clients=N)``."""
 
     Params = Params
+    loss_metrics = (keys.TRAIN_LOSS,)  # the drop rates weight by it: bounded (FairStrategy.check_numbers)
 
     def init_state(self) -> State:
         return State.zeros(self.num_clients or 0)
