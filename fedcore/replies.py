@@ -317,7 +317,7 @@ def norm_bounds(norms: list[float], ratio: float, trust: ReplyTrust | None, mode
     lower = scale / LOWER_RATIO if scale is not None else 0.0
     for i, n in enumerate(norms):
         if n > upper:
-            if ref is not None and upper == ratio * ref:
+            if ref is not None and n > ratio * ref:
                 out[i] = (f"update norm {n:.3g} is {n / ref:.3g} x {what} {ref:.3g} "
                           f"(max-update-ratio = {ratio:g})")
             else:
