@@ -128,6 +128,7 @@ class AFL(FairStrategy):
 
     Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
     evaluated_iterate = "averaged"  # evaluation_arrays: the mean of θ_0..θ_t (its paper's output)
 
     def init_state(self) -> State:

@@ -144,6 +144,7 @@ class FedFV(FairStrategy):
     Params = Params
     own_step = "its step is the conflict-free direction rescaled to the mean update's norm"
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     State = State
 

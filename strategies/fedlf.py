@@ -245,6 +245,7 @@ class FedLF(FairStrategy):
 
     Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     State = State
 

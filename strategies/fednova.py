@@ -61,6 +61,7 @@ class FedNova(FairStrategy):
     # that sent Δ_i/a_i itself would make a weighted sum enough; the SGD client does not).
     needs_individual_updates = True
     required_metrics = (keys.NUM_STEPS,)
+    reads_num_steps = True  # a_i from it: a whole number in [1, the steps asked] (FairStrategy.check_numbers)
 
     def __init__(self, *, momentum: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -45,6 +45,7 @@ from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
 from strategies.registry import register
+from strategies.robust import flower_copies
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
 
@@ -147,6 +148,7 @@ class FlowerServerOpt(FairStrategy):
         self.inner.current_arrays = self.inner_view(self.current_arrays)
         for name in moments:  # the state's moments into the wrapped strategy ...
             setattr(self.inner, name, getattr(self.state, name))
+        replies = flower_copies(replies)  # the metric keys all replies share (Flower's requirement)
         if self.fedavg_weighting == "uniform":
             for msg in replies:
                 msg.content[keys.METRICS][UNIFORM_KEY] = 1

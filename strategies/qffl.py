@@ -74,6 +74,7 @@ class QFFL(FairStrategy):
     # h_k needs each client's ‖Δw_k‖²: the server must see every update.
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     def aggregate_valid(self, server_round, replies):
         theta, batch, deltas = self.unpack_deltas(replies)

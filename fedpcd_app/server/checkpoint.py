@@ -100,6 +100,7 @@ class Checkpoint:
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
     config: Any = None  # the run's full flat config (run-config keys), compared on resume
     averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.server.evaluation)
+    reply_trust: Any = None  # the trusted update scale and loss medians (fedcore.replies.ReplyTrust.as_dict)
 
 
     def to_dict(self) -> dict[str, Any]:

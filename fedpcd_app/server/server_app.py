@@ -32,6 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
+from fedcore.replies import ReplyTrust
 from fedpcd_app.server import checkpoint, divergence, node_data, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
@@ -297,6 +298,7 @@ class Experiment:
             privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
             config=self.cfg.as_dict(),
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
+            reply_trust=self.strategy.reply_trust.as_dict(),
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -323,6 +325,8 @@ class Experiment:
         if self.evaluator.average is not None:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
+        if ckpt.reply_trust is not None:  # the size bounds continue from the trusted scale (older files: rebuilt)
+            self.strategy.reply_trust = ReplyTrust.from_dict(ckpt.reply_trust)
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
             dp.dp_state = ckpt.privacy  # the adaptive clipping norm
         self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
