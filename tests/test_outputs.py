@@ -197,3 +197,11 @@ def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tm
     _run(_cfg(tmp_path / "run"))
     s = read_summary(tmp_path / "run")
     assert any("max-update-ratio = 100" in w and "in 3 rounds" in w for w in s["warnings"]), s["warnings"]
+
+
+@pytest.mark.parametrize("acc, rounds, marked", [(0.113, 60, True), (0.122, 20, True), (0.113, 19, False),
+                                                 (0.228, 60, False), (None, 60, False)])
+def test_a_long_run_still_at_chance_is_marked(acc, rounds, marked):
+    from fedpcd_app.server.divergence import at_chance
+
+    assert (at_chance(acc, 10, rounds) is not None) is marked

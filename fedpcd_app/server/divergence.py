@@ -143,6 +143,24 @@ def collapse(evaluations: list[tuple[int, float]], classes: int) -> dict[str, An
             "chance": chance}
 
 
+# A run of at least AT_CHANCE_ROUNDS rounds whose final model scores at most AT_CHANCE x chance
+# (1/C) has not learnt (e.g. fedmedian 0.113 and krum 0.122 on 10 classes under a scale-down
+# majority): incomplete too. Shorter runs may honestly still be there.
+AT_CHANCE = 1.5
+AT_CHANCE_ROUNDS = 20
+
+
+def at_chance(final_acc: float | None, classes: int, rounds: int) -> str | None:
+    """Why a final mean accuracy is a model that never learnt (see :data:`AT_CHANCE`), else None."""
+    if final_acc is None or classes < 2 or rounds < AT_CHANCE_ROUNDS or not math.isfinite(final_acc):
+        return None
+    chance = 1.0 / classes
+    if final_acc > AT_CHANCE * chance:
+        return None
+    return (f"the final mean accuracy {final_acc:.4f} is at chance level (<= {AT_CHANCE:g} x 1/{classes}) after "
+            f"{rounds} rounds")
+
+
 def norm_outside(final: float, initial: float) -> str | None:
     """Why the final model's norm is not a trained model's (:data:`NORM_BOUNDS`), else None."""
     if not math.isfinite(final):

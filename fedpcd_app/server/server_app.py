@@ -486,7 +486,8 @@ class Experiment:
         incomplete rather than a flag beside ``complete: true``, because whatever reads only
         ``complete`` (the reports, the sweeps' tables) must not score a collapsed model as the
         method's result; so does a final model outside the norm bounds
-        (:func:`~fedpcd_app.server.divergence.norm_outside`). Else: a run that stopped early, one
+        (:func:`~fedpcd_app.server.divergence.norm_outside`) and, after 20 rounds or more, one still
+        at chance (:func:`~fedpcd_app.server.divergence.at_chance`). Else: a run that stopped early, one
         whose aggregation failed in some round (the model kept, on-aggregation-error=keep), or
         one in which a node could not load its data (a ``DataError`` reply: that client never
         trained, unlike a node that dropped out for a while), or one that ended inside a streak of
@@ -521,6 +522,10 @@ class Experiment:
         if reason is None and (why := divergence.norm_outside(divergence.model_norm(self.arrays),
                                                               self.initial_norm)) is not None:
             reason = f"final model out of bounds: {why}"
+        rounds = self.history[-1]["round"] if self.history else 0
+        if reason is None and self.last_eval and (why := divergence.at_chance(
+                self.last_eval.get("mean_acc"), self.classes, rounds)) is not None:
+            reason = f"at chance at round {rounds}: {why}"
         return {"complete": reason is None, "incomplete_reason": reason, **out}
 
     def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:
