@@ -408,8 +408,8 @@ class Experiment:
         previous one, and accepted updates near the size bound in several rounds."""
         r = record["round"]
         if "eval" in record:
-            earlier = [h["eval"] for h in self.history if "eval" in h]
-            now, before = record["eval"].get("mean_acc"), earlier[-1].get("mean_acc") if earlier else None
+            earlier = [h for h in self.history if "eval" in h]
+            now, before = record["eval"].get("mean_acc"), earlier[-1]["eval"].get("mean_acc") if earlier else None
             if now is not None and before is not None and before - now >= divergence.SUDDEN_DROP:
                 self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
                           f"{now:.4f}")
