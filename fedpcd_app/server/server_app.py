@@ -413,7 +413,9 @@ class Experiment:
             if now is not None and before is not None and before - now >= divergence.SUDDEN_DROP:
                 self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
                           f"{now:.4f}")
-        bound = self.cfg.params.get("max-update-ratio", 0.0)
+        from fedcore.replies import DEFAULT_MAX_UPDATE_RATIO
+
+        bound = self.cfg.params.get("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO)
         ratio = (record.get("update_norms") or {}).get("max_ratio")
         if isinstance(bound, (int, float)) and bound > 0 and isinstance(ratio, (int, float)) and record["num_replies"]:
             if ratio >= divergence.NEAR_BOUND * bound:
