@@ -189,6 +189,8 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("synthetic-alpha", 1.0, "Synthetic(α, β): α, the spread of the users' models", low=0.0),
     AppKey("synthetic-beta", 1.0, "Synthetic(α, β): β, the spread of the users' feature means", low=0.0),
     AppKey("synthetic-iid", False, "Synthetic: the authors' iid variant (one shared model)"),
+    AppKey("max-file-bytes", 4 * 2**30, "the largest dataset file read (bytes; only regular files are read)",
+           low=1),
     AppKey("max-classes", 100_000, "labels must be below it (checked before any allocation)", low=2),
     AppKey("synthetic-seed", -1, "Synthetic's data seed (-1 = derived from seed)", low=-1, high=2**32 - 1),
     # -- client training --
@@ -233,6 +235,8 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("checkpoint-every", 10, "checkpoint every k rounds (0 = never)", low=0),
     AppKey("checkpoint-keep", 2, "checkpoints kept", low=1),
     AppKey("resume-from", "", "the output-dir of an earlier run to resume"),
+    AppKey("overwrite", False, "a new run into an output-dir holding another run's results: delete them first "
+           "(false = refuse)"),
     AppKey("resume-allow-changes", "", "resume: comma-separated training/data keys that may differ from the "
            "checkpoint's"),
     AppKey("secure-aggregation", False, "SecAgg+ (sum-only methods)"),

@@ -13,7 +13,15 @@ import numpy as np
 import torch
 
 from client_app.data import builtin
-from client_app.data.base import WRITER_COLUMN, Arrays, DataError, FederatedData, UserSplits, max_classes
+from client_app.data.base import (
+    WRITER_COLUMN,
+    Arrays,
+    DataError,
+    FederatedData,
+    UserSplits,
+    max_classes,
+    max_file_bytes,
+)
 from client_app.data.hub import load_hub
 from client_app.data.parquet import check_same_shape, read_parquet
 from client_app.data.partition import partition_labels
@@ -205,11 +213,11 @@ def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
             from client_app.data import leaf
 
             try:
-                return read_leaf(folder, max_classes(cfg))
+                return read_leaf(folder, max_classes(cfg), max_file_bytes(cfg))
             except leaf.DataError as exc:
                 raise DataError(str(exc)) from None
-        bound = max_classes(cfg)
-        train, test = read_parquet(folder, "train", bound), read_parquet(folder, "test", bound)
+        bound, limit = max_classes(cfg), max_file_bytes(cfg)
+        train, test = read_parquet(folder, "train", bound, limit), read_parquet(folder, "test", bound, limit)
         check_same_shape(train, test, folder)
         return train, test
     if cfg.dataset == "digits":

@@ -27,8 +27,10 @@ sees the same federation (FedPCD paper, Sec. 5: "five paired random seeds").
 Each run goes to ``<out>/<setting>/<method>/<grid point>/seed<k>`` (deterministic from its
 labels) with a ``run.json`` (its labels and overrides) and, once finished, the results of
 :mod:`fedpcd_app.server.results`. A run whose folder already holds ``summary.json`` is skipped, so
-an interrupted sweep is restarted by rerunning the command. Every run's config is validated
-(method registered, keys known, values in range) before the first run starts.
+an interrupted sweep is restarted by rerunning the command: a run interrupted by Ctrl-C/SIGTERM
+(its summary says so) continues from its checkpoint (``resume-from``), any other pending run
+starts again from round 1 with ``overwrite = true``, replacing what an earlier attempt left.
+Every run's config is validated (method registered, keys known, values in range) before the first run starts.
 Runs execute through :func:`fedpcd_app.runtime.simulate.simulate`, each in a fresh process
 (``--jobs`` processes in parallel), on the local engine (default; ``--workers`` worker
 processes per run, default the usable cores shared among the jobs) or with ``--engine ray``
@@ -218,7 +220,17 @@ def validate(sweep: Sweep) -> None:
 
 # -- running ---------------------------------------------------------------------------------
 def is_done(folder: Path) -> bool:
-    return (folder / SUMMARY).is_file()
+    """A summary.json that is not an interrupted run's (that one is continued: :func:`_run_one`)."""
+    return (folder / SUMMARY).is_file() and not was_interrupted(folder)
+
+
+def was_interrupted(folder: Path) -> bool:
+    """The run in ``folder`` was stopped by SIGINT/SIGTERM (its summary says so)."""
+    try:
+        reason = json.loads((folder / SUMMARY).read_text()).get("incomplete_reason") or ""
+    except (OSError, ValueError, AttributeError):
+        return False
+    return str(reason).startswith("interrupted at round")
 
 
 def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any] | None = None) -> str:
@@ -232,8 +244,14 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
     from fedpcd_app.runtime.simulate import simulate
 
     try:
-        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end
-        return str(simulate({**overrides, "output-dir": folder, "figures": "none"}, **(engine or {})))
+        from fedpcd_app.server.checkpoint import rounds_in
+
+        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end.
+        # A pending run's folder may hold what an earlier attempt left: an interrupted run with a
+        # checkpoint is continued from it, anything else replaced (overwrite; a finished run is never rerun).
+        again = ({"resume-from": folder} if was_interrupted(Path(folder)) and rounds_in(folder)
+                 else {"overwrite": True})
+        return str(simulate({**overrides, "output-dir": folder, "figures": "none", **again}, **(engine or {})))
     finally:
         stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
 

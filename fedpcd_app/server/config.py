@@ -104,9 +104,10 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
     cfg.get_int("diverge-patience", 5, low=0)
-    from fedpcd_app.server.results import check_output_dir_free
+    from fedpcd_app.server.results import check_output_dir_free, check_output_dir_reusable
 
     check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
+    check_output_dir_reusable(cfg)  # another run's results there: resume-from, a new folder or overwrite
     from client_app.vectorised import EXECUTION, EXECUTION_KEY
 
     cfg.get_choice(EXECUTION_KEY, EXECUTION, "auto")
