@@ -32,6 +32,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "synthetic-iid": False,
     "max-classes": 100000,
     "synthetic-seed": -1,
+    "user-resplit": False,
     "client-data": "partition",
     "central-test-path": "",
     "num-classes": 0,
