@@ -111,11 +111,16 @@ def summarise(label: str, by: dict[str, dict[int, object]]) -> dict:
                       for m, runs in by.items() if runs}}
 
 
-def from_csv(label: str, path: Path) -> dict:
-    """A protocol from an earlier page's CSV: its rows' means and stds (no seeds)."""
+def from_csv(label: str, path: Path, num_users: int = 100) -> dict:
+    """A protocol from an earlier page's CSV: its rows' means and stds (no per-seed rows), and
+    its draws' heavy tail, the draws being those of its seeds with ``synthetic-seed = -1``
+    (qffl_synthetic.toml's)."""
     with open(path) as fh:
         rows = {r["method"]: r for r in csv.DictReader(fh)}
-    return {"label": label, "csv": {m: rows[m] for m in (Q0, Q1) if m in rows}}
+    seeds = sorted({int(s) for m in (Q0, Q1) if m in rows for s in rows[m]["seeds"].split()})
+    draws = {synthetic.data_seed(s, -1): top_share(synthetic.user_sizes(num_users, synthetic.data_seed(s, -1)))
+             for s in seeds}
+    return {"label": label, "csv": {m: rows[m] for m in (Q0, Q1) if m in rows}, "draws": draws, "seeds": seeds}
 
 
 def _ms(values) -> str:
@@ -163,9 +168,10 @@ def markdown(protocols: list[dict]) -> str:
               "| protocol | rounds | seeds (q = 0 / q = 1) | draws: top-10 users' share | "
               "drift of mean acc. q = 0 / q = 1 | drift of worst 10 % q = 0 / q = 1 |", "|---|---:|---|---|---|---|"]
     for p in protocols:
-        if "csv" in p:
-            continue
         shares = ", ".join(f"{d}: {100 * s:.1f} %" for d, s in p["draws"].items())
+        if "csv" in p:
+            lines.append(f"| {p['label']} | (its CSV) | {' '.join(map(str, p['seeds']))} | {shares} | — | — |")
+            continue
         dm = " / ".join(f"{p['drift'][m]['mean_acc'][0]:+.2f}" if m in p["drift"] else "—" for m in (Q0, Q1))
         dw = " / ".join(f"{p['drift'][m]['worst10_acc'][0]:+.2f}" if m in p["drift"] else "—" for m in (Q0, Q1))
         span = next(iter(p["drift"].values()))["mean_acc"][1:]

@@ -75,6 +75,9 @@ def test_csv_protocol_and_a_bad_label(tmp_path):
     text = qp.markdown([qp.from_csv("old", path)])
     assert "| 0 | Average (%) | 80.8 | 53.06 ± 5.19 |" in text and "| 0 | Variance | 724 | 1365 ± 130 |" in text
     assert "| 1 | Average (%) | 79 | — |" in text
+    d0, d1 = synthetic.data_seed(0, -1), synthetic.data_seed(1, -1)
+    share = qp.top_share(synthetic.user_sizes(100, d1))
+    assert f"{d0}: " in text and f"{d1}: {100 * share:.1f} %" in text
     with pytest.raises(SystemExit, match="LABEL=FOLDER"):
         qp.main(["--protocol", "no-label-here"])
     with pytest.raises(SystemExit, match="no finished"):

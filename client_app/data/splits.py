@@ -1,5 +1,7 @@
 """Each client's partition split, seeded by (seed, partition id): local train / local test
-(``local-test-fraction``) and a validation split of the train split (``val-fraction``)."""
+(``local-test-fraction``) and a validation split of the train split (``val-fraction``); or,
+with ``user-resplit``, a user's pooled examples cut 80/10/10 into train / validation / test
+(:func:`resplit_user`, the q-FFL authors' cut)."""
 
 from __future__ import annotations
 
