@@ -225,6 +225,10 @@ def curves(protocols: list[dict], path: Path) -> None:
                 v = 100 * np.array([c[1][: len(t)] for c in cs])
                 ax.plot(t, v.mean(axis=0), label=f"{p['label']}: {q} ({len(runs)} seeds)")
                 ax.fill_between(t, v.min(axis=0), v.max(axis=0), alpha=0.15)
+    for ax, key in zip(axes, ("average", "worst10")):  # the paper's row, as quoted
+        for (m, q), style in zip(((Q0, "q = 0"), (Q1, "q = 1")), ("--", ":")):
+            ax.axhline(PAPER_QUOTED[m][key], color="grey", linestyle=style, linewidth=1,
+                       label=f"paper {q} (as quoted)")
     for ax, name in zip(axes, ("mean client accuracy (%)", "worst-10 % client accuracy (%)")):
         ax.set_xlabel("round")
         ax.set_ylabel(name)
