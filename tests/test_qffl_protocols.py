@@ -60,6 +60,11 @@ def test_paired_differences_drift_and_heavy_tail(tmp_path):
     assert "as quoted; not checked against the paper here" in text
     assert "| 0 | Worst 10 % (%) | 18.8 |" in text and "| 1 | Variance | 472 |" in text
     assert "| Worst 10 % (%) | +12.3 |" in text  # the quoted 18.8 → 31.1
+    qp.write_csv([p], tmp_path / "runs.csv")
+    rows = (tmp_path / "runs.csv").read_text().splitlines()
+    assert len(rows) == 1 + 7 and rows[1].startswith(f"x,{qp.Q0},1,7,100,")
+    qp.curves([p], tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_user_sizes_are_the_generators_draw():
