@@ -145,14 +145,14 @@ def markdown(protocols: list[dict]) -> str:
                 else:
                     vals = [s[k] for s in p["stats"][m].values()]
                     cells.append(tables.fmt(vals, 0 if k == "variance" else 2))
-            paper = "—" if ref is None else f"{ref:g}"
+            paper = "—" if ref is None else f"{ref:.{0 if k == 'variance' else 1}f}"
             lines.append(f"| {q} | {tables.TITLES[k]} | {paper} | " + " | ".join(cells) + " |")
     lines += ["", "Paired difference q = 1 − q = 0 over the seeds both finished: mean [95 % t interval] "
               "(seeds where it is positive / seeds).", "",
               "| statistic | paper (as quoted) | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
     for k in STATS:
         ref = (PAPER_QUOTED[Q1].get(k), PAPER_QUOTED[Q0].get(k))
-        paper = "—" if None in ref else f"{ref[0] - ref[1]:+.1f}"
+        paper = "—" if None in ref else f"{ref[0] - ref[1]:+.{0 if k == 'variance' else 1}f}"
         cells = []
         for p in protocols:
             d = p.get("diffs", {}).get(k)

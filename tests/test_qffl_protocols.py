@@ -59,7 +59,7 @@ def test_paired_differences_drift_and_heavy_tail(tmp_path):
     text = qp.markdown([p])
     assert "as quoted; not checked against the paper here" in text
     assert "| 0 | Worst 10 % (%) | 18.8 |" in text and "| 1 | Variance | 472 |" in text
-    assert "| Worst 10 % (%) | +12.3 |" in text  # the quoted 18.8 → 31.1
+    assert "| Worst 10 % (%) | +12.3 |" in text and "| Variance | -252 |" in text  # the quoted 18.8 → 31.1, 724 → 472
     qp.write_csv([p], tmp_path / "runs.csv")
     rows = (tmp_path / "runs.csv").read_text().splitlines()
     assert len(rows) == 1 + 7 and rows[1].startswith(f"x,{qp.Q0},1,7,100,")
@@ -79,7 +79,7 @@ def test_csv_protocol_and_a_bad_label(tmp_path):
                     "default,fedavg-q0,base,1,,0 1,0,53.06,5.19,0.0,0.0,99.98,0.04,1365.07,130.39\n")
     text = qp.markdown([qp.from_csv("old", path)])
     assert "| 0 | Average (%) | 80.8 | 53.06 ± 5.19 |" in text and "| 0 | Variance | 724 | 1365 ± 130 |" in text
-    assert "| 1 | Average (%) | 79 | — |" in text
+    assert "| 1 | Average (%) | 79.0 | — |" in text
     d0, d1 = synthetic.data_seed(0, -1), synthetic.data_seed(1, -1)
     share = qp.top_share(synthetic.user_sizes(100, d1))
     assert f"{d0}: " in text and f"{d1}: {100 * share:.1f} %" in text
