@@ -193,6 +193,8 @@ APP_KEYS: tuple[AppKey, ...] = (
            low=1),
     AppKey("max-classes", 100_000, "labels must be below it (checked before any allocation)", low=2),
     AppKey("synthetic-seed", -1, "Synthetic's data seed (-1 = derived from seed)", low=-1, high=2**32 - 1),
+    AppKey("user-resplit", False, "partitioner='natural': pool each user's examples and re-split them "
+           "80/10/10 train/validation/test, seeded by (seed, user)"),
     # -- client training --
     AppKey("momentum", 0.0, "local SGD momentum", low=0.0, high=1.0, high_open=True),
     AppKey("weight-decay", 0.0, "local SGD weight decay", low=0.0),
@@ -454,6 +456,18 @@ def _validate(cfg: RunConfig) -> None:
     _validate_data(cfg)
 
 
+def _validate_resplit(cfg: RunConfig) -> None:
+    """``user-resplit`` makes its own validation split and needs the users (one line each)."""
+    if not cfg.get_bool("user-resplit"):
+        return
+    if cfg.partitioner != "natural":
+        raise ConfigError(f"run-config key 'user-resplit' = true re-splits each user's own examples: it needs "
+                          f"partitioner='natural' (partitioner is {cfg.partitioner!r}); set it or user-resplit=false")
+    if cfg.val_fraction > 0.0:
+        raise ConfigError(f"run-config keys 'user-resplit' = true and 'val-fraction' = {cfg.val_fraction!r}: the "
+                          "re-split makes its own 10 % validation split; set val-fraction=0")
+
+
 def _validate_data(cfg: RunConfig) -> None:
     """The keys of natural partitions and of dataset='synthetic' (one line each)."""
     cfg.get_int("max-classes", 100_000, low=2)
@@ -472,6 +486,7 @@ def _validate_data(cfg: RunConfig) -> None:
         cfg.get_float("synthetic-beta", 1.0, low=0.0)
         cfg.get_bool("synthetic-iid", False)
         cfg.get_int("synthetic-seed", -1, low=-1, high=2**32 - 1)
+    _validate_resplit(cfg)
 
 
 def load_config(overrides: Mapping[str, Scalar] | str | None = None) -> RunConfig:

@@ -33,6 +33,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "max-file-bytes": 4294967296,
     "max-classes": 100000,
     "synthetic-seed": -1,
+    "user-resplit": False,
     "client-data": "partition",
     "central-test-path": "",
     "num-classes": 0,

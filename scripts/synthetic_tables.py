@@ -48,8 +48,8 @@ NUM_CLASSES = 10
 STALL_EVALS = 5
 STATS = ("average", "worst10", "best10", "variance")
 TITLES = {"average": "Average (%)", "worst10": "Worst 10 % (%)", "best10": "Best 10 % (%)", "variance": "Variance"}
-# q-FFL paper (Li et al., ICLR 2020, arXiv 1905.10497), Table 1, Synthetic: not retrievable
-# from the sources this project can reach offline (see docs/results/qffl_synthetic/report.md).
+# q-FFL paper (Li et al., ICLR 2020, arXiv 1905.10497), Table 1, Synthetic: not retrieved from the
+# paper; the row as secondary sources quote it is scripts/qffl_protocols.py's PAPER_QUOTED.
 PAPER_QFFL: dict[str, dict[str, float]] = {}
 
 

@@ -102,6 +102,7 @@ DATA_KEYS = (
     "num-clients", "seed", "local-test-fraction", "central-test-fraction", "min-partition-size",
     "val-fraction", "data-pool",
     "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed", "max-classes", "max-file-bytes",
+    "user-resplit",
 )
 
 
