@@ -84,6 +84,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "qffl-q": 1.0,
     "afl-lambda-lr": 0.01,
     "fedmgda-eps": 0.1,
+    "fedmgda-centre": "data-size",
     "fedmgda-lr": 1.0,
     "fedfv-alpha": 0.1,
     "fedfv-tau": 1,

@@ -55,6 +55,8 @@ class FedNova(FairStrategy):
     ``momentum``: the clients' heavy-ball ρ (the run's ``momentum``), for a_i.
     """
 
+    weighting = "data-size"  # p_i = n_i / Σ n_j
+
     # The server divides each update by its own a_i: it must see every update (a client
     # that sent Δ_i/a_i itself would make a weighted sum enough; the SGD client does not).
     needs_individual_updates = True

@@ -40,7 +40,7 @@ from flwr.app import MetricRecord
 from flwr.serverapp import strategy as flower
 
 from fedcore import flat, keys
-from fedcore.config import ConfigError
+from fedcore.config import APP, ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
@@ -116,6 +116,12 @@ class FlowerServerOpt(FairStrategy):
     attributes are the moments (the fields of their ``State``) and in what form it keeps θ_t
     (:meth:`inner_view`).
     """
+
+    weighting = "data-size"  # or uniform: fedavg-weighting (resolve_weighting)
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return str(APP["fedavg-weighting"].read(config))
 
     # Only the weighted mean of the local models enters: works under secure aggregation.
     needs_individual_updates = False

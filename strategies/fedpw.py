@@ -228,6 +228,8 @@ class FedPW(FairStrategy):
     """FedPW (see the module docstring): ``FedPW(fraction_train=0.1, beta=0.3, drop_rate=0.3,
     num_clients=N)``."""
 
+    weighting = "loss"  # loss- and Gram-based momentum weights
+
     Params = Params
 
     def init_state(self) -> State:

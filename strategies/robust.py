@@ -86,6 +86,8 @@ class FlowerRobust(FairStrategy):
     Subclasses name the Flower class and the arguments it is built with (:meth:`flower_arguments`).
     """
 
+    weighting = "robust"  # a robust statistic picks what counts
+
     flower_class: ClassVar[type]
     reports_selection: ClassVar[bool] = False
 

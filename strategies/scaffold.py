@@ -50,6 +50,8 @@ def scaffold_server_step(theta: torch.Tensor, local: torch.Tensor, delta_c: torc
 class Scaffold(FairStrategy):
     """SCAFFOLD's server (see the module docstring); clients run ``client_app.methods.scaffold``."""
 
+    weighting = "uniform"  # θ + η_g · mean Δy_i
+
     client_method = "scaffold"
     # The update needs only sums, but the exact c_i mirror (for resume) needs each Δc_i.
     needs_individual_updates = True
