@@ -359,3 +359,113 @@ def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
     assert "- fedpcd [fedpcd-tau=0.02] seed 1: diverged at round 12" in text
     paired = list(csv.DictReader(open(sweep_out / "report_paired.csv")))
     assert {r["hyperparameters"] for r in paired} == {"fedpcd-tau=0.01", "fedpcd-tau=0.05"}
+
+
+# -- weighting, edges, budget, corrected statistics ----------------------------------------------------
+def _weighting_runs(tmp_path, uniform_fedavg: bool):
+    for seed in range(3):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed])
+        make_run(tmp_path, "s", "afl", seed, TAU2[seed], registered="afl", summary={"scored_iterate": "last"})
+        if uniform_fedavg:
+            make_run(tmp_path, "s", "fedavg-uniform", seed, TAU1[seed], registered="fedavg",
+                     extra={"fedavg-weighting": "uniform"})
+    return tmp_path
+
+
+def test_every_table_has_a_weighting_column(tmp_path):
+    out = _weighting_runs(tmp_path, uniform_fedavg=True)
+    md, csv_path = report.report(out)
+    rows = {r["method"]: r["weighting"] for r in csv.DictReader(open(csv_path))}
+    assert rows == {"fedavg": "data-size", "afl": "loss", "fedavg-uniform": "uniform"}
+    text = md.read_text()
+    assert "| method | weighting | hyperparameters |" in text
+    assert "| fedavg-uniform | uniform |" in text and "| afl | loss |" in text
+
+
+def test_mixed_weightings_without_both_fedavgs_are_refused_in_one_line(tmp_path, capsys):
+    out = _weighting_runs(tmp_path, uniform_fedavg=False)
+    assert report.main([str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert ("data-size: fedavg; loss: afl" in err and "fedavg-weighting = 'uniform'" in err
+            and 'method = "fedavg", fedavg-weighting = "uniform"' in err and "--mixed-weightings" in err)
+    assert report.main([str(out), "--mixed-weightings"]) == 0
+    assert "Weighting: the rows weight their clients differently (data-size, loss)" in (out / "report.md").read_text()
+
+
+def test_a_selection_on_the_grid_edge_is_marked_and_never_best(tmp_path):
+    for seed in range(3):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed])
+        make_run(tmp_path, "s", "fedpcd", seed, TAU1[seed], grid={"lr": 0.01}, registered="fedpcd")
+        make_run(tmp_path, "s", "fedpcd", seed, TAU2[seed], grid={"lr": 0.03}, registered="fedpcd")
+    md, csv_path = report.report(tmp_path)
+    rows = {(r["method"], r["hyperparameters"]): r for r in csv.DictReader(open(csv_path))}
+    sel = rows[("fedpcd", "lr=0.03")]
+    assert (sel["selected"], sel["on_edge"], sel["edge"]) == ("1", "1", "lr=0.03 (largest tried)")
+    assert rows[("fedpcd", "lr=0.01")]["edge"] == "lr=0.01 (smallest tried)"
+    assert rows[("fedavg", "base")]["on_edge"] == "0"
+    text = md.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("| fedpcd"))
+    assert "⚠ edge" in line and "**" not in line  # 76 % is the highest ā, but not called best
+    assert "selections on the edge of the grid tried" in text and "fedpcd: lr=0.03 (largest tried)" in text
+
+
+def test_the_grid_edge_is_read_along_each_key_through_the_selection():
+    grids = [{"a": 1, "b": 10}, {"a": 2, "b": 10}, {"a": 3, "b": 10}, {"a": 2, "b": 20}, {"a": 2, "b": 5}]
+    assert report.grid_edges({"a": 2, "b": 10}, grids) == []
+    assert report.grid_edges({"a": 2, "b": 20}, grids) == ["b=20 (largest tried)"]  # a: only 2 along b=20
+    assert report.grid_edges({"a": 1, "b": 10}, grids) == ["a=1 (smallest tried)"]
+    assert report.grid_edges({"m": "x", "flag": True}, [{"m": "x", "flag": True}, {"m": "y", "flag": False}]) == []
+
+
+def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):
+    text = report.report(sweep_out)[0].read_text()
+    assert "Budget: **unequal** — configurations per method entry and seed: fedavg 1, fedpcd 3" in text
+    rows = report.summarize(report.load_runs(sweep_out), all_points=True)
+    assert report.budget_line([r for r in rows if r.method == "fedpcd"]) == (
+        "Budget: 3 configurations per method entry and seed, the same for every entry.")
+    assert report.budget_line(rows, budget=3) == ("Budget: 3 configurations per method entry and seed ([tuning] "
+                                                  "budget = 3); edge extensions beyond it: fedavg -2.")
+    (sweep_out / "sweep.json").write_text(json.dumps({"name": "x", "source": {"tuning": {"budget": 3}}, "runs": [
+        {"setting": "alpha0.1", "method": m, "folder": str(f.parent.relative_to(sweep_out))}
+        for f in sweep_out.rglob("summary.json") for m in [f.parts[-4]]]}))
+    assert "([tuning] budget = 3)" in report.report(sweep_out)[0].read_text()
+
+
+def test_paired_statistics_are_holm_corrected_over_the_table(paired_out):
+    from scipy import stats as sps
+
+    report.report(paired_out, baseline="fedavg", mixed_weightings=True)
+    rows = list(csv.DictReader(open(paired_out / "report_paired.csv")))
+    by = {(r["method"], r["metric"]): r for r in rows}
+    acc = by[("fedpcd", "mean_acc")]
+    d = [m - b for m, b in zip(METHOD, BASE)]
+    lo, hi = sps.t.interval(0.95, len(d) - 1, loc=statistics.mean(d), scale=sps.sem(d))
+    assert (float(acc["ci95_low"]), float(acc["ci95_high"])) == pytest.approx((lo, hi))
+    assert float(acc["effect_dz"]) == pytest.approx(statistics.mean(d) / statistics.stdev(d))
+    assert float(acc["sign_test_p"]) == pytest.approx(0.375)  # 4 of 5: 2 * 6/32
+    # the family: the defined t-tests of the table (fedpcd's ā and W10; σ_c all tied; 'other' has one seed)
+    defined = [r for r in rows if r["ttest_p"] != "nan"]
+    assert {r["family_size"] for r in defined} == {str(len(defined))} and len(defined) == 2
+    p = sorted(float(r["ttest_p"]) for r in defined)
+    holm = {p[0]: min(1, 2 * p[0]), p[1]: max(min(1, 2 * p[0]), p[1])}
+    for r in defined:
+        assert float(r["p_holm"]) == pytest.approx(holm[float(r["ttest_p"])])
+        assert r["significant"] == str(int(float(r["p_holm"]) < 0.05))
+    # report.csv carries the first metric's adjusted p per row (blank for rows not compared)
+    main = {r["method"]: r for r in csv.DictReader(open(paired_out / "report.csv"))}
+    assert float(main["fedpcd"]["p_holm"]) == pytest.approx(float(acc["p_holm"]))
+    assert main["fedavg"]["p_holm"] == ""
+    text = (paired_out / "report.md").read_text()
+    assert "Family: the 2 comparisons of this table with a defined t-test" in text and "5/5 is p = 0.0625" in text
+
+
+def test_check_wording_cli(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert report.main(["--check-wording", str(page)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"{page}:3: exploratory (no Holm-corrected test named): FedPCD wins on every seed."]
+    page.write_text("Nothing is claimed.\n")
+    assert report.main(["--check-wording", str(page)]) == 0
+    assert report.main(["--check-wording", str(tmp_path / "missing.md")]) == 2
