@@ -130,3 +130,23 @@ def test_extend_edges_is_off_without_tuning_or_when_disabled(tmp_path):
     off = make_sweep(budget=4, **{"extend-edges": False})
     finish(off, tmp_path, peak_at(0.3))
     assert tuning.extend_edges(off, tmp_path, lambda: pytest.fail("no pass")) == []
+
+
+def test_the_sweep_command_runs_the_extension_passes(tmp_path, monkeypatch):
+    """sweep.main: after the first pass, the edge extensions run in the same output folder."""
+    (tmp_path / "s.toml").write_text('name = "t"\nseeds = [0]\n[tuning]\nbudget = 2\n'
+                                     '[tuning.grids.fedavg]\nlr = [0.01, 0.03]\n'
+                                     '[[methods]]\nname = "fedavg"\nmethod = "fedavg"\n')
+    passes = []
+
+    def fake_run_sweep(sweep, out, **_):
+        passes.append(finish(sweep, out, peak_at(0.1)))
+        return []
+
+    monkeypatch.setattr(sweep_mod, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(sweep_mod, "_report_and_figures", lambda out: None)
+    assert sweep_mod.main([str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 0
+    # 0.03 best (edge) -> 0.09; 0.09 best (edge) -> 0.27; then 0.09 is interior
+    assert passes == [2, 1, 1]
+    points = sorted(p.parent.parent.name for p in (tmp_path / "out").rglob("summary.json"))
+    assert points == ["lr=0.01", "lr=0.03", "lr=0.09", "lr=0.27"]
