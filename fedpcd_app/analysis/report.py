@@ -1,6 +1,8 @@
 """The papers' table from finished runs: ``report.md`` and ``report.csv``.
 
     python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD] [--mixed-iterates]
+                                [--mixed-weightings]
+    python -m fedpcd_app.report --check-wording PAGE.md
 
 ``<folder>`` is a single run folder (holding ``summary.json``), a sweep output folder, or
 any folder holding runs (searched recursively). Runs made by a sweep carry their labels
@@ -18,7 +20,9 @@ highest mean over seeds of the final mean client accuracy ā is chosen (FedPCD p
 Sec. 5: "report the best performing hyperparameters per dataset after averaging the five
 seeds"), on the clients' validation splits when the runs have them (``val-fraction`` > 0,
 as the FedeRage paper tunes), else on the test splits with a warning (:func:`selection_split`;
-the table says which); ``--all`` lists every grid point instead, the chosen one marked ★.
+the table says which); ``--all`` lists every grid point in ``report.md`` instead, the chosen
+one marked ★. ``report.csv`` always holds every configuration (grid point), its ``selected``
+column (= ``chosen``) marking the chosen ones.
 The table gives mean ± std over seeds of ā, the client spread σ_c,
 worst-10 % W₁₀, best-10 %, Jain's index and the central test accuracy, and the rounds
 needed to reach a target accuracy: by default FedAvg's final ā in that setting (the mean
@@ -44,12 +48,34 @@ seed is shown as ``diverged (k/n seeds)`` (``incomplete`` for other reasons) wit
 reasons under the table, is not a candidate for selection (unless every grid point of the
 method is), sets no best value and enters no paired comparison.
 
+Weighting. Every table has a ``weighting`` column: how the row's method weights its clients
+(``strategies.registry.weighting_of`` of its method and resolved config: ``data-size``,
+``uniform``, ``loss``, ...). A table whose chosen rows weight their clients differently must
+hold FedAvg under both weightings (``fedavg-weighting`` ``data-size`` and ``uniform``) as
+baselines; otherwise it is refused with one line naming the missing one and the
+``[[methods]]`` entry that adds it (exit 2), unless ``--mixed-weightings`` is given.
+
+Budget and edges. Under each table a budget line gives the configurations per method entry
+and seed (the sweep's ``[tuning] budget`` and the edge extensions beyond it, or the counts,
+flagged **unequal** when they differ). A grid point is ``on_edge`` when it is the smallest or
+largest value tried in a numeric key, along that key through it (:func:`grid_edges`); a
+selection on the edge is marked ⚠ edge, listed under the table, and never marked best.
+
 ``--baseline METHOD`` adds a paired comparison per setting: every other row against the
 baseline's chosen grid point, over the seeds both ran (a seed fixes the partition, the
 initial model and the sampled clients, so the runs are paired): the mean over seeds of
 the per-seed difference (method − baseline), the two-sided paired t-test and Wilcoxon
 signed-rank p-values (``scipy.stats``) and the number of seeds on which the method did
-better. Written to ``report.md`` and ``report_paired.csv``.
+better, with the mean difference's 95 % t-based confidence interval, the effect size d_z,
+the exact sign-test p of the seed count (5/5 seeds is p = 0.0625: not a finding) and the
+t-test p Holm-adjusted over the table's family (every row × metric compared in the setting;
+the family is stated under the table); *significant* only when that adjusted p is below
+0.05 (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
+``report.csv``'s ``p_holm`` is each compared row's adjusted p of the first metric (ā by default).
+
+``--check-wording PAGE.md`` lists the sentences of a results page that claim significance
+or a win "on every seed" / "k/k seeds" without naming a corrected (Holm) test, labelled
+exploratory; exit 1 when there is one, 0 when none (:func:`stats.check_wording`).
 """
 
 from __future__ import annotations
