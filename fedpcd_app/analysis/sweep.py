@@ -185,7 +185,10 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     if "tuning" in source:
         from fedpcd_app.analysis import tuning as tuning_mod
 
-        tuning = tuning_mod.parse_tuning(source["tuning"], [n for n, _ in methods])
+        try:
+            tuning = tuning_mod.parse_tuning(source["tuning"], [n for n, _ in methods])
+        except tuning_mod.TuningError as exc:
+            raise SweepError(str(exc)) from None
     for key in ("seed", "output-dir"):
         if key in base or any(key in e for _, e in settings + methods):
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"
@@ -203,7 +206,10 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
             if tuning is not None:  # the declared search space, filled to the budget
                 method = str(mkeys.get("method", skeys.get("method", base.get("method", "fedavg"))))
-                mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
+                try:
+                    mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
+                except tuning_mod.TuningError as exc:
+                    raise SweepError(str(exc)) from None
             grid_keys = [k for k, v in mkeys.items() if isinstance(v, list)]
             fixed = {k: v for k, v in mkeys.items() if not isinstance(v, list)}
             for point in itertools.product(*(mkeys[k] for k in grid_keys)):

@@ -84,10 +84,13 @@ class Tuning:
     grids: Mapping[str, Mapping[str, list]] = dataclasses.field(default_factory=dict)
 
 
-def _error(message: str):
-    from fedpcd_app.analysis.sweep import SweepError
+class TuningError(ValueError):
+    """A ``[tuning]`` table or a budget cannot be met (one line; the sweep reports it as its
+    SweepError)."""
 
-    return SweepError(message)
+
+def _error(message: str) -> TuningError:
+    return TuningError(message)
 
 
 def parse_tuning(table: Any, entries: list[str]) -> Tuning:
