@@ -271,7 +271,8 @@ def extend_edges(sweep, out: Path, run_pass: Callable[[], list], log: Callable[[
         if not new:
             break
         points = sorted({f"{r.setting}/{r.method} [{r.variant}]" for r in new})
-        log(f"edge extension {i + 1}/{tuning.max_extensions}: {len(new)} runs: " + "; ".join(points))
+        todo = sum(not (r.folder(out) / "summary.json").is_file() for r in new)
+        log(f"edge extension {i + 1}/{tuning.max_extensions}: {len(new)} runs ({todo} to run): " + "; ".join(points))
         sweep.runs.extend(new)
         failures = run_pass()
         if failures:
