@@ -150,3 +150,29 @@ def test_fedmgda_uniform_centre_keeps_lambda_near_one_over_m():
     _, metrics = aggregate_round(strat, 1, theta, template, make_replies(template, locals_, n=n))
     lam = np.asarray(metrics["fedmgda-lambda"])
     assert np.all(np.abs(lam - 0.25) <= 0.05 + 1e-6) and lam.sum() == pytest.approx(1.0)
+
+
+# -- recorded in every run's summary.json ----------------------------------------------------------
+def test_a_runs_summary_records_its_weighting(tmp_path):
+    from fedpcd_app.runtime.simulate import simulate
+    from fedpcd_app.server.results import read_summary
+
+    tiny = {"num-clients": 3, "num-server-rounds": 1, "eval-every": 1, "figures": "none"}
+    out = simulate({**tiny, "fedavg-weighting": "uniform", "output-dir": str(tmp_path / "u")}, workers=0)
+    summary = read_summary(out)
+    assert summary["weighting"] == "uniform"
+    assert summary["weighting"] == weighting_of(summary["method"], summary["config"])
+    out = simulate({**tiny, "output-dir": str(tmp_path / "d")}, workers=0)
+    assert read_summary(out)["weighting"] == "data-size"
+
+
+@pytest.mark.parametrize("method, own", [("fedpcd", "fedpcd-primary='fedavg-uniform'"),
+                                         ("craft", "craft-rho='uniform'"), ("fedmgda", "fedmgda-centre='uniform'")])
+def test_fedavg_weighting_on_another_method_names_its_own_uniform_key(method, own):
+    from fedcore.config import resolve
+    from fedpcd_app.server.config import check
+
+    with pytest.raises(ConfigError, match="FedAvg family") as exc:
+        check(resolve({"method": method, "fedavg-weighting": "uniform"}))
+    assert own in str(exc.value) and "\n" not in str(exc.value)
+    check(resolve({"method": method, **dict([own.replace("'", "").split("=")])}))  # and that key is accepted

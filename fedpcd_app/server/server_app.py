@@ -46,6 +46,7 @@ from fedpcd_app.server.membership import (
 from fedpcd_app.server.results import ResultsWriter, write_json_atomic
 from fedpcd_app.server.tracking import tracker_for
 from strategies.privacy import CentralDP
+from strategies.registry import weighting_of
 from strategies.wrappers import UpdateClip, find_wrapper
 
 log = logging.getLogger("fedpcd")
@@ -386,6 +387,7 @@ class Experiment:
             "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
             **self.completeness(stopped),
             **self.hostile_summary(final),
+            "weighting": weighting_of(cfg.method, cfg.as_dict()),  # how the method weights clients (registry)
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
         }
