@@ -31,6 +31,10 @@ Each row has its method's ``weighting`` (``strategies.registry.weighting_of``) a
 ``on_edge`` (its grid point is the smallest or largest value tried in a numeric key, as in
 ``fedpcd_app.analysis.report``: the optimum may lie beyond the grid; marked ⚠ edge).
 
+Weighting. A table whose chosen rows weight their clients differently must hold FedAvg
+under both weightings (``fedavg-weighting`` ``data-size`` and ``uniform``), as the report
+requires; the script refuses it in one line otherwise (``--mixed-weightings`` overrides).
+
 Equal scoring. Every run of one table must have been scored on the same iterate
 (``scored_iterate`` of ``summary.json``: ``last`` or ``averaged``); the script refuses (one
 line) to mix them.
@@ -164,6 +168,20 @@ def build(out: Path, all_points: bool = True) -> tuple[list[dict], dict[Path, st
                     "runs": rs,
                 })
     return rows, diverged, iterates.pop()
+
+
+def check_weightings(rows: list[dict]) -> None:
+    """One line (SystemExit) when a table mixes weightings without FedAvg under both."""
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        group = [r for r in rows if r["setting"] == setting and (r["chosen"] or not r["selected_on"])]
+        kinds = {r["weighting"] for r in group} - {"unknown"}
+        have = {r["weighting"] for r in group if all(x.summary.get("method") == "fedavg" for x in r["runs"])}
+        missing = [w for w in ("data-size", "uniform") if w not in have]
+        if len(kinds) > 1 and missing:
+            raise SystemExit(f"error: setting '{setting}' compares rules of different weightings "
+                             f"({', '.join(sorted(kinds))}) without FedAvg under fedavg-weighting = '{missing[0]}': "
+                             f"add a [[methods]] entry method = \"fedavg\", fedavg-weighting = \"{missing[0]}\" to "
+                             "the sweep, or pass --mixed-weightings")
 
 
 def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] | None = None) -> str:
@@ -346,8 +364,12 @@ def main(argv=None) -> int:
     ap.add_argument("--curves", default="", help="write the accuracy curves of the chosen rows (PNG)")
     ap.add_argument("--qffl-diagnostics", default="", metavar="Q0,Q1",
                     help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
+    ap.add_argument("--mixed-weightings", action="store_true",
+                    help="allow a table of rules of different weightings without FedAvg under both")
     args = ap.parse_args(argv)
     every, _, iterate = build(Path(args.out), args.all_points)
+    if not args.mixed_weightings:
+        check_weightings(every)
     rows = [r for r in every if r["shown"]]
     print(markdown(rows, iterate, PAPER_QFFL if args.paper == "qffl" else None))
     if args.qffl_diagnostics:

@@ -143,3 +143,13 @@ def test_csv_holds_every_configuration_with_selected_weighting_and_edge(tmp_path
     every, _, iterate = tables.build(tmp_path)
     text = tables.markdown([r for r in every if r["chosen"]], iterate)
     assert "lr=0.1 ★ ⚠ edge" in text and "selections on the edge of the grid tried" in text
+
+
+def test_mixed_weightings_without_both_fedavgs_are_refused(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path, "fedavg", "base", seed, [0.5, 0.6, 0.7])
+        make_run(tmp_path, "federage", "base", seed, [0.6, 0.6, 0.7])  # registered: uniform averaging
+    with pytest.raises(SystemExit, match="different weightings .data-size, uniform. without FedAvg under "
+                                         "fedavg-weighting = 'uniform'"):
+        tables.main([str(tmp_path)])
+    assert tables.main([str(tmp_path), "--mixed-weightings"]) == 0
