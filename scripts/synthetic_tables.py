@@ -156,7 +156,8 @@ def build(out: Path, all_points: bool = True) -> tuple[list[dict], dict[Path, st
                     "setting": setting, "method": method, "variant": variant, "chosen": variant == chosen,
                     "selected_on": split if len(variants) > 1 else "", "seeds": [r.seed for r in rs],
                     "shown": shown, "weighting": "/".join(sorted({r.weighting for r in rs})),
-                    "edge": grid_edges(rs[0].grid, grids) if len(grids) > 1 else [],
+                    "edge": (grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
+                             if len(grids) > 1 else []),
                     "diverged": len(bad), "diverged_reasons": sorted({diverged[r.folder] for r in bad}),
                     "stats": {k: [s[k] for s in stats] for k in STATS} if not bad else {k: [] for k in STATS},
                     "val_average": [100 * r.summary["val_mean_acc"] for r in rs

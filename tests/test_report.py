@@ -416,6 +416,9 @@ def test_the_grid_edge_is_read_along_each_key_through_the_selection():
     assert report.grid_edges({"a": 2, "b": 20}, grids) == ["b=20 (largest tried)"]  # a: only 2 along b=20
     assert report.grid_edges({"a": 1, "b": 10}, grids) == ["a=1 (smallest tried)"]
     assert report.grid_edges({"m": "x", "flag": True}, [{"m": "x", "flag": True}, {"m": "y", "flag": False}]) == []
+    lr = [{"lr": 0.3}, {"lr": 1.0}]  # lr's declared upper bound is 1.0 (tuning.LR): no further extension
+    assert report.grid_edges({"lr": 1.0}, lr, "fedavg") == ["lr=1.0 (largest tried, at its declared bound)"]
+    assert report.grid_edges({"lr": 0.3}, lr, "fedavg") == ["lr=0.3 (smallest tried)"]
 
 
 def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):

@@ -393,9 +393,13 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]]) -> list[str]:
+def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]], method: str = "") -> list[str]:
     """The numeric keys in which ``grid`` is the smallest or largest value tried along that key
-    (among ``grids`` with the other keys equal), as ``key=value (largest tried)``."""
+    (among ``grids`` with the other keys equal), as ``key=value (largest tried)``; ``, at its
+    declared bound`` when the value is the bound of ``method``'s declared space
+    (:func:`fedpcd_app.analysis.tuning.space_of`: the sweep cannot extend it further)."""
+    from fedpcd_app.analysis.tuning import space_of
+
     out = []
     for key, value in grid.items():
         if not _numeric(value):
@@ -403,7 +407,11 @@ def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]]) -> list[str]:
         line = {g[key] for g in grids if key in g and _numeric(g[key])
                 and all(g.get(k) == v for k, v in grid.items() if k != key)}
         if len(line) >= 2 and value in (min(line), max(line)):
-            out.append(f"{key}={_fmt(value)} ({'largest' if value == max(line) else 'smallest'} tried)")
+            space = space_of(method, key)
+            top = value == max(line)
+            bound = space is not None and value == (space.high if top else space.low)
+            out.append(f"{key}={_fmt(value)} ({'largest' if top else 'smallest'} tried"
+                       + (", at its declared bound)" if bound else ")"))
     return out
 
 
@@ -447,7 +455,8 @@ def summarize(runs: list[Run], target: float | None = None,
                                 chosen=variant == chosen[method], runs=rs, selected_on=split,
                                 iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
                                 incomplete=bad, weighting="/".join(sorted({r.weighting for r in rs})),
-                                edge=grid_edges(rs[0].grid, grids) if len(grids) > 1 else []))
+                                edge=grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
+                                if len(grids) > 1 else []))
     return rows
 
 
