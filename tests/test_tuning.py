@@ -150,3 +150,21 @@ def test_the_sweep_command_runs_the_extension_passes(tmp_path, monkeypatch):
     assert passes == [2, 1, 1]
     points = sorted(p.parent.parent.name for p in (tmp_path / "out").rglob("summary.json"))
     assert points == ["lr=0.01", "lr=0.03", "lr=0.09", "lr=0.27"]
+
+
+def test_fedavg_under_the_missing_weighting_is_added_when_weightings_differ():
+    sw = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
+                                       {"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}])
+    labels = list(dict.fromkeys(r.method for r in sw.runs))
+    assert labels == ["fedavg", "afl", "fedavg-uniform"]
+    added = {r.overrides["fedavg-weighting"] for r in sw.runs if r.method == "fedavg-uniform"}
+    assert added == {"uniform"} and len(configs(sw, "fedavg-uniform")) == 4  # the same budget
+    # one weighting only, or switched off: nothing added
+    same = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"}, {"name": "p", "method": "fedprox",
+                                                                                "fedprox-mu": 0.01}])
+    assert {r.method for r in same.runs} == {"fedavg", "p"}
+    off = make_sweep(budget=4, methods=[{"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}],
+                     **{"fedavg-both-weightings": False})
+    assert {r.method for r in off.runs} == {"afl"}
+    both = make_sweep(budget=4, methods=[{"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}])
+    assert list(dict.fromkeys(r.method for r in both.runs)) == ["afl"]  # a single rule: nothing to compare

@@ -24,6 +24,7 @@ Tuning (optional; :mod:`fedpcd_app.analysis.tuning`)::
     budget = 8                  # configurations per method entry and seed, equal for all
     extend-edges = true         # extend a grid whose selected value is on its edge
     max-extensions = 4          # extension passes at most
+    fedavg-both-weightings = true  # add FedAvg under a missing weighting (default true)
     [tuning.grids.fedpcd]       # optional: an entry's own grid over its declared space
     fedpcd-tau = [0.01, 0.02]
 
@@ -34,7 +35,9 @@ in ``[base]`` or a setting is overridden by the grid); the lr grid is extended g
 until the entry has exactly ``budget`` configurations (an entry with more is refused). After
 the pass, a selected (validation) value on the edge of its grid is extended one geometric
 step per pass, up to its declared bound, and the new points run in the same output folder
-(rerunning the command recomputes them and skips finished runs).
+(rerunning the command recomputes them and skips finished runs). When the entries' methods
+weight clients differently, entries ``fedavg-data-size`` / ``fedavg-uniform`` are added for
+a FedAvg weighting no entry runs (the baselines the report requires).
 
 Precedence (later wins): pyproject defaults < ``[base]`` < setting < method (its
 ``by-setting`` table over its other keys) < grid point <
@@ -189,6 +192,7 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
             tuning = tuning_mod.parse_tuning(source["tuning"], [n for n, _ in methods])
         except tuning_mod.TuningError as exc:
             raise SweepError(str(exc)) from None
+        methods += tuning_mod.fedavg_baselines(methods, base, tuning)
     for key in ("seed", "output-dir"):
         if key in base or any(key in e for _, e in settings + methods):
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"

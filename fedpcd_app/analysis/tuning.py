@@ -7,6 +7,7 @@ A sweep file opts in with a ``[tuning]`` table (see :mod:`fedpcd_app.analysis.sw
     budget = 8              # configurations per method entry and seed, the same for every entry
     extend-edges = true     # extend a grid whose selected value lies on its edge (default true)
     max-extensions = 4      # extension passes at most (default 4)
+    fedavg-both-weightings = true  # add FedAvg under the missing weighting (default true)
     [tuning.grids.fedpcd]   # optional: a method entry's own grid, over its declared space
     fedpcd-tau = [0.01, 0.02]
 
@@ -19,6 +20,12 @@ entry and its sizes); below it, the lr grid is extended geometrically (alternate
 largest and below its smallest value, within lr's declared bounds; then geometric midpoints)
 until the product equals the budget, so every entry runs exactly ``budget`` configurations
 per seed. A budget that is not a multiple of the entry's other keys' product is refused.
+
+FedAvg under both weightings (:func:`fedavg_baselines`). When the entries' methods weight
+their clients differently (``strategies.registry.weighting_of`` of each entry's keys over
+``[base]``) and no FedAvg entry has ``fedavg-weighting`` ``data-size`` (or ``uniform``), the
+sweep adds the entry ``fedavg-data-size`` (``fedavg-uniform``): the baselines the report
+requires for such a table.
 
 Edges (:func:`extensions`). After a pass, per setting and method entry, the grid point with
 the best mean over seeds of the validation mean client accuracy (``val_mean_acc``; the test
@@ -82,6 +89,7 @@ class Tuning:
     extend_edges: bool = True
     max_extensions: int = 4
     grids: Mapping[str, Mapping[str, list]] = dataclasses.field(default_factory=dict)
+    fedavg_both: bool = True
 
 
 class TuningError(ValueError):
@@ -97,10 +105,10 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
     """The ``[tuning]`` table of a sweep file (one-line SweepError when malformed)."""
     if not isinstance(table, dict):
         raise _error("'tuning' must be a table ([tuning] budget = N, extend-edges = true)")
-    unknown = sorted(set(table) - {"budget", "extend-edges", "max-extensions", "grids"})
+    unknown = sorted(set(table) - {"budget", "extend-edges", "max-extensions", "grids", "fedavg-both-weightings"})
     if unknown:
         raise _error(f"[tuning]: unknown key(s) {', '.join(unknown)}: "
-                     "it has budget, extend-edges, max-extensions, grids")
+                     "it has budget, extend-edges, max-extensions, grids, fedavg-both-weightings")
     budget = table.get("budget")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
         raise _error("[tuning]: 'budget' must be an integer >= 1 (configurations per method entry and seed), "
@@ -111,13 +119,43 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
     most = table.get("max-extensions", 4)
     if not isinstance(most, int) or isinstance(most, bool) or most < 0:
         raise _error("[tuning]: 'max-extensions' must be an integer >= 0")
+    both = table.get("fedavg-both-weightings", True)
+    if not isinstance(both, bool):
+        raise _error("[tuning]: 'fedavg-both-weightings' must be true or false")
     grids = table.get("grids", {})
     if not isinstance(grids, dict) or set(grids) - set(entries):
         raise _error(f"[tuning.grids]: keys must be method entry names ({', '.join(entries)})")
     for name, grid in grids.items():
         if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
             raise _error(f"[tuning.grids.{name}]: every key must be a non-empty list of values")
-    return Tuning(budget, extend, most, grids)
+    return Tuning(budget, extend, most, grids, both)
+
+
+def fedavg_baselines(entries: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any],
+                     tuning: Tuning) -> list[tuple[str, dict[str, Any]]]:
+    """The FedAvg entries to add so that a sweep comparing rules of different weightings has
+    FedAvg under both ``data-size`` and ``uniform`` (see the module doc)."""
+    from fedcore.config import ConfigError
+    from strategies.registry import weighting_of
+
+    if not tuning.fedavg_both:
+        return []
+    kinds, fedavg = set(), set()
+    for _, keys in entries:
+        config = {**base, **{k: v for k, v in keys.items() if not isinstance(v, (list, dict))}}
+        method = str(config.get("method", "fedavg"))
+        try:
+            word = weighting_of(method, config)
+        except (ConfigError, ValueError, TypeError):
+            continue  # an unknown method: the sweep's validation names it
+        kinds.add(word)
+        if method == "fedavg":
+            fedavg.add(word)
+    if len(kinds) < 2:
+        return []
+    names = {n for n, _ in entries}
+    return [(f"fedavg-{w}", {"method": "fedavg", "fedavg-weighting": w}) for w in ("data-size", "uniform")
+            if w not in fedavg and f"fedavg-{w}" not in names]
 
 
 def _round(value: float, integer: bool) -> float | int:
