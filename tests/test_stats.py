@@ -63,6 +63,10 @@ def test_effect_size_and_ttest():
     assert stats.effect_size(d) == pytest.approx(0.02 / 0.01)
     assert stats.ttest_p(d) == pytest.approx(sps.ttest_1samp(d, 0).pvalue)
     assert math.isnan(stats.ttest_p([0.1, 0.1])) and math.isnan(stats.effect_size([0.2]))
+    # equal differences up to float round-off have no spread: no test (not p ~ 1e-64)
+    noisy = [0.0433, 0.0433 + 1e-17, 0.0433 - 2e-17, 0.0433, 0.0433 + 3e-17]
+    assert math.isnan(stats.ttest_p(noisy)) and math.isnan(stats.effect_size(noisy))
+    assert not stats.has_spread(noisy) and stats.has_spread([0.0433, 0.0434])
 
 
 PAGE = """# A page

@@ -522,12 +522,11 @@ def paired_tests(diffs) -> tuple[float, float]:
     undefined (fewer than 2 seeds; t-test: no spread; Wilcoxon: all differences zero)."""
     from scipy import stats
 
+    from fedpcd_app.analysis import stats as ours
+
     d = np.asarray(diffs, dtype=np.float64)
-    t_p = w_p = math.nan
-    if d.size >= 2 and np.ptp(d) > 0:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t_p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    w_p = math.nan
+    t_p = ours.ttest_p(d)  # NaN without spread beyond round-off
     if d.size >= 2 and np.any(d != 0):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -631,8 +630,9 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
                          f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {'yes' if p.significant else 'no'} | "
                          f"{_p(p.wilcoxon_p)} | {better} |")
         metrics = ", ".join(dict.fromkeys(METRIC_INFO.get(p.metric, (p.metric,))[0] for p in group))
+        n_rows = len(dict.fromkeys((p.method, p.variant) for p in group))
         lines += ["", f"Family: the {group[0].family} comparisons of this table with a defined t-test "
-                      f"({len(dict.fromkeys((p.method, p.variant) for p in group))} method rows × metrics {metrics}), "
+                      f"({n_rows} method row(s) × metrics {metrics}), "
                       f"Holm-corrected; *significant* means p_holm < {stats.ALPHA}. \"k/n seeds better\" is a sign "
                       "test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the Wilcoxon p "
                       "cannot fall below 2/2ⁿ."]

@@ -43,13 +43,17 @@ def paired_ci(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float
     return mean, mean - half, mean + half
 
 
+def has_spread(diffs: Sequence[float]) -> bool:
+    """At least 2 differences that differ by more than round-off (1e-12 relative): the
+    t-test and d_z are defined (equal differences up to float noise give none, not p ≈ 0)."""
+    d = np.asarray(diffs, dtype=np.float64)
+    return d.size >= 2 and float(np.ptp(d)) > 1e-12 * max(1.0, float(np.abs(d).max()))
+
+
 def effect_size(diffs: Sequence[float]) -> float:
     """Cohen's d_z = mean / sample std of paired differences (NaN: < 2 seeds or no spread)."""
     d = np.asarray(diffs, dtype=np.float64)
-    if d.size < 2:
-        return math.nan
-    s = float(d.std(ddof=1))
-    return float(d.mean()) / s if s > 0 else math.nan
+    return float(d.mean()) / float(d.std(ddof=1)) if has_spread(d) else math.nan
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -81,7 +85,7 @@ def ttest_p(diffs: Sequence[float]) -> float:
     from scipy import stats
 
     d = np.asarray(diffs, dtype=np.float64)
-    if d.size < 2 or np.ptp(d) == 0:
+    if not has_spread(d):
         return math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
