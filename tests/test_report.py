@@ -408,6 +408,10 @@ def test_a_selection_on_the_grid_edge_is_marked_and_never_best(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("| fedpcd"))
     assert "⚠ edge" in line and "**" not in line  # 76 % is the highest ā, but not called best
     assert "selections on the edge of the grid tried" in text and "fedpcd: lr=0.03 (largest tried)" in text
+    report.report(tmp_path, baseline="fedpcd")
+    text = (tmp_path / "report.md").read_text()
+    assert "⚠ edge: the baseline fedpcd [lr=0.03]'s selected grid point lies on its grid's edge" in text
+    assert list(csv.DictReader(open(tmp_path / "report_paired.csv")))[0]["on_edge"] == "0"  # fedavg: no grid
 
 
 def test_the_grid_edge_is_read_along_each_key_through_the_selection():

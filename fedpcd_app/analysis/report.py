@@ -509,6 +509,7 @@ class Paired:
     p_holm: float = math.nan  # t-test p, Holm-adjusted over the table's family
     family: int = 0  # the number of comparisons in that family (defined t-tests)
     on_edge: bool = False  # the method's selection lies on its grid's edge
+    baseline_on_edge: bool = False  # the baseline's selection does
 
     @property
     def significant(self) -> bool:
@@ -576,7 +577,8 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Pair
                 out.append(Paired(setting, row.method, row.variant, base.method, base.variant, key,
                                   [s for s, _ in ok], d.tolist(), float(d.mean()) if d.size else math.nan,
                                   t_p, w_p, int(better.sum()), ties, lo, hi, stats.effect_size(d),
-                                  stats.sign_test_p(int(better.sum()), d.size - ties), on_edge=row.on_edge))
+                                  stats.sign_test_p(int(better.sum()), d.size - ties), on_edge=row.on_edge,
+                                  baseline_on_edge=base.on_edge))
     for setting in dict.fromkeys(p.setting for p in out):  # Holm over each table's family
         family = [p for p in out if p.setting == setting]
         for p, adj in zip(family, stats.holm([p.ttest_p for p in family])):
@@ -636,6 +638,9 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
                       f"Holm-corrected; *significant* means p_holm < {stats.ALPHA}. \"k/n seeds better\" is a sign "
                       "test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the Wilcoxon p "
                       "cannot fall below 2/2ⁿ."]
+        if first.baseline_on_edge:
+            lines.append(f"⚠ edge: the baseline {base}'s selected grid point lies on its grid's edge: the "
+                         "differences are not against its optimum.")
         if any(p.on_edge for p in group):
             lines.append("⚠ edge: the method's selected grid point lies on its grid's edge (see the table above); "
                          "its difference is not against an optimum.")
