@@ -382,6 +382,12 @@ def test_every_table_has_a_weighting_column(tmp_path):
     assert "| fedavg-uniform | uniform |" in text and "| afl | loss |" in text
 
 
+def test_the_weighting_a_run_recorded_is_used(tmp_path):
+    make_run(tmp_path, "s", "fedavg", 0, [0.5, 0.6])  # no field: resolved from its config
+    make_run(tmp_path, "s", "x", 0, [0.5, 0.7], registered="not-here", summary={"weighting": "uniform"})
+    assert {r.method: r.weighting for r in report.load_runs(tmp_path)} == {"fedavg": "data-size", "x": "uniform"}
+
+
 def test_mixed_weightings_without_both_fedavgs_are_refused_in_one_line(tmp_path, capsys):
     out = _weighting_runs(tmp_path, uniform_fedavg=False)
     assert report.main([str(out)]) == 2

@@ -152,11 +152,14 @@ class Run:
 
     @property
     def weighting(self) -> str:
-        """How its method weights the clients (``strategies.registry.weighting_of`` of its
-        method and resolved config); ``unknown`` for a method this code does not register."""
+        """How its method weights the clients: ``weighting`` of its ``summary.json`` (recorded
+        by the run), else ``strategies.registry.weighting_of`` of its method and resolved
+        config (runs written before the field); ``unknown`` for a method not registered here."""
         from fedcore.config import ConfigError
         from strategies.registry import weighting_of
 
+        if self.summary.get("weighting"):
+            return str(self.summary["weighting"])
         try:
             return weighting_of(str(self.summary.get("method", "?")), self.summary.get("config", {}))
         except (ConfigError, ValueError, TypeError):
