@@ -18,6 +18,27 @@ A sweep file (TOML)::
     [methods.by-setting."alpha0.1"] # optional: keys (or grids) for one setting only
     fedpcd-tau = 0.05
 
+Tuning (optional; :mod:`fedpcd_app.analysis.tuning`)::
+
+    [tuning]
+    budget = 8                  # configurations per method entry and seed, equal for all
+    extend-edges = true         # extend a grid whose selected value is on its edge
+    max-extensions = 4          # extension passes at most
+    fedavg-both-weightings = true  # add FedAvg under a missing weighting (default true)
+    [tuning.grids.fedpcd]       # optional: an entry's own grid over its declared space
+    fedpcd-tau = [0.01, 0.02]
+
+With ``[tuning]`` every method entry is tuned over its method's declared space
+(``tuning.SPACES``, the papers' grids) plus ``lr`` (keys the entry sets to a scalar are fixed;
+lists in the entry or in ``[tuning.grids.<entry>]`` replace a declared grid; a tuned key set
+in ``[base]`` or a setting is overridden by the grid); the lr grid is extended geometrically
+until the entry has exactly ``budget`` configurations (an entry with more is refused). After
+the pass, a selected (validation) value on the edge of its grid is extended one geometric
+step per pass, up to its declared bound, and the new points run in the same output folder
+(rerunning the command recomputes them and skips finished runs). When the entries' methods
+weight clients differently, entries ``fedavg-data-size`` / ``fedavg-uniform`` are added for
+a FedAvg weighting no entry runs (the baselines the report requires).
+
 Precedence (later wins): pyproject defaults < ``[base]`` < setting < method (its
 ``by-setting`` table over its other keys) < grid point <
 ``seed`` and ``output-dir``. Paired seeds come from the run config: ``seed`` alone fixes the
@@ -110,6 +131,7 @@ class Sweep:
     seeds: list[int]
     runs: list[RunSpec]
     source: dict[str, Any]
+    tuning: Any = None  # fedpcd_app.analysis.tuning.Tuning of a [tuning] table, else None
 
 
 def _scalars(table: Mapping[str, Any], where: str, allow_lists: bool) -> dict[str, Any]:
@@ -147,7 +169,7 @@ def _named(entries: Any, what: str) -> list[tuple[str, dict[str, Any]]]:
 
 def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     """Expand a parsed sweep file into its runs (no validation of run-config keys yet)."""
-    known = {"name", "seeds", "base", "settings", "methods"}
+    known = {"name", "seeds", "base", "settings", "methods", "tuning"}
     unknown = sorted(set(source) - known)
     if unknown:
         raise SweepError(f"unknown top-level key(s) {', '.join(unknown)}: a sweep has {', '.join(sorted(known))}")
@@ -164,6 +186,15 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     if "methods" not in source:
         raise SweepError("the sweep has no [[methods]] entry; add at least one (name, method, ...)")
     methods = _named(source["methods"], "methods")
+    tuning = None
+    if "tuning" in source:
+        from fedpcd_app.analysis import tuning as tuning_mod
+
+        try:
+            tuning = tuning_mod.parse_tuning(source["tuning"], [n for n, _ in methods])
+        except tuning_mod.TuningError as exc:
+            raise SweepError(str(exc)) from None
+        methods += tuning_mod.fedavg_baselines(methods, base, tuning)
     for key in ("seed", "output-dir"):
         if key in base or any(key in e for _, e in settings + methods):
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"
@@ -179,6 +210,12 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
                                  f"({', '.join(n for n, _ in settings)})")
             mkeys.update(per_setting.get(setting, {}))
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
+            if tuning is not None:  # the declared search space, filled to the budget
+                method = str(mkeys.get("method", skeys.get("method", base.get("method", "fedavg"))))
+                try:
+                    mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
+                except tuning_mod.TuningError as exc:
+                    raise SweepError(str(exc)) from None
             grid_keys = [k for k, v in mkeys.items() if isinstance(v, list)]
             fixed = {k: v for k, v in mkeys.items() if not isinstance(v, list)}
             for point in itertools.product(*(mkeys[k] for k in grid_keys)):
@@ -186,7 +223,7 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
                 for seed in seeds:
                     overrides = {**base, **skeys, **fixed, **dict(grid), "seed": seed}
                     runs.append(RunSpec(setting, label, grid, seed, overrides))
-    return Sweep(name, list(seeds), runs, dict(source))
+    return Sweep(name, list(seeds), runs, dict(source), tuning)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -349,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     failures = run_sweep(sweep, out, jobs=args.jobs, engine={"engine": args.engine, "workers": args.workers,
                                                              "num_cpus": args.num_cpus, "num_gpus": args.num_gpus})
+    if not failures:  # [tuning] extend-edges: grid points beyond a selection on an edge, same sweep
+        from fedpcd_app.analysis.tuning import extend_edges
+
+        failures = extend_edges(sweep, out, lambda: run_sweep(
+            sweep, out, jobs=args.jobs, engine={"engine": args.engine, "workers": args.workers,
+                                                "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}))
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)
