@@ -115,7 +115,10 @@ def check_value(key: str, value: Any, kind: type, *, low: float | None = None, h
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond any float (10**400)
+            value = math.inf if value > 0 else -math.inf
         if not math.isfinite(value):
             raise ConfigError(f"run-config key '{key}' = {value!r} is not a finite number: give a number"
                               + (f" {allowed_range(low, high, low_open, high_open)}" if low is not None

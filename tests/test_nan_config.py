@@ -92,6 +92,12 @@ def test_keyword_construction_refuses_nan():
         FedPCD(tau=math.nan)
 
 
+def test_help_says_a_float_hyperparameter_must_be_finite():
+    from strategies import FedPCD
+
+    assert "[fedpcd-tau, finite, >= 0.0]" in FedPCD.__doc__
+
+
 def test_typed_getters_refuse_nan_for_undeclared_keys_too():
     cfg = load_config({})
     with pytest.raises(ConfigError, match="'some-factor' = nan is not a finite number"):
@@ -99,6 +105,8 @@ def test_typed_getters_refuse_nan_for_undeclared_keys_too():
     with pytest.raises(ConfigError, match="'some-factor' = inf"):
         cfg.get_float("some-factor", math.inf)
     assert cfg.get_float("some-factor", 2.5, low=0.0) == 2.5
+    with pytest.raises(ConfigError, match="'some-factor' = inf"):  # an int too large for a float
+        cfg.get_float("some-factor", 10**400)
 
 
 @pytest.mark.parametrize("typo, suggestion", [("fedpcd-taux", "fedpcd-tau"), ("num-server-round", "num-server-rounds"),
