@@ -36,6 +36,7 @@ from fedpcd_app.server import checkpoint, divergence, node_data, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.server.exchange import resolve_round_timeout, send_and_receive
+from fedpcd_app.server.gpus import visible_gpus
 from fedpcd_app.server.membership import (
     Membership,
     PartitionRouter,
@@ -388,6 +389,7 @@ class Experiment:
             **self.hostile_summary(final),
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
+            "gpus": visible_gpus(),  # physical ids of the GPUs this run's process could use ([] on the CPU)
         }
         self.writer.summary(summary)
         self.writer.close()
