@@ -13,7 +13,8 @@ During a run, the process's stdout and stderr (file descriptors 1 and 2, so its 
 output too) go to the run's ``run.log``; a failed run's traceback is written there.
 
 Between runs the process is put back as a fresh one would be (:func:`reset_state`): torch's
-thread count and default generator, logger levels, the memory a run left (``gc``, CUDA's cache).
+thread count and default generator, the loggers (levels, handlers), the memory a run left
+(``gc``, CUDA's cache).
 What stays is what cannot change a result: imported modules, the data of the last data setting
 (:func:`client_app.data.load_federated_data` caches it by its data keys), parsed configs and
 models overwritten from every message. ``tests/test_sweep_reuse.py`` checks that a run done
@@ -35,7 +36,6 @@ from typing import Any
 
 LOG_FILE = "run.log"
 ROOT = Path(__file__).resolve().parents[2]  # the project: a run process imports this copy of the app
-LOGGERS = ("", "flwr", "fedpcd")
 
 
 class RunFailed(RuntimeError):
@@ -47,8 +47,14 @@ def initial_state() -> dict[str, Any]:
     """What :func:`reset_state` puts back, read when the process starts."""
     import torch
 
-    return {"threads": torch.get_num_threads(), "seed": torch.initial_seed(),
-            "levels": {name: logging.getLogger(name).level for name in LOGGERS}}
+    return {"threads": torch.get_num_threads(), "seed": torch.initial_seed(), "loggers": _loggers()}
+
+
+def _loggers() -> dict[str, tuple]:
+    """Every logger's (level, handlers, filters, propagate, disabled), the root's under ``""``."""
+    found = {"": logging.getLogger()}
+    found.update({n: lg for n, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)})
+    return {n: (lg.level, list(lg.handlers), list(lg.filters), lg.propagate, lg.disabled) for n, lg in found.items()}
 
 
 def reset_state(initial: Mapping[str, Any]) -> None:
@@ -59,8 +65,13 @@ def reset_state(initial: Mapping[str, Any]) -> None:
 
     torch.set_num_threads(initial["threads"])
     torch.manual_seed(initial["seed"])  # the default generator(s) as a fresh process has them
-    for name, level in initial["levels"].items():
-        logging.getLogger(name).setLevel(level)
+    for name in _loggers():  # as they were when the process started (a logger made since: as made)
+        level, handlers, filters, propagate, disabled = initial["loggers"].get(
+            name, (logging.NOTSET, [], [], True, False))
+        lg = logging.getLogger(name)
+        lg.setLevel(level)
+        lg.handlers[:], lg.filters[:] = handlers, filters
+        lg.propagate, lg.disabled = propagate, disabled
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()

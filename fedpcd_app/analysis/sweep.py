@@ -463,11 +463,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         gpus_per_run = placement.parse_gpus_per_run(args.gpus_per_run)
+        table = placement.slots(placement.visible_gpus(), args.jobs, gpus_per_run)
         sweep = load_sweep(args.sweep, sets=args.sets, seeds=args.seeds, only=args.only)
         validate(sweep)
         out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
         check_finished(sweep, out)
-        table = placement.slots(placement.visible_gpus(), args.jobs, gpus_per_run)
     except (SweepError, placement.PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

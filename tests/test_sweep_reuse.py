@@ -1,0 +1,89 @@
+"""A sweep's run processes are reused from run to run: a run done after others in one process
+gives the numbers and model bytes of the same run in a fresh process; a failed run or a dead
+process costs that run only."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from fedpcd_app.analysis import runner
+from fedpcd_app.analysis.runner import RunFailed, RunProcess
+
+BASE = {"dataset": "digits", "model": "mlp", "num-clients": 4, "num-server-rounds": 2, "eval-every": 1}
+TARGET = {**BASE, "method": "fedavg", "seed": 0}
+ENGINE = {"workers": 0}  # the ClientApps in the run's process: everything the run does is in it
+TIMINGS = ("_seconds",)
+
+
+def _folder(tmp_path, name):
+    folder = tmp_path / name
+    folder.mkdir()
+    return folder
+
+
+def _numbers(folder):
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.pop("output_dir")
+    summary["config"].pop("output-dir")
+    rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+
+    def untimed(obj):
+        if isinstance(obj, dict):
+            return {k: untimed(v) for k, v in obj.items() if not k.endswith(TIMINGS)}
+        return [untimed(v) for v in obj] if isinstance(obj, list) else obj
+
+    return summary, untimed(rounds), (folder / "clients.csv").read_bytes(), (folder / "final_model.pt").read_bytes()
+
+
+def _kill_when_started(proc: RunProcess, folder) -> threading.Thread:
+    """Kill the run's process (by its PID) once its run has begun (its run.log exists)."""
+    def watch():
+        deadline = time.monotonic() + 300
+        while not (folder / runner.LOG_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.slow
+def test_a_run_in_a_reused_process_equals_it_in_a_fresh_process(tmp_path):
+    reused = RunProcess(os.environ)
+    try:
+        # a run whose process is killed: a failed run naming the cause; the next run gets a new process
+        killed = _folder(tmp_path, "killed")
+        reused._start()
+        watcher = _kill_when_started(reused, killed)
+        with pytest.raises(RunFailed, match=r"the run's process died \(killed by signal 9\)"):
+            reused.run(TARGET, killed, ENGINE)
+        watcher.join()
+        # a run that fails: one line, the process serves the next run
+        bad = _folder(tmp_path, "bad")
+        with pytest.raises(RunFailed, match="num-clients") as info:
+            reused.run({**TARGET, "num-clients": 0}, bad, ENGINE)
+        assert "\n" not in str(info.value) and "Traceback" in (bad / runner.LOG_FILE).read_text()
+        # another method on the same data (the data cache is reused), then the run under test
+        reused.run({**BASE, "method": "fedprox", "fedprox-mu": 0.1, "lr": 0.05, "local-epochs": 2, "seed": 0},
+                   _folder(tmp_path, "other"), ENGINE)
+        after = _folder(tmp_path, "after")
+        assert reused.run(TARGET, after, ENGINE) == str(after)
+        assert reused.started == 2  # the killed process, then one for the three runs
+    finally:
+        reused.close()
+    fresh = _folder(tmp_path, "fresh")
+    RunProcess(os.environ, reuse=False).run(TARGET, fresh, ENGINE)
+    got, want = _numbers(after), _numbers(fresh)
+    assert got[0] == want[0]  # summary.json
+    assert got[1] == want[1]  # rounds.jsonl, timings aside
+    assert got[2] == want[2]  # clients.csv
+    assert got[3] == want[3]  # final_model.pt, byte for byte
+    assert got[0]["gpus"] == [] and got[0]["rounds"] == 2
+    # the run's log is its own, complete (the loggers were put back, not left silenced)
+    log = (after / runner.LOG_FILE).read_text()
+    assert "round    2/2" in log and "done: mean acc" in log and "fedprox" not in log
