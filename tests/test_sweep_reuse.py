@@ -87,3 +87,53 @@ def test_a_run_in_a_reused_process_equals_it_in_a_fresh_process(tmp_path):
     # the run's log is its own, complete (the loggers were put back, not left silenced)
     log = (after / runner.LOG_FILE).read_text()
     assert "round    2/2" in log and "done: mean acc" in log and "fedprox" not in log
+
+
+@pytest.mark.slow
+def test_sweep_overhead_benchmark_smoke():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "benchmarks/sweep_overhead.py", "--smoke", "--json"], cwd=root,
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["runs"] == 2 and len(result["own_s"]) == 2 and all(t > 0 for t in result["own_s"])
+    row = result["modes"]["reused"]
+    assert row["wall_s"] > 0 and row["ratio"] == pytest.approx(row["wall_s"] / sum(result["own_s"]))
+
+
+def test_reset_state_puts_back_what_a_run_may_change():
+    import logging
+
+    import torch
+
+    threads = torch.get_num_threads()
+    lg = logging.getLogger("fedpcd")
+    before = (lg.level, list(lg.handlers), list(lg.filters), lg.propagate)
+    initial = runner.initial_state()
+    fresh_draw = (torch.manual_seed(initial["seed"]), torch.rand(3))[1]
+    try:
+        # what a run may leave behind: threads, the generator's state, a handler, a level, a new logger
+        torch.set_num_threads(1 if threads > 1 else 2)
+        torch.manual_seed(123)
+        torch.rand(5)
+        lg.addHandler(logging.NullHandler())
+        lg.addFilter(logging.Filter("x"))
+        lg.setLevel(logging.ERROR)
+        lg.propagate = not before[3]
+        new = logging.getLogger("h6-test-made-during-a-run")
+        new.addHandler(logging.NullHandler())
+        new.setLevel(logging.DEBUG)
+        runner.reset_state(initial)
+        assert torch.get_num_threads() == threads
+        assert torch.equal(torch.rand(3), fresh_draw)  # the default generator as a fresh process has it
+        assert (lg.level, lg.handlers, lg.filters, lg.propagate) == before
+        assert (new.level, new.handlers) == (logging.NOTSET, [])
+    finally:
+        torch.set_num_threads(threads)
+        lg.setLevel(before[0])
+        lg.handlers[:], lg.filters[:], lg.propagate = before[1], before[2], before[3]
