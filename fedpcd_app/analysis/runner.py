@@ -17,7 +17,8 @@ thread count and default generator, the loggers (levels, handlers), the memory a
 (``gc``, CUDA's cache).
 What stays is what cannot change a result: imported modules, the data of the last data setting
 (:func:`client_app.data.load_federated_data` caches it by its data keys), parsed configs and
-models overwritten from every message. ``tests/test_sweep_reuse.py`` checks that a run done
+models overwritten from every message. The local engine's forkserver (its workers' parent) ends
+with each run: it keeps the stdout/stderr it was started with, the run's log. ``tests/test_sweep_reuse.py`` checks that a run done
 after another in one process equals the same run in a fresh process, summary and model bytes.
 """
 
@@ -80,6 +81,7 @@ def reset_state(initial: Mapping[str, Any]) -> None:
 def run_one(overrides: Mapping[str, Any], folder: str, engine: Mapping[str, Any] | None = None) -> str:
     """One run, its output (and its engine's) to ``<folder>/run.log``; the report and figures are
     the sweep's (drawn once, over all its runs, at its end)."""
+    from fedpcd_app.runtime.engine import stop_forkserver
     from fedpcd_app.runtime.simulate import simulate
 
     with open(Path(folder) / LOG_FILE, "w") as log, _redirected(log):
@@ -88,6 +90,10 @@ def run_one(overrides: Mapping[str, Any], folder: str, engine: Mapping[str, Any]
         except BaseException:
             traceback.print_exc(file=log)
             raise
+        finally:
+            # The local engine's workers fork from a forkserver that keeps the stdout/stderr it was
+            # started with: this run's log. Stopped with the run, the next run's workers write to theirs.
+            stop_forkserver()
 
 
 @contextlib.contextmanager
@@ -142,12 +148,7 @@ def main() -> None:
     import fedpcd_app.runtime.simulate  # noqa: F401 - torch, flwr and the app: once, before the first run
     import fedpcd_app.server.server_app  # noqa: F401
 
-    try:
-        serve(sys.stdin, replies)
-    finally:
-        from fedpcd_app.runtime.engine import stop_forkserver
-
-        stop_forkserver()
+    serve(sys.stdin, replies)
     sys.stderr.flush()
     os._exit(0)  # skip torch's slow interpreter teardown: nothing is left to write
 

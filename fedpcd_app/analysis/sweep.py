@@ -325,6 +325,15 @@ def is_done(folder: Path) -> bool:
     return (folder / SUMMARY).is_file()
 
 
+def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any] | None = None) -> str:
+    """One run in this process (e.g. a task of its own), its output (and its engine's) to
+    ``run.log``; ``engine`` holds :func:`~fedpcd_app.runtime.simulate.simulate`'s engine arguments.
+    A sweep's own run processes call :func:`fedpcd_app.analysis.runner.run_one` the same way."""
+    from fedpcd_app.analysis.runner import run_one
+
+    return run_one(overrides, folder, engine)
+
+
 def default_workers(jobs: int) -> int:
     """Local-engine workers per run: the usable cores shared among the parallel runs; 0 (the
     ClientApps in the run's own process) when that leaves fewer than two per run."""
