@@ -18,8 +18,9 @@ thread count and default generator, the loggers (levels, handlers), the memory a
 What stays is what cannot change a result: imported modules, the data of the last data setting
 (:func:`client_app.data.load_federated_data` caches it by its data keys), parsed configs and
 models overwritten from every message. The local engine's forkserver (its workers' parent) ends
-with each run: it keeps the stdout/stderr it was started with, the run's log. ``tests/test_sweep_reuse.py`` checks that a run done
-after another in one process equals the same run in a fresh process, summary and model bytes.
+with each run: it keeps the stdout/stderr it was started with, the run's log.
+``tests/test_sweep_reuse.py`` checks that a run done after another in one process equals the
+same run in a fresh process, summary and model bytes.
 """
 
 from __future__ import annotations

@@ -490,9 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(table):
         print(f"{len(table)} run process(es) on GPUs " + " ".join(",".join(slot) for slot in table))
     t0 = time.time()
-    failures = run_sweep(sweep, out, jobs=len(table), gpus_per_run=gpus_per_run, reuse=not args.fresh_processes,
-                         engine={"engine": args.engine, "workers": args.workers,
-                                 "num_cpus": args.num_cpus, "num_gpus": args.num_gpus})
+    try:
+        failures = run_sweep(sweep, out, jobs=len(table), gpus_per_run=gpus_per_run, reuse=not args.fresh_processes,
+                             engine={"engine": args.engine, "workers": args.workers,
+                                     "num_cpus": args.num_cpus, "num_gpus": args.num_gpus})
+    except KeyboardInterrupt:  # the run processes are stopped; finished runs are kept
+        print(f"interrupted: rerun the command to finish the remaining runs -> {out}", file=sys.stderr, flush=True)
+        return 130
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)
