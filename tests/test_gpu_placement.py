@@ -161,3 +161,20 @@ def test_sweep_cli_refuses_more_jobs_than_the_gpus_hold(fake_gpus, capsys, tmp_p
     err = capsys.readouterr().err
     assert "at most 2 runs at once" in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_runs_sharing_their_data_go_out_together(fake_gpus, monkeypatch, tmp_path):
+    fake_gpus(0)
+    _RecordingProcess.made = []
+    monkeypatch.setattr(runner, "RunProcess", _RecordingProcess)
+    s = sweep.parse_sweep({"name": "o", "seeds": [0, 1],
+                           "settings": [{"name": "a", "dirichlet-alpha": 0.1}, {"name": "b", "dirichlet-alpha": 1.0}],
+                           "methods": [{"name": "fedavg", "method": "fedavg"},
+                                       {"name": "prox", "method": "fedprox", "lr": [0.1, 0.2]}]})
+    assert sweep.run_sweep(s, tmp_path, jobs=1, progress=False, engine={"workers": 0}) == []
+    (proc,) = _RecordingProcess.made
+    order = [tuple(str((tmp_path / f).relative_to(tmp_path)).split("/")) for f in proc.runs]
+    # one process: setting by setting, seed by seed (each seed's data is built once), methods in file order
+    assert [(o[0], o[3]) for o in order] == [("a", "seed0")] * 3 + [("a", "seed1")] * 3 + \
+        [("b", "seed0")] * 3 + [("b", "seed1")] * 3
+    assert [o[1:3] for o in order[:3]] == [("fedavg", "base"), ("prox", "lr=0.1"), ("prox", "lr=0.2")]
