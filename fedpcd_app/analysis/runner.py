@@ -6,9 +6,9 @@ environment (``CUDA_VISIBLE_DEVICES`` = its slot's GPUs, :mod:`fedpcd_app.runtim
 and hands each the next pending run as it finishes the last. A run that kills its process
 (a segfault, the OOM killer) is a failed run; the slot starts a new process for the next one.
 
-Protocol (``python -m fedpcd_app.analysis.runner``): one JSON request per line on stdin,
-``{"overrides": {...}, "folder": "...", "engine": {...}}``; one JSON reply per line on the
-stdout the process started with, ``{"ok": "<output folder>"}`` or ``{"error": "<one line>"}``.
+Protocol (``python -m fedpcd_app.analysis.runner``): one JSON request per line on the stdin the
+process started with, ``{"overrides": {...}, "folder": "...", "engine": {...}}``; one JSON reply
+per line on the stdout it started with, ``{"ok": "<output folder>"}`` or ``{"error": "<one line>"}``.
 During a run, the process's stdout and stderr (file descriptors 1 and 2, so its engine's
 output too) go to the run's ``run.log``; a failed run's traceback is written there.
 
@@ -145,11 +145,17 @@ def serve(requests, replies) -> None:
 
 
 def main() -> None:
-    replies = os.fdopen(os.dup(1), "w")  # the reply channel; fds 1 and 2 go to each run's log
+    # The request and reply channels on private descriptors (not inherited by what a run starts:
+    # its engine's processes must not read the requests); fd 0 is /dev/null, 1 and 2 each run's log.
+    requests, replies = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)  # this process's stdin until it ends
     import fedpcd_app.runtime.simulate  # noqa: F401 - torch, flwr and the app: once, before the first run
     import fedpcd_app.server.server_app  # noqa: F401
 
-    serve(sys.stdin, replies)
+    serve(requests, replies)
     sys.stderr.flush()
     os._exit(0)  # skip torch's slow interpreter teardown: nothing is left to write
 
@@ -201,12 +207,21 @@ class RunProcess:
             self.close()
         if not line:
             code = proc.wait()
+            self._drop(proc)
             why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
             raise RunFailed(f"the run's process died ({why}); see {Path(folder) / LOG_FILE}")
         reply = json.loads(line)
         if "error" in reply:
             raise RunFailed(reply["error"])
         return reply["ok"]
+
+    def _drop(self, proc: subprocess.Popen) -> None:
+        """Forget a process that has ended (its pipes closed)."""
+        for pipe in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+        if self.proc is proc:
+            self.proc = None
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the process: close its input (it exits), then SIGTERM, then SIGKILL, by its PID."""

@@ -43,6 +43,7 @@ command line (:func:`cut_down`). The format, flags and placement: docs/sweeps.md
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import itertools
 import json
@@ -257,7 +258,7 @@ def cut_down(source: Mapping[str, Any], *, sets: list[str] = (), seeds: str | No
     name), ``setting=NAME`` (a [[settings]] entry) or ``key=value`` (the [[methods]] entries
     whose key, or the base's, has that value: ``method=fedavg``). Several ``--only`` of one kind
     keep what any of them matches; of different kinds, what all kinds match."""
-    source = json.loads(json.dumps(dict(source)))  # a deep copy (TOML content is JSON-able)
+    source = copy.deepcopy(dict(source))
     if sets:
         base = source.setdefault("base", {})
         if not isinstance(base, dict):
