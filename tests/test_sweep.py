@@ -169,3 +169,66 @@ def test_finished_run_with_other_overrides_is_not_reused(tmp_path):
         sweep.check_finished(s, tmp_path)
     (folder / "run.json").write_text(json.dumps(run.labels()))
     sweep.check_finished(s, tmp_path)  # same overrides: reused
+
+
+def _source():
+    return {"name": "t", "seeds": [0, 1, 2], "base": {"num-clients": 6, "lr": 0.1},
+            "settings": [{"name": "a0.1", "dirichlet-alpha": 0.1}, {"name": "a1", "dirichlet-alpha": 1.0}],
+            "methods": [{"name": "fedavg", "method": "fedavg"},
+                        {"name": "prox", "method": "fedprox", "lr": [0.05, 0.2],
+                         "by-setting": {"a1": {"lr": 0.3}}},
+                        {"name": "pcd", "method": "fedpcd", "fedpcd-tau": [0.01, 0.02]}]}
+
+
+def test_set_holds_for_every_run_over_base_and_entries():
+    cut = sweep.cut_down(_source(), sets=["lr=0.5", "num-server-rounds=3", "dataset=digits", "tensorboard=true"])
+    s = sweep.parse_sweep(cut)
+    assert {r.overrides["lr"] for r in s.runs} == {0.5}  # over [base], the grid and the by-setting table
+    assert {r.overrides["num-server-rounds"] for r in s.runs} == {3}
+    assert {r.overrides["dataset"] for r in s.runs} == {"digits"} and all(r.overrides["tensorboard"] is True
+                                                                           for r in s.runs)
+    assert _source()["methods"][1]["lr"] == [0.05, 0.2]  # the file's content is not changed
+    for bad, message in [("seed=3", "use --seeds"), ("output-dir=x", "use --out"), ("lr", "give key=value"),
+                         ("lr=[0.1, 0.2]", "one scalar")]:
+        with pytest.raises(sweep.SweepError, match=message):
+            sweep.cut_down(_source(), sets=[bad])
+
+
+def test_seeds_and_only_cut_the_runs_down():
+    s = sweep.parse_sweep(sweep.cut_down(_source(), seeds="1"))
+    assert {r.seed for r in s.runs} == {1} and len(s.runs) == (1 + 2 + 2) + (1 + 1 + 2)  # a1: prox lr=0.3 alone
+    s = sweep.parse_sweep(sweep.cut_down(_source(), only=["method=fedavg"]))
+    assert {r.method for r in s.runs} == {"fedavg"} and len(s.runs) == 2 * 3
+    s = sweep.parse_sweep(sweep.cut_down(_source(), only=["pcd", "prox"], seeds="0,2"))
+    assert {r.method for r in s.runs} == {"pcd", "prox"} and {r.seed for r in s.runs} == {0, 2}
+    s = sweep.parse_sweep(sweep.cut_down(_source(), only=["setting=a1", "method=fedprox"]))
+    assert {(r.setting, r.method, r.overrides["lr"]) for r in s.runs} == {("a1", "prox", 0.3)}
+    s = sweep.parse_sweep(sweep.cut_down(_source(), only=["setting=a0.1"]))  # by-setting of a1 dropped with it
+    assert {r.setting for r in s.runs} == {"a0.1"} and {r.variant for r in s.runs if r.method == "prox"} == {
+        "lr=0.05", "lr=0.2"}
+    s = sweep.parse_sweep(sweep.cut_down(_source(), only=["lr=0.1"]))  # the base's value counts
+    assert {r.method for r in s.runs} == {"fedavg", "pcd"}
+    for only, message in [(["nosuch"], "no \\[\\[methods\\]\\] entry matches \\(entries: fedavg, prox, pcd\\)"),
+                          (["setting=nosuch"], "no such \\[\\[settings\\]\\] entry")]:
+        with pytest.raises(sweep.SweepError, match=message):
+            sweep.cut_down(_source(), only=only)
+    for seeds in ("0,x", "1,1", "-1"):
+        with pytest.raises(sweep.SweepError, match="--seeds"):
+            sweep.cut_down(_source(), seeds=seeds)
+
+
+def test_dry_run_prints_one_line_per_run_and_runs_nothing(tmp_path, capsys):
+    out = tmp_path / "o"
+    preset = ROOT / "run_configs" / "sweeps" / "fedpcd_ablation_digits.toml"
+    code = sweep.main([str(preset), "--out", str(out), "--dry-run", "--seeds", "0,1", "--only", "method=fedavg",
+                       "--set", "num-server-rounds=3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and not out.exists()
+    runs = [line.split(None, 2) for line in lines[1:]]
+    assert lines[0].startswith("fedpcd-ablation-digits: 2 runs (0 already done)") and len(runs) == 2
+    assert [folder for _, folder, _ in runs] == ["default/fedavg/base/seed0", "default/fedavg/base/seed1"]
+    overrides = [json.loads(o) for _, _, o in runs]
+    assert [o["seed"] for o in overrides] == [0, 1]
+    assert all(o["method"] == "fedavg" and o["num-server-rounds"] == 3 for o in overrides)
+    assert sweep.main([str(preset), "--dry-run", "--only", "nosuch"]) == 2
+    assert "no [[methods]] entry matches" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Paired-seed sweeps: settings × method variants × hyperparameter grid × seeds.
 
     python -m fedpcd_app.sweep run_configs/sweeps/<x>.toml [--jobs N] [--out DIR] [--dry-run]
+        [--set KEY=VALUE ...] [--seeds 0,1] [--only NAME|KEY=VALUE ...] [--gpus-per-run G]
 
 A sweep file (TOML)::
 
@@ -52,24 +53,28 @@ an interrupted sweep is restarted by rerunning the command: a run interrupted by
 (its summary says so) continues from its checkpoint (``resume-from``), any other pending run
 starts again from round 1 with ``overwrite = true``, replacing what an earlier attempt left.
 Every run's config is validated (method registered, keys known, values in range) before the first run starts.
-Runs execute through :func:`fedpcd_app.runtime.simulate.simulate`, each in a fresh process
-(``--jobs`` processes in parallel), on the local engine (default; ``--workers`` worker
-processes per run, default the usable cores shared among the jobs) or with ``--engine ray``
-on Flower's Ray engine (``flwr run`` against a private local SuperLink per run).
+Runs execute through :func:`fedpcd_app.runtime.simulate.simulate` in ``--jobs`` run processes
+(:mod:`fedpcd_app.analysis.runner`), each reused from run to run (the imports and data once per
+process, its state put back between runs; ``--fresh-processes``: one per run), each on its own
+GPUs (``CUDA_VISIBLE_DEVICES``, ``--gpus-per-run``: :mod:`fedpcd_app.runtime.placement`), on the
+local engine (default; ``--workers`` worker processes per run, default the usable cores shared
+among the jobs) or with ``--engine ray`` on Flower's Ray engine (``flwr run`` against a private
+local SuperLink per run). ``--set key=value``, ``--seeds`` and ``--only`` cut a file down on the
+command line (:func:`cut_down`). The format, flags and placement: docs/sweeps.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
+import copy
 import dataclasses
 import itertools
 import json
-import multiprocessing
-import os
+import queue
 import re
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Mapping
@@ -77,13 +82,14 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.config import ConfigError, Scalar, resolve
+from fedpcd_app.analysis.runner import was_interrupted
 from fedpcd_app.runtime.simulate import add_engine_arguments
 from fedpcd_app.server.config import check
 from fedpcd_app.server.results import SUMMARY, write_json_atomic
 
 RUN_FILE = "run.json"
 MANIFEST = "sweep.json"
-LOG_FILE = "run.log"
+LOG_FILE = "run.log"  # fedpcd_app.analysis.runner.LOG_FILE
 DEFAULT_SETTING = "default"
 NO_GRID = "base"
 
@@ -226,7 +232,8 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     return Sweep(name, list(seeds), runs, dict(source), tuning)
 
 
-def load_sweep(path: str | Path) -> Sweep:
+def load_sweep(path: str | Path, **cut: Any) -> Sweep:
+    """A sweep file's runs; ``cut``: :func:`cut_down`'s command-line cuts (``sets``, ``seeds``, ``only``)."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -235,7 +242,106 @@ def load_sweep(path: str | Path) -> Sweep:
         raise SweepError(f"no sweep file {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SweepError(f"{path} is not valid TOML: {exc}") from None
-    return parse_sweep(source)
+    return parse_sweep(cut_down(source, **cut) if cut else source)
+
+
+# -- cutting a sweep down on the command line --------------------------------------------------
+def parse_set(text: str) -> tuple[str, Scalar]:
+    """``--set key=value``: the value read as TOML (``3``, ``0.1``, ``true``, ``"x"``), else as
+    a plain string (``--set dataset=digits``)."""
+    key, eq, value = text.partition("=")
+    key, value = key.strip(), value.strip()
+    if not eq or not key or not value:
+        raise SweepError(f"--set {text!r}: give key=value, e.g. --set num-server-rounds=3")
+    if key == "seed":
+        raise SweepError("--set seed: the sweep sets each run's seed; use --seeds 0,1")
+    if key == "output-dir":
+        raise SweepError("--set output-dir: the sweep sets each run's folder; use --out")
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    if isinstance(parsed, (list, dict)):
+        raise SweepError(f"--set {text!r}: a --set value is one scalar; grids go in the file's [[methods]] entries")
+    return key, parsed
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2``."""
+    try:
+        seeds = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise SweepError(f"--seeds {text!r}: give integers separated by commas, e.g. --seeds 0,1") from None
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise SweepError(f"--seeds {text!r}: give distinct integers >= 0")
+    return seeds
+
+
+def _set_everywhere(entry: dict[str, Any], key: str, value: Scalar) -> None:
+    if key in entry:
+        entry[key] = value
+    for table in (entry.get("by-setting") or {}).values():
+        if isinstance(table, dict) and key in table:
+            table[key] = value
+
+
+def _matches(entry: Mapping[str, Any], base: Mapping[str, Any], key: str, value: str) -> bool:
+    have = entry.get(key, base.get(key, resolve().get(key)))
+    return str(have).lower() == value.lower() if isinstance(have, bool) else str(have) == value
+
+
+def cut_down(source: Mapping[str, Any], *, sets: list[str] = (), seeds: str | None = None,
+             only: list[str] = ()) -> dict[str, Any]:
+    """A sweep file's content with the command line's cuts: ``--set key=value`` over ``[base]``
+    (and over the same key in any setting or method entry, so the value holds for every run),
+    ``--seeds`` for ``seeds``, ``--only`` keeping some entries: ``NAME`` (a [[methods]] entry's
+    name), ``setting=NAME`` (a [[settings]] entry) or ``key=value`` (the [[methods]] entries
+    whose key, or the base's, has that value: ``method=fedavg``). Several ``--only`` of one kind
+    keep what any of them matches; of different kinds, what all kinds match."""
+    source = copy.deepcopy(dict(source))
+    if sets:
+        base = source.setdefault("base", {})
+        if not isinstance(base, dict):
+            raise SweepError("[base] must be a table")
+        for text in sets:
+            key, value = parse_set(text)
+            base[key] = value
+            for what in ("settings", "methods"):
+                for entry in source.get(what) or []:
+                    if isinstance(entry, dict):
+                        _set_everywhere(entry, key, value)
+    if seeds is not None:
+        source["seeds"] = parse_seeds(seeds)
+    names, settings, keyed = [], [], []
+    for text in only:
+        key, eq, value = text.partition("=")
+        if not eq:
+            names.append(text.strip())
+        elif key.strip() == "setting":
+            settings.append(value.strip())
+        else:
+            keyed.append((key.strip(), value.strip()))
+    methods = [m for m in source.get("methods") or [] if isinstance(m, dict)]
+    base = source.get("base") or {}
+    if names or keyed:
+        kept = [m for m in methods if (not names or m.get("name") in names)
+                and (not keyed or any(_matches(m, base, k, v) for k, v in keyed))]
+        if not kept:
+            labels = ", ".join(str(m.get("name")) for m in methods)
+            raise SweepError(f"--only {' '.join(only)}: no [[methods]] entry matches (entries: {labels})")
+        source["methods"] = kept
+    if settings:
+        known = [e.get("name") for e in source.get("settings") or [{"name": DEFAULT_SETTING}]]
+        missing = [n for n in settings if n not in known]
+        if missing:
+            raise SweepError(f"--only setting={missing[0]}: no such [[settings]] entry (entries: "
+                             f"{', '.join(map(str, known))})")
+        if "settings" in source:
+            source["settings"] = [e for e in source["settings"] if e.get("name") in settings]
+        for m in source.get("methods") or []:  # by-setting tables name only the settings kept
+            if isinstance(m, dict) and isinstance(m.get("by-setting"), dict):
+                m["by-setting"] = {k: v for k, v in m["by-setting"].items() if k in settings}
+    return source
 
 
 def validate(sweep: Sweep) -> None:
@@ -261,36 +367,13 @@ def is_done(folder: Path) -> bool:
     return (folder / SUMMARY).is_file() and not was_interrupted(folder)
 
 
-def was_interrupted(folder: Path) -> bool:
-    """The run in ``folder`` was stopped by SIGINT/SIGTERM (its summary says so)."""
-    try:
-        reason = json.loads((folder / SUMMARY).read_text()).get("incomplete_reason") or ""
-    except (OSError, ValueError, AttributeError):
-        return False
-    return str(reason).startswith("interrupted at round")
-
-
 def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any] | None = None) -> str:
-    """Process body: one run, its output (and its engine's) to ``run.log``; ``engine`` holds
-    :func:`~fedpcd_app.runtime.simulate.simulate`'s engine arguments."""
-    log = open(Path(folder) / LOG_FILE, "w")
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    from fedpcd_app.runtime.engine import stop_forkserver
-    from fedpcd_app.runtime.simulate import simulate
+    """One run in this process (e.g. a task of its own), its output (and its engine's) to
+    ``run.log``; ``engine`` holds :func:`~fedpcd_app.runtime.simulate.simulate`'s engine arguments.
+    A sweep's own run processes call :func:`fedpcd_app.analysis.runner.run_one` the same way."""
+    from fedpcd_app.analysis.runner import run_one
 
-    try:
-        from fedpcd_app.server.checkpoint import rounds_in
-
-        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end.
-        # A pending run's folder may hold what an earlier attempt left: an interrupted run with a
-        # checkpoint is continued from it, anything else replaced (overwrite; a finished run is never rerun).
-        again = ({"resume-from": folder} if was_interrupted(Path(folder)) and rounds_in(folder)
-                 else {"overwrite": True})
-        return str(simulate({**overrides, "output-dir": folder, "figures": "none", **again}, **(engine or {})))
-    finally:
-        stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
+    return run_one(overrides, folder, engine)
 
 
 def default_workers(jobs: int) -> int:
@@ -314,13 +397,23 @@ def check_finished(sweep: Sweep, out: Path) -> None:
                                  "delete that folder or use another --out")
 
 
-def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True,
-              engine: Mapping[str, Any] | None = None) -> list[tuple[RunSpec, str]]:
+def run_sweep(sweep: Sweep, out: Path, jobs: int | None = 1, progress: bool = True,
+              engine: Mapping[str, Any] | None = None, *, gpus_per_run: float | None = None,
+              reuse: bool = True) -> list[tuple[RunSpec, str]]:
     """Run every pending run; returns the failures ``(run, reason)`` (finished runs are kept).
     ``engine``: :func:`~fedpcd_app.runtime.simulate.simulate`'s engine arguments (``engine``,
-    ``workers``: default :func:`default_workers`, ``num_cpus``, ``num_gpus``)."""
+    ``workers``: default :func:`default_workers`, ``num_cpus``, ``num_gpus``).
+
+    ``jobs`` run processes (:class:`~fedpcd_app.analysis.runner.RunProcess`; None: 1, or as many
+    as the GPUs hold at ``gpus_per_run``) take the pending runs one after another, each on the
+    GPUs of its slot (:func:`~fedpcd_app.runtime.placement.slots`); ``reuse=False``: a fresh
+    process per run."""
     from tqdm import tqdm
 
+    from fedpcd_app.analysis.runner import RunFailed, RunProcess
+    from fedpcd_app.runtime import placement
+
+    table = placement.slots(placement.visible_gpus(), jobs, gpus_per_run)
     check_finished(sweep, out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / MANIFEST, {"name": sweep.name, "seeds": sweep.seeds, "source": sweep.source,
@@ -333,47 +426,104 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int = 1, progress: bool = True,
     failures: list[tuple[RunSpec, str]] = []
     bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(pending), unit="run",
                desc=sweep.name, disable=not progress, dynamic_ncols=True)
-    ctx = multiprocessing.get_context("spawn")  # a clean interpreter per run: engine and torch state do not leak
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
-        engine = {**(engine or {})}
-        if engine.get("workers") is None:
-            engine["workers"] = default_workers(jobs)
-        futures = {pool.submit(_run_one, r.overrides, str(r.folder(out)), engine): r for r in pending}
-        for fut in cf.as_completed(futures):
-            run = futures[fut]
-            try:
-                fut.result()
-            except Exception as exc:  # noqa: BLE001 - one failed run must not stop the sweep
-                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                failures.append((run, reason))
-                bar.write(f"FAILED {run.folder(out)}: {reason} (log: {run.folder(out) / LOG_FILE})")
+    engine = {**(engine or {})}
+    if engine.get("workers") is None:
+        engine["workers"] = default_workers(len(table))
+    procs = [RunProcess(placement.child_env(slot), slot, reuse=reuse) for slot in table[:max(1, len(pending))]]
+    # Runs of one setting and seed share their data (the run processes cache one data setting):
+    # handed out together, most runs find their data already loaded. The order changes no result.
+    order = {name: i for i, name in enumerate(dict.fromkeys(r.setting for r in sweep.runs))}
+    todo = sorted(pending, key=lambda r: (order[r.setting], r.seed))
+    lock, stop = threading.Lock(), threading.Event()
+    results: queue.Queue[tuple[RunSpec, str | None]] = queue.Queue()
+
+    def serve(proc: RunProcess) -> None:  # one thread per run process: hand it the next run
+        try:
+            while not stop.is_set():
+                with lock:
+                    if not todo:
+                        return
+                    run = todo.pop(0)
+                folder = run.folder(out)
+                write_json_atomic(folder / RUN_FILE, {**run.labels(), "gpus": list(proc.gpus)})
+                try:
+                    proc.run(run.overrides, folder, engine)
+                    results.put((run, None))
+                except RunFailed as exc:
+                    results.put((run, str(exc)))
+                except Exception as exc:  # noqa: BLE001 - one failed run must not stop the sweep
+                    results.put((run, f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        finally:
+            proc.close()
+
+    threads = [threading.Thread(target=serve, args=(p,), name=f"sweep-slot-{i}", daemon=True)
+               for i, p in enumerate(procs)]
+    try:
+        for t in threads:
+            t.start()
+        for _ in pending:
+            while True:
+                try:
+                    run, failed = results.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    continue
+            if failed is not None:
+                failures.append((run, failed))
+                bar.write(f"FAILED {run.folder(out)}: {failed} (log: {run.folder(out) / LOG_FILE})")
             bar.set_postfix_str(f"{run.method} {run.variant} seed{run.seed}", refresh=False)
             bar.update(1)
-    bar.close()
+    except BaseException:  # Ctrl-C: no new runs; the run processes are stopped by their PIDs
+        stop.set()
+        for p in procs:
+            p.kill()
+        raise
+    finally:
+        for t in threads:
+            t.join(60.0)
+        bar.close()
     return failures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep file (TOML), e.g. run_configs/sweeps/fedpcd_ablation_digits.toml")
-    parser.add_argument("--jobs", type=int, default=1, help="parallel runs (one process each; default 1)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="parallel runs (one process each, reused from run to run; default 1, or as many as "
+                             "the GPUs hold at --gpus-per-run)")
     parser.add_argument("--out", default="", help="output folder (default: outputs/sweeps/<name>)")
     parser.add_argument("--dry-run", action="store_true", help="validate and list the runs; run nothing")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                        help="run-config key over the file's [base] and its entries (repeatable), e.g. "
+                             "--set num-server-rounds=3")
+    parser.add_argument("--seeds", default=None, help="the seeds instead of the file's, e.g. --seeds 0,1")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME|KEY=VALUE",
+                        help="keep only some entries (repeatable): a [[methods]] name, setting=NAME, or "
+                             "key=value of the method entries (e.g. --only method=fedavg)")
+    parser.add_argument("--gpus-per-run", default=None, metavar="G",
+                        help="GPUs each run process gets: 1, 2, ... or a share 0.5 (two runs per GPU), 0.25, ... "
+                             "(default: the jobs spread evenly over the visible GPUs; see docs/sweeps.md)")
+    parser.add_argument("--fresh-processes", action="store_true",
+                        help="a new process for every run instead of reusing each job's process")
     add_engine_arguments(parser, workers_help="local engine: worker processes per run (default: the usable "
                                               "cores / --jobs, or 0 = in the run's process below 2)")
     args = parser.parse_args(argv)
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         print("error: --jobs must be >= 1", file=sys.stderr)
         return 2
     if args.workers is not None and args.workers < 0:
         print(f"error: --workers {args.workers}: give 0 (in each run's process) or more", file=sys.stderr)
         return 2
+    from fedpcd_app.runtime import placement
+
     try:
-        sweep = load_sweep(args.sweep)
+        gpus_per_run = placement.parse_gpus_per_run(args.gpus_per_run)
+        table = placement.slots(placement.visible_gpus(), args.jobs, gpus_per_run)
+        sweep = load_sweep(args.sweep, sets=args.sets, seeds=args.seeds, only=args.only)
         validate(sweep)
         out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
         check_finished(sweep, out)
-    except SweepError as exc:
+    except (SweepError, placement.PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     done = sum(is_done(r.folder(out)) for r in sweep.runs)
@@ -383,15 +533,24 @@ def main(argv: list[str] | None = None) -> int:
             state = "done" if is_done(r.folder(out)) else "todo"
             print(f"  [{state}] {r.folder(out).relative_to(out)}  {json.dumps(r.overrides, sort_keys=True)}")
         return 0
+    if any(table):
+        print(f"{len(table)} run process(es) on GPUs " + " ".join(",".join(slot) for slot in table))
     t0 = time.time()
-    failures = run_sweep(sweep, out, jobs=args.jobs, engine={"engine": args.engine, "workers": args.workers,
-                                                             "num_cpus": args.num_cpus, "num_gpus": args.num_gpus})
-    if not failures:  # [tuning] extend-edges: grid points beyond a selection on an edge, same sweep
-        from fedpcd_app.analysis.tuning import extend_edges
+    engine = {"engine": args.engine, "workers": args.workers, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}
 
-        failures = extend_edges(sweep, out, lambda: run_sweep(
-            sweep, out, jobs=args.jobs, engine={"engine": args.engine, "workers": args.workers,
-                                                "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}))
+    def run_pass() -> list:
+        return run_sweep(sweep, out, jobs=len(table), gpus_per_run=gpus_per_run, reuse=not args.fresh_processes,
+                         engine=engine)
+
+    try:
+        failures = run_pass()
+        if not failures:  # [tuning] extend-edges: grid points beyond a selection on an edge, same sweep
+            from fedpcd_app.analysis.tuning import extend_edges
+
+            failures = extend_edges(sweep, out, run_pass)
+    except KeyboardInterrupt:  # the run processes are stopped; finished runs are kept
+        print(f"interrupted: rerun the command to finish the remaining runs -> {out}", file=sys.stderr, flush=True)
+        return 130
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)

@@ -38,6 +38,7 @@ from typing import Any
 from client_app.data import DataError
 from fedcore.config import ConfigError
 from fedpcd_app.runtime.flwr_run import Interrupted, check_output_dir
+from fedpcd_app.runtime.placement import PlacementError, select
 from fedpcd_app.server.checkpoint import OutputError
 
 ENGINES = ("local", "ray")
@@ -231,12 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-config", default="", help="flwr-style overrides or a TOML file")
     add_engine_arguments(parser)
+    parser.add_argument("--gpus", default=None, metavar="IDS",
+                        help="the GPUs this run uses, as CUDA_VISIBLE_DEVICES takes them (e.g. 0,1); the server "
+                             "is on the first, local-engine worker i on GPU i mod their number (default: all visible)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     try:
+        if args.gpus is not None:
+            select(args.gpus)  # before anything initialises CUDA: this process and its children see only these
         out = simulate(args.run_config, engine=args.engine, workers=args.workers, num_cpus=args.num_cpus,
                        num_gpus=args.num_gpus, verbose=args.verbose)
-    except (ConfigError, DataError) as exc:
+    except (ConfigError, DataError, PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OutputError as exc:  # a full disk: one line, the last checkpoint intact

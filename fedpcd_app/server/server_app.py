@@ -37,6 +37,7 @@ from fedpcd_app.server import checkpoint, divergence, node_data, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.server.exchange import resolve_round_timeout, send_and_receive
+from fedpcd_app.server.gpus import visible_gpus
 from fedpcd_app.server.membership import (
     Membership,
     PartitionRouter,
@@ -471,6 +472,7 @@ class Experiment:
             "weighting": weighting_of(cfg.method, cfg.as_dict()),  # how the method weights clients (registry)
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
+            "gpus": visible_gpus(),  # physical ids of the GPUs this run's process could use ([] on the CPU)
         }
         self.writer.summary(summary)
         self.writer.close()
