@@ -53,7 +53,7 @@ MIN_REPLIES_FOR_RATIO = 3
 # accepted medians) and below 0.12 x the model's own norm.
 TRUST_WINDOW = 10
 LOWER_RATIO = 20.0  # an update shorter than 1/20 of the trusted scale is dropped (scale-down x0.01)
-MODEL_RATIO = 10.0  # an update longer than 10 x the model itself is dropped, in every round
+MODEL_RATIO = 100.0  # an update longer than 100 x the model itself is dropped, in every round
 NEAR_BOUND = 0.25  # an accepted update above 1/4 of the upper bound is "near the bound" (warned)
 NEAR_BOUND_WARN_ROUNDS = 3  # ... warned once it happened in this many rounds
 # Loss values a method weights by (loss-before, train-loss): finite, >= 0 and at most

@@ -206,8 +206,8 @@ def test_norm_bounds_report_and_their_reference():
     out, report = norm_bounds([1.0, 0.9, 200.0, 1.0 / (2 * LOWER_RATIO)], 100.0, trust, model_norm=50.0)
     assert sorted(out) == [2, 3] and "1/40 of the trusted scale" in out[3]
     assert report["reference"] == 1.0 and report["upper"] == 100.0 and report["lower"] == 1.0 / LOWER_RATIO
-    out, report = norm_bounds([1.0, 2.0, 3.0], 100.0, None, model_norm=0.1)  # no trust yet: the model's norm
-    assert sorted(out) == [1, 2] and report["upper"] == pytest.approx(MODEL_RATIO * 0.1)
+    out, report = norm_bounds([1.0, 2.0, 3.0], 100.0, None, model_norm=0.015)  # no trust yet: the model's norm
+    assert sorted(out) == [1, 2] and report["upper"] == pytest.approx(MODEL_RATIO * 0.015)
     assert norm_bounds([1.0, 1e6], 0.0, trust, 1.0)[0] == {}  # max-update-ratio = 0: every size rule off
 
 

@@ -165,7 +165,7 @@ def test_update_norm_rule_drops_only_updates_beyond_the_ratio_of_the_median():
     assert _norm_round([1.0, 2.0, 3.0, 240.0])[0] == [0, 1, 2, 3]  # 96 x: kept
     assert _norm_round([1.0, 2.0, 3.0, 300.0], ratio=0.0)[0] == [0, 1, 2, 3]  # off
     assert _norm_round([1.0, 1e3])[0] == [0, 1]  # two replies: no median to trust (documented) ...
-    assert _norm_round([1.0, 1e30])[0] == [0]  # ... but never above 10 x the model's own norm
+    assert _norm_round([1.0, 1e30])[0] == [0]  # ... but never above 100 x the model's own norm
     assert _norm_round([0.0, 0.0, 0.0, 5.0])[0] == [0, 1, 2, 3]  # median 0 (free riders): the rule rests
 
 
