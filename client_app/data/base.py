@@ -70,17 +70,6 @@ def check_file(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> None:
     os.close(open_bounded(path, limit))
 
 
-def read_bounded(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes (see :func:`open_bounded`); a file
-    that grows past ``limit`` while read is refused too."""
-    with os.fdopen(open_bounded(path, limit), "rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise DataError(f"dataset-path: {path} grew above max-file-bytes = {limit:,} while it was read: check the "
-                        "file, or raise max-file-bytes if it is right")
-    return data
-
-
 @dataclasses.dataclass
 class FederatedData:
     """All examples of a run as tensors, with index sets per client.
