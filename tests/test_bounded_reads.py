@@ -96,3 +96,9 @@ def test_parquet_above_max_file_bytes_is_refused(tmp_path):
 def test_max_file_bytes_is_checked(tmp_path, value):
     with pytest.raises((ConfigError, DataError), match="max-file-bytes"):
         load_federated_data(_cfg(good_folder(tmp_path / "leaf"), **{"max-file-bytes": value}))
+
+
+def test_the_leaf_readers_default_bound_is_the_apps():
+    from client_app.data import base, leaf
+
+    assert leaf.MAX_FILE_BYTES == base.DEFAULT_MAX_FILE_BYTES

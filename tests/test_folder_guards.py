@@ -234,3 +234,16 @@ def test_simulate_exits_2_with_one_line_for_a_used_folder(tmp_path, capsys):
     assert _snapshot(out) == before
     assert simulate.main(["--workers", "0", "--run-config",
                           f"{RUN} figures='none' overwrite=true output-dir='{out}'"]) == 0
+
+
+def test_a_sweep_continues_an_interrupted_run_and_counts_only_finished_ones_done(tmp_path):
+    """An interrupted run now leaves a summary.json: the sweep must not take it for a finished run."""
+    import json
+
+    from fedpcd_app.analysis.sweep import is_done, was_interrupted
+
+    (tmp_path / "summary.json").write_text(json.dumps({"complete": False, "incomplete_reason":
+                                                       "interrupted at round 3 (SIGINT); rounds 1-2 are saved"}))
+    assert was_interrupted(tmp_path) and not is_done(tmp_path)
+    (tmp_path / "summary.json").write_text(json.dumps({"complete": False, "incomplete_reason": "diverged at round 4"}))
+    assert is_done(tmp_path) and not was_interrupted(tmp_path)  # a diverged run is a result: not rerun

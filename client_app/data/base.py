@@ -26,8 +26,9 @@ class DataError(RuntimeError):
 
 
 # Bounded reads: only regular files are read as datasets (a FIFO would block the run, a device
-# such as /dev/zero fill the memory), each at most max-file-bytes (a key; the default fits the
-# largest supported dataset file: LEAF's and the hub datasets' files are well under 1 GiB).
+# such as /dev/zero fill the memory), each at most max-file-bytes (a key; its default, 4 GiB, is
+# chosen above any single file of the supported datasets, which are parquet splits and LEAF JSON
+# files of at most a few hundred MB; a bigger own dataset raises the key).
 DEFAULT_MAX_FILE_BYTES = 4 * 2**30
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
@@ -68,17 +69,6 @@ def open_bounded(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> int:
 def check_file(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> None:
     """:func:`open_bounded`'s checks only (for readers that open the path themselves)."""
     os.close(open_bounded(path, limit))
-
-
-def read_bounded(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes (see :func:`open_bounded`); a file
-    that grows past ``limit`` while read is refused too."""
-    with os.fdopen(open_bounded(path, limit), "rb") as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise DataError(f"dataset-path: {path} grew above max-file-bytes = {limit:,} while it was read: check the "
-                        "file, or raise max-file-bytes if it is right")
-    return data
 
 
 @dataclasses.dataclass

@@ -23,11 +23,44 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
 MAX_IMAGE_VALUES = 1 << 20  # values per example (as client_app.data's bound for images)
+MAX_FILE_BYTES = 4 * 2**30  # max-file-bytes' default (as client_app.data.base's)
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes, checked on the
+    open file (a non-blocking open: a FIFO cannot hang the read, /dev/zero cannot fill the
+    memory); one DataError line otherwise (the same checks as client_app.data.base.open_bounded,
+    kept here so that this reader imports nothing of the app)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+        raise DataError(f"dataset-path: {path} is {kind}, not a regular file: only regular files are read as "
+                        "datasets; put the data itself in a file there")
+    if st.st_size > limit:
+        os.close(fd)
+        raise DataError(f"dataset-path: {path} is {st.st_size:,} bytes, above max-file-bytes = {limit:,}: check "
+                        f"the file, or raise max-file-bytes (e.g. max-file-bytes={st.st_size}) if it is right")
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise DataError(f"dataset-path: {path} grew above max-file-bytes = {limit:,} while it was read: check the "
+                        "file, or raise max-file-bytes if it is right")
+    return data
 
 
 class DataError(ValueError):
@@ -47,9 +80,7 @@ def read_leaf(folder: Path, max_classes: int, max_bytes: int | None = None):
     """(train, test) as ``(x N×C×H×W float32, y int64, user names)`` arrays, users in file
     order; one DataError line per defect. Only regular files of at most ``max_bytes``
     (``max-file-bytes``) are read: a FIFO, a device or a bigger file is one line."""
-    from client_app.data.base import DEFAULT_MAX_FILE_BYTES
-
-    limit = DEFAULT_MAX_FILE_BYTES if max_bytes is None else max_bytes
+    limit = MAX_FILE_BYTES if max_bytes is None else max_bytes
     train, test = _read_split(folder, "train", max_classes, limit), _read_split(folder, "test", max_classes, limit)
     if train[0].shape[1:] != test[0].shape[1:]:
         raise DataError(f"dataset-path: examples in {folder / 'train'} are {_shape(train[0].shape[1:])} (C×H×W) but "
@@ -87,12 +118,8 @@ def _read_split(folder: Path, split: str, max_classes: int, limit: int):
 
 def _read_file(path: Path, max_classes: int, limit: int):
     """The users of one LEAF file as (name, x N×C×H×W float32, y int64)."""
-    from client_app.data import base
-
     try:
-        data = json.loads(base.read_bounded(path, limit))
-    except base.DataError as exc:  # not a regular file, or above max-file-bytes
-        raise DataError(str(exc)) from None
+        data = json.loads(_read_bounded(path, limit))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         cause = str(exc).splitlines()[0][:160]
         raise DataError(f"dataset-path: {path} is not valid JSON [{type(exc).__name__}: {cause}]: it is corrupt or "

@@ -21,6 +21,14 @@ watches what comes out. The run stops, with one line and a summary saying
 model can only give non-finite scores). The default, 5 rounds, never fires on the golden or
 robustness runs (measured: tests/test_golden.py, docs/results/robustness_digits.md's settings).
 No checkpoint is written for the diverged round: the latest one on disk is from before it.
+
+After the run, the final model is judged too (``Experiment.completeness``, ``complete: false``
+with the reason): :func:`collapse` (the final evaluation kept under a third of the best earlier
+one's gain over chance), :func:`norm_outside` (a norm outside 1e-3-1e3 x the initial model's)
+and :func:`at_chance` (20+ rounds and still at chance). The train-loss criterion above reads
+the losses *after* local training, which a poisoned model can keep below ln C; these read the
+global model's own evaluation. :class:`Interrupts` turns SIGINT/SIGTERM into
+:class:`RunInterrupted` at points where the run's state is whole.
 """
 
 from __future__ import annotations
