@@ -8,7 +8,8 @@ in a pool of worker processes that live for the whole run, so each keeps its mod
 and its data between messages; a node's Context travels with its message to whichever
 worker is free and comes back with the reply (as Flower's Ray backend ships it to an
 actor). A ClientApp that raises becomes an error reply, as on a SuperNode. GPUs, when
-present, are shared round-robin by the workers.
+present, are shared round-robin by the workers. Every ClientApp call computes on
+:data:`CLIENT_THREADS` torch threads, so a run's numbers do not depend on ``workers``.
 
 :func:`run_local` runs any ``ServerApp``/``ClientApp`` pair on it (the ServerApp receives
 this Grid as it receives Flower's). ``flwr run .`` keeps Flower's own engine.
