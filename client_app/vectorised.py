@@ -36,8 +36,14 @@ the train messages it gives one worker (or the process) in a round.
 
 ``client-execution`` (run config): ``loop`` = always the per-client path; ``vectorised`` =
 rows wherever covered (even one client, e.g. in a Ray actor, which receives one message at a
-time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`, two clients or
-more), else the loop.
+time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`) for the train
+requests the local engine hands a process (:func:`deliver_batch`: the round in process, or a
+worker's share of it, one client included), else the loop (a request that arrives alone, as
+in a Ray actor or on a SuperNode, trains on the loop). Whether a client trains as a row or on
+the loop thus depends on the run, never on how the round's clients are split over the
+workers; and a row's numbers do not depend on which rows train beside it (at a fixed torch
+thread count: ``tests/test_worker_determinism.py``), so a run gives the same bytes with any
+``--workers``.
 """
 
 from __future__ import annotations
@@ -643,11 +649,13 @@ class Entry:
     generator_state: torch.Tensor | None = None  # before plan() drew the batches (for a fallback)
 
 
-def auto_picks(job: TrainJob, batch_size: int) -> bool:
-    """``auto``: rows for the measured-faster models, with two clients or more at once."""
+def auto_picks(job: TrainJob) -> bool:
+    """``auto`` under the local engine's batch (:func:`deliver_batch`): rows for the
+    measured-faster models, however many clients the batch holds (a worker's share of a round
+    may be one client: the loop there would give other numbers than the rows in process)."""
     dev = next(job.model.parameters()).device.type
     name = getattr(job.cfg, "model", None)
-    return batch_size >= 2 and name in AUTO_MODELS.get(dev, ())
+    return name in AUTO_MODELS.get(dev, ())
 
 
 def run_entries(entries: Sequence[Entry], mode: str) -> None:
@@ -656,7 +664,7 @@ def run_entries(entries: Sequence[Entry], mode: str) -> None:
     plans: dict[tuple, list[tuple[Entry, Plan]]] = {}
     loop: list[Entry] = []
     for e in entries:
-        if mode == "loop" or (mode == "auto" and not auto_picks(e.job, len(entries))):
+        if mode == "loop" or (mode == "auto" and not auto_picks(e.job)):
             loop.append(e)
             continue
         e.generator_state = e.job.generator.get_state()
@@ -811,9 +819,10 @@ def wants_batch(message) -> bool:
 
 def deliver_batch(app, items: Sequence[tuple], deliver: Callable) -> list:
     """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
-    context)``, their training done together (see the module's docstring). In order."""
-    if len(items) < 2:
-        return [deliver(app, m, c) for m, c in items]
+    context)``, their training done together (see the module's docstring). In order. One
+    message too goes through the collector: under ``auto`` it trains as the rows would."""
+    if not items:
+        return []
     collector = _Collector(len(items), message_mode(items[0][0]))
     replies: list = [None] * len(items)
 

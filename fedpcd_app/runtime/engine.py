@@ -8,7 +8,8 @@ in a pool of worker processes that live for the whole run, so each keeps its mod
 and its data between messages; a node's Context travels with its message to whichever
 worker is free and comes back with the reply (as Flower's Ray backend ships it to an
 actor). A ClientApp that raises becomes an error reply, as on a SuperNode. GPUs, when
-present, are shared round-robin by the workers.
+present, are shared round-robin by the workers. Every ClientApp call computes on
+:data:`CLIENT_THREADS` torch threads, so a run's numbers do not depend on ``workers``.
 
 :func:`run_local` runs any ``ServerApp``/``ClientApp`` pair on it (the ServerApp receives
 this Grid as it receives Flower's). ``flwr run .`` keeps Flower's own engine.
@@ -140,10 +141,38 @@ def load_client_app(ref: str) -> ClientApp:
     return obj
 
 
-def deliver(app: ClientApp, message: Message, context: Context) -> Message:
-    """Run the ClientApp on one message; an exception becomes an error reply (logged)."""
+# Every ClientApp call of the local engine computes on this many torch intra-op threads, in
+# this process and in every worker, whatever their number: a float sum split over two threads
+# is added in another order than over one (MKL's gemm included, even for a batch of 16), so a
+# thread count that followed the worker count (or the machine's cores) moved a run's last
+# digits with ``--workers``. One thread, as each Ray actor with ``client-resources-num-cpus=1``.
+CLIENT_THREADS = 1
+
+
+@contextlib.contextmanager
+def client_threads(n: int = CLIENT_THREADS) -> Iterator[None]:
+    """Torch's intra-op threads of the calling thread set to ``n`` for the block, then
+    restored (OpenMP's and MKL's counts are per thread: each thread that computes for a client
+    sets its own; a no-op where the count is already ``n``, as in a worker)."""
+    import torch
+
+    old = torch.get_num_threads()
+    if old == n:
+        yield
+        return
+    torch.set_num_threads(n)
     try:
-        reply = app(message, context)
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def deliver(app: ClientApp, message: Message, context: Context) -> Message:
+    """Run the ClientApp on one message (at :data:`CLIENT_THREADS` torch threads); an exception
+    becomes an error reply (logged)."""
+    try:
+        with client_threads():
+            reply = app(message, context)
     except Exception as exc:  # noqa: BLE001 - a SuperNode reports a failed ClientApp, the run goes on
         log.error("ClientApp failed on node %s (%s): %s", message.metadata.dst_node_id,
                   message.metadata.message_type, traceback.format_exc().rstrip())
@@ -171,8 +200,10 @@ def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch
                  one=deliver) -> list[Message]:
     """Replies to several (message, node context) pairs: through the ``batch`` hook when one
     is given (``batch(app, items, one)``: e.g. :func:`client_app.vectorised.deliver_batch`,
-    which trains the clients together), else one by one (``one(app, message, context)``)."""
-    if batch is not None and len(items) > 1:
+    which trains the clients together; also for a single message: a worker's share of a round
+    may be one, and it must train as the round's other clients do), else one by one
+    (``one(app, message, context)``)."""
+    if batch is not None and items:
         return list(batch(app, items, one))
     return [one(app, m, c) for m, c in items]
 

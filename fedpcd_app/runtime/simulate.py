@@ -8,7 +8,8 @@
 TOML file). One node per client partition (``num-clients``). Tests, sweeps and benchmarks
 call :func:`simulate`. Prints the output folder on the last line.
 
-Engines (same numbers for the same seed; ``tests/test_engine.py``):
+Engines (same numbers for the same seed; ``tests/test_engine.py``; on the local engine the same
+bytes with any ``--workers``: ``tests/test_worker_determinism.py``):
 
 * ``local`` (default): :mod:`fedpcd_app.runtime.engine`. The ServerApp runs in this process on a
   :class:`~fedpcd_app.runtime.engine.LocalGrid`; the ClientApps run in ``--workers`` worker
