@@ -66,6 +66,7 @@ reads one (:func:`load` rebuilds the objects).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import hmac
 import logging
@@ -225,8 +226,6 @@ def write(folder: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
     except (OSError, RuntimeError) as exc:
         if isinstance(exc, OutputError):
             raise
-        from fedpcd_app.server.results import write_cause
-
         found = [r for r in rounds_in(folder) if r != ckpt.round]
         last = f"the last checkpoint, {path_for(folder, found[-1])}, is intact" if found else "no earlier checkpoint"
         raise OutputError(f"cannot write checkpoint {final}: {write_cause(exc)}; {last}; free space and resume "
@@ -400,3 +399,10 @@ def check_compatible(ckpt: Checkpoint, method: str, seed: int, num_clients: int,
             "run-config key 'model' (or 'dataset') differs from the checkpoint's: its arrays do not "
             "match this run's model; resume with the same model and dataset"
         )
+
+
+def write_cause(exc: BaseException) -> str:
+    """An OSError's strerror and errno name, or a RuntimeError's first line."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'write failed'}"

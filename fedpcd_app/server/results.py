@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import atexit
 import csv
-import errno
 import json
 import logging
 import math
@@ -52,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.config import ConfigError, RunConfig
-from fedpcd_app.server.checkpoint import OutputError, path_for, rounds_in
+from fedpcd_app.server.checkpoint import OutputError, path_for, rounds_in, write_cause
 
 log = logging.getLogger("fedpcd")
 
@@ -234,13 +233,6 @@ def writing(path: Path, folder: Path):
                 else "no checkpoint was written (checkpoint-every)")
         raise OutputError(f"cannot write {path}: {write_cause(exc)}; {last}; free space and resume with "
                           f"resume-from='{folder}'") from None
-
-
-def write_cause(exc: BaseException) -> str:
-    """An OSError's strerror and errno name, or a RuntimeError's first line."""
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)})"
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'write failed'}"
 
 
 def _atomic(path: Path, write) -> None:
