@@ -306,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="validate and list the runs; run nothing")
     add_engine_arguments(parser, workers_help="local engine: worker processes per run (default: the usable "
                                               "cores / --jobs, or 0 = in the run's process below 2)")
+    parser.add_argument("--ray", default="", metavar="ADDRESS|auto|local",
+                        help="run each run as a Ray task on this Ray cluster (head host:port; auto: the one "
+                             "`ray start` made here; local: a private Ray), --num-cpus/--num-gpus per run "
+                             "(fedpcd_app/analysis/ray_sweep.py)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         print("error: --jobs must be >= 1", file=sys.stderr)
@@ -318,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         validate(sweep)
         out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
         check_finished(sweep, out)
+        if args.ray:  # a bad or dead address, or --engine ray: one line before anything starts
+            from fedpcd_app.analysis.ray_sweep import check_ray
+
+            args.ray = check_ray(args.ray, args.engine)
     except SweepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -329,8 +337,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{state}] {r.folder(out).relative_to(out)}  {json.dumps(r.overrides, sort_keys=True)}")
         return 0
     t0 = time.time()
-    failures = run_sweep(sweep, out, jobs=args.jobs, engine={"engine": args.engine, "workers": args.workers,
-                                                             "num_cpus": args.num_cpus, "num_gpus": args.num_gpus})
+    engine = {"engine": args.engine, "workers": args.workers, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}
+    if args.ray:
+        from fedpcd_app.analysis.ray_sweep import run_sweep_ray
+
+        failures = run_sweep_ray(sweep, out, args.ray, engine=engine)
+    else:
+        failures = run_sweep(sweep, out, jobs=args.jobs, engine=engine)
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)
