@@ -1,6 +1,7 @@
 """``flwr run .`` of this app on Flower's local (Ray) simulation, with an honest exit status.
 
     python -m fedpcd_app.flwr_run [--run-config "method='fedpcd' ..."]... [--federation-config "..."]...
+                                  [--ray-address HOST:PORT|auto]
 
 (``scripts/flwr_run.sh`` runs this with the project's environment.) What it does, in order:
 
@@ -12,7 +13,10 @@
    "num-supernodes=2"`` replaces the default, it is not appended to it;
 3. starts a private SuperLink (its own ``FLWR_HOME`` in a temporary folder, a free port:
    :class:`LocalSuperLink`), so that two runs from one checkout, or a
-   plain ``flwr run`` next to it, never share one;
+   plain ``flwr run`` next to it, never share one; its simulation gets a private local Ray
+   (``RAY_ADDRESS=local``: never a cluster the shell or a stale address file names) unless
+   ``--ray-address`` asks to join an existing cluster, checked to answer first
+   (:func:`resolve_ray_address`; docs/deployment.md, section 5);
 4. ``flwr run`` with ``--format json``: the run id it prints is *the* run (no run id: the
    start failed, exit 1 with Flower's message), then ``flwr log <run-id> --stream`` shows the
    run's log until it ends, then ``flwr ls --run-id <run-id>`` gives its status;
