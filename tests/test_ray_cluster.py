@@ -99,11 +99,14 @@ def test_the_command_lines_refuse_a_dead_cluster_in_one_line(tmp_path, monkeypat
     assert not (tmp_path / "o").exists()
 
 
-def _sweep_file(tmp_path: Path, seeds=(0, 1)) -> Path:
+def _sweep_file(tmp_path: Path, seeds=(0, 1), broken: bool = False) -> Path:
+    """A tiny sweep; ``broken``: a second method entry whose runs fail when they start (its
+    data folder does not exist: valid config, a DataError in the run)."""
     path = tmp_path / "s.toml"
     base = "".join(f"{k} = {json.dumps(v)}\n" for k, v in TINY.items())
+    extra = '[[methods]]\nname = "broken"\nmethod = "fedavg"\ndataset-path = "/nonexistent/data"\n' if broken else ""
     path.write_text(f'name = "raysweep"\nseeds = {list(seeds)}\n[base]\n{base}'
-                    '[[methods]]\nname = "fedavg"\nmethod = "fedavg"\n')
+                    f'[[methods]]\nname = "fedavg"\nmethod = "fedavg"\n{extra}')
     return path
 
 
@@ -175,28 +178,41 @@ def _same(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sweep_on_a_two_node_cluster_lands_on_both_and_gives_the_local_numbers(cluster, tmp_path, monkeypatch):
-    """Two tiny runs as Ray tasks of one CPU each on two one-CPU nodes: one lands on each node
-    (recorded in run.json), the summaries equal the local sweep's (one torch thread on both
-    sides: Ray gives a one-CPU task one thread), a rerun skips them all."""
+def test_a_sweep_on_a_two_node_cluster_lands_on_both_and_gives_the_local_numbers(cluster, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """Four runs as Ray tasks of one CPU each on two one-CPU nodes: runs land on both nodes
+    (recorded in run.json); the two good ones give the local sweep's summaries (one torch
+    thread on both sides: Ray gives a one-CPU task one thread); the two broken ones are
+    listed with their reason and do not stop the others; a rerun skips the finished ones."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the local sweep's run processes: one thread, as the tasks
     monkeypatch.setenv("RAY_TMPDIR", str(cluster.tmp))  # the driver reads nothing of the shared /tmp/ray
-    file = _sweep_file(tmp_path, seeds=(0, 1))
+    file = _sweep_file(tmp_path, seeds=(0, 1), broken=True)
     local, on_ray = tmp_path / "local", tmp_path / "ray"
-    assert sw.main([str(file), "--out", str(local), "--workers", "0"]) == 0
-    assert sw.main([str(file), "--out", str(on_ray), "--ray", cluster.address]) == 0
+    assert sw.main([str(file), "--out", str(local), "--workers", "0"]) == 1
+    capsys.readouterr()
+    assert sw.main([str(file), "--out", str(on_ray), "--ray", cluster.address]) == 1
+    err = capsys.readouterr().err
     nodes = cluster.node_of()
     runs = sw.load_sweep(file).runs
-    landed = {}
+    landed = set()
     for run in runs:
         info = json.loads((run.folder(on_ray) / sw.RUN_FILE).read_text())
-        landed[run.seed] = nodes[info[ray_sweep.NODE_KEY]["node-id"]]
+        landed.add(nodes[info[ray_sweep.NODE_KEY]["node-id"]])
         assert info["overrides"] == run.overrides
-        _same(run.folder(local), run.folder(on_ray))
-    assert set(landed.values()) == {"node_a", "node_b"}, landed
-    before = {r.seed: (r.folder(on_ray) / "summary.json").stat().st_mtime_ns for r in runs}
-    assert sw.main([str(file), "--out", str(on_ray), "--ray", cluster.address]) == 0  # resume: all done
-    assert {r.seed: (r.folder(on_ray) / "summary.json").stat().st_mtime_ns for r in runs} == before
+        if run.method == "fedavg":
+            _same(run.folder(local), run.folder(on_ray))
+        else:
+            line = f"failed: {run.folder(on_ray).relative_to(on_ray)}: DataError: dataset-path: /nonexistent/data"
+            assert line in err, err
+            assert not sw.is_done(run.folder(on_ray))
+    assert landed == {"node_a", "node_b"}
+    good = [r for r in runs if r.method == "fedavg"]
+    before = {r.seed: (r.folder(on_ray) / "summary.json").stat().st_mtime_ns for r in good}
+    (tmp_path / "good").mkdir()
+    resumed = _sweep_file(tmp_path / "good", seeds=(0, 1))  # the good runs alone: all finished, nothing runs
+    assert sw.main([str(resumed), "--out", str(on_ray), "--ray", cluster.address]) == 0
+    assert "2 runs (2 already done)" in capsys.readouterr().out
+    assert {r.seed: (r.folder(on_ray) / "summary.json").stat().st_mtime_ns for r in good} == before
 
 
 @pytest.mark.slow

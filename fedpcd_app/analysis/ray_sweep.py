@@ -126,6 +126,9 @@ def run_sweep_ray(sweep: sw.Sweep, out: Path, address: str, progress: bool = Tru
     failures: list[tuple[sw.RunSpec, str]] = []
     bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(pending), unit="run",
                desc=sweep.name, disable=not progress, dynamic_ncols=True)
+    if not pending:
+        bar.close()
+        return failures
     connect(address)
     try:
         task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_calls=1, max_retries=0)(_task)
