@@ -8,6 +8,7 @@ temporary folder) and end it by PID; they never read or write the shared /tmp/ra
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,35 @@ def test_a_runs_task_asks_for_its_cpus_gpus_and_workers():
     assert ray_sweep.task_resources({"num_cpus": 1.0, "num_gpus": 0.0, "workers": None}) == (1.0, 0.0, 0)
     assert ray_sweep.task_resources({"num_cpus": 4.0, "num_gpus": 0.5, "workers": None}) == (4.0, 0.5, 4)
     assert ray_sweep.task_resources({"num_cpus": 1.0, "num_gpus": 0.0, "workers": 3}) == (3.0, 0.0, 3)
+
+
+def test_a_failed_tasks_reason_is_the_runs_own_exception():
+    import ray
+
+    from client_app.data import DataError
+
+    wrapped = ray.exceptions.RayTaskError("_task", "Traceback (most recent call last):\n  ...",
+                                          DataError("dataset-path: /x/train.parquet not found"))
+    assert ray_sweep._reason(wrapped) == "DataError: dataset-path: /x/train.parquet not found"
+    assert ray_sweep._reason(ray.exceptions.WorkerCrashedError()).startswith("WorkerCrashedError: ")
+
+
+def test_a_task_that_does_not_see_the_output_folder_says_so(tmp_path, monkeypatch):
+    """On a node without the shared storage the run's run.json is not there: one line naming
+    the node, before any run starts; a run that asked for no GPU sees none."""
+    import ray
+
+    class Context:
+        def get_node_id(self):
+            return "ab" * 28
+
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.7")
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(sw.SweepError, match="not visible on Ray node .* --out must be on storage every node sees"):
+        ray_sweep._task({"seed": 0}, str(tmp_path / "nowhere"), {"engine": "local", "workers": 0}, 0.0)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
 # -- end to end ------------------------------------------------------------------------------
