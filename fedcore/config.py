@@ -17,6 +17,8 @@ pyproject.toml's ``[tool.flwr.app.config]``): nothing reads a pyproject.toml at 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,42 +81,70 @@ class AppKey:
 
     def read(self, raw: Mapping[str, Scalar]) -> Scalar:
         """The key's value in ``raw`` (its default when absent), typed and checked: a bad one
-        is a one-line :class:`ConfigError` naming the key and what is allowed."""
-        value = raw.get(self.key, self.default)
-        key, kind = self.key, self.kind
-        if kind is bool:
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                value = value.lower() == "true"
-            if not isinstance(value, bool):
-                raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
-        elif kind is int:
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
-        elif kind is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
-            value = float(value)
-        elif not isinstance(value, str):
-            raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
-        if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"run-config key '{key}' = {value!r} is not one of {', '.join(self.choices)}")
-        low_bad = self.low is not None and (value < self.low or (self.low_open and value == self.low))
-        high_bad = self.high is not None and (value > self.high or (self.high_open and value == self.high))
-        if low_bad or high_bad:
-            raise ConfigError(f"run-config key '{key}' = {value!r} must be {self.allowed()}"
-                              + (f" {self.hint}" if self.hint else ""))
-        return value
+        is a one-line :class:`ConfigError` naming the key and what is allowed (:func:`check_value`)."""
+        return check_value(self.key, raw.get(self.key, self.default), self.kind, low=self.low, high=self.high,
+                           low_open=self.low_open, high_open=self.high_open, choices=self.choices, hint=self.hint)
 
     def allowed(self) -> str:
         """The range in words: ``> 0``, ``>= 1``, ``in (0, 1]``."""
-        low, high = _num(self.low), _num(self.high)
-        if self.low is not None and self.high is not None:
-            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
-        if self.low is not None:
-            return f"{'>' if self.low_open else '>='} {low}"
-        return f"{'<' if self.high_open else '<='} {high}"
+        return allowed_range(self.low, self.high, self.low_open, self.high_open)
+
+
+def check_value(key: str, value: Any, kind: type, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] | None = None,
+                hint: str = "") -> Scalar:
+    """One run-config value coerced to ``kind`` (bool, int, float or str) and checked against its
+    choices and range: the one check of every key, app keys (:meth:`AppKey.read`), method keys
+    (:class:`fedcore.params.MethodParams`) and the :class:`RunConfig` ``get_*`` helpers alike.
+
+    A float must be finite: NaN fails every ``<``/``>`` comparison, so a range check alone
+    would let it through (a NaN τ or size bound silently switches a method or a defence off),
+    and no key of this app gives ±inf a meaning (0 is "off" where there is an off). A bad value
+    is a one-line :class:`ConfigError` naming the key and what is allowed.
+    """
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        if not isinstance(value, bool):
+            raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
+    elif kind is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond any float (10**400)
+            value = math.inf if value > 0 else -math.inf
+        if not math.isfinite(value):
+            raise ConfigError(f"run-config key '{key}' = {value!r} is not a finite number: give a number"
+                              + (f" {allowed_range(low, high, low_open, high_open)}" if low is not None
+                                 or high is not None else "") + (f" {hint}" if hint else ""))
+    elif kind is str and not isinstance(value, str):
+        raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"run-config key '{key}' = {value!r} is not one of {', '.join(map(str, choices))}")
+    low_bad = low is not None and (value < low or (low_open and value == low))
+    high_bad = high is not None and (value > high or (high_open and value == high))
+    if low_bad or high_bad:
+        raise ConfigError(f"run-config key '{key}' = {value!r} must be {allowed_range(low, high, low_open, high_open)}"
+                          + (f" {hint}" if hint else ""))
+    return value
+
+
+def allowed_range(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False) -> str:
+    """A range in words: ``> 0``, ``>= 1``, ``in (0, 1]`` ('' without bounds)."""
+    lo, hi = _num(low), _num(high)
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{lo}, {hi}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {lo}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {hi}"
+    return ""
 
 
 def _num(x: float | None) -> str:
@@ -162,8 +192,12 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("synthetic-alpha", 1.0, "Synthetic(α, β): α, the spread of the users' models", low=0.0),
     AppKey("synthetic-beta", 1.0, "Synthetic(α, β): β, the spread of the users' feature means", low=0.0),
     AppKey("synthetic-iid", False, "Synthetic: the authors' iid variant (one shared model)"),
+    AppKey("max-file-bytes", 4 * 2**30, "the largest dataset file read (bytes; only regular files are read)",
+           low=1),
     AppKey("max-classes", 100_000, "labels must be below it (checked before any allocation)", low=2),
     AppKey("synthetic-seed", -1, "Synthetic's data seed (-1 = derived from seed)", low=-1, high=2**32 - 1),
+    AppKey("user-resplit", False, "partitioner='natural': pool each user's examples and re-split them "
+           "80/10/10 train/validation/test, seeded by (seed, user)"),
     # -- client training --
     AppKey("momentum", 0.0, "local SGD momentum", low=0.0, high=1.0, high_open=True),
     AppKey("weight-decay", 0.0, "local SGD weight decay", low=0.0),
@@ -206,6 +240,8 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("checkpoint-every", 10, "checkpoint every k rounds (0 = never)", low=0),
     AppKey("checkpoint-keep", 2, "checkpoints kept", low=1),
     AppKey("resume-from", "", "the output-dir of an earlier run to resume"),
+    AppKey("overwrite", False, "a new run into an output-dir holding another run's results: delete them first "
+           "(false = refuse)"),
     AppKey("resume-allow-changes", "", "resume: comma-separated training/data keys that may differ from the "
            "checkpoint's"),
     AppKey("secure-aggregation", False, "SecAgg+ (sum-only methods)"),
@@ -308,48 +344,18 @@ class RunConfig:
         high: float | None = None,
         low_open: bool = False,
     ) -> float:
-        value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
-        value = float(value)
-        _check_range(key, value, low, high, low_open)
-        return value
+        return check_value(key, self._get(key, default), float, low=low, high=high, low_open=low_open)
 
     def get_int(
         self, key: str, default: int | None = None, *, low: int | None = None, high: int | None = None
     ) -> int:
-        value = self._get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
-        _check_range(key, value, low, high, False)
-        return int(value)
+        return check_value(key, self._get(key, default), int, low=low, high=high)
 
     def get_bool(self, key: str, default: bool | None = None) -> bool:
-        value = self._get(key, default)
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if not isinstance(value, bool):
-            raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
-        return value
+        return check_value(key, self._get(key, default), bool)
 
     def get_choice(self, key: str, choices: tuple[str, ...], default: str | None = None) -> str:
-        value = self._get(key, default)
-        if value not in choices:
-            raise ConfigError(
-                f"run-config key '{key}' = {value!r} is not one of {', '.join(choices)}"
-            )
-        return str(value)
-
-
-def _check_range(key: str, value: float, low, high, low_open: bool) -> None:
-    if low is not None and (value < low or (low_open and value == low)):
-        op = ">" if low_open else ">="
-        raise ConfigError(f"run-config key '{key}' = {value} must be {op} {low}")
-    if high is not None and value > high:
-        raise ConfigError(f"run-config key '{key}' = {value} must be <= {high}")
+        return str(check_value(key, self._get(key, default), object, choices=choices))
 
 
 def default_run_config() -> dict[str, Scalar]:
@@ -386,6 +392,12 @@ RETIRED_KEYS = {
 }
 
 
+def did_you_mean(key: str, known) -> str:
+    """``" (did you mean 'fedpcd-tau'?)"`` for the closest known keys, '' when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=2, cutoff=0.75)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 def check_retired(keys) -> None:
     """A retired key is refused with one line naming its replacement."""
     for key in keys:
@@ -399,9 +411,8 @@ def resolve(overrides: Mapping[str, Scalar] | None = None) -> dict[str, Scalar]:
     check_retired(overrides or {})
     for key, value in (overrides or {}).items():
         if key not in full:
-            raise ConfigError(
-                f"unknown run-config key '{key}': see [tool.flwr.app.config] in pyproject.toml"
-            )
+            raise ConfigError(f"unknown run-config key '{key}'{did_you_mean(key, full)}: see "
+                              "[tool.flwr.app.config] in pyproject.toml")
         full[key] = value
     return full
 
@@ -448,6 +459,18 @@ def _validate(cfg: RunConfig) -> None:
     _validate_data(cfg)
 
 
+def _validate_resplit(cfg: RunConfig) -> None:
+    """``user-resplit`` makes its own validation split and needs the users (one line each)."""
+    if not cfg.get_bool("user-resplit"):
+        return
+    if cfg.partitioner != "natural":
+        raise ConfigError(f"run-config key 'user-resplit' = true re-splits each user's own examples: it needs "
+                          f"partitioner='natural' (partitioner is {cfg.partitioner!r}); set it or user-resplit=false")
+    if cfg.val_fraction > 0.0:
+        raise ConfigError(f"run-config keys 'user-resplit' = true and 'val-fraction' = {cfg.val_fraction!r}: the "
+                          "re-split makes its own 10 % validation split; set val-fraction=0")
+
+
 def _validate_data(cfg: RunConfig) -> None:
     """The keys of natural partitions and of dataset='synthetic' (one line each)."""
     cfg.get_int("max-classes", 100_000, low=2)
@@ -466,6 +489,7 @@ def _validate_data(cfg: RunConfig) -> None:
         cfg.get_float("synthetic-beta", 1.0, low=0.0)
         cfg.get_bool("synthetic-iid", False)
         cfg.get_int("synthetic-seed", -1, low=-1, high=2**32 - 1)
+    _validate_resplit(cfg)
 
 
 def load_config(overrides: Mapping[str, Scalar] | str | None = None) -> RunConfig:

@@ -14,7 +14,8 @@ reads ``fedpcd-tau``), and the test that compares every key and default with
 ``[tool.flwr.app.config]`` in pyproject.toml (:meth:`MethodParams.run_config_keys`).
 
 A field whose type is itself a ``MethodParams`` (Ditto's CRAFT aggregator settings) is read
-with that class's own keys. Errors are one line: the key, the value and what is allowed.
+with that class's own keys. Errors are one line: the key, the value and what is allowed
+(:func:`fedcore.config.check_value`, shared with the app keys: a float field must be finite).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from fedcore.config import ConfigError
+from fedcore.config import ConfigError, check_value
 
 _KINDS = {"float": float, "int": int, "bool": bool, "str": str}
 # Per Params class: its (field, type) pairs and field name → run-config key. A class's fields
@@ -114,34 +115,12 @@ class MethodParams:
         self.check()
 
     def _coerce(self, f: dataclasses.Field, kind: Any, value: Any) -> Any:
-        key = self.key_of(f.name)
+        """Typed and range-checked by :func:`fedcore.config.check_value`, the one check of
+        every key (a float must be finite: NaN passes no ``<`` test)."""
         name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-        want = _KINDS.get(name)
-        if want is bool:
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                value = value.lower() == "true"
-            if not isinstance(value, bool):
-                raise ConfigError(f"run-config key '{key}' must be true or false, got {value!r}")
-        elif want is int:
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"run-config key '{key}' must be an integer, got {value!r}")
-        elif want is float:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"run-config key '{key}' must be a number, got {value!r}")
-            value = float(value)
-        elif want is str and not isinstance(value, str):
-            raise ConfigError(f"run-config key '{key}' must be a string, got {value!r}")
         meta = f.metadata
-        if meta.get("choices") is not None and value not in meta["choices"]:
-            raise ConfigError(f"run-config key '{key}' = {value!r} is not one of {', '.join(meta['choices'])}")
-        low, high = meta.get("low"), meta.get("high")
-        if low is not None and (value < low or (meta.get("low_open") and value == low)):
-            raise ConfigError(f"run-config key '{key}' = {value} must be {'>' if meta.get('low_open') else '>='} {low}")
-        if high is not None and value > high:
-            raise ConfigError(f"run-config key '{key}' = {value} must be <= {high}")
-        return value
+        return check_value(self.key_of(f.name), value, _KINDS.get(name, object), low=meta.get("low"),
+                           high=meta.get("high"), low_open=bool(meta.get("low_open")), choices=meta.get("choices"))
 
     def check(self) -> None:
         """Checks across fields (one-line :class:`ConfigError`); none by default."""

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from fedcore import keys
-from fedcore.flat import FlatSpec, array_view
+from fedcore.flat import FlatSpec, _npy_header, array_view
 
 # num-examples bound for a client whose training size the server does not know (a foreign
 # app's clients): above any single client of the benchmarks here (the largest whole training
@@ -47,6 +47,21 @@ DEFAULT_MAX_NUM_EXAMPLES = 1_000_000
 # leaves the ×10 scale/sign-flip attacks of the robustness table to the methods.
 DEFAULT_MAX_UPDATE_RATIO = 100.0
 MIN_REPLIES_FOR_RATIO = 3
+# The size bounds against what the server trusts (docs/hostile.md, "Bounds a majority cannot
+# move"), measured on honest digits runs (scripts/measure_update_norms.py): an honest update
+# stays within [0.41, 3.1] x the trusted scale (the median of the last TRUST_WINDOW rounds'
+# accepted medians) and below 0.12 x the model's own norm.
+TRUST_WINDOW = 10
+LOWER_RATIO = 20.0  # an update shorter than 1/20 of the trusted scale is dropped (scale-down x0.01)
+MODEL_RATIO = 10.0  # an update longer than 10 x the model itself is dropped, in every round
+NEAR_BOUND = 0.25  # an accepted update above 1/4 of the upper bound is "near the bound" (warned)
+NEAR_BOUND_WARN_ROUNDS = 3  # ... warned once it happened in this many rounds
+# Loss values a method weights by (loss-before, train-loss): finite, >= 0 and at most
+# max(LOSS_RATIO x the reference, LOSS_FLOOR): the reference the smaller of the round's median
+# and the trusted median of earlier rounds; LOSS_FLOOR (a cross-entropy of 20 is e^-20 on the
+# right class) keeps honest spreads of small losses.
+LOSS_RATIO = 20.0
+LOSS_FLOOR = 20.0
 
 
 @dataclasses.dataclass
@@ -107,9 +122,12 @@ def _check_arrays(record, spec: FlatSpec, what: str, theta: Mapping[str, np.ndar
         if str(arr.dtype) != dtype:
             return f"{what}: array '{key}' has dtype {arr.dtype}, expected {dtype}", math.nan
         try:
-            view = array_view(arr)
+            reason = payload_error(arr, shape, dtype)
+            view = array_view(arr) if reason is None else None
         except Exception as exc:  # noqa: BLE001 - undecodable bytes are a bad reply
-            return f"{what}: array '{key}' cannot be decoded ({type(exc).__name__})", math.nan
+            reason = f"cannot be decoded ({type(exc).__name__})"
+        if reason is not None:
+            return f"{what}: array '{key}' {reason}", math.nan
         if view.size and not np.isfinite(view).all():
             return f"{what}: array '{key}' holds NaN or Inf", math.nan
         if theta is not None and view.size:
@@ -117,6 +135,26 @@ def _check_arrays(record, spec: FlatSpec, what: str, theta: Mapping[str, np.ndar
             diff -= theta[key]
             sq += float(np.dot(diff, diff))
     return None, (math.sqrt(sq) if theta is not None else math.nan)
+
+
+def payload_error(arr, shape: tuple[int, ...], dtype: str) -> str | None:
+    """Why the bytes of a Flower ``Array`` do not hold the ``shape``/``dtype`` array its
+    metadata promises (None when they do). Flower never checks that ``Array.data`` agrees
+    with ``Array.shape``/``Array.dtype``: here the ``.npy`` header must name the same shape
+    and dtype, and the byte length must be exactly header + size × itemsize,
+    before any arithmetic reads the array."""
+    data = arr.data
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return f"holds {type(data).__name__}, not bytes"
+    got_shape, fortran, got_dtype, offset = _npy_header(data)
+    if tuple(got_shape) != tuple(shape):
+        return f"bytes hold shape {tuple(got_shape)}, its metadata says {tuple(shape)}"
+    if str(got_dtype) != dtype or got_dtype.hasobject:
+        return f"bytes hold dtype {got_dtype}, its metadata says {dtype}"
+    want = offset + int(np.prod(shape, dtype=np.int64)) * got_dtype.itemsize
+    if len(data) != want:
+        return f"holds {len(data)} bytes, its shape {tuple(shape)} and dtype {dtype} need {want}"
+    return None
 
 
 def _is_number(v) -> bool:
@@ -207,6 +245,150 @@ def ratio_outliers(norms: list[float], ratio: float) -> tuple[list[int], float]:
     return [i for i, n in enumerate(norms) if n > ratio * med], med
 
 
+@dataclasses.dataclass
+class ReplyTrust:
+    """What the server trusts about its clients' numbers, from earlier rounds' *accepted*
+    replies only (docs/hostile.md, "Bounds a majority cannot move"): ``norms`` the median
+    accepted update norm of each of the last :data:`TRUST_WINDOW` rounds, ``losses`` the same
+    per loss metric a method reads, ``near_bound_rounds`` the rounds in which an accepted
+    update sat near the upper bound. Checkpointed (:meth:`as_dict`), so a resumed run keeps
+    its bounds."""
+
+    norms: list[float] = dataclasses.field(default_factory=list)
+    losses: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    near_bound_rounds: int = 0
+
+    def scale(self) -> float | None:
+        """The trusted update norm: the median of the window's accepted medians (None before any)."""
+        good = [v for v in self.norms if v > 0 and math.isfinite(v)]
+        return float(np.median(good)) if good else None
+
+    def loss_scale(self, key: str) -> float | None:
+        good = [v for v in self.losses.get(key, ()) if v >= 0 and math.isfinite(v)]
+        return float(np.median(good)) if good else None
+
+    def observe_norms(self, accepted: list[float]) -> None:
+        if accepted:
+            self.norms = [*self.norms, float(np.median(accepted))][-TRUST_WINDOW:]
+
+    def observe_losses(self, key: str, accepted: list[float]) -> None:
+        if accepted:
+            self.losses[key] = [*self.losses.get(key, []), float(np.median(accepted))][-TRUST_WINDOW:]
+
+    def as_dict(self) -> dict:
+        return {"norms": list(self.norms), "losses": {k: list(v) for k, v in self.losses.items()},
+                "near_bound_rounds": int(self.near_bound_rounds)}
+
+    @classmethod
+    def from_dict(cls, raw) -> ReplyTrust:
+        """Rebuilt from :meth:`as_dict` (a checkpoint); anything else is refused in one line."""
+        try:
+            trust = cls([float(v) for v in raw["norms"]],
+                        {str(k): [float(v) for v in vs] for k, vs in dict(raw["losses"]).items()},
+                        int(raw["near_bound_rounds"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint's reply trust is unreadable ({type(exc).__name__}: {exc})") from None
+        if not all(math.isfinite(v) and v >= 0 for v in [*trust.norms, *(x for v in trust.losses.values() for x in v)]):
+            raise ValueError("checkpoint's reply trust holds a negative or non-finite value")
+        return trust
+
+
+def norm_bounds(norms: list[float], ratio: float, trust: ReplyTrust | None, model_norm: float
+                ) -> tuple[dict[int, str], dict]:
+    """{index: reason} of the norms out of bounds, and the round's report (see the module
+    docstring, "sizes"): upper ``ratio`` × the reference (the trusted scale, else the round's
+    median), lower the trusted scale / :data:`LOWER_RATIO`, and never above
+    :data:`MODEL_RATIO` × ‖θ_t‖. ``ratio`` 0 turns every size rule off."""
+    out: dict[int, str] = {}
+    med = float(np.median(np.asarray(norms, dtype=np.float64))) if norms else math.nan
+    report: dict = {"median": med, "max_ratio": (max(norms) / med) if norms and med > 0 else math.nan}
+    if ratio <= 0 or not norms:
+        return out, report
+    scale = trust.scale() if trust is not None else None
+    if scale is not None:
+        ref, what = scale, "the trusted scale"
+    elif len(norms) >= MIN_REPLIES_FOR_RATIO and med > 0:
+        ref, what = med, "the round's median"
+    else:
+        ref, what = None, ""
+    upper = ratio * ref if ref is not None else math.inf
+    if model_norm > 0:
+        upper = min(upper, MODEL_RATIO * model_norm)
+    lower = scale / LOWER_RATIO if scale is not None else 0.0
+    for i, n in enumerate(norms):
+        if n > upper:
+            if ref is not None and n > ratio * ref:
+                out[i] = (f"update norm {n:.3g} is {n / ref:.3g} x {what} {ref:.3g} "
+                          f"(max-update-ratio = {ratio:g})")
+            else:
+                out[i] = f"update norm {n:.3g} is {n / model_norm:.3g} x the model's own norm (at most {MODEL_RATIO:g})"
+        elif n < lower:
+            out[i] = (f"update norm {n:.3g} is 1/{scale / max(n, 1e-300):.3g} of the trusted scale {scale:.3g} "
+                      f"(at least 1/{LOWER_RATIO:g} of it)")
+    kept = [n for i, n in enumerate(norms) if i not in out]
+    near = sum(1 for n in kept if math.isfinite(upper) and n > NEAR_BOUND * upper)
+    report.update(reference=ref if ref is not None else math.nan, trusted=scale is not None,
+                  upper=upper if math.isfinite(upper) else None, lower=lower, near_bound=near)
+    return out, report
+
+
+def check_loss_values(values: list, key: str, trust: ReplyTrust | None) -> tuple[dict[int, str], float | None]:
+    """{index: reason} of the loss values a method weights by that are unusable: not finite,
+    negative, or above max(:data:`LOSS_RATIO` × the reference, :data:`LOSS_FLOOR`), the
+    reference being the smaller of the round's median and the trusted (earlier rounds') one;
+    and the reference used."""
+    out: dict[int, str] = {}
+    ok = []
+    for i, v in enumerate(values):
+        if not _is_number(v):
+            out[i] = f"metric '{key}' is not a finite number ({v!r})"
+        elif v < 0:
+            out[i] = f"metric '{key}' = {v:g} is negative (a loss is >= 0)"
+        else:
+            ok.append(float(v))
+    if not ok:
+        return out, None
+    ref = float(np.median(ok))
+    trusted = trust.loss_scale(key) if trust is not None else None
+    if trusted is not None:
+        ref = min(ref, trusted)
+    bound = max(LOSS_RATIO * ref, LOSS_FLOOR)
+    for i, v in enumerate(values):
+        if i not in out and v > bound:
+            out[i] = (f"metric '{key}' = {v:.3g} exceeds {bound:.3g} (max({LOSS_RATIO:g} x the round's or the "
+                      f"trusted median {ref:.3g}, {LOSS_FLOOR:g}))")
+    return out, ref
+
+
+def check_num_steps(value, bound: int | None) -> str | None:
+    """Why ``num-steps`` is not a whole number in [1, ``bound``] (the steps the server asked for)."""
+    if not _is_number(value):
+        return f"metric '{keys.NUM_STEPS}' is not a finite number ({value!r})"
+    if not float(value).is_integer() or value < 1:
+        return f"metric '{keys.NUM_STEPS}' = {value!r} is not a whole number >= 1"
+    if bound is not None and value > bound:
+        return f"metric '{keys.NUM_STEPS}' = {value:g} exceeds the {bound} local steps the server asked for"
+    return None
+
+
+def steps_asked(run_config: Mapping | None, num_examples: float) -> int | None:
+    """The local steps a client of ``num_examples`` examples was asked for: ``local-steps`` when
+    set, else ``local-epochs`` × ⌈n / batch-size⌉ (batch-size 0: one full batch). None without a
+    run config (a foreign app's strategy: only [1, ∞) is checked)."""
+    if not run_config:
+        return None
+    try:
+        steps = int(run_config.get("local-steps", 0) or 0)
+        if steps > 0:
+            return steps
+        epochs = int(run_config.get("local-epochs", 1))
+        batch = int(run_config.get("batch-size", 16))
+    except (TypeError, ValueError):
+        return None
+    per_epoch = 1 if batch <= 0 else math.ceil(float(num_examples) / batch)
+    return max(1, epochs * per_epoch)
+
+
 def validate_train_replies(
     replies: Iterable,
     expected: dict[int, int],
@@ -218,13 +400,17 @@ def validate_train_replies(
     theta=None,
     check: Callable[[dict], str | None] | None = None,
     stats: dict | None = None,
+    trust: ReplyTrust | None = None,
 ) -> tuple[list, list[Dropped]]:
     """Split replies into (valid, dropped). ``expected`` maps node id → partition id sent
     (None: the client is known by its node id). ``limits`` bound the counts and the update
     norms (default :class:`ReplyLimits`); ``theta`` (θ_t, an ArrayRecord) turns on the norm
-    checks; ``check`` is the method's check of a reply's metrics. ``stats`` receives the
-    round's ``median`` update norm and ``max_ratio`` (largest norm / median of the valid
-    replies before the ratio rule) when the norms were measured."""
+    checks, against ``trust`` (the scale of earlier rounds, :class:`ReplyTrust`) when given;
+    ``check`` is the method's check of a reply's metrics. ``stats`` receives the round's
+    ``median`` update norm and ``max_ratio`` (largest norm / median of the valid replies before
+    the size rules), the ``reference``, ``upper`` and ``lower`` bounds and ``near_bound`` (accepted
+    updates above :data:`NEAR_BOUND` × the upper bound) when the norms were measured. Any
+    exception while checking one reply drops that reply, with the exception as its reason."""
     limits = limits if limits is not None else ReplyLimits()
     views = theta_views(theta, spec) if theta is not None else None
     valid, dropped, seen, norms = [], [], set(), []
@@ -232,10 +418,13 @@ def validate_train_replies(
         node = int(msg.metadata.src_node_id)
         want = expected.get(node)
         norm: list = []
-        pid, reason = check_train_reply(
-            msg, spec, required_metrics, required_records, want is not None,
-            max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
-            norm_out=norm)
+        try:
+            pid, reason = check_train_reply(
+                msg, spec, required_metrics, required_records, want is not None,
+                max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
+                norm_out=norm)
+        except Exception as exc:  # noqa: BLE001 - whatever a reply holds, it can only drop itself
+            pid, reason, norm = want, f"reply could not be validated ({type(exc).__name__}: {exc})".splitlines()[0], []
         if reason is None:
             if node not in expected:
                 reason = "reply from a node that was not asked this round"
@@ -252,19 +441,27 @@ def validate_train_replies(
         valid.append(msg)
         norms.extend(norm)
     if views is not None and valid:
-        out, med = ratio_outliers(norms, limits.max_update_ratio)
+        model_norm = math.sqrt(sum(float(np.dot(v, v)) for v in views.values()))
+        out, report = norm_bounds(norms, limits.max_update_ratio, trust, model_norm)
         if stats is not None:
-            stats.update(median=med, max_ratio=(max(norms) / med) if med > 0 else math.nan)
-        for i in out:
+            stats.update(report)
+        for i, why in sorted(out.items()):
             msg = valid[i]
             node = int(msg.metadata.src_node_id)
-            want = expected.get(node)
-            pid = want if want is not None else int(msg.content[keys.METRICS].get(keys.PARTITION_ID, node))
-            dropped.append(Dropped(pid, node, f"update norm {norms[i]:.3g} is {norms[i] / med:.3g} x the round's "
-                                              f"median {med:.3g} (max-update-ratio = {limits.max_update_ratio:g})"))
-        gone = set(out)
-        valid = [msg for i, msg in enumerate(valid) if i not in gone]
+            dropped.append(Dropped(_client(msg, expected), node, why))
+        if trust is not None and limits.max_update_ratio > 0:
+            trust.observe_norms([n for i, n in enumerate(norms) if i not in out])
+        valid = [msg for i, msg in enumerate(valid) if i not in out]
     return valid, dropped
+
+
+def _client(msg, expected: Mapping[int, int | None]) -> int:
+    node = int(msg.metadata.src_node_id)
+    want = expected.get(node)
+    if want is not None:
+        return want
+    pid = msg.content[keys.METRICS].get(keys.PARTITION_ID, node)
+    return int(pid) if _is_number(pid) and float(pid).is_integer() else node
 
 
 def check_eval_reply(msg, max_test: int | None = None, count_source: str = "max-num-examples"

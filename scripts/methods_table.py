@@ -1,7 +1,8 @@
 """Render the README's generated methods table from the registry (strategies.registry).
 
 One row per registered method: its class, the client routine its requests name
-(``client-method``), what a ClientApp's train reply must carry beyond ``num-examples`` and
+(``client-method``), how it weights its clients (``registry.weighting_of`` at the defaults;
+"by its keys" where a run-config key changes it), what a ClientApp's train reply must carry beyond ``num-examples`` and
 ``train-loss``, and its run-config keys with their defaults (its ``Params``).
 ``tests/test_readme.py`` fails when the README's copy differs.
 
@@ -29,14 +30,17 @@ def _value(v) -> str:
 
 
 def render() -> str:
-    rows = ["| method | class | client routine | train reply also carries | run-config keys (defaults) |",
-            "|---|---|---|---|---|"]
+    rows = ["| method | class | weighting | client routine | train reply also carries | run-config keys (defaults) |",
+            "|---|---|---|---|---|---|"]
     for name in registry.names():
         cls = registry.strategy_class(name)
         extras = [f"`{m}`" for m in cls.required_metrics] + [f"`{r}` (ArrayRecord)" for r in cls.required_records]
         keys = [f"`{k}`={_value(v)}" for k, v in cls.Params.run_config_keys().items()]
-        rows.append(f"| `{name}` | `{cls.__name__}` | `{cls.client_method}` | {', '.join(extras) or '—'} | "
-                    f"{', '.join(keys) or '—'} |")
+        weighting = f"`{registry.weighting_of(name, {})}`"
+        if hasattr(cls, "resolve_weighting"):
+            weighting += ", by its keys"
+        rows.append(f"| `{name}` | `{cls.__name__}` | {weighting} | `{cls.client_method}` | "
+                    f"{', '.join(extras) or '—'} | {', '.join(keys) or '—'} |")
     return "\n".join([START, *rows, END])
 
 

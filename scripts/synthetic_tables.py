@@ -24,6 +24,17 @@ Selection. Per setting and method entry, the eligible grid point with the best m
 seeds of the validation mean accuracy (``val_mean_acc``; the test mean with a warning when
 the runs have no validation split), as ``fedpcd_app.analysis.report``.
 
+Every configuration. ``build`` returns every grid point of every method entry (``shown``
+marks the chosen one, or the first when every point diverged): the CSV (``--csv``) always
+holds them all with a ``selected`` column; the markdown shows the chosen rows unless ``--all``.
+Each row has its method's ``weighting`` (``strategies.registry.weighting_of``) and
+``on_edge`` (its grid point is the smallest or largest value tried in a numeric key, as in
+``fedpcd_app.analysis.report``: the optimum may lie beyond the grid; marked ⚠ edge).
+
+Weighting. A table whose chosen rows weight their clients differently must hold FedAvg
+under both weightings (``fedavg-weighting`` ``data-size`` and ``uniform``), as the report
+requires; the script refuses it in one line otherwise (``--mixed-weightings`` overrides).
+
 Equal scoring. Every run of one table must have been scored on the same iterate
 (``scored_iterate`` of ``summary.json``: ``last`` or ``averaged``); the script refuses (one
 line) to mix them.
@@ -42,14 +53,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpcd_app.analysis.report import Run, load_runs, ordered, sweep_order  # noqa: E402
+from fedpcd_app.analysis.report import Run, grid_edges, load_runs, ordered, sweep_order  # noqa: E402
 
 NUM_CLASSES = 10
 STALL_EVALS = 5
 STATS = ("average", "worst10", "best10", "variance")
 TITLES = {"average": "Average (%)", "worst10": "Worst 10 % (%)", "best10": "Best 10 % (%)", "variance": "Variance"}
-# q-FFL paper (Li et al., ICLR 2020, arXiv 1905.10497), Table 1, Synthetic: not retrievable
-# from the sources this project can reach offline (see docs/results/qffl_synthetic/report.md).
+# q-FFL paper (Li et al., ICLR 2020, arXiv 1905.10497), Table 1, Synthetic: not retrieved from the
+# paper; the row as secondary sources quote it is scripts/qffl_protocols.py's PAPER_QUOTED.
 PAPER_QFFL: dict[str, dict[str, float]] = {}
 
 
@@ -120,7 +131,9 @@ def select(variants: dict[str, list[Run]], diverged: dict[Path, str]) -> tuple[s
     return best, "validation" if has_val else "test"
 
 
-def build(out: Path, all_points: bool) -> tuple[list[dict], dict[Path, str], str]:
+def build(out: Path, all_points: bool = True) -> tuple[list[dict], dict[Path, str], str]:
+    """(every grid point's row, run folder → divergence reason, the scored iterate); a row's
+    ``shown`` is true for the chosen grid point (every point with ``all_points``)."""
     runs = load_runs(out)
     if not runs:
         raise SystemExit(f"error: no finished run (summary.json) at or below {out}")
@@ -134,14 +147,17 @@ def build(out: Path, all_points: bool) -> tuple[list[dict], dict[Path, str], str
     for setting, methods in group_runs(runs, sweep_order(out)).items():
         for method, variants in methods.items():
             chosen, split = select(variants, diverged)
+            grids = [rs[0].grid for rs in variants.values()]
             for variant, rs in variants.items():
-                if not all_points and variant != chosen and not (chosen is None and variant == next(iter(variants))):
-                    continue
+                shown = all_points or variant == chosen or (chosen is None and variant == next(iter(variants)))
                 bad = [r for r in rs if diverged[r.folder]]
                 stats = [paper_stats(r.summary["client_acc"]) for r in rs if not diverged[r.folder]]
                 rows.append({
                     "setting": setting, "method": method, "variant": variant, "chosen": variant == chosen,
                     "selected_on": split if len(variants) > 1 else "", "seeds": [r.seed for r in rs],
+                    "shown": shown, "weighting": "/".join(sorted({r.weighting for r in rs})),
+                    "edge": (grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
+                             if len(grids) > 1 else []),
                     "diverged": len(bad), "diverged_reasons": sorted({diverged[r.folder] for r in bad}),
                     "stats": {k: [s[k] for s in stats] for k in STATS} if not bad else {k: [] for k in STATS},
                     "val_average": [100 * r.summary["val_mean_acc"] for r in rs
@@ -155,18 +171,33 @@ def build(out: Path, all_points: bool) -> tuple[list[dict], dict[Path, str], str
     return rows, diverged, iterates.pop()
 
 
+def check_weightings(rows: list[dict]) -> None:
+    """One line (SystemExit) when a table mixes weightings without FedAvg under both."""
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        group = [r for r in rows if r["setting"] == setting and (r["chosen"] or not r["selected_on"])]
+        kinds = {r["weighting"] for r in group} - {"unknown"}
+        have = {r["weighting"] for r in group if all(x.summary.get("method") == "fedavg" for x in r["runs"])}
+        missing = [w for w in ("data-size", "uniform") if w not in have]
+        if len(kinds) > 1 and missing:
+            raise SystemExit(f"error: setting '{setting}' compares rules of different weightings "
+                             f"({', '.join(sorted(kinds))}) without FedAvg under fedavg-weighting = '{missing[0]}': "
+                             f"add a [[methods]] entry method = \"fedavg\", fedavg-weighting = \"{missing[0]}\" to "
+                             "the sweep, or pass --mixed-weightings")
+
+
 def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] | None = None) -> str:
     lines = [f"Scored iterate: **{iterate}** (every run of this table); split: the clients' test splits. "
              "Mean ± sample std over seeds of the q-FFL paper's statistics of the final per-client accuracies "
              "(variance = np.var · 10⁴, in %²); `final-10` = mean accuracy averaged over the last ten evaluations.", ""]
     for setting in dict.fromkeys(r["setting"] for r in rows):
         lines += [f"### {setting}", "",
-                  "| method | hyperparameters | seeds | " + " | ".join(TITLES[k] for k in STATS)
+                  "| method | weighting | hyperparameters | seeds | " + " | ".join(TITLES[k] for k in STATS)
                   + " | final-10 average | final-10 worst 10 % | validation average |"
                   + (" paper (avg / worst / best / var) |" if paper is not None else ""),
-                  "|---|---|---:|" + "---:|" * (len(STATS) + 3) + ("---|" if paper is not None else "")]
+                  "|---|---|---|---:|" + "---:|" * (len(STATS) + 3) + ("---|" if paper is not None else "")]
         for r in (x for x in rows if x["setting"] == setting):
-            hyper = r["variant"].replace(",", ", ") + (" ★" if r["chosen"] and r["selected_on"] else "")
+            hyper = (r["variant"].replace(",", ", ") + (" ★" if r["chosen"] and r["selected_on"] else "")
+                     + (" ⚠ edge" if r["chosen"] and r["edge"] else ""))
             n = len(r["seeds"])
             if r["diverged"]:
                 cells = [f"diverged ({r['diverged']}/{n})"] + ["—"] * (len(STATS) + 2)
@@ -177,11 +208,16 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
             if paper is not None:
                 ref = paper.get(r["method"])
                 p = " " + (" / ".join(f"{ref[k]:g}" for k in STATS) if ref else "not retrieved") + " |"
-            lines.append(f"| {r['method']} | {hyper} | {n} | " + " | ".join(cells) + " |" + p)
+            lines.append(f"| {r['method']} | {r['weighting']} | {hyper} | {n} | " + " | ".join(cells) + " |" + p)
         reasons = [(r["method"], r["variant"], x) for r in rows if r["setting"] == setting
                    for x in r["diverged_reasons"]]
         if reasons:
             lines += ["", "Diverged (never scored): " + "; ".join(f"{m} [{v}]: {x}" for m, v, x in reasons)]
+        edges = [r for r in rows if r["setting"] == setting and r["chosen"] and r["edge"]]
+        if edges:
+            where = "; ".join(f"{r['method']}: {', '.join(r['edge'])}" for r in edges)
+            lines += ["", "⚠ edge — selections on the edge of the grid tried (the optimum may lie beyond it; no best "
+                          f"is claimed from them): {where}"]
         sel = {r["selected_on"] for r in rows if r["setting"] == setting} - {""}
         if sel:
             lines += ["", f"★ = grid point selected on the {' / '.join(sorted(sel))} split (best mean over seeds "
@@ -195,7 +231,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.writer(fh)
         w.writerow(["setting", "method", "hyperparameters", "chosen", "selected_on", "seeds", "diverged"]
                    + [f"{k}_{s}" for k in STATS for s in ("mean", "std")]
-                   + ["final10_average_mean", "val_average_mean"])
+                   + ["final10_average_mean", "val_average_mean", "weighting", "selected", "on_edge", "edge"])
         for r in rows:
             vals = []
             for k in STATS:
@@ -204,7 +240,8 @@ def write_csv(rows: list[dict], path: Path) -> None:
             f10 = np.mean(r["final10_average"]) if r["final10_average"] else ""
             va = np.mean(r["val_average"]) if r["val_average"] else ""
             w.writerow([r["setting"], r["method"], r["variant"], int(r["chosen"]), r["selected_on"],
-                        " ".join(map(str, r["seeds"])), r["diverged"]] + vals + [f10, va])
+                        " ".join(map(str, r["seeds"])), r["diverged"]] + vals
+                       + [f10, va, r["weighting"], int(r["chosen"]), int(bool(r["edge"])), "; ".join(r["edge"])])
 
 
 def frontier(rows: list[dict], path: Path, title: str) -> None:
@@ -328,15 +365,21 @@ def main(argv=None) -> int:
     ap.add_argument("--curves", default="", help="write the accuracy curves of the chosen rows (PNG)")
     ap.add_argument("--qffl-diagnostics", default="", metavar="Q0,Q1",
                     help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
+    ap.add_argument("--mixed-weightings", action="store_true",
+                    help="allow a table of rules of different weightings without FedAvg under both")
     args = ap.parse_args(argv)
-    rows, _, iterate = build(Path(args.out), args.all_points)
+    every, _, iterate = build(Path(args.out), args.all_points)
+    if not args.mixed_weightings:
+        check_weightings(every)
+    rows = [r for r in every if r["shown"]]
     print(markdown(rows, iterate, PAPER_QFFL if args.paper == "qffl" else None))
     if args.qffl_diagnostics:
-        print(qffl_diagnostics(rows, *args.qffl_diagnostics.split(",")))
+        print(qffl_diagnostics([r for r in every if r["chosen"] or not r["selected_on"]],
+                               *args.qffl_diagnostics.split(",")))
     if args.curves:
         curves_figure(rows, Path(args.curves), Path(args.out).name)
-    if args.csv:
-        write_csv(rows, Path(args.csv))
+    if args.csv:  # every configuration, selected marking the chosen ones
+        write_csv(every, Path(args.csv))
     if args.frontier:
         frontier(rows, Path(args.frontier), Path(args.out).name)
     return 0

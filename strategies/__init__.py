@@ -3,7 +3,8 @@
 ``from strategies import FedPCD, Craft, FedeRage`` — every class is a complete
 ``flwr.serverapp.strategy.Strategy`` built with keyword arguments (its ``Params`` fields plus
 the common ones of :class:`strategies.base.FairStrategy`). ``strategies.registry`` maps
-run-config method names to them.
+run-config method names to them; ``weighting_of(method, config)`` says how a method weights
+its clients under a run config (``data-size``, ``uniform``, ``loss``, ...: ``WEIGHTINGS``).
 
 The names a ClientApp's replies carry are re-exported from :mod:`fedcore.keys` (``keys``, and
 the reply metrics as constants: ``NUM_EXAMPLES``, ``TRAIN_LOSS``, ...; README: "Using the
@@ -40,12 +41,14 @@ from strategies.fedpcd import FedPCD
 from strategies.fedprox import FedProx
 from strategies.fedpw import FedPW
 from strategies.qffl import QFFL
+from strategies.registry import WEIGHTINGS, weighting_of
 from strategies.robust import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum
 from strategies.scaffold import Scaffold
 
 __all__ = ["AFL", "Bulyan", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg",
            "FedAvgM", "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedMedian", "FedNova", "FedPCD", "FedProx", "FedPW",
            "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "MultiKrum", "QFFL", "Scaffold",
+           "WEIGHTINGS", "weighting_of",
            # reply names (fedcore.keys)
            "keys", "EVAL_ACC", "EVAL_LOSS", "FEDERAGE_BETA", "LOSS_BEFORE", "NUM_EXAMPLES", "NUM_STEPS", "NUM_TEST",
            "PARTITION_ID", "SCAFFOLD_DELTA_C", "TRAIN_LOSS"]

@@ -120,8 +120,15 @@ class AFL(FairStrategy):
     weighted sum uses server-side weights, so each update must be seen (no secure aggregation).
     """
 
+    weighting = "loss"  # λ ascends on the losses; γ_λ = 0 keeps it uniform
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return "uniform" if cls.Params.from_run_config(config).lambda_lr == 0.0 else "loss"
+
     Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
     evaluated_iterate = "averaged"  # evaluation_arrays: the mean of θ_0..θ_t (its paper's output)
 
     def init_state(self) -> State:

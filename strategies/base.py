@@ -74,7 +74,17 @@ from flwr.serverapp.strategy import Strategy
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
-from fedcore.replies import Dropped, ReplyLimits, check_eval_reply, validate_train_replies
+from fedcore.replies import (
+    NEAR_BOUND_WARN_ROUNDS,
+    Dropped,
+    ReplyLimits,
+    ReplyTrust,
+    check_eval_reply,
+    check_loss_values,
+    check_num_steps,
+    steps_asked,
+    validate_train_replies,
+)
 from fedcore.seeding import derive_seed
 from fedcore.state import Fields, rebuild
 from strategies.signatures import describe_hyperparameters, strategy_signature
@@ -227,6 +237,8 @@ class FairStrategy(Strategy):
     secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": weights of a secure sum
     required_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics beyond the required ones
     required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
+    loss_metrics: ClassVar[tuple[str, ...]] = ()  # reply losses the method weights by: bounded (check_numbers)
+    reads_num_steps: ClassVar[bool] = False  # num-steps is read: a whole number in [1, the steps asked]
     app_arguments: ClassVar[tuple[str, ...]] = ()  # derived: the subclass's own __init__ keywords
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
     evaluated_iterate: ClassVar[str] = "last"  # what evaluation_arrays gives: "last" θ_t or "averaged" (AFL)
@@ -302,6 +314,9 @@ class FairStrategy(Strategy):
         # Bounds on the clients' numbers (fedcore.replies.ReplyLimits): the app sets the
         # partitions' sizes and the run config's max-num-examples / max-update-ratio.
         self.reply_limits = ReplyLimits()
+        # What earlier rounds' accepted replies established (the trusted update scale and loss
+        # medians): the size bounds a majority of one round cannot move; checkpointed by the app.
+        self.reply_trust = ReplyTrust()
         self._theta_host: torch.Tensor | None = None  # θ_t, reused every round (theta_buffer)
         self._staging: torch.Tensor | None = None  # one host row (write_deltas, device ≠ CPU)
 
@@ -360,6 +375,33 @@ class FairStrategy(Strategy):
         """Why a train reply's metrics are unusable for this method (None: usable); such a
         reply is dropped with this reason before :meth:`aggregate_valid` (FedeRage: β in its box)."""
         return None
+
+    def check_valid(self, server_round: int, replies: list[Message]) -> dict[int, str]:
+        """{index: reason} of the well-formed replies whose method records are out of bounds
+        (SCAFFOLD's Δc_i against its own update); they are dropped with the reason. Default: none."""
+        return {}
+
+    def check_numbers(self, server_round: int, replies: list[Message]) -> dict[int, str]:
+        """{index: reason} of the replies whose numbers the method reads are out of bounds: each
+        of :attr:`loss_metrics` (:func:`fedcore.replies.check_loss_values`: finite, ≥ 0, bounded
+        against the round's and the trusted median), ``num-steps`` when :attr:`reads_num_steps`
+        (a whole number in [1, the steps the run config asked for]), then :meth:`check_valid`."""
+        out: dict[int, str] = {}
+        metrics = [r.content[keys.METRICS] for r in replies]
+        for key in self.loss_metrics:
+            bad, _ = check_loss_values([m.get(key) for m in metrics], key, self.reply_trust)
+            for i, why in bad.items():
+                out.setdefault(i, why)
+            self.reply_trust.observe_losses(key, [float(m[key]) for i, m in enumerate(metrics) if i not in bad])
+        if self.reads_num_steps:
+            for i, m in enumerate(metrics):
+                why = check_num_steps(m.get(keys.NUM_STEPS), steps_asked(self.run_config, m[keys.NUM_EXAMPLES]))
+                if why is not None:
+                    out.setdefault(i, why)
+        keep = [i for i in range(len(replies)) if i not in out]
+        for j, why in self.check_valid(server_round, [replies[i] for i in keep]).items():
+            out.setdefault(keep[j], why)
+        return out
 
     def on_dropped(self, server_round: int, client: int | None) -> None:
         """A sampled client gave no usable reply (FedLF forgets its history row)."""
@@ -504,14 +546,33 @@ class FairStrategy(Strategy):
     def check_train(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         """The round's replies split into valid (sorted by client) and dropped-with-reasons
         (a malformed reply and a missing one alike: logged, :meth:`on_dropped` called, never a
-        crash); the result is also :attr:`last_train`."""
+        crash); the result is also :attr:`last_train`, reset first: whatever happens below, the
+        app never reads an earlier round's outcome as this round's."""
+        self.last_train = RoundOutcome()
         replies = list(replies)
         self.read_aliases(replies, keys.TRAIN_ALIASES, "train")
         required = (*self.required_metrics, *((keys.LOSS_BEFORE,) if self.want_loss_before else ()))
         norms: dict = {}
         valid, dropped = validate_train_replies(replies, self.expected, self.spec, required, self.required_records,
                                                 limits=self.reply_limits, theta=self.current_arrays,
-                                                check=self.check_reply, stats=norms)
+                                                check=self.check_reply, stats=norms, trust=self.reply_trust)
+        try:
+            bad = self.check_numbers(server_round, valid)
+        except Exception as exc:  # noqa: BLE001 - a reply's numbers can drop the replies, never the round
+            why = f"reply numbers could not be checked ({type(exc).__name__}: {exc})".splitlines()[0]
+            bad = dict.fromkeys(range(len(valid)), why)
+        dropped += [Dropped(client_of(valid[i]), int(valid[i].metadata.src_node_id), why)
+                    for i, why in sorted(bad.items())]
+        valid = [r for i, r in enumerate(valid) if i not in bad]
+        if norms.get("near_bound"):
+            self.reply_trust.near_bound_rounds += 1
+            n = self.reply_trust.near_bound_rounds
+            if n >= NEAR_BOUND_WARN_ROUNDS:
+                log.warning("round %d: %d accepted update(s) within 4x of the size bound (%d rounds so far): "
+                            "poisoning under the bound looks like this (update_norms in rounds.jsonl)",
+                            server_round, norms["near_bound"], n)
+        if norms:
+            norms["near_bound_rounds"] = self.reply_trust.near_bound_rounds
         # Replies arrive in whatever order the nodes finish: sort by client so that float
         # sums (and so every result) do not depend on arrival order.
         valid.sort(key=lambda r: client_of(r))

@@ -59,6 +59,8 @@ def config_step(updates: torch.Tensor, tol: float = 0.0, out: torch.Tensor | Non
 class ConFIG(GroupedStrategy):
     """ConFIG (see the module docstring): ``ConFIG(fraction_train=0.1, tol=0.0)``."""
 
+    weighting = "uniform"  # equal targets ρ = 1/m
+
     Params = Params
 
     def aggregate_valid(self, server_round, replies):

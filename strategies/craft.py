@@ -465,6 +465,12 @@ class Craft(GroupedStrategy):
     model=net)``; ``server_lr`` must stay 0 (the step is ``step``).
     """
 
+    weighting = "data-size"  # or uniform: craft-rho (resolve_weighting)
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return cls.Params.from_run_config(config).rho
+
     Params = Params
     State = State
     own_step = "set its absolute step with craft-step (default 0.1)"

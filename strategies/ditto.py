@@ -70,6 +70,8 @@ class Ditto(FairStrategy):
     """Ditto (see the module docstring): ``Ditto(fraction_train=0.1, lam=0.1, aggregator="craft",
     model=net)``. The shared model's step is the aggregator's (:attr:`shared`)."""
 
+    weighting = "personal"  # scored on the personal models
+
     Params = Params
     client_method = "ditto"
     personalized = True

@@ -25,7 +25,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import flat, keys
-from fedcore.config import ConfigError
+from fedcore.config import APP, ConfigError
 from strategies.base import FairStrategy, metric_column, reply_metrics
 from strategies.registry import register
 
@@ -93,6 +93,12 @@ def weighted_sum_records(records: list, weights: torch.Tensor, out: torch.Tensor
 @register("fedavg")
 class FedAvg(FairStrategy):
     """FedAvg (see the module docstring); a weighted sum, so it runs under secure aggregation."""
+
+    weighting = "data-size"  # or uniform: fedavg-weighting (resolve_weighting)
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return str(APP["fedavg-weighting"].read(config))
 
     needs_individual_updates = False
     app_arguments = ("fedavg_weighting",)

@@ -77,6 +77,8 @@ def uniform_average(values: torch.Tensor) -> torch.Tensor:
 class FedeRage(FairStrategy):
     """FedeRage's server (see the module docstring); clients run ``client_app.methods.federage``."""
 
+    weighting = "uniform"  # the agnostic average
+
     Params = Params
     client_method = "federage"
     needs_individual_updates = False  # uniform means of θ_i and β_i: sums suffice

@@ -139,9 +139,12 @@ class FedFV(FairStrategy):
         FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)
     """
 
+    weighting = "uniform"  # the uniform mean of the projected updates
+
     Params = Params
     own_step = "its step is the conflict-free direction rescaled to the mean update's norm"
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     State = State
 

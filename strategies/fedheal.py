@@ -94,6 +94,12 @@ class State:
 class FedHEAL(FairStrategy):
     """FedHEAL (see the module docstring): ``FedHEAL(fraction_train=0.1, threshold=0.3, beta=0.4)``."""
 
+    weighting = "distance"  # distance-based weights; β = 0 keeps them at 1/m
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return "uniform" if cls.Params.from_run_config(config).beta == 0.0 else "distance"
+
     Params = Params
 
     State = State

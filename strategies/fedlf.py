@@ -241,8 +241,11 @@ class FedLF(FairStrategy):
         FedLF(history=True, window=10, fraction_train=0.25, lr=0.1, seed=0)
     """
 
+    weighting = "loss"  # min-norm weights with a loss-space fairness row
+
     Params = Params
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     State = State
 

@@ -15,6 +15,11 @@ Hyperparameters
 fedmgda-eps : float, default 0.1
     ε ≥ 0 (paper grid 0.01, 0.05, 0.1, 0.5, 1). Degenerate cases: ε = 0 gives λ* = p
     (FedAvg weights on normalised updates, no solve); ε ≥ 1 is plain MGDA.
+fedmgda-centre : ``data-size`` (default) | ``uniform``
+    The weights λ is kept within ε of: p_i = n_i/Σn (the FedAvg weights, as FLGo's
+    ``fedmgda.py`` and this project's spec take them) or 1/m. *This project's option*: the spec
+    fixes the data-size centre and the paper is not among the project's papers, so ``uniform``
+    is offered for comparisons at equal weighting (against uniform FedAvg), not as the paper's.
 fedmgda-lr : float, default 1.0
     η > 0, the global step on the (norm ≤ 1) direction (keyword ``eta``: ``lr`` is the
     clients' learning rate of every strategy). ``server-lr`` is not used: η is the step.
@@ -40,6 +45,7 @@ from strategies.registry import register
 class Params(MethodParams):
     prefix = "fedmgda"
     eps: float = hyper(0.1, low=0.0)  # fedmgda-eps: ε
+    centre: str = hyper("data-size", choices=("data-size", "uniform"))  # fedmgda-centre: the weights λ stays near
     eta: float = hyper(1.0, key="fedmgda-lr", low=0.0, low_open=True)  # η, the global step
 
 
@@ -60,6 +66,12 @@ class FedMGDA(FairStrategy):
         FedMGDA(eps=0.1, eta=1.0, fraction_train=0.25, lr=0.1, seed=0)
     """
 
+    weighting = "data-size"  # λ within ε of the centre: fedmgda-centre (resolve_weighting)
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return cls.Params.from_run_config(config).centre
+
     Params = Params
     own_step = "its step is fedmgda-lr"
     # Normalising each update and solving over their Gram matrix needs every update.
@@ -68,7 +80,10 @@ class FedMGDA(FairStrategy):
     def aggregate_valid(self, server_round, replies):
         theta, batch, deltas = self.unpack_deltas(replies)
         units, norms = unit_rows(deltas)
-        lam = fedmgda_weights(units, batch.fedavg_weights.numpy(), self.params.eps)
+        centre = batch.fedavg_weights.numpy()
+        if self.params.centre == "uniform":
+            centre = np.full_like(centre, 1.0 / len(centre))
+        lam = fedmgda_weights(units, centre, self.params.eps)
         direction = torch.from_numpy(lam).to(units.dtype) @ units
         metrics = {
             "fedmgda-lambda": [float(x) for x in lam],

@@ -55,10 +55,13 @@ class FedNova(FairStrategy):
     ``momentum``: the clients' heavy-ball ρ (the run's ``momentum``), for a_i.
     """
 
+    weighting = "data-size"  # p_i = n_i / Σ n_j
+
     # The server divides each update by its own a_i: it must see every update (a client
     # that sent Δ_i/a_i itself would make a weighted sum enough; the SGD client does not).
     needs_individual_updates = True
     required_metrics = (keys.NUM_STEPS,)
+    reads_num_steps = True  # a_i from it: a whole number in [1, the steps asked] (FairStrategy.check_numbers)
 
     def __init__(self, *, momentum: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)

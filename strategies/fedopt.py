@@ -40,11 +40,12 @@ from flwr.app import MetricRecord
 from flwr.serverapp import strategy as flower
 
 from fedcore import flat, keys
-from fedcore.config import ConfigError
+from fedcore.config import APP, ConfigError
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
 from strategies.registry import register
+from strategies.robust import flower_copies
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
 
@@ -117,6 +118,12 @@ class FlowerServerOpt(FairStrategy):
     (:meth:`inner_view`).
     """
 
+    weighting = "data-size"  # or uniform: fedavg-weighting (resolve_weighting)
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return str(APP["fedavg-weighting"].read(config))
+
     # Only the weighted mean of the local models enters: works under secure aggregation.
     needs_individual_updates = False
     app_arguments = ("fedavg_weighting",)
@@ -141,6 +148,7 @@ class FlowerServerOpt(FairStrategy):
         self.inner.current_arrays = self.inner_view(self.current_arrays)
         for name in moments:  # the state's moments into the wrapped strategy ...
             setattr(self.inner, name, getattr(self.state, name))
+        replies = flower_copies(replies)  # the metric keys all replies share (Flower's requirement)
         if self.fedavg_weighting == "uniform":
             for msg in replies:
                 msg.content[keys.METRICS][UNIFORM_KEY] = 1

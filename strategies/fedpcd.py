@@ -27,8 +27,12 @@ fedpcd-normalize : ``l2`` (default) | ``none`` | ``ema``
 fedpcd-ema-beta : float, default 0.9
     β of the per-client bias-corrected EMA of ‖g_i‖² (``ema`` only; updated when the
     client is seen; ḡ stays ℓ2-normalised). β = 0 is ``l2``.
-fedpcd-primary : ``fedavg`` (default) | ``none``
-    ``none``: g̃_0 = 0, i.e. the minimum-norm feasible direction (needs τ > 0).
+fedpcd-primary : ``fedavg`` (default) | ``fedavg-uniform`` | ``none``
+    The primary direction ḡ: ``fedavg`` = Σ p_i g_i with p_i = n_i/Σn (the data-size FedAvg
+    direction, as in the paper); ``fedavg-uniform`` = the uniform mean (1/m) Σ g_i, the FedAvg of
+    ``fedavg-weighting = 'uniform'``, so FedPCD can be set against the FedAvg it extends under
+    either weighting (ḡ also sets the step's length ‖ḡ‖); ``none``: g̃_0 = 0, i.e. the
+    minimum-norm feasible direction (needs τ > 0), rescaled to the data-size ‖ḡ‖.
 fedpcd-cache-dtype : ``float32`` (default) | ``bfloat16`` | ``float16``
     Storage of cached directions; the maths runs in float32 either way.
 fedpcd-outlier-norm : float, default 0 = off
@@ -101,6 +105,10 @@ from strategies.registry import register
 
 log = logging.getLogger(__name__)
 
+# fedpcd-primary → how the method weights its clients (strategies.registry.WEIGHTINGS): the
+# primary ḡ's weights; with no primary the direction weights every constraint alike.
+PRIMARY_WEIGHTING = {"fedavg": "data-size", "fedavg-uniform": "uniform", "none": "uniform"}
+
 
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
@@ -112,7 +120,7 @@ class Params(MethodParams):
     eps: float = hyper(1e-12, low=0.0, low_open=True)
     normalize: str = hyper("l2", choices=("l2", "none", "ema"))
     ema_beta: float = hyper(0.9, low=0.0, high=0.999)
-    primary: str = hyper("fedavg", choices=("fedavg", "none"))
+    primary: str = hyper("fedavg", choices=tuple(PRIMARY_WEIGHTING))
     cache_dtype: str = hyper("float32", choices=("float32", "bfloat16", "float16"))
     outlier_norm: float = hyper(0.0, low=0.0)
     outlier_norm_low: float = hyper(0.0, low=0.0)
@@ -375,6 +383,12 @@ def fedpcd_direction(
 class FedPCD(FairStrategy):
     """FedPCD (see the module docstring): ``FedPCD(fraction_train=0.1, tau=0.02, history=10, seed=0)``."""
 
+    weighting = "data-size"  # the primary ḡ's weights: fedpcd-primary (resolve_weighting)
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return PRIMARY_WEIGHTING[cls.Params.from_run_config(config).primary]
+
     Params = Params
 
     def __init__(self, **kwargs) -> None:
@@ -462,7 +476,10 @@ class FedPCD(FairStrategy):
         if k == 0:  # nothing usable: keep the model, never crash the round
             cache.expire(server_round)
             return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks})
-        p = torch.tensor(n_ex[keep] / n_ex[keep].sum(), dtype=torch.float64)
+        if p_.primary == "fedavg-uniform":  # ḡ = (1/k) Σ g_i
+            p = torch.full((len(keep),), 1.0 / len(keep), dtype=torch.float64)
+        else:
+            p = torch.tensor(n_ex[keep] / n_ex[keep].sum(), dtype=torch.float64)
         if dropped:  # rare: the valid rows move up
             work[:k] = work[keep].clone()
         g_bar = work[k]
@@ -483,7 +500,7 @@ class FedPCD(FairStrategy):
 
         # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i.
         scale = cache.scales(c_pids, norms[inl], p_.normalize, p_.eps)
-        if p_.primary == "fedavg":
+        if p_.primary != "none":
             g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
         else:
             g0_scale = 0.0

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat
+from fedcore import flat, keys
 from fedcore.params import MethodParams, hyper
 from strategies import linalg
 from strategies.base import FairStrategy, unpack_replies
@@ -228,7 +228,10 @@ class FedPW(FairStrategy):
     """FedPW (see the module docstring): ``FedPW(fraction_train=0.1, beta=0.3, drop_rate=0.3,
     num_clients=N)``."""
 
+    weighting = "loss"  # loss- and Gram-based momentum weights
+
     Params = Params
+    loss_metrics = (keys.TRAIN_LOSS,)  # the drop rates weight by it: bounded (FairStrategy.check_numbers)
 
     def init_state(self) -> State:
         return State.zeros(self.num_clients or 0)

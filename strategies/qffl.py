@@ -63,11 +63,18 @@ class QFFL(FairStrategy):
         QFFL(q=1.0, fraction_train=0.25, lr=0.1, seed=0)
     """
 
+    weighting = "loss"  # F_k^q; q = 0 is the uniform mean
+
+    @classmethod
+    def resolve_weighting(cls, config) -> str:
+        return "uniform" if cls.Params.from_run_config(config).q == 0.0 else "loss"
+
     Params = Params
     own_step = "its step is Σ Δ_k / Σ h_k (its size comes from L = 1/lr and h_k)"
     # h_k needs each client's ‖Δw_k‖²: the server must see every update.
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
+    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     def aggregate_valid(self, server_round, replies):
         theta, batch, deltas = self.unpack_deltas(replies)

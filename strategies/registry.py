@@ -4,15 +4,21 @@
 method's ``Params`` read their own keys, the common arguments come from the experiment
 fields. ``extra`` are app-side arguments some methods take (CRAFT's ``model`` for its
 layer groups); FedNova gets the clients' ``momentum`` from the run config.
+
+:func:`weighting_of` says how a method weights its clients (:data:`WEIGHTINGS`): part of
+its identity, declared by every registered class (its ``weighting``, resolved from the run
+config by a ``resolve_weighting`` classmethod where a key chooses it) and refused at
+registration when missing.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedcore.config import ConfigError, RunConfig
+from fedcore.config import APP, ConfigError, RunConfig, default_run_config
 
 if TYPE_CHECKING:
     from strategies.base import FairStrategy
@@ -21,12 +27,29 @@ _CLASSES: dict[str, type[FairStrategy]] = {}
 _NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "algorithms", "wrappers"}
 
 
+# How a method weights its clients in the aggregate (the report's weighting column). Each
+# registered class declares one word as its ``weighting`` class attribute; a class whose
+# weighting a run-config key chooses also defines ``resolve_weighting(config) -> word``.
+WEIGHTINGS: dict[str, str] = {
+    "data-size": "n_i / Σ n_j over the round's clients (FedAvg's default): the data-size-weighted objective",
+    "uniform": "1/m over the round's clients: every client counts the same",
+    "loss": "weights that grow with the clients' losses (AFL's λ, q-FFL's F^q, FedLF's and FedPW's loss terms)",
+    "distance": "weights from the updates' geometry (FedHEAL's distance-based weights, starting uniform)",
+    "personal": "clients are scored on their own personalised models (Ditto)",
+    "robust": "a robust statistic picks the replies or coordinates that count (median, trimmed mean, Krum)",
+}
+
+
 def register(name: str):
-    """Class decorator: ``@register("fedavg") class FedAvg(FairStrategy): ...``."""
+    """Class decorator: ``@register("fedavg") class FedAvg(FairStrategy): ...``; the class
+    declares its ``weighting`` (one of :data:`WEIGHTINGS`)."""
 
     def deco(cls):
         if name in _CLASSES and _CLASSES[name] is not cls:
             raise ValueError(f"method {name!r} registered twice")
+        if getattr(cls, "weighting", None) not in WEIGHTINGS:
+            raise ValueError(f"method {name!r} ({cls.__qualname__}) declares no weighting: set the class attribute "
+                             f"weighting to one of {', '.join(WEIGHTINGS)}")
         cls.name = name
         _CLASSES[name] = cls
         return cls
@@ -61,6 +84,28 @@ def method_keys() -> dict[str, Any]:
     for name in names():
         out.update(_CLASSES[name].Params.run_config_keys())
     return out
+
+
+def weighting_of(method: str, config: Mapping[str, Any]) -> str:
+    """How ``method`` weights its clients under a run's ``config`` (a resolved run config, as
+    ``summary.json``'s ``config``; a missing key takes its default): one of :data:`WEIGHTINGS`.
+
+    Key-dependent weightings are resolved (``fedavg`` with ``fedavg-weighting = 'uniform'``
+    → ``uniform``, ``craft-rho``, ``fedpcd-primary``, ``fedmgda-centre``, q-FFL's q = 0, ...).
+    The word describes the objective the aggregate estimates, so the draw counts too: with
+    ``participation = 'size-proportional'`` (clients drawn ∝ n_i) a uniform mean of the drawn
+    clients, which the FedAvg family then uses whatever its ``fedavg-weighting``, weights
+    the data by size: ``data-size``. A bad value is a one-line :class:`ConfigError`.
+    """
+    cls = strategy_class(method)
+    full = {**default_run_config(), **config}
+    resolve = getattr(cls, "resolve_weighting", None)
+    word = resolve(full) if resolve is not None else cls.weighting
+    if word not in WEIGHTINGS:
+        raise ConfigError(f"method {method!r} resolved its weighting to {word!r}, not one of {', '.join(WEIGHTINGS)}")
+    if word in ("uniform", "data-size") and APP["participation"].read(full) == "size-proportional":
+        return "data-size"
+    return word
 
 
 def build(cfg: RunConfig, **extra: Any) -> FairStrategy:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import strategy as flower
 
-from fedcore import flat
+from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams, hyper
 from strategies.base import FairStrategy, client_of
@@ -73,11 +73,25 @@ class BulyanParams(KrumParams):
     prefix = "bulyan"
 
 
-def _copy(reply: Message) -> Message:
-    """The reply with its own ArrayRecord objects (the Arrays themselves are shared, unmodified)."""
+def _copy(reply: Message, metric_keys: frozenset[str] | None = None) -> Message:
+    """The reply with its own ArrayRecord objects (the Arrays themselves are shared, unmodified)
+    and, with ``metric_keys``, a MetricRecord of those keys only."""
     content = RecordDict({name: ArrayRecord(dict(rec.items())) if isinstance(rec, ArrayRecord) else rec
                           for name, rec in reply.content.items()})
+    if metric_keys is not None:
+        content[keys.METRICS] = MetricRecord({k: v for k, v in reply.content[keys.METRICS].items()
+                                              if k in metric_keys})
     return Message(content, metadata=reply.metadata)
+
+
+def flower_copies(replies: list[Message]) -> list[Message]:
+    """Copies of valid replies as Flower's own strategies accept them: Flower raises
+    ``InconsistentMessageReplies`` unless every MetricRecord has the same keys, and a client may
+    add metrics of its own (valid, but not a reason to fail the round): only the metric keys
+    every reply has are kept."""
+    common = frozenset.intersection(*(frozenset(r.content[keys.METRICS].keys()) for r in replies)) if replies \
+        else frozenset()
+    return [_copy(r, common) for r in replies]
 
 
 class FlowerRobust(FairStrategy):
@@ -85,6 +99,8 @@ class FlowerRobust(FairStrategy):
 
     Subclasses name the Flower class and the arguments it is built with (:meth:`flower_arguments`).
     """
+
+    weighting = "robust"  # a robust statistic picks what counts
 
     flower_class: ClassVar[type]
     reports_selection: ClassVar[bool] = False
@@ -109,7 +125,7 @@ class FlowerRobust(FairStrategy):
         return MetricRecord()
 
     def aggregate_valid(self, server_round, replies):
-        copies = [_copy(r) for r in replies]
+        copies = flower_copies(replies)
         self.before_round(len(copies))
         new_arrays, _ = self.inner.aggregate_train(server_round, copies)
         if new_arrays is None:  # Bulyan with fewer than 4f + 3 replies (Flower logs why)

@@ -22,6 +22,7 @@ is sampled, until a reply from it arrives. The same for one client whose SuperNo
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from flwr.app import MetricRecord
@@ -29,6 +30,9 @@ from flwr.app import MetricRecord
 from fedcore import flat, keys
 from strategies.base import FairStrategy, unpack_replies
 from strategies.registry import register
+
+# Honest Δc_i meet their bound exactly up to float32 rounding: 5 % covers that and nothing more.
+DELTA_C_SLACK = 1.05
 
 
 @dataclasses.dataclass
@@ -49,6 +53,8 @@ def scaffold_server_step(theta: torch.Tensor, local: torch.Tensor, delta_c: torc
 @register("scaffold")
 class Scaffold(FairStrategy):
     """SCAFFOLD's server (see the module docstring); clients run ``client_app.methods.scaffold``."""
+
+    weighting = "uniform"  # θ + η_g · mean Δy_i
 
     client_method = "scaffold"
     # The update needs only sums, but the exact c_i mirror (for resume) needs each Δc_i.
@@ -87,6 +93,26 @@ class Scaffold(FairStrategy):
         if client in self.state.pending_restore:
             return {keys.SCAFFOLD_C_CLIENT: self.to_record(self.state.client_c[client])}
         return {}
+
+    def check_valid(self, server_round, replies):
+        """Δc_i bounded by the client's own accepted update: option II gives
+        Δc_i = (θ_t − y_i)/(K_i η_l) − c on the parameters (0 − c_i = 0 elsewhere), so an honest
+        ‖Δc_i‖ ≤ ‖c‖ + ‖θ_t − y_i‖/(K_i η_l) (K_i its num-steps, at least 1); a reply above
+        :data:`DELTA_C_SLACK` × that is dropped (a huge or scaled Δc would move c for every client)."""
+        theta = self.current_flat(torch.float64)
+        c_norm = float(self._c().double().norm())
+        lr = self.round_lr(server_round)
+        out = {}
+        for i, reply in enumerate(replies):
+            dc = float(flat.record_to_flat(reply.content[keys.SCAFFOLD_DELTA_C], dtype=torch.float64).norm())
+            dy = float((theta - flat.record_to_flat(reply.content[keys.ARRAYS], dtype=torch.float64)).norm())
+            k = reply.content[keys.METRICS].get(keys.NUM_STEPS, 1)
+            k = int(k) if isinstance(k, (int, float)) and math.isfinite(k) and k >= 1 else 1
+            bound = DELTA_C_SLACK * (c_norm + dy / (k * lr)) + 1e-6
+            if not dc <= bound:
+                out[i] = (f"record '{keys.SCAFFOLD_DELTA_C}' has norm {dc:.3g}, above {bound:.3g} = "
+                          f"{DELTA_C_SLACK:g} x (‖c‖ + ‖θ_t − y_i‖/(K_i η_l)), what its own update allows")
+        return out
 
     def aggregate_valid(self, server_round, replies):
         st = self.state

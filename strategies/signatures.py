@@ -62,7 +62,7 @@ def describe_hyperparameters(params_cls: type[MethodParams]) -> str:
             lines.append(f"{f.name} : {kind.__module__}.{name}, default {name}()  "
                          f"[{', '.join(kind.run_config_keys())}]")
             continue
-        meta, allowed = f.metadata, []
+        meta, allowed = f.metadata, ["finite"] if name == "float" else []  # fedcore.config.check_value
         if meta.get("choices"):
             allowed.append("one of " + ", ".join(meta["choices"]))
         if meta.get("low") is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -232,3 +233,64 @@ def test_resume_allow_changes_is_checked(tmp_path, value):
 
     with pytest.raises(ConfigError, match="resume-allow-changes"):
         check({**load_config({"output-dir": str(tmp_path)}).as_dict(), "resume-allow-changes": value})
+
+
+# -- authenticity (FEDPCD_CHECKPOINT_KEY) and the restored state's checks -----------------------------
+def _forge(path: Path, ckpt: checkpoint.Checkpoint) -> None:
+    """What anyone who can write the folder can do: other bytes and a matching sha256 file."""
+    import hashlib
+
+    import torch
+
+    torch.save(ckpt.to_dict(), path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    checkpoint.checksum_path(path).write_text(f"{digest}  {path.name}\n")
+
+
+def test_with_a_key_a_forged_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(checkpoint.KEY_ENV, "s3cret")
+    checkpoint.write(tmp_path, _ckpt(2))
+    path = checkpoint.write(tmp_path, _ckpt(4))
+    assert checkpoint.hmac_path(path).is_file()
+    assert checkpoint.latest(tmp_path).round == 4  # signed and verified
+    forged = _ckpt(4)
+    forged.arrays = {"w": forged.arrays["w"] * 100}
+    _forge(path, forged)  # the sha256 matches: before, this checkpoint loaded and its model was used
+    with pytest.raises(checkpoint.ForgedCheckpoint) as err:
+        checkpoint.load(path)
+    assert "\n" not in str(err.value) and "fails its HMAC" in str(err.value) and checkpoint.KEY_ENV in str(err.value)
+    assert checkpoint.latest(tmp_path).round == 2  # the authentic one before it
+    assert "fails its HMAC" in caplog.text
+
+
+def test_with_a_key_an_unsigned_or_otherwise_signed_checkpoint_is_refused(tmp_path, monkeypatch):
+    path = checkpoint.write(tmp_path, _ckpt(2))  # no key: no HMAC file
+    assert not checkpoint.hmac_path(path).exists()
+    monkeypatch.setenv(checkpoint.KEY_ENV, "s3cret")
+    with pytest.raises(checkpoint.ForgedCheckpoint, match="has no HMAC file"):
+        checkpoint.load(path)
+    monkeypatch.setenv(checkpoint.KEY_ENV, "another")
+    checkpoint.write(tmp_path, _ckpt(2))
+    monkeypatch.setenv(checkpoint.KEY_ENV, "s3cret")
+    with pytest.raises(checkpoint.ForgedCheckpoint, match="fails its HMAC"):
+        checkpoint.load(path)
+    monkeypatch.delenv(checkpoint.KEY_ENV)
+    assert checkpoint.load(path).round == 2  # without a key nothing is checked but the checksum
+
+
+@pytest.mark.parametrize("field, value, what", [
+    ("arrays", {"w": np.full(10, np.nan, dtype=np.float32)}, "model array 'w' is not a finite array"),
+    ("arrays", {"w": np.array([1.0, np.inf], dtype=np.float32)}, "model array 'w' is not a finite array"),
+    ("times_sampled", np.arange(3), "times_sampled is not one count >= 0 per client"),
+    ("times_sampled", -np.ones(4, dtype=np.int64), "times_sampled is not one count >= 0 per client"),
+    ("strategy", {"beta": 0.5, "cache": np.full((2, 3), np.nan)}, "the strategy state holds a NaN array"),
+    ("history", [{"round": 1}, 7], "its round or history is malformed"),
+])
+def test_a_restored_checkpoint_is_checked_before_use_key_or_not(tmp_path, caplog, field, value, what):
+    import dataclasses
+
+    checkpoint.write(tmp_path, _ckpt(2))
+    path = checkpoint.write(tmp_path, dataclasses.replace(_ckpt(4), **{field: value}))  # a valid checksum
+    with pytest.raises(ValueError, match=re.escape(what)):
+        checkpoint.load(path)
+    assert checkpoint.latest(tmp_path).round == 2 and what in caplog.text

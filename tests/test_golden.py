@@ -19,8 +19,8 @@ import json
 import numpy as np
 import pytest
 
-from tests.golden import environment
-from tests.golden.record import GOLDEN, compare, run_one, runs
+from tests.golden import environment, record
+from tests.golden.record import GOLDEN, compare, entry_environment, run_one, runs
 
 RECORDED = json.loads(GOLDEN.read_text())
 # Methods whose arithmetic order changed in the redesign (model equal within 1e-6, not bit for bit).
@@ -30,8 +30,9 @@ NOT_BIT_IDENTICAL: set[str] = {"fedpcd", "fedpcd-tau0.5", "fedpcd-ema", "craft",
                                "ditto-craft"}
 
 
-def same_environment() -> bool:
-    recorded = environment.recorded()
+def same_environment(entry: dict | None = None) -> bool:
+    """Whether this machine is the one ``entry``'s hash was recorded on (without an entry: the file's)."""
+    recorded = entry_environment(entry) if entry is not None else environment.recorded()
     return bool(recorded) and not environment.differences(environment.fingerprint(), recorded)
 
 
@@ -39,7 +40,8 @@ def same_environment() -> bool:
 def test_method_keeps_its_recorded_numbers(name, tmp_path):
     assert name in RECORDED, f"no recorded numbers for {name}: record them with python -m tests.golden.record {name}"
     got = run_one(runs()[name], str(tmp_path / name))
-    compare(got, RECORDED[name], same_environment=same_environment(), bit_identical=name not in NOT_BIT_IDENTICAL)
+    compare(got, RECORDED[name], same_environment=same_environment(RECORDED[name]),
+            bit_identical=name not in NOT_BIT_IDENTICAL)
 
 
 # -- the environment logic itself, on recorded numbers (no run) ------------------------------------
@@ -82,3 +84,55 @@ def test_the_recorded_environment_is_complete():
     recorded = environment.recorded()
     assert recorded, "tests/golden/environment.json is missing: python -m tests.golden.record --rehash"
     assert set(environment.fingerprint()) <= set(recorded)
+
+
+def test_an_entry_recorded_elsewhere_is_hashed_only_there(monkeypatch):
+    here = environment.fingerprint()
+    monkeypatch.setattr(environment, "recorded", lambda: dict(here))
+    assert same_environment({"mean_acc": 0.5})  # no own environment: the file's
+    assert not same_environment({"environment": {**here, "torch": here["torch"] + ".other-wheel"}})
+    monkeypatch.setattr(environment, "recorded", lambda: {**here, "cpu": "another"})
+    assert same_environment({"environment": dict(here)})
+
+
+def _recorder(monkeypatch, tmp_path, golden: dict, file_env: dict):
+    """record.main on a private methods.json, with run_one faked (no run) and the environments given."""
+    path = tmp_path / "methods.json"
+    path.write_text(json.dumps(golden))
+    saved = []
+    monkeypatch.setattr(record, "GOLDEN", path)
+    monkeypatch.setattr(record, "run_one", lambda overrides, out: {"mean_acc": 0.25, "model_sha256": "ab",
+                                                                    "model_projections": [1.0]})
+    monkeypatch.setattr(environment, "recorded", lambda: dict(file_env))
+    monkeypatch.setattr(environment, "save", saved.append)
+    return path, saved
+
+
+def test_record_one_entry_leaves_the_others(monkeypatch, tmp_path, capsys):
+    here = environment.fingerprint()
+    other = {**here, "torch": here["torch"] + ".other-wheel"}
+    path, saved = _recorder(monkeypatch, tmp_path, {"krum": {"mean_acc": 0.9, "model_sha256": "old"}}, other)
+    assert record.main(["fedavg"]) == 0
+    after = json.loads(path.read_text())
+    assert after["krum"] == {"mean_acc": 0.9, "model_sha256": "old"}  # untouched, not rerun
+    assert after["fedavg"]["model_sha256"] == "ab"
+    assert after["fedavg"]["environment"] == here  # this machine's hash: compared only here
+    assert saved == []  # the file's environment stays the other machine's
+    # on the file's own machine an entry needs no environment of its own
+    path, saved = _recorder(monkeypatch, tmp_path, {}, here)
+    assert record.main(["krum"]) == 0
+    assert "environment" not in json.loads(path.read_text())["krum"]
+
+
+def test_record_refuses_nothing_named_and_unknown_entries(monkeypatch, tmp_path, capsys):
+    _recorder(monkeypatch, tmp_path, {}, environment.fingerprint())
+    assert record.main([]) == 2
+    assert "--all" in capsys.readouterr().err
+    assert record.main(["no-such-method"]) == 2
+    assert "no-such-method" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        record.main(["--help"])
+    assert exc.value.code == 0
+    assert "Name the entries" in capsys.readouterr().out
+    assert record.main(["--list"]) == 0
+    assert "fedpcd not recorded" in capsys.readouterr().out  # the private file is empty

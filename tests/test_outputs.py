@@ -13,7 +13,7 @@ import pytest
 from fedcore.config import ConfigError, load_config
 from fedpcd_app.runtime import simulate
 from fedpcd_app.server import checkpoint
-from fedpcd_app.server.results import LOCK, ResultsWriter, read_rounds
+from fedpcd_app.server.results import LOCK, ResultsWriter, read_rounds, read_summary
 
 PROJECT = Path(__file__).resolve().parent.parent
 RUN = "dataset='digits' num-clients=4 fraction-train=1.0 local-epochs=1 eval-every=0 seed=0"
@@ -106,3 +106,102 @@ def test_a_full_disk_writing_rounds_jsonl_is_one_line_too(tmp_path):
     with pytest.raises(checkpoint.OutputError, match="rounds.jsonl: No space left on device"):
         w.round({"round": 1})
     w.close()
+
+
+# -- a summary that cannot lie: a collapsed or out-of-bounds final model is not complete -----------------
+def _with_accuracies(monkeypatch, accs):
+    """The real evaluation, its mean accuracy replaced by ``accs[round - 1]``."""
+    from fedpcd_app.server.evaluation import Evaluator
+
+    real = Evaluator.evaluate
+
+    def evaluate(self, server_round, arrays, grid):
+        out = real(self, server_round, arrays, grid)
+        return {**out, "mean_acc": accs[server_round - 1]}
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+
+
+def test_a_final_model_at_chance_after_learning_is_incomplete_and_says_where(tmp_path, monkeypatch):
+    """The scale-down majorities of the problem report: fedmedian 0.652 -> 0.113 said complete: true."""
+    from tests.test_folder_guards import _cfg, _run
+
+    _with_accuracies(monkeypatch, [0.40, 0.652, 0.60, 0.113])
+    _run(_cfg(tmp_path / "run"))
+    s = read_summary(tmp_path / "run")
+    assert s["complete"] is False and s["incomplete_reason"].startswith("collapsed at round 4")
+    assert s["collapsed"]["round"] == 4 and s["collapsed"]["best_round"] == 2
+    assert s["collapsed"]["best_mean_acc"] == 0.652 and s["collapsed"]["chance"] == pytest.approx(0.1)
+    assert any("mean accuracy fell from 0.6000 (round 3) to 0.1130" in w for w in s["warnings"])
+
+
+def test_honest_ups_and_downs_stay_complete_without_warnings(tmp_path, monkeypatch):
+    from tests.test_folder_guards import _cfg, _run
+
+    _with_accuracies(monkeypatch, [0.30, 0.55, 0.48, 0.58])
+    _run(_cfg(tmp_path / "run"))
+    s = read_summary(tmp_path / "run")
+    assert s["complete"] is True and s["incomplete_reason"] is None and "collapsed" not in s
+    assert s["warnings"] == []
+
+
+@pytest.mark.parametrize("accs, collapsed", [
+    ([0.652, 0.113], True), ([0.568, 0.122], True), ([0.913, 0.228], True),  # the report's three methods
+    ([0.25, 0.10], False),  # never well above chance: nothing to have collapsed from
+    ([0.80, 0.70], False), ([0.80, None], False), ([0.5], False),
+])
+def test_the_collapse_rule(accs, collapsed):
+    from fedpcd_app.server.divergence import collapse
+
+    assert (collapse(list(enumerate(accs, 1)), 10) is not None) is collapsed
+
+
+def test_a_final_model_far_outside_the_initial_norm_is_incomplete(tmp_path):
+    """Every client of the last round sends a huge model (the median is theirs, nothing is
+    dropped): the final model is 1e4 x the previous one. Before: complete: true."""
+    from fedpcd_app.server.server_app import Experiment
+    from tests.fakegrid import FakeGrid, honest_reply, scaled, task_identity
+    from tests.test_folder_guards import _cfg
+
+    cfg = _cfg(tmp_path / "run", **{"eval-every": 0, "checkpoint-every": 0, "max-update-ratio": 0.0})
+    holder = {}
+
+    def craft(req, pid, node):
+        reply = honest_reply(req, pid, node, holder["exp"].strategy, num_examples=10 + pid)
+        if holder["exp"].history and len(holder["exp"].history) == 3:  # round 4
+            from fedcore import keys
+
+            reply.content[keys.ARRAYS] = scaled(req.content[keys.ARRAYS], 1e4)
+        return [reply]
+
+    with task_identity():
+        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
+        exp.run()
+    s = read_summary(tmp_path / "run")
+    assert s["complete"] is False and s["incomplete_reason"].startswith("final model out of bounds")
+    assert "x the initial model's" in s["incomplete_reason"]
+
+
+def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tmp_path, monkeypatch):
+    from fedpcd_app.server.server_app import Experiment
+    from tests.test_folder_guards import _cfg, _run
+
+    real = Experiment.train_round
+
+    def train_round(self, server_round):
+        record = real(self, server_round)
+        record["update_norms"] = {"median": 1.0, "max_ratio": 90.0}  # under the default bound of 100
+        return record
+
+    monkeypatch.setattr(Experiment, "train_round", train_round)
+    _run(_cfg(tmp_path / "run"))
+    s = read_summary(tmp_path / "run")
+    assert any("max-update-ratio = 100" in w and "in 3 rounds" in w for w in s["warnings"]), s["warnings"]
+
+
+@pytest.mark.parametrize("acc, rounds, marked", [(0.113, 60, True), (0.122, 20, True), (0.113, 19, False),
+                                                 (0.228, 60, False), (None, 60, False)])
+def test_a_long_run_still_at_chance_is_marked(acc, rounds, marked):
+    from fedpcd_app.server.divergence import at_chance
+
+    assert (at_chance(acc, 10, rounds) is not None) is marked

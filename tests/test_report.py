@@ -15,6 +15,7 @@ from tests.helpers import make_run
 FEDAVG = {0: [0.5] * 5 + [0.9] * 5, 1: [0.6] * 5 + [0.9] * 5, 2: [0.55] * 5 + [0.95] * 5}  # means .70 .75 .75
 TAU1 = {0: [0.8] * 10, 1: [0.7] * 10, 2: [0.7] * 10}       # means .80 .70 .70 → mean .7333
 TAU2 = {0: [0.78] * 10, 1: [0.76] * 10, 2: [0.74] * 10}    # means .78 .76 .74 → mean .76 (best by mean)
+TAU5 = {0: [0.6] * 10, 1: [0.65] * 10, 2: [0.6] * 10}      # mean .6167: makes τ=0.02 interior to the grid
 CURVES = {  # eval rounds 10/20/30; target = FedAvg's mean final = (0.70+0.75+0.75)/3 = 0.7333...
     0: {10: 0.60, 20: 0.74, 30: 0.78},  # reaches at 20
     1: {10: 0.74, 20: 0.75, 30: 0.76},  # reaches at 10
@@ -30,6 +31,7 @@ def sweep_out(tmp_path):
                  curve={10: 0.3, 20: 0.5, 30: sum(acc) / len(acc)})
         make_run(tmp_path, "alpha0.1", "fedpcd", seed, TAU1[seed], grid={"fedpcd-tau": 0.01})
         make_run(tmp_path, "alpha0.1", "fedpcd", seed, TAU2[seed], grid={"fedpcd-tau": 0.02}, curve=CURVES[seed])
+        make_run(tmp_path, "alpha0.1", "fedpcd", seed, TAU5[seed], grid={"fedpcd-tau": 0.05})
     return tmp_path
 
 
@@ -40,12 +42,12 @@ def test_best_grid_point_is_chosen_by_mean_over_seeds(sweep_out):
     best, by_variant = report.best_variant(runs)
     # Assert
     assert best == "fedpcd-tau=0.02"
-    assert sorted(by_variant) == ["fedpcd-tau=0.01", "fedpcd-tau=0.02"]
+    assert sorted(by_variant) == ["fedpcd-tau=0.01", "fedpcd-tau=0.02", "fedpcd-tau=0.05"]
 
 
 def test_report_numbers_equal_hand_computed(sweep_out):
     md, csv_path = report.report(sweep_out)
-    rows = {r["method"]: r for r in csv.DictReader(open(csv_path))}
+    rows = {r["method"]: r for r in csv.DictReader(open(csv_path)) if r["selected"] == "1"}
     assert set(rows) == {"fedavg", "fedpcd"}
     assert rows["fedpcd"]["hyperparameters"] == "fedpcd-tau=0.02"
     fedavg_means = [0.70, 0.75, 0.75]
@@ -178,14 +180,17 @@ def test_a_repeated_seed_uses_the_newest_run(tmp_path, capsys):
 def test_all_lists_every_grid_point_and_marks_the_chosen(sweep_out):
     md, csv_path = report.report(sweep_out, all_points=True)
     rows = list(csv.DictReader(open(csv_path)))
-    assert [(r["method"], r["hyperparameters"], r["chosen"]) for r in rows] == [
-        ("fedavg", "base", "1"), ("fedpcd", "fedpcd-tau=0.01", "0"), ("fedpcd", "fedpcd-tau=0.02", "1")]
+    assert [(r["method"], r["hyperparameters"], r["chosen"], r["selected"]) for r in rows] == [
+        ("fedavg", "base", "1", "1"), ("fedpcd", "fedpcd-tau=0.01", "0", "0"), ("fedpcd", "fedpcd-tau=0.02", "1", "1"),
+        ("fedpcd", "fedpcd-tau=0.05", "0", "0")]
     assert float(rows[1]["mean_acc_mean"]) == pytest.approx((0.8 + 0.7 + 0.7) / 3)
     lines = [x for x in md.read_text().splitlines() if x.startswith("| fedpcd")]
-    assert len(lines) == 2 and "★" in lines[1] and "★" not in lines[0]
-    # the default report keeps one row per method
-    _, csv_path = report.report(sweep_out)
-    assert len(list(csv.DictReader(open(csv_path)))) == 2
+    assert len(lines) == 3 and "★" in lines[1] and "★" not in lines[0] + lines[2]
+    # the default report.md keeps one row per method; report.csv holds every configuration
+    md, csv_path = report.report(sweep_out)
+    assert len([x for x in md.read_text().splitlines() if x.startswith("| fedpcd")]) == 1
+    assert [(r["hyperparameters"], r["selected"]) for r in csv.DictReader(open(csv_path))] == [
+        ("base", "1"), ("fedpcd-tau=0.01", "0"), ("fedpcd-tau=0.02", "1"), ("fedpcd-tau=0.05", "0")]
 
 
 # baseline and method final ā per seed: differences .05 .02 .07 -.01 .03 (no ties in |d|)
@@ -205,7 +210,7 @@ def paired_out(tmp_path):
 def test_paired_comparison_equals_hand_computed(paired_out):
     from scipy import stats
 
-    md, _ = report.report(paired_out, baseline="fedavg")
+    md, _ = report.report(paired_out, baseline="fedavg", mixed_weightings=True)
     rows = {(r["method"], r["metric"]): r for r in csv.DictReader(open(paired_out / "report_paired.csv"))}
     acc = rows[("fedpcd", "mean_acc")]
     d = [m - b for m, b in zip(METHOD, BASE)]
@@ -227,11 +232,11 @@ def test_paired_comparison_equals_hand_computed(paired_out):
     text = md.read_text()
     assert "paired comparison against fedavg" in text
     line = next(x for x in text.splitlines() if x.startswith("| fedpcd") and "| ā |" in x)
-    assert "+3.20 pp" in line and "| 0.125 |" in line and "| 4/5 |" in line
+    assert "+3.20 pp" in line and "| 0.125 |" in line and "| 4/5 (p = 0.375) |" in line
 
 
 def test_baseline_can_be_named_by_its_registered_method(paired_out):
-    report.report(paired_out, baseline="qffl")
+    report.report(paired_out, baseline="qffl", mixed_weightings=True)
     rows = list(csv.DictReader(open(paired_out / "report_paired.csv")))
     assert {r["baseline"] for r in rows} == {"other"}
 
@@ -241,7 +246,7 @@ def test_baseline_can_be_named_by_its_registered_method(paired_out):
     (["--baseline", "fedavg", "--metrics", "mean_acc,bogus"], "unknown metric 'bogus'"),
 ])
 def test_cli_errors_are_one_line(paired_out, capsys, args, needle):
-    assert report.main([str(paired_out), *args]) == 2
+    assert report.main([str(paired_out), "--mixed-weightings", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1
 
@@ -274,7 +279,7 @@ def test_grid_point_is_selected_on_validation_when_the_runs_have_it(sweep_out):
     md, csv_path = report.report(sweep_out)
     # Assert: selected on validation, reported on test, and the report says so
     assert best == "fedpcd-tau=0.01"
-    row = {r["method"]: r for r in csv.DictReader(open(csv_path))}["fedpcd"]
+    row = {r["method"]: r for r in csv.DictReader(open(csv_path)) if r["selected"] == "1"}["fedpcd"]
     assert row["hyperparameters"] == "fedpcd-tau=0.01"
     assert float(row["mean_acc_mean"]) == pytest.approx((0.8 + 0.7 + 0.7) / 3)  # the test numbers
     text = md.read_text()
@@ -320,7 +325,7 @@ def test_runs_scored_on_different_iterates_are_refused_in_one_table(tmp_path, ca
     # allowed when asked for: the table says so and has an iterate column
     assert report.main([str(out), "--mixed-iterates"]) == 0
     text = (out / "report.md").read_text()
-    assert "**mixed iterates**" in text and "| method | hyperparameters | seeds | iterate |" in text
+    assert "**mixed iterates**" in text and "| method | weighting | hyperparameters | seeds | iterate |" in text
 
 
 def test_runs_written_before_the_field_are_read_by_what_they_scored(tmp_path):
@@ -349,8 +354,131 @@ def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
     assert (bad["status"] == "diverged" and bad["mean_acc_mean"] == ""
             and "seed 1: diverged at round 12" in bad["incomplete"])
     text = md.read_text()
-    line = next(x for x in text.splitlines() if x.startswith("| fedpcd | fedpcd-tau=0.02"))
+    line = next(x for x in text.splitlines() if x.startswith("| fedpcd | data-size | fedpcd-tau=0.02"))
     assert "diverged (1/3 seeds)" in line and "%" not in line and "76" not in line
     assert "- fedpcd [fedpcd-tau=0.02] seed 1: diverged at round 12" in text
     paired = list(csv.DictReader(open(sweep_out / "report_paired.csv")))
-    assert {r["hyperparameters"] for r in paired} == {"fedpcd-tau=0.01"}
+    assert {r["hyperparameters"] for r in paired} == {"fedpcd-tau=0.01", "fedpcd-tau=0.05"}
+
+
+# -- weighting, edges, budget, corrected statistics ----------------------------------------------------
+def _weighting_runs(tmp_path, uniform_fedavg: bool):
+    for seed in range(3):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed])
+        make_run(tmp_path, "s", "afl", seed, TAU2[seed], registered="afl", summary={"scored_iterate": "last"})
+        if uniform_fedavg:
+            make_run(tmp_path, "s", "fedavg-uniform", seed, TAU1[seed], registered="fedavg",
+                     extra={"fedavg-weighting": "uniform"})
+    return tmp_path
+
+
+def test_every_table_has_a_weighting_column(tmp_path):
+    out = _weighting_runs(tmp_path, uniform_fedavg=True)
+    md, csv_path = report.report(out)
+    rows = {r["method"]: r["weighting"] for r in csv.DictReader(open(csv_path))}
+    assert rows == {"fedavg": "data-size", "afl": "loss", "fedavg-uniform": "uniform"}
+    text = md.read_text()
+    assert "| method | weighting | hyperparameters |" in text
+    assert "| fedavg-uniform | uniform |" in text and "| afl | loss |" in text
+
+
+def test_the_weighting_a_run_recorded_is_used(tmp_path):
+    make_run(tmp_path, "s", "fedavg", 0, [0.5, 0.6])  # no field: resolved from its config
+    make_run(tmp_path, "s", "x", 0, [0.5, 0.7], registered="not-here", summary={"weighting": "uniform"})
+    assert {r.method: r.weighting for r in report.load_runs(tmp_path)} == {"fedavg": "data-size", "x": "uniform"}
+
+
+def test_mixed_weightings_without_both_fedavgs_are_refused_in_one_line(tmp_path, capsys):
+    out = _weighting_runs(tmp_path, uniform_fedavg=False)
+    assert report.main([str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert ("data-size: fedavg; loss: afl" in err and "fedavg-weighting = 'uniform'" in err
+            and 'method = "fedavg", fedavg-weighting = "uniform"' in err and "--mixed-weightings" in err)
+    assert report.main([str(out), "--mixed-weightings"]) == 0
+    assert "Weighting: the rows weight their clients differently (data-size, loss)" in (out / "report.md").read_text()
+
+
+def test_a_selection_on_the_grid_edge_is_marked_and_never_best(tmp_path):
+    for seed in range(3):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed])
+        make_run(tmp_path, "s", "fedpcd", seed, TAU1[seed], grid={"lr": 0.01}, registered="fedpcd")
+        make_run(tmp_path, "s", "fedpcd", seed, TAU2[seed], grid={"lr": 0.03}, registered="fedpcd")
+    md, csv_path = report.report(tmp_path)
+    rows = {(r["method"], r["hyperparameters"]): r for r in csv.DictReader(open(csv_path))}
+    sel = rows[("fedpcd", "lr=0.03")]
+    assert (sel["selected"], sel["on_edge"], sel["edge"]) == ("1", "1", "lr=0.03 (largest tried)")
+    assert rows[("fedpcd", "lr=0.01")]["edge"] == "lr=0.01 (smallest tried)"
+    assert rows[("fedavg", "base")]["on_edge"] == "0"
+    text = md.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("| fedpcd"))
+    assert "⚠ edge" in line and "**" not in line  # 76 % is the highest ā, but not called best
+    assert "selections on the edge of the grid tried" in text and "fedpcd: lr=0.03 (largest tried)" in text
+    report.report(tmp_path, baseline="fedpcd")
+    text = (tmp_path / "report.md").read_text()
+    assert "⚠ edge: the baseline fedpcd [lr=0.03]'s selected grid point lies on its grid's edge" in text
+    assert list(csv.DictReader(open(tmp_path / "report_paired.csv")))[0]["on_edge"] == "0"  # fedavg: no grid
+
+
+def test_the_grid_edge_is_read_along_each_key_through_the_selection():
+    grids = [{"a": 1, "b": 10}, {"a": 2, "b": 10}, {"a": 3, "b": 10}, {"a": 2, "b": 20}, {"a": 2, "b": 5}]
+    assert report.grid_edges({"a": 2, "b": 10}, grids) == []
+    assert report.grid_edges({"a": 2, "b": 20}, grids) == ["b=20 (largest tried)"]  # a: only 2 along b=20
+    assert report.grid_edges({"a": 1, "b": 10}, grids) == ["a=1 (smallest tried)"]
+    assert report.grid_edges({"m": "x", "flag": True}, [{"m": "x", "flag": True}, {"m": "y", "flag": False}]) == []
+    lr = [{"lr": 0.3}, {"lr": 1.0}]  # lr's declared upper bound is 1.0 (tuning.LR): no further extension
+    assert report.grid_edges({"lr": 1.0}, lr, "fedavg") == ["lr=1.0 (largest tried, at its declared bound)"]
+    assert report.grid_edges({"lr": 0.3}, lr, "fedavg") == ["lr=0.3 (smallest tried)"]
+
+
+def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):
+    text = report.report(sweep_out)[0].read_text()
+    assert "Budget: **unequal** — configurations per method entry and seed: fedavg 1, fedpcd 3" in text
+    rows = report.summarize(report.load_runs(sweep_out), all_points=True)
+    assert report.budget_line([r for r in rows if r.method == "fedpcd"]) == (
+        "Budget: 3 configurations per method entry and seed, the same for every entry.")
+    assert report.budget_line(rows, budget=3) == ("Budget: 3 configurations per method entry and seed ([tuning] "
+                                                  "budget = 3); edge extensions beyond it: fedavg -2.")
+    (sweep_out / "sweep.json").write_text(json.dumps({"name": "x", "source": {"tuning": {"budget": 3}}, "runs": [
+        {"setting": "alpha0.1", "method": m, "folder": str(f.parent.relative_to(sweep_out))}
+        for f in sweep_out.rglob("summary.json") for m in [f.parts[-4]]]}))
+    assert "([tuning] budget = 3)" in report.report(sweep_out)[0].read_text()
+
+
+def test_paired_statistics_are_holm_corrected_over_the_table(paired_out):
+    from scipy import stats as sps
+
+    report.report(paired_out, baseline="fedavg", mixed_weightings=True)
+    rows = list(csv.DictReader(open(paired_out / "report_paired.csv")))
+    by = {(r["method"], r["metric"]): r for r in rows}
+    acc = by[("fedpcd", "mean_acc")]
+    d = [m - b for m, b in zip(METHOD, BASE)]
+    lo, hi = sps.t.interval(0.95, len(d) - 1, loc=statistics.mean(d), scale=sps.sem(d))
+    assert (float(acc["ci95_low"]), float(acc["ci95_high"])) == pytest.approx((lo, hi))
+    assert float(acc["effect_dz"]) == pytest.approx(statistics.mean(d) / statistics.stdev(d))
+    assert float(acc["sign_test_p"]) == pytest.approx(0.375)  # 4 of 5: 2 * 6/32
+    # the family: the defined t-tests of the table (fedpcd's ā and W10; σ_c all tied; 'other' has one seed)
+    defined = [r for r in rows if r["ttest_p"] != "nan"]
+    assert {r["family_size"] for r in defined} == {str(len(defined))} and len(defined) == 2
+    p = sorted(float(r["ttest_p"]) for r in defined)
+    holm = {p[0]: min(1, 2 * p[0]), p[1]: max(min(1, 2 * p[0]), p[1])}
+    for r in defined:
+        assert float(r["p_holm"]) == pytest.approx(holm[float(r["ttest_p"])])
+        assert r["significant"] == str(int(float(r["p_holm"]) < 0.05))
+    # report.csv carries the first metric's adjusted p per row (blank for rows not compared)
+    main = {r["method"]: r for r in csv.DictReader(open(paired_out / "report.csv"))}
+    assert float(main["fedpcd"]["p_holm"]) == pytest.approx(float(acc["p_holm"]))
+    assert main["fedavg"]["p_holm"] == ""
+    text = (paired_out / "report.md").read_text()
+    assert "Family: the 2 comparisons of this table with a defined t-test" in text and "5/5 is p = 0.0625" in text
+
+
+def test_check_wording_cli(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert report.main(["--check-wording", str(page)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"{page}:3: exploratory (no Holm-corrected test named): FedPCD wins on every seed."]
+    page.write_text("Nothing is claimed.\n")
+    assert report.main(["--check-wording", str(page)]) == 0
+    assert report.main(["--check-wording", str(tmp_path / "missing.md")]) == 2

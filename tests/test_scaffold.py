@@ -165,7 +165,8 @@ def test_without_num_clients_n_is_the_number_of_nodes():
     theta = flat.record_to_flat(theta_rec)
     (req,) = configure_round(strat, 1, theta_rec, [0], grid=FakeGrid(5, None))
     torch.testing.assert_close(flat.record_to_flat(req.content[keys.SCAFFOLD_C]), torch.zeros_like(theta))
-    msg = train_reply(theta_rec, 0,
+    # y = θ − K η_l · 1 (K = 1 step at η_l = 0.1) makes Δc = (θ − y)/(K η_l) − c = 1, as a client computes it
+    msg = train_reply(arrays_from_flat(theta - 0.1 * torch.ones_like(theta), theta_rec), 0,
                       extra_records={keys.SCAFFOLD_DELTA_C: arrays_from_flat(torch.ones_like(theta), theta_rec)})
     with task_identity():
         strat.aggregate_train(1, [msg])

@@ -156,8 +156,71 @@ def test_val_fraction_carves_validation_from_each_users_train_split():
         assert np.array_equal(np.sort(np.concatenate([data.train_idx[k], data.val_idx[k]])), train0[k])
 
 
+def _rows(x, y):
+    """A user's examples as a sorted list of (label, features) rows: the multiset, order-free."""
+    x = x.reshape(len(x), -1).numpy()
+    return sorted((int(label), tuple(row)) for label, row in zip(y.numpy(), x))
+
+
+def _user(data, k, split):
+    return getattr(data, f"client_{split}")(k)
+
+
+def test_user_resplit_keeps_each_users_pooled_examples_and_cuts_them_80_10_10():
+    plain = load_federated_data(_cfg(seed=3, synthetic_seed=7))
+    pooled = []
+    for k in range(10):
+        (xtr, ytr), (xte, yte) = plain.client_train(k), plain.client_test(k)
+        pooled.append(_rows(torch.cat([xtr, xte]), torch.cat([ytr, yte])))
+    data = load_federated_data(_cfg(seed=3, synthetic_seed=7, user_resplit=True))
+    for k in range(10):
+        parts = [_user(data, k, split) for split in ("train", "val", "test")]
+        n = len(pooled[k])
+        assert [len(y) for _, y in parts] == [int(0.8 * n), int(0.9 * n) - int(0.8 * n), n - int(0.9 * n)]
+        assert _rows(torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])) == pooled[k]
+    # the central test set is still the union of the users' (new) test splits
+    assert torch.equal(data.x_central, torch.cat([data.client_test(k)[0] for k in range(10)]))
+
+
+def test_user_resplit_is_fixed_by_the_seed_and_differs_across_seeds():
+    def cut(seed):
+        d = load_federated_data(_cfg(seed=seed, synthetic_seed=7, user_resplit=True))
+        return [_rows(*_user(d, k, "test")) for k in range(10)], [_rows(*_user(d, k, "val")) for k in range(10)]
+
+    first, again, other = cut(1), cut(1), cut(2)
+    assert first == again
+    assert all(a != b for a, b in zip(first[0], other[0]))  # every user's test split moves
+    assert all(a != b for a, b in zip(first[1], other[1]))
+    # the draw itself (synthetic-seed) is the same: seed 2's pooled examples are seed 1's
+    d1 = load_federated_data(_cfg(seed=1, synthetic_seed=7, user_resplit=True))
+    x1 = sorted(map(tuple, d1.x.reshape(len(d1.x), -1).numpy()))
+    d2 = load_federated_data(_cfg(seed=2, synthetic_seed=7, user_resplit=True))
+    assert sorted(map(tuple, d2.x.reshape(len(d2.x), -1).numpy())) == x1
+
+
+def test_user_resplit_off_is_the_sources_own_split():
+    a = load_federated_data(_cfg(seed=4))
+    train, test = [t.copy() for t in a.train_idx], [t.copy() for t in a.test_idx]
+    b = load_federated_data(_cfg(seed=4, user_resplit=False))
+    assert all(np.array_equal(x, y) for x, y in zip(train, b.train_idx))
+    assert all(np.array_equal(x, y) for x, y in zip(test, b.test_idx))
+    assert all(len(v) == 0 for v in b.val_idx)
+
+
+def test_user_resplit_of_a_tiny_user_is_one_data_error():
+    from client_app.data.splits import resplit_user
+
+    with pytest.raises(DataError) as err:
+        resplit_user(np.arange(1), seed=0, pid=3)
+    assert "client 3" in str(err.value) and "user-resplit" in str(err.value) and "\n" not in str(err.value)
+    train, val, test = resplit_user(np.arange(10, 20), seed=0, pid=0)
+    assert (len(train), len(val), len(test)) == (8, 1, 1)
+
+
 @pytest.mark.parametrize("override, fragment", [
     ({"partitioner": "dirichlet"}, "set partitioner='natural'"),
+    ({"user-resplit": True, "val-fraction": 0.1}, "set val-fraction=0"),
+    ({"user-resplit": "maybe"}, "user-resplit"),
     ({"synthetic-alpha": -1.0}, "synthetic-alpha"),
     ({"synthetic-beta": -0.1}, "synthetic-beta"),
     ({"synthetic-seed": -2}, "synthetic-seed"),
@@ -188,3 +251,9 @@ def test_a_small_synthetic_run_end_to_end(tmp_path):
     summary = read_summary(out)
     assert summary["rounds"] == 2 and len(summary["client_acc"]) == 8
     assert 0.0 <= summary["mean_acc"] <= 1.0 and 0.0 <= summary["central_acc"] <= 1.0
+
+
+def test_user_resplit_needs_the_natural_partitioner():
+    with pytest.raises(ConfigError) as err:
+        load_config({"dataset": "digits", "partitioner": "dirichlet", "user-resplit": True})
+    assert "partitioner='natural'" in str(err.value) and "\n" not in str(err.value)

@@ -114,3 +114,42 @@ def test_project_qffl_step_is_the_authors_aggregate2():
         np.testing.assert_allclose(ours.numpy(), ref.authors_step(diffs, losses, q, 0.1), rtol=1e-9)
     # q = 0: the uniform mean of the local models
     np.testing.assert_allclose(ref.authors_step(diffs, losses, 0.0, 0.1), diffs.mean(axis=0), rtol=1e-12)
+
+
+def test_csv_holds_every_configuration_with_selected_weighting_and_edge(tmp_path):
+    # three lr values: 0.03 is best on validation (interior); the markdown shows it alone
+    for seed in (0, 1):
+        for lr, val in ((0.01, 0.6), (0.03, 0.8), (0.1, 0.7)):
+            folder = make_run(tmp_path, "fedavg", f"lr={lr}", seed, [0.5, 0.6, 0.7], val=val)
+            labels = json.loads((folder / "run.json").read_text())
+            (folder / "run.json").write_text(json.dumps({**labels, "grid": {"lr": lr}}))  # numeric, as the sweep
+    out_csv = tmp_path / "t.csv"
+    assert tables.main([str(tmp_path), "--csv", str(out_csv)]) == 0
+    import csv
+
+    rows = list(csv.DictReader(open(out_csv)))
+    assert [(r["hyperparameters"], r["selected"], r["on_edge"]) for r in rows] == [
+        ("lr=0.01", "0", "1"), ("lr=0.03", "1", "0"), ("lr=0.1", "0", "1")]
+    assert {r["weighting"] for r in rows} == {"data-size"}
+    every, _, iterate = tables.build(tmp_path, all_points=False)
+    shown = [r for r in every if r["shown"]]
+    text = tables.markdown(shown, iterate)
+    assert "| fedavg | data-size | lr=0.03 ★ |" in text and "lr=0.01" not in text and "⚠ edge" not in text
+    # the best on the edge: marked
+    for folder in tmp_path.rglob("summary.json"):
+        if "lr=0.1" in str(folder):
+            s = json.loads(folder.read_text())
+            folder.write_text(json.dumps({**s, "val_mean_acc": 0.9}))
+    every, _, iterate = tables.build(tmp_path)
+    text = tables.markdown([r for r in every if r["chosen"]], iterate)
+    assert "lr=0.1 ★ ⚠ edge" in text and "selections on the edge of the grid tried" in text
+
+
+def test_mixed_weightings_without_both_fedavgs_are_refused(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path, "fedavg", "base", seed, [0.5, 0.6, 0.7])
+        make_run(tmp_path, "federage", "base", seed, [0.6, 0.6, 0.7])  # registered: uniform averaging
+    with pytest.raises(SystemExit, match="different weightings .data-size, uniform. without FedAvg under "
+                                         "fedavg-weighting = 'uniform'"):
+        tables.main([str(tmp_path)])
+    assert tables.main([str(tmp_path), "--mixed-weightings"]) == 0

@@ -145,7 +145,7 @@ def test_an_evaluation_score_out_of_range_is_refused(metrics, words):
 
 def _norm_round(scales, ratio=100.0):
     """Replies θ_t − s_i·u (u fixed), validated with max-update-ratio ``ratio``."""
-    theta = np.linspace(-1, 1, 12).astype(np.float32)
+    theta = np.linspace(-1000, 1000, 12).astype(np.float32)  # a model norm far above the updates: the ratio alone
     u = np.ones(12, dtype=np.float32)
     template = ArrayRecord({"w": Array(theta)})
     replies = [train_reply(ArrayRecord({"w": Array((theta - s * u).astype(np.float32))}), i)
@@ -164,7 +164,8 @@ def test_update_norm_rule_drops_only_updates_beyond_the_ratio_of_the_median():
     assert stats["median"] == pytest.approx(2.5 * np.sqrt(12)) and stats["max_ratio"] == pytest.approx(120.0)
     assert _norm_round([1.0, 2.0, 3.0, 240.0])[0] == [0, 1, 2, 3]  # 96 x: kept
     assert _norm_round([1.0, 2.0, 3.0, 300.0], ratio=0.0)[0] == [0, 1, 2, 3]  # off
-    assert _norm_round([1.0, 1e30])[0] == [0, 1]  # two replies: no median to trust (documented)
+    assert _norm_round([1.0, 1e3])[0] == [0, 1]  # two replies: no median to trust (documented) ...
+    assert _norm_round([1.0, 1e30])[0] == [0]  # ... but never above 10 x the model's own norm
     assert _norm_round([0.0, 0.0, 0.0, 5.0])[0] == [0, 1, 2, 3]  # median 0 (free riders): the rule rests
 
 
@@ -233,7 +234,9 @@ def test_fedpcd_lists_its_own_discards_under_dropped(tmp_path):
     # float32 squared norms overflow: it discards them, and the round's record says so.
     with task_identity():
         net = _net()
+        # max-update-ratio = 0: the size rules (which would drop them first) off, FedPCD's own check alone
         strategy = registry.build(load_config({"method": "fedpcd", "num-clients": 3}), model=net)
+        strategy.reply_limits = ReplyLimits(max_update_ratio=0.0)
         requests = configure_round(strategy, 1, ArrayRecord(net.state_dict()), [0, 1, 2])
         replies = [honest_reply(req, pid, 1000 + pid, strategy) for pid, req in enumerate(requests)]
         replies[1], replies[2] = _plus(replies[1], 1e20), _plus(replies[2], -1e20)

@@ -101,7 +101,8 @@ DATA_KEYS = (
     "dataset", "dataset-path", "partitioner", "dirichlet-alpha", "classes-per-client",
     "num-clients", "seed", "local-test-fraction", "central-test-fraction", "min-partition-size",
     "val-fraction", "data-pool",
-    "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed", "max-classes",
+    "synthetic-alpha", "synthetic-beta", "synthetic-iid", "synthetic-seed", "max-classes", "max-file-bytes",
+    "user-resplit",
 )
 
 

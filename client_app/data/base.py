@@ -6,6 +6,8 @@ conversion (:func:`images_to_nchw`)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 
 import numpy as np
 import torch
@@ -21,6 +23,62 @@ WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
 
 class DataError(RuntimeError):
     """The data cannot be loaded or partitioned as configured (message says how to fix)."""
+
+
+# Bounded reads: only regular files are read as datasets (a FIFO would block the run, a device
+# such as /dev/zero fill the memory), each at most max-file-bytes (a key; the default fits the
+# largest supported dataset file: LEAF's and the hub datasets' files are well under 1 GiB).
+DEFAULT_MAX_FILE_BYTES = 4 * 2**30
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def max_file_bytes(cfg: RunConfig) -> int:
+    """``max-file-bytes``: the largest dataset file read."""
+    return cfg.get_int("max-file-bytes", DEFAULT_MAX_FILE_BYTES, low=1)
+
+
+def _refusal(path, st: os.stat_result, limit: int) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+        return (f"dataset-path: {path} is {kind}, not a regular file: only regular files are read as datasets; "
+                "put the data itself in a file there")
+    if st.st_size > limit:
+        return (f"dataset-path: {path} is {st.st_size:,} bytes, above max-file-bytes = {limit:,}: check the file, "
+                f"or raise max-file-bytes (e.g. max-file-bytes={st.st_size}) if it is right")
+    return None
+
+
+def open_bounded(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> int:
+    """A read-only file descriptor of ``path`` after checking, on the open file itself, that it
+    is a regular file of at most ``limit`` bytes (non-blocking open: a FIFO cannot hang it);
+    :class:`DataError` (one line) otherwise. ``OSError`` (missing, unreadable) passes through."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        problem = _refusal(path, os.fstat(fd), limit)
+    except BaseException:
+        os.close(fd)
+        raise
+    if problem is not None:
+        os.close(fd)
+        raise DataError(problem)
+    return fd
+
+
+def check_file(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    """:func:`open_bounded`'s checks only (for readers that open the path themselves)."""
+    os.close(open_bounded(path, limit))
+
+
+def read_bounded(path, limit: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (see :func:`open_bounded`); a file
+    that grows past ``limit`` while read is refused too."""
+    with os.fdopen(open_bounded(path, limit), "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise DataError(f"dataset-path: {path} grew above max-file-bytes = {limit:,} while it was read: check the "
+                        "file, or raise max-file-bytes if it is right")
+    return data
 
 
 @dataclasses.dataclass

@@ -13,11 +13,19 @@ import numpy as np
 import torch
 
 from client_app.data import builtin
-from client_app.data.base import WRITER_COLUMN, Arrays, DataError, FederatedData, UserSplits, max_classes
+from client_app.data.base import (
+    WRITER_COLUMN,
+    Arrays,
+    DataError,
+    FederatedData,
+    UserSplits,
+    max_classes,
+    max_file_bytes,
+)
 from client_app.data.hub import load_hub
 from client_app.data.parquet import check_same_shape, read_parquet
 from client_app.data.partition import partition_labels
-from client_app.data.splits import split_local, split_validation
+from client_app.data.splits import resplit_user, split_local, split_validation
 from fedcore.config import RunConfig
 from fedcore.seeding import numpy_rng
 
@@ -128,6 +136,7 @@ def _build_natural(cfg: RunConfig) -> FederatedData:
             test_idx.append(np.arange(start, start + len(yte), dtype=np.int64))
             start += len(yte)
         x_pool, y_pool = np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+        central_is_tests = True
         central = np.concatenate(test_idx)
         x_central, y_central = x_pool[central], y_pool[central]
         standardise, num_classes = users.standardise, users.num_classes
@@ -143,15 +152,23 @@ def _build_natural(cfg: RunConfig) -> FederatedData:
             tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
             train_idx.append(tr)
             test_idx.append(te)
-        if len(y_central) == 0:  # merged pools: the central test set is every local test split
+        central_is_tests = len(y_central) == 0
+        if central_is_tests:  # merged pools: the central test set is every local test split
             central = np.concatenate(test_idx)
             x_central, y_central = x_pool[central], y_pool[central]
         standardise, num_classes = True, 0
     val_idx = []
+    resplit = cfg.get_bool("user-resplit")
     for pid, (tr, te) in enumerate(zip(train_idx, test_idx)):
-        tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
+        if resplit:  # each user's examples pooled and cut 80/10/10 (validation included: val-fraction is 0)
+            tr, va, test_idx[pid] = resplit_user(np.concatenate([tr, te]), cfg.seed, pid)
+        else:
+            tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
         train_idx[pid] = tr
         val_idx.append(va)
+    if resplit and central_is_tests:  # the central test set stays the union of the (new) test splits
+        central = np.concatenate(test_idx)
+        x_central, y_central = x_pool[central], y_pool[central]
     if not num_classes:
         num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
     x, xc, fill = _tensors(x_pool, x_central, standardise)
@@ -205,11 +222,11 @@ def _load_arrays(cfg: RunConfig) -> tuple[Arrays, Arrays | None]:
             from client_app.data import leaf
 
             try:
-                return read_leaf(folder, max_classes(cfg))
+                return read_leaf(folder, max_classes(cfg), max_file_bytes(cfg))
             except leaf.DataError as exc:
                 raise DataError(str(exc)) from None
-        bound = max_classes(cfg)
-        train, test = read_parquet(folder, "train", bound), read_parquet(folder, "test", bound)
+        bound, limit = max_classes(cfg), max_file_bytes(cfg)
+        train, test = read_parquet(folder, "train", bound, limit), read_parquet(folder, "test", bound, limit)
         check_same_shape(train, test, folder)
         return train, test
     if cfg.dataset == "digits":

@@ -43,17 +43,21 @@ def is_leaf_folder(folder: Path) -> bool:
     return (folder / "train").is_dir() and not (folder / "train.parquet").exists()
 
 
-def read_leaf(folder: Path, max_classes: int):
+def read_leaf(folder: Path, max_classes: int, max_bytes: int | None = None):
     """(train, test) as ``(x N×C×H×W float32, y int64, user names)`` arrays, users in file
-    order; one DataError line per defect."""
-    train, test = _read_split(folder, "train", max_classes), _read_split(folder, "test", max_classes)
+    order; one DataError line per defect. Only regular files of at most ``max_bytes``
+    (``max-file-bytes``) are read: a FIFO, a device or a bigger file is one line."""
+    from client_app.data.base import DEFAULT_MAX_FILE_BYTES
+
+    limit = DEFAULT_MAX_FILE_BYTES if max_bytes is None else max_bytes
+    train, test = _read_split(folder, "train", max_classes, limit), _read_split(folder, "test", max_classes, limit)
     if train[0].shape[1:] != test[0].shape[1:]:
         raise DataError(f"dataset-path: examples in {folder / 'train'} are {_shape(train[0].shape[1:])} (C×H×W) but "
                         f"in {folder / 'test'} {_shape(test[0].shape[1:])}: write both splits with one feature shape")
     return train, test
 
 
-def _read_split(folder: Path, split: str, max_classes: int):
+def _read_split(folder: Path, split: str, max_classes: int, limit: int):
     sub = folder / split
     files = sorted(sub.glob("*.json")) if sub.is_dir() else []
     if not files:
@@ -62,7 +66,7 @@ def _read_split(folder: Path, split: str, max_classes: int):
     xs, ys, names, seen = [], [], [], {}
     shape = None
     for path in files:
-        for user, x, y in _read_file(path, max_classes):
+        for user, x, y in _read_file(path, max_classes, limit):
             if user in seen:
                 raise DataError(f"dataset-path: {path}: user {user!r} is also in {seen[user]}: a user's {split} "
                                 "examples must be in one file; merge or rename them")
@@ -81,11 +85,14 @@ def _read_split(folder: Path, split: str, max_classes: int):
     return np.concatenate(xs), np.concatenate(ys), np.asarray(names)
 
 
-def _read_file(path: Path, max_classes: int):
+def _read_file(path: Path, max_classes: int, limit: int):
     """The users of one LEAF file as (name, x N×C×H×W float32, y int64)."""
+    from client_app.data import base
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = json.loads(base.read_bounded(path, limit))
+    except base.DataError as exc:  # not a regular file, or above max-file-bytes
+        raise DataError(str(exc)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         cause = str(exc).splitlines()[0][:160]
         raise DataError(f"dataset-path: {path} is not valid JSON [{type(exc).__name__}: {cause}]: it is corrupt or "

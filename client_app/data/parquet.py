@@ -11,7 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from client_app.data.base import DEFAULT_MAX_CLASSES, WRITER_COLUMN, Arrays, DataError, images_to_nchw
+from client_app.data.base import (
+    DEFAULT_MAX_CLASSES,
+    DEFAULT_MAX_FILE_BYTES,
+    WRITER_COLUMN,
+    Arrays,
+    DataError,
+    check_file,
+    images_to_nchw,
+)
 
 # Bounds checked before anything is allocated (issue 23): at most MAX_IMAGE_VALUES values per
 # example and MAX_DATA_BYTES of float32 examples per file.
@@ -19,20 +27,27 @@ MAX_IMAGE_VALUES = 1 << 20  # e.g. 1024×1024 grey or 591×591×3; 2000×2000 is
 MAX_DATA_BYTES = 8 << 30
 
 
-def read_parquet(folder: Path, split: str, max_classes: int = DEFAULT_MAX_CLASSES) -> Arrays:
+def read_parquet(folder: Path, split: str, max_classes: int = DEFAULT_MAX_CLASSES,
+                 max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Arrays:
     """``folder/<split>.parquet`` as (x N×C×H×W float32, int64 labels, writer ids or None).
 
     Every defect of the file is one :class:`DataError` line naming the file, the problem and
     the fix: not a parquet file (corrupt, truncated), no rows, a missing column, labels that
     are not integer class ids (strings, fractions, missing, negative, beyond the classes the
     file's ``datasets`` metadata declares), missing images, images of differing shapes within
-    the file, NaN or infinite pixels."""
+    the file, NaN or infinite pixels. Only a regular file of at most ``max_bytes``
+    (``max-file-bytes``) is read: a FIFO, a device or a bigger file is one line."""
     path = folder / f"{split}.parquet"
-    if not path.is_file():
+    if not path.exists():
         raise DataError(
             f"dataset-path: {path} not found; the folder needs train.parquet and test.parquet "
             "with columns 'image' and 'label' (or LEAF's train/*.json and test/*.json)"
         )
+    try:
+        check_file(path, max_bytes)
+    except OSError as exc:
+        raise DataError(f"dataset-path: {path} cannot be read [{type(exc).__name__}: {exc.strerror}]: check the "
+                        "file and its permissions") from None
     table = _read_table(path)
     for col in ("image", "label"):
         if col not in table.column_names:

@@ -1,5 +1,7 @@
 """Each client's partition split, seeded by (seed, partition id): local train / local test
-(``local-test-fraction``) and a validation split of the train split (``val-fraction``)."""
+(``local-test-fraction``) and a validation split of the train split (``val-fraction``); or,
+with ``user-resplit``, a user's pooled examples cut 80/10/10 into train / validation / test
+(:func:`resplit_user`, the q-FFL authors' cut)."""
 
 from __future__ import annotations
 
@@ -37,3 +39,23 @@ def split_validation(train: np.ndarray, partition_size: int, fraction: float, se
     perm = numpy_rng(seed, "local-val", pid).permutation(train)
     n_val = min(len(train) - 1, max(1, int(round(fraction * partition_size))))
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+RESPLIT_TRAIN, RESPLIT_VAL = 0.8, 0.9  # cumulative shares: 80 % train, 10 % validation, 10 % test
+
+
+def resplit_user(pooled: np.ndarray, seed: int, pid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One user's pooled examples (its train and test indices together), shuffled by a
+    permutation drawn from (seed, user) and cut as the q-FFL authors' client cuts them: the
+    first ⌊0.8 n⌋ train, the next up to ⌊0.9 n⌋ validation, the rest test (each sorted).
+    The union is ``pooled`` whatever the seed; only which example lands where changes."""
+    pooled = np.asarray(pooled, dtype=np.int64)
+    n = len(pooled)
+    a, b = int(RESPLIT_TRAIN * n), int(RESPLIT_VAL * n)
+    if a < 1 or b >= n:
+        raise DataError(
+            f"client {pid} has {n} example(s): user-resplit's 80/10/10 cut needs >= 2 so that train and test "
+            "are non-empty; drop that user or set user-resplit=false"
+        )
+    perm = numpy_rng(seed, "user-resplit", pid).permutation(pooled)
+    return np.sort(perm[:a]), np.sort(perm[a:b]), np.sort(perm[b:])

@@ -64,12 +64,21 @@ def data_seed(seed: int, synthetic_seed: int) -> int:
     return derive_seed(seed, "synthetic") % (2**32)
 
 
+def _sizes(rs: np.random.RandomState, num_users: int) -> np.ndarray:
+    return rs.lognormal(4, 2, num_users).astype(np.int64) + 50  # the first draw of the authors' script
+
+
+def user_sizes(num_users: int, seed: int) -> np.ndarray:
+    """n_k of every user of the draw ``seed`` (:func:`generate`'s first draw), without the data."""
+    return _sizes(np.random.RandomState(seed), num_users)
+
+
 def generate(num_users: int, alpha: float, beta: float, iid: bool, seed: int,
              max_examples: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per-user (x float64 n_k×60, y int64) in the authors' draw order (module docstring)."""
     rs = np.random.RandomState(seed)
     d, c = NUM_FEATURES, NUM_CLASSES
-    sizes = rs.lognormal(4, 2, num_users).astype(np.int64) + 50
+    sizes = _sizes(rs, num_users)
     total = int(sizes.sum())
     max_examples = MAX_EXAMPLES if max_examples is None else max_examples
     if total > max_examples:

@@ -1,6 +1,8 @@
 """The papers' table from finished runs: ``report.md`` and ``report.csv``.
 
     python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD] [--mixed-iterates]
+                                [--mixed-weightings]
+    python -m fedpcd_app.report --check-wording PAGE.md
 
 ``<folder>`` is a single run folder (holding ``summary.json``), a sweep output folder, or
 any folder holding runs (searched recursively). Runs made by a sweep carry their labels
@@ -18,7 +20,9 @@ highest mean over seeds of the final mean client accuracy ā is chosen (FedPCD p
 Sec. 5: "report the best performing hyperparameters per dataset after averaging the five
 seeds"), on the clients' validation splits when the runs have them (``val-fraction`` > 0,
 as the FedeRage paper tunes), else on the test splits with a warning (:func:`selection_split`;
-the table says which); ``--all`` lists every grid point instead, the chosen one marked ★.
+the table says which); ``--all`` lists every grid point in ``report.md`` instead, the chosen
+one marked ★. ``report.csv`` always holds every configuration (grid point), its ``selected``
+column (= ``chosen``) marking the chosen ones.
 The table gives mean ± std over seeds of ā, the client spread σ_c,
 worst-10 % W₁₀, best-10 %, Jain's index and the central test accuracy, and the rounds
 needed to reach a target accuracy: by default FedAvg's final ā in that setting (the mean
@@ -44,12 +48,34 @@ seed is shown as ``diverged (k/n seeds)`` (``incomplete`` for other reasons) wit
 reasons under the table, is not a candidate for selection (unless every grid point of the
 method is), sets no best value and enters no paired comparison.
 
+Weighting. Every table has a ``weighting`` column: how the row's method weights its clients
+(``strategies.registry.weighting_of`` of its method and resolved config: ``data-size``,
+``uniform``, ``loss``, ...). A table whose chosen rows weight their clients differently must
+hold FedAvg under both weightings (``fedavg-weighting`` ``data-size`` and ``uniform``) as
+baselines; otherwise it is refused with one line naming the missing one and the
+``[[methods]]`` entry that adds it (exit 2), unless ``--mixed-weightings`` is given.
+
+Budget and edges. Under each table a budget line gives the configurations per method entry
+and seed (the sweep's ``[tuning] budget`` and the edge extensions beyond it, or the counts,
+flagged **unequal** when they differ). A grid point is ``on_edge`` when it is the smallest or
+largest value tried in a numeric key, along that key through it (:func:`grid_edges`); a
+selection on the edge is marked ⚠ edge, listed under the table, and never marked best.
+
 ``--baseline METHOD`` adds a paired comparison per setting: every other row against the
 baseline's chosen grid point, over the seeds both ran (a seed fixes the partition, the
 initial model and the sampled clients, so the runs are paired): the mean over seeds of
 the per-seed difference (method − baseline), the two-sided paired t-test and Wilcoxon
 signed-rank p-values (``scipy.stats``) and the number of seeds on which the method did
-better. Written to ``report.md`` and ``report_paired.csv``.
+better, with the mean difference's 95 % t-based confidence interval, the effect size d_z,
+the exact sign-test p of the seed count (5/5 seeds is p = 0.0625: not a finding) and the
+t-test p Holm-adjusted over the table's family (every row × metric compared in the setting;
+the family is stated under the table); *significant* only when that adjusted p is below
+0.05 (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
+``report.csv``'s ``p_holm`` is each compared row's adjusted p of the first metric (ā by default).
+
+``--check-wording PAGE.md`` lists the sentences of a results page that claim significance
+or a win "on every seed" / "k/k seeds" without naming a corrected (Holm) test, labelled
+exploratory; exit 1 when there is one, 0 when none (:func:`stats.check_wording`).
 """
 
 from __future__ import annotations
@@ -67,6 +93,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpcd_app.analysis import stats
 from fedpcd_app.analysis.sweep import MANIFEST, NO_GRID, RUN_FILE
 from fedpcd_app.server.results import ROUNDS, SUMMARY, read_rounds, read_summary
 
@@ -95,6 +122,8 @@ IGNORED_KEYS = frozenset({
     "log-every", "eval-every", "eval-batch-size", "eval-mode", "round-timeout", "client-loss-before",
 })
 DEFAULT_SETTING = "default"
+UNKNOWN_WEIGHTING = "unknown"
+BOTH_FEDAVG = ("data-size", "uniform")  # the FedAvg baselines of a table mixing weightings
 
 
 @dataclasses.dataclass
@@ -120,6 +149,21 @@ class Run:
     @property
     def split(self) -> str:
         return str(self.summary.get("scored_split", "test"))
+
+    @property
+    def weighting(self) -> str:
+        """How its method weights the clients: ``weighting`` of its ``summary.json`` (recorded
+        by the run), else ``strategies.registry.weighting_of`` of its method and resolved
+        config (runs written before the field); ``unknown`` for a method not registered here."""
+        from fedcore.config import ConfigError
+        from strategies.registry import weighting_of
+
+        if self.summary.get("weighting"):
+            return str(self.summary["weighting"])
+        try:
+            return weighting_of(str(self.summary.get("method", "?")), self.summary.get("config", {}))
+        except (ConfigError, ValueError, TypeError):
+            return UNKNOWN_WEIGHTING
 
     @property
     def incomplete(self) -> str | None:
@@ -331,6 +375,14 @@ class Row:
     iterate: str = "last"  # the iterate its runs were scored on (Run.iterate)
     split: str = "test"  # the split its metrics are on (Run.split)
     incomplete: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (seed, reason): no score
+    weighting: str = UNKNOWN_WEIGHTING  # how its method weights the clients (Run.weighting)
+    edge: list[str] = dataclasses.field(default_factory=list)  # "key=value (largest tried)": on its grid's edge
+    p_holm: float | None = None  # Holm-adjusted p of its paired comparison (first metric), when made
+
+    @property
+    def on_edge(self) -> bool:
+        """Its grid point lies on the edge of the grid tried in some numeric key."""
+        return bool(self.edge)
 
     @property
     def status(self) -> str:
@@ -338,6 +390,32 @@ class Row:
         if not self.incomplete:
             return ""
         return "diverged" if any("diverg" in why for _, why in self.incomplete) else "incomplete"
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]], method: str = "") -> list[str]:
+    """The numeric keys in which ``grid`` is the smallest or largest value tried along that key
+    (among ``grids`` with the other keys equal), as ``key=value (largest tried)``; ``, at its
+    declared bound`` when the value is the bound of ``method``'s declared space
+    (:func:`fedpcd_app.analysis.tuning.space_of`: the sweep cannot extend it further)."""
+    from fedpcd_app.analysis.tuning import space_of
+
+    out = []
+    for key, value in grid.items():
+        if not _numeric(value):
+            continue
+        line = {g[key] for g in grids if key in g and _numeric(g[key])
+                and all(g.get(k) == v for k, v in grid.items() if k != key)}
+        if len(line) >= 2 and value in (min(line), max(line)):
+            space = space_of(method, key)
+            top = value == max(line)
+            bound = space is not None and value == (space.high if top else space.low)
+            out.append(f"{key}={_fmt(value)} ({'largest' if top else 'smallest'} tried"
+                       + (", at its declared bound)" if bound else ")"))
+    return out
 
 
 def is_fedavg(runs: list[Run]) -> bool:
@@ -375,10 +453,13 @@ def summarize(runs: list[Run], target: float | None = None,
                     m, s = mean_std(h for h in hits if h is not None)
                     reach = (m, s, sum(h is not None for h in hits))
                 iterates = sorted({r.iterate for r in rs})
+                grids = [v[0].grid for v in variants[method].values()]
                 rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
                                 chosen=variant == chosen[method], runs=rs, selected_on=split,
                                 iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
-                                incomplete=bad))
+                                incomplete=bad, weighting="/".join(sorted({r.weighting for r in rs})),
+                                edge=grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
+                                if len(grids) > 1 else []))
     return rows
 
 
@@ -387,14 +468,14 @@ def _best_marks(rows: list[Row]) -> dict[tuple[int, str], bool]:
     marks = {}
     for setting in dict.fromkeys(r.setting for r in rows):
         group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
-        for key, _, high, _ in METRICS:
-            vals = [r.stats[key][0] for _, r in group]
+        for key, _, high, _ in METRICS:  # a selection on its grid's edge is never called best
+            vals = [math.nan if r.on_edge else r.stats[key][0] for _, r in group]
             finite = [v for v in vals if not math.isnan(v)]
             for (i, _), v in zip(group, vals):
                 marks[(i, key)] = len(finite) > 1 and v == (max(finite) if high else min(finite))
-        reach = [r.rounds[0] for _, r in group if r.rounds and r.rounds[2] == len(r.seeds)]
+        reach = [r.rounds[0] for _, r in group if r.rounds and r.rounds[2] == len(r.seeds) and not r.on_edge]
         for i, r in group:
-            marks[(i, "rounds")] = (len(group) > 1 and bool(reach) and r.rounds is not None
+            marks[(i, "rounds")] = (len(group) > 1 and bool(reach) and r.rounds is not None and not r.on_edge
                                     and r.rounds[2] == len(r.seeds) and r.rounds[0] == min(reach))
     return marks
 
@@ -424,6 +505,19 @@ class Paired:
     wilcoxon_p: float
     wins: int  # seeds on which the method did better (higher, or lower for σ_c)
     ties: int
+    ci_low: float = math.nan  # 95 % t-based confidence interval of the mean difference
+    ci_high: float = math.nan
+    effect: float = math.nan  # Cohen's d_z = mean / sample std of the differences
+    sign_p: float = math.nan  # exact two-sided sign test of wins among the untied seeds
+    p_holm: float = math.nan  # t-test p, Holm-adjusted over the table's family
+    family: int = 0  # the number of comparisons in that family (defined t-tests)
+    on_edge: bool = False  # the method's selection lies on its grid's edge
+    baseline_on_edge: bool = False  # the baseline's selection does
+
+    @property
+    def significant(self) -> bool:
+        """Only after the correction: Holm-adjusted p below :data:`stats.ALPHA`."""
+        return not math.isnan(self.p_holm) and self.p_holm < stats.ALPHA
 
 
 def paired_tests(diffs) -> tuple[float, float]:
@@ -432,12 +526,11 @@ def paired_tests(diffs) -> tuple[float, float]:
     undefined (fewer than 2 seeds; t-test: no spread; Wilcoxon: all differences zero)."""
     from scipy import stats
 
+    from fedpcd_app.analysis import stats as ours
+
     d = np.asarray(diffs, dtype=np.float64)
-    t_p = w_p = math.nan
-    if d.size >= 2 and np.ptp(d) > 0:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t_p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    w_p = math.nan
+    t_p = ours.ttest_p(d)  # NaN without spread beyond round-off
     if d.size >= 2 and np.any(d != 0):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -460,7 +553,10 @@ def find_baseline(rows: list[Row], setting: str, name: str) -> Row | None:
 
 
 def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Paired]:
-    """Every row against the baseline's chosen grid point of its setting, over paired seeds."""
+    """Every row against the baseline's chosen grid point of its setting, over paired seeds:
+    mean difference with its 95 % t-interval, d_z, t-test / Wilcoxon / sign-test p-values and
+    the t-test p Holm-adjusted over the setting's family (every row × metric compared there);
+    the row's ``p_holm`` gets its first metric's adjusted p."""
     out = []
     for setting in dict.fromkeys(r.setting for r in rows):
         base = find_baseline(rows, setting, baseline)
@@ -479,9 +575,21 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Pair
                 d = np.array([x for _, x in ok], dtype=np.float64)
                 t_p, w_p = paired_tests(d)
                 better = d > 0 if high else d < 0
+                _, lo, hi = stats.paired_ci(d)
+                ties = int((d == 0).sum())
                 out.append(Paired(setting, row.method, row.variant, base.method, base.variant, key,
                                   [s for s, _ in ok], d.tolist(), float(d.mean()) if d.size else math.nan,
-                                  t_p, w_p, int(better.sum()), int((d == 0).sum())))
+                                  t_p, w_p, int(better.sum()), ties, lo, hi, stats.effect_size(d),
+                                  stats.sign_test_p(int(better.sum()), d.size - ties), on_edge=row.on_edge,
+                                  baseline_on_edge=base.on_edge))
+    for setting in dict.fromkeys(p.setting for p in out):  # Holm over each table's family
+        family = [p for p in out if p.setting == setting]
+        for p, adj in zip(family, stats.holm([p.ttest_p for p in family])):
+            p.p_holm, p.family = adj, sum(not math.isnan(x.ttest_p) for x in family)
+    first = {(p.setting, p.method, p.variant): p.p_holm for p in out if p.metric == metrics[0]} if metrics else {}
+    for row in rows:
+        if (row.setting, row.method, row.variant) in first:
+            row.p_holm = first[(row.setting, row.method, row.variant)]
     return out
 
 
@@ -509,25 +617,44 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
         first = group[0]
         base = first.baseline + ("" if first.baseline_variant == NO_GRID else f" [{first.baseline_variant}]")
         lines.append(f"Per seed difference method − {base} on the same seed (same partition, initial model "
-                     "and sampled clients); mean over the paired seeds, two-sided paired t-test and Wilcoxon "
-                     "signed-rank p-values (scipy.stats; — where undefined: one seed, or no spread), and the "
-                     "seeds on which the method did better (higher; for σ_c lower). With n seeds the "
-                     "Wilcoxon p-value cannot fall below 2/2ⁿ (0.25 for 3 seeds).")
-        lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference | t-test p | "
-                      "Wilcoxon p | seeds better |",
-                  "|---|---|---|---:|---:|---:|---:|---:|"]
+                     "and sampled clients): mean over the paired seeds with its 95 % confidence interval "
+                     "(t-based), the effect size d_z (mean / std of the differences), the two-sided paired "
+                     "t-test p, that p Holm-adjusted over this table's family (p_holm), the Wilcoxon "
+                     "signed-rank p (scipy.stats; — where undefined: one seed, or no spread), and the seeds on "
+                     "which the method did better (higher; for σ_c lower) with their exact sign-test p.")
+        lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference [95 % CI] | d_z | "
+                      "t-test p | p_holm | significant | Wilcoxon p | seeds better (sign-test p) |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
         for p in group:
             title = METRIC_INFO.get(p.metric, (p.metric,))[0]
-            better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "")
-            lines.append(f"| {p.method} | {p.variant.replace(',', ', ')} | {title} | {len(p.seeds)} | "
-                         f"{_diff(p.mean_diff, p.metric)} | {_p(p.ttest_p)} | {_p(p.wilcoxon_p)} | {better} |")
+            better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "") + f" (p = {_p(p.sign_p)})"
+            ci = "" if math.isnan(p.ci_low) else f" [{_diff(p.ci_low, p.metric)}, {_diff(p.ci_high, p.metric)}]"
+            effect = "—" if math.isnan(p.effect) else f"{p.effect:+.2f}"
+            hyper = p.variant.replace(",", ", ") + (" ⚠ edge" if p.on_edge else "")
+            lines.append(f"| {p.method} | {hyper} | {title} | {len(p.seeds)} | {_diff(p.mean_diff, p.metric)}{ci} | "
+                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {'yes' if p.significant else 'no'} | "
+                         f"{_p(p.wilcoxon_p)} | {better} |")
+        metrics = ", ".join(dict.fromkeys(METRIC_INFO.get(p.metric, (p.metric,))[0] for p in group))
+        n_rows = len(dict.fromkeys((p.method, p.variant) for p in group))
+        lines += ["", f"Family: the {group[0].family} comparisons of this table with a defined t-test "
+                      f"({n_rows} method row(s) × metrics {metrics}), "
+                      f"Holm-corrected; *significant* means p_holm < {stats.ALPHA}. \"k/n seeds better\" is a sign "
+                      "test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the Wilcoxon p "
+                      "cannot fall below 2/2ⁿ."]
+        if first.baseline_on_edge:
+            lines.append(f"⚠ edge: the baseline {base}'s selected grid point lies on its grid's edge: the "
+                         "differences are not against its optimum.")
+        if any(p.on_edge for p in group):
+            lines.append("⚠ edge: the method's selected grid point lies on its grid's edge (see the table above); "
+                         "its difference is not against an optimum.")
     return lines
 
 
 def write_paired_csv(results: list[Paired], path: Path) -> None:
     fields = ["setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric",
               "num_seeds", "seeds", "differences", "mean_difference", "ttest_p", "wilcoxon_p", "seeds_better",
-              "seeds_tied"]
+              "seeds_tied", "ci95_low", "ci95_high", "effect_dz", "sign_test_p", "p_holm", "family_size",
+              "significant", "on_edge"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -537,12 +664,33 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
                         "metric": p.metric, "num_seeds": len(p.seeds), "seeds": " ".join(map(str, p.seeds)),
                         "differences": " ".join(repr(d) for d in p.diffs), "mean_difference": p.mean_diff,
                         "ttest_p": p.ttest_p, "wilcoxon_p": p.wilcoxon_p, "seeds_better": p.wins,
-                        "seeds_tied": p.ties})
+                        "seeds_tied": p.ties, "ci95_low": p.ci_low, "ci95_high": p.ci_high, "effect_dz": p.effect,
+                        "sign_test_p": p.sign_p, "p_holm": p.p_holm, "family_size": p.family,
+                        "significant": int(p.significant), "on_edge": int(p.on_edge)})
 
 
 # -- output ------------------------------------------------------------------------------
-def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> str:
+def budget_line(rows: list[Row], budget: int | None = None) -> str:
+    """The configurations per method entry and seed of one table (``rows``: every grid point):
+    the declared ``[tuning] budget`` with the edge extensions beyond it, or the counts."""
+    counts = {m: len({r.variant for r in rows if r.method == m}) for m in dict.fromkeys(r.method for r in rows)}
+    if budget is not None:
+        extra = {m: n - budget for m, n in counts.items() if n != budget}
+        more = ("; edge extensions beyond it: " + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
+        return f"Budget: {budget} configurations per method entry and seed ([tuning] budget = {budget}){more}."
+    if len(set(counts.values())) == 1:
+        n = next(iter(counts.values()))
+        return f"Budget: {n} configuration{'s' if n > 1 else ''} per method entry and seed, the same for every entry."
+    return ("Budget: **unequal** — configurations per method entry and seed: "
+            + ", ".join(f"{m} {n}" for m, n in counts.items())
+            + " (a sweep's [tuning] table gives every entry the same budget).")
+
+
+def to_markdown(rows: list[Row], title: str = "", all_points: bool = False, budget: int | None = None,
+                every_row: list[Row] | None = None) -> str:
+    """The tables; ``every_row`` (every grid point, default ``rows``) sizes the budget line."""
     marks = _best_marks(rows)
+    every_row = rows if every_row is None else every_row
     lines = [f"# {title}" if title else "# Results", ""]
     splits = sorted({r.selected_on for r in rows} - {""})
     on = f" on the {' or '.join(splits)} split" if splits else ""
@@ -561,18 +709,20 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> s
         group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
         target = group[0][1].target
         lines += ["", f"## {setting}", ""]
-        lines += [scored_line([r for _, r in group]), ""]
+        lines += [scored_line([r for _, r in group]), "",
+                  budget_line([r for r in every_row if r.setting == setting], budget), ""]
         mixed = len({r.iterate for _, r in group}) > 1
         rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
-        head = (["method", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
+        head = (["method", "weighting", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
                 + [t for _, t, _, _ in METRICS] + [rounds_title])
         lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "|".join(["---"] * (4 if mixed else 3) + ["---:"] * (len(METRICS) + 1)) + "|")
+        lines.append("|" + "|".join(["---"] * (5 if mixed else 4) + ["---:"] * (len(METRICS) + 1)) + "|")
         notes = []
         for i, r in group:
             n = len(r.seeds)
-            hyper = r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
-            cells = [r.method, hyper, str(n)] + ([r.iterate] if mixed else [])
+            hyper = (r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
+                     + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else ""))
+            cells = [r.method, r.weighting, hyper, str(n)] + ([r.iterate] if mixed else [])
             if r.incomplete:  # never a score: what happened, and why under the table
                 cells += [f"{r.status} ({len(r.incomplete)}/{n} seeds)"] + ["—"] * len(METRICS)
                 lines.append("| " + " | ".join(cells) + " |")
@@ -594,6 +744,15 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False) -> s
         if notes:
             lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
             lines += [f"- {note}" for note in notes]
+        edges = [r for _, r in group if r.chosen and r.on_edge]
+        if edges:
+            lines += ["", "⚠ edge — selections on the edge of the grid tried (the optimum may lie beyond it; no "
+                          "best value is marked for them and none is claimed): "
+                      + "; ".join(f"{r.method}: {', '.join(r.edge)}" for r in edges) + "."]
+        weightings = sorted({r.weighting for _, r in group})
+        if len(weightings) > 1:
+            lines += ["", "Weighting: the rows weight their clients differently (" + ", ".join(weightings)
+                      + "); compare a rule with the FedAvg of its own weighting."]
     return "\n".join(lines) + "\n"
 
 
@@ -621,9 +780,28 @@ def check_iterates(runs: list[Run]) -> None:
                               "with the same eval-averaged-iterate, or pass --mixed-iterates to tabulate them anyway")
 
 
+def check_weightings(rows: list[Row]) -> None:
+    """One line (ReportError) when a table compares rules of different weightings without
+    FedAvg under both weightings (data-size and uniform) among its rows."""
+    for setting in dict.fromkeys(r.setting for r in rows):
+        group = [r for r in rows if r.setting == setting and r.chosen]
+        kinds = {r.weighting for r in group} - {UNKNOWN_WEIGHTING}
+        if len(kinds) < 2:
+            continue
+        have = {r.weighting for r in group if is_fedavg(r.runs)}
+        missing = [w for w in BOTH_FEDAVG if w not in have]
+        if missing:
+            by = "; ".join(f"{w}: {', '.join(r.method for r in group if r.weighting == w)}" for w in sorted(kinds))
+            raise ReportError(f"setting '{setting}' compares rules of different weightings ({by}) without FedAvg "
+                              f"under fedavg-weighting = '{missing[0]}': add a [[methods]] entry name = "
+                              f"\"fedavg-{missing[0]}\", method = \"fedavg\", fedavg-weighting = \"{missing[0]}\" "
+                              "to the sweep, or pass --mixed-weightings")
+
+
 def write_csv(rows: list[Row], path: Path) -> None:
+    """Every configuration (grid point) of every method, ``selected`` marking the chosen one."""
     fields = ["setting", "method", "hyperparameters", "chosen", "num_seeds", "seeds", "scored_iterate",
-              "scored_split", "status", "incomplete"]
+              "scored_split", "status", "incomplete", "weighting", "selected", "on_edge", "edge", "p_holm"]
     for key, *_ in METRICS:
         fields += [f"{key}_mean", f"{key}_std"]
     fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
@@ -635,7 +813,9 @@ def write_csv(rows: list[Row], path: Path) -> None:
                    "num_seeds": len(r.seeds), "seeds": " ".join(map(str, r.seeds)),
                    "target_acc": "" if r.target is None else r.target, "scored_iterate": r.iterate,
                    "scored_split": r.split, "status": r.status or "scored",
-                   "incomplete": "; ".join(f"seed {seed}: {why}" for seed, why in r.incomplete)}
+                   "incomplete": "; ".join(f"seed {seed}: {why}" for seed, why in r.incomplete),
+                   "weighting": r.weighting, "selected": int(r.chosen), "on_edge": int(r.on_edge),
+                   "edge": "; ".join(r.edge), "p_holm": "" if r.p_holm is None else r.p_holm}
             for key, *_ in METRICS:
                 row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.incomplete else r.stats[key]
             if r.rounds is not None:
@@ -647,16 +827,28 @@ class ReportError(ValueError):
     """A report option does not fit the runs found (one line)."""
 
 
+def tuning_budget(out: str | Path) -> int | None:
+    """The ``[tuning] budget`` of the sweep found at or below ``out`` (None: no such table)."""
+    budgets = {m.get("source", {}).get("tuning", {}).get("budget") for _, m in _manifests(Path(out))}
+    budgets.discard(None)
+    return budgets.pop() if len(budgets) == 1 else None
+
+
 def report(out: str | Path, target: float | None = None, all_points: bool = False,
-           baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False) -> tuple[Path, Path]:
+           baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False,
+           mixed_weightings: bool = False) -> tuple[Path, Path]:
+    """``report.md`` (each method's selected grid point; every grid point with ``all_points``)
+    and ``report.csv`` (every grid point, ``selected`` marking the chosen ones)."""
     out = Path(out)
     runs = load_runs(out)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
-    rows = summarize(runs, target, sweep_order(out), all_points)
+    every = summarize(runs, target, sweep_order(out), all_points=True)
+    rows = every if all_points else [r for r in every if r.chosen]
     if not mixed_iterates:
         check_iterates(runs)
-    text = to_markdown(rows, title_of(out), all_points)
+    if not mixed_weightings:
+        check_weightings(every)
     if baseline:
         unknown = [m for m in metrics if m not in METRIC_INFO]
         if unknown:
@@ -666,17 +858,29 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
             names = ", ".join(dict.fromkeys(r.method for r in rows))
             raise ReportError(f"--baseline {baseline!r} is not a method of the runs found (methods: {names})")
         results = compare(rows, baseline, metrics)
+    text = to_markdown(rows, title_of(out), all_points, tuning_budget(out), every)
+    if baseline:
         text += "\n".join(paired_markdown(results, baseline, settings)) + "\n"
         write_paired_csv(results, out / "report_paired.csv")
     md, csv_path = out / "report.md", out / "report.csv"
     md.write_text(text)
-    write_csv(rows, csv_path)
+    write_csv(every, csv_path)
     return md, csv_path
+
+
+def check_page(path: str | Path) -> list[str]:
+    """``PAGE:LINE: exploratory: SENTENCE`` for each sentence of a results page that claims
+    significance or a win on every seed without a corrected test (:func:`stats.check_wording`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--check-wording: no page {path}")
+    return [f"{path}:{no}: exploratory (no Holm-corrected test named): {sentence}"
+            for no, sentence in stats.check_wording(path.read_text())]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", help="a run folder, a sweep output folder or any folder holding runs")
+    parser.add_argument("out", nargs="?", help="a run folder, a sweep output folder or any folder holding runs")
     parser.add_argument("--target", type=float, default=None,
                         help="target accuracy (fraction) for the rounds column (default: FedAvg's final mean)")
     parser.add_argument("--all", dest="all_points", action="store_true",
@@ -687,10 +891,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="allow runs scored on different iterates (last / averaged) in one table")
     parser.add_argument("--metrics", default=",".join(PAIRED_METRICS),
                         help=f"metrics of the paired comparison (default {','.join(PAIRED_METRICS)})")
+    parser.add_argument("--mixed-weightings", action="store_true",
+                        help="allow a table of rules of different weightings without FedAvg under both")
+    parser.add_argument("--check-wording", default=None, metavar="PAGE.md",
+                        help="list the page's claims of significance / 'every seed' without a corrected test "
+                             "(exit 1 when there is one); no report is made")
     args = parser.parse_args(argv)
+    if args.check_wording:
+        try:
+            flagged = check_page(args.check_wording)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(flagged) if flagged else f"{args.check_wording}: no uncorrected claim")
+        return 1 if flagged else 0
+    if not args.out:
+        print("error: give a run or sweep folder (or --check-wording PAGE.md)", file=sys.stderr)
+        return 2
     try:
         md, csv_path = report(args.out, args.target, args.all_points, args.baseline,
-                              [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates)
+                              [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates,
+                              args.mixed_weightings)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

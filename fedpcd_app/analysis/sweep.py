@@ -18,6 +18,27 @@ A sweep file (TOML)::
     [methods.by-setting."alpha0.1"] # optional: keys (or grids) for one setting only
     fedpcd-tau = 0.05
 
+Tuning (optional; :mod:`fedpcd_app.analysis.tuning`)::
+
+    [tuning]
+    budget = 8                  # configurations per method entry and seed, equal for all
+    extend-edges = true         # extend a grid whose selected value is on its edge
+    max-extensions = 4          # extension passes at most
+    fedavg-both-weightings = true  # add FedAvg under a missing weighting (default true)
+    [tuning.grids.fedpcd]       # optional: an entry's own grid over its declared space
+    fedpcd-tau = [0.01, 0.02]
+
+With ``[tuning]`` every method entry is tuned over its method's declared space
+(``tuning.SPACES``, the papers' grids) plus ``lr`` (keys the entry sets to a scalar are fixed;
+lists in the entry or in ``[tuning.grids.<entry>]`` replace a declared grid; a tuned key set
+in ``[base]`` or a setting is overridden by the grid); the lr grid is extended geometrically
+until the entry has exactly ``budget`` configurations (an entry with more is refused). After
+the pass, a selected (validation) value on the edge of its grid is extended one geometric
+step per pass, up to its declared bound, and the new points run in the same output folder
+(rerunning the command recomputes them and skips finished runs). When the entries' methods
+weight clients differently, entries ``fedavg-data-size`` / ``fedavg-uniform`` are added for
+a FedAvg weighting no entry runs (the baselines the report requires).
+
 Precedence (later wins): pyproject defaults < ``[base]`` < setting < method (its
 ``by-setting`` table over its other keys) < grid point <
 ``seed`` and ``output-dir``. Paired seeds come from the run config: ``seed`` alone fixes the
@@ -27,8 +48,10 @@ sees the same federation (FedPCD paper, Sec. 5: "five paired random seeds").
 Each run goes to ``<out>/<setting>/<method>/<grid point>/seed<k>`` (deterministic from its
 labels) with a ``run.json`` (its labels and overrides) and, once finished, the results of
 :mod:`fedpcd_app.server.results`. A run whose folder already holds ``summary.json`` is skipped, so
-an interrupted sweep is restarted by rerunning the command. Every run's config is validated
-(method registered, keys known, values in range) before the first run starts.
+an interrupted sweep is restarted by rerunning the command: a run interrupted by Ctrl-C/SIGTERM
+(its summary says so) continues from its checkpoint (``resume-from``), any other pending run
+starts again from round 1 with ``overwrite = true``, replacing what an earlier attempt left.
+Every run's config is validated (method registered, keys known, values in range) before the first run starts.
 Runs execute through :func:`fedpcd_app.runtime.simulate.simulate`, each in a fresh process
 (``--jobs`` processes in parallel), on the local engine (default; ``--workers`` worker
 processes per run, default the usable cores shared among the jobs) or with ``--engine ray``
@@ -108,6 +131,7 @@ class Sweep:
     seeds: list[int]
     runs: list[RunSpec]
     source: dict[str, Any]
+    tuning: Any = None  # fedpcd_app.analysis.tuning.Tuning of a [tuning] table, else None
 
 
 def _scalars(table: Mapping[str, Any], where: str, allow_lists: bool) -> dict[str, Any]:
@@ -145,7 +169,7 @@ def _named(entries: Any, what: str) -> list[tuple[str, dict[str, Any]]]:
 
 def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     """Expand a parsed sweep file into its runs (no validation of run-config keys yet)."""
-    known = {"name", "seeds", "base", "settings", "methods"}
+    known = {"name", "seeds", "base", "settings", "methods", "tuning"}
     unknown = sorted(set(source) - known)
     if unknown:
         raise SweepError(f"unknown top-level key(s) {', '.join(unknown)}: a sweep has {', '.join(sorted(known))}")
@@ -162,6 +186,15 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     if "methods" not in source:
         raise SweepError("the sweep has no [[methods]] entry; add at least one (name, method, ...)")
     methods = _named(source["methods"], "methods")
+    tuning = None
+    if "tuning" in source:
+        from fedpcd_app.analysis import tuning as tuning_mod
+
+        try:
+            tuning = tuning_mod.parse_tuning(source["tuning"], [n for n, _ in methods])
+        except tuning_mod.TuningError as exc:
+            raise SweepError(str(exc)) from None
+        methods += tuning_mod.fedavg_baselines(methods, base, tuning)
     for key in ("seed", "output-dir"):
         if key in base or any(key in e for _, e in settings + methods):
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"
@@ -177,6 +210,12 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
                                  f"({', '.join(n for n, _ in settings)})")
             mkeys.update(per_setting.get(setting, {}))
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
+            if tuning is not None:  # the declared search space, filled to the budget
+                method = str(mkeys.get("method", skeys.get("method", base.get("method", "fedavg"))))
+                try:
+                    mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
+                except tuning_mod.TuningError as exc:
+                    raise SweepError(str(exc)) from None
             grid_keys = [k for k, v in mkeys.items() if isinstance(v, list)]
             fixed = {k: v for k, v in mkeys.items() if not isinstance(v, list)}
             for point in itertools.product(*(mkeys[k] for k in grid_keys)):
@@ -184,7 +223,7 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
                 for seed in seeds:
                     overrides = {**base, **skeys, **fixed, **dict(grid), "seed": seed}
                     runs.append(RunSpec(setting, label, grid, seed, overrides))
-    return Sweep(name, list(seeds), runs, dict(source))
+    return Sweep(name, list(seeds), runs, dict(source), tuning)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -218,7 +257,17 @@ def validate(sweep: Sweep) -> None:
 
 # -- running ---------------------------------------------------------------------------------
 def is_done(folder: Path) -> bool:
-    return (folder / SUMMARY).is_file()
+    """A summary.json that is not an interrupted run's (that one is continued: :func:`_run_one`)."""
+    return (folder / SUMMARY).is_file() and not was_interrupted(folder)
+
+
+def was_interrupted(folder: Path) -> bool:
+    """The run in ``folder`` was stopped by SIGINT/SIGTERM (its summary says so)."""
+    try:
+        reason = json.loads((folder / SUMMARY).read_text()).get("incomplete_reason") or ""
+    except (OSError, ValueError, AttributeError):
+        return False
+    return str(reason).startswith("interrupted at round")
 
 
 def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any] | None = None) -> str:
@@ -232,8 +281,14 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
     from fedpcd_app.runtime.simulate import simulate
 
     try:
-        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end
-        return str(simulate({**overrides, "output-dir": folder, "figures": "none"}, **(engine or {})))
+        from fedpcd_app.server.checkpoint import rounds_in
+
+        # figures = 'none': the sweep draws its report and figures once, over all its runs, at its end.
+        # A pending run's folder may hold what an earlier attempt left: an interrupted run with a
+        # checkpoint is continued from it, anything else replaced (overwrite; a finished run is never rerun).
+        again = ({"resume-from": folder} if was_interrupted(Path(folder)) and rounds_in(folder)
+                 else {"overwrite": True})
+        return str(simulate({**overrides, "output-dir": folder, "figures": "none", **again}, **(engine or {})))
     finally:
         stop_forkserver()  # this process ends with the run (max_tasks_per_child=1)
 
@@ -338,12 +393,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.time()
     engine = {"engine": args.engine, "workers": args.workers, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}
-    if args.ray:
-        from fedpcd_app.analysis.ray_sweep import run_sweep_ray
 
-        failures = run_sweep_ray(sweep, out, args.ray, engine=engine)
-    else:
-        failures = run_sweep(sweep, out, jobs=args.jobs, engine=engine)
+    def run_pass() -> list[tuple[RunSpec, str]]:  # --ray: each run as a Ray task (analysis/ray_sweep.py)
+        if args.ray:
+            from fedpcd_app.analysis.ray_sweep import run_sweep_ray
+
+            return run_sweep_ray(sweep, out, args.ray, engine=engine)
+        return run_sweep(sweep, out, jobs=args.jobs, engine=engine)
+
+    failures = run_pass()
+    if not failures:  # [tuning] extend-edges: grid points beyond a selection on an edge, same sweep
+        from fedpcd_app.analysis.tuning import extend_edges
+
+        failures = extend_edges(sweep, out, run_pass)
     print(f"{len(sweep.runs) - len(failures)}/{len(sweep.runs)} runs finished in {time.time() - t0:.0f} s -> {out}")
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)

@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C: one line; the workers/the flwr run are stopped
-        print("interrupted: the run stopped (its rounds so far are in its output-dir)", file=sys.stderr, flush=True)
+        print("interrupted: the run stopped (its rounds so far are checkpointed in its output-dir: resume-from "
+              "continues it)", file=sys.stderr, flush=True)
         return 130
     finally:
         from fedpcd_app.runtime.engine import stop_forkserver

@@ -24,9 +24,23 @@ checkpoint is renamed into place. :func:`load` verifies it; a file whose bytes d
 or that has no checksum, is *damaged*: :func:`latest` refuses it with a warning containing
 "damaged" and uses the previous checkpoint.
 
-A full disk (any ``OSError``) while writing ends the write with :class:`OutputError`, one line
-naming the file, the cause and the last checkpoint, which is left intact (the new file is
-written beside it under a temporary name and only renamed over nothing once complete).
+A full disk (any ``OSError``, or the ``RuntimeError`` torch's own writer raises inside
+``torch.save``) while writing ends the write with :class:`OutputError`, one line naming the
+file, the cause and the last checkpoint, which is left intact (the new file is written beside
+it under a temporary name and only renamed over nothing once complete).
+
+**Authenticity (optional).** With the environment variable ``FEDPCD_CHECKPOINT_KEY`` set (any
+non-empty secret), every checkpoint also gets ``round-<t>.pt.hmac``: the HMAC-SHA256 of its
+bytes under that key. With the key set, :func:`load` refuses a checkpoint whose HMAC is missing
+or differs (:class:`ForgedCheckpoint`, one line: written by someone without the key, or with
+another key): the sha256 file only catches accidents, since anyone who can write the folder can
+recompute it. Without the key nothing is signed or checked. Key or not, a loaded checkpoint's
+model (and averaged iterate) must be finite, its ``times_sampled`` one count >= 0 per client
+and its history a list of round records: a file failing that is refused like a damaged one.
+
+**Only this run's checkpoints.** Writing round t deletes the folder's checkpoints of rounds
+after t (left by a timeline this run does not continue) and keeps the newest
+``checkpoint-keep`` of the others, so ``resume-from`` never picks up another run's round.
 
 There is no sampler RNG state to save: the clients of round t are drawn from a generator
 seeded by (seed, t) alone (:mod:`fedpcd_app.server.sampler`), and every client draw (batch order,
@@ -52,9 +66,10 @@ reads one (:func:`load` rebuilds the objects).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
+import hmac
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -70,12 +85,14 @@ log = logging.getLogger("fedpcd")
 
 FOLDER = "checkpoints"
 CHECKSUM_SUFFIX = ".sha256"
+HMAC_SUFFIX = ".hmac"
+KEY_ENV = "FEDPCD_CHECKPOINT_KEY"  # the HMAC key (see the module docstring)
 # Keys that do not change what the run computes (where it writes, how often it saves, logs,
 # scores or waits): free to differ on resume. Every other key is compared with the checkpoint's.
 NOT_COMPARED = frozenset({
     "output-dir", "resume-from", "resume-allow-changes", "num-server-rounds", "checkpoint-every",
     "checkpoint-keep", "log-every", "eval-every", "eval-batch-size", "tensorboard", "round-timeout",
-    "server-device", "on-aggregation-error", "diverge-patience", "allow-unused-keys",
+    "server-device", "on-aggregation-error", "diverge-patience", "allow-unused-keys", "overwrite", "max-file-bytes",
 })
 # Keys no resume-allow-changes can free: the checkpoint's model and client ids depend on them.
 FIXED = ("method", "seed", "num-clients")
@@ -100,6 +117,7 @@ class Checkpoint:
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
     config: Any = None  # the run's full flat config (run-config keys), compared on resume
     averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.server.evaluation)
+    reply_trust: Any = None  # the trusted update scale and loss medians (fedcore.replies.ReplyTrust.as_dict)
 
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,11 +161,33 @@ def _sha256_of(path: Path) -> str:
 
 
 def _write_checksum(final: Path, digest: str) -> None:
-    side = checksum_path(final)
+    _write_side(checksum_path(final), f"{digest}  {final.name}\n")
+
+
+def hmac_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + HMAC_SUFFIX)
+
+
+def checkpoint_key() -> bytes | None:
+    """``$FEDPCD_CHECKPOINT_KEY`` as bytes, None when unset or empty."""
+    key = os.environ.get(KEY_ENV, "")
+    return key.encode() if key else None
+
+
+def _hmac_of(path: Path, key: bytes) -> str:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            mac.update(block)
+    return mac.hexdigest()
+
+
+def _write_side(side: Path, text: str) -> None:
     tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w") as fh:
-            fh.write(f"{digest}  {final.name}\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, side)
@@ -155,11 +195,20 @@ def _write_checksum(final: Path, digest: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _remove(folder: str | Path, server_round: int) -> None:
+    path = path_for(folder, server_round)
+    for p in (path, checksum_path(path), hmac_path(path)):
+        p.unlink(missing_ok=True)
+
+
 def write(folder: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
-    """Write ``ckpt`` atomically (temp file, fsync, checksum, rename); keep the newest ``keep``
-    files. Any ``OSError`` (a full disk) is one :class:`OutputError`; earlier checkpoints stay."""
+    """Write ``ckpt`` atomically (temp file, fsync, checksum, HMAC when a key is set, rename);
+    delete checkpoints of later rounds and keep the newest ``keep`` of the others. Any
+    ``OSError`` or torch ``RuntimeError`` (a full disk) is one :class:`OutputError`; earlier
+    checkpoints stay."""
     final = path_for(folder, ckpt.round)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    key = checkpoint_key()
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
@@ -167,20 +216,29 @@ def write(folder: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         _write_checksum(final, _sha256_of(tmp))  # before the rename: a checkpoint never lacks one
+        if key is not None:
+            _write_side(hmac_path(final), f"{_hmac_of(tmp, key)}  {final.name}\n")
+        else:
+            hmac_path(final).unlink(missing_ok=True)  # a stale one would not match these bytes
         os.replace(tmp, final)
         _fsync_dir(final.parent)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
+        if isinstance(exc, OutputError):
+            raise
+        from fedpcd_app.server.results import write_cause
+
         found = [r for r in rounds_in(folder) if r != ckpt.round]
         last = f"the last checkpoint, {path_for(folder, found[-1])}, is intact" if found else "no earlier checkpoint"
-        raise OutputError(f"cannot write checkpoint {final}: {exc.strerror or exc} "
-                          f"({errno.errorcode.get(exc.errno, exc.errno)}); {last}; free space and resume with "
-                          f"resume-from='{checkpoint_dir(folder).parent}'") from None
+        raise OutputError(f"cannot write checkpoint {final}: {write_cause(exc)}; {last}; free space and resume "
+                          f"with resume-from='{checkpoint_dir(folder).parent}'") from None
     finally:
         tmp.unlink(missing_ok=True)  # only left behind when the write itself failed
+    found = rounds_in(folder)
+    for later in (r for r in found if r > ckpt.round):  # another timeline's: never resumed from
+        _remove(folder, later)
     if keep > 0:
-        for old in rounds_in(folder)[:-keep]:
-            path_for(folder, old).unlink(missing_ok=True)
-            checksum_path(path_for(folder, old)).unlink(missing_ok=True)
+        for old in [r for r in found if r <= ckpt.round][:-keep]:
+            _remove(folder, old)
     return final
 
 
@@ -196,8 +254,13 @@ class DamagedCheckpoint(ValueError):
     """A checkpoint whose bytes do not match its checksum, or that has none."""
 
 
+class ForgedCheckpoint(DamagedCheckpoint):
+    """With ``FEDPCD_CHECKPOINT_KEY`` set: a checkpoint whose HMAC is missing or differs."""
+
+
 def verify(path: str | Path) -> None:
-    """Raise :class:`DamagedCheckpoint` unless ``path``'s sha256 equals its checksum file's."""
+    """Raise :class:`DamagedCheckpoint` unless ``path``'s sha256 equals its checksum file's and,
+    with ``FEDPCD_CHECKPOINT_KEY`` set, :class:`ForgedCheckpoint` unless its HMAC matches."""
     path, side = Path(path), checksum_path(path)
     try:
         want = side.read_text().split()[0]
@@ -208,6 +271,51 @@ def verify(path: str | Path) -> None:
     if have != want:
         raise DamagedCheckpoint(f"checkpoint {path} is damaged: its sha256 {have[:12]}... differs from the "
                                 f"recorded {want[:12]}...")
+    if (key := checkpoint_key()) is not None:
+        try:
+            signed = hmac_path(path).read_text().split()[0]
+        except (OSError, IndexError):
+            signed = ""
+        if not hmac.compare_digest(signed, _hmac_of(path, key)):
+            what = "has no HMAC file" if not signed else "fails its HMAC"
+            raise ForgedCheckpoint(f"checkpoint {path} {what} under {KEY_ENV}: it was not written by a run holding "
+                                   "this key (forged, or signed with another key); refused")
+
+
+def check_restored(ckpt: Checkpoint, path: str | Path) -> None:
+    """ValueError (one line) unless the model is finite, the counts one per client, the history records."""
+    for name, a in ckpt.arrays.items():
+        if not isinstance(a, np.ndarray) or (a.dtype.kind in "fc" and not np.isfinite(a).all()):
+            raise ValueError(f"{path}: model array {name!r} is not a finite array")
+    if (bad := _non_finite_in(ckpt.averaged_iterate, "averaged_iterate", inf_ok=False)) is not None:
+        raise ValueError(f"{path}: the averaged iterate is not finite ({bad})")
+    counts = np.asarray(ckpt.times_sampled)
+    if (not isinstance(ckpt.num_clients, int) or counts.shape != (ckpt.num_clients,) or counts.dtype.kind not in "iu"
+            or (counts < 0).any()):
+        raise ValueError(f"{path}: times_sampled is not one count >= 0 per client ({ckpt.num_clients} clients)")
+    if (not isinstance(ckpt.round, int) or ckpt.round < 0 or not isinstance(ckpt.history, list)
+            or not all(isinstance(r, dict) for r in ckpt.history)):
+        raise ValueError(f"{path}: its round or history is malformed")
+    bad = _non_finite_in(ckpt.strategy)
+    if bad:
+        raise ValueError(f"{path}: the strategy state holds a NaN array ({bad})")
+
+
+def _non_finite_in(tree: Any, where: str = "state", inf_ok: bool = True) -> str | None:
+    """The path of the first array (or float) holding a NaN (or, unless ``inf_ok``, an inf: a
+    strategy's state may use inf as a sentinel) in a loaded tree, else None."""
+    if isinstance(tree, torch.Tensor):
+        tree = tree.detach().float().numpy() if tree.dtype.is_floating_point else None
+    bad = np.isnan if inf_ok else (lambda a: ~np.isfinite(a))
+    if isinstance(tree, np.ndarray):
+        return where if tree.dtype.kind in "fc" and tree.size and bad(tree).any() else None
+    if isinstance(tree, float):
+        return where if (math.isnan(tree) if inf_ok else not math.isfinite(tree)) else None
+    items = (tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ())
+    for k, v in items:
+        if (found := _non_finite_in(v, f"{where}.{k}", inf_ok)) is not None:
+            return found
+    return None
 
 
 def load(path: str | Path) -> Checkpoint:
@@ -216,8 +324,10 @@ def load(path: str | Path) -> Checkpoint:
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
-    return Checkpoint(**{f.name: from_tree(raw[f.name] if f.default is dataclasses.MISSING else raw.get(f.name))
+    ckpt = Checkpoint(**{f.name: from_tree(raw[f.name] if f.default is dataclasses.MISSING else raw.get(f.name))
                          for f in dataclasses.fields(Checkpoint)})
+    check_restored(ckpt, path)
+    return ckpt
 
 
 def latest(folder: str | Path) -> Checkpoint:

@@ -104,9 +104,10 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                   cfg.clients_per_round, secagg.enabled(cfg))
     cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
     cfg.get_int("diverge-patience", 5, low=0)
-    from fedpcd_app.server.results import check_output_dir_free
+    from fedpcd_app.server.results import check_output_dir_free, check_output_dir_reusable
 
     check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
+    check_output_dir_reusable(cfg)  # another run's results there: resume-from, a new folder or overwrite
     from client_app.vectorised import EXECUTION, EXECUTION_KEY
 
     cfg.get_choice(EXECUTION_KEY, EXECUTION, "auto")
@@ -143,6 +144,12 @@ def _check_bounds(cfg: RunConfig) -> None:
                           f"'{cfg.dataset}': every client needs a training example; use at most {total} clients")
 
 
+# Methods outside the FedAvg family whose own key makes their weighting uniform
+# (strategies.registry.weighting_of): named when fedavg-weighting is set for them.
+UNIFORM_KEYS = {"fedpcd": "fedpcd-primary='fedavg-uniform'", "craft": "craft-rho='uniform'",
+                "fedmgda": "fedmgda-centre='uniform'"}
+
+
 def _check_weighting(cfg: RunConfig) -> None:
     """``fedavg-weighting`` (the FedAvg family only) and ``participation = "size-proportional"``
     (methods whose server rule stays unbiased under size-proportional draws; README)."""
@@ -151,9 +158,11 @@ def _check_weighting(cfg: RunConfig) -> None:
 
     weighting = cfg.get_choice("fedavg-weighting", WEIGHTINGS, "data-size")
     if weighting != "data-size" and cfg.method not in FEDAVG_FAMILY:
+        own = UNIFORM_KEYS.get(cfg.method)
         raise ConfigError(f"run-config key 'fedavg-weighting' = {weighting!r} applies to the FedAvg family "
                           f"({', '.join(FEDAVG_FAMILY)}); method '{cfg.method}' weights by its own rule: "
-                          "leave fedavg-weighting='data-size'")
+                          + (f"its uniform variant is {own}, " if own else "")
+                          + "leave fedavg-weighting='data-size'")
     if cfg.get_choice("participation", PARTICIPATION, "uniform") == "size-proportional":
         why = size_proportional_refusal(cfg.method, cfg.params)
         if why is not None:

@@ -94,3 +94,170 @@ class Watch:
                     f"{self.chance:.4g}) without progress")
                 return f"the train loss was {what} for {self.bad_loss_rounds} consecutive rounds"
         return None
+
+
+def model_norm(arrays) -> float:
+    """The global model's L2 norm over its float arrays (an ArrayRecord or a mapping of arrays)."""
+    total = 0.0
+    for value in arrays.values():
+        a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        if a.dtype.kind in "fc" and a.size:
+            total += float(np.sum(np.square(a, dtype=np.float64)))
+    return math.sqrt(total)
+
+
+# -- a collapsed final model (server_app.Experiment.completeness) ------------------------------------
+# A run whose final evaluation lost most of what it had gained over chance is not complete: the
+# mean accuracy of the final model is within COLLAPSE_KEEP of its best earlier gain over chance
+# (1/C) although that best gain was at least COLLAPSE_MIN_GAIN. Scale-down majorities (attack =
+# 'scale-down', attack-scale = 0.01, attack-fraction = 0.6; numbers reported with the problem):
+# fedmedian 0.652 -> 0.113, krum 0.568 -> 0.122, fedpcd 0.913 -> 0.228 on 10 classes keep 2-16 %
+# of their gain; an honest run's mean accuracy moves by a few points between evaluations, far
+# from losing two thirds of its gain.
+COLLAPSE_MIN_GAIN = 0.2
+COLLAPSE_KEEP = 1 / 3
+# The final model's norm outside [1e-3, 1e3] x the initial model's: not a trained model (a
+# majority of 'huge' updates ends near 6e29 per weight, an all-zero model at 0). Honest training moves
+# the norm by a small factor, three orders of magnitude inside either bound.
+NORM_BOUNDS = (1e-3, 1e3)
+# Warnings (summary.json "warnings", and the log): an evaluation this far below the previous
+# one; accepted updates at least NEAR_BOUND x max-update-ratio x the median norm in this many rounds.
+SUDDEN_DROP = 0.15
+NEAR_BOUND = 0.5
+NEAR_BOUND_ROUNDS = 3
+
+
+def collapse(evaluations: list[tuple[int, float]], classes: int) -> dict[str, Any] | None:
+    """``evaluations``: (round, mean accuracy) in order. The collapse of the last one (see
+    :data:`COLLAPSE_MIN_GAIN`), as a dict for summary.json, else None."""
+    scored = [(r, a) for r, a in evaluations if a is not None and math.isfinite(a)]
+    if len(scored) < 2 or classes < 2:
+        return None
+    chance = 1.0 / classes
+    (last_round, last), earlier = scored[-1], scored[:-1]
+    best_round, best = max(earlier, key=lambda e: e[1])
+    gain = best - chance
+    if gain < COLLAPSE_MIN_GAIN or last - chance > COLLAPSE_KEEP * gain:
+        return None
+    return {"round": last_round, "mean_acc": last, "best_mean_acc": best, "best_round": best_round,
+            "chance": chance}
+
+
+# A run of at least AT_CHANCE_ROUNDS rounds whose final model scores at most AT_CHANCE x chance
+# (1/C) has not learnt (e.g. fedmedian 0.113 and krum 0.122 on 10 classes under a scale-down
+# majority): incomplete too. Shorter runs may honestly still be there.
+AT_CHANCE = 1.5
+AT_CHANCE_ROUNDS = 20
+
+
+def at_chance(final_acc: float | None, classes: int, rounds: int) -> str | None:
+    """Why a final mean accuracy is a model that never learnt (see :data:`AT_CHANCE`), else None."""
+    if final_acc is None or classes < 2 or rounds < AT_CHANCE_ROUNDS or not math.isfinite(final_acc):
+        return None
+    chance = 1.0 / classes
+    if final_acc > AT_CHANCE * chance:
+        return None
+    return (f"the final mean accuracy {final_acc:.4f} is at chance level (<= {AT_CHANCE:g} x 1/{classes}) after "
+            f"{rounds} rounds")
+
+
+def norm_outside(final: float, initial: float) -> str | None:
+    """Why the final model's norm is not a trained model's (:data:`NORM_BOUNDS`), else None."""
+    if not math.isfinite(final):
+        return "the final model is not finite"
+    if initial <= 0 or not math.isfinite(initial):
+        return None
+    low, high = NORM_BOUNDS
+    if final > high * initial or final < low * initial:
+        return (f"the final model's norm {final:.3g} is {final / initial:.3g} x the initial model's {initial:.3g} "
+                f"(outside [{low:g}, {high:g}] x)")
+    return None
+
+
+# -- SIGINT / SIGTERM during a run (server_app.Experiment.run) ------------------------------------
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a run; ``signal_name`` says which."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class Interrupts:
+    """While entered (in the main thread): SIGINT and SIGTERM raise :class:`RunInterrupted` at
+    once, except inside :meth:`deferred` blocks (a round's aggregation and record, a checkpoint),
+    where they are held until the block ends. A signal the process ignores (a background job's
+    SIGINT) stays ignored. The earlier handlers come back on exit."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self) -> None:
+        self.pending: str | None = None
+        self.depth = 0
+        self.old: dict = {}
+
+    def __enter__(self) -> Interrupts:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name)
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue
+                try:
+                    self.old[sig] = signal.signal(sig, self._handler)
+                except (ValueError, OSError):
+                    pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        self.old = {}
+
+    def _handler(self, signum, frame) -> None:
+        import signal
+
+        name = signal.Signals(signum).name
+        if self.depth:
+            self.pending = name
+            return
+        raise RunInterrupted(name)
+
+    def deferred(self):
+        return _Deferred(self)
+
+
+class _Deferred:
+    def __init__(self, owner: Interrupts) -> None:
+        self.owner = owner
+
+    def __enter__(self) -> None:
+        self.owner.depth += 1
+
+    def __exit__(self, kind, value, tb) -> None:
+        self.owner.depth -= 1
+        if kind is None and not self.owner.depth and self.owner.pending:
+            name, self.owner.pending = self.owner.pending, None
+            raise RunInterrupted(name)
+
+
+class signals_ignored:
+    """SIGINT and SIGTERM ignored inside (the main thread only): the interrupted run's saving."""
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for s, h in self.old.items():
+            signal.signal(s, h)

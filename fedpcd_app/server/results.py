@@ -20,9 +20,21 @@ before anything starts). A lock left by a process that is gone (killed, or its P
 another program since) is stale and taken over with a warning. One process may open the
 same folder again (an earlier run of it ended or was abandoned).
 
-**A full disk** (any ``OSError`` writing a results file) ends the run with one line
-(:class:`fedpcd_app.server.checkpoint.OutputError`) naming the file, the cause and the last
-checkpoint, which stays intact.
+**A full disk** (any ``OSError`` writing a results file, or torch's ``RuntimeError`` inside
+``torch.save``) ends the run with one line (:class:`fedpcd_app.server.checkpoint.OutputError`)
+naming the file, the cause and the last checkpoint, which stays intact. ``final_model.pt``,
+``summary.json`` and ``clients.csv`` are written atomically (temp file, fsync, rename): a
+failed write leaves the previous file or none, never a truncated one.
+
+**A folder never mixes two runs.** A run whose ``output-dir`` already holds another run's
+results (``summary.json``, a non-empty ``rounds.jsonl``, ``clients.csv``, ``final_model.pt``
+or a checkpoint) is refused in one line (:func:`check_output_dir_reusable`, from
+``fedpcd_app.server.config.check``, before any data is loaded or file opened) naming the three
+ways on: ``resume-from='<that folder>'`` (continue it: the only way a folder takes a second
+process's rounds), a new ``output-dir``, or ``overwrite = true``, which deletes those results
+(the files above, ``checkpoints/``, ``report.*``, ``figures/``, ``availability.json``) before
+the run writes anything. A run that did not finish (interrupted, crashed, stopped) is named so,
+with the round of its last checkpoint.
 """
 
 from __future__ import annotations
@@ -84,6 +96,78 @@ def lock_holder(folder: str | Path) -> tuple[int, str | None] | None:
     return pid, start
 
 
+RESULTS = (SUMMARY, CLIENTS, FINAL_MODEL)  # with a non-empty rounds.jsonl and checkpoints: a run's results
+# What overwrite = true deletes (a run's own files only: never anything else in the folder).
+CLEARED_FILES = (SUMMARY, ROUNDS, CLIENTS, FINAL_MODEL, "availability.json", "report.md", "report.csv")
+CLEARED_DIRS = ("checkpoints", "figures", "tensorboard")
+OVERWRITE_KEY = "overwrite"
+
+
+def held_results(folder: str | Path) -> str | None:
+    """What another run left in ``folder`` (a phrase for the refusal), None when nothing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    found = [name for name in RESULTS if (folder / name).exists()]
+    records = 0
+    if (folder / ROUNDS).is_file():
+        with open(folder / ROUNDS, "rb") as fh:
+            records = sum(1 for line in fh if line.strip())
+    ckpts = rounds_in(folder)
+    if not found and not records and not ckpts:
+        return None
+    summary = None
+    if (folder / SUMMARY).is_file():
+        try:
+            summary = json.loads((folder / SUMMARY).read_text())
+        except (OSError, ValueError):
+            summary = None
+    last = f", its last checkpoint is of round {ckpts[-1]}" if ckpts else ", no checkpoint"
+    if isinstance(summary, dict) and summary.get("complete") is True:
+        return f"a finished run of {summary.get('rounds', '?')} rounds, method {summary.get('method', '?')!r}"
+    if isinstance(summary, dict) and summary.get("incomplete_reason"):
+        why = str(summary["incomplete_reason"]).splitlines()[0][:120]
+        return f"a run that did not finish ({why}){last}"
+    return f"a run that did not finish ({records} round record(s) in {ROUNDS}, no summary{last})"
+
+
+def check_output_dir_reusable(cfg: RunConfig) -> None:
+    """One-line :class:`ConfigError` when ``output-dir`` holds another run's results and this
+    run neither resumes that folder nor says ``overwrite = true`` (nothing is touched)."""
+    if not cfg.output_dir:
+        return
+    folder = Path(cfg.output_dir).expanduser().resolve()
+    resume = str(cfg.params.get("resume-from", "") or "")
+    own_resume = bool(resume) and Path(resume).expanduser().resolve() in (folder, folder / "checkpoints")
+    overwrite = cfg.get_bool(OVERWRITE_KEY, False)
+    if own_resume and overwrite:
+        raise ConfigError(f"run-config key '{OVERWRITE_KEY}' = true would delete the checkpoints that resume-from = "
+                          f"'{resume}' continues from: drop overwrite, or resume into a new output-dir")
+    if own_resume or overwrite:
+        return
+    what = held_results(folder)
+    if what is not None:
+        raise ConfigError(f"run-config key 'output-dir' = '{cfg.output_dir}' holds another run's results ({what}): "
+                          f"continue it with resume-from='{folder}', give this run a new output-dir, or set "
+                          f"{OVERWRITE_KEY}=true to delete those results first")
+
+
+def clear_results(folder: Path) -> list[str]:
+    """``overwrite = true``: delete a run's own files in ``folder`` (see the module docstring)."""
+    import shutil
+
+    gone = []
+    for name in CLEARED_FILES:
+        if (folder / name).is_file():
+            (folder / name).unlink()
+            gone.append(name)
+    for name in CLEARED_DIRS:
+        if (folder / name).is_dir() and not (folder / name).is_symlink():
+            shutil.rmtree(folder / name)
+            gone.append(name + "/")
+    return gone
+
+
 def busy_error(folder: str | Path, pid: int) -> ConfigError:
     return ConfigError(f"run-config key 'output-dir' = '{folder}' is in use by a live run (pid {pid}, lock file "
                        f"{Path(folder) / LOCK}): give this run another output-dir, or wait for that run to end")
@@ -138,15 +222,40 @@ class OutputLock:
 
 @contextmanager
 def writing(path: Path, folder: Path):
-    """Any ``OSError`` writing ``path`` (a full disk) → one :class:`OutputError` line."""
+    """Any ``OSError`` writing ``path`` (a full disk), or torch's ``RuntimeError`` inside
+    ``torch.save`` (its own writer's "file write failed") → one :class:`OutputError` line."""
     try:
         yield
-    except OSError as exc:
+    except OutputError:
+        raise
+    except (OSError, RuntimeError) as exc:
         found = rounds_in(folder)
         last = (f"the last checkpoint, {path_for(folder, found[-1])}, is intact" if found
                 else "no checkpoint was written (checkpoint-every)")
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)}); "
-                          f"{last}; free space and resume with resume-from='{folder}'") from None
+        raise OutputError(f"cannot write {path}: {write_cause(exc)}; {last}; free space and resume with "
+                          f"resume-from='{folder}'") from None
+
+
+def write_cause(exc: BaseException) -> str:
+    """An OSError's strerror and errno name, or a RuntimeError's first line."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else 'write failed'}"
+
+
+def _atomic(path: Path, write) -> None:
+    """``write(fh)`` into a temp file beside ``path``, fsync, rename over ``path``; one
+    :class:`OutputError` line on any failure, ``path`` untouched then."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path, path.parent):
+        try:
+            with open(tmp, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def default_output_dir(cfg: RunConfig) -> Path:
@@ -170,28 +279,35 @@ def _clean(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with writing(path, path.parent):
-        try:
-            with open(tmp, "w") as fh:
-                json.dump(_clean(obj), fh, indent=2, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+    text = json.dumps(_clean(obj), indent=2, sort_keys=True).encode()
+    _atomic(path, lambda fh: fh.write(text))
 
 
 class ResultsWriter:
-    def __init__(self, cfg: RunConfig, out_dir: Path | None = None) -> None:
+    """The run's files in its folder. ``history``: the records a resumed run starts from (its
+    checkpoint's), written to ``rounds.jsonl`` atomically before the run appends to it."""
+
+    def __init__(self, cfg: RunConfig, out_dir: Path | None = None, history: list[dict[str, Any]] = ()) -> None:
         self.dir = Path(out_dir or (cfg.output_dir or default_output_dir(cfg))).resolve()
         with writing(self.dir, self.dir):
             self.dir.mkdir(parents=True, exist_ok=True)
         self.lock = OutputLock(self.dir)
         self.lock.acquire()  # a live run in this folder: one line, before rounds.jsonl is touched
+        try:  # the folder check again, under the lock: no other run can write there in between
+            check_output_dir_reusable(cfg.replace(output_dir=str(self.dir)))
+        except ConfigError:
+            self.lock.release()
+            raise
         self.cfg = cfg
+        if cfg.get_bool(OVERWRITE_KEY, False):
+            with writing(self.dir, self.dir):
+                if gone := clear_results(self.dir):
+                    log.warning("output-dir %s: overwrite = true deleted the earlier run's %s", self.dir,
+                                ", ".join(gone))
+        text = "".join(json.dumps(_clean(r), sort_keys=True) + "\n" for r in history).encode()
+        _atomic(self.dir / ROUNDS, lambda fh: fh.write(text))
         with writing(self.dir / ROUNDS, self.dir):
-            self._rounds = open(self.dir / ROUNDS, "w")
+            self._rounds = open(self.dir / ROUNDS, "a")
 
     def round(self, record: dict[str, Any]) -> None:
         with writing(self.dir / ROUNDS, self.dir):
@@ -199,20 +315,21 @@ class ResultsWriter:
             self._rounds.flush()
 
     def clients(self, rows: list[dict[str, Any]]) -> None:
-        tmp = self.dir / (CLIENTS + ".tmp")
-        with writing(self.dir / CLIENTS, self.dir):
-            with open(tmp, "w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()))
-                writer.writeheader()
-                writer.writerows(_clean(rows))
-            os.replace(tmp, self.dir / CLIENTS)
+        import io
+
+        buf = io.StringIO(newline="")
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0].keys()))
+        writer.writeheader()
+        writer.writerows(_clean(rows))
+        text = buf.getvalue().encode()
+        _atomic(self.dir / CLIENTS, lambda fh: fh.write(text))
 
     def model(self, state_dict: dict[str, Any]) -> None:
-        """The final global model: a plain state_dict (``torch.load(path, weights_only=True)``)."""
+        """The final global model: a plain state_dict (``torch.load(path, weights_only=True)``),
+        written atomically."""
         import torch
 
-        with writing(self.dir / FINAL_MODEL, self.dir):
-            torch.save(state_dict, self.dir / FINAL_MODEL)
+        _atomic(self.dir / FINAL_MODEL, lambda fh: torch.save(state_dict, fh))
 
     def summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.dir / SUMMARY, summary)

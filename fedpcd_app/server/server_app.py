@@ -32,6 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
+from fedcore.replies import ReplyTrust
 from fedpcd_app.server import checkpoint, divergence, node_data, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
@@ -46,6 +47,7 @@ from fedpcd_app.server.membership import (
 from fedpcd_app.server.results import ResultsWriter, write_json_atomic
 from fedpcd_app.server.tracking import tracker_for
 from strategies.privacy import CentralDP
+from strategies.registry import weighting_of
 from strategies.wrappers import UpdateClip, find_wrapper
 
 log = logging.getLogger("fedpcd")
@@ -122,29 +124,41 @@ class Experiment:
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
         # counts bounded by the partitions' sizes the server knows (fedcore.replies.ReplyLimits)
         self.strategy.reply_limits = reply_limits(self.cfg, self.evaluator.data, self.membership)
-        self.writer = ResultsWriter(self.cfg)
-        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
-        self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
-                                              _spec(self.arrays)) if secagg.enabled(self.cfg) else None
         self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
         self.history: list[dict[str, Any]] = []
         self.last_eval: dict[str, Any] = {}
         self.stop_on_error = self.cfg.params.get("on-aggregation-error", "stop") == "stop"
         self.aggregation_exception: Exception | None = None
         self.start_round = 1
-        self.watch = divergence.Watch(self.cfg, divergence.num_classes(setup.model))
+        self.classes = divergence.num_classes(setup.model)
+        self.watch = divergence.Watch(self.cfg, self.classes)
         self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
+        self.initial_norm = divergence.model_norm(self.arrays)  # the collapse check's reference (completeness)
+        if setup.resume_from:  # every check and the whole restore before any file is opened for writing
+            self.resume(setup.resume_from)
+        self.writer = ResultsWriter(self.cfg, history=self.history)
         if setup.resume_from:
-            try:
-                self.resume(setup.resume_from)
-            except BaseException:
-                self.writer.close()  # the output-dir's lock with it
-                raise
+            _setup_logging()
+            log.info("resumed from round %d of %s", self.start_round - 1, setup.resume_from)
+        self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
+        self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
+                                              _spec(self.arrays)) if secagg.enabled(self.cfg) else None
+        self.warnings: list[str] = []  # summary.json "warnings" (each also logged when it happens)
+        self.near_bound_rounds = 0
+        self.signals = divergence.Interrupts()
+        self.trained: dict[str, Any] | None = None  # the round trained but not yet recorded (an interrupt)
+        self.finished = False  # finish() wrote the summary
+        self.sampled_before: np.ndarray | None = None
 
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         try:
-            return self._run()
+            with self.signals:  # SIGINT/SIGTERM: a checkpoint and an incomplete summary (interrupted())
+                return self._run()
+        except KeyboardInterrupt as exc:
+            with divergence.signals_ignored():  # a second Ctrl-C does not cut the saving short
+                self.interrupted(exc)
+            raise
         finally:
             self.writer.lock.release()  # on any exit (finish() has released it on a normal one)
 
@@ -162,27 +176,59 @@ class Experiment:
                  self.writer.dir)
         t_first = time.perf_counter()  # end of the run's first round (set below)
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
-            record = self.train_round(server_round)
+            # SIGINT/SIGTERM end the run at once while it waits for clients or evaluates (run() then
+            # checkpoints the rounds done); inside deferred() they wait for the block's end.
+            record = self.train_round(server_round)  # sets self.trained: interrupted() records it
             diverged = self.watch.observe(record, self.last_valid)
             stop = diverged is not None or (self.stop_on_error and "aggregation_error" in record)
             if stop or self.is_eval_round(server_round):
-                record["eval"] = self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
-            self.history.append(record)
-            self.writer.round(record)
-            if self.tracker is not None:
-                self.tracker.round(record)
-            # The ETA leaves the first round out: it carries the start-up (data, workers, actors).
-            now = time.perf_counter()
-            if server_round == self.start_round:
-                t_first = now
-            done = server_round - self.start_round
-            self.log_round(record, (now - t_first) / done if done else None)
-            if diverged is not None:
-                return self.diverged(server_round, diverged)
-            if stop:
-                self.stop(server_round, record["aggregation_error"])
+                evaluation = self.evaluator.evaluate(server_round, self.arrays, self.grid)
+                record["eval"] = self.last_eval = evaluation
+            with self.signals.deferred():
+                self.watch_round(record)
+                self.history.append(record)
+                self.trained = None
+                self.writer.round(record)
+                if self.tracker is not None:
+                    self.tracker.round(record)
+                # The ETA leaves the first round out: it carries the start-up (data, workers, actors).
+                now = time.perf_counter()
+                if server_round == self.start_round:
+                    t_first = now
+                done = server_round - self.start_round
+                self.log_round(record, (now - t_first) / done if done else None)
+                if diverged is not None:
+                    return self.diverged(server_round, diverged)
+                if stop:
+                    self.stop(server_round, record["aggregation_error"])
             self.after_round(server_round)
-        return self.finish()
+        with self.signals.deferred():
+            return self.finish()
+
+    def interrupted(self, exc: KeyboardInterrupt) -> None:
+        """SIGINT/SIGTERM: the rounds done so far checkpointed (whatever checkpoint-every says)
+        and an incomplete summary, ``incomplete_reason: "interrupted at round N ..."``; the
+        folder is then continued by ``resume-from``. A round whose replies had not all arrived is
+        dropped (its draws are redone on resume); a trained round whose evaluation was cut is kept."""
+        _setup_logging()
+        if self.finished:  # the signal came as the run ended: its summary stands
+            return
+        if self.trained is not None:  # trained; only its evaluation (or bookkeeping) was cut
+            self.history.append(self.trained)
+            self.writer.round(self.trained)
+            self.trained = None
+        elif self.sampled_before is not None:  # cut while waiting for replies: that round never happened
+            self.times_sampled = self.sampled_before
+        done = self.history[-1]["round"] if self.history else 0
+        what = getattr(exc, "signal_name", "SIGINT")
+        if done:
+            self.save_checkpoint(done)
+            how = f"rounds 1-{done} are saved: continue with resume-from='{self.writer.dir}'"
+        else:
+            how = f"no round finished: rerun with overwrite=true to start again in {self.writer.dir}"
+        reason = f"interrupted at round {done + 1} ({what}); {how}"
+        log.warning("%s", reason)
+        self.finish(reason, report=False)
 
     def stop(self, server_round: int, error: str) -> None:
         """A failed aggregation ends the run: a checkpoint, a summary saying so, one line."""
@@ -211,66 +257,73 @@ class Experiment:
         msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid)
         expected = dict(self.strategy.expected)  # node → partition id
         pids = list(expected.values())
+        self.sampled_before = self.times_sampled.copy()  # an interrupt while waiting undoes this round's count
         self.times_sampled[pids] += 1  # rounds a partition was asked: sampled and served by a node
         # A Bernoulli availability round can be empty: nothing to send, the model stays.
+        # waiting for the clients: an interrupt here ends the run before this round (its count undone)
         if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
             valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round) if msgs else ([], [])
-            aggregate = (lambda: self.strategy.aggregate_valid(server_round, valid)) if valid else None
         else:
             replies = send_and_receive(self.grid, msgs, timeout=self.cfg.round_timeout or None)
-            aggregate = lambda: self.strategy.aggregate_train(server_round, replies)  # noqa: E731
-        t_train = time.perf_counter() - t0
-        record: dict[str, Any] = {"round": server_round, "sampled": pids}
-        if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
-            record["unserved"] = list(self.membership.unserved)
-            log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
-                        record["unserved"])
-        t1 = time.perf_counter()
-        new_arrays, agg_metrics, error = None, None, None
-        self.last_valid = []
-        if aggregate is not None:
-            try:
-                new_arrays, agg_metrics = aggregate()
-            except Exception as exc:  # noqa: BLE001 - recorded; run() stops unless on-aggregation-error=keep
-                if not self.stop_on_error:
-                    log.exception("round %d: aggregation failed; the model stays as it was", server_round)
-                self.aggregation_exception = exc
-                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        if self.secure is None:
-            valid, dropped = self.strategy.last_train.valid, self.strategy.last_train.dropped
-            replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
-        else:
-            for d in dropped:
-                log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
-            gone = {d.partition for d in dropped}  # the one valid reply: the mean of the others
-            replied = sorted(p for p in pids if p not in gone) if valid else []
-        record.update({
-            "replied": replied,  # partitions whose reply was aggregated (clients.csv times_replied)
-            "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
-            "dropped": [d.as_dict() for d in dropped],
-            "num_dropped": len(dropped),
-            "lr": self.strategy.round_lr(server_round),
-        })
-        if valid:
-            self.last_valid = list(valid) if self.secure is None else []
-            record.update(_train_losses(valid, self.strategy.want_loss_before))
-            record["aggregate_seconds"] = time.perf_counter() - t1
-            if error is not None:
-                record["aggregation_error"] = error
-            if new_arrays is not None and not divergence.is_finite(new_arrays):
-                record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
-            elif new_arrays is not None:
-                self.arrays = new_arrays
-            if agg_metrics is not None:
-                record["strategy"] = dict(agg_metrics)
+        self.sampled_before = None
+        with self.signals.deferred():  # aggregation and the round's record: an interrupt waits for them
+            if self.secure is not None:
+                aggregate = (lambda: self.strategy.aggregate_valid(server_round, valid)) if valid else None
+            else:
+                aggregate = lambda: self.strategy.aggregate_train(server_round, replies)  # noqa: E731
+            t_train = time.perf_counter() - t0
+            record: dict[str, Any] = {"round": server_round, "sampled": pids}
+            if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
+                record["unserved"] = list(self.membership.unserved)
+                log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
+                            record["unserved"])
+            t1 = time.perf_counter()
+            new_arrays, agg_metrics, error = None, None, None
+            self.last_valid = []
+            if aggregate is not None:
+                try:
+                    new_arrays, agg_metrics = aggregate()
+                except Exception as exc:  # noqa: BLE001 - recorded; run() stops unless on-aggregation-error=keep
+                    if not self.stop_on_error:
+                        log.exception("round %d: aggregation failed; the model stays as it was", server_round)
+                    self.aggregation_exception = exc
+                    error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             if self.secure is None:
-                record.update(self.strategy.last_train.defence)  # update_clip, privacy (the wrappers' reports)
-        else:
-            log.warning("round %d: no valid reply; the model stays as it was", server_round)
-        record["train_seconds"] = t_train
-        self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
-        record["round_seconds"] = time.perf_counter() - t0  # the whole training round
-        return record
+                valid, dropped = self.strategy.last_train.valid, self.strategy.last_train.dropped
+                replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
+            else:
+                for d in dropped:
+                    log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
+                gone = {d.partition for d in dropped}  # the one valid reply: the mean of the others
+                replied = sorted(p for p in pids if p not in gone) if valid else []
+            record.update({
+                "replied": replied,  # partitions whose reply was aggregated (clients.csv times_replied)
+                "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
+                "dropped": [d.as_dict() for d in dropped],
+                "num_dropped": len(dropped),
+                "lr": self.strategy.round_lr(server_round),
+            })
+            if valid:
+                self.last_valid = list(valid) if self.secure is None else []
+                record.update(_train_losses(valid, self.strategy.want_loss_before))
+                record["aggregate_seconds"] = time.perf_counter() - t1
+                if error is not None:
+                    record["aggregation_error"] = error
+                if new_arrays is not None and not divergence.is_finite(new_arrays):
+                    record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
+                elif new_arrays is not None:
+                    self.arrays = new_arrays
+                if agg_metrics is not None:
+                    record["strategy"] = dict(agg_metrics)
+                if self.secure is None:
+                    record.update(self.strategy.last_train.defence)  # update_clip, privacy (the wrappers' reports)
+            else:
+                log.warning("round %d: no valid reply; the model stays as it was", server_round)
+            record["train_seconds"] = t_train
+            self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
+            record["round_seconds"] = time.perf_counter() - t0  # the whole training round
+            self.trained = record  # before any interrupt can land: run() records it
+            return record
 
     def is_eval_round(self, server_round: int) -> bool:
         every = self.cfg.eval_every
@@ -296,13 +349,15 @@ class Experiment:
             privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
             config=self.cfg.as_dict(),
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
+            reply_trust=self.strategy.reply_trust.as_dict(),
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
 
     def resume(self, folder: str) -> None:
-        """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir);
-        its history is copied into this run's rounds.jsonl first."""
+        """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir):
+        every check and the restore in memory, before the writer opens any file (a refused resume
+        changes nothing on disk); the writer then starts rounds.jsonl with its history."""
         ckpt = checkpoint.latest(folder)
         allow = checkpoint.allowed_changes(self.cfg.params.get("resume-allow-changes", ""))
         checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
@@ -322,6 +377,8 @@ class Experiment:
         if self.evaluator.average is not None:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
+        if ckpt.reply_trust is not None:  # the size bounds continue from the trusted scale (older files: rebuilt)
+            self.strategy.reply_trust = ReplyTrust.from_dict(ckpt.reply_trust)
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
             dp.dp_state = ckpt.privacy  # the adaptive clipping norm
         self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
@@ -329,10 +386,6 @@ class Experiment:
         self.history = list(ckpt.history)
         self.last_eval = dict(ckpt.last_eval)
         self.start_round = ckpt.round + 1
-        for record in self.history:
-            self.writer.round(record)
-        _setup_logging()
-        log.info("resumed from round %d of %s", ckpt.round, folder)
 
     # -- results ---------------------------------------------------------------------------------
     def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
@@ -355,9 +408,36 @@ class Experiment:
             line += f" [{rec['round_seconds']:.2f} s, ETA {seconds_per_round * (self.cfg.num_server_rounds - r):.0f} s]"
         log.info(line)
 
-    def finish(self, stopped: str | None = None) -> dict[str, Any]:
-        """clients.csv, the final model and summary.json; ``stopped``: why the run ended early."""
-        cfg, final, data = self.cfg, self.last_eval, self.evaluator.data
+    def watch_round(self, record: dict[str, Any]) -> None:
+        """The round's warnings (logged and kept for summary.json): an evaluation far below the
+        previous one, and accepted updates near the size bound in several rounds."""
+        r = record["round"]
+        if "eval" in record:
+            earlier = [h for h in self.history if "eval" in h]
+            now, before = record["eval"].get("mean_acc"), earlier[-1]["eval"].get("mean_acc") if earlier else None
+            if now is not None and before is not None and before - now >= divergence.SUDDEN_DROP:
+                self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
+                          f"{now:.4f}")
+        from fedcore.replies import DEFAULT_MAX_UPDATE_RATIO
+
+        bound = self.cfg.params.get("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO)
+        ratio = (record.get("update_norms") or {}).get("max_ratio")
+        if isinstance(bound, (int, float)) and bound > 0 and isinstance(ratio, (int, float)) and record["num_replies"]:
+            if ratio >= divergence.NEAR_BOUND * bound:
+                self.near_bound_rounds += 1
+                if self.near_bound_rounds == divergence.NEAR_BOUND_ROUNDS:
+                    self.warn(f"round {r}: in {self.near_bound_rounds} rounds an accepted update was at least "
+                              f"{divergence.NEAR_BOUND:g} x max-update-ratio = {bound:g} x the median norm (latest "
+                              f"{ratio:.3g} x): updates under the bound may be poisoning the model")
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+        log.warning("%s", text)
+
+    def finish(self, stopped: str | None = None, report: bool = True) -> dict[str, Any]:
+        """clients.csv, the final model and summary.json; ``stopped``: why the run ended early;
+        ``report``: draw report.md and the figures (figures = auto)."""
+        cfg, final, data = self.cfg, self.last_eval or _no_evaluation(self.cfg.num_clients), self.evaluator.data
         reported = node_data.sizes(self.membership) if self.node_data else {}  # (train, test) rows per node
         replied = _times_replied(self.history, cfg.num_clients)
         rows = [{
@@ -384,8 +464,11 @@ class Experiment:
             **summary_fields(final, [r["eval"] for r in self.history if "eval" in r], self.evaluator.scored_iterate),
             "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
             "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
+            "evaluated_round": next((r["round"] for r in reversed(self.history) if "eval" in r), None),
             **self.completeness(stopped),
+            "warnings": list(self.warnings),
             **self.hostile_summary(final),
+            "weighting": weighting_of(cfg.method, cfg.as_dict()),  # how the method weights clients (registry)
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
         }
@@ -394,15 +477,25 @@ class Experiment:
         if self.tracker is not None:
             self.tracker.summary(summary)
             self.tracker.close()
-        if cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
+        if report and cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
             draw_report(self.writer.dir)
-        log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
-                 summary["mean_acc"], summary["worst10_acc"], summary["jain"],
-                 summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
+        if self.last_eval:
+            log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
+                     summary["mean_acc"], summary["worst10_acc"], summary["jain"],
+                     summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
+        self.finished = True
         return summary
 
     def completeness(self, stopped: str | None) -> dict[str, Any]:
-        """``complete`` and, when false, ``incomplete_reason``: a run that stopped early, one
+        """``complete`` and, when false, ``incomplete_reason``. A *collapsed* final model
+        (:func:`fedpcd_app.server.divergence.collapse`: its evaluation kept under a third of the
+        best earlier evaluation's gain over chance) makes the run incomplete (``incomplete_reason``
+        "collapsed at round N: ...", and a ``collapsed`` field with the rounds and accuracies):
+        incomplete rather than a flag beside ``complete: true``, because whatever reads only
+        ``complete`` (the reports, the sweeps' tables) must not score a collapsed model as the
+        method's result; so does a final model outside the norm bounds
+        (:func:`~fedpcd_app.server.divergence.norm_outside`) and, after 20 rounds or more, one still
+        at chance (:func:`~fedpcd_app.server.divergence.at_chance`). Else: a run that stopped early, one
         whose aggregation failed in some round (the model kept, on-aggregation-error=keep), or
         one in which a node could not load its data (a ``DataError`` reply: that client never
         trained, unlike a node that dropped out for a while), or one that ended inside a streak of
@@ -424,7 +517,24 @@ class Experiment:
             reason = (f"the last {streak} round(s) dropped every reply that arrived (diverge-patience = "
                       f"{self.watch.patience} was not reached before the run ended): the final model may have "
                       "diverged or been poisoned")
-        return {"complete": reason is None, "incomplete_reason": reason}
+        out: dict[str, Any] = {}
+        evals = [(r["round"], r["eval"].get("mean_acc")) for r in self.history if "eval" in r]
+        if (collapsed := divergence.collapse(evals, self.classes)) is not None:
+            out["collapsed"] = collapsed
+            if reason is None:
+                c = collapsed
+                reason = (f"collapsed at round {c['round']}: the final mean accuracy {c['mean_acc']:.4f} kept under "
+                          f"{divergence.COLLAPSE_KEEP:.0%} of the gain over chance ({c['chance']:.3g}) of the best "
+                          f"evaluation, {c['best_mean_acc']:.4f} at round {c['best_round']}: the final model is not "
+                          "this run's result")
+        if reason is None and (why := divergence.norm_outside(divergence.model_norm(self.arrays),
+                                                              self.initial_norm)) is not None:
+            reason = f"final model out of bounds: {why}"
+        rounds = self.history[-1]["round"] if self.history else 0
+        if reason is None and self.last_eval and (why := divergence.at_chance(
+                self.last_eval.get("mean_acc"), self.classes, rounds)) is not None:
+            reason = f"at chance at round {rounds}: {why}"
+        return {"complete": reason is None, "incomplete_reason": reason, **out}
 
     def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:
         """The attack and the attacked partitions, the honest clients' metrics, the defences."""
@@ -459,6 +569,13 @@ def draw_report(out_dir) -> None:
         log.info("%s", message)
     else:
         log.warning("%s", message)
+
+
+def _no_evaluation(num_clients: int) -> dict[str, Any]:
+    """The final metrics of a run interrupted before its first evaluation: none."""
+    keys = ("mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain", "mean_loss", "max_loss")
+    return {**dict.fromkeys(keys), "central_acc": None, "central_loss": None, "num_scored": 0,
+            "client_acc": [None] * num_clients, "client_loss": [None] * num_clients}
 
 
 def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarray:

@@ -2,12 +2,16 @@
 before the "one contract per method" redesign; ``tests/test_golden.py`` checks that the
 code still gives them.
 
-    python -m tests.golden.record            # rewrites tests/golden/methods.json
-    python -m tests.golden.record --rehash   # another machine: its model hashes (metrics checked)
+    python -m tests.golden.record fedavg krum   # (re)records these entries, the others untouched
+    python -m tests.golden.record --all         # every entry anew
+    python -m tests.golden.record --rehash      # another machine: its model hashes (metrics checked)
+    python -m tests.golden.record --help        # the options; --list the entries
 
 The final model's bits depend on the numeric environment (torch wheel, BLAS, CPU, threads:
 :mod:`tests.golden.environment`), which is recorded beside the numbers in
-``tests/golden/environment.json``; the hashes are compared only there. ``--rehash`` moves the
+``tests/golden/environment.json``; the hashes are compared only there. An entry recorded alone on
+a machine that differs from it keeps its own fingerprint (its ``environment`` field), so recording
+one new method never needs the others rerun. ``--rehash`` moves the
 recorded environment to this machine: it reruns every entry, checks the recorded metrics within
 the cross-machine tolerances, and replaces only the model's hash and projections and the environment.
 
@@ -123,33 +127,76 @@ def compare(got: dict, want: dict, *, same_environment: bool, bit_identical: boo
             "allowed across environments)")
 
 
+def entry_environment(entry: dict) -> dict:
+    """The environment an entry's hash was recorded in: its own (an entry recorded alone on a
+    machine other than the file's) or the file's (:func:`tests.golden.environment.recorded`)."""
+    from tests.golden import environment
+
+    return entry.get("environment") or environment.recorded()
+
+
+def parser():
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m tests.golden.record",
+        description="Record the seeded golden numbers of tests/test_golden.py (tests/golden/methods.json). "
+                    "Name the entries to record; the others are left as they are.",
+        epilog="An entry recorded on a machine whose numeric environment differs from the file's "
+               "(tests/golden/environment.json) keeps that machine's fingerprint beside it, so its hash "
+               "is compared only there and the other entries keep theirs; elsewhere the suite compares "
+               "it within the cross-machine tolerances, as it does every entry.")
+    p.add_argument("names", nargs="*", metavar="ENTRY",
+                   help="entries to record: a registered method or a variant (see --list)")
+    p.add_argument("--all", action="store_true", help="record every entry anew (this machine becomes the file's "
+                                                       "environment)")
+    p.add_argument("--rehash", action="store_true",
+                   help="rerun every entry, check its metrics within the cross-machine tolerances and replace "
+                        "only the model's hash and projections (this machine becomes the file's environment)")
+    p.add_argument("--list", action="store_true", help="print the entries and whether each is recorded, then exit")
+    return p
+
+
 def main(argv: list[str]) -> int:
     from tests.golden import environment
 
-    rehash = "--rehash" in argv
-    only = set() if rehash else {a for a in argv if not a.startswith("--")}  # --rehash: every entry
+    args = parser().parse_args(argv)
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
-    here, there = environment.fingerprint(), environment.recorded()
-    moved = environment.differences(here, there) if there else []
-    if moved and not rehash and only:
-        print(f"error: this machine differs from the recorded environment in {', '.join(moved)}: "
-              "new entries would carry another environment's hashes; run "
-              "python -m tests.golden.record --rehash here first", file=sys.stderr)
+    entries = runs()
+    if args.list:
+        for name in sorted(entries):
+            print(name, "recorded" if name in golden else "not recorded")
+        return 0
+    unknown = sorted(set(args.names) - set(entries))
+    if unknown:
+        print(f"error: no golden entry {', '.join(unknown)}; --list names them (a new method is an entry once "
+              "it is registered)", file=sys.stderr)
         return 2
+    if sum((bool(args.names), args.all, args.rehash)) != 1:
+        print("error: name the entries to record, or give --all or --rehash (one of them); --help says more",
+              file=sys.stderr)
+        return 2
+    here, there = environment.fingerprint(), environment.recorded()
+    whole = args.all or args.rehash
+    chosen = sorted(entries) if whole else args.names
     with tempfile.TemporaryDirectory() as tmp:
-        for name, overrides in runs().items():
-            if only and name not in only:
-                continue
-            got = run_one(overrides, f"{tmp}/{name}")
-            if rehash and name in golden:  # the metrics stay; the model as this machine gives it
+        for name in chosen:
+            got = run_one(entries[name], f"{tmp}/{name}")
+            if args.rehash and name in golden:  # the metrics stay; the model as this machine gives it
                 compare(got, golden[name], same_environment=False)
                 golden[name]["model_sha256"] = got["model_sha256"]
                 golden[name]["model_projections"] = got["model_projections"]
+                golden[name].pop("environment", None)
             else:
+                if not whole and there and environment.differences(here, there):
+                    got["environment"] = here  # its hash belongs to this machine, not the file's
                 golden[name] = got
             print(name, golden[name]["mean_acc"], flush=True)
+    if whole:
+        for entry in golden.values():
+            entry.pop("environment", None)
     GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
-    if rehash or not only or not there:
+    if whole or not there:
         environment.save(here)
     return 0
 

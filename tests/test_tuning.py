@@ -1,0 +1,170 @@
+"""fedpcd_app.analysis.tuning: declared spaces filled to one budget, refusals in one line,
+and grid edges extended (geometric step, bounded, resumable) until the selection is interior."""
+
+import json
+import math
+
+import pytest
+
+from fedpcd_app.analysis import sweep as sweep_mod
+from fedpcd_app.analysis import tuning
+
+
+def make_sweep(budget=4, methods=({"name": "fedavg", "method": "fedavg"},), **tuning_keys):
+    return sweep_mod.parse_sweep({"name": "t", "seeds": [0, 1], "base": {"dataset": "digits"},
+                                  "tuning": {"budget": budget, **tuning_keys}, "methods": list(methods)})
+
+
+def configs(sw, label):
+    return sorted({r.grid for r in sw.runs if r.method == label})
+
+
+def test_every_entry_gets_the_same_budget_and_lr_is_always_tuned():
+    sw = make_sweep(budget=8, methods=[{"name": "fedavg", "method": "fedavg"}, {"name": "fedpcd", "method": "fedpcd"}],
+                    grids={"fedpcd": {"fedpcd-tau": [0.01, 0.02]}})
+    avg, pcd = configs(sw, "fedavg"), configs(sw, "fedpcd")
+    assert len(avg) == len(pcd) == 8
+    assert len(sw.runs) == 2 * 8 * 2  # entries x budget x seeds
+    # fedpcd: 2 tau x the declared 4 lr; fedavg: the 4 lr extended by their geometric step
+    # r = (0.1 / 0.003) ** (1/3) = 3.2183, alternately above and below: 0.322, 0.000932, 1.04 -> bound 1.0, 0.00029
+    assert sorted({dict(g)["lr"] for g in pcd}) == [0.003, 0.01, 0.03, 0.1]
+    assert sorted(dict(g)["lr"] for g in avg) == [0.00029, 0.000932, 0.003, 0.01, 0.03, 0.1, 0.322, 1.0]
+    assert all(r.overrides["lr"] == dict(r.grid)["lr"] for r in sw.runs)
+
+
+def test_a_scalar_in_the_entry_fixes_a_declared_key():
+    sw = make_sweep(budget=4, methods=[{"name": "q", "method": "qffl", "qffl-q": 1.0}])
+    assert {r.overrides["qffl-q"] for r in sw.runs} == {1.0}
+    assert len(configs(sw, "q")) == 4
+
+
+@pytest.mark.parametrize("budget,methods,needle", [
+    (4, [{"name": "q", "method": "qffl"}], "has 20 configurations (lr 4 × qffl-q 5), more than"),
+    (18, [{"name": "fv", "method": "fedfv", "fedfv-tau": 1, "fedfv-alpha": [0.0, 0.1, 0.2, 0.33]}],
+     "not a multiple of its non-lr configurations (4)"),
+    (6, [{"name": "a", "method": "fedavg", "lr": 0.1}], "a fixed lr"),
+])
+def test_budgets_that_cannot_be_met_are_refused_in_one_line(budget, methods, needle):
+    with pytest.raises(sweep_mod.SweepError, match=".*") as err:
+        make_sweep(budget=budget, methods=methods)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("table,needle", [({"budget": 0}, "'budget' must be"), ({"budget": 2, "x": 1}, "unknown key"),
+                                          ({"budget": 2, "extend-edges": "yes"}, "extend-edges"),
+                                          ({"budget": 2, "grids": {"nope": {"lr": [0.1]}}}, "method entry names")])
+def test_malformed_tuning_tables(table, needle):
+    with pytest.raises(sweep_mod.SweepError, match=needle):
+        sweep_mod.parse_sweep({"name": "t", "tuning": table, "methods": [{"name": "fedavg", "method": "fedavg"}]})
+
+
+def finish(sw, out, score, val=True):
+    """Write summary.json for every unfinished run: its score a function of the grid point."""
+    n = 0
+    for run in sw.runs:
+        folder = run.folder(out)
+        if (folder / "summary.json").is_file():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        s = score(dict(run.grid)) + 0.001 * run.seed
+        summary = {"mean_acc": s - 0.01, **({"val_mean_acc": s} if val else {}), "complete": True}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        n += 1
+    return n
+
+
+def peak_at(lr_star):
+    return lambda g: 0.9 - (math.log10(g["lr"]) - math.log10(lr_star)) ** 2
+
+
+def test_an_edge_selection_is_extended_until_interior(tmp_path):
+    sw = make_sweep(budget=4)
+    finish(sw, tmp_path, peak_at(0.3))
+    # the best of 0.003..0.1 is the largest: one step beyond, 0.1 * (0.1 / 0.03) = 0.333
+    new = tuning.extensions(sw, tmp_path)
+    assert sorted({dict(r.grid)["lr"] for r in new}) == [0.333] and {r.seed for r in new} == {0, 1}
+    assert all(r.overrides["lr"] == 0.333 for r in new)
+    passes = []
+
+    def run_pass():
+        passes.append(finish(sw, tmp_path, peak_at(0.3)))
+        return []
+
+    assert tuning.extend_edges(sw, tmp_path, run_pass, log=lambda _: None) == []
+    lrs = sorted({dict(g)["lr"] for g in configs(sw, "fedavg")})
+    # 0.333 is best and on the edge: 0.333 * 3.33 = 1.11 is clamped to lr's bound 1.0; then 0.333 is interior
+    assert lrs == [0.003, 0.01, 0.03, 0.1, 0.333, 1.0]
+    assert passes == [2, 2]
+    best, _ = tuning.selected_points(sw, tmp_path)[("default", "fedavg")]
+    assert dict(best)["lr"] == 0.333
+    # resumable: the same sweep parsed again recomputes the same extensions from the finished runs
+    again = make_sweep(budget=4)
+    assert tuning.extend_edges(again, tmp_path, lambda: [finish(again, tmp_path, peak_at(0.3))] and [],
+                               log=lambda _: None) == []
+    assert sorted({dict(g)["lr"] for g in configs(again, "fedavg")}) == lrs
+
+
+def test_a_selection_at_the_declared_bound_is_not_extended(tmp_path):
+    sw = make_sweep(budget=4, grids={"fedavg": {"lr": [0.1, 0.3, 0.6, 1.0]}})
+    finish(sw, tmp_path, peak_at(5.0))
+    assert tuning.extensions(sw, tmp_path) == []
+    low = make_sweep(budget=2, grids={"fedavg": {"lr": [0.01, 0.1]}})
+    finish(low, tmp_path / "low", peak_at(1e-3))
+    assert sorted({dict(r.grid)["lr"] for r in tuning.extensions(low, tmp_path / "low")}) == [0.001]
+
+
+def test_unfinished_or_diverged_points_are_not_selected(tmp_path):
+    sw = make_sweep(budget=4)
+    finish(sw, tmp_path, peak_at(0.3))
+    bad = [r for r in sw.runs if dict(r.grid)["lr"] == 0.1 and r.seed == 1][0]
+    (bad.folder(tmp_path) / "summary.json").write_text(json.dumps({"mean_acc": 0.1, "complete": False}))
+    best, _ = tuning.selected_points(sw, tmp_path)[("default", "fedavg")]
+    assert dict(best)["lr"] == 0.03  # interior among the complete points: nothing to extend
+    assert tuning.extensions(sw, tmp_path) == []
+
+
+def test_extend_edges_is_off_without_tuning_or_when_disabled(tmp_path):
+    plain = sweep_mod.parse_sweep({"name": "p", "methods": [{"name": "a", "method": "fedavg", "lr": [0.01, 0.1]}]})
+    assert plain.tuning is None
+    assert tuning.extend_edges(plain, tmp_path, lambda: pytest.fail("no pass")) == []
+    off = make_sweep(budget=4, **{"extend-edges": False})
+    finish(off, tmp_path, peak_at(0.3))
+    assert tuning.extend_edges(off, tmp_path, lambda: pytest.fail("no pass")) == []
+
+
+def test_the_sweep_command_runs_the_extension_passes(tmp_path, monkeypatch):
+    """sweep.main: after the first pass, the edge extensions run in the same output folder."""
+    (tmp_path / "s.toml").write_text('name = "t"\nseeds = [0]\n[tuning]\nbudget = 2\n'
+                                     '[tuning.grids.fedavg]\nlr = [0.01, 0.03]\n'
+                                     '[[methods]]\nname = "fedavg"\nmethod = "fedavg"\n')
+    passes = []
+
+    def fake_run_sweep(sweep, out, **_):
+        passes.append(finish(sweep, out, peak_at(0.1)))
+        return []
+
+    monkeypatch.setattr(sweep_mod, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(sweep_mod, "_report_and_figures", lambda out: None)
+    assert sweep_mod.main([str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 0
+    # 0.03 best (edge) -> 0.09; 0.09 best (edge) -> 0.27; then 0.09 is interior
+    assert passes == [2, 1, 1]
+    points = sorted(p.parent.parent.name for p in (tmp_path / "out").rglob("summary.json"))
+    assert points == ["lr=0.01", "lr=0.03", "lr=0.09", "lr=0.27"]
+
+
+def test_fedavg_under_the_missing_weighting_is_added_when_weightings_differ():
+    sw = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
+                                       {"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}])
+    labels = list(dict.fromkeys(r.method for r in sw.runs))
+    assert labels == ["fedavg", "afl", "fedavg-uniform"]
+    added = {r.overrides["fedavg-weighting"] for r in sw.runs if r.method == "fedavg-uniform"}
+    assert added == {"uniform"} and len(configs(sw, "fedavg-uniform")) == 4  # the same budget
+    # one weighting only, or switched off: nothing added
+    same = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"}, {"name": "p", "method": "fedprox",
+                                                                                "fedprox-mu": 0.01}])
+    assert {r.method for r in same.runs} == {"fedavg", "p"}
+    off = make_sweep(budget=4, methods=[{"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}],
+                     **{"fedavg-both-weightings": False})
+    assert {r.method for r in off.runs} == {"afl"}
+    both = make_sweep(budget=4, methods=[{"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}])
+    assert list(dict.fromkeys(r.method for r in both.runs)) == ["afl"]  # a single rule: nothing to compare
