@@ -273,3 +273,18 @@ def test_one_run_joins_the_cluster_on_purpose_its_clients_on_both_nodes(cluster,
     monkeypatch.setattr("fedpcd_app.runtime.engine.usable_cores", lambda: 2)  # 2 workers: one thread each
     local = simulate({**over, "output-dir": str(tmp_path / "local")}, workers=2)
     _same(local, joined)
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_private_local_ray(short_tmp, tmp_path, monkeypatch):
+    """``--ray local``: a private Ray started for the sweep (under a private RAY_TMPDIR here),
+    the run's node recorded, nothing of it left running."""
+    monkeypatch.setenv("RAY_TMPDIR", str(short_tmp))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    file, out = _sweep_file(tmp_path, seeds=(0,)), tmp_path / "out"
+    assert sw.main([str(file), "--out", str(out), "--ray", "local"]) == 0
+    (run,) = sw.load_sweep(file).runs
+    assert sw.is_done(run.folder(out))
+    node = json.loads((run.folder(out) / sw.RUN_FILE).read_text())[ray_sweep.NODE_KEY]
+    assert len(node["node-id"]) == 56 and node["gpus"] == []
+    assert not (short_tmp / "ray" / "ray_current_cluster").exists()  # ray.init writes no address file
