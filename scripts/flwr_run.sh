@@ -5,7 +5,11 @@
 # (one line, before anything starts); 130 after Ctrl-C (the run is stopped with `flwr stop`,
 # and every process this script started with it).
 #
-#   bash scripts/flwr_run.sh [--run-config "method='fedpcd' ..."]... [--federation-config "..."]...
+#   bash scripts/flwr_run.sh [--run-config "method='fedpcd' ..."]... [--federation-config "..."]... [--ray-address HOST:PORT|auto]
+#
+# Ray: a private local instance (RAY_ADDRESS=local for the simulation: never a cluster this
+# shell or a stale /tmp/ray/ray_current_cluster names); --ray-address joins an existing
+# cluster on purpose (docs/deployment.md, section 5).
 #
 # --run-config may be repeated (key=value strings or TOML files): a later one replaces the
 # keys it names and keeps the others (fedcore/overrides.py composes them), so flwr never
@@ -24,8 +28,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 for ((i = 1; i <= $#; i++)); do
   case "${!i}" in
-    --run-config|--federation-config) i=$((i + 1)) ;;
-    *) echo "error: unknown argument: ${!i} (use --run-config \"key=value ...\" or --federation-config \"...\")" >&2; exit 2 ;;
+    --run-config|--federation-config|--ray-address) i=$((i + 1)) ;;
+    *) echo "error: unknown argument: ${!i} (use --run-config \"key=value ...\", --federation-config \"...\" or --ray-address HOST:PORT|auto)" >&2; exit 2 ;;
   esac
 done
 VENV=${FEDPCD_VENV:-$ROOT/.venv}

@@ -507,6 +507,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a new process for every run instead of reusing each job's process")
     add_engine_arguments(parser, workers_help="local engine: worker processes per run (default: the usable "
                                               "cores / --jobs, or 0 = in the run's process below 2)")
+    parser.add_argument("--ray", default="", metavar="ADDRESS|auto|local",
+                        help="run each run as a Ray task on this Ray cluster (head host:port; auto: the one "
+                             "`ray start` made here; local: a private Ray), --num-cpus/--num-gpus per run "
+                             "(fedpcd_app/analysis/ray_sweep.py)")
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         print("error: --jobs must be >= 1", file=sys.stderr)
@@ -523,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         validate(sweep)
         out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
         check_finished(sweep, out)
+        if args.ray:  # a bad or dead address, or --engine ray: one line before anything starts
+            from fedpcd_app.analysis.ray_sweep import check_ray
+
+            args.ray = check_ray(args.ray, args.engine)
     except (SweepError, placement.PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -538,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     engine = {"engine": args.engine, "workers": args.workers, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}
 
-    def run_pass() -> list:
+    def run_pass() -> list[tuple[RunSpec, str]]:  # --ray: each run as a Ray task (analysis/ray_sweep.py)
+        if args.ray:
+            from fedpcd_app.analysis.ray_sweep import run_sweep_ray
+
+            return run_sweep_ray(sweep, out, args.ray, engine=engine)
         return run_sweep(sweep, out, jobs=len(table), gpus_per_run=gpus_per_run, reuse=not args.fresh_processes,
                          engine=engine)
 

@@ -1,6 +1,7 @@
 """``flwr run .`` of this app on Flower's local (Ray) simulation, with an honest exit status.
 
     python -m fedpcd_app.flwr_run [--run-config "method='fedpcd' ..."]... [--federation-config "..."]...
+                                  [--ray-address HOST:PORT|auto]
 
 (``scripts/flwr_run.sh`` runs this with the project's environment.) What it does, in order:
 
@@ -12,7 +13,10 @@
    "num-supernodes=2"`` replaces the default, it is not appended to it;
 3. starts a private SuperLink (its own ``FLWR_HOME`` in a temporary folder, a free port:
    :class:`LocalSuperLink`), so that two runs from one checkout, or a
-   plain ``flwr run`` next to it, never share one;
+   plain ``flwr run`` next to it, never share one; its simulation gets a private local Ray
+   (``RAY_ADDRESS=local``: never a cluster the shell or a stale address file names) unless
+   ``--ray-address`` asks to join an existing cluster, checked to answer first
+   (:func:`resolve_ray_address`; docs/deployment.md, section 5);
 4. ``flwr run`` with ``--format json``: the run id it prints is *the* run (no run id: the
    start failed, exit 1 with Flower's message), then ``flwr log <run-id> --stream`` shows the
    run's log until it ends, then ``flwr ls --run-id <run-id>`` gives its status;
@@ -125,27 +129,76 @@ def stop_run(link, run_id: int, env: dict[str, str]) -> None:
                    timeout=30)
 
 
-def flwr_env(home: Path) -> dict[str, str]:
+def flwr_env(home: Path, ray_address: str | None = None) -> dict[str, str]:
     """The environment of the SuperLink and the flwr CLI: a private FLWR_HOME, this Python's
-    environment (no run-time dependency install, no network), no telemetry."""
+    environment (no run-time dependency install, no network), no telemetry, and the Ray the
+    simulation uses: ``RAY_ADDRESS`` (which Flower's ``ray.init()`` reads; its backend config
+    has no address) is the cluster asked for (:func:`resolve_ray_address`) or, when none was,
+    ``local``: a private Ray instance, whatever ``RAY_ADDRESS`` the caller's shell holds and
+    whatever cluster Ray's address file (``/tmp/ray/ray_current_cluster``) names — a stale one
+    made the simulation wait for minutes on a cluster that was gone."""
     bin_dir = Path(sys.executable).parent
     return {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_ADDRESS": ray_address or "local",
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+def ray_address_file() -> Path:
+    """The file ``ray start`` writes its cluster's address to and a plain ``ray.init()`` reads
+    (Ray's rule: ``$RAY_TMPDIR``, else ``$TMPDIR``, else ``/tmp``, then ``ray/ray_current_cluster``)."""
+    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return Path(root) / "ray" / "ray_current_cluster"
+
+
+def resolve_ray_address(address: str, *, probe_timeout: float = 5.0) -> str:
+    """The Ray cluster a run or a sweep was asked to join, as ``host:port`` (its head's GCS
+    address), checked to answer; ``local`` is returned as is (a private Ray on this machine).
+    ``auto``: ``$RAY_ADDRESS`` if it names one, else the cluster Ray's address file names (the
+    last ``ray start`` on this machine). ConfigError (one line) when there is none or it does
+    not answer: a dead cluster is an error up front, never a wait."""
+    where = address
+    if address == "local":
+        return address
+    if address == "auto":
+        env = os.environ.get("RAY_ADDRESS", "")
+        if env and env not in ("auto", "local"):
+            address, where = env, f"auto (RAY_ADDRESS={env})"
+        else:
+            file = ray_address_file()
+            try:
+                address = file.read_text().strip()
+            except OSError:
+                raise ConfigError(f"Ray address 'auto': no Ray cluster was started on this machine (no {file}); "
+                                  "start one with `ray start --head` or give its address host:port") from None
+            where = f"auto ({file} names {address})"
+    if address.startswith("ray://"):
+        raise ConfigError(f"Ray address '{address}': Ray Client (ray://) is not supported; give the head's "
+                          "GCS address host:port (`ray start --head` prints it)")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"Ray address '{address}' is not host:port, 'auto' or 'local'; e.g. 10.0.0.1:6379")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=probe_timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"Ray address {where}: no Ray cluster answers at {address} ({exc.strerror or exc}); "
+                          "start it (`ray start --head`) or give the address of a live one") from None
+    return address
+
+
 def run_app(raw: dict[str, Any], federation: str, *, project: Path | None = None,
-            on_start=None) -> tuple[int, dict[str, Any]]:
+            on_start=None, ray_address: str | None = None) -> tuple[int, dict[str, Any]]:
     """Run the validated flat config ``raw`` with ``flwr run`` on a private SuperLink:
     (run id, its ``flwr ls`` entry). :class:`Interrupted` on SIGINT/SIGTERM, after the run
-    and every process are stopped."""
+    and every process are stopped. ``ray_address``: the Ray cluster the simulation joins
+    (``host:port`` from :func:`resolve_ray_address`); None: a private local Ray."""
     project = project or PROJECT
     with tempfile.TemporaryDirectory(prefix="fedpcd-flwr-") as tmp, _signals_raise():
         home = Path(tmp)
         run_config = home / "run_config.toml"
         run_config.write_text("".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in raw.items()))
-        env = flwr_env(home)
+        env = flwr_env(home, ray_address)
         run_id = None
         link = LocalSuperLink(home, env)
         try:
@@ -354,14 +407,24 @@ def _descendants(root: int) -> dict[int, int]:
     return out
 
 
+def add_ray_address_argument(parser: argparse.ArgumentParser) -> None:
+    """``--ray-address``: join an existing Ray cluster (shared with ``simulate --engine ray``)."""
+    parser.add_argument("--ray-address", default="", metavar="HOST:PORT|auto",
+                        help="run the simulation's clients on this existing Ray cluster (its head's address, or "
+                             "'auto': the one `ray start` on this machine made); default: a private local Ray, "
+                             "never a cluster that was not asked for")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-config", action="append", default=[],
                         help="key=value overrides (strings in inner quotes) or a TOML file; repeatable")
     parser.add_argument("--federation-config", action="append", default=[],
                         help="e.g. \"num-supernodes=2 client-resources-num-cpus=1\"; repeatable")
+    add_ray_address_argument(parser)
     args = parser.parse_args(argv)
     try:
+        ray_address = resolve_ray_address(args.ray_address) if args.ray_address else None
         raw = prepare(args.run_config)
         from fedcore.config import parse_run_config
 
@@ -375,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     start = time.monotonic()
     try:
-        run_id, info = run_app(raw, federation,
+        run_id, info = run_app(raw, federation, ray_address=ray_address,
                                on_start=lambda rid: print(f"run {rid} started -> {raw['output-dir']}", flush=True))
     except Interrupted as exc:
         rid = exc.args[0] if exc.args else None

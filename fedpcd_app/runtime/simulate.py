@@ -23,7 +23,9 @@ bytes with any ``--workers``: ``tests/test_worker_determinism.py``):
   (Flower's Ray backend: one actor per ``--num-cpus``/``--num-gpus`` share), the route
   Flower 1.42 supports in place of the deprecated ``run_simulation``. The SuperLink gets a
   free port and its own ``FLWR_HOME``; the run's status is checked; every process it started
-  (SuperExec, the simulation, Ray's) is stopped by PID at the end.
+  (SuperExec, the simulation, Ray's) is stopped by PID at the end. Ray is a private local
+  instance unless ``--ray-address HOST:PORT|auto`` asks to join an existing cluster, whose
+  nodes then host the run's client actors (docs/deployment.md, "Ray cluster").
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 
 from client_app.data import DataError
 from fedcore.config import ConfigError
-from fedpcd_app.runtime.flwr_run import Interrupted, check_output_dir
+from fedpcd_app.runtime.flwr_run import Interrupted, add_ray_address_argument, check_output_dir
 from fedpcd_app.runtime.placement import PlacementError, select
 from fedpcd_app.server.checkpoint import OutputError
 
@@ -62,14 +64,20 @@ def simulate(
     workers: int | str | None = None,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
+    ray_address: str | None = None,
     verbose: bool = False,
 ) -> Path:
     """Run one experiment; returns its output folder (holding ``summary.json``).
 
     ``workers``: local engine, worker processes (``None`` or ``"auto"`` = :func:`auto_workers`,
-    0 = this process). ``num_cpus``/``num_gpus``: Ray engine, each client actor's share."""
+    0 = this process). ``num_cpus``/``num_gpus``: Ray engine, each client actor's share.
+    ``ray_address``: Ray engine, the existing cluster to join (``host:port`` or ``auto``;
+    None: a private local Ray)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine '{engine}' is not one of {', '.join(ENGINES)}: use --engine local or --engine ray")
+    if ray_address and engine != "ray":
+        raise ConfigError(f"--ray-address {ray_address} joins a Ray cluster with Flower's Ray engine: "
+                          "add --engine ray (the local engine runs on this machine only)")
     if workers == "auto":
         workers = None
     if workers is not None and (not isinstance(workers, int) or workers < 0):
@@ -78,7 +86,7 @@ def simulate(
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
     out = (_simulate_local(overrides, workers) if engine == "local"
-           else _simulate_ray(overrides, num_cpus=num_cpus, num_gpus=num_gpus))
+           else _simulate_ray(overrides, num_cpus=num_cpus, num_gpus=num_gpus, ray_address=ray_address))
     if not (out / "summary.json").is_file():
         raise RuntimeError(f"the run did not finish: no summary.json in {out} (see the log above)")
     return out
@@ -177,10 +185,13 @@ def load_client_data(run_config: Mapping[str, Any]) -> None:
 
 
 # -- Ray engine: `flwr run` against a private local SuperLink --------------------------------------
-def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
+def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float, ray_address: str | None = None) -> Path:
     from fedcore.config import parse_overrides, resolve
+    from fedpcd_app.runtime.flwr_run import resolve_ray_address
     from fedpcd_app.server.config import check
     from fedpcd_app.server.results import default_output_dir
+
+    ray_address = resolve_ray_address(ray_address) if ray_address else None  # a dead cluster: one line, now
 
     if isinstance(overrides, str):
         overrides = parse_overrides(overrides)
@@ -197,7 +208,7 @@ def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float) -> Path:
 
     federation = (f"num-supernodes={cfg.num_clients} client-resources-num-cpus={num_cpus:g} "
                   f"client-resources-num-gpus={num_gpus:g}")
-    run_id, info = run_app(raw, federation)  # follows the run id flwr run printed
+    run_id, info = run_app(raw, federation, ray_address=ray_address)  # follows the run id flwr run printed
     status = info.get("status", "unknown")
     if status != "finished:completed":
         details = " ".join(str(info.get("status-details", "")).split())
@@ -236,13 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", default=None, metavar="IDS",
                         help="the GPUs this run uses, as CUDA_VISIBLE_DEVICES takes them (e.g. 0,1); the server "
                              "is on the first, local-engine worker i on GPU i mod their number (default: all visible)")
+    add_ray_address_argument(parser)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     try:
         if args.gpus is not None:
             select(args.gpus)  # before anything initialises CUDA: this process and its children see only these
         out = simulate(args.run_config, engine=args.engine, workers=args.workers, num_cpus=args.num_cpus,
-                       num_gpus=args.num_gpus, verbose=args.verbose)
+                       num_gpus=args.num_gpus, ray_address=args.ray_address or None, verbose=args.verbose)
     except (ConfigError, DataError, PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
