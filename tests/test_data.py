@@ -464,6 +464,20 @@ def test_natural_partition_without_own_test_rows_splits_each_writer(tmp_path):
     assert len(merged.y_central) == sum(len(t) for t in merged.test_idx)
 
 
+def test_user_resplit_cuts_each_writer_80_10_10_and_keeps_a_separate_central_test_set(tmp_path):
+    # writers without test rows: each writer's examples are its partition; test.parquet stays the central set
+    folder = _writer_parquet(tmp_path / "d", np.random.default_rng(6), n_writers=5, test_writers=False)
+    plain = load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=5))
+    pooled = [np.sort(np.concatenate([a, b])) for a, b in zip(plain.train_idx, plain.test_idx)]
+    central = plain.y_central.clone()
+    fd = load_federated_data(_cfg(dataset_path=str(folder), partitioner="natural", num_clients=5, user_resplit=True))
+    for k in range(5):
+        assert (len(fd.train_idx[k]), len(fd.val_idx[k]), len(fd.test_idx[k])) == (48, 6, 6)  # 60 rows each
+        np.testing.assert_array_equal(np.sort(np.concatenate([fd.train_idx[k], fd.val_idx[k], fd.test_idx[k]])),
+                                      pooled[k])
+    assert torch.equal(fd.y_central, central)  # test.parquet, not the writers' new test cuts
+
+
 def test_natural_partition_with_a_writer_missing_from_one_file_is_one_line(tmp_path):
     folder = _writer_parquet(tmp_path / "d", np.random.default_rng(7))
     test = pq.read_table(folder / "test.parquet").to_pydict()
