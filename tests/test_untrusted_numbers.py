@@ -31,7 +31,7 @@ from fedpcd_app.server.sampler import build_sampler
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import ClientAppGrid, FakeGrid, configure_round, flat_of, honest_reply, task_identity
-from tests.helpers import make_reply, train_reply
+from tests.helpers import make_reply, run_on_fake_grid, train_reply
 
 PIDS = list(range(7))
 VICTIM = 0
@@ -201,18 +201,15 @@ def test_node_data_counts_are_bounded_by_the_first_query_report_capped_by_max_nu
 
 
 def _fake_run(tmp_path, craft_victim, method="fedavg", **extra):
-    with task_identity():
-        cfg = load_config({"method": method, "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 1,
-                           "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
-        victim = build_sampler(cfg).sample(1)[0]
-        holder = {}
+    cfg = load_config({"method": method, "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 1,
+                       "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
+    victim = build_sampler(cfg).sample(1)[0]
 
-        def craft(request, pid, node):
-            good = honest_reply(request, pid, node, holder["exp"].strategy, num_examples=1)
-            return [craft_victim(good, pid)] if pid == victim else [good]
+    def craft(request, pid, node, strategy):
+        good = honest_reply(request, pid, node, strategy, num_examples=1)
+        return [craft_victim(good, pid)] if pid == victim else [good]
 
-        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
-        exp.run()
+    exp = run_on_fake_grid(cfg, craft)
     (rec,) = read_rounds(tmp_path)
     return exp, victim, rec
 
