@@ -332,6 +332,7 @@ def test_the_ray_engine_checks_a_local_folder_before_starting_flower(tmp_path, m
                           f"dataset-path='{folder}' num-clients=4 partitioner='iid' output-dir='{tmp_path}/o'"]) == 2
 
 
+@pytest.mark.slow
 def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomplete(tmp_path):
     """The server's copy is fine; node 1's copy has NaN pixels: its train replies are dropped with
     the one-line reason, the other clients train, the run ends, and summary.json says it is not

@@ -165,6 +165,7 @@ def test_diverge_patience_is_checked(tmp_path, value):
         check({**_config(tmp_path).as_dict(), "diverge-patience": value})
 
 
+@pytest.mark.slow
 def test_a_huge_lr_run_ends_diverged_not_scored(tmp_path):
     """The real ClientApp with lr=1e4 on digits: the first round's model is finite but the
     clients' next losses are NaN (their replies dropped); the run stops after the patience."""

@@ -117,6 +117,7 @@ def _same_run(a, b):
     assert [(r["sampled"], r["train_loss"]) for r in ra] == [(r["sampled"], r["train_loss"]) for r in rb]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "ditto"])  # client state; personal models, federated scoring
 def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, monkeypatch):
     """A node's Context travels with its message to whichever worker is free and back: the pool
@@ -217,6 +218,7 @@ def _close_runs(a, b, rtol=1e-5):
     assert abs(sa["central_acc"] - sb["central_acc"]) <= 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,workers", [("fedavg", 0), ("federage", 2), ("ditto", 0), ("scaffold", 2)])
 def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monkeypatch):
     """client-execution = 'vectorised' through the engine (in process and in 2 workers): the
@@ -231,6 +233,7 @@ def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monke
     _close_runs(loop, rows)
 
 
+@pytest.mark.slow
 def test_vectorised_under_attacks(tmp_path):
     """The attack mods run around the batched training as around the routine: label-flip's map,
     sign-flip's reversed update, loss-lie's scaled losses."""

@@ -1,6 +1,8 @@
 """Hot per-message paths made cheaper keep their meaning: seed_torch is torch.manual_seed for
 every generator that exists; MethodParams reads; array_view's header cache."""
 
+import dataclasses
+
 import torch
 
 from fedcore import seeding
@@ -48,7 +50,10 @@ def test_params_reads_keep_their_declarations_when_cached():
     """MethodParams caches each class's fields and keys: reads stay per class and unchanged."""
     first = FedPCDParams._fields()
     assert FedPCDParams._fields() is first  # resolved once
-    assert [f.name for f, _ in first] == [f.name for f, _ in FedPCDParams._fields()]
+    # what is cached is each declared field, in declaration order, with its resolved type
+    assert [f.name for f, _ in first] == [f.name for f in dataclasses.fields(FedPCDParams)]
+    kinds = {f.name: kind for f, kind in first}
+    assert kinds["tau"] is float and kinds["history"] is int and kinds["normalize"] is str
     assert FedPCDParams.key_of("tau") == "fedpcd-tau"
     assert FedPCDParams.from_run_config({"fedpcd-tau": 0.5}).tau == 0.5
     assert MethodParams._fields() == []

@@ -29,6 +29,7 @@ def test_an_unwritable_output_dir_is_one_line_before_the_run(tmp_path, capsys):
         assert code == 2 and len(err.splitlines()) == 1 and "'output-dir'" in err, err
 
 
+@pytest.mark.slow
 def test_the_log_names_the_method_and_the_eta_leaves_out_the_first_round(tmp_path, capfd):
     simulate.simulate({"method": "fedprox", "num-clients": 2, "num-server-rounds": 3, "eval-every": 0,
                        "output-dir": str(tmp_path / "run")}, workers=0)
@@ -38,6 +39,7 @@ def test_the_log_names_the_method_and_the_eta_leaves_out_the_first_round(tmp_pat
     assert "ETA" not in rounds[1] and "ETA" in rounds[2], rounds  # round 1 carries the start-up
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.simulate", "--workers", "0", "--run-config",

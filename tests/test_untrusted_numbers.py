@@ -270,6 +270,7 @@ def _attack_run(tmp_path, attack, attackers="0,3", **extra):
     return exp, read_rounds(tmp_path), read_summary(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack, words", [("count-lie", "exceeds"), ("huge", "max-update-ratio")])
 def test_count_lie_and_huge_attackers_are_dropped_and_the_model_learns(attack, words, tmp_path):
     # one attacker, sampled in round 1 (two of a round's three replies would be the median)
@@ -283,6 +284,7 @@ def test_count_lie_and_huge_attackers_are_dropped_and_the_model_learns(attack, w
     assert summary["num_dropped_replies"] == len(asked)
 
 
+@pytest.mark.slow
 def test_eval_lie_attackers_stay_unscored_with_their_reason(tmp_path):
     exp, rounds, summary = _attack_run(tmp_path, "eval-lie", **{"eval-mode": "federated"})
     assert summary["unscored_clients"] == [0, 3] and summary["num_scored"] == 4
