@@ -4,7 +4,7 @@ fedcore is a leaf: it imports none of this project's other packages. strategies 
 client_app import only fedcore (and libraries). fedpcd_app wires everything. No import
 cycle between modules of this project. Imports inside functions count too.
 
-Inside fedpcd_app, three jobs (issue 24): ``server`` (the ServerApp) <- ``runtime`` (running
+Inside fedpcd_app, three jobs: ``server`` (the ServerApp) <- ``runtime`` (running
 it: the local engine, Ray / ``flwr run``) <- ``analysis`` (sweeps, reports, figures). An arrow
 points at what a job may import: the server imports nothing of the runtime or the analysis,
 the runtime nothing of the analysis. The only modules at fedpcd_app's top level are the

@@ -161,7 +161,7 @@ def test_resumed_run_matches_the_uninterrupted_run(method, tmp_path):
 
 # -- checksums (a damaged file is refused, the previous one used) -------------------------------
 def test_flipped_bytes_are_refused_as_damaged_and_the_previous_checkpoint_used(tmp_path, caplog):
-    """64 flipped bytes in the middle of a checkpoint still load with torch (the probe of issue 23:
+    """64 flipped bytes in the middle of a checkpoint still load with torch (a hostile-input probe:
     a silently different model); the checksum refuses the file."""
     checkpoint.write(tmp_path, _ckpt(2, size=5000))
     path = checkpoint.write(tmp_path, _ckpt(4, size=5000))

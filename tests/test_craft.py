@@ -167,7 +167,7 @@ def collinear_rows(m: int, d: int, cosine: float, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("d, cosine", [(524_288, 0.99), (960, 0.99999)])
 def test_float32_nearly_collinear_layer_matches_torch_pinv(d, cosine, monkeypatch):
-    """Issue 15, point 2. A 524,288-parameter float32 layer of 10 updates with pairwise cosine
+    """A 524,288-parameter float32 layer of 10 updates with pairwise cosine
     0.99: pinv(U) drops the 9 small singular values (σ/σ_max ≈ 0.03 < 524,288·eps = 0.06),
     the old cutoff on U Uᵀ (λ ≤ 10·k·eps·λ_max) kept them and moved the step by ~90 %. A
     960-parameter layer at cosine 0.99999: pinv keeps them (σ/σ_max ≈ 1e-3 > 1.1e-4), the old

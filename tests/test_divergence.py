@@ -179,7 +179,7 @@ def test_a_huge_lr_run_ends_diverged_not_scored(tmp_path):
     assert len(rounds) < 20
 
 
-# -- bounds checked before anything starts (issue 23, item 10) -----------------------------------
+# -- bounds checked before anything starts -----------------------------------
 @pytest.mark.parametrize("overrides, key", [
     ({"lr": float("inf")}, "'lr'"), ({"lr": float("nan")}, "'lr'"), ({"server-lr": float("inf")}, "'server-lr'"),
     ({"num-clients": 1_000_000_000}, "'num-clients'"),

@@ -1,4 +1,4 @@
-"""The in-process entry point fails fast and quietly (issue 26, item 5): an output-dir that
+"""The in-process entry point fails fast and quietly: an output-dir that
 cannot be written is one line before anything loads, Ctrl-C is one line and exit 130, the log
 prefix names the method, and the ETA leaves out the first round's start-up."""
 
@@ -63,7 +63,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
 
 
 def test_a_one_line_error_ends_flowers_report_of_it(tmp_path):
-    """Issue 26, item 4: the ServerApp's ConfigError leaves main() and Flower logs it the way
+    """The ServerApp's ConfigError leaves main() and Flower logs it the way
     flwr 1.42's simulation process does (the exception with its traceback, then the exit-code
     message): the traceback is left out and the app's one line is the last line."""
     import io

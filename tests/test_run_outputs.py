@@ -1,4 +1,4 @@
-"""What a run leaves to look at (issue 26, items 6 and 7): report.md and the run's figures by
+"""What a run leaves to look at: report.md and the run's figures by
 default, none with figures='none'; W&B tracking (offline) as an optional extra, nothing
 imported when tracking is off."""
 

@@ -1,4 +1,4 @@
-"""Never trust a client's number (issue 23): counts, update sizes, scores and FedeRage's β.
+"""Never trust a client's number: counts, update sizes, scores and FedeRage's β.
 
 One table-driven test runs every registered method against every lie on built replies (no
 grid, no Ray): the lying client is listed as dropped with its reason, the model stays
