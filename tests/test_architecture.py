@@ -107,6 +107,21 @@ def test_fedpcd_app_top_level_holds_only_the_entry_points():
         assert len(deps) == 1 and layer_of(next(iter(deps))) is not None, (mod, deps)
 
 
+def test_the_package_docstring_names_what_the_package_holds():
+    """fedpcd_app's docstring lists its jobs and its entry points: exactly the subpackages and
+    top-level modules there are."""
+    import re
+
+    import fedpcd_app
+
+    doc = " ".join(fedpcd_app.__doc__.split())
+    jobs = set(re.findall(r":mod:`(fedpcd_app\.\w+)`", doc))
+    assert jobs == set(LAYERS), jobs
+    commands = re.search(r"``python -m fedpcd_app\.([\w |]+)``", doc).group(1).split("|")
+    named = {f"fedpcd_app.{c.strip()}" for c in commands} | {"fedpcd_app.server_app", "fedpcd_app"}
+    assert "fedpcd_app.server_app:app" in doc and named == ENTRY_POINTS, sorted(named ^ ENTRY_POINTS)
+
+
 def test_the_layer_checker_sees_a_forbidden_edge():
     """Each forbidden direction is reported (and the allowed ones are not)."""
     edges = {
