@@ -14,10 +14,18 @@ from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from fedcore.state import to_tree
 from strategies import craft, registry
-from strategies.craft import Craft, aggregate_groups, craft_direction, key_groups, layer_groups
+from strategies.craft import Craft, aggregate_groups, key_groups, layer_groups
 from tests.helpers import aggregate_arrays, flat64, perturbed_replies, state_through_bytes
 
 T = torch.float64
+
+
+def craft_direction(updates, weights, reference=None, tol=0.0):
+    """CRAFT's g = ĝ + U⁺ (ρ − U ĝ) for one parameter group, through the strategy's own
+    :func:`strategies.craft.aggregate_groups` with a single group spanning every column.
+    ``updates`` (m, d) raw client updates θ_t − θ_i; ``weights`` (m,) non-negative (all zero →
+    uniform); ``reference`` (d,) or None; clients with update norm ≤ ``tol`` are inactive."""
+    return aggregate_groups(updates, weights, [(0, updates.shape[1])], reference, tol).direction
 
 
 def reference_craft(updates, weights, reference=None):
