@@ -56,10 +56,6 @@ class LocalResult:
     train_loss: float  # mean of the (unweighted) batch losses
 
 
-def mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)
-
-
 def local_sgd(
     model: nn.Module,
     x: torch.Tensor,

@@ -77,6 +77,11 @@ COVERED_METHODS = ("sgd", "fedprox", "federage", "scaffold", "ditto")
 _SAID: set[str] = set()
 
 
+def forget_notices() -> None:
+    """Forget which reasons were logged: the next :func:`run_entries` says each again."""
+    _SAID.clear()
+
+
 def _say_once(reason: str) -> None:
     if reason not in _SAID:
         _SAID.add(reason)

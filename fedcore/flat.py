@@ -82,6 +82,16 @@ def _npy_header(buf) -> tuple:
     return out
 
 
+def header_cache_size() -> int:
+    """How many distinct .npy headers :func:`array_view` holds parsed."""
+    return len(_HEADERS)
+
+
+def clear_header_cache() -> None:
+    """Forget the parsed .npy headers (the next read of each parses it again)."""
+    _HEADERS.clear()
+
+
 def array_view(array) -> np.ndarray:
     """A read-only numpy view of a Flower ``Array`` without copying its data."""
     buf = array.data

@@ -309,37 +309,6 @@ def write_direction(rows: torch.Tensor, has_ref: bool, sol: GroupSolution, out: 
         torch.addmv(rows[0, a:b], block.T, coef, beta=sol.ref_coef, out=dst)
 
 
-def solve_group(
-    updates: torch.Tensor,
-    weights: torch.Tensor,
-    reference: torch.Tensor | None = None,
-    tol: float = 0.0,
-) -> tuple[torch.Tensor, GroupSolution]:
-    """CRAFT for one group: (g, its :class:`GroupSolution`). ``updates`` (m, d_q) raw client
-    updates, ``weights`` (m,) non-negative, ``reference`` (d_q,) or None."""
-    agg = aggregate_groups(updates, weights, [(0, updates.shape[1])], reference, tol)
-    return agg.direction, agg.groups[0]
-
-
-def craft_direction(
-    updates: torch.Tensor,
-    weights: torch.Tensor,
-    reference: torch.Tensor | None = None,
-    tol: float = 0.0,
-) -> torch.Tensor:
-    """g = ĝ + U⁺ (ρ − U ĝ) for one parameter group (see the module docstring).
-
-    Parameters
-    ----------
-    updates : (m, d) raw client updates θ_t − θ_i.
-    weights : (m,) non-negative; normalised to sum 1 over the active clients (all zero →
-        uniform, as the authors).
-    reference : (d,) previous aggregate or None; normalised here, None or zero → zero.
-    tol : clients with update norm ≤ tol are inactive (default 0: only exact zeros).
-    """
-    return solve_group(updates, weights, reference, tol)[0]
-
-
 # -- all groups -------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Aggregate:

@@ -36,14 +36,14 @@ fedpcd-primary : ``fedavg`` (default) | ``fedavg-uniform`` | ``none``
 fedpcd-cache-dtype : ``float32`` (default) | ``bfloat16`` | ``float16``
     Storage of cached directions; the maths runs in float32 either way.
 fedpcd-outlier-norm : float, default 0 = off
-    *This project's extension, not in the papers* (robustness, issue 17). A client of the
+    *This project's extension, not in the papers* (robustness). A client of the
     round whose update is longer than ``outlier-norm`` × the median update norm of the
     round (≥ 3 valid clients) gets no constraint: it is neither a constraint this round nor
     stored in the cache (a returning client's older entry is dropped too). Its update still
     counts in ḡ, as in FedAvg: the option only stops FedPCD from *bending towards* a
     scaled, sign-flipped or noisy update; bound its weight in ḡ with ``update-clip``.
 fedpcd-outlier-norm-low : float, default 0 = off
-    *This project's extension* (issue 23), the lower bound beside ``outlier-norm``: a client
+    *This project's extension*, the lower bound beside ``outlier-norm``: a client
     of the round whose update is shorter than the median norm / ``outlier-norm-low`` (≥ 3
     valid clients) gets no constraint either. Normalisation makes every constraint full
     strength whatever the update's length, so a tiny sign-flipped update (``attack =

@@ -57,6 +57,12 @@ def register(name: str):
     return deco
 
 
+def unregister(name: str) -> None:
+    """Remove the method ``name`` (a class a test or a plugin registered for a while); a name not
+    registered is left alone."""
+    _CLASSES.pop(name, None)
+
+
 def _discover() -> None:
     import strategies
 

@@ -356,3 +356,20 @@ def default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_on_fake_grid(cfg, reply, *, num_nodes: int = 6):
+    """A whole ``Experiment`` for ``cfg`` on a :class:`tests.fakegrid.FakeGrid` of ``num_nodes``
+    nodes (no Ray). ``reply(request, partition_id, node_id, strategy)`` returns that node's train
+    replies (a list); ``strategy`` is the run's own, so :func:`tests.fakegrid.honest_reply` can
+    shape a reply for it. Returns the finished Experiment."""
+    # imported here: tests.fakegrid imports this module
+    from fedpcd_app.server.server_app import Experiment
+    from tests.fakegrid import FakeGrid, task_identity
+
+    holder = {}
+    with task_identity():
+        grid = FakeGrid(num_nodes, lambda request, pid, node: reply(request, pid, node, holder["exp"].strategy))
+        exp = holder["exp"] = Experiment(grid, cfg)
+        exp.run()
+    return exp

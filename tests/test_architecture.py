@@ -4,7 +4,7 @@ fedcore is a leaf: it imports none of this project's other packages. strategies 
 client_app import only fedcore (and libraries). fedpcd_app wires everything. No import
 cycle between modules of this project. Imports inside functions count too.
 
-Inside fedpcd_app, three jobs (issue 24): ``server`` (the ServerApp) <- ``runtime`` (running
+Inside fedpcd_app, three jobs: ``server`` (the ServerApp) <- ``runtime`` (running
 it: the local engine, Ray / ``flwr run``) <- ``analysis`` (sweeps, reports, figures). An arrow
 points at what a job may import: the server imports nothing of the runtime or the analysis,
 the runtime nothing of the analysis. The only modules at fedpcd_app's top level are the
@@ -105,6 +105,21 @@ def test_fedpcd_app_top_level_holds_only_the_entry_points():
         assert len(path.read_text().splitlines()) <= 15, f"{path.name} is an entry-point shim: keep the code in a job"
         deps = graph()[mod]
         assert len(deps) == 1 and layer_of(next(iter(deps))) is not None, (mod, deps)
+
+
+def test_the_package_docstring_names_what_the_package_holds():
+    """fedpcd_app's docstring lists its jobs and its entry points: exactly the subpackages and
+    top-level modules there are."""
+    import re
+
+    import fedpcd_app
+
+    doc = " ".join(fedpcd_app.__doc__.split())
+    jobs = set(re.findall(r":mod:`(fedpcd_app\.\w+)`", doc))
+    assert jobs == set(LAYERS), jobs
+    commands = re.search(r"``python -m fedpcd_app\.([\w |]+)``", doc).group(1).split("|")
+    named = {f"fedpcd_app.{c.strip()}" for c in commands} | {"fedpcd_app.server_app", "fedpcd_app"}
+    assert "fedpcd_app.server_app:app" in doc and named == ENTRY_POINTS, sorted(named ^ ENTRY_POINTS)
 
 
 def test_the_layer_checker_sees_a_forbidden_edge():

@@ -189,6 +189,7 @@ def test_bad_attack_keys_stop_the_run_in_one_line(overrides, fragment):
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.slow
 def test_a_run_records_its_attackers_and_the_honest_clients_metrics(tmp_path):
     cfg = load_config({"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 2, "eval-every": 1,
                        "checkpoint-every": 0, "attack": "sign-flip", "attack-clients": "0,3",
@@ -205,6 +206,7 @@ def test_a_run_records_its_attackers_and_the_honest_clients_metrics(tmp_path):
     assert summary["complete"] is True
 
 
+@pytest.mark.slow
 def test_no_attack_keeps_the_summary_without_honest_metrics(tmp_path):
     cfg = load_config({"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 1, "checkpoint-every": 0,
                        "output-dir": str(tmp_path)})

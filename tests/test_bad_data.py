@@ -219,7 +219,7 @@ def _cfg(folder: Path, **extra):
 
 
 def _load_error(cfg) -> str:
-    data_mod._CACHE.clear()
+    data_mod.clear_cache()
     with pytest.raises(DataError) as info:
         load_federated_data(cfg)
     return str(info.value)
@@ -243,7 +243,7 @@ def test_clean_data_in_the_accepted_forms_still_loads(tmp_path):
     write(folder, "train", labels=[float(v) for v in _labels(N_TRAIN)], label_type=pa.float32(),
           metadata=_class_label(5))
     write(folder, "test", [np.full((6, 6), 200, np.uint8).tolist()] * N_TEST, image_type=pa.list_(pa.list_(pa.uint8())))
-    data_mod._CACHE.clear()
+    data_mod.clear_cache()
     fd = load_federated_data(_cfg(folder))
     assert fd.input_shape == (1, 6, 6) and fd.num_classes == CLASSES and len(fd.y) == N_TRAIN
     assert bool(fd.x.isfinite().all()) and bool(fd.x_central.isfinite().all())
@@ -324,7 +324,7 @@ def test_the_ray_engine_checks_a_local_folder_before_starting_flower(tmp_path, m
     monkeypatch.setattr(flwr_run, "LocalSuperLink", no_superlink)  # where the ray engine looks it up
     folder = good_folder(tmp_path / "data")
     _train_test_shapes(folder)
-    data_mod._CACHE.clear()
+    data_mod.clear_cache()
     with pytest.raises(DataError, match="resize/convert both splits to one shape"):
         simulate.simulate({"dataset-path": str(folder), "num-clients": 4, "partitioner": "iid",
                            "output-dir": str(tmp_path / "out")}, engine="ray")
@@ -332,6 +332,7 @@ def test_the_ray_engine_checks_a_local_folder_before_starting_flower(tmp_path, m
                           f"dataset-path='{folder}' num-clients=4 partitioner='iid' output-dir='{tmp_path}/o'"]) == 2
 
 
+@pytest.mark.slow
 def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomplete(tmp_path):
     """The server's copy is fine; node 1's copy has NaN pixels: its train replies are dropped with
     the one-line reason, the other clients train, the run ends, and summary.json says it is not
@@ -355,7 +356,7 @@ def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomp
     cfg = load_config({"method": "fedavg", "dataset-path": str(good), "num-clients": 3, "partitioner": "iid",
                        "fraction-train": 1.0, "num-server-rounds": 2, "eval-every": 1, "checkpoint-every": 0,
                        "output-dir": str(tmp_path / "out")})
-    data_mod._CACHE.clear()
+    data_mod.clear_cache()
     with task_identity():
         exp = Experiment(ClientAppGrid(cfg.num_clients, client_app, tamper), cfg)
         exp.run()
@@ -379,7 +380,7 @@ def test_a_label_of_a_billion_is_one_line_not_a_billion_way_classifier(tmp_path)
     assert "label 1000000000 at row 5 is not below max-classes = 100000" in message and "raise max-classes" in message
     write(folder, "train", labels=_with(_labels(N_TRAIN), 5, 7))
     assert "max-classes = 5" in _load_error(_cfg(folder, **{"max-classes": 5}))
-    data_mod._CACHE.clear()
+    data_mod.clear_cache()
     assert load_federated_data(_cfg(folder, **{"max-classes": 8})).num_classes == 8
 
 

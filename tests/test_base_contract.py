@@ -24,6 +24,7 @@ class CoordinateMean(FairStrategy):
     """Coordinate-wise uniform mean of the updates: θ_{t+1} = θ_t − (η_g/η_l)·(1/m)Σ_i Δ_i."""
 
     needs_individual_updates = False  # a sum: runs under secure aggregation and central DP
+    weighting = "uniform"  # every registered method declares how it weights its clients
 
     def aggregate_valid(self, server_round, replies):
         batch = self.round_updates(replies)  # deltas (m, d), weights, theta, losses
@@ -39,7 +40,17 @@ def toy_registered():
     try:
         yield cls
     finally:
-        registry._CLASSES.pop("toy-coordinate-mean", None)
+        registry.unregister("toy-coordinate-mean")
+
+
+def test_a_method_registered_for_a_while_is_gone_after_unregister():
+    cls = registry.register("toy-coordinate-mean")(CoordinateMean)
+    assert registry.strategy_class("toy-coordinate-mean") is cls
+    registry.unregister("toy-coordinate-mean")
+    assert "toy-coordinate-mean" not in registry.names()
+    with pytest.raises(registry.ConfigError, match="is not one of"):
+        registry.strategy_class("toy-coordinate-mean")
+    registry.unregister("toy-coordinate-mean")  # not registered: left alone
 
 
 def test_toy_method_is_the_coordinate_mean(rng):

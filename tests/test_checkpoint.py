@@ -18,6 +18,7 @@ from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import FakeGrid, honest_reply, task_identity
+from tests.helpers import run_on_fake_grid
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -95,13 +96,8 @@ def test_no_checkpoint_is_a_one_line_config_error(tmp_path):
 def _fake_run(tmp_path, name: str, **overrides):
     cfg = load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
                        "eval-every": 1, "checkpoint-every": 2, "output-dir": str(tmp_path / name), **overrides})
-    holder = {}
-    with task_identity():
-        grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy,
-                                                                 num_examples=10 + pid)])
-        exp = holder["exp"] = Experiment(grid, cfg)
-        exp.run()
-    return exp
+    return run_on_fake_grid(cfg, lambda req, pid, node, strategy: [honest_reply(req, pid, node, strategy,
+                                                                                num_examples=10 + pid)])
 
 
 def test_resume_on_fake_grid_continues_the_history(tmp_path):
@@ -165,7 +161,7 @@ def test_resumed_run_matches_the_uninterrupted_run(method, tmp_path):
 
 # -- checksums (a damaged file is refused, the previous one used) -------------------------------
 def test_flipped_bytes_are_refused_as_damaged_and_the_previous_checkpoint_used(tmp_path, caplog):
-    """64 flipped bytes in the middle of a checkpoint still load with torch (the probe of issue 23:
+    """64 flipped bytes in the middle of a checkpoint still load with torch (a hostile-input probe:
     a silently different model); the checksum refuses the file."""
     checkpoint.write(tmp_path, _ckpt(2, size=5000))
     path = checkpoint.write(tmp_path, _ckpt(4, size=5000))

@@ -14,10 +14,18 @@ from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from fedcore.state import to_tree
 from strategies import craft, registry
-from strategies.craft import Craft, aggregate_groups, craft_direction, key_groups, layer_groups
+from strategies.craft import Craft, aggregate_groups, key_groups, layer_groups
 from tests.helpers import aggregate_arrays, flat64, perturbed_replies, state_through_bytes
 
 T = torch.float64
+
+
+def craft_direction(updates, weights, reference=None, tol=0.0):
+    """CRAFT's g = ĝ + U⁺ (ρ − U ĝ) for one parameter group, through the strategy's own
+    :func:`strategies.craft.aggregate_groups` with a single group spanning every column.
+    ``updates`` (m, d) raw client updates θ_t − θ_i; ``weights`` (m,) non-negative (all zero →
+    uniform); ``reference`` (d,) or None; clients with update norm ≤ ``tol`` are inactive."""
+    return aggregate_groups(updates, weights, [(0, updates.shape[1])], reference, tol).direction
 
 
 def reference_craft(updates, weights, reference=None):
@@ -167,7 +175,7 @@ def collinear_rows(m: int, d: int, cosine: float, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("d, cosine", [(524_288, 0.99), (960, 0.99999)])
 def test_float32_nearly_collinear_layer_matches_torch_pinv(d, cosine, monkeypatch):
-    """Issue 15, point 2. A 524,288-parameter float32 layer of 10 updates with pairwise cosine
+    """A 524,288-parameter float32 layer of 10 updates with pairwise cosine
     0.99: pinv(U) drops the 9 small singular values (σ/σ_max ≈ 0.03 < 524,288·eps = 0.06),
     the old cutoff on U Uᵀ (λ ≤ 10·k·eps·λ_max) kept them and moved the step by ~90 %. A
     960-parameter layer at cosine 0.99999: pinv keeps them (σ/σ_max ≈ 1e-3 > 1.1e-4), the old

@@ -165,6 +165,7 @@ def test_diverge_patience_is_checked(tmp_path, value):
         check({**_config(tmp_path).as_dict(), "diverge-patience": value})
 
 
+@pytest.mark.slow
 def test_a_huge_lr_run_ends_diverged_not_scored(tmp_path):
     """The real ClientApp with lr=1e4 on digits: the first round's model is finite but the
     clients' next losses are NaN (their replies dropped); the run stops after the patience."""
@@ -178,7 +179,7 @@ def test_a_huge_lr_run_ends_diverged_not_scored(tmp_path):
     assert len(rounds) < 20
 
 
-# -- bounds checked before anything starts (issue 23, item 10) -----------------------------------
+# -- bounds checked before anything starts -----------------------------------
 @pytest.mark.parametrize("overrides, key", [
     ({"lr": float("inf")}, "'lr'"), ({"lr": float("nan")}, "'lr'"), ({"server-lr": float("inf")}, "'server-lr'"),
     ({"num-clients": 1_000_000_000}, "'num-clients'"),

@@ -43,8 +43,13 @@ def test_a_message_outside_flowers_runtime_needs_the_task_identity():
     assert vars(TaskIdentity).get("_run_id") is None  # restored
 
 
+def _partition(grid, node_id):
+    """The partition a LocalGrid node serves: its node config, as Flower gives it to the ClientApp."""
+    return int(grid.contexts[node_id].node_config[keys.PARTITION_ID])
+
+
 def _round(grid, x, fail=()):
-    msgs = [Message(RecordDict({"config": ConfigRecord({"x": x, "fail": int(grid.partition_of(n) in fail)})}),
+    msgs = [Message(RecordDict({"config": ConfigRecord({"x": x, "fail": int(_partition(grid, n) in fail)})}),
                     dst_node_id=n, message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
     replies = list(grid.send_and_receive(msgs))
     assert [r.metadata.reply_to_message_id for r in replies] == [m.metadata.message_id for m in msgs]
@@ -57,7 +62,7 @@ def test_nodes_keep_their_config_and_state_across_rounds(workers):
     with engine.task_identity(), engine.LocalGrid(PROBE, 5, workers=workers) as grid:
         # Execute: three rounds, partition 3 raising in the second
         rounds = [_round(grid, x=r, fail=(3,) if r == 2 else ()) for r in (1, 2, 3)]
-        pids = grid.worker_pids
+        pids = grid.pool.pids if workers else []
     # Assert: every node its partition id and the federation size, its own state counting its messages
     for r, replies in enumerate(rounds, start=1):
         for pid, reply in enumerate(replies):
@@ -117,6 +122,7 @@ def _same_run(a, b):
     assert [(r["sampled"], r["train_loss"]) for r in ra] == [(r["sampled"], r["train_loss"]) for r in rb]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["scaffold", "ditto"])  # client state; personal models, federated scoring
 def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, monkeypatch):
     """A node's Context travels with its message to whichever worker is free and back: the pool
@@ -217,6 +223,7 @@ def _close_runs(a, b, rtol=1e-5):
     assert abs(sa["central_acc"] - sb["central_acc"]) <= 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,workers", [("fedavg", 0), ("federage", 2), ("ditto", 0), ("scaffold", 2)])
 def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monkeypatch):
     """client-execution = 'vectorised' through the engine (in process and in 2 workers): the
@@ -231,6 +238,7 @@ def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monke
     _close_runs(loop, rows)
 
 
+@pytest.mark.slow
 def test_vectorised_under_attacks(tmp_path):
     """The attack mods run around the batched training as around the routine: label-flip's map,
     sign-flip's reversed update, loss-lie's scaled losses."""

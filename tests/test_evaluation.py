@@ -38,6 +38,7 @@ class Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@pytest.mark.slow
 def test_a_client_that_does_not_answer_the_evaluation_is_listed_and_warned_about(tmp_path):
     def tamper(pid, msg):  # client 4's evaluation fails (its ClientApp raises)
         if pid == 4 and msg.metadata.message_type == "evaluate":
@@ -60,6 +61,7 @@ def test_a_client_that_does_not_answer_the_evaluation_is_listed_and_warned_about
     assert complete["unscored_clients"] == [] and complete["num_scored"] == 6
 
 
+@pytest.mark.slow
 def test_validation_split_is_scored_alike_by_the_server_and_by_the_clients(tmp_path):
     _, server = run(tmp_path, "server", **{"val-fraction": 0.2})
     _, federated = run(tmp_path, "fed", **{"val-fraction": 0.2, "eval-mode": "federated"})
@@ -71,6 +73,7 @@ def test_validation_split_is_scored_alike_by_the_server_and_by_the_clients(tmp_p
     assert not any(k.startswith("val_") for k in none)  # val-fraction = 0: as before
 
 
+@pytest.mark.slow
 def test_summary_gives_the_means_over_the_final_ten_evaluations(tmp_path):
     rounds, summary = run(tmp_path, "long", **{"num-server-rounds": 13})
     evals = [r["eval"] for r in rounds if "eval" in r]
@@ -97,6 +100,7 @@ def _drive(tmp_path, name, method="fedavg", rounds=3, **overrides):
     return exp, iterates, scores
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedavg", "federage", "qffl"])
 def test_eval_averaged_iterate_scores_the_mean_of_the_global_iterates(tmp_path, method):
     from fedpcd_app.server.evaluation import score_clients
@@ -117,6 +121,7 @@ def test_eval_averaged_iterate_scores_the_mean_of_the_global_iterates(tmp_path, 
     assert exp.evaluator.scored_iterate == "averaged" and plain.evaluator.scored_iterate == "last"
 
 
+@pytest.mark.slow
 def test_summary_says_which_iterate_and_split_were_scored(tmp_path):
     _, averaged = run(tmp_path, "avg", **{"eval-averaged-iterate": True})
     _, last = run(tmp_path, "last")

@@ -49,6 +49,7 @@ def same_tree(a, b) -> bool:
     return a == b or (isinstance(a, float) and np.isnan(a) and np.isnan(b))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", registry.names())
 def test_state_round_trips_and_a_resumed_run_equals_the_uninterrupted_one(method, tmp_path):
     # Prepare: an uninterrupted 4-round run checkpointing every 2 rounds

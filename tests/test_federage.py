@@ -328,6 +328,7 @@ def test_averaged_iterate_is_the_mean_of_the_global_iterates(replies):
     assert "federage-averaged-iterate" not in strategy.client_config()  # retired key
 
 
+@pytest.mark.slow
 def test_secure_aggregation_loop_gives_the_plain_uniform_mean(tmp_path):
     """Through the app's SecAgg+ loop on the in-process grid (the real ClientApp, masks and
     all): the secure FedeRage round equals the plain one, θ̂ within SecAgg+'s quantisation

@@ -58,6 +58,7 @@ def test_fedpcd_simulation_reports_diagnostics(tmp_path):
     assert 0.0 < read_summary(out)["mean_acc"] <= 1.0
 
 
+@pytest.mark.slow
 def test_corrections_happen_where_clients_conflict(tmp_path):
     """A setting where the FedAvg direction must violate some constraint (clients holding one
     class each, τ = 0.5): some round has an active constraint, and there the applied direction

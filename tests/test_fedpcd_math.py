@@ -183,7 +183,7 @@ def test_first_solve_failure_uses_elastic(monkeypatch):
     np.testing.assert_allclose(unit(g_bar) + mu @ c, ref, atol=1e-5)
 
 
-# -- the constraint threshold τ‖c̃_j‖², pinned where ‖c̃_j‖ ≠ 1 (issue 22, item 10) -------------------
+# -- the constraint threshold τ‖c̃_j‖², pinned where ‖c̃_j‖ ≠ 1 -------------------
 def _spy_rounds(monkeypatch, normalize: str, rounds):
     """Run the strategy over ``rounds`` [(grads, pids)] and record, per round, the constraint
     entries c̃_j, the direction d̃ the QP returned (before the rescaling to ‖ḡ‖) and τ."""

@@ -1,4 +1,4 @@
-"""FedPCD's outlier options (this project's extension, issue 17): ``fedpcd-outlier-norm`` keeps an
+"""FedPCD's outlier options (this project's extension): ``fedpcd-outlier-norm`` keeps an
 over-long update's constraint out of the QP and the cache (its update still counts in ḡ),
 ``fedpcd-outlier-cosine`` leaves constraints pointing away from ḡ out of the round's QP.
 
@@ -130,7 +130,7 @@ def test_bad_outlier_values_are_one_line(key, value, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-# -- the lower bound (issue 23): a tiny update gets no constraint ------------------------------
+# -- the lower bound: a tiny update gets no constraint ------------------------------
 def test_norm_inliers_lower_bound():
     norms = np.array([1.0, 1.2, 0.9, 0.01, 1.1])
     assert norm_inliers(norms, 0.0, 10.0) == [0, 1, 2, 4]  # 0.01 < median/10

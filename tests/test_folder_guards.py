@@ -223,6 +223,7 @@ def test_torchs_runtime_error_writing_a_checkpoint_is_one_line_and_the_last_one_
 RUN = "dataset='digits' num-clients=4 fraction-train=1.0 local-epochs=1 eval-every=0 seed=0 num-server-rounds=1"
 
 
+@pytest.mark.slow
 def test_simulate_exits_2_with_one_line_for_a_used_folder(tmp_path, capsys):
     out = tmp_path / "run"
     assert simulate.main(["--workers", "0", "--run-config", f"{RUN} figures='none' output-dir='{out}'"]) == 0

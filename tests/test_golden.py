@@ -36,6 +36,7 @@ def same_environment(entry: dict | None = None) -> bool:
     return bool(recorded) and not environment.differences(environment.fingerprint(), recorded)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(runs()))
 def test_method_keeps_its_recorded_numbers(name, tmp_path):
     assert name in RECORDED, f"no recorded numbers for {name}: record them with python -m tests.golden.record {name}"

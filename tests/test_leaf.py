@@ -45,7 +45,7 @@ def _cfg(folder, **kw):
 
 
 def _load(cfg):
-    data_mod._CACHE.clear()
+    data_mod.clear_cache()
     return load_federated_data(cfg)
 
 

@@ -30,6 +30,7 @@ def _holder(folder: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_by_a_live_run_is_refused_and_a_dead_ones_lock_taken_over(tmp_path, capsys):
     out = tmp_path / "out"
     proc = _holder(out)
@@ -65,6 +66,7 @@ def test_a_lock_whose_pid_was_reused_is_stale(tmp_path):
     assert not (out / LOCK).exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_ends_the_run_with_one_line_and_the_last_checkpoint_intact(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     real_save, calls = checkpoint.torch.save, []

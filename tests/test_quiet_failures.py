@@ -1,4 +1,4 @@
-"""The in-process entry point fails fast and quietly (issue 26, item 5): an output-dir that
+"""The in-process entry point fails fast and quietly: an output-dir that
 cannot be written is one line before anything loads, Ctrl-C is one line and exit 130, the log
 prefix names the method, and the ETA leaves out the first round's start-up."""
 
@@ -29,6 +29,7 @@ def test_an_unwritable_output_dir_is_one_line_before_the_run(tmp_path, capsys):
         assert code == 2 and len(err.splitlines()) == 1 and "'output-dir'" in err, err
 
 
+@pytest.mark.slow
 def test_the_log_names_the_method_and_the_eta_leaves_out_the_first_round(tmp_path, capfd):
     simulate.simulate({"method": "fedprox", "num-clients": 2, "num-server-rounds": 3, "eval-every": 0,
                        "output-dir": str(tmp_path / "run")}, workers=0)
@@ -38,6 +39,7 @@ def test_the_log_names_the_method_and_the_eta_leaves_out_the_first_round(tmp_pat
     assert "ETA" not in rounds[1] and "ETA" in rounds[2], rounds  # round 1 carries the start-up
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.simulate", "--workers", "0", "--run-config",
@@ -61,7 +63,7 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
 
 
 def test_a_one_line_error_ends_flowers_report_of_it(tmp_path):
-    """Issue 26, item 4: the ServerApp's ConfigError leaves main() and Flower logs it the way
+    """The ServerApp's ConfigError leaves main() and Flower logs it the way
     flwr 1.42's simulation process does (the exception with its traceback, then the exit-code
     message): the traceback is left out and the app's one line is the last line."""
     import io

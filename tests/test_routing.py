@@ -1,4 +1,4 @@
-"""Partitioned simulation on fewer nodes than partitions (issue 26, item 2): a node serves
+"""Partitioned simulation on fewer nodes than partitions: a node serves
 whichever partition the server's message names, so `num-clients` partitions are sampled and
 trained exactly as with one node per partition, and per-client state follows the partition."""
 

@@ -1,4 +1,4 @@
-"""What a run leaves to look at (issue 26, items 6 and 7): report.md and the run's figures by
+"""What a run leaves to look at: report.md and the run's figures by
 default, none with figures='none'; W&B tracking (offline) as an optional extra, nothing
 imported when tracking is off."""
 
@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = {"num-clients": 3, "num-server-rounds": 2, "eval-every": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.figures
 def test_a_run_ends_with_its_report_and_figures(tmp_path):
     out = simulate({**TINY, "output-dir": str(tmp_path / "run")}, workers=0)
@@ -33,6 +34,7 @@ def test_a_run_ends_with_its_report_and_figures(tmp_path):
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
+@pytest.mark.slow
 def test_figures_none_writes_none(tmp_path):
     out = simulate({**TINY, "figures": "none", "output-dir": str(tmp_path / "run")}, workers=0)
     assert (out / "summary.json").is_file()
@@ -56,6 +58,7 @@ def test_nothing_is_imported_when_tracking_is_off(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_wandb_offline_gets_every_round(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -121,7 +121,7 @@ def test_readme_example_runs_as_written(tmp_path):
     assert summary["config"]["method"] == "fedavg" and summary["config"]["num-server-rounds"] == 2
 
 
-# -- flwr_run.sh: the run it started, its status, its processes (issue 26, item 1) ------------------------
+# -- flwr_run.sh: the run it started, its status, its processes ------------------------
 def test_federation_config_overrides_the_defaults_key_by_key():
     from fedpcd_app.runtime.flwr_run import compose_federation
 

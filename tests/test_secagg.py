@@ -54,6 +54,7 @@ def test_fedavg_under_secagg_matches_plain_fedavg_within_quantisation(tmp_path):
     assert read_rounds(plain.writer.dir)[0]["train_loss"] == pytest.approx(rec["train_loss"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_client_failing_mid_protocol_is_a_tolerated_dropout(tmp_path):
     # Prepare: one sampled client gets an unusable request in the masked-vector stage
     cfg = load_config({**BASE, "output-dir": str(tmp_path / "x")})
@@ -121,6 +122,7 @@ def test_secagg_through_flower_simulation(method, tmp_path):
     assert read_summary(out)["mean_acc"] == pytest.approx(plain["mean_acc"], abs=0.02)
 
 
+@pytest.mark.slow
 def test_weight_above_max_weight_is_withheld_not_silently_clipped(tmp_path):
     # Execute: every client holds more examples than secagg-max-weight
     secure, grid, _ = _run(tmp_path, "secure", **{"secure-aggregation": True, "secagg-max-weight": 2.0})

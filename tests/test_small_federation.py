@@ -1,4 +1,4 @@
-"""Defaults that fit two devices (issue 26, item 3): every method's defaults pass validation
+"""Defaults that fit two devices: every method's defaults pass validation
 with num-clients = 2 (availability-rare-clients' default of 3 adapts), or the one line says
 what to change; an explicit value that cannot fit is refused before the run."""
 

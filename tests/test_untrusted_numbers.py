@@ -1,4 +1,4 @@
-"""Never trust a client's number (issue 23): counts, update sizes, scores and FedeRage's β.
+"""Never trust a client's number: counts, update sizes, scores and FedeRage's β.
 
 One table-driven test runs every registered method against every lie on built replies (no
 grid, no Ray): the lying client is listed as dropped with its reason, the model stays
@@ -31,7 +31,7 @@ from fedpcd_app.server.sampler import build_sampler
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import ClientAppGrid, FakeGrid, configure_round, flat_of, honest_reply, task_identity
-from tests.helpers import make_reply, train_reply
+from tests.helpers import make_reply, run_on_fake_grid, train_reply
 
 PIDS = list(range(7))
 VICTIM = 0
@@ -201,18 +201,15 @@ def test_node_data_counts_are_bounded_by_the_first_query_report_capped_by_max_nu
 
 
 def _fake_run(tmp_path, craft_victim, method="fedavg", **extra):
-    with task_identity():
-        cfg = load_config({"method": method, "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 1,
-                           "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
-        victim = build_sampler(cfg).sample(1)[0]
-        holder = {}
+    cfg = load_config({"method": method, "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 1,
+                       "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
+    victim = build_sampler(cfg).sample(1)[0]
 
-        def craft(request, pid, node):
-            good = honest_reply(request, pid, node, holder["exp"].strategy, num_examples=1)
-            return [craft_victim(good, pid)] if pid == victim else [good]
+    def craft(request, pid, node, strategy):
+        good = honest_reply(request, pid, node, strategy, num_examples=1)
+        return [craft_victim(good, pid)] if pid == victim else [good]
 
-        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
-        exp.run()
+    exp = run_on_fake_grid(cfg, craft)
     (rec,) = read_rounds(tmp_path)
     return exp, victim, rec
 
@@ -273,6 +270,7 @@ def _attack_run(tmp_path, attack, attackers="0,3", **extra):
     return exp, read_rounds(tmp_path), read_summary(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack, words", [("count-lie", "exceeds"), ("huge", "max-update-ratio")])
 def test_count_lie_and_huge_attackers_are_dropped_and_the_model_learns(attack, words, tmp_path):
     # one attacker, sampled in round 1 (two of a round's three replies would be the median)
@@ -286,6 +284,7 @@ def test_count_lie_and_huge_attackers_are_dropped_and_the_model_learns(attack, w
     assert summary["num_dropped_replies"] == len(asked)
 
 
+@pytest.mark.slow
 def test_eval_lie_attackers_stay_unscored_with_their_reason(tmp_path):
     exp, rounds, summary = _attack_run(tmp_path, "eval-lie", **{"eval-mode": "federated"})
     assert summary["unscored_clients"] == [0, 3] and summary["num_scored"] == 4

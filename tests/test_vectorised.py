@@ -212,7 +212,7 @@ def test_uncovered_method_runs_the_loop_and_says_so(caplog):
     fake = type(routine)("not-a-row-method", routine.train, None)
     with pytest.raises(vectorised.NotCovered):
         vectorised.plan("not-a-row-method", clone_jobs(jobs)[0])
-    vectorised._SAID.clear()
+    vectorised.forget_notices()
     entries = [vectorised.Entry(fake, j) for j in clone_jobs(jobs)]
     with caplog.at_level(logging.INFO, logger="fedpcd"):
         vectorised.run_entries(entries, "vectorised")

@@ -153,6 +153,7 @@ def test_fedmgda_uniform_centre_keeps_lambda_near_one_over_m():
 
 
 # -- recorded in every run's summary.json ----------------------------------------------------------
+@pytest.mark.slow
 def test_a_runs_summary_records_its_weighting(tmp_path):
     from fedpcd_app.runtime.simulate import simulate
     from fedpcd_app.server.results import read_summary

@@ -92,8 +92,8 @@ from fedcore.config import RunConfig
 __all__ = [
     "DATA_KEYS", "DEFAULT_MAX_CLASSES", "HUB_NAMES", "HUB_PROBE_TIMEOUT", "MAX_DATA_BYTES", "MAX_IMAGE_VALUES",
     "SYNTHETIC_DEFAULTS", "WRITER_COLUMN", "WRITER_MAX_EXAMPLES", "Arrays", "DataError", "FederatedData",
-    "balanced_dirichlet", "batch_augmentation", "check_same_shape", "crop_flip", "data_cache_key", "hub_reachable",
-    "load_federated_data", "max_classes", "partition_by_writer", "partition_labels", "split_local",
+    "balanced_dirichlet", "batch_augmentation", "check_same_shape", "clear_cache", "crop_flip", "data_cache_key",
+    "hub_reachable", "load_federated_data", "max_classes", "partition_by_writer", "partition_labels", "split_local",
     "split_validation", "synthetic_settings", "unbalanced_dirichlet",
 ]
 
@@ -112,6 +112,12 @@ _CACHE: dict[tuple, FederatedData] = {}
 def data_cache_key(cfg: RunConfig) -> tuple:
     flat = cfg.as_dict()
     return tuple(flat.get(k) for k in DATA_KEYS)
+
+
+def clear_cache() -> None:
+    """Drop the data :func:`load_federated_data` holds (the next call builds it again, e.g. after
+    the files under ``dataset-path`` changed)."""
+    _CACHE.clear()
 
 
 def load_federated_data(cfg: RunConfig) -> FederatedData:

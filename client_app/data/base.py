@@ -14,7 +14,7 @@ import torch
 
 from fedcore.config import RunConfig
 
-# Labels must be below max-classes, checked before anything is allocated (issue 23): a label of
+# Labels must be below max-classes, checked before anything is allocated: a label of
 # 10^9 would mean a 10^9-way classifier. (The image bounds are in client_app/data/parquet.py.)
 DEFAULT_MAX_CLASSES = 100_000
 WRITER_COLUMN = "writer_id"

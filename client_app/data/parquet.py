@@ -21,7 +21,7 @@ from client_app.data.base import (
     images_to_nchw,
 )
 
-# Bounds checked before anything is allocated (issue 23): at most MAX_IMAGE_VALUES values per
+# Bounds checked before anything is allocated: at most MAX_IMAGE_VALUES values per
 # example and MAX_DATA_BYTES of float32 examples per file.
 MAX_IMAGE_VALUES = 1 << 20  # e.g. 1024×1024 grey or 591×591×3; 2000×2000 is refused
 MAX_DATA_BYTES = 8 << 30

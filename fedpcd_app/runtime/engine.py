@@ -488,10 +488,6 @@ class LocalGrid(Grid):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @property
-    def worker_pids(self) -> list[int]:
-        return self.pool.pids if self.pool is not None else []
-
     # -- flwr.serverapp.Grid
     def set_run(self, run) -> None:
         self._run = run
@@ -506,9 +502,6 @@ class LocalGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
-
-    def partition_of(self, node_id: int) -> int:
-        return int(self.contexts[node_id].node_config[PARTITION_ID])
 
     def _batched(self, message: Message) -> bool:
         wants = getattr(self.batch, "wants", None)
