@@ -199,3 +199,56 @@ def test_training_only_trains_the_same_jobs_both_ways_on_reused_model_objects():
     again = simulation.training_only("logreg", clients=4, examples=12, features=6, classes=3, batch_size=5,
                                      repeats=1)
     assert again["max_train_loss_diff"] < 1e-5
+
+
+def test_load_clients_data_gives_every_client_the_same_examples(tmp_path):
+    """benchmarks/load_clients.py's generated folders: the app's parquet reader takes them, and
+    partitioner='writer' gives each of num-clients clients exactly --per-client examples, at
+    any registered count drawn from the one file."""
+    from benchmarks import load_clients
+    from client_app.data.parquet import read_parquet
+    from client_app.data.partition import partition_by_writer
+
+    for model, shape in (("logreg", (1, 6, 10)), ("mlp", (1, 8, 8))):
+        folder = load_clients.write_dataset(tmp_path / model, model, clients=40, per_client=5)
+        x, y, writers = read_parquet(folder, "train")
+        assert x.shape == (200, *shape) and writers is not None
+        assert set(np.unique(y).tolist()) <= set(range(10)) and len(np.unique(y)) > 1
+        for clients in (10, 40):
+            cfg = load_config({"num-clients": clients, "partitioner": "writer", "min-partition-size": 5,
+                               "dataset-path": str(folder)})
+            parts = partition_by_writer(writers, cfg)
+            assert len(parts) == clients and {len(p) for p in parts} == {5}
+            assert len(np.unique(np.concatenate(parts))) == 5 * clients  # disjoint
+
+
+def test_load_clients_table_has_the_ratio_of_the_largest_to_the_smallest_count():
+    from benchmarks import load_clients
+
+    def row(clients, scale):
+        return {"model": "logreg", "clients": clients, "per_round": 10, "replies": [10],
+                **{k: scale * (i + 1) for i, k in enumerate(load_clients.FIELDS)}}
+
+    text = load_clients.table([row(100, 1.0), row(1000, 3.0), row(300, 2.0)])
+    ratio = text.splitlines()[-1].split()
+    assert ratio[:2] == ["logreg", "1000/100"] and [float(v) for v in ratio[2:]] == [3.0] * len(load_clients.FIELDS)
+    assert load_clients.median_row([row(100, 1.0), row(100, 5.0), row(100, 2.0)])["round_s"] == 2.0 * 3
+
+
+@pytest.mark.slow
+def test_load_clients_runs_the_app_at_two_registered_counts(tmp_path, capsys):
+    """Two real simulate runs (tiny): both counts train the same number per round and report
+    their timings, memory and the data file's size."""
+    from benchmarks import load_clients
+
+    assert load_clients.main(["--clients", "20,40", "--per-round", "4", "--per-client", "5", "--rounds", "2",
+                              "--model", "logreg", "--work", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    small, big = out["rows"]
+    assert (small["clients"], big["clients"]) == (20, 40)
+    for r in (small, big):
+        assert r["replies"] == [4, 4] and r["tree_mb"] > 0 and r["round_s"] > 0 and r["eval_s"] > 0
+        assert r["wall_s"] > r["setup_s"] > 0
+    assert small["data_mb"] == big["data_mb"] == 40 * 5 * 60 * 4 / 2**20
+    with open(tmp_path / "out-logreg-40-0" / "summary.json") as fh:
+        assert json.load(fh)["num_scored"] == 40  # every registered client scored at the end
