@@ -16,6 +16,7 @@ from client_app.data import load_federated_data
 from client_app.models import initial_model
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
+from fedpcd_app.runtime.engine import client_threads
 from fedpcd_app.server.config import load_setup
 from fedpcd_app.server.metrics import fairness_metrics
 from fedpcd_app.server.results import read_rounds, read_summary
@@ -142,7 +143,7 @@ def test_label_flip_only_adds_the_permutation_and_the_client_trains_on_flipped_l
     data = load_federated_data(cfg)
     x, y = data.client_train(ATTACKED)
     model = initial_model(cfg)
-    with task_identity():
+    with task_identity(), client_threads():  # the thread count every client computes on (the engine's)
         clean = app_request(config("none"), ArrayRecord(model.state_dict()))
         want = train_reply(clean, ClientAppGrid(6, client_app).contexts[1000 + ATTACKED], model, x, 9 - y, cfg,
                            partition_id=ATTACKED, seed=cfg.seed)

@@ -151,7 +151,8 @@ def test_a_task_that_does_not_see_the_output_folder_says_so(tmp_path, monkeypatc
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.7")
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    with pytest.raises(sw.SweepError, match="not visible on Ray node .* --out must be on storage every node sees"):
+    with pytest.raises(ray_sweep.RaySweepError,
+                       match="not visible on Ray node .* --out must be on storage every node sees"):
         ray_sweep._task({"seed": 0}, str(tmp_path / "nowhere"), {"engine": "local", "workers": 0}, 0.0)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 

@@ -7,7 +7,7 @@
 
 Each pending run is one Ray task (``ray.remote(num_cpus=..., num_gpus=..., max_calls=1)``:
 a fresh worker process per run, as the local sweep's fresh process per run) that runs
-:func:`fedpcd_app.analysis.sweep._run_one` on the local engine, so a run is the same run as in a
+:func:`fedpcd_app.analysis.runner.run_one` on the local engine, so a run is the same run as in a
 local sweep: the same folder, ``run.json``, ``run.log`` and results, and the same numbers at
 the same torch thread count (Ray sets a task's threads to its ``num_cpus``). Ray places the
 tasks on the cluster's nodes by the resources they ask for; how many run at once is what the
@@ -38,11 +38,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedpcd_app.analysis import sweep as sw
+from fedpcd_app.analysis.runner import LOG_FILE, RUN_FILE, run_one
 from fedpcd_app.server.results import write_json_atomic
 
 PROJECT = Path(__file__).resolve().parents[2]
 NODE_KEY = "ray_node"  # in run.json: where the run ran
+
+
+class RaySweepError(ValueError):
+    """A sweep that cannot run on Ray (bad address, --engine ray, a folder a node cannot see):
+    one line; the sweep reports it as its own error."""
 
 
 def task_resources(engine: Mapping[str, Any]) -> tuple[float, float, int]:
@@ -65,12 +70,12 @@ def _task(overrides: dict[str, Any], folder: str, engine: dict[str, Any], gpus: 
     ctx = ray.get_runtime_context()
     node = {"node-id": ctx.get_node_id(), "hostname": socket.gethostname(),
             "ip": ray.util.get_node_ip_address(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
-    run_file = Path(folder) / sw.RUN_FILE
+    run_file = Path(folder) / RUN_FILE
     if not run_file.is_file():
-        raise sw.SweepError(f"{folder} is not visible on Ray node {node['hostname']} ({node['node-id'][:12]}): "
+        raise RaySweepError(f"{folder} is not visible on Ray node {node['hostname']} ({node['node-id'][:12]}): "
                             "--out must be on storage every node sees, at the same path")
     write_json_atomic(run_file, {**json.loads(run_file.read_text()), NODE_KEY: node})
-    return sw._run_one(overrides, folder, engine)
+    return run_one(overrides, folder, engine)
 
 
 def connect(address: str) -> None:
@@ -90,23 +95,25 @@ def connect(address: str) -> None:
 
 
 def check_ray(address: str, engine: str = "local") -> str:
-    """``--ray ADDRESS``: the address resolved and checked to answer, or SweepError (one line)."""
+    """``--ray ADDRESS``: the address resolved and checked to answer, or RaySweepError (one line)."""
     from fedcore.config import ConfigError
     from fedpcd_app.runtime.flwr_run import resolve_ray_address
 
     if engine != "local":
-        raise sw.SweepError("--ray runs each run as a Ray task on the local engine; drop --engine ray "
+        raise RaySweepError("--ray runs each run as a Ray task on the local engine; drop --engine ray "
                             "(or drop --ray to run each run on Flower's Ray engine)")
     try:
         return resolve_ray_address(address)
     except ConfigError as exc:
-        raise sw.SweepError(f"--ray: {exc}") from None
+        raise RaySweepError(f"--ray: {exc}") from None
 
 
-def run_sweep_ray(sweep: sw.Sweep, out: Path, address: str, progress: bool = True,
-                  engine: Mapping[str, Any] | None = None) -> list[tuple[sw.RunSpec, str]]:
-    """Run every pending run of ``sweep`` as a Ray task on the Ray at ``address``; returns the
-    failures ``(run, reason)`` (finished runs are kept), as :func:`fedpcd_app.analysis.sweep.run_sweep`."""
+def run_sweep_ray(name: str, total: int, pending: list, out: Path, address: str, progress: bool = True,
+                  engine: Mapping[str, Any] | None = None) -> list[tuple[Any, str]]:
+    """Run the ``pending`` runs of a sweep (:class:`~fedpcd_app.analysis.sweep.RunSpec`, their
+    folders and ``run.json`` written: :func:`fedpcd_app.analysis.sweep.prepare`) as Ray tasks on the
+    Ray at ``address``; returns the failures ``(run, reason)`` (finished runs are kept), as
+    :func:`fedpcd_app.analysis.sweep.run_sweep`. ``name`` and ``total``: the progress bar's."""
     import ray
     from tqdm import tqdm
 
@@ -114,18 +121,9 @@ def run_sweep_ray(sweep: sw.Sweep, out: Path, address: str, progress: bool = Tru
     address = check_ray(address, engine.get("engine", "local"))
     cpus, gpus, workers = task_resources(engine)
     run_engine = {"engine": "local", "workers": workers}
-    sw.check_finished(sweep, out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / sw.MANIFEST, {"name": sweep.name, "seeds": sweep.seeds, "source": sweep.source,
-                                          "runs": [{**r.labels(), "folder": str(r.folder(out).relative_to(out))}
-                                                   for r in sweep.runs]})
-    pending = [r for r in sweep.runs if not sw.is_done(r.folder(out))]
-    for run in pending:
-        run.folder(out).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run.folder(out) / sw.RUN_FILE, run.labels())
-    failures: list[tuple[sw.RunSpec, str]] = []
-    bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(pending), unit="run",
-               desc=sweep.name, disable=not progress, dynamic_ncols=True)
+    failures: list[tuple[Any, str]] = []
+    bar = tqdm(total=total, initial=total - len(pending), unit="run", desc=name, disable=not progress,
+               dynamic_ncols=True)
     if not pending:
         bar.close()
         return failures
@@ -144,7 +142,7 @@ def run_sweep_ray(sweep: sw.Sweep, out: Path, address: str, progress: bool = Tru
                     except Exception as exc:  # noqa: BLE001 - one failed run must not stop the sweep
                         reason = _reason(exc)
                         failures.append((run, reason))
-                        bar.write(f"FAILED {run.folder(out)}: {reason} (log: {run.folder(out) / sw.LOG_FILE})")
+                        bar.write(f"FAILED {run.folder(out)}: {reason} (log: {run.folder(out) / LOG_FILE})")
                     bar.set_postfix_str(f"{run.method} {run.variant} seed{run.seed}", refresh=False)
                     bar.update(1)
         except BaseException:  # Ctrl-C: the runs still going are stopped, not left on the cluster

@@ -82,14 +82,13 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.config import ConfigError, Scalar, resolve
-from fedpcd_app.analysis.runner import was_interrupted
+from fedpcd_app.analysis.ray_sweep import RaySweepError
+from fedpcd_app.analysis.runner import LOG_FILE, RUN_FILE, was_interrupted
 from fedpcd_app.runtime.simulate import add_engine_arguments
 from fedpcd_app.server.config import check
 from fedpcd_app.server.results import SUMMARY, write_json_atomic
 
-RUN_FILE = "run.json"
 MANIFEST = "sweep.json"
-LOG_FILE = "run.log"  # fedpcd_app.analysis.runner.LOG_FILE
 DEFAULT_SETTING = "default"
 NO_GRID = "base"
 
@@ -397,6 +396,21 @@ def check_finished(sweep: Sweep, out: Path) -> None:
                                  "delete that folder or use another --out")
 
 
+def prepare(sweep: Sweep, out: Path) -> list[RunSpec]:
+    """The sweep's pending runs, after writing its manifest and each pending run's folder and
+    ``run.json`` (refused, :class:`SweepError`, when ``out`` holds another sweep's finished runs)."""
+    check_finished(sweep, out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / MANIFEST, {"name": sweep.name, "seeds": sweep.seeds, "source": sweep.source,
+                                       "runs": [{**r.labels(), "folder": str(r.folder(out).relative_to(out))}
+                                                for r in sweep.runs]})
+    pending = [r for r in sweep.runs if not is_done(r.folder(out))]
+    for run in pending:
+        run.folder(out).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run.folder(out) / RUN_FILE, run.labels())
+    return pending
+
+
 def run_sweep(sweep: Sweep, out: Path, jobs: int | None = 1, progress: bool = True,
               engine: Mapping[str, Any] | None = None, *, gpus_per_run: float | None = None,
               reuse: bool = True) -> list[tuple[RunSpec, str]]:
@@ -414,15 +428,7 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int | None = 1, progress: bool = Tr
     from fedpcd_app.runtime import placement
 
     table = placement.slots(placement.visible_gpus(), jobs, gpus_per_run)
-    check_finished(sweep, out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / MANIFEST, {"name": sweep.name, "seeds": sweep.seeds, "source": sweep.source,
-                                       "runs": [{**r.labels(), "folder": str(r.folder(out).relative_to(out))}
-                                                for r in sweep.runs]})
-    pending = [r for r in sweep.runs if not is_done(r.folder(out))]
-    for run in pending:
-        run.folder(out).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run.folder(out) / RUN_FILE, run.labels())
+    pending = prepare(sweep, out)
     failures: list[tuple[RunSpec, str]] = []
     bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(pending), unit="run",
                desc=sweep.name, disable=not progress, dynamic_ncols=True)
@@ -531,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             from fedpcd_app.analysis.ray_sweep import check_ray
 
             args.ray = check_ray(args.ray, args.engine)
-    except (SweepError, placement.PlacementError) as exc:
+    except (SweepError, RaySweepError, placement.PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     done = sum(is_done(r.folder(out)) for r in sweep.runs)
@@ -550,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.ray:
             from fedpcd_app.analysis.ray_sweep import run_sweep_ray
 
-            return run_sweep_ray(sweep, out, args.ray, engine=engine)
+            return run_sweep_ray(sweep.name, len(sweep.runs), prepare(sweep, out), out, args.ray, engine=engine)
         return run_sweep(sweep, out, jobs=len(table), gpus_per_run=gpus_per_run, reuse=not args.fresh_processes,
                          engine=engine)
 
