@@ -181,3 +181,18 @@ def test_a_run_starts_its_report_process_and_ends_an_unused_one(tmp_path, monkey
     monkeypatch.setattr(server_app, "draw_report", lambda out_dir, drawer=None: None)
     simulate({**TINY, "figures": "none", "output-dir": str(tmp_path / "none")}, workers=0)
     assert len(started) == 2
+
+
+@pytest.mark.slow
+def test_the_short_run_benchmark_measures_each_step():
+    """benchmarks/short_run.py --smoke: every step measured, ratios against the import floor of
+    the same run, the run's files checked (timings themselves are not asserted)."""
+    proc = subprocess.run([sys.executable, "benchmarks/short_run.py", "--smoke", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    assert set(res["seconds"]) == {"imports", "run", "run, no figures", "report"}
+    assert all(t > 0 for t in res["seconds"].values())
+    for name, t in res["seconds"].items():
+        assert res["ratio_to_imports"][name] == pytest.approx(t / res["seconds"]["imports"])
+    assert len(res["load_average"]) == 3
