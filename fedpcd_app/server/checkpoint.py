@@ -85,6 +85,15 @@ from fedcore.config import ConfigError
 # the run's report step reads results through fedpcd_app.server.results, which imports this
 # module, and must not pay torch's import (seconds) to draw a few figures.
 
+
+def __getattr__(name: str) -> Any:
+    """``checkpoint.torch``: the torch module, imported on first use (what this module writes with)."""
+    if name == "torch":
+        import torch
+
+        return torch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 log = logging.getLogger("fedpcd")
 
 FOLDER = "checkpoints"
