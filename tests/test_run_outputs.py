@@ -111,3 +111,91 @@ def test_wandb_missing_is_one_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r'pip install -e "\.\[wandb\]"'):
         tracker_for(load_config({"tracking": "wandb"}), os.getcwd())
+
+
+def _finished_run(tmp_path) -> Path:
+    out = simulate({**TINY, "figures": "none", "output-dir": str(tmp_path / "run")}, workers=0)
+    assert not (out / "report.md").exists()
+    return out
+
+
+def _report_process(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    """run_report in a fresh interpreter, printing the heavy modules it imported on its last line."""
+    code = ("import sys\nfrom fedpcd_app.analysis import run_report\ncode = run_report.main(sys.argv[1:])\n"
+            "print(sorted(m for m in ('torch', 'flwr', 'ray', 'scipy') if m in sys.modules))\nsys.exit(code)")
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, input=stdin, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.figures
+def test_the_report_process_imports_neither_torch_nor_flwr(tmp_path):
+    """The end-of-run report is drawn without torch's and flwr's imports (they cost more than the
+    drawing): run_report reads results through fedpcd_app.server.results and the report module."""
+    out = _finished_run(tmp_path)
+    proc = _report_process([str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+    assert (out / "report.md").is_file() and all((out / "figures" / n).is_file() for n in run_report.FIGURES)
+
+
+@pytest.mark.figures
+def test_the_waiting_report_process_draws_the_folder_it_is_sent(tmp_path):
+    """--wait (started with the run): the folder comes on stdin; a closed stdin draws nothing."""
+    out = _finished_run(tmp_path)
+    proc = _report_process(["--wait"], stdin="")
+    assert proc.returncode == 0 and not (out / "report.md").exists(), proc.stderr[-2000:]
+    proc = _report_process(["--wait"], stdin=f"{out}\n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "report.md").is_file() and all((out / "figures" / n).is_file() for n in run_report.FIGURES)
+    assert _report_process(["--wait", "extra"]).returncode == 2
+
+
+def test_a_run_starts_its_report_process_and_ends_an_unused_one(tmp_path, monkeypatch):
+    """figures = auto: the report's process is started with the run and handed the folder at its
+    end; a run that fails ends the process (none left behind)."""
+    from fedpcd_app.server import server_app
+
+    started, handed = [], []
+
+    class Drawer:
+        def __init__(self):
+            self.killed = False
+            started.append(self)
+
+        def kill(self):
+            self.killed = True
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(server_app, "start_report_drawer", Drawer)
+    monkeypatch.setattr(server_app, "draw_report", lambda out_dir, drawer=None: handed.append((out_dir, drawer)))
+    out = simulate({**TINY, "output-dir": str(tmp_path / "run")}, workers=0)
+    assert len(started) == 1 and handed == [(out, started[0])] and not started[0].killed
+    def failing(self):
+        raise RuntimeError("the rounds failed")
+
+    monkeypatch.setattr(server_app.Experiment, "_run", failing)
+    with pytest.raises(BaseException, match="the rounds failed"):
+        simulate({**TINY, "output-dir": str(tmp_path / "failed")}, workers=0)
+    assert len(started) == 2 and started[1].killed and len(handed) == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(server_app, "start_report_drawer", Drawer)
+    monkeypatch.setattr(server_app, "draw_report", lambda out_dir, drawer=None: None)
+    simulate({**TINY, "figures": "none", "output-dir": str(tmp_path / "none")}, workers=0)
+    assert len(started) == 2
+
+
+@pytest.mark.slow
+def test_the_short_run_benchmark_measures_each_step():
+    """benchmarks/short_run.py --smoke: every step measured, ratios against the import floor of
+    the same run, the run's files checked (timings themselves are not asserted)."""
+    proc = subprocess.run([sys.executable, "benchmarks/short_run.py", "--smoke", "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout)
+    assert set(res["seconds"]) == {"imports", "run", "run, no figures", "report"}
+    assert all(t > 0 for t in res["seconds"].values())
+    for name, t in res["seconds"].items():
+        assert res["ratio_to_imports"][name] == pytest.approx(t / res["seconds"]["imports"])
+    assert len(res["load_average"]) == 3

@@ -245,3 +245,39 @@ def test_two_runs_at_once_from_one_checkout_both_complete(tmp_path):
     sampled = [int(r.split(",")[header.index("times_sampled")]) for r in rows[1:]]
     assert sampled == [1, 1, 1, 1]  # every partition, though only 2 SuperNodes
     assert _processes_with(mark) == []
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    """A ``python3`` whose ``-m venv DIR`` makes DIR/bin/python: a shim logging its arguments
+    (what setup.sh asks pip to do) and exiting 0, so the install's steps run in seconds."""
+    fake = tmp_path / "python3"
+    fake.write_text('#!/usr/bin/env bash\nif [ "$1" = --version ]; then echo "Python 3.fake"; exit 0; fi\n'
+                    'mkdir -p "$3/bin"\nprintf \'#!/usr/bin/env bash\\necho "$*" >> "%s"\\n\' '
+                    f'"{tmp_path / "pip.log"}" > "$3/bin/python"\nchmod +x "$3/bin/python"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_setup_says_each_step(tmp_path):
+    """The first install names each step on stderr (it takes minutes: no silence), keeps pip -q
+    without a terminal (CI logs), and a second call says it is up to date, installing nothing."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "scripts" / "setup.sh").write_text((SCRIPTS / "setup.sh").read_text())
+    (checkout / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "FEDPCD_VENV"}
+    env["PYTHON"] = str(_fake_python(tmp_path))
+
+    def setup() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "scripts/setup.sh"], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=60)
+
+    first = setup()
+    assert first.returncode == 0, first.stderr
+    steps = [line for line in first.stderr.splitlines() if line.startswith("setup: ")]
+    assert [s.split()[1] for s in steps] == ["creating", "installing", "done:"], first.stderr
+    assert "Python 3.fake" in steps[0] and "pip -q" in steps[1]
+    assert (tmp_path / "pip.log").read_text().split() == ["-m", "pip", "install", "-q", "-e", ".[test]"]
+    second = setup()
+    assert second.returncode == 0 and "up to date" in second.stderr, second.stderr
+    assert len((tmp_path / "pip.log").read_text().splitlines()) == 1  # nothing installed again

@@ -62,8 +62,8 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fedpcd_app.analysis.layout import safe as _safe  # noqa: E402
 from fedpcd_app.analysis.report import Run, best_variant, load_runs, ordered, sweep_order  # noqa: E402
-from fedpcd_app.analysis.sweep import _safe  # noqa: E402
 
 HISTORY_KEY = "fedpcd-history"
 ACTIVE_KEY = "fedpcd-active"

@@ -38,7 +38,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedpcd_app.analysis.runner import LOG_FILE, RUN_FILE, run_one
+from fedpcd_app.analysis.layout import RUN_FILE
+from fedpcd_app.analysis.runner import LOG_FILE, run_one
 from fedpcd_app.server.results import write_json_atomic
 
 PROJECT = Path(__file__).resolve().parents[2]

@@ -94,7 +94,7 @@ from typing import Any
 import numpy as np
 
 from fedpcd_app.analysis import stats
-from fedpcd_app.analysis.sweep import MANIFEST, NO_GRID, RUN_FILE
+from fedpcd_app.analysis.layout import MANIFEST, NO_GRID, RUN_FILE
 from fedpcd_app.server.results import ROUNDS, SUMMARY, read_rounds, read_summary
 
 # (summary key, column title, higher is better, shown as a percentage)
@@ -155,11 +155,11 @@ class Run:
         """How its method weights the clients: ``weighting`` of its ``summary.json`` (recorded
         by the run), else ``strategies.registry.weighting_of`` of its method and resolved
         config (runs written before the field); ``unknown`` for a method not registered here."""
-        from fedcore.config import ConfigError
-        from strategies.registry import weighting_of
-
         if self.summary.get("weighting"):
             return str(self.summary["weighting"])
+        from fedcore.config import ConfigError
+        from strategies.registry import weighting_of  # imports torch: only for runs without the field
+
         try:
             return weighting_of(str(self.summary.get("method", "?")), self.summary.get("config", {}))
         except (ConfigError, ValueError, TypeError):

@@ -13,8 +13,12 @@ under ``flwr run``, by writing into its ``output-dir``:
 ``figures = "none"`` writes nothing (a sweep's runs: ``python -m fedpcd_app.sweep`` sets it
 and draws the sweep's report and figures once, at its end). A figure that cannot be drawn
 is a warning, never a failed run. The ServerApp runs ``python -m fedpcd_app.analysis.run_report
-<output-dir>`` in a process of its own (:func:`draw`): matplotlib stays out of the run's
-process, and the reporting modules (which read sweeps) stay out of the ServerApp's imports.
+--wait`` in a process of its own, started with the run (``start_report_drawer`` of
+:mod:`fedpcd_app.server.server_app`): it imports matplotlib and the reporting modules while the
+rounds run and draws once the run writes its folder on its stdin, so the run returns about the
+figures' drawing time after its summary, with the files written. matplotlib stays out of the
+run's process, the reporting modules (which read sweeps) out of the ServerApp's imports, and
+torch and flwr out of this process (a test checks it: their imports cost more than the drawing).
 """
 
 from __future__ import annotations
@@ -45,10 +49,23 @@ def write(out_dir: str | Path) -> list[Path]:
     return written + ([drawn] if drawn is not None else [])
 
 
+def _warm() -> None:
+    """Import what :func:`write` needs (matplotlib, numpy, the reporting modules): the seconds of a
+    run's report that are not drawing, paid by ``--wait`` while the run still trains."""
+    from fedpcd_app.analysis import figures, report  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m fedpcd_app.analysis.run_report <output-dir of a finished run>", file=sys.stderr)
+    if args == ["--wait"]:  # started with the run: import now, then the folder comes on stdin
+        _warm()
+        line = sys.stdin.readline().strip()
+        if not line:  # stdin closed: the run ended without a report
+            return 0
+        args = [line]
+    if len(args) != 1 or args[0].startswith("--"):
+        print("usage: python -m fedpcd_app.analysis.run_report <output-dir of a finished run> | --wait "
+              "(the folder then comes on stdin)", file=sys.stderr)
         return 2
     try:
         paths = write(args[0])

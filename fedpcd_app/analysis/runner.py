@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 LOG_FILE = "run.log"
-RUN_FILE = "run.json"  # a run's labels, written by the sweep before the run
 ROOT = Path(__file__).resolve().parents[2]  # the project: a run process imports this copy of the app
 
 

@@ -71,7 +71,6 @@ import dataclasses
 import itertools
 import json
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -82,15 +81,14 @@ from pathlib import Path
 from typing import Any
 
 from fedcore.config import ConfigError, Scalar, resolve
+from fedpcd_app.analysis.layout import MANIFEST, NO_GRID, RUN_FILE, safe
 from fedpcd_app.analysis.ray_sweep import RaySweepError
-from fedpcd_app.analysis.runner import LOG_FILE, RUN_FILE, was_interrupted
+from fedpcd_app.analysis.runner import LOG_FILE, was_interrupted
 from fedpcd_app.runtime.simulate import add_engine_arguments
 from fedpcd_app.server.config import check
 from fedpcd_app.server.results import SUMMARY, write_json_atomic
 
-MANIFEST = "sweep.json"
 DEFAULT_SETTING = "default"
-NO_GRID = "base"
 
 
 class SweepError(ValueError):
@@ -124,9 +122,7 @@ def _fmt(value: Scalar) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _safe(label: str) -> str:
-    """A folder name from a label: keep letters, digits and ``._=,+-``; map the rest to ``_``."""
-    return re.sub(r"[^A-Za-z0-9._=,+-]", "_", label)
+_safe = safe  # a folder name from a label (fedpcd_app.analysis.layout.safe)
 
 
 # -- parsing ---------------------------------------------------------------------------------

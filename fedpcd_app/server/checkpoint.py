@@ -73,14 +73,26 @@ import logging
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedcore.config import ConfigError
-from fedcore.state import from_tree, to_tree
+
+# torch (and fedcore.state, which needs it) are imported where a checkpoint is written or read:
+# the run's report step reads results through fedpcd_app.server.results, which imports this
+# module, and must not pay torch's import (seconds) to draw a few figures.
+
+
+def __getattr__(name: str) -> Any:
+    """``checkpoint.torch``: the torch module, imported on first use (what this module writes with)."""
+    if name == "torch":
+        import torch
+
+        return torch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = logging.getLogger("fedpcd")
 
@@ -123,6 +135,8 @@ class Checkpoint:
 
     def to_dict(self) -> dict[str, Any]:
         """A tree of dicts, lists, tensors and scalars (``torch.load(weights_only=True)`` reads it)."""
+        from fedcore.state import to_tree
+
         return {"format": FORMAT, **{f.name: to_tree(getattr(self, f.name)) for f in dataclasses.fields(self)}}
 
 
@@ -207,6 +221,8 @@ def write(folder: str | Path, ckpt: Checkpoint, keep: int = 2) -> Path:
     delete checkpoints of later rounds and keep the newest ``keep`` of the others. Any
     ``OSError`` or torch ``RuntimeError`` (a full disk) is one :class:`OutputError`; earlier
     checkpoints stay."""
+    import torch
+
     final = path_for(folder, ckpt.round)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     key = checkpoint_key()
@@ -303,7 +319,8 @@ def check_restored(ckpt: Checkpoint, path: str | Path) -> None:
 def _non_finite_in(tree: Any, where: str = "state", inf_ok: bool = True) -> str | None:
     """The path of the first array (or float) holding a NaN (or, unless ``inf_ok``, an inf: a
     strategy's state may use inf as a sentinel) in a loaded tree, else None."""
-    if isinstance(tree, torch.Tensor):
+    torch = sys.modules.get("torch")  # no tensor exists unless torch was imported
+    if torch is not None and isinstance(tree, torch.Tensor):
         tree = tree.detach().float().numpy() if tree.dtype.is_floating_point else None
     bad = np.isnan if inf_ok else (lambda a: ~np.isfinite(a))
     if isinstance(tree, np.ndarray):
@@ -319,6 +336,10 @@ def _non_finite_in(tree: Any, where: str = "state", inf_ok: bool = True) -> str 
 
 def load(path: str | Path) -> Checkpoint:
     """Load one checkpoint file after verifying its checksum; raises on a damaged or foreign file."""
+    import torch
+
+    from fedcore.state import from_tree
+
     verify(path)
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:

@@ -153,6 +153,9 @@ class Experiment:
 
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        # the report's process, started now: its imports (matplotlib) overlap the rounds
+        self.drawer = (start_report_drawer() if self.cfg.get_choice("figures", FIGURES, "auto") == "auto"
+                       else None)
         try:
             with self.signals:  # SIGINT/SIGTERM: a checkpoint and an incomplete summary (interrupted())
                 return self._run()
@@ -162,6 +165,10 @@ class Experiment:
             raise
         finally:
             self.writer.lock.release()  # on any exit (finish() has released it on a normal one)
+            drawer, self.drawer = self.drawer, None
+            if drawer is not None:  # not used (an error, an interrupted run): ended, nothing drawn
+                drawer.kill()
+                drawer.wait()
 
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -480,7 +487,8 @@ class Experiment:
             self.tracker.summary(summary)
             self.tracker.close()
         if report and cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
-            draw_report(self.writer.dir)
+            drawer, self.drawer = getattr(self, "drawer", None), None
+            draw_report(self.writer.dir, drawer)
         if self.last_eval:
             log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                      summary["mean_acc"], summary["worst10_acc"], summary["jain"],
@@ -555,19 +563,51 @@ class Experiment:
 FIGURES = ("auto", "none")  # run-config figures
 
 
-def draw_report(out_dir) -> None:
-    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.analysis.run_report`, in a
-    process of its own); a failure there is one warning, the run's results stand."""
-    import subprocess
+def _report_command(*args: str) -> tuple[list[str], Any]:
     import sys
     from pathlib import Path
 
     app_root = Path(__file__).resolve().parents[2]  # this app's copy (flwr run installs one)
-    proc = subprocess.run([sys.executable, "-m", "fedpcd_app.analysis.run_report", str(out_dir)], cwd=app_root,
-                          capture_output=True, text=True, check=False)
-    lines = (proc.stdout if proc.returncode == 0 else proc.stderr).strip().splitlines()
-    message = lines[-1] if lines else f"exit code {proc.returncode}"
-    if proc.returncode == 0:
+    return [sys.executable, "-m", "fedpcd_app.analysis.run_report", *args], app_root
+
+
+def start_report_drawer():
+    """The process that will draw the run's report (:mod:`fedpcd_app.analysis.run_report`
+    ``--wait``), started when the run starts: it imports matplotlib and the reporting modules
+    while the rounds run, then waits for the run's folder on its stdin (:func:`draw_report`).
+    Its own session: a Ctrl-C meant for the run does not reach it; it exits when its stdin
+    closes (the run ended without a report, or died)."""
+    import subprocess
+
+    cmd, cwd = _report_command("--wait")
+    try:
+        return subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    except OSError:  # no process to spare now: draw_report starts one at the end
+        return None
+
+
+def draw_report(out_dir, drawer=None) -> None:
+    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.analysis.run_report`, in a
+    process of its own: ``drawer``, started ahead by :func:`start_report_drawer`, else one started
+    now); the files exist when this returns. A failure there is one warning, the run's results stand."""
+    import subprocess
+
+    if drawer is not None:
+        try:
+            out, err = drawer.communicate(f"{out_dir}\n")
+        except OSError:  # it died before reading (its stderr then says why)
+            drawer.kill()
+            out, err = "", (drawer.stderr.read() if drawer.stderr else "")
+            drawer.wait()
+        returncode = drawer.returncode
+    else:
+        cmd, cwd = _report_command(str(out_dir))
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+        out, err, returncode = proc.stdout, proc.stderr, proc.returncode
+    lines = (out if returncode == 0 else err).strip().splitlines()
+    message = lines[-1] if lines else f"exit code {returncode}"
+    if returncode == 0:
         log.info("%s", message)
     else:
         log.warning("%s", message)
