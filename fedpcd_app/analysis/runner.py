@@ -248,12 +248,7 @@ class RunProcess:
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _terminate(proc)
         with contextlib.suppress(OSError):
             proc.stdout.close()
 
@@ -261,12 +256,17 @@ class RunProcess:
         """Stop it now (Ctrl-C of the sweep), by its PID."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _terminate(proc)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s, by its PID."""
+    proc.terminate()
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":
