@@ -192,13 +192,31 @@ def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tm
 
     def train_round(self, server_round):
         record = real(self, server_round)
-        record["update_norms"] = {"median": 1.0, "max_ratio": 90.0}  # under the default bound of 100
+        record["update_norms"] = {"median": 1.0, "max_ratio": 90.0, "near_bound": 1}  # one kept, near the bound
         return record
 
     monkeypatch.setattr(Experiment, "train_round", train_round)
     _run(_cfg(tmp_path / "run"))
     s = read_summary(tmp_path / "run")
-    assert any("max-update-ratio = 100" in w and "in 3 rounds" in w for w in s["warnings"]), s["warnings"]
+    assert any("max-update-ratio" in w and "in 3 rounds" in w for w in s["warnings"]), s["warnings"]
+
+
+def test_huge_updates_that_were_dropped_are_no_near_bound_warning(tmp_path, monkeypatch):
+    """max_ratio counts every reply before the size rules: a dropped 1e32 update made it huge, and
+    the warning said accepted updates were near the bound (the issue's final-round attack)."""
+    from fedpcd_app.server.server_app import Experiment
+    from tests.test_folder_guards import _cfg, _run
+
+    real = Experiment.train_round
+
+    def train_round(self, server_round):
+        record = real(self, server_round)
+        record["update_norms"] = {"median": 1.0, "max_ratio": 3e32, "near_bound": 0}  # the huge one dropped
+        return record
+
+    monkeypatch.setattr(Experiment, "train_round", train_round)
+    _run(_cfg(tmp_path / "run"))
+    assert not read_summary(tmp_path / "run")["warnings"]
 
 
 @pytest.mark.parametrize("acc, rounds, marked", [(0.113, 60, True), (0.122, 20, True), (0.113, 19, False),

@@ -129,10 +129,8 @@ COLLAPSE_KEEP = 1 / 3
 # the norm by a small factor, three orders of magnitude inside either bound.
 NORM_BOUNDS = (1e-3, 1e3)
 # Warnings (summary.json "warnings", and the log): an evaluation this far below the previous
-# one; accepted updates at least NEAR_BOUND x max-update-ratio x the median norm in this many rounds.
+# one (accepted updates near the size bound: fedcore.replies.NEAR_BOUND, NEAR_BOUND_WARN_ROUNDS).
 SUDDEN_DROP = 0.15
-NEAR_BOUND = 0.5
-NEAR_BOUND_ROUNDS = 3
 
 
 def collapse(evaluations: list[tuple[int, float]], classes: int) -> dict[str, Any] | None:

@@ -426,17 +426,17 @@ class Experiment:
             if now is not None and before is not None and before - now >= divergence.SUDDEN_DROP:
                 self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
                           f"{now:.4f}")
-        from fedcore.replies import DEFAULT_MAX_UPDATE_RATIO
+        from fedcore.replies import NEAR_BOUND, NEAR_BOUND_WARN_ROUNDS
 
-        bound = self.cfg.params.get("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO)
-        ratio = (record.get("update_norms") or {}).get("max_ratio")
-        if isinstance(bound, (int, float)) and bound > 0 and isinstance(ratio, (int, float)) and record["num_replies"]:
-            if ratio >= divergence.NEAR_BOUND * bound:
-                self.near_bound_rounds += 1
-                if self.near_bound_rounds == divergence.NEAR_BOUND_ROUNDS:
-                    self.warn(f"round {r}: in {self.near_bound_rounds} rounds an accepted update was at least "
-                              f"{divergence.NEAR_BOUND:g} x max-update-ratio = {bound:g} x the median norm (latest "
-                              f"{ratio:.3g} x): updates under the bound may be poisoning the model")
+        # Accepted updates near the size bound (fedcore.replies counts them among the replies it
+        # kept: a dropped huge update is no warning), in several rounds: poisoning under the bound.
+        near = (record.get("update_norms") or {}).get("near_bound")
+        if isinstance(near, int) and near > 0:
+            self.near_bound_rounds += 1
+            if self.near_bound_rounds == NEAR_BOUND_WARN_ROUNDS:
+                self.warn(f"round {r}: in {self.near_bound_rounds} rounds accepted updates were above "
+                          f"{NEAR_BOUND:g} x the size bound (max-update-ratio; latest round: {near}): updates "
+                          "under the bound may be poisoning the model")
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
