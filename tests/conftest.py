@@ -26,5 +26,5 @@ def _no_end_of_run_figures(request, monkeypatch):
     process of its own that imports matplotlib, seconds per run); tests marked ``figures``
     keep them. Runs in subprocesses (``flwr run``) draw them as users get them."""
     if request.node.get_closest_marker("figures") is None:
-        monkeypatch.setattr("fedpcd_app.server.server_app.draw_report", lambda out_dir, drawer=None: None)
-        monkeypatch.setattr("fedpcd_app.server.server_app.start_report_drawer", lambda: None)
+        monkeypatch.setattr("fedpcd_app.server.report_process.draw_report", lambda out_dir, drawer=None: None)
+        monkeypatch.setattr("fedpcd_app.server.report_process.start_report_drawer", lambda: None)

@@ -153,7 +153,7 @@ def test_the_waiting_report_process_draws_the_folder_it_is_sent(tmp_path):
 def test_a_run_starts_its_report_process_and_ends_an_unused_one(tmp_path, monkeypatch):
     """figures = auto: the report's process is started with the run and handed the folder at its
     end; a run that fails ends the process (none left behind)."""
-    from fedpcd_app.server import server_app
+    from fedpcd_app.server import report_process, server_app
 
     started, handed = [], []
 
@@ -168,8 +168,8 @@ def test_a_run_starts_its_report_process_and_ends_an_unused_one(tmp_path, monkey
         def wait(self):
             return 0
 
-    monkeypatch.setattr(server_app, "start_report_drawer", Drawer)
-    monkeypatch.setattr(server_app, "draw_report", lambda out_dir, drawer=None: handed.append((out_dir, drawer)))
+    monkeypatch.setattr(report_process, "start_report_drawer", Drawer)
+    monkeypatch.setattr(report_process, "draw_report", lambda out_dir, drawer=None: handed.append((out_dir, drawer)))
     out = simulate({**TINY, "output-dir": str(tmp_path / "run")}, workers=0)
     assert len(started) == 1 and handed == [(out, started[0])] and not started[0].killed
     def failing(self):
@@ -180,8 +180,8 @@ def test_a_run_starts_its_report_process_and_ends_an_unused_one(tmp_path, monkey
         simulate({**TINY, "output-dir": str(tmp_path / "failed")}, workers=0)
     assert len(started) == 2 and started[1].killed and len(handed) == 1
     monkeypatch.undo()
-    monkeypatch.setattr(server_app, "start_report_drawer", Drawer)
-    monkeypatch.setattr(server_app, "draw_report", lambda out_dir, drawer=None: None)
+    monkeypatch.setattr(report_process, "start_report_drawer", Drawer)
+    monkeypatch.setattr(report_process, "draw_report", lambda out_dir, drawer=None: None)
     simulate({**TINY, "figures": "none", "output-dir": str(tmp_path / "none")}, workers=0)
     assert len(started) == 2
 

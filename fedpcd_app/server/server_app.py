@@ -33,11 +33,12 @@ from flwr.serverapp import Grid, ServerApp
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
 from fedcore.replies import ReplyTrust
-from fedpcd_app.server import checkpoint, divergence, node_data, secagg
+from fedpcd_app.server import checkpoint, divergence, node_data, report_process, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.server.exchange import resolve_round_timeout, send_and_receive
 from fedpcd_app.server.gpus import visible_gpus
+from fedpcd_app.server.logs import ONE_LINE_ERRORS, AggregationStopped, one_line_report, set_log_method, setup_logging
 from fedpcd_app.server.membership import (
     Membership,
     PartitionRouter,
@@ -52,49 +53,6 @@ from strategies.registry import weighting_of
 from strategies.wrappers import UpdateClip, find_wrapper
 
 log = logging.getLogger("fedpcd")
-
-
-class AggregationStopped(RuntimeError):
-    """A strategy's aggregation raised and ``on-aggregation-error`` = stop (one-line message)."""
-
-
-class _MethodTag(logging.Formatter):
-    """``HH:MM:SS [<method>] message``: the prefix names the run's method (set by
-    :func:`set_log_method`; ``fedpcd``, the app's name, before a run has one)."""
-
-    method = "fedpcd"
-
-    def format(self, record: logging.LogRecord) -> str:
-        record.method = _MethodTag.method
-        return super().format(record)
-
-
-def set_log_method(method: str) -> None:
-    _MethodTag.method = str(method) or "fedpcd"
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to the *current* ``sys.stderr`` (not the one of the first run in this process:
-    test runners and tools swap it between runs)."""
-
-    @property
-    def stream(self):
-        import sys
-
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def _setup_logging() -> None:
-    if not log.handlers:
-        handler = _StderrHandler()
-        handler.setFormatter(_MethodTag("%(asctime)s [%(method)s] %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
 
 
 class Experiment:
@@ -139,7 +97,7 @@ class Experiment:
             self.resume(setup.resume_from)
         self.writer = ResultsWriter(self.cfg, history=self.history)
         if setup.resume_from:
-            _setup_logging()
+            setup_logging()
             log.info("resumed from round %d of %s", self.start_round - 1, setup.resume_from)
         self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
         self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
@@ -154,8 +112,7 @@ class Experiment:
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         # the report's process, started now: its imports (matplotlib) overlap the rounds
-        self.drawer = (start_report_drawer() if self.cfg.get_choice("figures", FIGURES, "auto") == "auto"
-                       else None)
+        self.drawer = report_process.start_report_drawer() if self.draws_report() else None
         try:
             with self.signals:  # SIGINT/SIGTERM: a checkpoint and an incomplete summary (interrupted())
                 return self._run()
@@ -218,7 +175,7 @@ class Experiment:
         and an incomplete summary, ``incomplete_reason: "interrupted at round N ..."``; the
         folder is then continued by ``resume-from``. A round whose replies had not all arrived is
         dropped (its draws are redone on resume); a trained round whose evaluation was cut is kept."""
-        _setup_logging()
+        setup_logging()
         if self.finished:  # the signal came as the run ended: its summary stands
             return
         if self.trained is not None:  # trained; only its evaluation (or bookkeeping) was cut
@@ -332,6 +289,10 @@ class Experiment:
             record["round_seconds"] = time.perf_counter() - t0  # the whole training round
             self.trained = record  # before any interrupt can land: run() records it
             return record
+
+    def draws_report(self) -> bool:
+        """``figures = "auto"``: report.md and the run's figures when the run ends."""
+        return self.cfg.get_choice("figures", report_process.FIGURES, "auto") == "auto"
 
     def is_eval_round(self, server_round: int) -> bool:
         every = self.cfg.eval_every
@@ -486,9 +447,9 @@ class Experiment:
         if self.tracker is not None:
             self.tracker.summary(summary)
             self.tracker.close()
-        if report and cfg.get_choice("figures", FIGURES, "auto") == "auto":  # report.md and the run's figures
+        if report and self.draws_report():  # report.md and the run's figures
             drawer, self.drawer = getattr(self, "drawer", None), None
-            draw_report(self.writer.dir, drawer)
+            report_process.draw_report(self.writer.dir, drawer)
         if self.last_eval:
             log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                      summary["mean_acc"], summary["worst10_acc"], summary["jain"],
@@ -560,59 +521,6 @@ class Experiment:
         return out
 
 
-FIGURES = ("auto", "none")  # run-config figures
-
-
-def _report_command(*args: str) -> tuple[list[str], Any]:
-    import sys
-    from pathlib import Path
-
-    app_root = Path(__file__).resolve().parents[2]  # this app's copy (flwr run installs one)
-    return [sys.executable, "-m", "fedpcd_app.analysis.run_report", *args], app_root
-
-
-def start_report_drawer():
-    """The process that will draw the run's report (:mod:`fedpcd_app.analysis.run_report`
-    ``--wait``), started when the run starts: it imports matplotlib and the reporting modules
-    while the rounds run, then waits for the run's folder on its stdin (:func:`draw_report`).
-    Its own session: a Ctrl-C meant for the run does not reach it; it exits when its stdin
-    closes (the run ended without a report, or died)."""
-    import subprocess
-
-    cmd, cwd = _report_command("--wait")
-    try:
-        return subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-    except OSError:  # no process to spare now: draw_report starts one at the end
-        return None
-
-
-def draw_report(out_dir, drawer=None) -> None:
-    """``report.md`` and the run's figures in ``out_dir`` (:mod:`fedpcd_app.analysis.run_report`, in a
-    process of its own: ``drawer``, started ahead by :func:`start_report_drawer`, else one started
-    now); the files exist when this returns. A failure there is one warning, the run's results stand."""
-    import subprocess
-
-    if drawer is not None:
-        try:
-            out, err = drawer.communicate(f"{out_dir}\n")
-        except OSError:  # it died before reading (its stderr then says why)
-            drawer.kill()
-            out, err = "", (drawer.stderr.read() if drawer.stderr else "")
-            drawer.wait()
-        returncode = drawer.returncode
-    else:
-        cmd, cwd = _report_command(str(out_dir))
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-        out, err, returncode = proc.stdout, proc.stderr, proc.returncode
-    lines = (out if returncode == 0 else err).strip().splitlines()
-    message = lines[-1] if lines else f"exit code {returncode}"
-    if returncode == 0:
-        log.info("%s", message)
-    else:
-        log.warning("%s", message)
-
-
 def _no_evaluation(num_clients: int) -> dict[str, Any]:
     """The final metrics of a run interrupted before its first evaluation: none."""
     keys = ("mean_acc", "std_acc", "worst10_acc", "best10_acc", "min_acc", "jain", "mean_loss", "max_loss")
@@ -656,7 +564,7 @@ def run_experiment(grid: Grid, setup: Setup | Mapping[str, Any]) -> dict[str, An
     ``client-data = "node"`` the nodes are asked first (one QUERY: partition and data) and
     what the run config leaves unknown (input shape, classes, normalisation) is filled from
     their replies before the model is built (:mod:`fedpcd_app.server.node_data`)."""
-    _setup_logging()
+    setup_logging()
     membership = None
     set_log_method((setup.cfg.method if isinstance(setup, Setup) else dict(setup).get("method")) or "fedpcd")
     if not isinstance(setup, Setup):
@@ -714,62 +622,6 @@ def make_server_app(setup: Setup | Mapping[str, Any] | None = None) -> ServerApp
     return server_app
 
 
-# -- errors on the Flower path: the app's one line, last ----------------------------------------------
-# A ServerApp that raises ends the run as failed: Flower 1.42 logs "<entity> raised an
-# exception" with the traceback, then its exit-code message (flwr.supercore.exit.flwr_exit),
-# and puts "... failed with exception: <str(exc)>" in the run's status details (`flwr ls`).
-# For the errors whose message is already the whole story (a bad run config, unloadable data,
-# a stopped aggregation), the traceback is noise: the filter below drops it from Flower's log
-# and ends Flower's exit message with the app's own line, the last line of `flwr log`.
-
-
-def _one_line_errors() -> tuple[type[BaseException], ...]:
-    from client_app.data import DataError
-
-    return (ConfigError, DataError, AggregationStopped)
-
-
-class _OneLineReport(logging.Filter):
-    """On Flower's logger, for one exception: its traceback record is dropped, and the next
-    "Exit Code" message ends with ``error: <the exception's one line>``. Removes itself then."""
-
-    def __init__(self, exc: BaseException) -> None:
-        super().__init__()
-        self.exc, self.line = exc, f"error: {exc}".splitlines()[0]
-        self.seen = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and _caused_by(record.exc_info[1], self.exc):
-            self.seen = True
-            return False
-        if self.seen and str(record.msg).startswith("Exit Code"):
-            record.msg, record.args = f"{record.getMessage()}\n{self.line}", ()
-            logging.getLogger("flwr").removeFilter(self)
-        return True
-
-
-def _caused_by(exc: BaseException | None, cause: BaseException) -> bool:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if exc is cause:
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def one_line_report(exc: BaseException) -> None:
-    """Make Flower's report of ``exc`` (about to leave the ServerApp) end with its one line."""
-    flwr_logger = logging.getLogger("flwr")
-    for old in [f for f in flwr_logger.filters if isinstance(f, _OneLineReport)]:
-        flwr_logger.removeFilter(old)
-    flwr_logger.addFilter(_OneLineReport(exc))
-    log.error("%s", f"{exc}".splitlines()[0])
-
-
-ONE_LINE_ERRORS = _one_line_errors()
-
-
 app = make_server_app()
 
-__all__ = ["app", "make_server_app", "run_experiment", "Experiment"]
+__all__ = ["app", "make_server_app", "run_experiment", "Experiment", "AggregationStopped"]
