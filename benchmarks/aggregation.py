@@ -257,7 +257,7 @@ def run(method: str, size: str, args) -> dict:
         strategy.set_model(arrays)
         sync()
         t0, c0 = time.perf_counter(), time.process_time()
-        _, metrics = strategy.aggregate_valid(rnd, replies)
+        metrics = strategy.aggregate_valid(rnd, replies).metrics
         sync()
         t1, c1 = time.perf_counter(), time.process_time()
         if rnd > args.rounds - args.timed:

@@ -75,8 +75,8 @@ def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> 
         strategy.aggregate_valid(rnd, build_replies(pool, pids, sizes, (), spec))
     cache = strategy.state.cache
     el = cache.store.element_size()
-    buffers = (strategy._work, strategy._theta_host, strategy._dir, strategy._staging, cache._chunk)
-    other = sum(t.numel() * t.element_size() for t in buffers if t is not None)
+    buffers = (strategy._work, strategy._dir, cache._chunk)
+    other = strategy.writer.nbytes + sum(t.numel() * t.element_size() for t in buffers if t is not None)
     # getrusage's high-water mark can trail /proc's current RSS by a few pages (the kernel
     # syncs per-thread RSS counters lazily): the current RSS is a lower bound of the peak too
     peak = max(_peak_rss_mb(), _rss_mb())
@@ -135,7 +135,8 @@ def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
             for dt, strat in runs.items():  # the same θ_t and replies for every dtype
                 captured.clear()
                 strat.set_model(arrays)
-                new, metrics = strat.aggregate_valid(rnd, replies)
+                step = strat.aggregate_valid(rnd, replies)
+                new, metrics = step.arrays, step.metrics
                 mu = captured[0] if captured else np.zeros(0)
                 out[dt] = (mu, (theta - flat.record_to_flat(new)) / eta_g, dict(metrics), new)
             mu32, d32, m32, arrays = out["float32"]  # the float32 run drives the model

@@ -213,6 +213,98 @@ def deltas_into(
     return sq
 
 
+_BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough that each
+# product is one substantial BLAS call (many tiny calls stall on thread barriers when
+# the cores are shared), small enough that no (m, d) matrix is ever built
+
+
+def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_i w_i θ_i (float32) for m ArrayRecords, without stacking them.
+
+    Equals ``weights.float() @ records_to_matrix(records)`` bit for bit: each column block is the
+    same float32 matrix-vector product over the same m values in the same order
+    (``tests/test_benchmarks_perf.py`` checks it). For a ResNet-18 with 10 replies the matrix was a
+    447 MB first-touch allocation, half of FedAvg's round. ``out``: a (d,) float32 tensor to write into.
+    """
+    views = [[array_view(a).reshape(-1) for a in rec.values()] for rec in records]
+    sizes = [v.size for v in views[0]]
+    for i, vs in enumerate(views):
+        if [v.size for v in vs] != sizes:
+            raise ValueError(f"reply {i} has arrays of sizes {[v.size for v in vs]}, the first reply {sizes}")
+    m, d = len(records), int(sum(sizes))
+    if out is None:
+        out = torch.empty(d, dtype=torch.float32)
+    w = weights.to(torch.float32)
+    cols = max(1, min(d, _BLOCK_ELEMS // max(m, 1)))
+    buf = np.empty(m * cols, dtype=np.float32)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    k = 0  # first array overlapping the block
+    for a in range(0, d, cols):
+        e = min(a + cols, d)
+        block = buf[: m * (e - a)].reshape(m, e - a)
+        while starts[k + 1] <= a:
+            k += 1
+        j = k
+        while j < len(sizes) and starts[j] < e:  # the arrays' pieces inside [a, e)
+            lo, hi = max(a, starts[j]), min(e, starts[j + 1])
+            for i in range(m):
+                block[i, lo - a : hi - a] = views[i][j][lo - starts[j] : hi - starts[j]]  # one copy
+            j += 1
+        torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
+    return out
+
+
+class UpdateWriter:
+    """Writes a round's updates Δ_i = θ_t − θ_i into rows a kernel keeps across rounds (FedPCD's
+    work rows, CRAFT's matrix; :func:`strategies.updates.read_updates`' ``out``), and keeps what
+    that needs from round to round: θ_t's float32 host vector (a fresh (d,) tensor per round
+    costs its first-touch page faults: ~45 MB at ResNet-18) and one (pinned) host row through
+    which rows outside host memory are written (``server-device`` cuda)."""
+
+    def __init__(self) -> None:
+        self._theta: torch.Tensor | None = None
+        self._staging: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the kept buffers hold."""
+        return sum(t.numel() * t.element_size() for t in (self._theta, self._staging) if t is not None)
+
+    def theta(self, arrays: ArrayRecord) -> torch.Tensor:
+        """θ_t as a float32 host vector, written into the kept buffer."""
+        d = sum(int(np.prod(a.shape, dtype=np.int64)) for a in arrays.values())
+        if self._theta is None or self._theta.numel() != d:
+            self._theta = torch.empty(d, dtype=torch.float32)
+        return record_to_flat(arrays, out=self._theta)
+
+    def write(self, theta: torch.Tensor, records: list[ArrayRecord], rows: torch.Tensor,
+              copies: list[torch.Tensor] | None = None, norms: bool = False) -> np.ndarray | None:
+        """Δ_i of each record into ``rows[i]`` (and ``copies[i]``), straight from the reply bytes;
+        ‖Δ_i‖² (float64) when ``norms`` (or ``copies``) asks for them, else None. In host memory one
+        pass does it all (:func:`records_to_deltas`, :func:`deltas_into`); other devices: :meth:`stage`."""
+        if rows.device.type != "cpu":
+            return self.stage(theta, records, rows, copies, norms)
+        if copies is None and not norms:
+            records_to_deltas(theta, records, out=rows)
+            return None
+        return deltas_into(theta, records, rows, copies)
+
+    def stage(self, theta: torch.Tensor, records: list[ArrayRecord], rows: torch.Tensor,
+              copies: list[torch.Tensor] | None = None, norms: bool = False) -> np.ndarray | None:
+        """:meth:`write` through the host row, copied to ``rows[i]`` on any device (tests run it on
+        the CPU); the copies and the norms then in torch on the rows' device."""
+        d, m = theta.numel(), len(records)
+        if self._staging is None or self._staging.shape[1] != d:
+            self._staging = torch.empty(1, d, dtype=theta.dtype, pin_memory=torch.cuda.is_available())
+        for i, rec in enumerate(records):
+            rows[i].copy_(records_to_deltas(theta, [rec], out=self._staging)[0])
+        for i in range(m if copies is not None else 0):
+            copies[i].copy_(rows[i])
+        if copies is None and not norms:
+            return None
+        return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
+
+
 def flat_to_record(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
     """Inverse of :func:`record_to_flat` (arrays get the spec's shapes and dtypes)."""
     from flwr.app import Array, ArrayRecord

@@ -52,7 +52,7 @@ TRAIN_REPLY_METRICS = (NUM_EXAMPLES, TRAIN_LOSS)
 EVALUATE_REPLY_METRICS = (EVAL_ACC, EVAL_LOSS)  # NUM_TEST (the weight of the mean) optional
 
 # Names a ClientApp written for Flower's quickstart (or with '_' for '-') sends instead: read as
-# the expected key, with one warning per name and strategy (strategies.base.FairStrategy).
+# the expected key, with one warning per name and run (strategies.rounds.read_aliases).
 TRAIN_ALIASES = {k.replace("-", "_"): k for k in (NUM_EXAMPLES, TRAIN_LOSS, LOSS_BEFORE, NUM_STEPS, PARTITION_ID,
                                                   FEDERAGE_BETA)}
 EVALUATE_ALIASES = {

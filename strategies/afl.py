@@ -50,6 +50,7 @@ from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.linalg import project_simplex
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 MASS_EPS = 1e-12
 
@@ -141,11 +142,11 @@ class AFL(FairStrategy):
             self.state.avg_model = self.current_flat(torch.float64)
             self.state.num_averaged = 1
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def configure_train(self, server_round, arrays, config, grid, context=None):
         if self.state.lam is None:  # N unknown: the federation connected now
             n = len(list(grid.get_node_ids()))
             self.state.lam = np.full(n, 1.0 / n)
-        return super().configure_train(server_round, arrays, config, grid)
+        return super().configure_train(server_round, arrays, config, grid, context)
 
     def aggregate_valid(self, server_round, replies):
         st = self.state
@@ -153,7 +154,8 @@ class AFL(FairStrategy):
             raise RuntimeError("AFL needs num_clients (or configure_train()) before aggregate_train()")
         if self.num_clients is not None and st.lam.size != self.num_clients:
             raise ValueError(f"AFL state has λ for {st.lam.size} clients, this run has {self.num_clients}")
-        theta, batch, deltas = self.unpack_deltas(replies)
+        batch = self.read_updates(replies)
+        theta, deltas = batch.theta, batch.deltas
         idx = afl_slots(st.slots, batch.partition_ids, st.lam.size)
         w = afl_model_weights(st.lam, idx, batch.fedavg_weights.numpy())
         step = torch.from_numpy(w).to(deltas.dtype) @ deltas
@@ -166,7 +168,7 @@ class AFL(FairStrategy):
             "afl-weights": [float(x) for x in w],
             "update-norm": float(step.norm()),
         }
-        return self.to_record(new), MetricRecord(metrics)
+        return Aggregated(self.to_record(new), MetricRecord(metrics))
 
     def evaluation_arrays(self, arrays):
         if self.state.avg_model is None:

@@ -31,6 +31,7 @@ from flwr.app import MetricRecord
 from fedcore.params import MethodParams
 from strategies.craft import GroupedStrategy, aggregate_groups, tol_field
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,9 @@ class ConFIG(GroupedStrategy):
     Params = Params
 
     def aggregate_valid(self, server_round, replies):
-        theta, rows, _ = self.deltas(replies)
+        rows = self.update_rows(len(replies))
+        batch = self.read_updates(replies, out=rows[1:], writer=self.writer)
         step, diagnostics = config_step(rows[1:], self.params.tol, out=rows[0])
         norm = float(torch.linalg.vector_norm(step))
-        return self.step(theta, step, self.step_scale(server_round)), MetricRecord({**diagnostics, "update-norm": norm})
+        return Aggregated(self.step(batch.theta, step, self.step_scale(server_round)),
+                          MetricRecord({**diagnostics, "update-norm": norm}))

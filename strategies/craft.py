@@ -71,10 +71,11 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import keys
+from fedcore import flat
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy, metric_column, reply_metrics
+from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 if TYPE_CHECKING:
     from torch import nn
@@ -385,7 +386,8 @@ class GroupedStrategy(FairStrategy):
     The (1 + m, d) matrix lives on ``device`` and is kept across rounds: row 0 holds CRAFT's
     reference (the previous direction, replaced in place by the new one) or ConFIG's
     direction, rows 1 … m the updates Δ_i = θ_t − θ_i, written straight from the reply bytes
-    (:meth:`FairStrategy.write_deltas`), then a spare row (finite) for :func:`group_grams`.
+    (``read_updates(out=...)`` through the kept :class:`fedcore.flat.UpdateWriter`), then a spare
+    row (finite) for :func:`group_grams`.
     """
 
     def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
@@ -393,6 +395,7 @@ class GroupedStrategy(FairStrategy):
         self.model = model
         self._groups: list[tuple[int, int]] | None = None
         self._rows: torch.Tensor | None = None  # (1 + m, d) on self.device, reused every round
+        self.writer = flat.UpdateWriter()  # θ_t's host vector and the staging row, reused every round
 
     @property
     def layerwise(self) -> bool:
@@ -409,16 +412,13 @@ class GroupedStrategy(FairStrategy):
                 self._groups = [(g.start, g.stop) for g in key_groups(self.spec.keys, self.spec.sizes)]
         return self._groups
 
-    def deltas(self, replies) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(θ_t on the host, the (1 + m, d) matrix with Δ_i in rows 1 … m, n_i)."""
-        replies = list(replies)
-        theta = self.theta_buffer()
-        if self._rows is None or self._rows.shape[0] < 2 + len(replies) or self._rows.shape[1] != theta.numel():
-            self._rows = torch.empty(2 + len(replies), theta.numel(), dtype=theta.dtype, device=self.device)
-            self._rows[1 + len(replies):].zero_()  # the spare row: finite (zeros, later an older Δ)
-        rows = self._rows[: 1 + len(replies)]
-        self.write_deltas(theta, [r.content[keys.ARRAYS] for r in replies], rows[1:])
-        return theta, rows, metric_column(reply_metrics(replies), keys.NUM_EXAMPLES)
+    def update_rows(self, m: int) -> torch.Tensor:
+        """The (1 + m, d) matrix kept across rounds, rows 1 … m for Δ_i (a spare row after it)."""
+        d = self.spec.dim
+        if self._rows is None or self._rows.shape[0] < 2 + m or self._rows.shape[1] != d:
+            self._rows = torch.empty(2 + m, d, dtype=torch.float32, device=self.device)
+            self._rows[1 + m:].zero_()  # the spare row: finite (zeros, later an older Δ)
+        return self._rows[: 1 + m]
 
     def step(self, theta: torch.Tensor, direction: torch.Tensor, alpha: float):
         """θ_t − alpha·direction as the round's ArrayRecord (θ_t is the host buffer)."""
@@ -449,7 +449,9 @@ class Craft(GroupedStrategy):
         return self.params.layerwise
 
     def aggregate_valid(self, server_round, replies):
-        theta, rows, sizes = self.deltas(replies)
+        rows = self.update_rows(len(replies))
+        batch = self.read_updates(replies, out=rows[1:], writer=self.writer)
+        theta, sizes = batch.theta, batch.num_examples
         weights = sizes if self.params.rho == "data-size" else torch.ones_like(sizes)
         ref = self.state.reference
         if ref is not None and (ref.device != rows.device or ref.data_ptr() != rows[0].data_ptr()):
@@ -461,4 +463,4 @@ class Craft(GroupedStrategy):
                              out=rows[0], spare=self._rows[: 2 + m] if has_ref else self._rows[1 : 2 + m])
         self.state.reference, self.state.last_round = rows[0], int(server_round)
         metrics = {**agg.diagnostics(), "update-norm": agg.norm}
-        return self.step(theta, agg.direction, self.params.step), MetricRecord(metrics)
+        return Aggregated(self.step(theta, agg.direction, self.params.step), MetricRecord(metrics))

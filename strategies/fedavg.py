@@ -13,26 +13,20 @@ it whenever ``participation = "size-proportional"``). Under secure aggregation t
 is then uniform too.
 
 The mean is taken straight from the replies' bytes, one column block at a time
-(:func:`weighted_sum_records`): no (m, d) matrix is built, so a round reads each reply once
-and touches no fresh memory beyond the d-vectors (for a ResNet-18 with 10 replies the
+(``batch.weighted_models``: :func:`fedcore.flat.weighted_sum`): no (m, d) matrix is built, so a
+round reads each reply once and touches no fresh memory beyond the d-vectors (for a ResNet-18 with 10 replies the
 matrix was a 447 MB first-touch allocation, half the round's time).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat, keys
 from fedcore.config import APP, ConfigError
-from strategies.base import FairStrategy, metric_column, reply_metrics
+from strategies.base import FairStrategy
 from strategies.registry import register
-
-_BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough that each
-# product is one substantial BLAS call (many tiny calls stall on thread barriers when
-# the cores are shared), small enough that no (m, d) matrix is ever built
-
+from strategies.rounds import Aggregated
 
 WEIGHTINGS = ("data-size", "uniform")
 
@@ -54,42 +48,6 @@ def fedavg_direction(pseudo_gradients: torch.Tensor, weights: torch.Tensor) -> t
     return weights.to(pseudo_gradients.dtype) @ pseudo_gradients
 
 
-def weighted_sum_records(records: list, weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Σ_i w_i θ_i (float32) for m ArrayRecords, without stacking them.
-
-    Equals ``fedavg_direction(records_to_matrix(records), weights)`` bit for bit: each
-    column block is the same float32 matrix-vector product over the same m values in the
-    same order (``tests/test_benchmarks_perf.py`` checks it). ``out``: a (d,) float32
-    tensor to write into.
-    """
-    views = [[flat.array_view(a).reshape(-1) for a in rec.values()] for rec in records]
-    sizes = [v.size for v in views[0]]
-    for i, vs in enumerate(views):
-        if [v.size for v in vs] != sizes:
-            raise ValueError(f"reply {i} has arrays of sizes {[v.size for v in vs]}, the first reply {sizes}")
-    m, d = len(records), int(sum(sizes))
-    if out is None:
-        out = torch.empty(d, dtype=torch.float32)
-    w = weights.to(torch.float32)
-    cols = max(1, min(d, _BLOCK_ELEMS // max(m, 1)))
-    buf = np.empty(m * cols, dtype=np.float32)
-    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    k = 0  # first array overlapping the block
-    for a in range(0, d, cols):
-        e = min(a + cols, d)
-        block = buf[: m * (e - a)].reshape(m, e - a)
-        while starts[k + 1] <= a:
-            k += 1
-        j = k
-        while j < len(sizes) and starts[j] < e:  # the arrays' pieces inside [a, e)
-            lo, hi = max(a, starts[j]), min(e, starts[j + 1])
-            for i in range(m):
-                block[i, lo - a : hi - a] = views[i][j][lo - starts[j] : hi - starts[j]]  # one copy
-            j += 1
-        torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
-    return out
-
-
 @register("fedavg")
 class FedAvg(FairStrategy):
     """FedAvg (see the module docstring); a weighted sum, so it runs under secure aggregation."""
@@ -101,7 +59,6 @@ class FedAvg(FairStrategy):
         return str(APP["fedavg-weighting"].read(config))
 
     needs_individual_updates = False
-    app_arguments = ("fedavg_weighting",)
 
     def __init__(self, *, fedavg_weighting: str = "data-size", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -110,10 +67,9 @@ class FedAvg(FairStrategy):
             self.secagg_weighting = "uniform"  # the secure sum is the uniform mean too
 
     def aggregate_valid(self, server_round, replies):
-        n = metric_column(reply_metrics(replies), keys.NUM_EXAMPLES)
-        theta = self.current_flat()
-        p = fedavg_weights(n, self.fedavg_weighting)
-        g_bar = weighted_sum_records([msg.content[keys.ARRAYS] for msg in replies], p)  # Σ p_i θ_i
+        batch = self.read_updates(replies)
+        theta = batch.theta
+        g_bar = batch.weighted_models(fedavg_weights(batch.num_examples, self.fedavg_weighting))  # Σ p_i θ_i
         g_bar = torch.sub(theta, g_bar, out=g_bar)  # Σ p_i Δ_i
         new = theta - self.step_scale(server_round) * g_bar
-        return self.to_record(new), MetricRecord({"update-norm": float(g_bar.norm())})
+        return Aggregated(self.to_record(new), MetricRecord({"update-norm": float(g_bar.norm())}))

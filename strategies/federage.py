@@ -41,9 +41,10 @@ from flwr.app import MetricRecord
 from fedcore import keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy, unpack_replies
+from strategies.base import FairStrategy
 from strategies.fedavg import fedavg_direction
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,14 +109,14 @@ class FedeRage(FairStrategy):
         return {keys.FEDERAGE_BETA_HAT: self.state.beta_hat}
 
     def aggregate_valid(self, server_round, replies):
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        mean_delta = theta - uniform_average(batch.local)
+        batch = self.read_updates(replies)
+        theta = batch.theta
+        mean_delta = theta - uniform_average(batch.models)
         new = theta - self.step_scale(server_round) * mean_delta
         betas = torch.tensor([float(m[keys.FEDERAGE_BETA]) for m in batch.metrics], dtype=torch.float64)
         self.state.beta_hat = float(uniform_average(betas.unsqueeze(1))[0])
-        return self.to_record(new), MetricRecord({
+        return Aggregated(self.to_record(new), MetricRecord({
             "federage-beta-hat": self.state.beta_hat,
             "federage-betas": betas.tolist(),
             "update-norm": float(mean_delta.norm()),
-        })
+        }))

@@ -41,6 +41,7 @@ from fedcore import keys
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 NORM_EPS = 1e-30
 
@@ -149,7 +150,8 @@ class FedFV(FairStrategy):
     State = State
 
     def aggregate_valid(self, server_round, replies):
-        theta, batch, deltas = self.unpack_deltas(replies)
+        batch = self.read_updates(replies)
+        theta, deltas = batch.theta, batch.deltas
         alpha, tau = self.params.alpha, self.params.tau
         target_norm = float(deltas.mean(dim=0).norm())
         g, n_internal = fedfv_internal(deltas, batch.loss_before, alpha)
@@ -162,4 +164,4 @@ class FedFV(FairStrategy):
             "fedfv-external-projections": n_external,
             "update-norm": float(g.norm()),
         }
-        return self.to_record(theta - g), MetricRecord(metrics)
+        return Aggregated(self.to_record(theta - g), MetricRecord(metrics))

@@ -36,10 +36,10 @@ import dataclasses
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy, unpack_replies
+from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +105,8 @@ class FedHEAL(FairStrategy):
     State = State
 
     def aggregate_valid(self, server_round, replies):
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        deltas = flat.model_deltas(theta, batch.local)
+        batch = self.read_updates(replies)
+        theta, deltas = batch.theta, batch.deltas
         m = deltas.shape[0]
         clients, beta = self.state.clients, self.params.beta
         # Row by row, no (m, d) sign matrix: 100 ResNet-18 replies are 4.5 GB per such matrix.
@@ -143,4 +142,4 @@ class FedHEAL(FairStrategy):
             "fedheal-uncovered": float((masks.sum(0) == 0).to(torch.float64).mean()),
             "update-norm": float(scale * update.norm()),
         }
-        return self.to_record(new), MetricRecord(metrics)
+        return Aggregated(self.to_record(new), MetricRecord(metrics))

@@ -59,6 +59,7 @@ from fedcore.params import MethodParams, hyper
 from strategies import linalg
 from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 CONFLICT_TOL = 1e-6  # g_i·d below −tol counts as a conflict (the authors' tolerance)
 
@@ -251,7 +252,8 @@ class FedLF(FairStrategy):
 
     def aggregate_valid(self, server_round, replies):
         eta_l = self.round_lr(server_round)
-        theta, batch, grads = self.unpack_deltas(replies)
+        batch = self.read_updates(replies)
+        theta, grads = batch.theta, batch.deltas
         grads = grads.div_(eta_l)  # g_i = Δ_i / η_l, in place
         m = grads.shape[0]
         hist_ids, hist = (
@@ -278,4 +280,4 @@ class FedLF(FairStrategy):
             "fedlf-conflicts": step.conflicts,
             "update-norm": float(eta * step.direction.norm()),
         }
-        return self.to_record(new.to(theta.dtype)), MetricRecord(metrics)
+        return Aggregated(self.to_record(new.to(theta.dtype)), MetricRecord(metrics))

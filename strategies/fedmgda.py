@@ -39,6 +39,7 @@ from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.linalg import min_norm_simplex, unit_rows
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,8 @@ class FedMGDA(FairStrategy):
     needs_individual_updates = True
 
     def aggregate_valid(self, server_round, replies):
-        theta, batch, deltas = self.unpack_deltas(replies)
+        batch = self.read_updates(replies)
+        theta, deltas = batch.theta, batch.deltas
         units, norms = unit_rows(deltas)
         centre = batch.fedavg_weights.numpy()
         if self.params.centre == "uniform":
@@ -90,4 +92,4 @@ class FedMGDA(FairStrategy):
             "direction-norm": float(direction.norm()),
             "mean-update-norm": float(norms.mean()),
         }
-        return self.to_record(theta - self.params.eta * direction), MetricRecord(metrics)
+        return Aggregated(self.to_record(theta - self.params.eta * direction), MetricRecord(metrics))

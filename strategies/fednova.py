@@ -25,9 +25,9 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
-from fedcore.flat import model_deltas
-from strategies.base import FairStrategy, unpack_replies
+from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 
 def nova_step_weights(num_steps: torch.Tensor, momentum: float) -> torch.Tensor:
@@ -68,9 +68,9 @@ class FedNova(FairStrategy):
         self.momentum = momentum
 
     def aggregate_valid(self, server_round, replies):
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
+        batch = self.read_updates(replies)
+        theta = batch.theta
         a = nova_step_weights(batch.num_steps, self.momentum)
-        step, tau_eff = fednova_step(model_deltas(theta, batch.local), batch.fedavg_weights, a)
+        step, tau_eff = fednova_step(batch.deltas, batch.fedavg_weights, a)
         metrics = {"fednova-tau-eff": tau_eff, "update-norm": float(step.norm())}
-        return self.to_record(theta - self.step_scale(server_round) * step), MetricRecord(metrics)
+        return Aggregated(self.to_record(theta - self.step_scale(server_round) * step), MetricRecord(metrics))

@@ -46,6 +46,7 @@ from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
 from strategies.registry import register
 from strategies.robust import flower_copies
+from strategies.rounds import Aggregated
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
 
@@ -126,7 +127,6 @@ class FlowerServerOpt(FairStrategy):
 
     # Only the weighted mean of the local models enters: works under secure aggregation.
     needs_individual_updates = False
-    app_arguments = ("fedavg_weighting",)
 
     def __init__(self, *, fedavg_weighting: str = "data-size", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -156,11 +156,11 @@ class FlowerServerOpt(FairStrategy):
         for name in moments:  # ... and its updated moments back
             setattr(self.state, name, getattr(self.inner, name))
         if new_arrays is None:
-            return None, None
+            return Aggregated(None)
         theta = self.current_flat()
         # Flower's arithmetic can promote to float64: back to the model's own dtypes.
         new = flat.record_to_flat(new_arrays)
-        return self.to_record(new), MetricRecord({"update-norm": float((theta - new).norm())})
+        return Aggregated(self.to_record(new), MetricRecord({"update-norm": float((theta - new).norm())}))
 
 
 @register("fedavgm")

@@ -94,14 +94,15 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat, keys
+from fedcore import flat
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
-from fedcore.replies import Dropped
-from strategies.base import FairStrategy, client_of
+from strategies.base import FairStrategy
 from strategies.fedpcd_cache import HistoryCache
 from strategies.linalg import clarabel_qp
 from strategies.registry import register
+from strategies.rounds import Aggregated
+from strategies.updates import client_of
 
 log = logging.getLogger(__name__)
 
@@ -397,6 +398,7 @@ class FedPCD(FairStrategy):
         import scipy.sparse  # noqa: F401
         self._work: torch.Tensor | None = None  # (m + 1, d) float32 on the device: Δ_i rows, then ḡ
         self._dir: torch.Tensor | None = None  # (d,) the corrected direction, on the device
+        self.writer = flat.UpdateWriter()  # θ_t's host vector and the staging row, reused every round
 
     def init_state(self) -> State:
         return init_state(self.params, self.max_cache_rows())
@@ -417,42 +419,12 @@ class FedPCD(FairStrategy):
             self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
         return self._work, self._dir
 
-    def write_rows(self, theta, records, rows, copies) -> np.ndarray:
-        """Δ_i = θ_t − θ_i into ``rows[i]`` and ``copies[i]`` (cache rows, or None); returns
-        ‖Δ_i‖². In host memory one pass over the replies does both and the norms
-        (:func:`fedcore.flat.deltas_into`); elsewhere :meth:`stage_rows`."""
-        if rows.device.type != "cpu":
-            return self.stage_rows(theta, records, rows, copies)
-        return flat.deltas_into(theta, records, rows, copies)
-
-    def stage_rows(self, theta, records, rows, copies) -> np.ndarray:
-        """:meth:`write_rows` on any device: Δ through a host row, then the copies and the
-        norms in torch on the device (tests run it on the CPU)."""
-        self.stage_deltas(theta, records, rows)
-        m = len(records)
-        for i in range(m if copies is not None else 0):
-            copies[i].copy_(rows[i])
-        return torch.linalg.vector_norm(rows[:m], dim=1).double().cpu().numpy() ** 2
-
-    def list_discards(self, server_round, replies, reason) -> None:
-        """Replies FedPCD could not use after validation: moved from the round's outcome's
-        ``valid`` to its ``dropped`` (with ``reason``), so the round's record lists them."""
-        gone, outcome = {id(r) for r in replies}, self.last_train
-        outcome.valid = [r for r in outcome.valid if id(r) not in gone]
-        for r in replies:
-            pid = client_of(r)
-            outcome.dropped.append(Dropped(pid, int(r.metadata.src_node_id), reason))
-            self.on_dropped(server_round, pid)
-
     def aggregate_valid(self, server_round, replies):
         p_, cache = self.params, self.state.cache
         work, out = self._buffers(len(replies), self.spec.dim)
-        theta = self.theta_buffer()
         eta_l = self.round_lr(server_round)
         eta_g = self.step_scale(server_round) * eta_l
-        mets = [msg.content[keys.METRICS] for msg in replies]
         pids = [client_of(msg) for msg in replies]  # partition-id, else the node id (a foreign app's)
-        n_ex = np.array([float(m[keys.NUM_EXAMPLES]) for m in mets])
         # float32 cache: each direction is written raw into its cache row (its client's own
         # row when it returns) while Δ_i is computed (entry = factor · row), so no pass scales
         # it in afterwards. 16-bit cache: rows are rounded after scaling: insert() below.
@@ -462,20 +434,21 @@ class FedPCD(FairStrategy):
             claimed = cache.claim(pids, like=work)
         # One pass: Δ_i into the work rows (and the cache rows) and ‖Δ_i‖².
         m = len(replies)
-        sq = self.write_rows(theta, [msg.content[keys.ARRAYS] for msg in replies], work[:m],
-                             [cache.row(s) for s in claimed] if raw else None)
+        batch = self.read_updates(replies, out=work[:m], writer=self.writer,
+                                  copies=[cache.row(s) for s in claimed] if raw else None, norms=True)
+        theta, sq, n_ex = batch.theta, batch.sq_norms, batch.num_examples.numpy()
         keep = [i for i in range(m) if np.isfinite(sq[i])]
         for i in sorted(set(range(m)) - set(keep)):  # a non-finite update drops its client
-            log.warning("round %d: FedPCD drops partition %d: its update holds NaN/Inf", server_round, pids[i])
             if raw:
                 cache.release(pids[i], claimed[i])
-        if len(keep) < m:  # listed with the round's other drops (rounds.jsonl "dropped")
-            self.list_discards(server_round, [replies[i] for i in sorted(set(range(m)) - set(keep))],
-                               "FedPCD: its update's squared norm is not finite in float32 (NaN/Inf or too large)")
+        # returned with the round's other drops (rounds.jsonl "dropped")
+        discards = [(replies[i], "FedPCD: its update's squared norm is not finite in float32 (NaN/Inf or too large)")
+                    for i in sorted(set(range(m)) - set(keep))]
         dropped, k = m - len(keep), len(keep)
         if k == 0:  # nothing usable: keep the model, never crash the round
             cache.expire(server_round)
-            return self.current_arrays, MetricRecord({M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks})
+            metrics = {M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks}
+            return Aggregated(self.current_arrays, MetricRecord(metrics), discards)
         if p_.primary == "fedavg-uniform":  # ḡ = (1/k) Σ g_i
             p = torch.full((len(keep),), 1.0 / len(keep), dtype=torch.float64)
         else:
@@ -540,4 +513,4 @@ class FedPCD(FairStrategy):
             M_OUTLIERS: outliers,
             "update-norm": eta_l * g_bar_norm,  # ‖Σ p_i Δ_i‖, as FedAvg reports it
         }
-        return self.to_record(theta), MetricRecord(metrics)
+        return Aggregated(self.to_record(theta), MetricRecord(metrics), discards)

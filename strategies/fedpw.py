@@ -53,11 +53,12 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
-from fedcore import flat, keys
+from fedcore import keys
 from fedcore.params import MethodParams, hyper
 from strategies import linalg
-from strategies.base import FairStrategy, unpack_replies
+from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 _STAT_MARKERS = ("running_mean", "running_var", "num_batches_tracked")  # not parameters
 
@@ -237,9 +238,8 @@ class FedPW(FairStrategy):
         return State.zeros(self.num_clients or 0)
 
     def aggregate_valid(self, server_round, replies):
-        batch = unpack_replies(replies)
-        theta = self.current_flat()
-        deltas = flat.model_deltas(theta, batch.local)
+        batch = self.read_updates(replies)
+        theta, deltas = batch.theta, batch.deltas
         groups = self.spec.offsets()
         statistic = [is_statistic(k) for k in self.spec.keys]
         param_groups = [g for g, s in zip(groups, statistic) if not s]
@@ -272,4 +272,4 @@ class FedPW(FairStrategy):
             "fedpw-beta-gram": beta_gram,
             "update-norm": float(scale * g.norm()),
         }
-        return self.to_record(new.to(theta.dtype)), MetricRecord(metrics)
+        return Aggregated(self.to_record(new.to(theta.dtype)), MetricRecord(metrics))

@@ -42,7 +42,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 from flwr.serverapp import strategy as flower
 from flwr.supercore.differential_privacy import compute_stdv
 
@@ -51,7 +50,8 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import derive_seed
 from fedcore.state import Fields, rebuild
-from strategies.base import client_of
+from strategies.rounds import Aggregated
+from strategies.updates import client_of
 from strategies.wrappers import StrategyWrapper
 
 MODES = ("none", "fixed", "adaptive")
@@ -97,13 +97,16 @@ def check(params: Params, method: str, needs_individual_updates: bool, clients_p
 
 class _MethodStep(flower.Strategy):
     """What Flower's wrapper wraps: the method's own step on the (clipped) replies, with the
-    zero updates the wrapper was not shown put back in client order."""
+    zero updates the wrapper was not shown put back in client order; ``result`` its whole
+    :class:`Aggregated` (Flower takes the arrays and metrics)."""
 
     def __init__(self, method, unclipped: list) -> None:
         self.method, self.unclipped = method, unclipped
+        self.result = Aggregated(None)  # Flower's wrapper may refuse the replies without a step
 
     def aggregate_train(self, server_round, replies):
-        return self.method.aggregate_valid(server_round, sorted([*replies, *self.unclipped], key=client_of))
+        self.result = self.method.aggregate_valid(server_round, sorted([*replies, *self.unclipped], key=client_of))
+        return self.result.arrays, self.result.metrics
 
     def configure_train(self, *args):
         raise NotImplementedError
@@ -163,7 +166,7 @@ class CentralDP(StrategyWrapper):
     def dp_state(self, value: Any) -> None:  # a checkpoint's saved fields are rebuilt here (fedcore.state)
         self._dp_state = rebuild(State, value) if isinstance(value, Fields) else value
 
-    def aggregate_valid(self, server_round: int, replies: list) -> tuple[Any, MetricRecord | None]:
+    def aggregate_valid(self, server_round: int, replies: list) -> Aggregated:
         """The inner strategy on the clipped replies, with noise; the round's report as ``privacy``."""
         p, m, clip = self.dp, len(replies), self.dp_state.clipping_norm
         theta = self.current_flat(torch.float64)
@@ -191,8 +194,8 @@ class CentralDP(StrategyWrapper):
                   "num_clipped": sum(n > clip for n in norms), "num_updates": m}
         if p.mode == "adaptive":
             report["next_clipping_norm"] = self.dp_state.clipping_norm
-        self.last_train.defence["privacy"] = report
-        return arrays, metrics
+        inner = step.result
+        return Aggregated(arrays, metrics, inner.dropped, {**inner.defence, "privacy": report})
 
     def describe(self) -> dict[str, Any]:
         """The privacy parameters for summary.json."""

@@ -32,6 +32,7 @@ from fedcore import keys
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a loss is 0
 
@@ -77,7 +78,8 @@ class QFFL(FairStrategy):
     loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
     def aggregate_valid(self, server_round, replies):
-        theta, batch, deltas = self.unpack_deltas(replies)
+        batch = self.read_updates(replies)
+        theta, deltas = batch.theta, batch.deltas
         step, sum_h = qffl_step(deltas, batch.loss_before, self.params.q, 1.0 / self.round_lr(server_round))
         metrics = {"qffl-sum-h": sum_h, "update-norm": float(step.norm())}
-        return self.to_record(theta - step), MetricRecord(metrics)
+        return Aggregated(self.to_record(theta - step), MetricRecord(metrics))

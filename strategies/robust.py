@@ -41,8 +41,10 @@ from flwr.serverapp import strategy as flower
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams, hyper
-from strategies.base import FairStrategy, client_of
+from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
+from strategies.updates import client_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,14 +131,14 @@ class FlowerRobust(FairStrategy):
         self.before_round(len(copies))
         new_arrays, _ = self.inner.aggregate_train(server_round, copies)
         if new_arrays is None:  # Bulyan with fewer than 4f + 3 replies (Flower logs why)
-            return None, MetricRecord({f"{self.name}-skipped": 1})
+            return Aggregated(None, MetricRecord({f"{self.name}-skipped": 1}))
         theta = self.current_flat()
         direction = theta - flat.record_to_flat(new_arrays)  # Flower's arithmetic may be float64
         metrics: dict[str, Any] = {"update-norm": float(direction.norm())}
         if self.reports_selection:
             index = {id(c.content): i for i, c in enumerate(copies)}
             metrics[f"{self.name}-selected"] = sorted(client_of(replies[index[id(c)]]) for c in self._chosen)
-        return self.to_record(theta - self.step_scale(server_round) * direction), MetricRecord(metrics)
+        return Aggregated(self.to_record(theta - self.step_scale(server_round) * direction), MetricRecord(metrics))
 
 
 @register("fedmedian")

@@ -28,8 +28,9 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import flat, keys
-from strategies.base import FairStrategy, unpack_replies
+from strategies.base import FairStrategy
 from strategies.registry import register
+from strategies.rounds import Aggregated
 
 # Honest Δc_i meet their bound exactly up to float32 rounding: 5 % covers that and nothing more.
 DELTA_C_SLACK = 1.05
@@ -76,10 +77,10 @@ class Scaffold(FairStrategy):
         if client in self.state.client_c:
             self.state.pending_restore.add(client)
 
-    def sample(self, server_round, grid):
+    def configure_train(self, server_round, arrays, config, grid, context=None):
         if self.num_clients is None:
             self.num_nodes = len(list(grid.get_node_ids()))
-        return super().sample(server_round, grid)
+        return super().configure_train(server_round, arrays, config, grid, context)
 
     def _c(self) -> torch.Tensor:
         if self.state.c is None:
@@ -116,18 +117,18 @@ class Scaffold(FairStrategy):
 
     def aggregate_valid(self, server_round, replies):
         st = self.state
-        batch = unpack_replies(replies)
+        batch = self.read_updates(replies)
         delta_c = flat.records_to_matrix([r.content[keys.SCAFFOLD_DELTA_C] for r in replies])
-        theta = self.current_flat()
+        theta = batch.theta
         n = self.num_clients or self.num_nodes
         if n is None:
             raise RuntimeError("Scaffold needs num_clients (N) or a configure_train() that saw the nodes")
-        new_theta, st.c = scaffold_server_step(theta, batch.local, delta_c, self._c(), n,
+        new_theta, st.c = scaffold_server_step(theta, batch.models, delta_c, self._c(), n,
                                                self.step_scale(server_round))
         for pid, dc in zip(batch.partition_ids, delta_c):
             st.client_c[pid] = st.client_c.get(pid, torch.zeros_like(dc)) + dc
             st.pending_restore.discard(pid)
-        return self.to_record(new_theta), MetricRecord({
+        return Aggregated(self.to_record(new_theta), MetricRecord({
             "update-norm": float((new_theta - theta).norm()),
             "scaffold-c-norm": float(st.c.norm()),
-        })
+        }))

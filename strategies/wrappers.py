@@ -1,21 +1,23 @@
 """Defences that wrap any strategy, as Flower's ``DifferentialPrivacyServerSideFixedClipping``
 wraps one: a wrapper is itself a Flower ``Strategy``; it lets the inner strategy validate the
-round's replies (:meth:`FairStrategy.check_train`), transforms the valid ones in its
+round's replies (:func:`strategies.rounds.check_round`), transforms the valid ones in its
 :meth:`StrategyWrapper.aggregate_valid` (and may transform the aggregate on the way back), and
-reports into the round's outcome (``strategy.last_train.defence[<report>]``).
+returns its report with the inner result (``Aggregated.defence[<report>]``, then the round's
+``RoundOutcome.defence``).
 
 Wrappers compose; the outermost transforms first. The app builds
 ``UpdateClip(CentralDP(method, dp), c)`` from ``update-clip`` and ``dp*`` (each only when on):
 the median clip, then central DP's clipping and noise, then the method.
 
 Everything else — configure_*, evaluation, the app-facing attributes (``state``, ``params``,
-``select``, ``expected``, ``last_train``, the class flags …) — is the inner strategy's:
+``context``, ``expected``, the class flags …) — is the inner strategy's:
 read and written through the wrapper as if it were the method (:meth:`StrategyWrapper.__getattr__`
 and ``__setattr__``). :func:`find_wrapper` finds a wrapper of a given kind in a chain.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, ClassVar, TypeVar
 
@@ -27,7 +29,10 @@ from flwr.serverapp.strategy import Strategy
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError
-from strategies.base import FairStrategy, client_of
+from strategies.base import FairStrategy
+from strategies.requests import RunContext
+from strategies.rounds import Aggregated
+from strategies.updates import client_of
 
 W = TypeVar("W")
 
@@ -64,6 +69,8 @@ class StrategyWrapper(Strategy):
 
     # The same template as FairStrategy's: validation is the inner chain's, the transform ours.
     aggregate_train = FairStrategy.aggregate_train
+    train_outcome = FairStrategy.train_outcome
+    aggregate_checked = FairStrategy.aggregate_checked
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any):
         """Flower's :meth:`Strategy.start` on the chain (``result.arrays`` as :meth:`FairStrategy.start`)."""
@@ -72,17 +79,16 @@ class StrategyWrapper(Strategy):
             result.arrays = initial_arrays
         return result
 
-    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None,
-                                                                                MetricRecord | None]:
+    def aggregate_valid(self, server_round: int, replies: list[Message]) -> Aggregated:
         return self.inner.aggregate_valid(server_round, replies)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> list[Message]:
-        return self.inner.configure_train(server_round, arrays, config, grid)
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                        context: RunContext | None = None) -> list[Message]:
+        return self.inner.configure_train(server_round, arrays, config, grid, context)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> list[Message]:
-        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
+                           context: RunContext | None = None) -> list[Message]:
+        return self.inner.configure_evaluate(server_round, arrays, config, grid, context)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return self.inner.aggregate_evaluate(server_round, replies)
@@ -126,10 +132,10 @@ class UpdateClip(StrategyWrapper):
         super().__init__(strategy)
         self.c = check_update_clip(c)
 
-    def aggregate_valid(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord | None,
-                                                                                MetricRecord | None]:
-        self.last_train.defence["update_clip"] = self.clip(replies)
-        return self.inner.aggregate_valid(server_round, replies)
+    def aggregate_valid(self, server_round: int, replies: list[Message]) -> Aggregated:
+        report = self.clip(replies)
+        inner = self.inner.aggregate_valid(server_round, replies)
+        return dataclasses.replace(inner, defence={"update_clip": report, **inner.defence})
 
     def clip(self, replies: list[Message]) -> dict[str, Any]:
         theta = self.current_flat()

@@ -9,6 +9,8 @@ model-shaped ``required_records``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
@@ -27,12 +29,14 @@ def scaled(arrays: ArrayRecord, factor: float) -> ArrayRecord:
     return ArrayRecord({k: Array((a.numpy() * factor).astype(a.numpy().dtype)) for k, a in arrays.items()})
 
 
-def honest_reply(request: Message, pid: int, node: int, strategy, *, num_examples: int = 20) -> Message:
+def honest_reply(request: Message, pid: int, node: int, run, *, num_examples: int = 20) -> Message:
     """A valid train reply: the received model shrunk by 1 % (so aggregation moves the model).
-    An honest client holds no more examples than its partition: ``num_examples`` is capped at
-    the bound the server knows (``strategy.reply_limits``)."""
+    ``run``: the ``Experiment`` (or a strategy, or None) whose strategy's required metrics and
+    records the reply carries. An honest client holds no more examples than its partition:
+    ``num_examples`` is capped at the bound the server knows (the run's ``context.limits``)."""
     arrays = request.content[keys.ARRAYS]
-    limits = getattr(strategy, "reply_limits", None)
+    strategy = getattr(run, "strategy", run)
+    limits = getattr(getattr(run, "context", None), "limits", None)
     if limits is not None:
         num_examples = min(num_examples, limits.max_count(pid))
     extra_metrics = {name: 1.0 for name in getattr(strategy, "required_metrics", ())}
@@ -99,13 +103,14 @@ class ClientAppGrid(engine.LocalGrid):
 
 def configure_round(strategy, server_round: int, arrays: ArrayRecord, pids, grid=None) -> list[Message]:
     """The strategy's train requests of a round to the clients ``pids`` (nodes 1000 + pid),
-    built by its own ``configure_train`` (so ``expected`` and θ_t are set as in a run)."""
+    built by its own ``configure_train`` (so ``expected`` and θ_t are set as in a run): the
+    strategy's own context with this round's selection."""
     from flwr.app import ConfigRecord
 
-    strategy.select = lambda server_round, grid: {1000 + p: p for p in pids}
+    context = dataclasses.replace(strategy.context, select=lambda server_round, grid: {1000 + p: p for p in pids})
     with task_identity():
         return list(strategy.configure_train(server_round, arrays, ConfigRecord(),
-                                             grid if grid is not None else FakeGrid(max(pids) + 1, None)))
+                                             grid if grid is not None else FakeGrid(max(pids) + 1, None), context))
 
 
 # -- a probe ClientApp for the engine's tests (importable by worker processes as

@@ -172,11 +172,9 @@ def random_rounds(template: ArrayRecord, *, clients: int = 4, per_round: int = 2
     return theta0, replies_at
 
 
-def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message]):
-    """What ``configure_train`` + the round loop do around a strategy's aggregation: θ_t in,
-    each replying node expected with the partition it reports (node id − 1000 if none),
-    then ``aggregate_train`` (validation included). Returns its (arrays, metrics); replies may be
-    malformed (:func:`aggregate_round` is the float64 form for well-formed ones)."""
+def _hand_over(strategy, arrays: ArrayRecord, replies: list[Message]) -> None:
+    """What ``configure_train`` leaves for the aggregation: θ_t, and each replying node expected
+    with the partition it reports (node id − 1000 if none)."""
     strategy.set_model(arrays)
     expected = {}
     for r in replies:
@@ -185,8 +183,23 @@ def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: 
                else r.content[keys.METRICS].get(keys.PARTITION_ID) if keys.METRICS in r.content else None)
         expected[node] = int(pid) if pid is not None else node - 1000
     strategy.expected = expected
+
+
+def aggregate_arrays(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message]):
+    """What ``configure_train`` + the round loop do around a strategy's aggregation: θ_t in,
+    each replying node expected with the partition it reports (node id − 1000 if none),
+    then ``aggregate_train`` (validation included). Returns its (arrays, metrics); replies may be
+    malformed (:func:`aggregate_round` is the float64 form for well-formed ones)."""
+    _hand_over(strategy, arrays, replies)
     arrays, metrics = strategy.aggregate_train(server_round, replies)
     return arrays, dict(metrics or {})
+
+
+def round_outcome(strategy, server_round: int, arrays: ArrayRecord, replies: list[Message], context=None):
+    """As :func:`aggregate_arrays`, the whole round returned: ``strategy.train_outcome`` (a
+    :class:`strategies.rounds.RoundOutcome`: valid, dropped, defence, arrays, metrics)."""
+    _hand_over(strategy, arrays, replies)
+    return strategy.train_outcome(server_round, replies, context)
 
 
 def aggregate_clients(strategy, server_round: int, theta: np.ndarray, template: ArrayRecord, clients):
@@ -360,16 +373,16 @@ def default_sigint() -> None:
 
 def run_on_fake_grid(cfg, reply, *, num_nodes: int = 6):
     """A whole ``Experiment`` for ``cfg`` on a :class:`tests.fakegrid.FakeGrid` of ``num_nodes``
-    nodes (no Ray). ``reply(request, partition_id, node_id, strategy)`` returns that node's train
-    replies (a list); ``strategy`` is the run's own, so :func:`tests.fakegrid.honest_reply` can
-    shape a reply for it. Returns the finished Experiment."""
+    nodes (no Ray). ``reply(request, partition_id, node_id, run)`` returns that node's train
+    replies (a list); ``run`` is the Experiment itself, so :func:`tests.fakegrid.honest_reply` can
+    shape a reply for its strategy and bounds. Returns the finished Experiment."""
     # imported here: tests.fakegrid imports this module
     from fedpcd_app.server.server_app import Experiment
     from tests.fakegrid import FakeGrid, task_identity
 
     holder = {}
     with task_identity():
-        grid = FakeGrid(num_nodes, lambda request, pid, node: reply(request, pid, node, holder["exp"].strategy))
+        grid = FakeGrid(num_nodes, lambda request, pid, node: reply(request, pid, node, holder["exp"]))
         exp = holder["exp"] = Experiment(grid, cfg)
         exp.run()
     return exp

@@ -12,7 +12,6 @@ from benchmarks import aggregation, cache_memory
 from fedcore import flat
 from fedcore.config import load_config
 from strategies import registry
-from strategies.base import unpack_replies
 from tests.helpers import arrays_from_flat, tiny_template, train_reply
 
 
@@ -28,11 +27,11 @@ def _replies(m: int, seed: int = 0):
 
 def _matrix_path(strat, server_round, replies):
     """FedAvg as it was computed before the streaming sum: (m, d) matrix, then a gemv."""
-    batch = unpack_replies(replies)
-    theta = strat.current_flat()
+    batch = strat.read_updates(replies)
+    theta = batch.theta
     eta_l = strat.round_lr(server_round)
     eta_g = strat.server_lr or eta_l
-    g_bar = torch.sub(theta, fedavg.fedavg_direction(batch.local, batch.fedavg_weights))
+    g_bar = torch.sub(theta, fedavg.fedavg_direction(batch.models, batch.fedavg_weights))
     return theta - (eta_g / eta_l) * g_bar, float(g_bar.norm())
 
 
@@ -40,36 +39,36 @@ def _matrix_path(strat, server_round, replies):
 @pytest.mark.parametrize("m", [1, 4, 11])
 def test_weighted_sum_equals_matrix_product_bitwise(monkeypatch, block, m):
     # Prepare: blocks (of m x columns elements) smaller than, straddling and larger than the arrays
-    monkeypatch.setattr(fedavg, "_BLOCK_ELEMS", block)
+    monkeypatch.setattr(flat, "_BLOCK_ELEMS", block)
     _, _, replies = _replies(m, seed=m)
     records = [r.content["arrays"] for r in replies]
     w = torch.rand(m, dtype=torch.float64)
     w = w / w.sum()
     # Execute
-    fast = fedavg.weighted_sum_records(records, w)
+    fast = flat.weighted_sum(records, w)
     # Assert: identical float32 values, not merely close
     assert torch.equal(fast, fedavg.fedavg_direction(flat.records_to_matrix(records), w))
 
 
 @pytest.mark.parametrize("server_lr", [0.0, 0.3])
 def test_fedavg_strategy_identical_to_matrix_path(monkeypatch, server_lr):
-    monkeypatch.setattr(fedavg, "_BLOCK_ELEMS", 13)
+    monkeypatch.setattr(flat, "_BLOCK_ELEMS", 13)
     template, theta, replies = _replies(6)
     strat = registry.build(load_config({"method": "fedavg", "lr": 0.1, "server-lr": server_lr}))
     for rnd in (1, 2):  # the second round starts from the first round's output
         strat.set_model(arrays_from_flat(theta, template))
-        arrays, metrics = strat.aggregate_valid(rnd, replies)
+        step = strat.aggregate_valid(rnd, replies)
         expected, norm = _matrix_path(strat, rnd, replies)
-        assert torch.equal(flat.record_to_flat(arrays), expected)
-        assert metrics["update-norm"] == norm
-        theta = flat.record_to_flat(arrays).numpy()
+        assert torch.equal(flat.record_to_flat(step.arrays), expected)
+        assert step.metrics["update-norm"] == norm
+        theta = flat.record_to_flat(step.arrays).numpy()
 
 
 def test_weighted_sum_rejects_mismatched_reply():
     template, theta, replies = _replies(2)
     short = train_reply(arrays_from_flat(theta[:-1], _truncated(template)), 9, num_examples=3)
     with pytest.raises(ValueError, match="reply 2 has arrays of sizes"):
-        fedavg.weighted_sum_records([r.content["arrays"] for r in [*replies, short]], torch.ones(3) / 3)
+        flat.weighted_sum([r.content["arrays"] for r in [*replies, short]], torch.ones(3) / 3)
 
 
 def _truncated(template):

@@ -96,8 +96,8 @@ def test_no_checkpoint_is_a_one_line_config_error(tmp_path):
 def _fake_run(tmp_path, name: str, **overrides):
     cfg = load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
                        "eval-every": 1, "checkpoint-every": 2, "output-dir": str(tmp_path / name), **overrides})
-    return run_on_fake_grid(cfg, lambda req, pid, node, strategy: [honest_reply(req, pid, node, strategy,
-                                                                                num_examples=10 + pid)])
+    return run_on_fake_grid(cfg, lambda req, pid, node, run: [honest_reply(req, pid, node, run,
+                                                                           num_examples=10 + pid)])
 
 
 def test_resume_on_fake_grid_continues_the_history(tmp_path):

@@ -225,11 +225,11 @@ def test_strategy_through_the_device_code_path_matches(digits_round, monkeypatch
     monkeypatch.setattr(craft, "group_grams", craft.device_grams)
     staged = []
 
-    def through_host_row(theta, records, rows):  # what write_deltas does for a GPU
+    def through_host_row(theta, records, rows, copies=None, norms=False):  # what the writer does for a GPU
         staged.append(len(records))
-        return via_device.stage_deltas(theta, records, rows)
+        return via_device.writer.stage(theta, records, rows, copies, norms)
 
-    monkeypatch.setattr(via_device, "write_deltas", through_host_row)
+    monkeypatch.setattr(via_device.writer, "write", through_host_row)
     a = b = template
     for r, msgs in enumerate(rounds, start=1):
         a, ma = aggregate_arrays(plain, r, a, msgs)

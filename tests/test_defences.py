@@ -19,20 +19,34 @@ from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from strategies import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, registry
 from strategies.privacy import CentralDP, Params
+from strategies.rounds import Aggregated
 from strategies.wrappers import UpdateClip, find_wrapper, median_clip_scales
 from tests.fakegrid import FakeGrid, configure_round, flat_of, honest_reply, scaled, task_identity
-from tests.helpers import aggregate_arrays, arrays_from_flat, build_strategy, flat64, make_replies, tiny_template
+from tests.helpers import (
+    aggregate_arrays,
+    arrays_from_flat,
+    build_strategy,
+    flat64,
+    make_replies,
+    round_outcome,
+    tiny_template,
+)
 
 TEMPLATE = tiny_template()
 D = 8
 
 
-def run(strategy, locals_, n=None, theta=None, server_round=1):
+def outcome_of(strategy, locals_, n=None, server_round=1):
+    """The round's outcome of one aggregation of the local models ``locals_`` from θ_t = 0."""
+    return round_outcome(strategy, server_round, arrays_from_flat(np.zeros(D), TEMPLATE),
+                         make_replies(TEMPLATE, locals_, n=n))
+
+
+def run(strategy, locals_, n=None, server_round=1):
     """θ_{t+1} (float64) and the metrics of one aggregation of the local models ``locals_``."""
-    theta = np.zeros(D) if theta is None else theta
-    arrays, metrics = aggregate_arrays(strategy, server_round, arrays_from_flat(theta, TEMPLATE),
-                                       make_replies(TEMPLATE, locals_, n=n))
-    return flat64(arrays), metrics
+    outcome = outcome_of(strategy, locals_, n, server_round)
+    assert outcome.error is None
+    return flat64(outcome.arrays), dict(outcome.metrics or {})
 
 
 def krum_scores(x: np.ndarray, f: int) -> np.ndarray:
@@ -116,16 +130,16 @@ def test_update_clip_bounds_every_update_before_the_method_sees_it(method):
     replies = [honest_reply(r, pid, 1000 + pid, strategy) for pid, r in enumerate(requests)]
     replies[2].content[keys.ARRAYS] = scaled(arrays, 0.5)
     seen = []
-    strategy.aggregate_valid = lambda server_round, valid: seen.extend(valid) or (None, None)
+    strategy.aggregate_valid = lambda server_round, valid: seen.extend(valid) or Aggregated(None)
     # Execute
-    strategy.aggregate_train(1, replies)
+    outcome = strategy.train_outcome(1, replies)
     # Assert: the method got the attacker's update scaled to 2 x the median norm, the rest untouched
     theta = flat_of(arrays)
     norms = [np.linalg.norm(theta - flat_of(r.content[keys.ARRAYS])) for r in seen]
     honest = 0.01 * np.linalg.norm(theta)
     np.testing.assert_allclose(norms, [honest, honest, 2 * honest, honest], rtol=1e-4)
-    assert strategy.last_train.defence["update_clip"]["clipped"] == [2]
-    assert strategy.last_train.defence["update_clip"]["num_clipped"] == 1
+    assert outcome.defence["update_clip"]["clipped"] == [2]
+    assert outcome.defence["update_clip"]["num_clipped"] == 1
 
 
 def test_update_clip_keys(tmp_path):
@@ -147,11 +161,11 @@ def test_clipping_without_noise_is_fedavg_of_the_clipped_updates(mode, rng):
     # a free-rider's zero update among them (Flower's clipping would divide by its norm)
     x = rng.normal(size=(5, D)) * np.array([[0.1], [1.0], [0.0], [3.0], [10.0]])
     strategy = dp_fedavg(mode=mode, noise_multiplier=0.0, clipping_norm=1.0)
-    got, _ = run(strategy, x)
+    outcome = outcome_of(strategy, x)
     norms = np.linalg.norm(x, axis=1)
-    np.testing.assert_allclose(got, np.mean(x * np.minimum(1, 1.0 / np.maximum(norms, 1e-9))[:, None], axis=0),
-                               atol=1e-6)
-    report = strategy.last_train.defence["privacy"]
+    np.testing.assert_allclose(flat64(outcome.arrays),
+                               np.mean(x * np.minimum(1, 1.0 / np.maximum(norms, 1e-9))[:, None], axis=0), atol=1e-6)
+    report = outcome.defence["privacy"]
     assert {k: report[k] for k in ("mode", "noise_std", "clipping_norm", "num_clipped", "num_updates")} == \
         {"mode": mode, "noise_std": 0.0, "clipping_norm": 1.0, "num_clipped": int((norms > 1).sum()), "num_updates": 5}
 
@@ -163,10 +177,10 @@ def test_fixed_clipping_noise_has_sigma_z_c_over_m_and_is_seeded():
 
     def once(server_round: int) -> np.ndarray:
         strategy = dp_fedavg(mode="fixed", noise_multiplier=2.0, clipping_norm=0.5)
-        arrays, _ = aggregate_arrays(strategy, server_round, arrays_from_flat(np.zeros(10_000), big),
-                                     make_replies(big, x))
-        assert strategy.last_train.defence["privacy"]["noise_std"] == pytest.approx(2.0 * 0.5 / 4)
-        return flat64(arrays)
+        outcome = round_outcome(strategy, server_round, arrays_from_flat(np.zeros(10_000), big),
+                                make_replies(big, x))
+        assert outcome.defence["privacy"]["noise_std"] == pytest.approx(2.0 * 0.5 / 4)
+        return flat64(outcome.arrays)
 
     a, b, c = once(3), once(3), once(4)
     assert abs(a.std() - 0.25) < 0.01 and abs(a.mean()) < 0.01
@@ -178,8 +192,8 @@ def clipping_norms(strategy, norm: float, rounds: int) -> list[float]:
     direction = np.ones(D) / np.sqrt(D)
     out = []
     for r in range(1, rounds + 1):
-        run(strategy, [norm * direction] * 5, server_round=r)
-        out.append(strategy.last_train.defence["privacy"]["next_clipping_norm"])
+        report = outcome_of(strategy, [norm * direction] * 5, server_round=r).defence["privacy"]
+        out.append(report["next_clipping_norm"])
     return out
 
 
@@ -232,7 +246,7 @@ def test_adaptive_dp_run_reports_every_round_and_resumes_exactly(tmp_path):
         cfg = load_config({**base, "output-dir": str(tmp_path / name), **extra})
         with task_identity():
             holder = {}
-            grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy)])
+            grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"])])
             exp = holder["exp"] = Experiment(grid, cfg)
             exp.run()
         return exp

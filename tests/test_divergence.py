@@ -4,6 +4,7 @@ left (scored, final_model.pt) is the last finite one. Never reported as a score.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -41,15 +42,16 @@ def test_a_non_finite_model_stops_the_run_and_is_rolled_back(tmp_path):
     seen: dict[int, np.ndarray] = {}
 
     def poison(exp):
-        honest = exp.strategy.aggregate_train
+        honest = exp.strategy.train_outcome
 
-        def aggregate(server_round, replies):
-            arrays, metrics = honest(server_round, replies)
-            seen[server_round] = flat_of(arrays)
+        def aggregate(server_round, replies, context):
+            outcome = honest(server_round, replies, context)
+            seen[server_round] = flat_of(outcome.arrays)
             if server_round == 3:  # an aggregate that overflowed: the model would be NaN from here on
-                arrays = ArrayRecord({k: Array(np.full_like(a.numpy(), np.nan)) for k, a in arrays.items()})
-            return arrays, metrics
-        exp.strategy.aggregate_train = aggregate
+                nan = ArrayRecord({k: Array(np.full_like(a.numpy(), np.nan)) for k, a in outcome.arrays.items()})
+                outcome = dataclasses.replace(outcome, arrays=nan)
+            return outcome
+        exp.strategy.train_outcome = aggregate
 
     cfg = _config(tmp_path)
     exp, summary = _run(cfg, lambda m, pid, node: [honest_reply(m, pid, node, None)], poison)

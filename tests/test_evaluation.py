@@ -142,7 +142,7 @@ def _fake_run(tmp_path, name, **overrides):
                        "eval-every": 1, "checkpoint-every": 2, "output-dir": str(tmp_path / name), **overrides})
     holder = {}
     with task_identity():
-        grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy,
+        grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"],
                                                                  num_examples=10 + pid)])
         exp = holder["exp"] = Experiment(grid, cfg)
         exp.run()

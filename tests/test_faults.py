@@ -98,7 +98,7 @@ class FaultyGrid(FakeGrid):
 
 
 def _honest(holder):
-    return lambda request, pid, node: [honest_reply(request, pid, node, holder["exp"].strategy)]
+    return lambda request, pid, node: [honest_reply(request, pid, node, holder["exp"])]
 
 
 def _clients(folder) -> dict[int, dict[str, int]]:

@@ -202,21 +202,23 @@ def test_state_round_trip(replies, tmp_path):
 def test_secure_aggregate_is_the_uniform_mean(replies):
     """Under SecAgg+ the server sees one aggregate reply. FedeRage asks for uniform weights,
     so each client masks its update with the same weight (not n_i) and the aggregate's β is
-    the plain mean; the strategy takes that aggregate as it is (the app hands it to
-    ``aggregate_valid``)."""
+    the plain mean; the strategy takes that aggregate as it is (the secure exchange hands it to
+    ``aggregate_checked``)."""
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.compat.common.recorddict_compat import recorddict_to_fitres
 
     from client_app.secagg import _as_fitres
     from fedcore import keys
     from fedpcd_app.server import secagg
+    from strategies.requests import RunContext
+    from strategies.rounds import RoundOutcome
     from tests.fakegrid import task_identity
 
     template, theta, locals_, betas, msgs = replies
     strat = FedeRage()
     assert strat.secagg_weighting == "uniform"
     cfg = load_config({"method": "federage", "secure-aggregation": True})
-    aggregator = secagg.SecureAggregator(cfg, strat, flat.spec_of(template))
+    aggregator = secagg.SecureAggregator(cfg, strat, flat.spec_of(template), RunContext())
     # Client half: the weight each client masks its update with.
     with task_identity():
         request = Message(RecordDict({keys.CONFIG: ConfigRecord({keys.SECAGG_WEIGHTING: aggregator.weighting})}),
@@ -230,9 +232,10 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
     reply = aggregator._aggregate_reply(arrays, [dict(m.content[keys.METRICS]) for m in msgs], 1)
     assert reply.content[keys.METRICS][BETA] == pytest.approx(np.mean(betas))
     strat.set_model(arrays_from_flat(theta, template))
-    new, metrics = strat.aggregate_valid(1, [reply])  # as the app does with the one aggregate reply
-    np.testing.assert_allclose(flat.record_to_flat(new).numpy(), mean, rtol=1e-6, atol=1e-6)
-    assert metrics["federage-beta-hat"] == pytest.approx(np.mean(betas))
+    outcome = strat.aggregate_checked(1, RoundOutcome([reply], contributors=[0, 1, 2]))  # as the exchange does
+    np.testing.assert_allclose(flat.record_to_flat(outcome.arrays).numpy(), mean, rtol=1e-6, atol=1e-6)
+    assert outcome.metrics["federage-beta-hat"] == pytest.approx(np.mean(betas))
+    assert outcome.replied == [0, 1, 2] and outcome.client_replies == []
 
 
 @pytest.mark.parametrize("bad, key", [

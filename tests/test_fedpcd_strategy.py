@@ -10,7 +10,14 @@ from fedcore.state import from_tree, to_tree
 from strategies import fedpcd, registry
 from strategies.fedpcd import fedpcd_direction
 from strategies.fedpcd_cache import HistoryCache
-from tests.helpers import aggregate_arrays, arrays_from_flat, state_through_bytes, tiny_template, train_reply
+from tests.helpers import (
+    aggregate_arrays,
+    arrays_from_flat,
+    round_outcome,
+    state_through_bytes,
+    tiny_template,
+    train_reply,
+)
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47
 
@@ -188,11 +195,11 @@ def test_nan_update_drops_client(template):
     bad[5] = np.nan
     with_bad = r.replies + [train_reply(arrays_from_flat(bad, template), 9)]
     strat = strategy(**{"fedpcd-tau": 0.2})
-    arrays, metrics = aggregate_arrays(strat, 1, arrays_from_flat(theta, template), with_bad)
+    outcome = round_outcome(strat, 1, arrays_from_flat(theta, template), with_bad)
     ref, _ = run_round(strategy(**{"fedpcd-tau": 0.2}), template, 1, theta, r)
-    np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), ref, atol=1e-6)
-    # the reply validation drops it before FedPCD sees it, with the reason recorded
-    assert [d.partition for d in strat.last_train.dropped] == [9] and "NaN" in strat.last_train.dropped[0].reason
+    np.testing.assert_allclose(flat.record_to_flat(outcome.arrays).numpy(), ref, atol=1e-6)
+    # the reply validation drops it before FedPCD sees it, with the reason returned
+    assert [d.partition for d in outcome.dropped] == [9] and "NaN" in outcome.dropped[0].reason
     assert 9 not in strat.state.cache.pids()
 
 
@@ -370,8 +377,8 @@ def test_unusable_reply_drops_the_client_and_the_round_stays_consistent(template
     outs = []
     for s_, replies in zip(strats, ([train_reply(arrays_from_flat(bad, template), 1)] + good, good)):
         s_.set_model(arrays_from_flat(theta1, template))
-        arrays, metrics = s_.aggregate_valid(2, replies)
-        outs.append((flat.record_to_flat(arrays).numpy(), metrics))
+        step = s_.aggregate_valid(2, replies)
+        outs.append((flat.record_to_flat(step.arrays).numpy(), step.metrics))
     (with_bad, m_bad), (without, m_without) = outs
     cache = strats[0].state.cache
     assert m_bad[fedpcd.M_DROPPED] == 1 and sorted(cache.pids()) == sorted(twin.pids()) == [0, 2, 4, 5]
@@ -388,7 +395,7 @@ def test_device_code_path_gives_the_cpu_models(template, monkeypatch, dtype):
     params = {"fedpcd-tau": 0.3, "fedpcd-history": 2, "fedpcd-cache-dtype": dtype, "server-device": "cpu"}
     plain, via_device = strategy(**params), strategy(**params)
     assert plain.device == torch.device("cpu")
-    monkeypatch.setattr(via_device, "write_rows", via_device.stage_rows)
+    monkeypatch.setattr(via_device.writer, "write", via_device.writer.stage)
     rng = np.random.default_rng(14)
     a = b = rng.normal(size=47)
     for rnd in range(1, 6):

@@ -36,7 +36,7 @@ def _run(cfg, on_train=None):
     def craft(req, pid, node):
         if on_train is not None:
             on_train(int(req.metadata.group_id) if str(req.metadata.group_id).isdigit() else holder["round"])
-        return [honest_reply(req, pid, node, holder["exp"].strategy, num_examples=10 + pid)]
+        return [honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)]
 
     with task_identity():
         exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
@@ -159,11 +159,11 @@ def test_an_interrupt_during_an_evaluation_keeps_the_trained_round(tmp_path, mon
 
     real, calls = Evaluator.evaluate, []
 
-    def evaluate(self, server_round, arrays, grid):
+    def evaluate(self, server_round, *rest):
         if server_round == 2 and not calls:
             calls.append(1)
             os.kill(os.getpid(), signal.SIGINT)
-        return real(self, server_round, arrays, grid)
+        return real(self, server_round, *rest)
 
     monkeypatch.setattr(Evaluator, "evaluate", evaluate)
     with pytest.raises(RunInterrupted):

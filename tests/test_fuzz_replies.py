@@ -165,8 +165,9 @@ def test_no_mutated_reply_escapes_validation(method, mutations):
         pids = [2, 3, 4, 5, 6]
         bad = dict(zip(pids, mutations))
         replies = _round(strategy, 2, arrays, pids, bad, rng)
-        new, metrics = strategy.aggregate_train(2, replies)  # nothing may escape
-    outcome = strategy.last_train
+        outcome = strategy.train_outcome(2, replies)  # nothing may escape
+    assert outcome.error is None
+    new = outcome.arrays
     valid = {int(r.metadata.src_node_id) for r in outcome.valid}
     dropped = {d.node for d in outcome.dropped}
     # the round's outcome is this round's: every client of round 2 once, no client of round 1 only
@@ -178,7 +179,7 @@ def test_no_mutated_reply_escapes_validation(method, mutations):
     assert 1000 + 6 in valid  # the one honest reply of round 2
     if new is not None:
         assert np.isfinite(flat_of(new)).all()
-    for key, value in dict(metrics or {}).items():
+    for key, value in dict(outcome.metrics or {}).items():
         assert all(math.isfinite(v) for v in np.ravel(value) if isinstance(v, float)), key
 
 
@@ -214,7 +215,7 @@ def test_a_run_with_a_lying_array_never_reads_an_earlier_rounds_outcome(tmp_path
         holder = {}
 
         def craft(request, pid, node):
-            good = honest_reply(request, pid, node, holder["exp"].strategy, num_examples=1)
+            good = honest_reply(request, pid, node, holder["exp"], num_examples=1)
             if pid != liar:
                 return [good]
             return [_edit(good, keys.ARRAYS, lambda a: _lying_array(a, _other_size(a)))]

@@ -33,7 +33,7 @@ def experiment(tmp_path, method="fedavg", fail_at=2, **extra):
     cfg = load_config({"method": method, "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
                        "eval-every": 0, "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
     holder = {}
-    grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy)])
+    grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"])])
     with task_identity():
         exp = holder["exp"] = Experiment(grid, cfg)
     original = exp.strategy.aggregate_valid

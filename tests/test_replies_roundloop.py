@@ -93,7 +93,7 @@ def test_malformed_reply_is_dropped_and_round_completes(method, kind, tmp_path):
         holder = {}
 
         def craft(request, pid, node):
-            good = honest_reply(request, pid, node, holder["exp"].strategy)
+            good = honest_reply(request, pid, node, holder["exp"])
             return corrupt(good) if pid == victim else [good]
 
         exp = holder["exp"] = Experiment(FakeGrid(NUM_CLIENTS, craft), cfg)
@@ -120,7 +120,7 @@ def test_no_valid_reply_keeps_the_model(method, tmp_path):
         cfg = _config(method, tmp_path)
         holder = {}
         grid = FakeGrid(NUM_CLIENTS, lambda req, pid, node: MALFORMED["nan"][0](
-            honest_reply(req, pid, node, holder["exp"].strategy)))
+            honest_reply(req, pid, node, holder["exp"])))
         exp = holder["exp"] = Experiment(grid, cfg)
         before = flat_of(exp.arrays)
         # Execute
@@ -142,7 +142,7 @@ def test_requests_ask_for_loss_before_only_when_used(method, mode, wanted, tmp_p
     with task_identity():
         cfg = _config(method, tmp_path, **{"client-loss-before": mode})
         holder = {}
-        grid = FakeGrid(NUM_CLIENTS, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"].strategy)])
+        grid = FakeGrid(NUM_CLIENTS, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"])])
         exp = holder["exp"] = Experiment(grid, cfg)
         exp.run()
     assert grid.train_requests
@@ -160,7 +160,7 @@ def test_reply_without_asked_loss_before_is_dropped(method, mode, dropped, tmp_p
         holder = {}
 
         def craft(request, pid, node):
-            good = honest_reply(request, pid, node, holder["exp"].strategy)
+            good = honest_reply(request, pid, node, holder["exp"])
             return [_with_metrics(good, lambda m: m.pop(keys.LOSS_BEFORE))] if pid == victim else [good]
 
         exp = holder["exp"] = Experiment(FakeGrid(NUM_CLIENTS, craft), cfg)

@@ -27,6 +27,7 @@ from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.sampler import build_sampler
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
+from strategies.requests import RunContext
 from tests.fakegrid import ClientAppGrid, FakeGrid, configure_round, flat_of, honest_reply, task_identity
 from tests.helpers import arrays_from_flat, make_reply
 
@@ -66,8 +67,8 @@ def _honest_round(strategy, server_round, arrays, pids, rng, scale=1.0):
     return out, theta
 
 
-def _drops(strategy) -> dict[int, str]:
-    return {d.partition: d.reason for d in strategy.last_train.dropped}
+def _drops(outcome) -> dict[int, str]:
+    return {d.partition: d.reason for d in outcome.dropped}
 
 
 # -- method numbers -------------------------------------------------------------------------------
@@ -84,9 +85,8 @@ def test_scaffold_delta_c_is_bounded_by_the_clients_own_update():
         liar[3] = _reply_with(honest[3], records={keys.SCAFFOLD_DELTA_C: flat_of(
             honest[3].content[keys.SCAFFOLD_DELTA_C]) * 1000})
         liar[7] = _reply_with(honest[7], records={keys.SCAFFOLD_DELTA_C: np.full(theta.size, 1e30)})
-        strategy.aggregate_train(1, list(liar.values()))
+        drops = _drops(strategy.train_outcome(1, list(liar.values())))
         c_with_liars = strategy.state.c.clone()
-        drops = _drops(strategy)
         ref, _ = _build("scaffold")
         configure_round(ref, 1, arrays, pids)
         ref.aggregate_train(1, [r for i, r in enumerate(honest) if i not in (3, 7)])
@@ -105,12 +105,12 @@ def test_loss_before_lies_are_dropped_and_do_not_take_over(method, value, words)
         replies = [_reply_with(r, **{keys.LOSS_BEFORE: 0.5 + 0.1 * i}) for i, r in enumerate(replies)]
         liar = list(replies)
         liar[4] = _reply_with(replies[4], **{keys.LOSS_BEFORE: value})
-        new, _ = strategy.aggregate_train(1, liar)
+        outcome = strategy.train_outcome(1, liar)
         ref, _ = _build(method)
         configure_round(ref, 1, arrays, pids)
         ref_new, _ = ref.aggregate_train(1, [r for i, r in enumerate(replies) if i != 4])
-    assert words in _drops(strategy)[4]
-    np.testing.assert_allclose(flat_of(new), flat_of(ref_new), rtol=1e-6, atol=1e-7)
+    assert words in _drops(outcome)[4]
+    np.testing.assert_allclose(flat_of(outcome.arrays), flat_of(ref_new), rtol=1e-6, atol=1e-7)
     if method == "afl":  # λ stays where the honest clients put it
         np.testing.assert_allclose(np.asarray(strategy.state.lam), np.asarray(ref.state.lam))
 
@@ -120,8 +120,8 @@ def test_fedpw_train_loss_is_bounded_too():
     with task_identity():
         replies, _ = _honest_round(strategy, 1, arrays, list(range(6)), np.random.default_rng(2))
         replies[2] = _reply_with(replies[2], **{keys.TRAIN_LOSS: 1e6})
-        strategy.aggregate_train(1, replies)
-    assert "'train-loss' = 1e+06 exceeds" in _drops(strategy)[2]
+        outcome = strategy.train_outcome(1, replies)
+    assert "'train-loss' = 1e+06 exceeds" in _drops(outcome)[2]
 
 
 def test_honest_losses_keep_a_wide_spread():
@@ -141,7 +141,7 @@ def test_fednova_num_steps_is_a_whole_number_within_what_was_asked(steps, ok):
 
 def test_fednova_drops_a_fractional_step_count_and_keeps_its_step():
     strategy, arrays = _build("fednova", **{"local-steps": 4})
-    strategy.run_config = {"local-steps": 4}
+    context = RunContext(run_config={"local-steps": 4})  # what the app gives: the steps asked
     with task_identity():
         replies, _ = _honest_round(strategy, 1, arrays, list(range(6)), np.random.default_rng(3))
         replies = [_reply_with(r, **{keys.NUM_STEPS: 4}) for r in replies]
@@ -149,10 +149,10 @@ def test_fednova_drops_a_fractional_step_count_and_keeps_its_step():
         liar[1] = _reply_with(replies[1], **{keys.NUM_STEPS: 0.001})
         liar[2] = _reply_with(replies[2], **{keys.NUM_STEPS: 1e-300})
         liar[3] = _reply_with(replies[3], **{keys.NUM_STEPS: 5})
-        new, metrics = strategy.aggregate_train(1, liar)
-    drops = _drops(strategy)
+        outcome = strategy.train_outcome(1, liar, context)
+    drops = _drops(outcome)
     assert sorted(drops) == [1, 2, 3] and "4 local steps the server asked for" in drops[3]
-    assert np.isfinite(flat_of(new)).all() and dict(metrics)["fednova-tau-eff"] == pytest.approx(4.0)
+    assert np.isfinite(flat_of(outcome.arrays)).all() and outcome.metrics["fednova-tau-eff"] == pytest.approx(4.0)
 
 
 # -- sizes a majority cannot move ----------------------------------------------------------------
@@ -177,12 +177,12 @@ def test_attacker_majorities_are_caught_in_any_round(method):
     with task_identity():
         for server_round in (1, 2):  # honest rounds: the trusted scale
             replies, _ = _honest_round(strategy, server_round, arrays, pids, rng)
-            strategy.aggregate_train(server_round, replies)
-            assert not strategy.last_train.dropped, strategy.last_train.dropped
+            outcome = strategy.train_outcome(server_round, replies)
+            assert not outcome.dropped, outcome.dropped
         for server_round, kind in ((3, "huge"), (4, "scale-down")):
             replies, theta = _honest_round(strategy, server_round, arrays, pids, rng)
-            new, _ = strategy.aggregate_train(server_round, _attack(replies, [0, 2, 4], kind, theta))
-            drops = _drops(strategy)
+            outcome = strategy.train_outcome(server_round, _attack(replies, [0, 2, 4], kind, theta))
+            new, drops = outcome.arrays, _drops(outcome)
             assert sorted(drops) == [0, 2, 4], (kind, drops)
             assert all("trusted scale" in why or "model's own norm" in why for why in drops.values())
             assert new is not None and np.isfinite(flat_of(new)).all()
@@ -195,10 +195,10 @@ def test_a_huge_majority_in_the_first_round_is_caught_by_the_models_own_norm():
     strategy, arrays = _build("fedavg")
     with task_identity():
         replies, theta = _honest_round(strategy, 1, arrays, [0, 1, 2, 3, 4], np.random.default_rng(5))
-        new, _ = strategy.aggregate_train(1, _attack(replies, [1, 2, 3], "huge", theta))
-    drops = _drops(strategy)
+        outcome = strategy.train_outcome(1, _attack(replies, [1, 2, 3], "huge", theta))
+    drops = _drops(outcome)
     assert sorted(drops) == [1, 2, 3] and all("model's own norm" in why for why in drops.values())
-    assert np.abs(flat_of(new)).max() < 10
+    assert np.abs(flat_of(outcome.arrays)).max() < 10
 
 
 def test_norm_bounds_report_and_their_reference():
@@ -220,15 +220,14 @@ def test_updates_near_the_bound_are_counted_and_warned(caplog):
     logging.getLogger("fedpcd").propagate = True
     with task_identity(), caplog.at_level(logging.WARNING, logger="fedpcd"):
         replies, _ = _honest_round(strategy, 1, arrays, pids, rng)
-        strategy.aggregate_train(1, replies)
-        assert strategy.last_train.defence["update_norms"]["near_bound_rounds"] == 0
+        assert strategy.train_outcome(1, replies).defence["update_norms"]["near_bound_rounds"] == 0
         for server_round in (2, 3, 4):  # one client x50 each round: under the bound (100 x), near it
             replies, theta = _honest_round(strategy, server_round, arrays, pids, rng)
             local = flat_of(replies[0].content[keys.ARRAYS])
             replies[0] = _reply_with(replies[0], local=theta + 50 * (local - theta))
-            strategy.aggregate_train(server_round, replies)
-    report = strategy.last_train.defence["update_norms"]
-    assert not strategy.last_train.dropped and report["near_bound"] == 1 and report["near_bound_rounds"] == 3
+            outcome = strategy.train_outcome(server_round, replies)
+    report = outcome.defence["update_norms"]
+    assert not outcome.dropped and report["near_bound"] == 1 and report["near_bound_rounds"] == 3
     assert any("within 4x of the size bound" in r.getMessage() for r in caplog.records)
 
 
@@ -247,18 +246,18 @@ def test_the_trusted_scale_survives_checkpoint_and_resume(tmp_path):
         holder = {}
 
         def craft(request, pid, node):
-            return [honest_reply(request, pid, node, holder["exp"].strategy, num_examples=1)]
+            return [honest_reply(request, pid, node, holder["exp"], num_examples=1)]
 
         cfg = load_config({**base, "num-server-rounds": 2, "output-dir": str(tmp_path / "a")})
         exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
         exp.run()
-        saved = exp.strategy.reply_trust
+        saved = exp.context.trust
         assert len(saved.norms) == 2
         assert checkpoint.latest(tmp_path / "a").reply_trust == saved.as_dict()
         cfg2 = load_config({**base, "num-server-rounds": 3, "output-dir": str(tmp_path / "b")})
         exp2 = holder["exp"] = Experiment(FakeGrid(6, craft), cfg2)
         exp2.resume(str(tmp_path / "a"))
-    assert exp2.strategy.reply_trust == saved
+    assert exp2.context.trust == saved
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.sampler import build_sampler
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
+from strategies.requests import RunContext
 from tests.fakegrid import ClientAppGrid, FakeGrid, configure_round, flat_of, honest_reply, task_identity
 from tests.helpers import make_reply, run_on_fake_grid, train_reply
 
@@ -95,21 +96,22 @@ def test_every_method_drops_every_lie_and_stays_finite(method, probe):
     edit, words = PROBES[probe]
     with task_identity():
         if edit is None:  # federated evaluation: the liar stays unscored, with its reason
-            strategy.select = lambda server_round, grid: {1000 + p: p for p in PIDS}
-            strategy.configure_evaluate(1, arrays, None, FakeGrid(len(PIDS), None))
+            context = RunContext(select=lambda server_round, grid: {1000 + p: p for p in PIDS})
+            strategy.configure_evaluate(1, arrays, None, FakeGrid(len(PIDS), None), context)
             replies = [_eval_reply(p, accuracy=5.0 if p == VICTIM else 0.5 + 0.05 * p) for p in PIDS]
-            metrics = dict(strategy.aggregate_evaluate(1, replies))
-            outcome = strategy.last_eval_outcome
+            outcome = strategy.evaluate_outcome(1, replies, context)
+            metrics = dict(outcome.metrics)
             assert VICTIM not in outcome.scores and words in outcome.unscored[VICTIM]
             assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["loss"] >= 0 and metrics["num-scored"] == 6
             return
         requests = configure_round(strategy, 1, arrays, PIDS)
         replies = [honest_reply(req, pid, 1000 + pid, strategy) for pid, req in zip(PIDS, requests)]
         replies[VICTIM] = edit(replies[VICTIM])
-        new, metrics = strategy.aggregate_train(1, replies)
-    (drop,) = [d for d in strategy.last_train.dropped if d.partition == VICTIM]
+        outcome = strategy.train_outcome(1, replies)
+    new, metrics = outcome.arrays, outcome.metrics
+    (drop,) = [d for d in outcome.dropped if d.partition == VICTIM]
     assert words in drop.reason, drop.reason
-    assert len(strategy.last_train.dropped) == 1 and len(strategy.last_train.valid) == len(PIDS) - 1
+    assert len(outcome.dropped) == 1 and len(outcome.valid) == len(PIDS) - 1
     assert new is not None and np.isfinite(flat_of(new)).all()
     assert np.abs(flat_of(new)).max() < 10 * np.abs(flat_of(arrays)).max() + 1
     for key, value in dict(metrics or {}).items():
@@ -205,8 +207,8 @@ def _fake_run(tmp_path, craft_victim, method="fedavg", **extra):
                        "checkpoint-every": 0, "output-dir": str(tmp_path), **extra})
     victim = build_sampler(cfg).sample(1)[0]
 
-    def craft(request, pid, node, strategy):
-        good = honest_reply(request, pid, node, strategy, num_examples=1)
+    def craft(request, pid, node, run):
+        good = honest_reply(request, pid, node, run, num_examples=1)
         return [craft_victim(good, pid)] if pid == victim else [good]
 
     exp = run_on_fake_grid(cfg, craft)
@@ -226,22 +228,22 @@ def test_a_count_one_above_the_partition_size_is_dropped_in_a_run(tmp_path):
     assert rec["num_dropped"] == 0
 
 
-def test_fedpcd_lists_its_own_discards_under_dropped(tmp_path):
+def test_fedpcd_returns_its_own_discards_under_dropped(tmp_path):
     # Two of three replies 1e20 away: their median hides them from the ratio rule, but FedPCD's
-    # float32 squared norms overflow: it discards them, and the round's record says so.
+    # float32 squared norms overflow: it discards them, and the round's outcome says so.
     with task_identity():
         net = _net()
         # max-update-ratio = 0: the size rules (which would drop them first) off, FedPCD's own check alone
         strategy = registry.build(load_config({"method": "fedpcd", "num-clients": 3}), model=net)
-        strategy.reply_limits = ReplyLimits(max_update_ratio=0.0)
+        context = RunContext(limits=ReplyLimits(max_update_ratio=0.0))
         requests = configure_round(strategy, 1, ArrayRecord(net.state_dict()), [0, 1, 2])
         replies = [honest_reply(req, pid, 1000 + pid, strategy) for pid, req in enumerate(requests)]
         replies[1], replies[2] = _plus(replies[1], 1e20), _plus(replies[2], -1e20)
-        new, metrics = strategy.aggregate_train(1, replies)
-    assert sorted(d.partition for d in strategy.last_train.dropped) == [1, 2]
-    assert all("FedPCD" in d.reason for d in strategy.last_train.dropped)
-    assert [int(r.content[keys.METRICS][keys.PARTITION_ID]) for r in strategy.last_train.valid] == [0]
-    assert dict(metrics)["fedpcd-dropped"] == 2 and np.isfinite(flat_of(new)).all()
+        outcome = strategy.train_outcome(1, replies, context)
+    assert sorted(d.partition for d in outcome.dropped) == [1, 2] and outcome.replied == [0]
+    assert all("FedPCD" in d.reason for d in outcome.dropped)
+    assert [int(r.content[keys.METRICS][keys.PARTITION_ID]) for r in outcome.valid] == [0]
+    assert outcome.metrics["fedpcd-dropped"] == 2 and np.isfinite(flat_of(outcome.arrays)).all()
 
 
 def test_secure_aggregation_refuses_an_aggregate_holding_a_lied_count():
@@ -251,8 +253,7 @@ def test_secure_aggregation_refuses_an_aggregate_holding_a_lied_count():
                                    ("federage", {keys.NUM_EXAMPLES: 5, keys.FEDERAGE_BETA: 1e6}, "outside the box")):
         cfg = load_config({"method": method, "num-clients": 4, "secure-aggregation": True})
         strategy = registry.build(cfg)
-        strategy.reply_limits = ReplyLimits(train_sizes={0: 50, 1: 50})
-        agg = SecureAggregator(cfg, strategy, None)
+        agg = SecureAggregator(cfg, strategy, None, RunContext(limits=ReplyLimits(train_sizes={0: 50, 1: 50})))
         honest = {keys.NUM_EXAMPLES: 50, keys.FEDERAGE_BETA: 1.0}
         bad = agg.invalid_contributors({10: honest, 11: {**honest, **metrics}}, {10: 0, 11: 1})
         assert [n for n, _ in bad] == [11] and words in bad[0][1]

@@ -18,7 +18,7 @@ import torch
 
 from fedcore.config import ConfigError, RunConfig, Scalar, check_retired, parse_run_config, resolve
 from strategies import registry
-from strategies.base import FairStrategy
+from strategies.base import FairStrategy, resolve_device
 
 # An exception inside a strategy's aggregation: stop the run (after the round's record, a
 # checkpoint and a summary with complete = false), or log it and keep the model.
@@ -59,7 +59,7 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                     f"run-config key '{key}' = {cfg.params[key]!r} is not used by method '{cfg.method}': "
                     "remove it, choose the method it belongs to, or set allow-unused-keys=true"
                 )
-    cls.resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
+    resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
     cfg.get_bool("eval-averaged-iterate", False)
     _check_weighting(cfg)
     cfg.get_choice("participation", PARTICIPATION, "uniform")

@@ -236,6 +236,11 @@ class Interrupts:
     def deferred(self):
         return _Deferred(self)
 
+    def interruptible(self):
+        """Inside :meth:`deferred` blocks, a window in which a signal ends the run at once (a
+        round's exchange waiting for its clients); one held before the window is raised on entry."""
+        return _Interruptible(self)
+
 
 class _Deferred:
     def __init__(self, owner: Interrupts) -> None:
@@ -249,6 +254,21 @@ class _Deferred:
         if kind is None and not self.owner.depth and self.owner.pending:
             name, self.owner.pending = self.owner.pending, None
             raise RunInterrupted(name)
+
+
+class _Interruptible:
+    def __init__(self, owner: Interrupts) -> None:
+        self.owner, self.depth = owner, 0
+
+    def __enter__(self) -> None:
+        self.depth = self.owner.depth
+        if self.owner.pending:
+            name, self.owner.pending = self.owner.pending, None
+            raise RunInterrupted(name)
+        self.owner.depth = 0
+
+    def __exit__(self, kind, value, tb) -> None:
+        self.owner.depth = self.depth
 
 
 class signals_ignored:

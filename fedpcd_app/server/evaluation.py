@@ -124,7 +124,7 @@ def strategy_averages(strategy) -> bool:
 
 class Evaluator:
     """Scores the global model on every client (server-side batched, or federated through
-    the strategy's ``configure_evaluate``/``aggregate_evaluate``) and on the central test set;
+    the strategy's ``configure_evaluate``/``evaluate_outcome``) and on the central test set;
     when partitions attack (:mod:`client_app.attacks`), the fairness metrics over the honest
     clients only too (``honest``)."""
 
@@ -170,20 +170,22 @@ class Evaluator:
     def data(self):
         return self._data
 
-    def evaluate(self, server_round: int, arrays, grid) -> dict:
+    def evaluate(self, server_round: int, arrays, grid, context) -> dict:
+        """The scores of every client and the fairness metrics; ``context``: the strategy's calls'
+        (:class:`strategies.requests.RunContext`) for federated evaluation."""
         import time
 
         t0 = time.perf_counter()
         arrays = self.scored_arrays(arrays)
         self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
         out: dict = {}
-        val = None
+        val, reasons = None, {}
         if self.mode == "server":
             acc, loss = score_clients(self.model, self._data, self.cfg.eval_batch_size)
             if self._data.has_validation:
                 val = score_clients(self.model, self._data, self.cfg.eval_batch_size, split="val")
         else:
-            acc, loss, val = self.federated_scores(server_round, arrays, grid)
+            acc, loss, val, reasons = self.federated_scores(server_round, arrays, grid, context)
         if self._data is not None:
             out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
         elif self.central is not None:
@@ -196,7 +198,6 @@ class Evaluator:
             out["honest"] = _fairness(acc[honest], loss[honest])
         out["num_scored"] = int(present.sum())
         out["unscored_clients"] = np.flatnonzero(~present).tolist()
-        reasons = self.strategy.last_eval_outcome.unscored if self.mode != "server" else {}
         if reasons:  # replies that failed validation (fedcore.replies.check_eval_reply)
             out["unscored_reasons"] = {str(pid): why for pid, why in sorted(reasons.items())}
         if out["unscored_clients"]:
@@ -211,36 +212,29 @@ class Evaluator:
         out["eval_seconds"] = time.perf_counter() - t0
         return out
 
-    def federated_scores(self, server_round: int, arrays, grid) -> tuple[np.ndarray, np.ndarray, tuple | None]:
-        """(accuracy, loss, (validation accuracy, loss) or None) per client; NaN where a
-        client did not answer."""
+    def federated_scores(self, server_round: int, arrays, grid,
+                         context) -> tuple[np.ndarray, np.ndarray, tuple | None, dict[int, str]]:
+        """(accuracy, loss, (validation accuracy, loss) or None) per client, NaN where a client
+        was not scored, and why each unscored reply was not used."""
         from flwr.app import ConfigRecord
 
-        from fedcore import keys
         from fedpcd_app.server.exchange import send_and_receive  # errors attributed to the request's node
 
-        msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+        msgs = self.strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid, context)
         replies = send_and_receive(grid, msgs, timeout=self.cfg.round_timeout or None)
-        self.strategy.aggregate_evaluate(server_round, replies)
+        outcome = self.strategy.evaluate_outcome(server_round, replies, context)
         n = self.cfg.num_clients
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
-        scores = self.strategy.last_eval_outcome.scores
-        for pid, score in scores.items():
+        for pid, score in outcome.scores.items():
             if 0 <= pid < n:
                 acc[pid], loss[pid] = score["accuracy"], score["loss"]
         if self.cfg.val_fraction <= 0:
-            return acc, loss, None
+            return acc, loss, None, outcome.unscored
         val_acc, val_loss = np.full(n, np.nan), np.full(n, np.nan)
-        expected = self.strategy.expected_eval
-        for reply in replies:
-            if reply.has_error() or keys.METRICS not in reply.content:
-                continue
-            m = reply.content[keys.METRICS]
-            pid = expected.get(int(reply.metadata.src_node_id))
-            pid = m.get(keys.PARTITION_ID) if pid is None else pid
-            if pid is not None and keys.VAL_ACC in m and int(pid) in scores and 0 <= int(pid) < n:
-                val_acc[int(pid)], val_loss[int(pid)] = float(m[keys.VAL_ACC]), float(m[keys.VAL_LOSS])
-        return acc, loss, (val_acc, val_loss)
+        for pid, (v_acc, v_loss) in outcome.val.items():
+            if 0 <= pid < n:
+                val_acc[pid], val_loss[pid] = v_acc, v_loss
+        return acc, loss, (val_acc, val_loss), outcome.unscored
 
 
 def reply_limits(cfg, data: FederatedData | None, membership=None):

@@ -25,17 +25,26 @@ models here. A node that has not replied by then is recorded as dropped (``"no r
 (``src_node_id`` 1), not from the node the request went to; this app keys every reply by
 its source node, so :func:`send_and_receive` re-issues such an error as the same error
 replying from the request's node (``Message(error, reply_to=request)``).
+
+**A round's exchange.** :class:`PlainExchange` sends a round's train requests and hands every
+reply to the strategy (``train_outcome``: validation and aggregation); with secure aggregation
+:class:`fedpcd_app.server.secagg.SecureAggregator` runs SecAgg+ instead. Both return the
+round's :class:`strategies.rounds.RoundOutcome` and wait for the clients inside the
+``waiting()`` the round loop gives them (an interrupt there ends the run before the round).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedcore.config import RunConfig
+from strategies.requests import RunContext
+from strategies.rounds import RoundOutcome
 
 DEPLOYMENT_ROUND_TIMEOUT = 600.0  # seconds; the rule is in the module docstring
 
@@ -82,3 +91,17 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
             reply = Message(reply.error, reply_to=request)
         out.append(reply)
     return out
+
+
+class PlainExchange:
+    """A round's train exchange in the clear: every reply back (inside ``waiting()``), then the
+    strategy's outcome of them (``train_outcome``: validation and aggregation)."""
+
+    def __init__(self, strategy, context: RunContext, timeout: float | None) -> None:
+        self.strategy, self.context, self.timeout = strategy, context, timeout
+
+    def exchange(self, grid: Grid, msgs: list[Message], server_round: int,
+                 waiting: Callable[[], AbstractContextManager]) -> RoundOutcome:
+        with waiting():
+            replies = send_and_receive(grid, msgs, timeout=self.timeout)
+        return self.strategy.train_outcome(server_round, replies, self.context)

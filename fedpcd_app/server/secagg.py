@@ -5,11 +5,14 @@ round runs Flower's SecAgg+ protocol (Bell et al., CCS 2020; ``flwr.server.workf
 SecAggPlusWorkflow`` on the server, ``flwr.client.mod.secaggplus_mod`` on the clients)
 and learns only the weighted mean Σ w_i θ_i / Σ w_i of the clients' arrays (the model and
 any model-shaped records the strategy asks for). The strategy then aggregates ONE
-reply that holds this mean. That is exact for every method whose update is linear in
-the client models — FedAvg (w_i = n_i), FedeRage (uniform w_i = 1) — which declare
-``needs_individual_updates = False``; a strategy may set ``secagg_weighting = "uniform"``
-(default ``"num-examples"``). Methods that must see each client's update (FedPCD,
-CRAFT, q-FFL, AFL, ...) refuse to start, with a one-line error.
+reply that holds this mean (``strategy.aggregate_checked``): :meth:`SecureAggregator.exchange`
+returns the same :class:`strategies.rounds.RoundOutcome` as a round in the clear
+(:class:`fedpcd_app.server.exchange.PlainExchange`), its ``contributors`` the partitions inside.
+That is exact for every method whose update is linear in the client models — FedAvg
+(w_i = n_i), FedeRage (uniform w_i = 1) — which declare ``needs_individual_updates = False``;
+a strategy may set ``secagg_weighting = "uniform"`` (default ``"num-examples"``). Methods that
+must see each client's update (FedPCD, CRAFT, q-FFL, AFL, ...) refuse to start, with a
+one-line error.
 
 Flower 1.42 ships SecAgg+ only for its legacy API: the workflow drives a legacy
 ``Strategy`` through a ``LegacyContext`` and the client mod speaks FitIns/FitRes. This
@@ -39,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -47,7 +52,9 @@ from flwr.app.metadata import Metadata
 
 from fedcore import keys
 from fedcore.config import ConfigError, RunConfig
-from fedcore.replies import Dropped, ReplyLimits, check_count, check_train_reply
+from fedcore.replies import Dropped, check_count, check_train_reply
+from strategies.requests import RunContext, addressees
+from strategies.rounds import RoundOutcome, log_dropped
 
 log = logging.getLogger("fedpcd")
 
@@ -153,22 +160,30 @@ def _workflow_class():
 
 
 class SecureAggregator:
-    """Runs the train exchange of one round under SecAgg+ and returns one aggregate reply."""
+    """Runs the train exchange of one round under SecAgg+: the strategy aggregates the one reply
+    holding the contributors' mean; :meth:`exchange` returns the round's outcome."""
 
-    def __init__(self, cfg: RunConfig, strategy, spec) -> None:
+    def __init__(self, cfg: RunConfig, strategy, spec, context: RunContext) -> None:
         check_strategy(cfg, strategy)
-        self.cfg, self.spec, self.strategy = cfg, spec, strategy
+        self.cfg, self.spec, self.strategy, self.context = cfg, spec, strategy, context
         self.weighting = getattr(strategy, "secagg_weighting", "num-examples")
         self.records = tuple(getattr(strategy, "required_records", ()))
         self.kwargs = workflow_settings(cfg)
         self.max_weight = self.kwargs["max_weight"]
-        self.num_contributors = 0
 
-    def exchange(self, grid, msgs: list[Message], expected: dict[int, int],
-                 server_round: int) -> tuple[list[Message], list[Dropped]]:
-        """(valid, dropped): valid is [the aggregate reply] or []; dropped names each client
-        that left the protocol, or every client when the protocol halted."""
-        from flwr.common import parameters_to_ndarrays
+    def exchange(self, grid, msgs: list[Message], server_round: int,
+                 waiting: Callable[[], AbstractContextManager]) -> RoundOutcome:
+        """The protocol over ``msgs`` (inside ``waiting()``), then the strategy's step on the one
+        aggregate reply: ``valid`` is [that reply] or [], ``contributors`` the partitions inside it,
+        ``dropped`` each client that left the protocol (every client when it halted)."""
+        with waiting():
+            shim = self.protocol(grid, msgs, server_round) if msgs else None
+        outcome = self.checked(shim, addressees(msgs), server_round)
+        log_dropped(server_round, outcome.dropped)
+        return self.strategy.aggregate_checked(server_round, outcome)
+
+    def protocol(self, grid, msgs: list[Message], server_round: int):
+        """Flower's SecAgg+ workflow over the requests: the legacy shim holding the results."""
         from flwr.server.client_manager import SimpleClientManager
         from flwr.server.compat.legacy_context import LegacyContext
         from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
@@ -185,38 +200,41 @@ class SecureAggregator:
         ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: server_round})
         ctx.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
         _workflow_class()(requests, **self.kwargs)(grid, ctx)
+        return shim
 
-        contributors = {}
-        for proxy, fitres in shim.results:
-            contributors[int(proxy.node_id)] = dict(fitres.metrics)
-        self.num_contributors = len(contributors) if shim.aggregated is not None else 0
-        halted = shim.aggregated is None
+    def checked(self, shim, expected: dict[int, int | None], server_round: int) -> RoundOutcome:
+        """The protocol's result as a validated round: [the aggregate reply] or none, and the drops."""
+        from flwr.common import parameters_to_ndarrays
+
+        contributors = {int(proxy.node_id): dict(fitres.metrics) for proxy, fitres in (shim.results if shim else ())}
+        halted = shim is None or shim.aggregated is None
         dropped = [
             Dropped(pid, node, "secure aggregation halted (too few clients for the reconstruction threshold)"
                     if halted else "left the SecAgg+ protocol (error or no reply)")
             for node, pid in expected.items() if halted or node not in contributors
         ]
         if halted:
-            return [], dropped
+            return RoundOutcome(dropped=dropped, contributors=[])
         bad = self.invalid_contributors(contributors, expected)
         if bad:  # a masked update cannot be taken out of the sum: the round's aggregate goes
-            liars = {node for node, _ in bad}
-            return [], dropped + [Dropped(expected.get(node), node, reason) for node, reason in bad] + [
-                Dropped(expected.get(node), node, "secure aggregate rejected: another contributor's reply failed "
-                        "validation and its masked update is inside the sum")
-                for node in contributors if node not in liars]
-        flat = parameters_to_ndarrays(shim.aggregated)
-        reply = self._aggregate_reply(flat, list(contributors.values()), server_round)
-        pid, reason = check_train_reply(reply, self.spec, (), self.records, max_count=2**62)  # Σ n_i, checked each
+            why = ("secure aggregate rejected: another contributor's reply failed validation and its masked update "
+                   "is inside the sum")
+            rest = [node for node in contributors if node not in dict(bad)]
+            return RoundOutcome(dropped=[*dropped, *(Dropped(expected.get(n), n, reason) for n, reason in bad),
+                                         *(Dropped(expected.get(n), n, why) for n in rest)], contributors=[])
+        reply = self._aggregate_reply(parameters_to_ndarrays(shim.aggregated), list(contributors.values()),
+                                      server_round)
+        _, reason = check_train_reply(reply, self.spec, (), self.records, max_count=2**62)  # Σ n_i, checked each
         if reason is not None:
-            return [], dropped + [Dropped(None, 0, f"secure aggregate rejected: {reason}")]
-        return [reply], dropped
+            return RoundOutcome(dropped=dropped + [Dropped(None, 0, f"secure aggregate rejected: {reason}")],
+                                contributors=[])
+        return RoundOutcome([reply], dropped, contributors=[p for node, p in expected.items() if node in contributors])
 
     def invalid_contributors(self, contributors: dict[int, dict], expected: dict[int, int]) -> list[tuple[int, str]]:
         """(node, reason) of each contributor whose clear metrics fail the checks every reply
         gets (fedcore.replies: num-examples a count within the client's bound; the method's
         ``check_reply``, e.g. FedeRage's β in its box)."""
-        limits = getattr(self.strategy, "reply_limits", None) or ReplyLimits()
+        limits = self.context.limits
         check = getattr(self.strategy, "check_reply", None)
         bad = []
         for node, metrics in sorted(contributors.items()):

@@ -4,9 +4,12 @@ The round loop is this app's own (not ``Strategy.start``) because fairness exper
 need what Flower's loop does not keep: a seeded sampler over *partition ids* (so every
 method under one seed sees the same clients in the same rounds), scoring of *every*
 client each evaluation round, per-round records and checkpoints on disk. The strategies
-are the same Flower-native objects a foreign app starts with ``strategy.start(...)``:
-the loop calls their ``configure_train`` / ``aggregate_train`` (reply validation included)
-and, for federated evaluation, ``configure_evaluate`` / ``aggregate_evaluate``.
+are the same Flower-native objects a foreign app starts with ``strategy.start(...)``: the
+loop calls their ``configure_train`` and ``train_outcome`` (reply validation included; the
+round's :class:`strategies.rounds.RoundOutcome` returned, whatever the exchange: in the clear
+or under SecAgg+, :mod:`fedpcd_app.server.exchange`) and, for federated evaluation,
+``configure_evaluate`` / ``evaluate_outcome``, each given the app's
+:class:`strategies.requests.RunContext` (its sampler, the run config, the reply bounds).
 
 An exception inside the strategy's aggregation is recorded in the round's record; with
 ``on-aggregation-error = "stop"`` (the default) the run then writes a checkpoint and a
@@ -21,6 +24,7 @@ Parts, one job each: :mod:`fedpcd_app.server.config` (validation, once), :mod:`f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -32,11 +36,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from client_app import local_data
 from fedcore.config import ConfigError, RunConfig, resolve
+from fedcore.flat import spec_of
 from fedcore.replies import ReplyTrust
 from fedpcd_app.server import checkpoint, divergence, node_data, report_process, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
-from fedpcd_app.server.exchange import resolve_round_timeout, send_and_receive
+from fedpcd_app.server.exchange import PlainExchange, resolve_round_timeout
 from fedpcd_app.server.gpus import visible_gpus
 from fedpcd_app.server.logs import ONE_LINE_ERRORS, AggregationStopped, one_line_report, set_log_method, setup_logging
 from fedpcd_app.server.membership import (
@@ -50,6 +55,8 @@ from fedpcd_app.server.results import ResultsWriter, write_json_atomic
 from fedpcd_app.server.tracking import tracker_for
 from strategies.privacy import CentralDP
 from strategies.registry import weighting_of
+from strategies.requests import RunContext, addressees
+from strategies.rounds import RoundOutcome
 from strategies.wrappers import UpdateClip, find_wrapper
 
 log = logging.getLogger("fedpcd")
@@ -77,12 +84,12 @@ class Experiment:
         self.membership_given = membership is not None  # discovered already (run_experiment)
         self.membership = membership if membership is not None else Membership(self.cfg)
         self.membership.cfg = self.cfg
-        self.strategy.select = self.membership.select
-        self.strategy.run_config = self.cfg.as_dict()
         self.arrays = ArrayRecord(setup.model.state_dict())
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
-        # counts bounded by the partitions' sizes the server knows (fedcore.replies.ReplyLimits)
-        self.strategy.reply_limits = reply_limits(self.cfg, self.evaluator.data, self.membership)
+        # What the strategy's calls are given: the seeded sampler over partition ids, the run config
+        # sent with every request, counts bounded by the partitions' sizes the server knows.
+        self.context = RunContext(select=self.membership.select, run_config=self.cfg.as_dict(),
+                                  limits=reply_limits(self.cfg, self.evaluator.data, self.membership))
         self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
         self.history: list[dict[str, Any]] = []
         self.last_eval: dict[str, Any] = {}
@@ -100,8 +107,11 @@ class Experiment:
             setup_logging()
             log.info("resumed from round %d of %s", self.start_round - 1, setup.resume_from)
         self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
-        self.secure = secagg.SecureAggregator(self.cfg, self.strategy, self.strategy.spec or
-                                              _spec(self.arrays)) if secagg.enabled(self.cfg) else None
+        # the round's train exchange: in the clear, or under SecAgg+; either returns the round's outcome
+        self.exchange = (secagg.SecureAggregator(self.cfg, self.strategy, spec_of(self.arrays), self.context)
+                         if secagg.enabled(self.cfg) else PlainExchange(self.strategy, self.context,
+                                                                         self.cfg.round_timeout or None))
+        self.replies_in = 0.0  # when the latest round's replies were in (waiting())
         self.warnings: list[str] = []  # summary.json "warnings" (each also logged when it happens)
         self.near_bound_rounds = 0
         self.signals = divergence.Interrupts()
@@ -147,7 +157,7 @@ class Experiment:
             diverged = self.watch.observe(record, self.last_valid)
             stop = diverged is not None or (self.stop_on_error and "aggregation_error" in record)
             if stop or self.is_eval_round(server_round):
-                evaluation = self.evaluator.evaluate(server_round, self.arrays, self.grid)
+                evaluation = self.evaluator.evaluate(server_round, self.arrays, self.grid, self.context)
                 record["eval"] = self.last_eval = evaluation
             with self.signals.deferred():
                 self.watch_round(record)
@@ -215,80 +225,73 @@ class Experiment:
     def train_round(self, server_round: int) -> dict[str, Any]:
         """Sample → requests → replies → validation and aggregation → the round's record."""
         t0 = time.perf_counter()
-        if self.membership.sampler is not None:
-            self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
-            for pid in self.membership.moved:  # a new node: the client's node-side state is gone
-                self.strategy.on_node_changed(pid)
-        msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid)
-        expected = dict(self.strategy.expected)  # node → partition id
-        pids = list(expected.values())
-        self.sampled_before = self.times_sampled.copy()  # an interrupt while waiting undoes this round's count
-        self.times_sampled[pids] += 1  # rounds a partition was asked: sampled and served by a node
-        # A Bernoulli availability round can be empty: nothing to send, the model stays.
-        # waiting for the clients: an interrupt here ends the run before this round (its count undone)
-        if self.secure is not None:  # SecAgg+: one reply holding the clients' weighted mean
-            valid, dropped = self.secure.exchange(self.grid, msgs, expected, server_round) if msgs else ([], [])
-        else:
-            replies = send_and_receive(self.grid, msgs, timeout=self.cfg.round_timeout or None)
-        self.sampled_before = None
-        with self.signals.deferred():  # aggregation and the round's record: an interrupt waits for them
-            if self.secure is not None:
-                aggregate = (lambda: self.strategy.aggregate_valid(server_round, valid)) if valid else None
-            else:
-                aggregate = lambda: self.strategy.aggregate_train(server_round, replies)  # noqa: E731
-            t_train = time.perf_counter() - t0
-            record: dict[str, Any] = {"round": server_round, "sampled": pids}
-            if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
-                record["unserved"] = list(self.membership.unserved)
-                log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
-                            record["unserved"])
-            t1 = time.perf_counter()
-            new_arrays, agg_metrics, error = None, None, None
-            self.last_valid = []
-            if aggregate is not None:
-                try:
-                    new_arrays, agg_metrics = aggregate()
-                except Exception as exc:  # noqa: BLE001 - recorded; run() stops unless on-aggregation-error=keep
-                    if not self.stop_on_error:
-                        log.exception("round %d: aggregation failed; the model stays as it was", server_round)
-                    self.aggregation_exception = exc
-                    error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            if self.secure is None:
-                valid, dropped = self.strategy.last_train.valid, self.strategy.last_train.dropped
-                replied = sorted(expected[int(r.metadata.src_node_id)] for r in valid)  # validated senders
-            else:
-                for d in dropped:
-                    log.warning("round %d: dropped reply of partition %s: %s", server_round, d.partition, d.reason)
-                gone = {d.partition for d in dropped}  # the one valid reply: the mean of the others
-                replied = sorted(p for p in pids if p not in gone) if valid else []
-            record.update({
-                "replied": replied,  # partitions whose reply was aggregated (clients.csv times_replied)
-                "num_replies": self.secure.num_contributors if self.secure is not None else len(valid),
-                "dropped": [d.as_dict() for d in dropped],
-                "num_dropped": len(dropped),
-                "lr": self.strategy.round_lr(server_round),
-            })
-            if valid:
-                self.last_valid = list(valid) if self.secure is None else []
-                record.update(_train_losses(valid, self.strategy.want_loss_before))
-                record["aggregate_seconds"] = time.perf_counter() - t1
-                if error is not None:
-                    record["aggregation_error"] = error
-                if new_arrays is not None and not divergence.is_finite(new_arrays):
-                    record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
-                elif new_arrays is not None:
-                    self.arrays = new_arrays
-                if agg_metrics is not None:
-                    record["strategy"] = dict(agg_metrics)
-                if self.secure is None:
-                    record.update(self.strategy.last_train.defence)  # update_clip, privacy (the wrappers' reports)
-            else:
-                log.warning("round %d: no valid reply; the model stays as it was", server_round)
-            record["train_seconds"] = t_train
+        msgs = self.requests(server_round)
+        with self.signals.deferred():  # aggregation and the record: an interrupt waits for them (not in waiting())
+            outcome = self.exchange.exchange(self.grid, msgs, server_round, self.waiting)
+            self.sampled_before = None
+            record = self.round_record(server_round, list(addressees(msgs).values()), outcome)
+            self.take(outcome, record, aggregate_seconds=time.perf_counter() - self.replies_in)
+            record["train_seconds"] = self.replies_in - t0
             self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
             record["round_seconds"] = time.perf_counter() - t0  # the whole training round
             self.trained = record  # before any interrupt can land: run() records it
             return record
+
+    def requests(self, server_round: int) -> list:
+        """The round's train requests to the sampled clients a node serves now, each counted in
+        ``times_sampled`` (a Bernoulli availability round can be empty: nothing is sent)."""
+        if self.membership.sampler is not None:
+            self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
+            for pid in self.membership.moved:  # a new node: the client's node-side state is gone
+                self.strategy.on_node_changed(pid)
+        msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid, self.context)
+        self.sampled_before = self.times_sampled.copy()  # an interrupt while waiting undoes this round's count
+        self.times_sampled[list(addressees(msgs).values())] += 1  # rounds a partition was asked
+        return msgs
+
+    @contextlib.contextmanager
+    def waiting(self):
+        """The exchange waits for the clients in here: an interrupt ends the run at once, before
+        this round (its count undone); when the replies are in is the end of the round's training."""
+        with self.signals.interruptible():
+            yield
+        self.replies_in = time.perf_counter()
+
+    def round_record(self, server_round: int, pids: list[int], outcome: RoundOutcome) -> dict[str, Any]:
+        """Who was asked, who was served, whose reply was aggregated and which were dropped."""
+        record: dict[str, Any] = {"round": server_round, "sampled": pids}
+        if self.membership.unserved:  # drawn, but no node serves them now: nothing was sent
+            record["unserved"] = list(self.membership.unserved)
+            log.warning("round %d: partition(s) %s drawn but served by no node: not asked", server_round,
+                        record["unserved"])
+        return {**record,
+                "replied": outcome.replied,  # partitions whose reply was aggregated (clients.csv times_replied)
+                "num_replies": len(outcome.replied),
+                "dropped": [d.as_dict() for d in outcome.dropped],
+                "num_dropped": len(outcome.dropped),
+                "lr": self.strategy.round_lr(server_round)}
+
+    def take(self, outcome: RoundOutcome, record: dict[str, Any], aggregate_seconds: float) -> None:
+        """The round's outcome into the record, and its model (when finite) as the global model."""
+        self.last_valid = outcome.client_replies  # the divergence watch reads their losses
+        if outcome.error is not None:
+            if not self.stop_on_error:
+                log.error("round %d: aggregation failed; the model stays as it was", record["round"],
+                          exc_info=outcome.error)
+            self.aggregation_exception = outcome.error
+        if not outcome.valid:
+            return
+        record.update(_train_losses(outcome.valid, self.strategy.want_loss_before))
+        record["aggregate_seconds"] = aggregate_seconds
+        if outcome.error is not None:
+            record["aggregation_error"] = f"{type(outcome.error).__name__}: {outcome.error}".splitlines()[0]
+        if outcome.arrays is not None and not divergence.is_finite(outcome.arrays):
+            record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
+        elif outcome.arrays is not None:
+            self.arrays = outcome.arrays
+        if outcome.metrics is not None:
+            record["strategy"] = dict(outcome.metrics)
+        record.update(outcome.defence)  # update_norms, update_clip, privacy (validation's and the wrappers' reports)
 
     def draws_report(self) -> bool:
         """``figures = "auto"``: report.md and the run's figures when the run ends."""
@@ -299,7 +302,7 @@ class Experiment:
         return server_round == self.cfg.num_server_rounds or (every > 0 and server_round % every == 0)
 
     def evaluate(self, server_round: int) -> dict[str, Any]:
-        self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid)
+        self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid, self.context)
         return self.last_eval
 
     # -- checkpoints (fedpcd_app.server.checkpoint) ---------------------------------------------------
@@ -318,7 +321,7 @@ class Experiment:
             privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
             config=self.cfg.as_dict(),
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
-            reply_trust=self.strategy.reply_trust.as_dict(),
+            reply_trust=self.context.trust.as_dict(),
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -347,7 +350,7 @@ class Experiment:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
         if ckpt.reply_trust is not None:  # the size bounds continue from the trusted scale (older files: rebuilt)
-            self.strategy.reply_trust = ReplyTrust.from_dict(ckpt.reply_trust)
+            self.context.trust = ReplyTrust.from_dict(ckpt.reply_trust)
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
             dp.dp_state = ckpt.privacy  # the adaptive clipping norm
         self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
@@ -539,12 +542,6 @@ def _times_replied(history: list[dict[str, Any]], num_clients: int) -> np.ndarra
             dropped = {d["partition"] for d in rec.get("dropped", ())}
             out[[p for p in rec["sampled"] if p not in dropped]] += 1
     return out
-
-
-def _spec(arrays: ArrayRecord):
-    from fedcore.flat import spec_of
-
-    return spec_of(arrays)
 
 
 def _train_losses(valid, want_loss_before: bool) -> dict[str, float]:
