@@ -415,44 +415,61 @@ def validate_train_replies(
     views = theta_views(theta, spec) if theta is not None else None
     valid, dropped, seen, norms = [], [], set(), []
     for msg in replies:
-        node = int(msg.metadata.src_node_id)
-        want = expected.get(node)
-        norm: list = []
-        try:
-            pid, reason = check_train_reply(
-                msg, spec, required_metrics, required_records, want is not None,
-                max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
-                norm_out=norm)
-        except Exception as exc:  # noqa: BLE001 - whatever a reply holds, it can only drop itself
-            pid, reason, norm = want, f"reply could not be validated ({type(exc).__name__}: {exc})".splitlines()[0], []
-        if reason is None:
-            if node not in expected:
-                reason = "reply from a node that was not asked this round"
-            elif want is None:  # clients known by node id only
-                pid = node if pid is None else pid
-            elif pid != want:
-                reason = f"partition-id {pid} does not match the partition {want} of this node"
-            elif pid in seen:
-                reason = f"second reply for partition {pid}"
+        pid, reason, norm = _check_one(msg, expected, seen, spec, required_metrics, required_records, limits,
+                                       views, check)
         if reason is not None:
-            dropped.append(Dropped(pid if pid is not None else want, node, reason))
+            dropped.append(Dropped(pid, int(msg.metadata.src_node_id), reason))
             continue
         seen.add(pid)
         valid.append(msg)
         norms.extend(norm)
-    if views is not None and valid:
-        model_norm = math.sqrt(sum(float(np.dot(v, v)) for v in views.values()))
-        out, report = norm_bounds(norms, limits.max_update_ratio, trust, model_norm)
-        if stats is not None:
-            stats.update(report)
-        for i, why in sorted(out.items()):
-            msg = valid[i]
-            node = int(msg.metadata.src_node_id)
-            dropped.append(Dropped(_client(msg, expected), node, why))
-        if trust is not None and limits.max_update_ratio > 0:
-            trust.observe_norms([n for i, n in enumerate(norms) if i not in out])
-        valid = [msg for i, msg in enumerate(valid) if i not in out]
-    return valid, dropped
+    if views is None or not valid:
+        return valid, dropped
+    out = _size_drops(norms, views, limits, trust, stats)
+    dropped += [Dropped(_client(valid[i], expected), int(valid[i].metadata.src_node_id), why)
+                for i, why in sorted(out.items())]
+    return [msg for i, msg in enumerate(valid) if i not in out], dropped
+
+
+def _check_one(msg, expected: Mapping[int, int | None], seen: set, spec: FlatSpec, required_metrics: Iterable[str],
+               required_records: Iterable[str], limits: ReplyLimits, views,
+               check) -> tuple[int | None, str | None, list]:
+    """(client, why it is dropped or None, [its update norm]) of one reply: well-formed and within
+    bounds (:func:`check_train_reply`; any exception drops it), from a node asked this round, for
+    the partition that node was asked for, once."""
+    node = int(msg.metadata.src_node_id)
+    want = expected.get(node)
+    norm: list = []
+    try:
+        pid, reason = check_train_reply(
+            msg, spec, required_metrics, required_records, want is not None,
+            max_count=limits.max_count(want), count_source=limits.source(want), theta=views, check=check,
+            norm_out=norm)
+    except Exception as exc:  # noqa: BLE001 - whatever a reply holds, it can only drop itself
+        return want, f"reply could not be validated ({type(exc).__name__}: {exc})".splitlines()[0], []
+    if reason is None:
+        if node not in expected:
+            reason = "reply from a node that was not asked this round"
+        elif want is None:  # clients known by node id only
+            pid = node if pid is None else pid
+        elif pid != want:
+            reason = f"partition-id {pid} does not match the partition {want} of this node"
+        elif pid in seen:
+            reason = f"second reply for partition {pid}"
+    return (pid if pid is not None else want), reason, norm
+
+
+def _size_drops(norms: list[float], views, limits: ReplyLimits, trust: ReplyTrust | None,
+                stats: dict | None) -> dict[int, str]:
+    """{index: reason} of the valid replies whose update norm breaks the size rules
+    (:func:`norm_bounds`); the accepted norms join ``trust``, the round's report ``stats``."""
+    model_norm = math.sqrt(sum(float(np.dot(v, v)) for v in views.values()))
+    out, report = norm_bounds(norms, limits.max_update_ratio, trust, model_norm)
+    if stats is not None:
+        stats.update(report)
+    if trust is not None and limits.max_update_ratio > 0:
+        trust.observe_norms([n for i, n in enumerate(norms) if i not in out])
+    return out
 
 
 def _client(msg, expected: Mapping[int, int | None]) -> int:

@@ -120,58 +120,76 @@ def fedlf_direction(
     hist = history if history is not None and len(history) else None
     if m == 1 and hist is None:
         return FedLFStep(grads[0].to(torch.float64).clone(), [torch.ones(1, dtype=torch.float64)], False, 0, False, 0)
-    k = 0 if hist is None else len(hist)
     d_raw = torch.zeros(grads.shape[1], dtype=torch.float64)
     dots_raw = torch.zeros(m, dtype=torch.float64)  # g_i · d_raw
     lambdas = []
     for a, b in groups:
-        x = torch.empty((m + k, b - a), dtype=torch.float64)
-        x[:m] = grads[:, a:b]
-        if hist is not None:  # row by row: the history need not be one stacked tensor
-            for j, row in enumerate(hist):
-                x[m + j] = row[a:b]
-        gram = x @ x.T
-        norms = gram.diagonal().clamp_min(0).sqrt()
-        inv = 1.0 / (norms + 1e-12)  # unit rows = x / (‖x‖ + eps), as linalg.unit_rows
-        unit_gram = gram * inv[:, None] * inv[None, :]
-        mu = norms[:m].mean()
-        # V = [μ·unit_c; t·(h·unit_c) (the fairness row f/‖f‖·μ); μ·unit_h]
-        u_cc, u_all_c = unit_gram[:m, :m], unit_gram[:, :m]
-        blocks = mu * mu * unit_gram
-        if fair:
-            hu = u_all_c @ h  # (m + k,): unit_j · (h·unit_c)
-            f_norm = mu * torch.sqrt((h @ u_cc @ h).clamp_min(0))  # ‖h·(μ unit_c)‖
-            t = mu * mu / (f_norm + 1e-12)
-            n = m + k
-            v = torch.empty((n + 1, n + 1), dtype=torch.float64)
-            v[:m, :m], v[:m, m + 1:] = blocks[:m, :m], blocks[:m, m:]
-            v[m + 1:, :m], v[m + 1:, m + 1:] = blocks[m:, :m], blocks[m:, m:]
-            v[:m, m] = v[m, :m] = mu * t * hu[:m]
-            v[m + 1:, m] = v[m, m + 1:] = mu * t * hu[m:]
-            v[m, m] = t * t * (h @ hu[:m])
-        else:
-            v = blocks
-        lam = torch.from_numpy(linalg.min_norm_simplex(v.numpy()))
+        x = _group_rows(grads, hist, a, b)
+        lam, d_q = _group_direction(x, m, h if fair else None)
         lambdas.append(lam)
-        # d_q = λ·V as a combination of the raw rows x
-        if fair:
-            lam_c, lam_f, lam_h = lam[:m], lam[m], lam[m + 1:]
-            coef_c = mu * lam_c + t * lam_f * h
-        else:
-            lam_c, lam_h = lam[:m], lam[m:]
-            coef_c = mu * lam_c
-        coef = torch.cat([coef_c, mu * lam_h]) * inv
-        d_q = coef @ x
         d_raw[a:b] = d_q
         dots_raw += x[:m] @ d_q
+    return _rescaled(d_raw, dots_raw, grads, lambdas, fair)
 
+
+def _group_rows(grads: torch.Tensor, hist, a: int, b: int) -> torch.Tensor:
+    """x = [g_q; hist_q]: the group's columns [a, b) of the m client rows and the k history rows
+    (float64; the history row by row: it need not be one stacked tensor)."""
+    m, k = grads.shape[0], 0 if hist is None else len(hist)
+    x = torch.empty((m + k, b - a), dtype=torch.float64)
+    x[:m] = grads[:, a:b]
+    for j, row in enumerate(hist if hist is not None else ()):
+        x[m + j] = row[a:b]
+    return x
+
+
+def _group_direction(x: torch.Tensor, m: int, h: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(λ_q, d_q) of one group: the min-norm point of the rows V (μ-scaled unit client rows, the
+    fairness row when ``h`` is given, μ-scaled unit history rows), d_q = λ·V as coef·x."""
+    gram = x @ x.T
+    norms = gram.diagonal().clamp_min(0).sqrt()
+    inv = 1.0 / (norms + 1e-12)  # unit rows = x / (‖x‖ + eps), as linalg.unit_rows
+    mu = norms[:m].mean()
+    v, t = _min_norm_gram(gram * inv[:, None] * inv[None, :], mu, m, h)
+    lam = torch.from_numpy(linalg.min_norm_simplex(v.numpy()))
+    if h is not None:
+        coef_c, lam_h = mu * lam[:m] + t * lam[m] * h, lam[m + 1:]
+    else:
+        coef_c, lam_h = mu * lam[:m], lam[m:]
+    coef = torch.cat([coef_c, mu * lam_h]) * inv
+    return lam, coef @ x
+
+
+def _min_norm_gram(unit_gram: torch.Tensor, mu: torch.Tensor, m: int,
+                   h: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(V Vᵀ, t) for V = [μ·unit_c; t·(h·unit_c) (the fairness row f/‖f‖·μ); μ·unit_h] from the
+    unit rows' Gram matrix; without ``h`` V has no fairness row (and t is None)."""
+    blocks = mu * mu * unit_gram
+    if h is None:
+        return blocks, None
+    u_cc, u_all_c = unit_gram[:m, :m], unit_gram[:, :m]
+    hu = u_all_c @ h  # (m + k,): unit_j · (h·unit_c)
+    f_norm = mu * torch.sqrt((h @ u_cc @ h).clamp_min(0))  # ‖h·(μ unit_c)‖
+    t = mu * mu / (f_norm + 1e-12)
+    n = unit_gram.shape[0]
+    v = torch.empty((n + 1, n + 1), dtype=torch.float64)
+    v[:m, :m], v[:m, m + 1:] = blocks[:m, :m], blocks[:m, m:]
+    v[m + 1:, :m], v[m + 1:, m + 1:] = blocks[m:, :m], blocks[m:, m:]
+    v[:m, m] = v[m, :m] = mu * t * hu[:m]
+    v[m + 1:, m] = v[m, m + 1:] = mu * t * hu[m:]
+    v[m, m] = t * t * (h @ hu[:m])
+    return v, t
+
+
+def _rescaled(d_raw: torch.Tensor, dots_raw: torch.Tensor, grads: torch.Tensor, lambdas: list[torch.Tensor],
+              fair: bool) -> FedLFStep:
+    """d_raw rescaled to ‖mean_i g_i‖, then halved while it conflicts with a client (:func:`_halve_scale`)."""
     raw_norm = float(d_raw.norm())
-    target = float(torch.linalg.vector_norm(grads.sum(0, dtype=torch.float64))) / m  # ‖mean_i g_i‖
+    target = float(torch.linalg.vector_norm(grads.sum(0, dtype=torch.float64))) / grads.shape[0]  # ‖mean_i g_i‖
     scale = target / raw_norm if raw_norm > 0 else 1.0
     scale, halvings, reverted = _halve_scale(dots_raw, scale)
-    d = d_raw * scale
     conflicts = int((dots_raw * scale < -CONFLICT_TOL).sum())
-    return FedLFStep(d, lambdas, fair, halvings, reverted, conflicts)
+    return FedLFStep(d_raw * scale, lambdas, fair, halvings, reverted, conflicts)
 
 
 def _halve_scale(dots_raw: torch.Tensor, scale: float) -> tuple[float, int, bool]:
