@@ -18,7 +18,7 @@ import pytest
 from fedcore.config import ConfigError, load_config
 from fedpcd_app.runtime import simulate
 from fedpcd_app.server import checkpoint
-from fedpcd_app.server.divergence import RunInterrupted
+from fedpcd_app.server.divergence import Interrupts, RunInterrupted
 from fedpcd_app.server.results import FINAL_MODEL, read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import FakeGrid, honest_reply, task_identity
@@ -152,6 +152,31 @@ def test_an_interrupt_writes_a_checkpoint_and_an_incomplete_summary_and_resume_c
     for (ka, va), (kb, vb) in zip(resumed.arrays.items(), whole.arrays.items()):
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy())
     assert read_summary(out)["complete"] is True
+
+
+def test_a_round_waits_for_its_clients_interruptibly_inside_its_deferred_aggregation():
+    # Prepare: the round loop's shape: a deferred block (aggregation and record) around the exchange
+    interrupts, steps = Interrupts(), []
+    with interrupts:
+        # Execute / Assert: a signal while waiting for the clients ends the round at once
+        with pytest.raises(RunInterrupted), interrupts.deferred():
+            with interrupts.interruptible():
+                os.kill(os.getpid(), signal.SIGINT)
+                steps.append("not reached")
+        assert steps == [] and interrupts.depth == 0
+        # ... one during the aggregation waits for the block's end (the round is recorded first)
+        with pytest.raises(RunInterrupted), interrupts.deferred():
+            with interrupts.interruptible():
+                steps.append("replies in")
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("recorded")
+        assert steps == ["replies in", "recorded"] and interrupts.depth == 0 and interrupts.pending is None
+        # ... and one held before the clients are waited for ends the round when the waiting starts
+        with pytest.raises(RunInterrupted), interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            with interrupts.interruptible():
+                steps.append("not reached")
+        assert steps == ["replies in", "recorded"] and interrupts.depth == 0
 
 
 def test_an_interrupt_during_an_evaluation_keeps_the_trained_round(tmp_path, monkeypatch):

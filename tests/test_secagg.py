@@ -132,3 +132,28 @@ def test_weight_above_max_weight_is_withheld_not_silently_clipped(tmp_path):
     (rec,) = read_rounds(secure.writer.dir)
     assert rec["num_replies"] == 0 and rec["num_dropped"] == 3
     np.testing.assert_array_equal(flat_of(secure.arrays), flat_of(_initial(tmp_path)))
+
+
+def test_the_secure_exchange_s_drops_are_a_round_outcome_like_a_plain_round_s():
+    # Prepare: the protocol's results as the legacy shim holds them (no protocol run): partition 1's
+    # clear count above its bound, partition 2 left the protocol
+    from types import SimpleNamespace
+
+    from fedcore.replies import ReplyLimits
+    from strategies.requests import RunContext
+
+    cfg = load_config({**BASE, "secure-aggregation": True})
+    agg = secagg.SecureAggregator(cfg, registry.build(cfg), None,
+                                  RunContext(limits=ReplyLimits(train_sizes={0: 50, 1: 50, 2: 50})))
+    results = [(SimpleNamespace(node_id=1000 + p), SimpleNamespace(metrics={keys.NUM_EXAMPLES: n}))
+               for p, n in ((0, 50), (1, 10**6))]
+    expected = {1000: 0, 1001: 1, 1002: 2}
+    # Execute
+    rejected = agg.checked(SimpleNamespace(results=results, aggregated=object()), expected, 1)
+    halted = agg.checked(None, expected, 1)
+    # Assert: no reply aggregated (0 replies, as a plain round whose replies were all dropped), each
+    # client dropped once with its reason
+    reasons = {d.partition: d.reason for d in rejected.dropped}
+    assert rejected.valid == [] and rejected.replied == [] and len(rejected.dropped) == 3
+    assert "left the SecAgg+" in reasons[2] and "exceeds 50" in reasons[1] and "another contributor" in reasons[0]
+    assert halted.replied == [] and all("halted" in d.reason for d in halted.dropped) and len(halted.dropped) == 3
