@@ -49,7 +49,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedcore import flat, keys
-from fedcore.config import ConfigError
+from fedcore.config import APP, ConfigError
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import numpy_rng, torch_generator
 
@@ -65,11 +65,12 @@ class Params(MethodParams):
     """The attack keys of the run config (declared once; pyproject.toml holds the same)."""
 
     prefix = "attack"
-    kind: str = hyper("none", key="attack", choices=ATTACKS)
-    clients: str = hyper("")  # "0,3,7": the attacked partition ids
-    fraction: float = hyper(0.0, low=0.0, high=1.0)  # or this fraction of them, drawn with the seed
-    scale: float = hyper(10.0, low=0.0, low_open=True)  # s of sign-flip, scale and loss-lie
-    noise: float = hyper(1.0, low=0.0, low_open=True)  # σ of gaussian
+    kind: str = hyper("none", key="attack", choices=ATTACKS, doc="what the attacked clients do (README: Hostile "
+                                                                 "clients and defences)")
+    clients: str = hyper("", doc="'0,3,7': the attacked partition ids")
+    fraction: float = hyper(0.0, low=0.0, high=1.0, doc="or this fraction of the clients, drawn with the seed")
+    scale: float = hyper(10.0, low=0.0, low_open=True, doc="s of sign-flip, scale and loss-lie")
+    noise: float = hyper(1.0, low=0.0, low_open=True, doc="σ of gaussian")
 
     def check(self) -> None:
         if self.clients and self.fraction:
@@ -129,7 +130,7 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     config = msg.content[keys.CONFIG]
     # the partition the request is for (a routed simulation node serves several; see
     # client_app.client_app.served_partition); a node with its own data: its own partition
-    node_mode = str(raw.get("client-data", "partition")) == "node"
+    node_mode = APP["client-data"].read(raw) == "node"
     if not node_mode and keys.PARTITION_ID in config:
         pid = config[keys.PARTITION_ID]
     else:

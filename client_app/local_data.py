@@ -45,10 +45,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedcore.config import ConfigError, RunConfig
+from fedcore.config import APP, ConfigError, RunConfig
 
 CLIENT_DATA = "client-data"
-CLIENT_DATA_MODES = ("partition", "node")
 CENTRAL_TEST_PATH = "central-test-path"
 NUM_CLASSES = "num-classes"
 INPUT_SHAPE = "input-shape"
@@ -89,18 +88,15 @@ class Settings:
 def settings(cfg: RunConfig | Mapping) -> Settings:
     """The own-data keys of a run config (a :class:`RunConfig` or a flat dict), checked:
     one :class:`ConfigError` line naming the key and the fix."""
-    params = cfg.params if isinstance(cfg, RunConfig) else cfg
-    mode = params.get(CLIENT_DATA, "partition")
-    if mode not in CLIENT_DATA_MODES:
-        raise ConfigError(f"run-config key '{CLIENT_DATA}' = {mode!r} is not one of {', '.join(CLIENT_DATA_MODES)}")
-    node = mode == "node"
-    num_classes = params.get(NUM_CLASSES, 0)
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0 or num_classes == 1:
+    params = cfg.as_dict() if isinstance(cfg, RunConfig) else cfg
+    node = APP[CLIENT_DATA].read(params) == "node"
+    num_classes = APP[NUM_CLASSES].read(params)
+    if num_classes == 1:
         raise ConfigError(f"run-config key '{NUM_CLASSES}' = {num_classes!r} must be an integer >= 2 (0 = learn it "
                           "from the nodes)")
-    shape = parse_shape(params.get(INPUT_SHAPE, ""))
-    mean = _floats(DATA_MEAN, params.get(DATA_MEAN, ""))
-    std = _floats(DATA_STD, params.get(DATA_STD, ""))
+    shape = parse_shape(APP[INPUT_SHAPE].read(params))
+    mean = _floats(DATA_MEAN, APP[DATA_MEAN].read(params))
+    std = _floats(DATA_STD, APP[DATA_STD].read(params))
     if bool(mean) != bool(std) or len(mean) != len(std):
         raise ConfigError(f"run-config keys '{DATA_MEAN}' = {params.get(DATA_MEAN)!r} and '{DATA_STD}' = "
                           f"{params.get(DATA_STD)!r}: give both, one value per channel each (or both \"\")")
@@ -109,12 +105,10 @@ def settings(cfg: RunConfig | Mapping) -> Settings:
     if mean and shape and len(mean) != shape[0]:
         raise ConfigError(f"run-config key '{DATA_MEAN}' has {len(mean)} value(s) but '{INPUT_SHAPE}' = "
                           f"{params.get(INPUT_SHAPE)!r} has {shape[0]} channel(s): give one per channel")
-    central = params.get(CENTRAL_TEST_PATH, "")
-    if not isinstance(central, str):
-        raise ConfigError(f"run-config key '{CENTRAL_TEST_PATH}' must be a string path, got {central!r}")
+    central = APP[CENTRAL_TEST_PATH].read(params)
     if not node:
         for key in NODE_ONLY_KEYS:
-            if params.get(key, "") not in ("", 0):
+            if APP[key].read(params) != APP[key].default:
                 raise ConfigError(f"run-config key '{key}' = {params[key]!r} is used only with "
                                   f"{CLIENT_DATA}='node' (nodes that bring their own data): remove it or set "
                                   f"{CLIENT_DATA}='node'")
@@ -122,8 +116,7 @@ def settings(cfg: RunConfig | Mapping) -> Settings:
 
 
 def is_node_mode(cfg: RunConfig | Mapping) -> bool:
-    params = cfg.params if isinstance(cfg, RunConfig) else cfg
-    return params.get(CLIENT_DATA, "partition") == "node"
+    return (cfg.client_data if isinstance(cfg, RunConfig) else APP[CLIENT_DATA].read(cfg)) == "node"
 
 
 def parse_shape(text) -> tuple[int, ...]:

@@ -63,11 +63,11 @@ from torch.nn import functional as F
 
 from client_app.methods import TrainJob, TrainOutcome
 from client_app.training import batch_indices, sampled_batches
+from fedcore.config import APP
 from fedcore.seeding import seed_torch
 
 log = logging.getLogger("fedpcd")
 
-EXECUTION = ("auto", "loop", "vectorised")
 EXECUTION_KEY = "client-execution"
 # client-execution = 'auto' trains these models as rows (measured faster than the loop on the
 # CPU with two clients or more; docs/performance.md §"Clients trained at once").
@@ -93,16 +93,9 @@ class NotCovered(Exception):
 
 
 def execution_mode(settings) -> str:
-    """The run's ``client-execution`` from the routine's settings (a RunConfig keeps it in its
-    params; :class:`client_app.methods.LocalTraining` as a field)."""
-    params = getattr(settings, "params", None)
-    if params is not None:
-        mode = str(params.get(EXECUTION_KEY, "auto"))
-    else:
-        mode = str(getattr(settings, "client_execution", "auto"))
-    if mode not in EXECUTION:
-        raise ValueError(f"run-config key '{EXECUTION_KEY}' = {mode!r} is not one of {', '.join(EXECUTION)}")
-    return mode
+    """The run's ``client-execution`` from the routine's settings (a RunConfig field, as
+    :class:`client_app.methods.LocalTraining`'s), checked against its declaration."""
+    return str(APP[EXECUTION_KEY].check(settings.client_execution))
 
 
 # -- rows: the batched trainer -----------------------------------------------------------------
@@ -811,8 +804,8 @@ def message_mode(message) -> str:
         run = message.content["run-config"]
     except (KeyError, AttributeError):
         return "loop"
-    mode = str(dict(run.items()).get(EXECUTION_KEY, "auto")) if run is not None else "loop"
-    return mode if mode in EXECUTION else "loop"
+    mode = str(dict(run.items()).get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
+    return mode if mode in APP[EXECUTION_KEY].choices else "loop"
 
 
 def wants_batch(message) -> bool:

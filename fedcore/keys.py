@@ -35,6 +35,10 @@ REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
 # Method records and metrics that clients and strategies exchange
 FEDERAGE_BETA = "federage-beta"  # reply metric: the client's β after its local steps
 FEDERAGE_BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂
+# Method keys a client routine reads from the request config (the strategy's client_config()):
+# the run-config keys of their Params fields, named here once for both sides
+DITTO_LAMBDA = "ditto-lambda"  # λ of Ditto's personal models
+FEDPROX_MU = "fedprox-mu"  # μ of FedProx's proximal term
 SCAFFOLD_C = "scaffold-c"  # request record: the server control variate c
 SCAFFOLD_C_CLIENT = "scaffold-c-i"  # request record after a resume (and client state): c_i
 SCAFFOLD_DELTA_C = "scaffold-delta-c"  # reply record: Δc_i

@@ -5,13 +5,16 @@ Each method module declares::
     @dataclasses.dataclass(frozen=True)
     class Params(MethodParams):
         prefix = "fedpcd"                     # run-config keys: fedpcd-<field name>
-        tau: float = hyper(0.02, low=0.0)     # key fedpcd-tau, default 0.02, ≥ 0
+        tau: float = hyper(0.02, low=0.0, doc="required progress τ per constraint",
+                           grid=Grid((0.005, 0.01, 0.02), 0.0, 1.0))   # key fedpcd-tau, default 0.02, ≥ 0
         normalize: str = hyper("l2", choices=("l2", "none", "ema"))
 
-The same declaration serves three readers: keyword construction (``FedPCD(tau=0.05)``,
-checked in ``__post_init__``), the run config (:meth:`MethodParams.from_run_config`
-reads ``fedpcd-tau``), and the test that compares every key and default with
-``[tool.flwr.app.config]`` in pyproject.toml (:meth:`MethodParams.run_config_keys`).
+The same declaration serves every reader: keyword construction (``FedPCD(tau=0.05)``,
+checked in ``__post_init__``; :meth:`MethodParams.from_keywords` names the keyword in errors),
+the run config (:meth:`MethodParams.from_run_config` reads ``fedpcd-tau``), the class's
+signature and help() (``strategies.signatures``), a sweep's search space (``grid``:
+``fedpcd_app.analysis.tuning``), and the generated pyproject.toml table, ``fedcore.defaults``
+and README methods table (``scripts/generate.py``).
 
 A field whose type is itself a ``MethodParams`` (Ditto's CRAFT aggregator settings) is read
 with that class's own keys. Errors are one line: the key, the value and what is allowed
@@ -25,7 +28,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from fedcore.config import ConfigError, check_value
+from fedcore.config import ConfigError, Grid, allowed_words, check_value, did_you_mean
 
 _KINDS = {"float": float, "int": int, "bool": bool, "str": str}
 # Per Params class: its (field, type) pairs and field name → run-config key. A class's fields
@@ -36,11 +39,14 @@ _KEYS: dict[type, dict[str, str]] = {}
 
 
 def hyper(default: Any, *, key: str | None = None, low: float | None = None, high: float | None = None,
-          low_open: bool = False, choices: tuple[str, ...] | None = None) -> Any:
+          low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] | None = None,
+          doc: str = "", grid: Grid | None = None) -> Any:
     """A hyperparameter field: its default, its run-config key (default ``<prefix>-<name>``
-    with ``_`` → ``-``) and what values are allowed."""
+    with ``_`` → ``-``), what values are allowed, what it means (``doc``: help(), pyproject's
+    comment) and, for a tuned key, its search space (``grid``)."""
     return dataclasses.field(default=default, metadata={
-        "key": key, "low": low, "high": high, "low_open": low_open, "choices": choices})
+        "key": key, "low": low, "high": high, "low_open": low_open, "high_open": high_open, "choices": choices,
+        "doc": doc, "grid": grid})
 
 
 def nested(cls: type) -> Any:
@@ -82,7 +88,52 @@ class MethodParams:
                 out[cls.key_of(f.name)] = f.default
         return out
 
+    @classmethod
+    def declarations(cls) -> list[tuple[str, Any, str, str]]:
+        """(run-config key, default, doc, the allowed values in words) of every key, nested
+        Params included: what the generated pyproject table and README say."""
+        out: list[tuple[str, Any, str, str]] = []
+        for f, kind in cls._fields():
+            if f.metadata.get("nested"):
+                out += kind.declarations()
+            else:
+                out.append((cls.key_of(f.name), f.default, f.metadata.get("doc", ""), cls.allowed(f.name)))
+        return out
+
+    @classmethod
+    def grids(cls) -> dict[str, Grid]:
+        """Run-config key → search space, for the fields declared with a ``grid``."""
+        return {cls.key_of(f.name): f.metadata["grid"] for f, _ in cls._fields()
+                if not f.metadata.get("nested") and f.metadata.get("grid") is not None}
+
+    @classmethod
+    def allowed(cls, name: str) -> str:
+        """What field ``name`` allows, in words (``finite, >= 0``)."""
+        f, kind = next((f, k) for f, k in cls._fields() if f.name == name)
+        meta = f.metadata
+        return allowed_words(_kind(kind), meta.get("low"), meta.get("high"), bool(meta.get("low_open")),
+                             bool(meta.get("high_open")), meta.get("choices"))
+
     # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_keywords(cls, kwargs: Mapping[str, Any], *, owner: str, known: Any = ()):
+        """The values given as Python keywords to ``owner`` (``FedPCD(tau=0.05)``): an unknown
+        keyword is a TypeError with the closest ones among ``known`` (the owner's whole
+        signature) and the fields; a bad value a :class:`ConfigError` naming the keyword and
+        its run-config key."""
+        fields = {f.name: (f, kind) for f, kind in cls._fields()}
+        unknown = sorted(set(kwargs) - set(fields))
+        if unknown:
+            close = "".join(did_you_mean(u, dict.fromkeys([*known, *fields])) for u in unknown)
+            raise TypeError(f"{owner}() got unknown argument(s) {unknown}{close}; "
+                            f"its hyperparameters are {sorted(fields) or 'none'}")
+        for name, value in kwargs.items():
+            f, kind = fields[name]
+            if not f.metadata.get("nested"):
+                cls._coerce(f, kind, value, subject=f"{owner}() keyword '{name}' (run-config key "
+                                                    f"'{cls.key_of(name)}')")
+        return cls(**kwargs)
+
     @classmethod
     def from_run_config(cls, raw: Mapping[str, Any]):
         """The method's values from a flat run config (a missing key takes its default)."""
@@ -114,16 +165,23 @@ class MethodParams:
             object.__setattr__(self, f.name, self._coerce(f, kind, getattr(self, f.name)))
         self.check()
 
-    def _coerce(self, f: dataclasses.Field, kind: Any, value: Any) -> Any:
+    @classmethod
+    def _coerce(cls, f: dataclasses.Field, kind: Any, value: Any, subject: str | None = None) -> Any:
         """Typed and range-checked by :func:`fedcore.config.check_value`, the one check of
         every key (a float must be finite: NaN passes no ``<`` test)."""
-        name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
         meta = f.metadata
-        return check_value(self.key_of(f.name), value, _KINDS.get(name, object), low=meta.get("low"),
-                           high=meta.get("high"), low_open=bool(meta.get("low_open")), choices=meta.get("choices"))
+        return check_value(cls.key_of(f.name), value, _kind(kind), low=meta.get("low"), high=meta.get("high"),
+                           low_open=bool(meta.get("low_open")), high_open=bool(meta.get("high_open")),
+                           choices=meta.get("choices"), subject=subject)
 
     def check(self) -> None:
         """Checks across fields (one-line :class:`ConfigError`); none by default."""
+
+
+def _kind(annotation: Any) -> type:
+    """bool, int, float or str for a field's resolved annotation (``object``: no coercion)."""
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    return _KINDS.get(name, object)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,17 +35,18 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 
 from fedcore import keys
+from fedcore.config import APP
 from fedcore.flat import FlatSpec, _npy_header, array_view
 
 # num-examples bound for a client whose training size the server does not know (a foreign
 # app's clients): above any single client of the benchmarks here (the largest whole training
 # set, FEMNIST's, is ~0.7 M examples) and 10⁶× below what zeroes a float32 FedAvg; raise it
 # (max-num-examples) for cross-silo clients holding more.
-DEFAULT_MAX_NUM_EXAMPLES = 1_000_000
+DEFAULT_MAX_NUM_EXAMPLES = APP["max-num-examples"].default
 # max-update-ratio: honest digits MLP/CNN rounds stay below 5× the round's median update norm
 # (docs/results/robustness_digits.md, "Honest update norms"); 100 leaves a wide margin and
 # leaves the ×10 scale/sign-flip attacks of the robustness table to the methods.
-DEFAULT_MAX_UPDATE_RATIO = 100.0
+DEFAULT_MAX_UPDATE_RATIO = APP["max-update-ratio"].default
 MIN_REPLIES_FOR_RATIO = 3
 # The size bounds against what the server trusts (docs/hostile.md, "Bounds a majority cannot
 # move"), measured on honest digits runs (scripts/measure_update_norms.py): an honest update
@@ -378,11 +379,11 @@ def steps_asked(run_config: Mapping | None, num_examples: float) -> int | None:
     if not run_config:
         return None
     try:
-        steps = int(run_config.get("local-steps", 0) or 0)
+        steps = APP["local-steps"].read(run_config)
         if steps > 0:
             return steps
-        epochs = int(run_config.get("local-epochs", 1))
-        batch = int(run_config.get("batch-size", 16))
+        epochs = APP["local-epochs"].read(run_config)
+        batch = APP["batch-size"].read(run_config)
     except (TypeError, ValueError):
         return None
     per_epoch = 1 if batch <= 0 else math.ceil(float(num_examples) / batch)

@@ -21,19 +21,11 @@ they are and λ stays on the simplex (mass moves among the sampled clients only)
 full participation c = 1 and this is exactly the paper's update. If the sampled clients
 hold no mass (c ≈ 0) the model step falls back to the FedAvg weights n_k/Σn.
 
-Hyperparameters
----------------
-afl-lambda-lr : float, default 0.01
-    γ_λ ≥ 0, the step of the mixture weights (paper grid 0.01, 0.1, 0.5). Degenerate case:
-    γ_λ = 0 keeps λ uniform, i.e. uniform-weight FedAvg evaluated on the averaged iterate.
-server-lr : float, default 0 (= η_l)
-    η_g, as for FedAvg (the step factor η_g/η_l is :meth:`FairStrategy.step_scale`).
-
-N is ``num_clients`` (the app passes the run's ``num-clients``; a foreign app may leave it
-None, and then N is the number of nodes connected at the first ``configure_train``). λ_k
-belongs to client id k when the ids are 0 … N−1 (this app's partition ids); other ids (a
-foreign app's node ids) get the free slots in the order they are first seen
-(:func:`afl_slots`). The method is ``afl``; the strategy is :class:`AFL`.
+``server-lr`` is η_g, as for FedAvg. N is ``num_clients`` (the app passes the run's
+``num-clients``; a foreign app may leave it None, and then N is the number of nodes connected
+at the first ``configure_train``). λ_k belongs to client id k when the ids are 0 … N−1 (this
+app's partition ids); other ids (a foreign app's node ids) get the free slots in the order
+they are first seen (:func:`afl_slots`). The method is ``afl``; the strategy is :class:`AFL`.
 """
 
 from __future__ import annotations
@@ -45,6 +37,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
+from fedcore.config import Grid
 from fedcore.flat import spec_of
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
@@ -58,7 +51,9 @@ MASS_EPS = 1e-12
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "afl"
-    lambda_lr: float = hyper(0.01, low=0.0)  # afl-lambda-lr: γ_λ
+    lambda_lr: float = hyper(0.01, low=0.0, grid=Grid((0.01, 0.1, 0.5), 1e-4, 10.0),
+                             doc="γ_λ, the step of the mixture weights λ; 0 keeps λ uniform (uniform-weight "
+                                 "FedAvg scored on the averaged iterate)")
 
 
 @dataclasses.dataclass

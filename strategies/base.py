@@ -93,12 +93,7 @@ def method_params(cls: type[FairStrategy], params: MethodParams | None, hyper: d
     """The method's ``Params``: ``params`` as given, or built from the keyword hyperparameters."""
     name = cls.__name__
     if params is None:
-        names = {f.name for f in dataclasses.fields(cls.Params)}
-        unknown = sorted(set(hyper) - names)
-        if unknown:
-            raise TypeError(f"{name}() got unknown argument(s) {unknown}; "
-                            f"its hyperparameters are {sorted(names) or 'none'}")
-        params = cls.Params(**hyper)
+        params = cls.Params.from_keywords(hyper, owner=name, known=cls.__signature__.parameters)
     elif hyper:
         raise TypeError(f"{name}(): give either params= or keyword hyperparameters")
     if not isinstance(params, cls.Params):

@@ -16,9 +16,8 @@ Global, as ConFIG: one group holding the whole model (CRAFT's layer-wise variant
 ``method=craft``). Clients with a zero update are inactive (they still count in m, as in
 FedAvg's mean). Stateless: nothing to checkpoint. One active client: its raw update / m.
 
-Hyperparameters (``Params``): ``craft-tol`` ≥ 0, default 0 (CRAFT's key, declared once in
-:func:`strategies.craft.tol_field`): clients with an update norm ≤ tol are inactive.
-``server-lr`` keeps its one meaning, η_g/η_l (0 → 1).
+Its one key is CRAFT's ``craft-tol`` (:func:`strategies.craft.tol_field`); ``server-lr`` keeps its
+one meaning, η_g/η_l (0 → 1).
 """
 
 from __future__ import annotations

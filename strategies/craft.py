@@ -42,17 +42,6 @@ foreign app that did not pass one) the groups come from the ArrayRecord keys alo
 tensor alone — so a norm layer is then *not* merged with its convolution (it forms a group
 of its own). ``craft-layerwise = false``: one group for the whole model.
 
-Hyperparameters (``Params``; run-config keys):
-
-* ``craft-step`` η_s > 0 — default 0.1 (the authors' ``utils/config.yaml``): the absolute
-  step θ_{t+1} = θ_t − η_s g. Note g is scale-free (unit rows, Σρ = 1): η_s is a step
-  length per group, not a multiple of the clients' step, so it is not ``server-lr``
-  (which CRAFT refuses when non-zero: ``server-lr`` has one meaning, η_g/η_l, everywhere).
-  The client learning rate and its decay do not enter CRAFT's step.
-* ``craft-rho`` — ``data-size`` (default, ρ_i ∝ n_i as the authors) or ``uniform``.
-* ``craft-layerwise`` — true (default) solves per layer group; false: one global group.
-* ``craft-tol`` — ≥ 0, default 0: clients with a group update norm ≤ tol are inactive.
-
 State (:class:`State`, checkpointed): the previous round's unscaled aggregate g (the
 reference) and the round it was computed in.
 
@@ -72,6 +61,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import flat
+from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
@@ -90,7 +80,7 @@ CONFLICT_AFTER = "craft-conflict-after"
 
 def tol_field() -> Any:
     """``craft-tol``: declared here once, shared by CRAFT's and ConFIG's ``Params``."""
-    return hyper(0.0, low=0.0, key="craft-tol")
+    return hyper(0.0, low=0.0, key="craft-tol", doc="clients with a (group) update norm <= tol are inactive")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +88,14 @@ class Params(MethodParams):
     """CRAFT's hyperparameters (see the module docstring)."""
 
     prefix = "craft"
-    rho: str = hyper("data-size", choices=RHO_CHOICES)
-    layerwise: bool = hyper(True)
+    rho: str = hyper("data-size", choices=RHO_CHOICES,
+                     doc="the clients' weights ρ: data-size (ρ_i ∝ n_i, as the authors) or uniform")
+    layerwise: bool = hyper(True, doc="solve per layer group (true) or over one global group (false)")
     tol: float = tol_field()
-    step: float = hyper(0.1, low=0.0, low_open=True)  # authors' utils/config.yaml
+    step: float = hyper(0.1, low=0.0, low_open=True, grid=Grid((0.03, 0.1, 0.3), 1e-3, 10.0),
+                        doc="η_s, the absolute step θ_{t+1} = θ_t − η_s g (the authors' utils/config.yaml); g is "
+                            "scale-free (unit rows, Σρ = 1), so η_s is a step length per group, not server-lr "
+                            "(which CRAFT refuses when non-zero); the clients' lr does not enter it")
 
 
 @dataclasses.dataclass

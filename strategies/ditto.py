@@ -14,14 +14,6 @@ the registered strategy itself (:class:`strategies.fedavg.FedAvg`, :class:`strat
 built with Ditto's own common arguments, so its keys (``server-lr`` for FedAvg, ``craft-*``
 for CRAFT, which refuses a non-zero ``server-lr`` as it does alone) apply unchanged.
 
-Hyperparameters (``Params``; CRAFT's are CRAFT's own ``Params``, nested, not declared again):
-
-* ``ditto-lambda`` λ ≥ 0, default 0.1 (Ditto's grid {0.1, 1, 2}). λ = 0: personal models
-  are purely local (trained from their own past state, never pulled); large λ: they track
-  the global model. Sent to the clients in every request's config (:meth:`Ditto.client_config`);
-  the client routine is :mod:`client_app.methods.ditto`.
-* ``ditto-aggregator`` — ``fedavg`` (default, Ditto as published) or ``craft``.
-
 State (:class:`State`): the aggregator's own State (CRAFT's reference; FedAvg keeps none).
 Checkpoints: that state is saved, but the personal models live on the nodes
 (Flower's per-node ``context.state``), not on the server: a run resumed from a checkpoint
@@ -36,13 +28,14 @@ from typing import Any
 
 import torch
 
+from fedcore import keys
+from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper, nested
 from strategies import craft, fedavg
 from strategies.base import FairStrategy
 from strategies.registry import register
 
 AGGREGATORS: dict[str, type[FairStrategy]] = {"fedavg": fedavg.FedAvg, "craft": craft.Craft}
-LAMBDA = "ditto-lambda"
 AGGREGATOR = "ditto-aggregator"
 # The arguments every FairStrategy takes besides its Params (each kept as the attribute of
 # that name): the aggregator gets Ditto's.
@@ -55,8 +48,12 @@ class Params(MethodParams):
     """Ditto's hyperparameters; ``craft`` are the CRAFT aggregator's (its own keys)."""
 
     prefix = "ditto"
-    lam: float = hyper(0.1, low=0.0, key=LAMBDA)
-    aggregator: str = hyper("fedavg", choices=tuple(AGGREGATORS))
+    lam: float = hyper(0.1, low=0.0, key=keys.DITTO_LAMBDA, grid=Grid((0.1, 1.0, 2.0), 1e-3, 100.0),
+                       doc="λ, the personal models' proximal pull towards the global model: 0 = purely local "
+                           "personal models, large = they track it; sent to the clients (client_app.methods.ditto)")
+    aggregator: str = hyper("fedavg", choices=tuple(AGGREGATORS),
+                            doc="the shared model's aggregator: fedavg (Ditto as published) or craft (with the "
+                                "craft-* keys, the CRAFT paper's \"CRAFT inside Ditto\")")
     craft: craft.Params = nested(craft.Params)
 
 
@@ -95,7 +92,7 @@ class Ditto(FairStrategy):
         return State(self.shared.state)
 
     def client_config(self) -> dict[str, Any]:
-        return {LAMBDA: self.params.lam}
+        return {keys.DITTO_LAMBDA: self.params.lam}
 
     def set_model(self, arrays) -> None:
         super().set_model(arrays)

@@ -23,18 +23,15 @@ from __future__ import annotations
 import torch
 from flwr.app import MetricRecord
 
-from fedcore.config import APP, ConfigError
+from fedcore.config import APP
 from strategies.base import FairStrategy
 from strategies.registry import register
 from strategies.rounds import Aggregated
 
-WEIGHTINGS = ("data-size", "uniform")
-
 
 def check_weighting(value: str) -> str:
-    if value not in WEIGHTINGS:
-        raise ConfigError(f"run-config key 'fedavg-weighting' = {value!r} is not one of {', '.join(WEIGHTINGS)}")
-    return value
+    """The keyword ``fedavg_weighting``, checked against the app key it mirrors."""
+    return str(APP["fedavg-weighting"].check(value))
 
 
 def fedavg_weights(num_examples: torch.Tensor, weighting: str) -> torch.Tensor:

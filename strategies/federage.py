@@ -17,17 +17,7 @@ is refused with a line naming it. The training rounds broadcast θ̂_t. Algorith
 work (every client the same H steps, each on a fresh i.i.d. mini-batch) is the app's
 ``local-steps`` key (any method).
 
-Hyperparameters (declared here once; the strategy sends them to the clients with every
-request, :meth:`FedeRage.client_config`)
----------------
-federage-alpha : float, default 0.1 — the CVaR level α ∈ (0, 1].
-federage-gamma : float, default 0.3 — the risk weight γ ∈ [0, 1]; γ = 0 is FedAvg's local
-    SGD with uniform server weights.
-federage-beta-lr : float, default 0.1 — η_β ≥ 0 (η_β = 0: β stays at β̂).
-federage-beta-min, federage-beta-max : float, default 0 and 10 — the box B = [β_min, β_max]
-    that β is projected onto (β_min ≤ β_max). Algorithm 2 starts from β⁰ = Π_B(0).
-federage-level : ``batch`` | ``sample``, default ``batch`` — one risk weight per mini-batch,
-    or one per sample (the paper's b = 1 case).
+The strategy sends its keys to the clients with every request (:meth:`FedeRage.client_config`).
 """
 
 from __future__ import annotations
@@ -39,7 +29,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
-from fedcore.config import ConfigError
+from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import fedavg_direction
@@ -50,12 +40,16 @@ from strategies.rounds import Aggregated
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "federage"
-    alpha: float = hyper(0.1, low=0.0, high=1.0, low_open=True)
-    gamma: float = hyper(0.3, low=0.0, high=1.0)
-    beta_lr: float = hyper(0.1, low=0.0)
-    beta_min: float = hyper(0.0)
-    beta_max: float = hyper(10.0)
-    level: str = hyper("batch", choices=("batch", "sample"))
+    alpha: float = hyper(0.1, low=0.0, high=1.0, low_open=True, grid=Grid((0.01, 0.05, 0.1), 1e-3, 1.0),
+                         doc="α, the CVaR level")
+    gamma: float = hyper(0.3, low=0.0, high=1.0, grid=Grid((0.1, 0.3, 0.5), 0.0, 1.0),
+                         doc="γ, the risk weight; 0 is FedAvg's local SGD with uniform server weights")
+    beta_lr: float = hyper(0.1, low=0.0, doc="η_β, the step of a client's quantile estimate β (0: β stays at β̂)")
+    beta_min: float = hyper(0.0, doc="the low end of the box B = [β_min, β_max] that β is projected onto "
+                                     "(Algorithm 2 starts from β⁰ = Π_B(0))")
+    beta_max: float = hyper(10.0, doc="the high end of B (>= federage-beta-min)")
+    level: str = hyper("batch", choices=("batch", "sample"),
+                       doc="one risk weight per mini-batch, or one per sample (the paper's b = 1)")
 
     def check(self) -> None:
         if self.beta_max < self.beta_min:

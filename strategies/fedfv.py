@@ -16,13 +16,8 @@ Inputs: Δ_i = θ_t − θ_i (not divided by η_l) and F_i, the loss of θ_t on 
 Each client's latest update and the round it was sent are stored, in the :class:`State`
 (only those of the last τ rounds are ever used, older ones are dropped).
 
-Hyperparameters
----------------
-fedfv-alpha : float, default 0.1
-    α ∈ [0, 1] (paper grid 0, 0.1, 0.2, 0.33, 0.5).
-fedfv-tau : int, default 1
-    τ ≥ 0 rounds of stored updates (paper grid 0, 1, 3, 10). Degenerate case: α = 0 and
-    τ = 0 with no conflicting pair is the uniform mean of the updates (FedAvg, equal weights).
+Degenerate case: α = 0 and τ = 0 with no conflicting pair is the uniform mean of the updates
+(FedAvg, equal weights).
 
 ``server-lr`` is not used (a non-zero value is refused): the step is g, rescaled to ‖mean_i Δ_i‖.
 The method is ``fedfv``;
@@ -38,6 +33,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
+from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
@@ -49,8 +45,10 @@ NORM_EPS = 1e-30
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "fedfv"
-    alpha: float = hyper(0.1, low=0.0, high=1.0)  # fedfv-alpha: α
-    tau: int = hyper(1, low=0)  # fedfv-tau: τ rounds of stored updates
+    alpha: float = hyper(0.1, low=0.0, high=1.0, grid=Grid((0.0, 0.1, 0.2, 0.33, 0.5), 0.0, 1.0),
+                         doc="α, the share of the highest-loss clients whose update is kept unprojected")
+    tau: int = hyper(1, low=0, grid=Grid((0, 1, 3, 10), 0, 100),
+                     doc="τ, the rounds of stored updates checked for external conflicts")
 
 
 @dataclasses.dataclass

@@ -23,10 +23,6 @@ The code counts n by the global round index (it runs all clients every round); h
 the client's own number of participations, and Σ D sums over this round's clients only
 (the code's dict also held stale distances of absent clients).
 
-Hyperparameters (``Params``): ``fedheal-threshold`` τ_s ≤ 1, default 0.3 (the code's
-default; τ_s = 0 keeps every coordinate whose sign occurred before; any τ_s < 0 keeps all)
-and ``fedheal-beta`` β ∈ [0, 1], default 0.4 (β = 0 keeps the weights at uniform 1/m: with τ_s < 0 that is FedAvg with
-uniform weights).
 """
 
 from __future__ import annotations
@@ -47,8 +43,10 @@ class Params(MethodParams):
     """FedHEAL's hyperparameters (see the module docstring)."""
 
     prefix = "fedheal"
-    threshold: float = hyper(0.3, high=1.0)
-    beta: float = hyper(0.4, low=0.0, high=1.0)
+    threshold: float = hyper(0.3, high=1.0, doc="τ_s, the mask's sign-consistency threshold (the code's default); 0 "
+                                                "keeps every coordinate whose sign occurred before, < 0 keeps all")
+    beta: float = hyper(0.4, low=0.0, high=1.0, doc="β, the step of the distance-based weights; 0 keeps them uniform "
+                                                    "1/m (with threshold < 0: FedAvg with uniform weights)")
 
 
 def consistency_mask(

@@ -27,13 +27,7 @@ fixed window H = 10 (``fedlf-window``), then every absent client seen within H r
 counts. Stored g are updated for every client that replied, after the step (the
 :class:`State`; a sampled client whose reply was dropped keeps its older row, as before).
 
-Hyperparameters
----------------
-fedlf-history : bool, default true
-    false drops the history rows (an ablation).
-fedlf-window : int, default 0
-    0 = the authors' adaptive τ; H ≥ 1 = a fixed window of H rounds (FedPCD's setting is 10).
-FedLF has no other knob besides the learning rate. The method is ``fedlf``; the strategy
+The method is ``fedlf``; the strategy
 is :class:`FedLF`.
 
 Degenerate cases: when all losses are equal h = 0 and the fairness row carries no
@@ -83,8 +77,9 @@ def loss_fairness_direction(losses: torch.Tensor) -> torch.Tensor:
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "fedlf"
-    history: bool = hyper(True)  # fedlf-history: use the stored rows of absent clients
-    window: int = hyper(0, low=0)  # fedlf-window: 0 = the authors' adaptive τ, H ≥ 1 = fixed
+    history: bool = hyper(True, doc="use the stored rows of absent clients (false: an ablation)")
+    window: int = hyper(0, low=0, doc="0 = the authors' adaptive τ; H >= 1 = a fixed window of H rounds (FedPCD's "
+                                      "setting is 10)")
 
 
 @dataclasses.dataclass

@@ -10,21 +10,7 @@ weights p_i = n_i / Σ n_j:
 
 The QP over the m×m Gram matrix is :func:`strategies.linalg.min_norm_simplex`.
 
-Hyperparameters
----------------
-fedmgda-eps : float, default 0.1
-    ε ≥ 0 (paper grid 0.01, 0.05, 0.1, 0.5, 1). Degenerate cases: ε = 0 gives λ* = p
-    (FedAvg weights on normalised updates, no solve); ε ≥ 1 is plain MGDA.
-fedmgda-centre : ``data-size`` (default) | ``uniform``
-    The weights λ is kept within ε of: p_i = n_i/Σn (the FedAvg weights, as FLGo's
-    ``fedmgda.py`` and this project's spec take them) or 1/m. *This project's option*: the spec
-    fixes the data-size centre and the paper is not among the project's papers, so ``uniform``
-    is offered for comparisons at equal weighting (against uniform FedAvg), not as the paper's.
-fedmgda-lr : float, default 1.0
-    η > 0, the global step on the (norm ≤ 1) direction (keyword ``eta``: ``lr`` is the
-    clients' learning rate of every strategy). ``server-lr`` is not used: η is the step.
-
-The method is ``fedmgda``; the strategy is :class:`FedMGDA`.
+``server-lr`` is not used: ``fedmgda-lr`` η is the step. The method is ``fedmgda``; the strategy is :class:`FedMGDA`.
 """
 
 from __future__ import annotations
@@ -35,6 +21,7 @@ import numpy as np
 import torch
 from flwr.app import MetricRecord
 
+from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.linalg import min_norm_simplex, unit_rows
@@ -45,9 +32,16 @@ from strategies.rounds import Aggregated
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "fedmgda"
-    eps: float = hyper(0.1, low=0.0)  # fedmgda-eps: ε
-    centre: str = hyper("data-size", choices=("data-size", "uniform"))  # fedmgda-centre: the weights λ stays near
-    eta: float = hyper(1.0, key="fedmgda-lr", low=0.0, low_open=True)  # η, the global step
+    eps: float = hyper(0.1, low=0.0, grid=Grid((0.01, 0.05, 0.1, 0.5, 1.0), 0.0, 1.0),
+                       doc="ε, how far λ may move from the centre weights; 0 gives λ* = the centre (FedAvg weights on "
+                           "normalised updates, no solve), >= 1 is plain MGDA")
+    centre: str = hyper("data-size", choices=("data-size", "uniform"),
+                        doc="the weights λ is kept within ε of: data-size p_i = n_i/Σn (FLGo's fedmgda.py, this "
+                            "project's spec) or uniform 1/m (this project's option, for comparisons at equal "
+                            "weighting; not the paper's)")
+    eta: float = hyper(1.0, key="fedmgda-lr", low=0.0, low_open=True,
+                       doc="η, the global step on the (norm <= 1) direction (keyword eta: lr is the clients' "
+                           "learning rate of every strategy)")
 
 
 def fedmgda_weights(unit_updates: torch.Tensor, p: np.ndarray, eps: float) -> np.ndarray:

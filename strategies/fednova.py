@@ -11,11 +11,9 @@ with p_i = n_i / Σ n_j and a_i = ‖a‖₁ of the client's local-step weights:
 plain SGD, a_i = [τ_i − ρ(1 − ρ^τ_i)/(1 − ρ)] / (1 − ρ) for heavy-ball momentum ρ
 (``momentum``). τ_i comes in each reply's ``num-steps`` metric.
 
-Hyperparameters
----------------
-None of its own. It needs the clients' momentum ρ (the run-wide ``momentum`` key, default
-0.0): ``FedNova(momentum=0.9)``; this app passes it as an app argument. ``server-lr``
-(run-wide, default 0 = η_l) is η_g, as for FedAvg.
+No hyperparameters of its own. It needs the clients' momentum ρ (the run's ``momentum``):
+``FedNova(momentum=0.9)``; this app passes it as an app argument. ``server-lr`` is η_g, as
+for FedAvg.
 Degenerate case: equal τ_i gives a_i = τ_eff for all i, i.e. exactly FedAvg.
 """
 

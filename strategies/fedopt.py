@@ -15,14 +15,6 @@ moments back after. With Δ = avg θ_i − θ_t (Flower's sign) and p_i = n_i / 
 * FedYogi: as FedAdam with v ← v − (1−β₂) Δ² sign(v − Δ²) and no bias correction.
 * FedAdagrad: m = Δ, v ← v + Δ², θ ← θ + η m / (√v + τ).
 
-Hyperparameters (defaults: FedAvgM β from Hsu et al., the rest Flower's)
----------------
-fedavgm-server-lr : float, default 1.0 — η_s > 0.
-fedavgm-momentum : float, default 0.9 — β ∈ [0, 1); β = 0 with η_s = 1 is FedAvg.
-fedadam-eta 0.1, fedadam-beta1 0.9, fedadam-beta2 0.99, fedadam-tau 0.001.
-fedyogi-eta 0.01, fedyogi-beta1 0.9, fedyogi-beta2 0.99, fedyogi-tau 0.001.
-fedadagrad-eta 0.1, fedadagrad-tau 0.001.
-η > 0, β ∈ [0, 1), τ > 0 (the adaptivity floor: large τ makes FedAdagrad plain SGD on Δ).
 With ``fedavg-weighting = "uniform"`` (or ``participation = "size-proportional"``) the mean
 of the local models that the optimisers step on is the uniform one (``strategies.fedavg``).
 
@@ -40,7 +32,7 @@ from flwr.app import MetricRecord
 from flwr.serverapp import strategy as flower
 
 from fedcore import flat, keys
-from fedcore.config import APP, ConfigError
+from fedcore.config import APP
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedavg import check_weighting
@@ -57,47 +49,37 @@ def no_metrics(contents, weighted_by_key):
     return MetricRecord()
 
 
-def _check_betas(params: MethodParams, *names: str) -> None:
-    """β ∈ [0, 1): the lower bound is declared with ``hyper``, the open upper one here."""
-    for name in names:
-        if getattr(params, name) >= 1.0:
-            raise ConfigError(f"run-config key '{params.key_of(name)}' = {getattr(params, name)} must be < 1")
-
-
 @dataclasses.dataclass(frozen=True)
 class FedAvgMParams(MethodParams):
     prefix = "fedavgm"
     # Flower's name: ``server_lr`` is the base's η_g, which FedAvgM does not use.
-    server_learning_rate: float = hyper(1.0, key="fedavgm-server-lr", low=0.0, low_open=True)
-    momentum: float = hyper(0.9, low=0.0)
-
-    def check(self) -> None:
-        _check_betas(self, "momentum")
+    server_learning_rate: float = hyper(1.0, key="fedavgm-server-lr", low=0.0, low_open=True,
+                                        doc="η_s, the server step on the momentum")
+    momentum: float = hyper(0.9, low=0.0, high=1.0, high_open=True,
+                            doc="β (Hsu et al.); 0 with fedavgm-server-lr = 1 is FedAvg")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamParams(MethodParams):
     prefix = "fedadam"
-    eta: float = hyper(0.1, low=0.0, low_open=True)
-    beta1: float = hyper(0.9, low=0.0)
-    beta2: float = hyper(0.99, low=0.0)
-    tau: float = hyper(0.001, low=0.0, low_open=True)
-
-    def check(self) -> None:
-        _check_betas(self, "beta1", "beta2")
+    eta: float = hyper(0.1, low=0.0, low_open=True, doc="η, the server step (Flower's default)")
+    beta1: float = hyper(0.9, low=0.0, high=1.0, high_open=True, doc="β₁, the first moment's decay")
+    beta2: float = hyper(0.99, low=0.0, high=1.0, high_open=True, doc="β₂, the second moment's decay")
+    tau: float = hyper(0.001, low=0.0, low_open=True, doc="τ, the adaptivity floor")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedYogiParams(FedAdamParams):
     prefix = "fedyogi"
-    eta: float = hyper(0.01, low=0.0, low_open=True)
+    eta: float = hyper(0.01, low=0.0, low_open=True, doc="η, the server step (Flower's default)")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedAdagradParams(MethodParams):
     prefix = "fedadagrad"
-    eta: float = hyper(0.1, low=0.0, low_open=True)
-    tau: float = hyper(0.001, low=0.0, low_open=True)
+    eta: float = hyper(0.1, low=0.0, low_open=True, doc="η, the server step (Flower's default)")
+    tau: float = hyper(0.001, low=0.0, low_open=True, doc="τ, the adaptivity floor (large τ makes FedAdagrad plain SGD "
+                                                          "on Δ)")
 
 
 @dataclasses.dataclass

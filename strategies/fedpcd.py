@@ -14,49 +14,8 @@ client direction it knows about (current participants and a cache of recent ones
 The QP is solved in its dual over the m' constraint multipliers (Gram matrix Q = C Cᵀ),
 never in R^d:  μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),  d̃* = g̃_0 + Cᵀμ*.
 
-Hyperparameters (:class:`Params`; run-config keys in brackets)
---------------------------------------------------------------
-fedpcd-tau : float, default 0.02
-    Required progress τ ≥ 0 per constraint. τ = 0 only asks for non-negative progress.
-fedpcd-history : int, default 10
-    Window H ≥ 0 (rounds) of the cache; H = 0 uses the current participants only.
-fedpcd-eps : float, default 1e-12
-    ε of the normalisations g/(‖g‖ + ε).
-fedpcd-normalize : ``l2`` (default) | ``none`` | ``ema``
-    How directions are scaled before the QP (paper Table 4/5 ablations).
-fedpcd-ema-beta : float, default 0.9
-    β of the per-client bias-corrected EMA of ‖g_i‖² (``ema`` only; updated when the
-    client is seen; ḡ stays ℓ2-normalised). β = 0 is ``l2``.
-fedpcd-primary : ``fedavg`` (default) | ``fedavg-uniform`` | ``none``
-    The primary direction ḡ: ``fedavg`` = Σ p_i g_i with p_i = n_i/Σn (the data-size FedAvg
-    direction, as in the paper); ``fedavg-uniform`` = the uniform mean (1/m) Σ g_i, the FedAvg of
-    ``fedavg-weighting = 'uniform'``, so FedPCD can be set against the FedAvg it extends under
-    either weighting (ḡ also sets the step's length ‖ḡ‖); ``none``: g̃_0 = 0, i.e. the
-    minimum-norm feasible direction (needs τ > 0), rescaled to the data-size ‖ḡ‖.
-fedpcd-cache-dtype : ``float32`` (default) | ``bfloat16`` | ``float16``
-    Storage of cached directions; the maths runs in float32 either way.
-fedpcd-outlier-norm : float, default 0 = off
-    *This project's extension, not in the papers* (robustness). A client of the
-    round whose update is longer than ``outlier-norm`` × the median update norm of the
-    round (≥ 3 valid clients) gets no constraint: it is neither a constraint this round nor
-    stored in the cache (a returning client's older entry is dropped too). Its update still
-    counts in ḡ, as in FedAvg: the option only stops FedPCD from *bending towards* a
-    scaled, sign-flipped or noisy update; bound its weight in ḡ with ``update-clip``.
-fedpcd-outlier-norm-low : float, default 0 = off
-    *This project's extension*, the lower bound beside ``outlier-norm``: a client
-    of the round whose update is shorter than the median norm / ``outlier-norm-low`` (≥ 3
-    valid clients) gets no constraint either. Normalisation makes every constraint full
-    strength whatever the update's length, so a tiny sign-flipped update (``attack =
-    "scale-down"``) would otherwise bend the direction as much as an honest one. Its update
-    still counts in ḡ with its (small) length.
-fedpcd-outlier-cosine : float in [-1, 1], default -1 = off
-    *This project's extension.* A constraint (current or cached) whose cosine to this
-    round's ḡ is below the threshold is left out of this round's QP (it stays cached).
-    Caveat: ḡ contains every update, so a large attacker can dominate it; honest clients
-    in conflict with ḡ are exactly those FedPCD is made to protect — use a threshold well
-    below 0 (e.g. -0.5), or the norm rule.
-server-lr : float, default 0 = the client ``lr``
-    η_g. With η_g = η_l and no active constraint a round is exactly FedAvg.
+With ``server-lr`` η_g = η_l (0, the default) and no active constraint a round is exactly FedAvg. The
+outlier options (``fedpcd-outlier-*``) are this project's extension, not in the papers.
 
 Diagnostics per round (MetricRecord → rounds.jsonl): ``fedpcd-constraints`` (m'),
 ``fedpcd-active`` (#μ_j > 0), ``fedpcd-corrected`` (0/1), ``fedpcd-cosine`` (cos(d_t, ḡ)),
@@ -95,7 +54,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import flat
-from fedcore.config import ConfigError
+from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.fedpcd_cache import HistoryCache
@@ -116,16 +75,37 @@ class Params(MethodParams):
     """FedPCD's hyperparameters (see the module docstring)."""
 
     prefix = "fedpcd"
-    tau: float = hyper(0.02, low=0.0)
-    history: int = hyper(10, low=0)
-    eps: float = hyper(1e-12, low=0.0, low_open=True)
-    normalize: str = hyper("l2", choices=("l2", "none", "ema"))
-    ema_beta: float = hyper(0.9, low=0.0, high=0.999)
-    primary: str = hyper("fedavg", choices=tuple(PRIMARY_WEIGHTING))
-    cache_dtype: str = hyper("float32", choices=("float32", "bfloat16", "float16"))
-    outlier_norm: float = hyper(0.0, low=0.0)
-    outlier_norm_low: float = hyper(0.0, low=0.0)
-    outlier_cosine: float = hyper(-1.0, low=-1.0, high=1.0)
+    tau: float = hyper(0.02, low=0.0, grid=Grid((0.005, 0.01, 0.02, 0.05, 0.075, 0.1), 0.0, 1.0),
+                       doc="τ, the progress required per constraint; 0 only asks for non-negative progress")
+    history: int = hyper(10, low=0, doc="H, the cache's window in rounds; 0 uses the current participants only")
+    eps: float = hyper(1e-12, low=0.0, low_open=True, doc="ε of the normalisations g/(‖g‖ + ε)")
+    normalize: str = hyper("l2", choices=("l2", "none", "ema"),
+                           doc="how directions are scaled before the QP (paper Table 4/5 ablations)")
+    ema_beta: float = hyper(0.9, low=0.0, high=0.999,
+                            doc="β of the per-client bias-corrected EMA of ‖g_i‖² (normalize='ema' only; updated when "
+                                "the client is seen; ḡ stays ℓ2-normalised); 0 is l2")
+    primary: str = hyper("fedavg", choices=tuple(PRIMARY_WEIGHTING),
+                         doc="the primary direction ḡ: fedavg = Σ p_i g_i, p_i = n_i/Σn (the data-size FedAvg "
+                             "direction, as in the paper); fedavg-uniform = (1/m) Σ g_i, the FedAvg of "
+                             "fedavg-weighting='uniform' (ḡ also sets the step's length ‖ḡ‖); none: g̃_0 = 0, the "
+                             "minimum-norm feasible direction (needs τ > 0), rescaled to the data-size ‖ḡ‖")
+    cache_dtype: str = hyper("float32", choices=("float32", "bfloat16", "float16"),
+                             doc="storage of the cached directions; the maths runs in float32 either way")
+    outlier_norm: float = hyper(0.0, low=0.0,
+                                doc="this project's extension (0 = off): a client whose update is longer than this "
+                                    "x the round's median update norm (>= 3 valid clients) gets no constraint, this "
+                                    "round or in the cache (a returning client's older entry is dropped too); its "
+                                    "update still counts in ḡ (bound that with update-clip)")
+    outlier_norm_low: float = hyper(0.0, low=0.0,
+                                    doc="this project's extension (0 = off): a client whose update is shorter than "
+                                        "the median norm / this gets no constraint either (normalisation would give a "
+                                        "tiny sign-flipped update, attack='scale-down', full strength); its update "
+                                        "still counts in ḡ")
+    outlier_cosine: float = hyper(-1.0, low=-1.0, high=1.0,
+                                  doc="this project's extension (-1 = off): a constraint (current or cached) whose "
+                                      "cosine to this round's ḡ is below it is left out of the round's QP (it stays "
+                                      "cached); ḡ holds every update, so a large attacker can dominate it: use a "
+                                      "threshold well below 0 (e.g. -0.5), or the norm rule")
 
     def check(self) -> None:
         if 0.0 < self.outlier_norm < 1.0:

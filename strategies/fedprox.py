@@ -2,17 +2,14 @@
 
 Clients minimise f_i(w) + (μ/2)‖w − θ_t‖² (``client_app.methods.fedprox``); the server
 takes FedAvg's data-size-weighted mean. Stateless across rounds.
-
-Hyperparameters (declared here once; sent to the clients with every request)
----------------
-fedprox-mu : float, default 0.01 — μ ≥ 0 (the paper sweeps {0.001, 0.01, 0.1, 1});
-    μ = 0 is FedAvg.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from fedcore import keys
+from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
 from strategies.fedavg import FedAvg
 from strategies.registry import register
@@ -21,7 +18,9 @@ from strategies.registry import register
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "fedprox"
-    mu: float = hyper(0.01, low=0.0)
+    mu: float = hyper(0.01, low=0.0, key=keys.FEDPROX_MU, grid=Grid((0.001, 0.01, 0.1, 1.0), 1e-5, 100.0),
+                      doc="μ, the proximal term's weight (0 is FedAvg); sent to the clients "
+                          "(client_app.methods.fedprox)")
 
 
 @register("fedprox")

@@ -38,8 +38,7 @@ does, and restricts p and p^G to S_t (renormalised to sum 1) for the stds and th
 Shares, averages, ρ and the reference values of the first round are over S_t. With full
 participation this is exactly the code.
 
-Hyperparameters (``Params``): ``fedpw-beta`` β ∈ [0, 1], default 0.3, and
-``fedpw-drop-rate`` ρ̄ ∈ [0, 1], default 0.3 (the code's defaults). Degenerate case: ρ̄ = 0 drops and
+Degenerate case: ρ̄ = 0 drops and
 rescales nothing; with equal losses and
 identical updates every share is 1/m and the step is the uniform mean of Δ_i (FedAvg
 with uniform weights).
@@ -68,8 +67,9 @@ class Params(MethodParams):
     """FedPW's hyperparameters (see the module docstring)."""
 
     prefix = "fedpw"
-    beta: float = hyper(0.3, low=0.0, high=1.0)
-    drop_rate: float = hyper(0.3, low=0.0, high=1.0)
+    beta: float = hyper(0.3, low=0.0, high=1.0, doc="β, the momentum rate of the client weights (the code's default)")
+    drop_rate: float = hyper(0.3, low=0.0, high=1.0, doc="ρ̄, the mean drop rate (the code's default); 0 drops and "
+                                                         "rescales nothing")
 
 
 def is_statistic(name: str) -> bool:

@@ -30,9 +30,6 @@ Flower draws the noise from NumPy's global generator: it is seeded from (seed, r
 each aggregation and restored after, so runs and resumed runs are reproducible. The adaptive
 clipping norm is this wrapper's only state (:class:`State`), checkpointed with the run.
 
-Keys: ``dp`` (none | fixed | adaptive, default none), ``dp-noise-multiplier`` z (1.0),
-``dp-clipping-norm`` C (1.0; adaptive: its start), ``dp-target-quantile`` q (0.5),
-``dp-clip-norm-lr`` η_C (0.2), ``dp-clipped-count-stddev`` σ_b (0 = clients per round / 20).
 """
 
 from __future__ import annotations
@@ -60,12 +57,14 @@ MODES = ("none", "fixed", "adaptive")
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "dp"
-    mode: str = hyper("none", key="dp", choices=MODES)
-    noise_multiplier: float = hyper(1.0, low=0.0)
-    clipping_norm: float = hyper(1.0, low=0.0, low_open=True)
-    target_quantile: float = hyper(0.5, low=0.0, high=1.0)
-    clip_norm_lr: float = hyper(0.2, low=0.0, low_open=True)
-    clipped_count_stddev: float = hyper(0.0, low=0.0)
+    mode: str = hyper("none", key="dp", choices=MODES, doc="central DP: none, fixed or adaptive clipping")
+    noise_multiplier: float = hyper(1.0, low=0.0, doc="z, the noise multiplier")
+    clipping_norm: float = hyper(1.0, low=0.0, low_open=True, doc="C, the clipping norm (adaptive: its start)")
+    target_quantile: float = hyper(0.5, low=0.0, high=1.0, doc="adaptive: q, the quantile of the update norms C "
+                                                                "settles at")
+    clip_norm_lr: float = hyper(0.2, low=0.0, low_open=True, doc="adaptive: η_C, the clipping norm's step")
+    clipped_count_stddev: float = hyper(0.0, low=0.0, doc="adaptive: σ_b, the clipped count's noise (0 = clients "
+                                                          "per round / 20)")
 
     def count_stddev(self, clients_per_round: int) -> float:
         return self.clipped_count_stddev or clients_per_round / 20

@@ -9,13 +9,6 @@ client k's training data *before* local training (the ``loss-before`` metric):
     h_k  = q F_k^(q−1) ‖Δw_k‖² + L F_k^q,
     θ_{t+1} = θ_t − Σ_k Δ_k / Σ_k h_k.
 
-Hyperparameters
----------------
-qffl-q : float, default 1.0
-    Fairness exponent q ≥ 0 (paper grid 0.1, 0.2, 1, 2, 5). Degenerate case: q = 0 gives
-    θ_t − Σ Δw_k / (m L) = the uniform mean of the local models, i.e. FedAvg with equal
-    client weights.
-
 ``server-lr`` is not used (a non-zero value is refused): the step Σ Δ_k / Σ h_k is q-FFL's own
 (its size comes from L and h_k).
 The method is ``qffl``; the strategy is :class:`QFFL`.
@@ -29,6 +22,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
+from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
@@ -40,7 +34,9 @@ LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a los
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "qffl"
-    q: float = hyper(1.0, low=0.0)  # qffl-q
+    q: float = hyper(1.0, low=0.0, grid=Grid((0.1, 0.2, 1.0, 2.0, 5.0), 0.0, 50.0),
+                     doc="the fairness exponent q; 0 is FedAvg with equal client weights (θ_t − Σ Δw_k/(m L) = "
+                         "the uniform mean of the local models)")
 
 
 def qffl_step(deltas: torch.Tensor, losses: torch.Tensor, q: float, lipschitz: float) -> tuple[torch.Tensor, float]:

@@ -137,5 +137,5 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
     )
     if dp.mode != "none":
         strategy = privacy.CentralDP(strategy, dp, seed=cfg.seed, clients_per_round=cfg.clients_per_round)
-    clip = cfg.get_float("update-clip", 0.0)
+    clip = cfg.update_clip
     return UpdateClip(strategy, clip) if clip else strategy

@@ -22,12 +22,6 @@ the step is θ_t − (η_g/η_l)·(θ_t − aggregate), as for FedAvg; 0 (the de
 aggregate as it is. Krum, MultiKrum and Bulyan report the partitions they selected
 (``<method>-selected``); every method reports ``update-norm`` = ‖θ_t − aggregate‖.
 
-Hyperparameters (defaults Flower's)
----------------
-fedtrimmedavg-beta : float, default 0.2 — β ∈ [0, 0.5), the fraction cut at each end.
-krum-num-malicious, multikrum-num-malicious, bulyan-num-malicious : int, default 0 — f ≥ 0.
-multikrum-num-select : int, default 0 — k ≥ 0 models averaged; 0 = m − f (all but the
-    assumed attackers, El Mhamdi et al.'s choice). k = 1 is Krum.
 """
 
 from __future__ import annotations
@@ -50,24 +44,21 @@ from strategies.updates import client_of
 @dataclasses.dataclass(frozen=True)
 class FedTrimmedAvgParams(MethodParams):
     prefix = "fedtrimmedavg"
-    beta: float = hyper(0.2, low=0.0)
-
-    def check(self) -> None:
-        if self.beta >= 0.5:
-            raise ConfigError(f"run-config key 'fedtrimmedavg-beta' = {self.beta} must be < 0.5 (a fraction cut "
-                              "at each end)")
+    beta: float = hyper(0.2, low=0.0, high=0.5, high_open=True, doc="β, the fraction cut at each end (Flower's "
+                                                                     "default)")
 
 
 @dataclasses.dataclass(frozen=True)
 class KrumParams(MethodParams):
     prefix = "krum"
-    num_malicious: int = hyper(0, low=0)
+    num_malicious: int = hyper(0, low=0, doc="f, the attackers assumed")
 
 
 @dataclasses.dataclass(frozen=True)
 class MultiKrumParams(KrumParams):
     prefix = "multikrum"
-    num_select: int = hyper(0, low=0)
+    num_select: int = hyper(0, low=0, doc="k, the models averaged; 0 = m − f (all but the assumed "
+                                                  "attackers, El Mhamdi et al.'s choice); 1 is Krum")
 
 
 @dataclasses.dataclass(frozen=True)

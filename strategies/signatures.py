@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import textwrap
 from collections.abc import Callable
 
 from fedcore.params import MethodParams
@@ -53,7 +54,9 @@ def strategy_signature(cls: type, base: type) -> inspect.Signature:
 
 
 def describe_hyperparameters(params_cls: type[MethodParams]) -> str:
-    """The docstring section help() shows: each hyperparameter, its default, run-config key and range."""
+    """The docstring section help() shows, generated from the ``Params`` declaration: each
+    hyperparameter, its type and default, run-config key and allowed values, what it means
+    and, for a tuned one, its search space."""
     lines = ["Hyperparameters (keyword arguments; the run-config key and the allowed values in brackets)",
              "----------"]
     for f, kind in params_cls._fields():
@@ -62,14 +65,13 @@ def describe_hyperparameters(params_cls: type[MethodParams]) -> str:
             lines.append(f"{f.name} : {kind.__module__}.{name}, default {name}()  "
                          f"[{', '.join(kind.run_config_keys())}]")
             continue
-        meta, allowed = f.metadata, ["finite"] if name == "float" else []  # fedcore.config.check_value
-        if meta.get("choices"):
-            allowed.append("one of " + ", ".join(meta["choices"]))
-        if meta.get("low") is not None:
-            allowed.append(f"{'>' if meta.get('low_open') else '>='} {meta['low']}")
-        if meta.get("high") is not None:
-            allowed.append(f"<= {meta['high']}")
-        lines.append(f"{f.name} : {name}, default {f.default!r}  [{', '.join([params_cls.key_of(f.name), *allowed])}]")
+        bracket = ", ".join(filter(None, [params_cls.key_of(f.name), params_cls.allowed(f.name)]))
+        lines.append(f"{f.name} : {name}, default {f.default!r}  [{bracket}]")
+        if f.metadata.get("doc"):
+            lines += textwrap.wrap(f.metadata["doc"], 96, initial_indent="    ", subsequent_indent="    ")
+        if (grid := f.metadata.get("grid")) is not None:
+            values = ", ".join(map(str, grid.values))
+            lines.append(f"    tuned over {values} (extended within [{grid.low}, {grid.high}])")
     if len(lines) == 2:
         lines.append("none")
     return "\n".join(lines)

@@ -1,11 +1,15 @@
 """Run-config parsing: typed, validated, one-line errors before any training."""
 
+import runpy
+from pathlib import Path
+
 import pytest
 
 from fedcore.config import ConfigError, default_run_config, load_config, parse_overrides
 from fedpcd_app.server.config import load_setup
 from strategies import registry
 
+ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_KEYS = [
     "method", "model", "dataset", "dataset-path", "partitioner", "dirichlet-alpha",
     "classes-per-client", "num-clients", "fraction-train", "num-server-rounds", "local-epochs",
@@ -73,13 +77,19 @@ def test_bad_values_fail_with_one_line(override, fragment):
     assert "\n" not in str(exc.value)
 
 
-def test_typed_getters_check_ranges():
-    cfg = load_config({})
-    assert cfg.get_float("absent", 0.5, low=0.0) == 0.5
-    with pytest.raises(ConfigError, match="'absent'"):
-        cfg.get_float("absent", -1.0, low=0.0)
-    with pytest.raises(ConfigError, match="one of"):
-        cfg.get_choice("absent", ("a", "b"), "c")
+def test_every_app_key_is_a_typed_field_and_method_keys_stay_in_params():
+    import dataclasses
+
+    from fedcore.config import APP_KEYS, RunConfig
+
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    assert list(fields) == [k.attr for k in APP_KEYS] + ["params"]
+    cfg = load_config({"method": "fedpcd", "fedpcd-tau": 0.5, "checkpoint-every": 3.0})
+    for k in APP_KEYS:
+        assert type(getattr(cfg, k.attr)) is k.kind, k.key
+    assert cfg.checkpoint_every == 3 and cfg.params == {**{k: v for k, v in default_run_config().items()
+                                                          if k not in {a.key for a in APP_KEYS}}, "fedpcd-tau": 0.5}
+    assert cfg.as_dict() == {**default_run_config(), "method": "fedpcd", "fedpcd-tau": 0.5, "checkpoint-every": 3}
 
 
 def test_clients_per_round_and_lr_schedule():
@@ -101,17 +111,29 @@ def test_toml_file_overrides(tmp_path):
     assert load_config(str(f)).seed == 4
 
 
-def test_pyproject_method_keys_are_the_params_declarations():
-    """Every method's hyperparameters are declared once (its Params): pyproject.toml's
-    [tool.flwr.app.config] holds exactly those keys with exactly those defaults."""
-    defaults = default_run_config()
-    declared = registry.method_keys()
-    prefixes = {registry.strategy_class(m).Params.prefix for m in registry.names()} - {""}
-    in_pyproject = {k for k in defaults if k.split("-")[0] in prefixes or k.rsplit("-", 1)[0] in prefixes}
-    assert set(declared) <= set(defaults), f"declared but not in pyproject: {sorted(set(declared) - set(defaults))}"
-    assert in_pyproject <= set(declared), f"in pyproject but no Params field: {sorted(in_pyproject - set(declared))}"
-    for key, default in declared.items():
-        assert defaults[key] == default and type(defaults[key]) is type(default), (key, defaults[key], default)
+GENERATE = ROOT / "scripts" / "generate.py"
+
+
+def test_the_generated_files_are_current():
+    """pyproject.toml's [tool.flwr.app.config], fedcore/defaults.py and README's methods tables are
+    what scripts/generate.py renders from the declarations now (CI runs it with --check too)."""
+    stale = runpy.run_path(str(GENERATE), run_name="generate")["stale"]()
+    assert not stale, f"{', '.join(stale)} stale: run .venv/bin/python scripts/generate.py"
+
+
+def test_generate_check_exits_1_naming_a_stale_file(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "fedcore").mkdir()
+    (tmp_path / "fedcore" / "defaults.py").write_text("DEFAULTS = {}\n")
+    gen = runpy.run_path(str(GENERATE), run_name="generate")
+    assert gen["stale"](tmp_path) == ["fedcore/defaults.py"]
+    done = subprocess.run([sys.executable, str(GENERATE), "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_strategies_construct_with_keywords_like_flowers_fedavg():
@@ -123,6 +145,39 @@ def test_strategies_construct_with_keywords_like_flowers_fedavg():
         FedPCD(tau=-1.0)
     with pytest.raises(TypeError, match="hyperparameters are"):
         FedPCD(taus=0.1)
+
+
+@pytest.mark.parametrize("build, message", [
+    # a bad value names the Python keyword, and the run-config key it is
+    (lambda s: s.FedPCD(tau=float("nan")), "FedPCD() keyword 'tau' (run-config key 'fedpcd-tau') = nan is not a "
+                                           "finite number: give a number >= 0"),
+    (lambda s: s.QFFL(q=-1.0), "QFFL() keyword 'q' (run-config key 'qffl-q') = -1.0 must be >= 0"),
+    (lambda s: s.FedPCD(normalize="l1"), "FedPCD() keyword 'normalize' (run-config key 'fedpcd-normalize') = 'l1' "
+                                         "is not one of l2, none, ema"),
+    # a misspelt keyword: the closest hyperparameter or common argument
+    (lambda s: s.FedPCD(taus=0.1), "FedPCD() got unknown argument(s) ['taus'] (did you mean 'tau'?)"),
+    (lambda s: s.FedAvg(fraction_trian=0.5), "(did you mean 'fraction_train'?)"),
+])
+def test_python_construction_names_the_keyword(build, message):
+    import strategies
+
+    with pytest.raises((ConfigError, TypeError)) as exc:
+        build(strategies)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"participation": "skewd"}, "run-config key 'participation' = 'skewd' is not one of uniform, skewed, bernoulli, "
+                                 "size-proportional (did you mean 'skewed'?)"),
+    ({"model": "resnet19"}, "(did you mean 'resnet18' or"),
+    ({"dataset": "mnsit"}, "is not one of digits, mnist, "),
+    ({"method": "fedpcd", "fedpcd-cache-dtype": "bfloat"}, "is not one of float32, bfloat16, float16 (did you mean "
+                                                          "'bfloat16'"),
+])
+def test_a_bad_choice_lists_the_choices_and_the_closest(override, message):
+    with pytest.raises(ConfigError) as exc:
+        load_setup(override)
+    assert message in str(exc.value)
 
 
 def test_allow_unused_keys_lets_a_foreign_key_through():
@@ -146,9 +201,8 @@ def test_malformed_overrides_are_one_line_errors_not_tracebacks(text, fragment):
 # -- app-level keys: declared once (fedcore.config.APP_KEYS), shipped with the package -------------
 def _pyproject_table() -> dict:
     import tomllib
-    from pathlib import Path
 
-    with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as fh:
+    with open(ROOT / "pyproject.toml", "rb") as fh:
         return tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
 
 
@@ -162,7 +216,7 @@ def test_the_shipped_defaults_are_pyprojects_table():
              if k not in table or k not in DEFAULTS or type(table[k]) is not type(DEFAULTS[k])
              or table[k] != DEFAULTS[k]]
     assert not stale, (f"fedcore/defaults.py disagrees with pyproject.toml on {sorted(stale)}: "
-                       "run .venv/bin/python scripts/sync_defaults.py")
+                       "run .venv/bin/python scripts/generate.py")
     assert list(table) == list(DEFAULTS)
     assert default_run_config() == DEFAULTS
 
@@ -187,9 +241,11 @@ def test_pyproject_keys_are_exactly_the_declared_ones():
     for key in table:
         assert key in declared, (
             f"run-config key '{key}' is in pyproject.toml but declared nowhere: add AppKey({key!r}, "
-            f"{table[key]!r}, ...) to fedcore.config.APP_KEYS (or a field to its method's Params)")
+            f"{table[key]!r}, ...) to fedcore.config.APP_KEYS (or a field to its method's Params), "
+            "then run scripts/generate.py")
     for key in declared:
-        assert key in table, f"run-config key '{key}' is declared but not in pyproject.toml's [tool.flwr.app.config]"
+        assert key in table, (f"run-config key '{key}' is declared but not in pyproject.toml's "
+                              "[tool.flwr.app.config]: run scripts/generate.py")
     for key, default in declared.items():
         assert table[key] == default and type(table[key]) is type(default), (
             f"run-config key '{key}': pyproject.toml says {table[key]!r}, the declaration {default!r}")
@@ -206,50 +262,68 @@ def test_a_key_missing_from_the_declarations_is_named_in_one_line(monkeypatch):
     assert "'checkpoint-every'" in line and "APP_KEYS" in line
 
 
-def _literal_defaults():
-    """(file:line, key, default) of every cfg.get_*('key', default) / .params.get('key', default) call
-    with literal arguments in the packages."""
+def _package_calls():
+    """(file:line, ast.Call) of every call in the packages."""
     import ast
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
     for pkg in ("fedcore", "strategies", "client_app", "fedpcd_app"):
-        for path in (root / pkg).rglob("*.py"):
+        for path in (ROOT / pkg).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-                    continue
-                name, args = node.func.attr, node.args
-                at = 2 if name == "get_choice" else 1
-                receiver = node.func.value
-                on_params = (isinstance(receiver, ast.Attribute) and receiver.attr == "params") or (
-                    isinstance(receiver, ast.Name) and receiver.id == "params")
-                if (name not in ("get_int", "get_float", "get_bool", "get_choice") and not (name == "get" and on_params)
-                        or len(args) <= at):
-                    continue
-                if isinstance(args[0], ast.Constant) and isinstance(args[at], ast.Constant):
-                    yield f"{path.relative_to(root)}:{node.lineno}", args[0].value, args[at].value
+                if isinstance(node, ast.Call):
+                    yield f"{path.relative_to(ROOT)}:{node.lineno}", node
 
 
-def test_every_default_in_the_code_is_the_declared_one():
-    """cfg.get_int('checkpoint-every', 0) against a declared 10 was a silent second default."""
+def test_no_read_site_restates_an_app_key():
+    """An app key is read as its typed RunConfig field (cfg.checkpoint_every) or, from a flat
+    mapping, with APP[key].read(raw): never with a literal default or range restated at the read
+    site, and never from cfg.params, which holds only the methods' keys."""
+    import ast
+
     from fedcore.config import APP
 
-    wrong = [f"{where}: '{key}' defaults to {value!r}, declared {APP[key].default!r}"
-             for where, key, value in _literal_defaults()
-             if key in APP and not (value == APP[key].default and type(value) is type(APP[key].default))]
+    def literal(node) -> str | None:
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    wrong = []
+    for where, call in _package_calls():
+        func = call.func
+        if not isinstance(func, ast.Attribute):
+            continue
+        key = literal(call.args[0]) if call.args else None
+        on_params = isinstance(func.value, ast.Attribute) and func.value.attr == "params"
+        if func.attr in ("get_int", "get_float", "get_bool", "get_choice"):
+            wrong.append(f"{where}: {func.attr}({key!r}, ...): read the RunConfig field")
+        restated = (len(call.args) > 1 and isinstance(call.args[1], ast.Constant) and key in APP
+                    and call.args[1].value == APP[key].default)
+        if func.attr == "get" and key in APP and (restated or on_params):
+            wrong.append(f"{where}: .get({key!r}, ...): read cfg.{APP[key].attr} (or APP[{key!r}].read(raw))")
     assert not wrong, "\n".join(wrong)
 
 
-def test_declared_choices_match_the_apps_own_lists():
-    from client_app.local_data import CLIENT_DATA_MODES
-    from fedcore.config import APP
-    from fedpcd_app.server.config import ON_AGGREGATION_ERROR
-    from fedpcd_app.server.sampler import PARTICIPATION, RARE_CHOICES
+def test_no_app_choice_list_is_copied():
+    """An app key's choices are written once, in its AppKey: code that needs them reads
+    APP[key].choices (a copy in a module drifts: figures had three)."""
+    import ast
 
-    assert APP["participation"].choices == PARTICIPATION
-    assert APP["availability-rare-choice"].choices == RARE_CHOICES
-    assert APP["client-data"].choices == CLIENT_DATA_MODES
-    assert APP["on-aggregation-error"].choices == ON_AGGREGATION_ERROR
+    from fedcore.config import APP_KEYS
+
+    lists = {tuple(k.choices): k.key for k in APP_KEYS if k.choices}
+    copies = []
+    for pkg in ("fedcore", "strategies", "client_app", "fedpcd_app"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if path == ROOT / "fedcore" / "config.py":
+                continue
+            tree = ast.parse(path.read_text())
+            declaring = {k.value.id for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg == "choices"
+                         and isinstance(k.value, ast.Name)}  # another key's own choices (craft-rho's)
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List))
+                        and not {t.id for t in node.targets if isinstance(t, ast.Name)} & declaring):
+                    values = tuple(e.value for e in node.value.elts if isinstance(e, ast.Constant))
+                    if values in lists:
+                        copies.append(f"{path.relative_to(ROOT)}:{node.lineno} copies the choices of "
+                                      f"'{lists[values]}': read APP[{lists[values]!r}].choices")
+    assert not copies, "\n".join(copies)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -266,8 +340,9 @@ def test_app_keys_are_checked_from_their_declaration(override, message):
     assert str(exc.value) == message
 
 
-def test_declared_defaults_serve_get_without_a_default():
-    cfg = load_config({"checkpoint-every": 3})
-    assert cfg.get_int("checkpoint-every") == 3
-    assert cfg.replace(params={}).get_int("checkpoint-every") == 10  # the declaration's
-    assert cfg.get_float("update-clip", 0.0) == 0.0  # explicit defaults still work
+def test_an_absent_app_key_takes_its_declared_default():
+    assert load_config({"checkpoint-every": 3}).checkpoint_every == 3
+    assert load_config({}).checkpoint_every == 10  # the declaration's
+    from fedcore.config import parse_run_config
+
+    assert parse_run_config({"method": "fedavg"}).checkpoint_every == 10  # an absent key: its declared default

@@ -67,4 +67,4 @@ def test_federage_table1_sweeps_follow_algorithm_2_over_five_seeds(sweep):
     assert not any("eval-averaged-iterate" in m for m in spec["methods"])
     for preset in sorted(RUN_CONFIGS.glob("federage_*.toml")) + [RUN_CONFIGS / "digits_federage.toml"]:
         cfg = load_config(str(preset))
-        assert cfg.local_steps > 0 and cfg.val_fraction > 0 and cfg.params["eval-averaged-iterate"] is True
+        assert cfg.local_steps > 0 and cfg.val_fraction > 0 and cfg.eval_averaged_iterate is True

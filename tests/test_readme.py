@@ -1,5 +1,6 @@
-"""The README's methods tables agree with the registry: the generated one is what
-scripts/methods_table.py renders now, and the prose table names every registered method once."""
+"""The README's methods tables agree with the registry: both generated blocks are what
+scripts/generate.py renders now (one row per registered method with its keys; one row per
+strategy module with its docstring's first paragraph, every registered method named once)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from strategies import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-TABLE = runpy.run_path(str(ROOT / "scripts" / "methods_table.py"), run_name="methods_table")
+GENERATE = runpy.run_path(str(ROOT / "scripts" / "generate.py"), run_name="generate")
 
 
-def test_the_generated_methods_table_is_current():
-    assert TABLE["replace_block"](README) == README, \
-        "README.md's methods table is stale: run .venv/bin/python scripts/methods_table.py"
+def test_the_generated_methods_tables_are_current():
+    assert GENERATE["replace_readme"](README) == README, \
+        "README.md's methods tables are stale: run .venv/bin/python scripts/generate.py"
 
 
 def test_the_generated_table_has_one_row_per_registered_method_with_its_keys():
-    block = README.split(TABLE["START"])[1].split(TABLE["END"])[0]
+    block = README.split(GENERATE["START"])[1].split(GENERATE["END"])[0]
     rows = block.strip().splitlines()[2:]
     assert [re.match(r"\| `([^`]+)`", r).group(1) for r in rows] == registry.names()
     for row, name in zip(rows, registry.names(), strict=True):
@@ -28,13 +29,16 @@ def test_the_generated_table_has_one_row_per_registered_method_with_its_keys():
             assert f"`{key}`=" in row, (name, key)
 
 
-def test_the_prose_methods_table_names_every_registered_method_once():
-    section = README.split("## Methods (`method=`)")[1].split(TABLE["START"])[0]
-    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
-    named = [m for cell in first_cells for m in re.findall(r"`([^`]+)`", cell)]
-    assert sorted(named) == sorted(registry.names()), (
-        f"missing: {sorted(set(registry.names()) - set(named))}, unknown: {sorted(set(named) - set(registry.names()))}")
-    assert len(named) == len(set(named))
+def test_the_prose_table_names_every_registered_method_once_with_its_modules_summary():
+    import sys
+
+    block = README.split(GENERATE["PROSE_START"])[1].split(GENERATE["PROSE_END"])[0]
+    rows = [line for line in block.splitlines() if line.startswith("| `")]
+    named = [m for row in rows for m in re.findall(r"`([^`]+)`", row.split("|")[1])]
+    assert sorted(named) == sorted(registry.names()) and len(named) == len(set(named))
+    fedpcd = next(r for r in rows if r.startswith("| `fedpcd` |"))
+    first = sys.modules[registry.strategy_class("fedpcd").__module__].__doc__.strip().split("\n\n")[0]
+    assert " ".join(first.split()) in fedpcd
 
 
 def test_the_readme_lists_the_reply_names_a_client_app_sends():

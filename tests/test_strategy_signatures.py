@@ -51,6 +51,25 @@ def test_help_lists_each_hyperparameter_with_its_run_config_key(method):
         assert key in head, key
 
 
+@pytest.mark.parametrize("method", registry.names())
+def test_every_hyperparameter_says_what_it_means_in_its_one_declaration(method):
+    """The doc= of each hyper() field is what help(), pyproject.toml's comment and the README read;
+    a strategy module's docstring restates no hyperparameter (no hand-written section)."""
+    import re
+    import sys
+
+    cls = registry.strategy_class(method)
+    for key, _, doc, _ in cls.Params.declarations():
+        assert doc, f"{key}: give its hyper() field a doc="
+    module_doc = sys.modules[cls.__module__].__doc__ or ""
+    assert not re.search(r"^Hyperparameters\b", module_doc, flags=re.MULTILINE), \
+        f"{cls.__module__}'s docstring has a hand-written Hyperparameters section: move it into the hyper() docs"
+    text = pydoc.render_doc(cls, renderer=pydoc.plaintext)
+    for f, _ in cls.Params._fields():
+        if f.metadata.get("doc"):
+            assert " ".join(f.metadata["doc"].split()[:4]) in " ".join(text.split()), (method, f.name)
+
+
 def test_fedpcd_reads_like_the_paper_in_its_signature():
     sig = inspect.signature(registry.strategy_class("fedpcd"))
     assert sig.parameters["tau"].default == 0.02 and sig.parameters["history"].default == 10

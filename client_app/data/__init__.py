@@ -82,7 +82,7 @@ from client_app.data.base import (
     max_classes,
 )
 from client_app.data.build import build_federated_data
-from client_app.data.builtin import SYNTHETIC_DEFAULTS, synthetic_settings
+from client_app.data.builtin import synthetic_settings
 from client_app.data.hub import HUB_NAMES, HUB_PROBE_TIMEOUT, hub_reachable
 from client_app.data.parquet import MAX_DATA_BYTES, MAX_IMAGE_VALUES, check_same_shape
 from client_app.data.partition import balanced_dirichlet, partition_by_writer, partition_labels, unbalanced_dirichlet
@@ -91,7 +91,7 @@ from fedcore.config import RunConfig
 
 __all__ = [
     "DATA_KEYS", "DEFAULT_MAX_CLASSES", "HUB_NAMES", "HUB_PROBE_TIMEOUT", "MAX_DATA_BYTES", "MAX_IMAGE_VALUES",
-    "SYNTHETIC_DEFAULTS", "WRITER_COLUMN", "WRITER_MAX_EXAMPLES", "Arrays", "DataError", "FederatedData",
+    "WRITER_COLUMN", "WRITER_MAX_EXAMPLES", "Arrays", "DataError", "FederatedData",
     "balanced_dirichlet", "batch_augmentation", "check_same_shape", "clear_cache", "crop_flip", "data_cache_key",
     "hub_reachable", "load_federated_data", "max_classes", "partition_by_writer", "partition_labels", "split_local",
     "split_validation", "synthetic_settings", "unbalanced_dirichlet",

@@ -12,11 +12,11 @@ import stat
 import numpy as np
 import torch
 
-from fedcore.config import RunConfig
+from fedcore.config import APP, RunConfig
 
 # Labels must be below max-classes, checked before anything is allocated: a label of
 # 10^9 would mean a 10^9-way classifier. (The image bounds are in client_app/data/parquet.py.)
-DEFAULT_MAX_CLASSES = 100_000
+DEFAULT_MAX_CLASSES = APP["max-classes"].default
 WRITER_COLUMN = "writer_id"
 WRITER_MAX_EXAMPLES = 500  # the CRAFT authors' max_samples_per_user
 
@@ -29,14 +29,14 @@ class DataError(RuntimeError):
 # such as /dev/zero fill the memory), each at most max-file-bytes (a key; its default, 4 GiB, is
 # chosen above any single file of the supported datasets, which are parquet splits and LEAF JSON
 # files of at most a few hundred MB; a bigger own dataset raises the key).
-DEFAULT_MAX_FILE_BYTES = 4 * 2**30
+DEFAULT_MAX_FILE_BYTES = APP["max-file-bytes"].default
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
 
 def max_file_bytes(cfg: RunConfig) -> int:
     """``max-file-bytes``: the largest dataset file read."""
-    return cfg.get_int("max-file-bytes", DEFAULT_MAX_FILE_BYTES, low=1)
+    return cfg.max_file_bytes
 
 
 def _refusal(path, st: os.stat_result, limit: int) -> str | None:
@@ -140,7 +140,7 @@ class UserSplits:
 
 def max_classes(cfg: RunConfig) -> int:
     """``max-classes``: labels must be below it (checked before anything is allocated)."""
-    return cfg.get_int("max-classes", DEFAULT_MAX_CLASSES, low=2)
+    return cfg.max_classes
 
 
 Arrays = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]  # (x N×C×H×W, y, writer ids or None)

@@ -158,7 +158,7 @@ def _build_natural(cfg: RunConfig) -> FederatedData:
             x_central, y_central = x_pool[central], y_pool[central]
         standardise, num_classes = True, 0
     val_idx = []
-    resplit = cfg.get_bool("user-resplit")
+    resplit = cfg.user_resplit
     for pid, (tr, te) in enumerate(zip(train_idx, test_idx)):
         if resplit:  # each user's examples pooled and cut 80/10/10 (validation included: val-fraction is 0)
             tr, va, test_idx[pid] = resplit_user(np.concatenate([tr, te]), cfg.seed, pid)

@@ -10,7 +10,6 @@ from client_app.data.base import Arrays, DataError, UserSplits
 from fedcore.config import RunConfig
 
 # dataset='synthetic' (client_app/data/synthetic.py): keys and their defaults
-SYNTHETIC_DEFAULTS = {"synthetic-alpha": 1.0, "synthetic-beta": 1.0, "synthetic-iid": False, "synthetic-seed": -1}
 
 
 def digits() -> tuple[Arrays, None]:
@@ -24,11 +23,7 @@ def digits() -> tuple[Arrays, None]:
 
 def synthetic_settings(cfg: RunConfig) -> tuple[float, float, bool, int]:
     """(α, β, iid, synthetic-seed) of ``dataset='synthetic'``, typed and range-checked."""
-    d = SYNTHETIC_DEFAULTS
-    return (cfg.get_float("synthetic-alpha", d["synthetic-alpha"], low=0.0),
-            cfg.get_float("synthetic-beta", d["synthetic-beta"], low=0.0),
-            cfg.get_bool("synthetic-iid", d["synthetic-iid"]),
-            cfg.get_int("synthetic-seed", d["synthetic-seed"], low=-1, high=2**32 - 1))
+    return cfg.synthetic_alpha, cfg.synthetic_beta, cfg.synthetic_iid, cfg.synthetic_seed
 
 
 def synthetic_user_splits(cfg: RunConfig) -> UserSplits:

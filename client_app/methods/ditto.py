@@ -20,10 +20,10 @@ from torch import nn
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
 from client_app.training import proximal_pull
+from fedcore import keys
 
 PERSONAL = "ditto-personal"  # context.state entry: the personal model's ArrayRecord
 PERSONAL_LOSS = "ditto-personal-loss"  # reply metric: the personal model's mean batch loss
-LAMBDA = "ditto-lambda"  # request config: λ, sent by the server
 
 
 def personal_model(job: TrainJob) -> nn.Module:
@@ -36,10 +36,10 @@ def personal_model(job: TrainJob) -> nn.Module:
 
 def lambda_of(job: TrainJob) -> float:
     """λ, as the server sent it."""
-    if LAMBDA not in job.config:
-        raise ValueError(f"the server did not send '{LAMBDA}' in the request's config "
+    if keys.DITTO_LAMBDA not in job.config:
+        raise ValueError(f"the server did not send '{keys.DITTO_LAMBDA}' in the request's config "
                          "(Ditto's server strategy sends it with every request)")
-    return float(job.config[LAMBDA])
+    return float(job.config[keys.DITTO_LAMBDA])
 
 
 def finish(job: TrainJob, outcome: TrainOutcome, personal: nn.Module, personal_loss: float) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 from client_app.methods import TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
 from client_app.training import proximal_pull
+from fedcore import keys
 from fedcore.params import sent_value
 
 
 def mu_of(job: TrainJob) -> float:
     """μ, as the server sent it."""
-    return float(sent_value(job.config, "fedprox-mu"))
+    return float(sent_value(job.config, keys.FEDPROX_MU))
 
 
 @register_client_method("fedprox")

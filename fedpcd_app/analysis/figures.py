@@ -512,9 +512,9 @@ def history_sweep(runs: list[Run], setting: str, path: Path) -> Path | None:
 
 def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
     from client_app.data import load_federated_data
-    from fedcore.config import parse_run_config
+    from fedcore.config import APP, parse_run_config
 
-    if run.summary["config"].get("client-data", "partition") == "node":  # the labels stayed on the devices
+    if APP["client-data"].read(run.summary["config"]) == "node":  # the labels stayed on the devices
         print(f"note: no label distribution for {setting}: the nodes brought their own data (client-data='node')")
         return None
     try:

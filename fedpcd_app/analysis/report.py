@@ -93,6 +93,7 @@ from typing import Any
 
 import numpy as np
 
+from fedcore.config import APP
 from fedpcd_app.analysis import stats
 from fedpcd_app.analysis.layout import MANIFEST, NO_GRID, RUN_FILE
 from fedpcd_app.server.results import ROUNDS, SUMMARY, read_rounds, read_summary
@@ -123,7 +124,7 @@ IGNORED_KEYS = frozenset({
 })
 DEFAULT_SETTING = "default"
 UNKNOWN_WEIGHTING = "unknown"
-BOTH_FEDAVG = ("data-size", "uniform")  # the FedAvg baselines of a table mixing weightings
+BOTH_FEDAVG = APP["fedavg-weighting"].choices  # the FedAvg baselines of a table mixing weightings
 
 
 @dataclasses.dataclass
@@ -246,7 +247,7 @@ def _label_loose(loose: list[tuple[Path, dict[str, Any]]]) -> list[Run]:
             folder, summary = loose[i]
             grid = {k: configs[i].get(k) for k in grid_keys}
             variant = ",".join(f"{k}={_fmt(v)}" for k, v in grid.items()) or NO_GRID
-            seed = int(summary.get("seed", configs[i].get("seed", 0)))
+            seed = int(summary.get("seed", configs[i].get("seed", APP["seed"].default)))
             runs.append(Run(folder, setting, method, variant, seed, grid, summary))
     return runs
 

@@ -30,7 +30,7 @@ Tuning (optional; :mod:`fedpcd_app.analysis.tuning`)::
     fedpcd-tau = [0.01, 0.02]
 
 With ``[tuning]`` every method entry is tuned over its method's declared space
-(``tuning.SPACES``, the papers' grids) plus ``lr`` (keys the entry sets to a scalar are fixed;
+(the ``grid`` of its ``Params`` fields, the papers' grids) plus ``lr`` (keys the entry sets to a scalar are fixed;
 lists in the entry or in ``[tuning.grids.<entry>]`` replace a declared grid; a tuned key set
 in ``[base]`` or a setting is overridden by the grid); the lr grid is extended geometrically
 until the entry has exactly ``budget`` configurations (an entry with more is refused). After
@@ -80,7 +80,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedcore.config import ConfigError, Scalar, resolve
+from fedcore.config import APP, ConfigError, Scalar, resolve
 from fedpcd_app.analysis.layout import MANIFEST, NO_GRID, RUN_FILE, safe
 from fedpcd_app.analysis.ray_sweep import RaySweepError
 from fedpcd_app.analysis.runner import LOG_FILE, was_interrupted
@@ -212,7 +212,7 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
             mkeys.update(per_setting.get(setting, {}))
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
             if tuning is not None:  # the declared search space, filled to the budget
-                method = str(mkeys.get("method", skeys.get("method", base.get("method", "fedavg"))))
+                method = str(mkeys.get("method", skeys.get("method", base.get("method", APP["method"].default))))
                 try:
                     mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
                 except tuning_mod.TuningError as exc:

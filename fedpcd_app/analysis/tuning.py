@@ -12,14 +12,15 @@ A sweep file opts in with a ``[tuning]`` table (see :mod:`fedpcd_app.analysis.sw
     fedpcd-tau = [0.01, 0.02]
 
 Search space of a method entry (:func:`entry_grid`): the declared space of its registered
-method (:data:`SPACES`, the papers' grids: shared/spec/ALGORITHMS.md, the FedPCD paper's
-Table 2 grid for τ) plus ``lr`` (:data:`LR`, always tuned); a key the entry sets to a scalar
-is fixed (not tuned), a key it sets to a list, or that ``[tuning.grids.<entry>]`` lists, is
-tuned over those values. The product must not exceed the budget (one-line error naming the
-entry and its sizes); below it, the lr grid is extended geometrically (alternately above its
-largest and below its smallest value, within lr's declared bounds; then geometric midpoints)
-until the product equals the budget, so every entry runs exactly ``budget`` configurations
-per seed. A budget that is not a multiple of the entry's other keys' product is refused.
+method (the ``grid`` of its ``Params`` fields, the papers' grids: shared/spec/ALGORITHMS.md,
+the FedPCD paper's Table 2 grid for τ) plus ``lr`` (the app key's ``grid``, always tuned); a
+key the entry sets to a scalar is fixed (not tuned), a key it sets to a list, or that
+``[tuning.grids.<entry>]`` lists, is tuned over those values. The product must not exceed the
+budget (one-line error naming the entry and its sizes); below it, the lr grid is extended
+geometrically (alternately above its largest and below its smallest value, within lr's declared
+bounds; then geometric midpoints) until the product equals the budget, so every entry runs
+exactly ``budget`` configurations per seed. A budget that is not a multiple of the entry's
+other keys' product is refused.
 
 FedAvg under both weightings (:func:`fedavg_baselines`). When the entries' methods weight
 their clients differently (``strategies.registry.weighting_of`` of each entry's keys over
@@ -50,37 +51,26 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fedcore.config import APP, ConfigError, Grid
 
-@dataclasses.dataclass(frozen=True)
-class Space:
-    """A numeric hyperparameter's grid and the bounds an extension stays within (inclusive)."""
-
-    values: tuple[float, ...]
-    low: float
-    high: float
-    integer: bool = False
+LR = APP["lr"].grid  # lr's declared space: tuned for every method
 
 
-LR = Space((0.003, 0.01, 0.03, 0.1), 1e-4, 1.0)
-# registered method -> its declared hyperparameter grids (lr comes on top, from LR)
-SPACES: dict[str, dict[str, Space]] = {
-    "fedpcd": {"fedpcd-tau": Space((0.005, 0.01, 0.02, 0.05, 0.075, 0.1), 0.0, 1.0)},
-    "qffl": {"qffl-q": Space((0.1, 0.2, 1.0, 2.0, 5.0), 0.0, 50.0)},
-    "afl": {"afl-lambda-lr": Space((0.01, 0.1, 0.5), 1e-4, 10.0)},
-    "fedmgda": {"fedmgda-eps": Space((0.01, 0.05, 0.1, 0.5, 1.0), 0.0, 1.0)},
-    "fedfv": {"fedfv-alpha": Space((0.0, 0.1, 0.2, 0.33, 0.5), 0.0, 1.0),
-              "fedfv-tau": Space((0, 1, 3, 10), 0, 100, integer=True)},
-    "ditto": {"ditto-lambda": Space((0.1, 1.0, 2.0), 1e-3, 100.0)},
-    "fedprox": {"fedprox-mu": Space((0.001, 0.01, 0.1, 1.0), 1e-5, 100.0)},
-    "federage": {"federage-alpha": Space((0.01, 0.05, 0.1), 1e-3, 1.0),
-                 "federage-gamma": Space((0.1, 0.3, 0.5), 0.0, 1.0)},
-    "craft": {"craft-step": Space((0.03, 0.1, 0.3), 1e-3, 10.0)},
-}
+def spaces(method: str) -> dict[str, Grid]:
+    """``lr``'s space, then the declared spaces of registered ``method``'s keys (none for a
+    name that is not registered: the sweep's validation names it)."""
+    from strategies.registry import strategy_class
+
+    try:
+        grids = strategy_class(method).Params.grids()
+    except ConfigError:
+        grids = {}
+    return {"lr": LR, **grids}
 
 
-def space_of(method: str, key: str) -> Space | None:
-    """The declared space of ``key`` for registered ``method`` (``lr``: :data:`LR`)."""
-    return LR if key == "lr" else SPACES.get(method, {}).get(key)
+def space_of(method: str, key: str) -> Grid | None:
+    """The declared space of ``key`` for registered ``method``."""
+    return spaces(method).get(key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +133,7 @@ def fedavg_baselines(entries: list[tuple[str, dict[str, Any]]], base: Mapping[st
     kinds, fedavg = set(), set()
     for _, keys in entries:
         config = {**base, **{k: v for k, v in keys.items() if not isinstance(v, (list, dict))}}
-        method = str(config.get("method", "fedavg"))
+        method = str(config.get("method", APP["method"].default))
         try:
             word = weighting_of(method, config)
         except (ConfigError, ValueError, TypeError):
@@ -191,7 +181,7 @@ def entry_grid(label: str, method: str, keys: Mapping[str, Any], tuning: Tuning)
     """A method entry's keys with its tuned grid filled in (lists), exactly ``budget``
     configurations (see the module doc); one-line SweepError when that is impossible."""
     out = dict(keys)
-    for key, space in {"lr": LR, **SPACES.get(method, {})}.items():
+    for key, space in spaces(method).items():
         if key not in out:
             out[key] = list(space.values)
     out.update({k: list(v) for k, v in tuning.grids.get(label, {}).items()})
@@ -286,7 +276,7 @@ def extensions(sweep, out: Path) -> list:
     new = []
     for (setting, label), (best, points) in selected_points(sweep, out).items():
         template = points[best]
-        method = str(template[0].overrides.get("method", "fedavg"))
+        method = str(template[0].overrides.get("method", APP["method"].default))
         for key, value in edge_steps(method, best, points):
             grid = tuple((k, value if k == key else v) for k, v in best)
             for run in template:

@@ -16,13 +16,9 @@ from typing import Any
 
 import torch
 
-from fedcore.config import ConfigError, RunConfig, Scalar, check_retired, parse_run_config, resolve
+from fedcore.config import ConfigError, RunConfig, Scalar, check_known, parse_run_config, resolve
 from strategies import registry
 from strategies.base import FairStrategy, resolve_device
-
-# An exception inside a strategy's aggregation: stop the run (after the round's record, a
-# checkpoint and a summary with complete = false), or log it and keep the model.
-ON_AGGREGATION_ERROR = ("stop", "keep")
 
 
 @dataclasses.dataclass
@@ -33,25 +29,26 @@ class Setup:
     cfg: RunConfig
     strategy: FairStrategy
     model: torch.nn.Module  # the initial global model (seeded)
-    checkpoint_every: int
-    checkpoint_keep: int
-    resume_from: str
 
 
 def check(raw: Mapping[str, Scalar]) -> RunConfig:
-    """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built."""
+    """Every key of a full flat run config checked (one-line :class:`ConfigError`), nothing built.
+
+    Each app key's type, range and choices were checked once, by :func:`parse_run_config`;
+    here come the method's keys (its ``Params``) and the checks that need more than one key
+    or something beyond the config (the method, a folder, an installed package)."""
     from client_app import attacks
     from fedpcd_app.server import checkpoint, secagg, tracking
-    from fedpcd_app.server.sampler import PARTICIPATION, RARE_CHOICES, rare_clients
+    from fedpcd_app.server.sampler import rare_clients
     from strategies import privacy
     from strategies.wrappers import check_update_clip
 
-    check_retired(raw)
+    check_known(raw)  # a misspelt key: the closest declared ones
     cfg = parse_run_config(raw)
-    _check_bounds(cfg)  # before anything is sized by num-clients
+    _check_num_clients(cfg)  # before anything is sized by num-clients
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
-    if not cfg.get_bool("allow-unused-keys", False):
+    if not cfg.allow_unused_keys:
         own = cls.Params.run_config_keys()
         for key, default in registry.method_keys().items():
             if key not in own and key in cfg.params and cfg.params[key] != default:
@@ -60,84 +57,53 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                     "remove it, choose the method it belongs to, or set allow-unused-keys=true"
                 )
     resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
-    cfg.get_bool("eval-averaged-iterate", False)
     _check_weighting(cfg)
-    cfg.get_choice("participation", PARTICIPATION, "uniform")
     rare_clients(cfg)  # the default adapts to federations of fewer than 4 clients
-    cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
-    cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
-    cfg.get_int("checkpoint-every", 10, low=0)
-    cfg.get_int("checkpoint-keep", 2, low=1)
-    cfg.get_bool("tensorboard", False)
     tracking.check(cfg)  # tracking = tensorboard | wandb | none (wandb installed?)
-    cfg.get_choice("figures", ("auto", "none"), "auto")  # report.md and figures when a run ends (run_report.py)
-    resume_from = str(cfg.params.get("resume-from", ""))
-    allow = checkpoint.allowed_changes(cfg.params.get("resume-allow-changes", ""))
+    allow = checkpoint.allowed_changes(cfg.resume_allow_changes)
     unknown = sorted(k for k in allow if k not in cfg.as_dict() or k in checkpoint.FIXED)
     if unknown:
         raise ConfigError(f"run-config key 'resume-allow-changes' lists {', '.join(map(repr, unknown))}: "
                           f"give run-config "
                           f"keys other than {', '.join(checkpoint.FIXED)} (which a checkpoint cannot change), "
                           "comma-separated, e.g. 'lr,local-epochs'")
-    if resume_from:
-        if not Path(resume_from).is_dir():
-            raise ConfigError(f"run-config key 'resume-from' = '{resume_from}' is not a folder: "
+    if cfg.resume_from:
+        if not Path(cfg.resume_from).is_dir():
+            raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}' is not a folder: "
                               "give the output-dir of an earlier run with checkpoint-every > 0")
-        if not checkpoint.rounds_in(resume_from):
-            raise ConfigError(f"run-config key 'resume-from' = '{resume_from}': no checkpoint in "
-                              f"{checkpoint.checkpoint_dir(resume_from)}; give the output-dir of a run "
+        if not checkpoint.rounds_in(cfg.resume_from):
+            raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}': no checkpoint in "
+                              f"{checkpoint.checkpoint_dir(cfg.resume_from)}; give the output-dir of a run "
                               "with checkpoint-every > 0")
-    if secagg.enabled(cfg):
+    if cfg.secure_aggregation:
         secagg.check_strategy(cfg, cls)
-        secagg.workflow_settings(cfg)
     attacks.attacked_partitions(cfg.as_dict())  # the attack keys, partition ids in range
-    if check_update_clip(cfg.get_float("update-clip", 0.0)) and secagg.enabled(cfg):
-        raise ConfigError(f"run-config key 'update-clip' = {cfg.params['update-clip']} needs each update, which "
+    if check_update_clip(cfg.update_clip) and cfg.secure_aggregation:
+        raise ConfigError(f"run-config key 'update-clip' = {cfg.update_clip} needs each update, which "
                           "secure aggregation hides: set secure-aggregation=false or update-clip=0")
-    from fedcore.replies import DEFAULT_MAX_NUM_EXAMPLES, DEFAULT_MAX_UPDATE_RATIO
-
-    cfg.get_int("max-num-examples", DEFAULT_MAX_NUM_EXAMPLES, low=1)
-    if not (ratio := cfg.get_float("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO, low=0.0)) == 0.0 and ratio < 2.0:
-        raise ConfigError(f"run-config key 'max-update-ratio' = {ratio} would drop honest updates near the round's "
-                          "median norm: use 0 (off) or a factor >= 2 (default 100)")
+    if cfg.max_update_ratio != 0.0 and cfg.max_update_ratio < 2.0:
+        raise ConfigError(f"run-config key 'max-update-ratio' = {cfg.max_update_ratio} would drop honest updates "
+                          "near the round's median norm: use 0 (off) or a factor >= 2 (default 100)")
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
-                  cfg.clients_per_round, secagg.enabled(cfg))
-    cfg.get_choice("on-aggregation-error", ON_AGGREGATION_ERROR, "stop")
-    cfg.get_int("diverge-patience", 5, low=0)
+                  cfg.clients_per_round, cfg.secure_aggregation)
     from fedpcd_app.server.results import check_output_dir_free, check_output_dir_reusable
 
     check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
     check_output_dir_reusable(cfg)  # another run's results there: resume-from, a new folder or overwrite
-    from client_app.vectorised import EXECUTION, EXECUTION_KEY
-
-    cfg.get_choice(EXECUTION_KEY, EXECUTION, "auto")
     _check_node_data(cfg)
     return cfg
 
 
-# At most this many clients: every per-client table (sampler, membership, counts) is sized by
-# num-clients before any data is read, so a typo like num-clients=1000000000 would allocate
-# gigabytes; a million clients is far beyond any partition of the built-in datasets.
-MAX_CLIENTS = 1_000_000
 # Examples of the built-in datasets (all splits): num-clients cannot exceed them, since every
 # client needs a training example (the data loader then checks each gets a train and a test one).
 KNOWN_EXAMPLES = {"digits": 1797, "mnist": 70_000, "fashion-mnist": 70_000, "cifar10": 60_000, "cifar100": 60_000}
 
 
-def _check_bounds(cfg: RunConfig) -> None:
-    """lr finite and > 0; num-clients bounded (see :data:`MAX_CLIENTS`, :data:`KNOWN_EXAMPLES`)."""
-    import math
-
-    for key, value in (("lr", cfg.lr), ("server-lr", cfg.server_lr)):
-        if not math.isfinite(value):
-            raise ConfigError(f"run-config key '{key}' = {value} is not a finite number: give a finite step size "
-                              f"(e.g. {key}=0.1)")
-    if cfg.num_clients > MAX_CLIENTS:
-        raise ConfigError(f"run-config key 'num-clients' = {cfg.num_clients} is above {MAX_CLIENTS:,}: every client "
-                          "has a row in the server's tables, allocated before the run; use fewer clients")
+def _check_num_clients(cfg: RunConfig) -> None:
+    """num-clients within a built-in dataset's examples (see :data:`KNOWN_EXAMPLES`)."""
     from client_app import local_data
 
-    own_data = cfg.dataset_path or local_data.is_node_mode(cfg.as_dict())  # sizes known once read
+    own_data = cfg.dataset_path or local_data.is_node_mode(cfg)  # sizes known once read
     total = None if own_data else KNOWN_EXAMPLES.get(cfg.dataset)
     if total is not None and cfg.num_clients > total:
         raise ConfigError(f"run-config key 'num-clients' = {cfg.num_clients} is above the {total} examples of dataset "
@@ -153,17 +119,15 @@ UNIFORM_KEYS = {"fedpcd": "fedpcd-primary='fedavg-uniform'", "craft": "craft-rho
 def _check_weighting(cfg: RunConfig) -> None:
     """``fedavg-weighting`` (the FedAvg family only) and ``participation = "size-proportional"``
     (methods whose server rule stays unbiased under size-proportional draws; README)."""
-    from fedpcd_app.server.sampler import FEDAVG_FAMILY, PARTICIPATION, size_proportional_refusal
-    from strategies.fedavg import WEIGHTINGS
+    from fedpcd_app.server.sampler import FEDAVG_FAMILY, size_proportional_refusal
 
-    weighting = cfg.get_choice("fedavg-weighting", WEIGHTINGS, "data-size")
-    if weighting != "data-size" and cfg.method not in FEDAVG_FAMILY:
+    if cfg.fedavg_weighting != "data-size" and cfg.method not in FEDAVG_FAMILY:
         own = UNIFORM_KEYS.get(cfg.method)
-        raise ConfigError(f"run-config key 'fedavg-weighting' = {weighting!r} applies to the FedAvg family "
+        raise ConfigError(f"run-config key 'fedavg-weighting' = {cfg.fedavg_weighting!r} applies to the FedAvg family "
                           f"({', '.join(FEDAVG_FAMILY)}); method '{cfg.method}' weights by its own rule: "
                           + (f"its uniform variant is {own}, " if own else "")
                           + "leave fedavg-weighting='data-size'")
-    if cfg.get_choice("participation", PARTICIPATION, "uniform") == "size-proportional":
+    if cfg.participation == "size-proportional":
         why = size_proportional_refusal(cfg.method, cfg.params)
         if why is not None:
             raise ConfigError(f"run-config key 'participation' = 'size-proportional' draws clients with probability "
@@ -172,9 +136,7 @@ def _check_weighting(cfg: RunConfig) -> None:
 
 def fedavg_weighting(cfg: RunConfig) -> str:
     """The FedAvg family's weighting for this run: ``uniform`` with size-proportional draws."""
-    if cfg.params.get("participation") == "size-proportional":
-        return "uniform"
-    return str(cfg.params.get("fedavg-weighting", "data-size"))
+    return "uniform" if cfg.participation == "size-proportional" else cfg.fedavg_weighting
 
 
 def _check_node_data(cfg: RunConfig) -> None:
@@ -194,11 +156,10 @@ def _check_node_data(cfg: RunConfig) -> None:
         raise ConfigError(f"run-config key 'dataset-path' = '{cfg.dataset_path}' is not read with client-data='node' "
                           "(each node reads its own data-path): set dataset-path=\"\" (a central test set is "
                           "central-test-path)")
-    if cfg.params.get("participation") == "size-proportional":
+    if cfg.participation == "size-proportional":
         raise ConfigError("run-config key 'participation' = 'size-proportional' needs every client's training size on "
                           "the server, which client-data='node' does not give: use participation='uniform'")
-    if (cfg.params.get("participation") == "skewed"
-            and cfg.params.get("availability-rare-choice") == "rarest-classes"):
+    if cfg.participation == "skewed" and cfg.availability_rare_choice == "rarest-classes":
         raise ConfigError("run-config key 'availability-rare-choice' = 'rarest-classes' needs every client's labels "
                           "on the server, which client-data='node' does not give: use availability-rare-choice='last'")
 
@@ -215,8 +176,7 @@ def validate(raw: Mapping[str, Scalar], *, resolve_defaults: bool = False) -> Se
     if not cfg.output_dir:
         raw["output-dir"] = str(default_output_dir(cfg))
         cfg = cfg.replace(output_dir=raw["output-dir"])
-    return Setup(raw, cfg, strategy, model, cfg.get_int("checkpoint-every", 10), cfg.get_int("checkpoint-keep", 2),
-                 str(cfg.params.get("resume-from", "")))
+    return Setup(raw, cfg, strategy, model)
 
 
 def load_setup(overrides: Mapping[str, Any] | str | None = None) -> Setup:

@@ -43,8 +43,6 @@ import torch
 from fedcore import keys
 from fedcore.config import RunConfig
 
-PATIENCE_KEY = "diverge-patience"
-DEFAULT_PATIENCE = 5
 PREFIX = "diverged at round"  # contract: summary.json incomplete_reason starts with it
 NO_REPLY = "no reply"  # fedcore's reason for a timed-out or lost reply
 
@@ -68,7 +66,7 @@ class Watch:
     """Counts the rounds of criteria 2 and 3 (see the module docstring)."""
 
     def __init__(self, cfg: RunConfig, classes: int) -> None:
-        self.patience = cfg.get_int(PATIENCE_KEY, DEFAULT_PATIENCE, low=0)
+        self.patience = cfg.diverge_patience
         self.chance = math.log(classes) if classes >= 2 else None
         self.refused_rounds = 0
         self.bad_loss_rounds = 0

@@ -145,7 +145,7 @@ class Evaluator:
         elif self.mode == "server" or cfg.dataset == "digits" or cfg.dataset_path:
             self._data = load_federated_data(cfg)  # a data problem stops the run here, before training
         self.model = model.to(device())
-        self.averaged = cfg.get_bool("eval-averaged-iterate", False)
+        self.averaged = cfg.eval_averaged_iterate
         # AFL averages its own iterate: it is scored on that (see the module doc)
         self.average = IterateAverage() if self.averaged and not strategy_averages(strategy) else None
 
@@ -243,11 +243,11 @@ def reply_limits(cfg, data: FederatedData | None, membership=None):
     with ``client-data = "node"`` each node's sizes from its first QUERY report, capped at
     ``max-num-examples``; else (a partitioned run whose server holds no data) ``max-num-examples``
     for every client. ``max-update-ratio`` bounds the update norms."""
-    from fedcore.replies import DEFAULT_MAX_NUM_EXAMPLES, DEFAULT_MAX_UPDATE_RATIO, ReplyLimits
+    from fedcore.replies import ReplyLimits
 
-    cap = cfg.get_int("max-num-examples", DEFAULT_MAX_NUM_EXAMPLES, low=1)
+    cap = cfg.max_num_examples
     limits = ReplyLimits(max_num_examples=cap,
-                         max_update_ratio=cfg.get_float("max-update-ratio", DEFAULT_MAX_UPDATE_RATIO, low=0.0))
+                         max_update_ratio=cfg.max_update_ratio)
     if data is not None:
         limits.train_sizes = {pid: len(idx) for pid, idx in enumerate(data.train_idx)}
         limits.test_sizes = {pid: len(idx) for pid, idx in enumerate(data.test_idx)}

@@ -9,9 +9,6 @@ from typing import Any
 
 log = logging.getLogger("fedpcd")
 
-FIGURES = ("auto", "none")  # run-config figures
-
-
 def _report_command(*args: str) -> tuple[list[str], Any]:
     import sys
     from pathlib import Path

@@ -136,9 +136,9 @@ def check_output_dir_reusable(cfg: RunConfig) -> None:
     if not cfg.output_dir:
         return
     folder = Path(cfg.output_dir).expanduser().resolve()
-    resume = str(cfg.params.get("resume-from", "") or "")
+    resume = cfg.resume_from
     own_resume = bool(resume) and Path(resume).expanduser().resolve() in (folder, folder / "checkpoints")
-    overwrite = cfg.get_bool(OVERWRITE_KEY, False)
+    overwrite = cfg.overwrite
     if own_resume and overwrite:
         raise ConfigError(f"run-config key '{OVERWRITE_KEY}' = true would delete the checkpoints that resume-from = "
                           f"'{resume}' continues from: drop overwrite, or resume into a new output-dir")
@@ -291,7 +291,7 @@ class ResultsWriter:
             self.lock.release()
             raise
         self.cfg = cfg
-        if cfg.get_bool(OVERWRITE_KEY, False):
+        if cfg.overwrite:
             with writing(self.dir, self.dir):
                 if gone := clear_results(self.dir):
                     log.warning("output-dir %s: overwrite = true deleted the earlier run's %s", self.dir,

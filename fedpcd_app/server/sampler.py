@@ -39,11 +39,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedcore.config import ConfigError, RunConfig
+from fedcore.config import APP, ConfigError, RunConfig
 from fedcore.seeding import numpy_rng
+from strategies import craft
 
-PARTICIPATION = ("uniform", "skewed", "bernoulli", "size-proportional")
-RARE_CHOICES = ("rarest-classes", "last")
 PROFILE_DRAWS = 4000
 
 # participation = "size-proportional": what it changes per method (README, "Participation").
@@ -70,7 +69,7 @@ def size_proportional_refusal(method: str, params) -> str | None:
     """Why ``participation = "size-proportional"`` is refused for this method (None: allowed)."""
     if method in FEDAVG_FAMILY or method in SIZE_PROPORTIONAL_OWN_RULE:
         return None
-    if method == "craft" and params.get("craft-rho", "data-size") == "uniform":
+    if method == "craft" and craft.Params.from_run_config(params).rho == "uniform":
         return None
     return SIZE_PROPORTIONAL_REFUSED.get(method, "its server rule was not checked for size-proportional draws")
 
@@ -134,7 +133,6 @@ def rarest_class_holders(label_counts: np.ndarray, k: int) -> list[int]:
     return sorted(chosen)
 
 
-DEFAULT_RARE_CLIENTS = 3  # pyproject's availability-rare-clients
 
 
 def rare_clients(cfg: RunConfig) -> int:
@@ -143,8 +141,8 @@ def rare_clients(cfg: RunConfig) -> int:
     defaults run on 2 devices; another value must leave a frequent client (one line naming
     the fix otherwise)."""
     n = cfg.num_clients
-    k = cfg.get_int("availability-rare-clients", DEFAULT_RARE_CLIENTS, low=0)
-    if k == DEFAULT_RARE_CLIENTS and k >= n:
+    k = cfg.availability_rare_clients
+    if k == APP["availability-rare-clients"].default and k >= n:
         return max(0, n - 1)
     if k > n:
         raise ConfigError(f"run-config key 'availability-rare-clients' = {k} is more than num-clients = {n}: "
@@ -159,7 +157,7 @@ class Sampler:
         self.cfg = cfg
         self.available = np.array(sorted(available if available is not None else range(cfg.num_clients)))
         self.per_round = min(cfg.clients_per_round, len(self.available))
-        self.participation = cfg.get_choice("participation", PARTICIPATION, "uniform")
+        self.participation = cfg.participation
         self.rare_clients: list[int] = []
         self.draw_weights: np.ndarray | None = None
         if self.participation == "uniform":
@@ -193,8 +191,8 @@ class Sampler:
     def _skewed_profile(self) -> np.ndarray:
         cfg = self.cfg
         k = rare_clients(cfg)
-        p_rare = cfg.get_float("availability-rare-prob", 0.01, low=0.0, high=1.0, low_open=True)
-        choice = cfg.get_choice("availability-rare-choice", RARE_CHOICES, "rarest-classes")
+        p_rare = cfg.availability_rare_prob
+        choice = cfg.availability_rare_choice
         if k * p_rare >= self.per_round:
             raise ConfigError(
                 f"run-config key 'availability-rare-prob' = {p_rare}: {k} rare clients would fill the "

@@ -58,14 +58,13 @@ from strategies.rounds import RoundOutcome, log_dropped
 
 log = logging.getLogger("fedpcd")
 
-ENABLE = "secure-aggregation"
 WEIGHTING = keys.SECAGG_WEIGHTING
 RECORDS = keys.SECAGG_RECORDS
 WEIGHTINGS = ("num-examples", "uniform")
 
 
 def enabled(cfg: RunConfig) -> bool:
-    return cfg.get_bool(ENABLE, False)
+    return cfg.secure_aggregation
 
 
 def check_strategy(cfg: RunConfig, strategy) -> None:
@@ -85,15 +84,15 @@ def check_strategy(cfg: RunConfig, strategy) -> None:
 
 def workflow_settings(cfg: RunConfig) -> dict[str, Any]:
     """The SecAgg+ workflow's arguments from the run config (one-line errors on bad values)."""
-    shares = cfg.get_float("secagg-num-shares", 1.0, low=0.0, low_open=True)
-    threshold = cfg.get_float("secagg-reconstruction-threshold", 0.7, low=0.0, low_open=True)
+    shares = cfg.secagg_num_shares
+    threshold = cfg.secagg_reconstruction_threshold
     # Flower reads a float as a fraction and an int as a count.
     return dict(
         num_shares=shares if shares <= 1.0 else int(shares),
         reconstruction_threshold=threshold if threshold <= 1.0 else int(threshold),
-        max_weight=cfg.get_float("secagg-max-weight", 1000.0, low=1.0),
-        clipping_range=cfg.get_float("secagg-clipping-range", 8.0, low=0.0, low_open=True),
-        quantization_range=cfg.get_int("secagg-quantization-range", 4194304, low=2),
+        max_weight=cfg.secagg_max_weight,
+        clipping_range=cfg.secagg_clipping_range,
+        quantization_range=cfg.secagg_quantization_range,
         timeout=cfg.round_timeout or None,
     )
 

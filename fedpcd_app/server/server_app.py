@@ -34,7 +34,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from client_app import local_data
+from client_app import attacks, local_data
 from fedcore.config import ConfigError, RunConfig, resolve
 from fedcore.flat import spec_of
 from fedcore.replies import ReplyTrust
@@ -93,19 +93,19 @@ class Experiment:
         self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
         self.history: list[dict[str, Any]] = []
         self.last_eval: dict[str, Any] = {}
-        self.stop_on_error = self.cfg.params.get("on-aggregation-error", "stop") == "stop"
+        self.stop_on_error = self.cfg.on_aggregation_error == "stop"
         self.aggregation_exception: Exception | None = None
         self.start_round = 1
         self.classes = divergence.num_classes(setup.model)
         self.watch = divergence.Watch(self.cfg, self.classes)
         self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
         self.initial_norm = divergence.model_norm(self.arrays)  # the collapse check's reference (completeness)
-        if setup.resume_from:  # every check and the whole restore before any file is opened for writing
-            self.resume(setup.resume_from)
+        if setup.cfg.resume_from:  # every check and the whole restore before any file is opened for writing
+            self.resume(setup.cfg.resume_from)
         self.writer = ResultsWriter(self.cfg, history=self.history)
-        if setup.resume_from:
+        if setup.cfg.resume_from:
             setup_logging()
-            log.info("resumed from round %d of %s", self.start_round - 1, setup.resume_from)
+            log.info("resumed from round %d of %s", self.start_round - 1, setup.cfg.resume_from)
         self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
         # the round's train exchange: in the clear, or under SecAgg+; either returns the round's outcome
         self.exchange = (secagg.SecureAggregator(self.cfg, self.strategy, spec_of(self.arrays), self.context)
@@ -295,7 +295,7 @@ class Experiment:
 
     def draws_report(self) -> bool:
         """``figures = "auto"``: report.md and the run's figures when the run ends."""
-        return self.cfg.get_choice("figures", report_process.FIGURES, "auto") == "auto"
+        return self.cfg.figures == "auto"
 
     def is_eval_round(self, server_round: int) -> bool:
         every = self.cfg.eval_every
@@ -308,7 +308,7 @@ class Experiment:
     # -- checkpoints (fedpcd_app.server.checkpoint) ---------------------------------------------------
     def after_round(self, server_round: int) -> None:
         """Called after each round's record is written: the checkpoint, when due."""
-        every = self.setup.checkpoint_every
+        every = self.setup.cfg.checkpoint_every
         if every and (server_round % every == 0 or server_round == self.cfg.num_server_rounds):
             self.save_checkpoint(server_round)
 
@@ -323,7 +323,7 @@ class Experiment:
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
             reply_trust=self.context.trust.as_dict(),
         )
-        path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.checkpoint_keep)
+        path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.cfg.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
 
     def resume(self, folder: str) -> None:
@@ -331,7 +331,7 @@ class Experiment:
         every check and the restore in memory, before the writer opens any file (a refused resume
         changes nothing on disk); the writer then starts rounds.jsonl with its history."""
         ckpt = checkpoint.latest(folder)
-        allow = checkpoint.allowed_changes(self.cfg.params.get("resume-allow-changes", ""))
+        allow = checkpoint.allowed_changes(self.cfg.resume_allow_changes)
         checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
                                     {k: v.numpy() for k, v in self.arrays.items()},
                                     self.strategy.params.to_run_config(), allow)
@@ -512,7 +512,7 @@ class Experiment:
 
     def hostile_summary(self, final: dict[str, Any]) -> dict[str, Any]:
         """The attack and the attacked partitions, the honest clients' metrics, the defences."""
-        out: dict[str, Any] = {"attack": self.cfg.params.get("attack", "none"),
+        out: dict[str, Any] = {"attack": attacks.Params.from_run_config(self.cfg.params).kind,
                                "attacked_partitions": list(self.evaluator.attacked)}
         if "honest" in final:
             out["honest"] = final["honest"]

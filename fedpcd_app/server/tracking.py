@@ -31,9 +31,6 @@ import numpy as np
 
 from fedcore.config import ConfigError, RunConfig
 
-KEY = "tensorboard"
-TRACKING = "tracking"
-CHOICES = ("tensorboard", "wandb", "none")
 SUBDIR = "tensorboard"
 _TRAIN = ("train_loss", "loss_before", "num_replies", "num_dropped", "lr", "train_seconds", "aggregate_seconds")
 
@@ -140,8 +137,8 @@ class Trackers:
 
 def check(cfg: RunConfig) -> str:
     """``tracking``, checked against ``tensorboard`` and the installed packages (one line)."""
-    choice = cfg.get_choice(TRACKING, CHOICES, "tensorboard")
-    if choice == "none" and cfg.get_bool(KEY, False):
+    choice = cfg.tracking
+    if choice == "none" and cfg.tensorboard:
         raise ConfigError("run-config key 'tracking' = 'none' but tensorboard = true: set tensorboard=false, "
                           "or tracking='tensorboard' to keep the TensorBoard files")
     if choice == "wandb" and importlib.util.find_spec("wandb") is None:
@@ -154,7 +151,7 @@ def tracker_for(cfg: RunConfig, out_dir: str | Path) -> Trackers | TensorBoardLo
     """The trackers the run config asks for (see the module doc), else None."""
     choice = check(cfg)
     trackers: list = []
-    if choice != "none" and cfg.get_bool(KEY, False):
+    if choice != "none" and cfg.tensorboard:
         trackers.append(TensorBoardLogger(out_dir))
     if choice == "wandb":
         trackers.append(WandbLogger(cfg, out_dir))
