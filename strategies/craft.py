@@ -1,8 +1,7 @@
 """CRAFT: closed-form, conflict-resolved aggregation, layer by layer (paper 002_*).
 
-**Read :func:`strategies.algorithms.craft_round` first**: the round as the paper writes it
-(per group, ``torch.linalg.pinv`` as the authors call it). This module is the fast kernel of
-the same round; ``tests/test_algorithms.py`` checks that they agree.
+``tests/test_algorithms.py`` checks this module against the round as the paper writes it
+(per group, ``torch.linalg.pinv`` as the authors call it: ``tests/oracles.py``).
 
 Per round t and per layer group q, with g_i = θ_t − θ_i restricted to the group (raw local
 updates, not divided by the client learning rate):

@@ -1,9 +1,6 @@
 """FedPCD: priority-constrained aggregation with a server-side history cache.
 
 Papers ``000_*``/``001_*`` (FedPCD, Algorithm 1) and ``../shared/spec/ALGORITHMS.md``.
-**Read :func:`strategies.algorithms.fedpcd_round` first**: Algorithm 1 line by line, in plain
-float64 torch. This module is the fast kernel of the same round (cached Gram rows, the dual
-QP, buffers reused across rounds); ``tests/test_algorithms.py`` checks that they agree.
 Per round the server takes the FedAvg pseudo-gradient ḡ = Σ p_i g_i (g_i = Δ_i/η_l) as the
 primary direction and finds the direction closest to it that makes progress τ on every
 client direction it knows about (current participants and a cache of recent ones):
@@ -13,6 +10,13 @@ client direction it knows about (current participants and a cache of recent ones
 
 The QP is solved in its dual over the m' constraint multipliers (Gram matrix Q = C Cᵀ),
 never in R^d:  μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),  d̃* = g̃_0 + Cᵀμ*.
+
+:meth:`FedPCD.aggregate_valid` is Algorithm 1 as a chain of the pure steps below, each
+returning its result and its metrics: :func:`drop_non_finite` → :func:`primary_direction`
+(ḡ, g̃_0) → :func:`constraints_from_cache` (the round's clients normalised into the history
+cache, :mod:`strategies.fedpcd_cache`; the outlier options) → :func:`solve_dual` (μ*, with
+the fallbacks below) → :func:`server_step` (d_t and θ_{t+1}). ``tests/test_algorithms.py``
+checks it against the round in plain float64 with a primal solve (``tests/oracles.py``).
 
 With ``server-lr`` η_g = η_l (0, the default) and no active constraint a round is exactly FedAvg. The
 outlier options (``fedpcd-outlier-*``) are this project's extension, not in the papers.
@@ -25,9 +29,10 @@ Diagnostics per round (MetricRecord → rounds.jsonl): ``fedpcd-constraints`` (m
 (constraints left out by the outlier options this round).
 
 Cost per round (``benchmarks/aggregation.py`` times it against this floor): one pass over
-the replies that writes Δ_i into k work rows and into the cache (float32: the raw Δ_i with
-a float64 factor, its client's own row when it returns) and squares Δ_i while each block is
-in the cache (:func:`fedcore.flat.deltas_into`); ḡ over the work rows; one (k × d)·(d × m') product for
+the replies that writes Δ_i into k work rows and into the cache rows the round's admission
+hands out (float32: the raw Δ_i with a float64 factor, its client's own row when it returns)
+and squares Δ_i while each block is in the cache (:func:`fedcore.flat.deltas_into`); ḡ over
+the work rows; one (k × d)·(d × m') product for
 the new Gram rows, which also gives c̃ᵀḡ; the direction over the *active* entries only.
 Memory: the cache's rows (allocated once for the most entries the window can hold, resident
 only once written), k + 1 work rows, θ and the direction. ``server-device`` (the strategy's
@@ -39,8 +44,9 @@ are jointly infeasible) or the solver fails, the elastic relaxation
 min ½‖d − g̃_0‖² + ρ Σ_j max(0, b_j − c̃_jᵀd) is solved instead (its dual is the same QP
 with the box 0 ≤ μ ≤ ρ, always bounded: the least-violation direction); if that fails
 too, d_t = ḡ. Both are logged and counted. A client whose update holds NaN/Inf is
-dropped for the round with a logged reason (a returning client's cached entry with it: its
-row was being overwritten; the app's reply validation drops such replies before FedPCD).
+dropped for the round with a logged reason, and a returning client's cached entry with it
+(with a float32 cache its row was being overwritten); the app's reply validation drops such
+replies before FedPCD.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from fedcore import flat
 from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
-from strategies.fedpcd_cache import HistoryCache
+from strategies.fedpcd_cache import Admission, Constraints, HistoryCache
 from strategies.linalg import clarabel_qp
 from strategies.registry import register
 from strategies.rounds import Aggregated
@@ -159,6 +165,129 @@ ELASTIC_PENALTY = 100.0  # ρ: μ_j ≤ ρ in the elastic dual (normalised direc
 _MU_ZERO = 1e-7  # relative size below which a multiplier is 0 (inactive)
 _FEAS_TOL = 1e-6  # relative tolerance of the post-solve feasibility check
 
+DROPPED_REASON = "FedPCD: its update's squared norm is not finite in float32 (NaN/Inf or too large)"
+
+
+# -- the round, step by step (Algorithm 1) ------------------------------------------------------
+@dataclasses.dataclass
+class Updates:
+    """A round's replies as FedPCD reads them (:meth:`FedPCD.read_updates`)."""
+
+    theta: torch.Tensor  # θ_t, (d,) float32 on the host
+    clients: list[int]  # stable client ids (partition ids), in reply order
+    sizes: np.ndarray  # n_i, float64
+    rows: torch.Tensor  # (m + 1, d) float32: Δ_i = θ_t − θ_i in rows[:m]; rows[m] receives ḡ
+    sq_norms: np.ndarray  # ‖Δ_i‖², float64 (not finite for a NaN/Inf update, or one too large for float32)
+
+
+def drop_non_finite(updates: Updates) -> tuple[Updates, list[int], dict]:
+    """The clients whose ‖Δ_i‖² is not finite leave the round. Returns the usable updates
+    (their rows moved up, in place), the indices of the dropped replies and the metrics."""
+    finite = np.isfinite(updates.sq_norms)
+    keep, dropped = np.flatnonzero(finite).tolist(), np.flatnonzero(~finite).tolist()
+    if dropped:  # rare: the valid rows move up
+        k = len(keep)
+        updates.rows[:k] = updates.rows[keep].clone()
+        updates = Updates(updates.theta, [updates.clients[i] for i in keep], updates.sizes[keep],
+                          updates.rows[: k + 1], updates.sq_norms[keep])
+    return updates, dropped, {M_DROPPED: len(dropped)}
+
+
+@dataclasses.dataclass
+class Primary:
+    """The primary direction ḡ and what the later steps need of it."""
+
+    vector: torch.Tensor  # ḡ = Σ p_i Δ_i/η_l, (d,) float32: the row after the updates
+    weights: np.ndarray  # p_i/η_l, i.e. ḡ = Σ weights_i Δ_i (float64)
+    norm: float  # ‖ḡ‖
+    unit_scale: float  # g̃_0 = unit_scale·ḡ: 1/(‖ḡ‖ + ε), 1 without normalisation, 0 without a primary
+
+
+def primary_direction(updates: Updates, eta_l: float, params: Params) -> tuple[Primary, dict]:
+    """ḡ = Σ p_i g_i with g_i = Δ_i/η_l and p_i = n_i/Σn (``fedavg``) or 1/k, written into the
+    row after the updates; g̃_0 its normalised form (0 for ``primary = 'none'``)."""
+    k = len(updates.clients)
+    if params.primary == "fedavg-uniform":
+        p = torch.full((k,), 1.0 / k, dtype=torch.float64)
+    else:
+        p = torch.tensor(updates.sizes / updates.sizes.sum(), dtype=torch.float64)
+    g_bar = updates.rows[k]
+    torch.mv(updates.rows[:k].T, (p / eta_l).to(device=g_bar.device, dtype=g_bar.dtype), out=g_bar)
+    norm = float(torch.linalg.vector_norm(g_bar))
+    if params.primary == "none":
+        unit = 0.0
+    else:
+        unit = 1.0 if params.normalize == "none" else 1.0 / (norm + params.eps)
+    return Primary(g_bar, (p / eta_l).numpy(), norm, unit), {"update-norm": eta_l * norm}  # ‖Σ p_i Δ_i‖, as FedAvg
+
+
+def normalise(clients: list[int], norms: torch.Tensor, mode: str, eps: float, ema: dict[int, tuple[float, int]],
+              beta: float) -> tuple[torch.Tensor, dict[int, tuple[float, int]]]:
+    """Factors s_i with c̃_i = s_i g_i (float64) and the clients' updated EMA statistics.
+
+    ``l2``: 1/(‖g_i‖ + ε); ``none``: 1; ``ema``: 1/(√v̂_i + ε) with v̂_i the bias-corrected
+    EMA (β = ``beta``) of ‖g_i‖² of client i, ``ema`` its (EMA, times seen) so far.
+    """
+    norms = norms.double()
+    if mode == "l2":
+        return 1.0 / (norms + eps), {}
+    if mode == "none":
+        return torch.ones_like(norms), {}
+    if mode != "ema":
+        raise ValueError(f"unknown normalisation {mode!r}")
+    out, seen = torch.empty_like(norms), {}
+    for i, (client, n) in enumerate(zip(clients, norms.tolist())):
+        v, k = ema.get(client, (0.0, 0))
+        v, k = beta * v + (1.0 - beta) * n * n, k + 1
+        seen[client] = (v, k)
+        out[i] = 1.0 / (np.sqrt(v / (1.0 - beta**k)) + eps)
+    return out, seen
+
+
+def norm_inliers(norms: np.ndarray, factor: float, low: float = 0.0) -> list[int]:
+    """Indices of the updates whose norm is at most ``factor`` × the median norm and (with
+    ``low`` = k > 0) at least the median / k (all of them when both are 0 or there are fewer
+    than 3: no median to trust)."""
+    norms = np.asarray(norms, dtype=np.float64)
+    if (factor <= 0.0 and low <= 0.0) or norms.size < 3:
+        return list(range(norms.size))
+    med = float(np.median(norms))
+    return [i for i in range(norms.size)
+            if (factor <= 0.0 or norms[i] <= factor * med) and (low <= 0.0 or norms[i] >= med / low)]
+
+
+def cosine_inliers(gram: np.ndarray, c_dot_gbar, g_bar_norm: float, threshold: float) -> list[int]:
+    """Indices j of the constraints with cos(c̃_j, ḡ) = c̃_jᵀḡ/(‖c̃_j‖‖ḡ‖) ≥ ``threshold``
+    (a zero direction, e.g. a free rider's, has no angle and stays: its constraint is 0 ≥ 0)."""
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None)) * g_bar_norm
+    cos = np.divide(np.asarray(c_dot_gbar, dtype=np.float64), norms, out=np.ones(len(norms)), where=norms > 0)
+    return [j for j in range(len(cos)) if cos[j] >= threshold]
+
+
+def constraints_from_cache(admission: Admission, updates: Updates, primary: Primary, eta_l: float,
+                           params: Params) -> tuple[Constraints, dict]:
+    """The round's clients enter the history cache as c̃_i = s_i g_i (:func:`normalise`), and
+    every entry of the window is a constraint. The outlier options (this project's
+    extension): an update outside [median/``outlier-norm-low``, ``outlier-norm`` × median]
+    leaves no entry; a constraint whose cosine to ḡ is below ``outlier-cosine`` is left out
+    of this round's QP (it stays cached)."""
+    norms = torch.tensor(np.sqrt(updates.sq_norms) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l
+    entries = norm_inliers(norms.numpy(), params.outlier_norm, params.outlier_norm_low)
+    for i in sorted(set(range(len(norms))) - set(entries)):
+        log.info("round %d: FedPCD keeps partition %d out of the QP: its update norm %.3g is outside "
+                 "[median/%g, %g x median]", admission.round, updates.clients[i], float(norms[i]),
+                 params.outlier_norm_low, params.outlier_norm)
+    cache = admission.cache
+    scales, ema = normalise([updates.clients[i] for i in entries], norms[entries], params.normalize, params.eps,
+                            cache.ema, cache.ema_beta)
+    cons = admission.commit(updates.rows, updates.clients, entries, (scales / eta_l).numpy(), primary.weights, ema)
+    outliers = len(norms) - len(entries)
+    if params.outlier_cosine > -1.0 and cons.slots:
+        near = cosine_inliers(cons.gram, cons.c_dot_gbar, primary.norm, params.outlier_cosine)
+        outliers += len(cons.slots) - len(near)
+        cons = cons.subset(near)
+    return cons, {M_CONSTRAINTS: len(cons.slots), M_CACHE: cache.size, M_OUTLIERS: outliers}
+
 
 class SolverError(RuntimeError):
     """The QP solver did not return a usable solution."""
@@ -242,122 +371,46 @@ def dual_multipliers(gram, c_dot_g0, b) -> tuple[np.ndarray, int, str]:
 
 
 @dataclasses.dataclass
-class Correction:
-    """What :func:`correct_direction` found."""
+class Solution:
+    """What :func:`solve_dual` found."""
 
-    mu: np.ndarray  # (m',) multipliers in ``slots`` order
+    mu: np.ndarray  # (m',) multipliers, in the constraints' order
     status: int  # a STATUS_* code
     reason: str  # why a fallback was taken ("" otherwise)
     active: np.ndarray  # indices j with μ_j > 0
-    corrected: bool  # the direction differs from ḡ
-    step: float  # θ_{t+1} = θ_t − step·direction
-    cosine: float  # cos(d_t, ḡ)
-    solve_seconds: float
 
 
-def correct_direction(
-    cache: HistoryCache,
-    slots: list[int],
-    g_bar: torch.Tensor,
-    c_dot_gbar: np.ndarray,
-    g0_scale: float,
-    tau: float,
-    eta_g: float,
-    out: torch.Tensor,
-) -> tuple[torch.Tensor, Correction]:
-    """FedPCD's corrected step from the cache (paper eq. 10-11, dual form): one code path for
-    the strategy and :func:`fedpcd_direction`.
-
-    The constraints are the cache entries c̃_j in ``slots``, their Gram matrix is the cache's;
-    ``c_dot_gbar`` are c̃_jᵀḡ and g̃_0 = ``g0_scale``·ḡ. Solves the dual for μ, then writes
-    d̃ = g̃_0 + Σ_{μ_j>0} μ_j c̃_j into ``out`` (only the *active* entries are read). Returns
-    the direction to step along (``out``, or ``g_bar`` itself when nothing is corrected) and
-    the step length: η_g‖ḡ‖/‖d̃‖ (so that d_t = ‖ḡ‖ d̃/‖d̃‖), or η_g along ḡ.
-    """
-    gram = cache.gram_of(slots)
+def solve_dual(constraints: Constraints, primary: Primary, tau: float) -> tuple[Solution, dict]:
+    """μ* of the dual QP with b_j = τ‖c̃_j‖² (:func:`dual_multipliers`: the elastic relaxation
+    when the program is infeasible or the solver fails, μ = 0 and ḡ when that fails too)."""
+    gram = constraints.gram
     t0 = time.perf_counter()
-    mu, status, reason = dual_multipliers(gram, g0_scale * c_dot_gbar, tau * np.diag(gram).copy())
-    solve_s = time.perf_counter() - t0
+    mu, status, reason = dual_multipliers(gram, primary.unit_scale * constraints.c_dot_gbar, tau * np.diag(gram).copy())
+    seconds = time.perf_counter() - t0
     active = np.nonzero(mu > 0.0)[0]
-    corrected = status in (STATUS_SOLVED, STATUS_ELASTIC) and active.size > 0
-    g_bar_norm = float(torch.linalg.vector_norm(g_bar))
-    direction, step, cosine = g_bar, eta_g, 1.0
+    return Solution(mu, status, reason, active), {M_ACTIVE: int(active.size), M_SOLVER_OK: int(status <= STATUS_SOLVED),
+                                                  M_SOLVER_STATUS: status, M_SOLVE_SECONDS: seconds}
+
+
+def server_step(theta: torch.Tensor, primary: Primary, constraints: Constraints, solution: Solution, eta_g: float,
+                out: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """θ_{t+1} = θ_t − η_g d_t (θ in place), d_t = ‖ḡ‖ d̃/‖d̃‖ with d̃ = g̃_0 + Σ_{μ_j>0} μ_j c̃_j
+    written into ``out`` (only the active entries are read); d_t = ḡ when nothing is corrected
+    (g̃_0 feasible, the fallback to ḡ, or a degenerate d̃ = 0)."""
+    direction, step, cosine = primary.vector, eta_g, 1.0
+    corrected = solution.status in (STATUS_SOLVED, STATUS_ELASTIC) and solution.active.size > 0
     if corrected:
-        torch.mul(g_bar, g0_scale, out=out)
-        cache.add_rows(out, [slots[j] for j in active], mu[active])
+        torch.mul(primary.vector, primary.unit_scale, out=out)
+        constraints.add_to(out, solution.active, solution.mu[solution.active])
         dn = float(torch.linalg.vector_norm(out))
         if np.isfinite(dn) and dn > 1e-30:
             direction = out
-            cosine = float(out @ g_bar) / (dn * max(g_bar_norm, 1e-30))
-            step = eta_g * g_bar_norm / dn  # θ − η_g ‖ḡ‖ d̃/‖d̃‖
+            cosine = float(out @ primary.vector) / (dn * max(primary.norm, 1e-30))
+            step = eta_g * primary.norm / dn  # θ − η_g ‖ḡ‖ d̃/‖d̃‖
         else:  # degenerate d̃ = 0: keep the primary direction
             corrected = False
-    return direction, Correction(mu, status, reason, active, corrected, step, cosine, solve_s)
-
-
-def norm_inliers(norms: np.ndarray, factor: float, low: float = 0.0) -> list[int]:
-    """Indices of the updates whose norm is at most ``factor`` × the median norm and (with
-    ``low`` = k > 0) at least the median / k (all of them when both are 0 or there are fewer
-    than 3: no median to trust)."""
-    norms = np.asarray(norms, dtype=np.float64)
-    if (factor <= 0.0 and low <= 0.0) or norms.size < 3:
-        return list(range(norms.size))
-    med = float(np.median(norms))
-    return [i for i in range(norms.size)
-            if (factor <= 0.0 or norms[i] <= factor * med) and (low <= 0.0 or norms[i] >= med / low)]
-
-
-def cosine_inliers(gram: np.ndarray, c_dot_gbar, g_bar_norm: float, threshold: float) -> list[int]:
-    """Indices j of the constraints with cos(c̃_j, ḡ) = c̃_jᵀḡ/(‖c̃_j‖‖ḡ‖) ≥ ``threshold``
-    (a zero direction, e.g. a free rider's, has no angle and stays: its constraint is 0 ≥ 0)."""
-    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None)) * g_bar_norm
-    cos = np.divide(np.asarray(c_dot_gbar, dtype=np.float64), norms, out=np.ones(len(norms)), where=norms > 0)
-    return [j for j in range(len(cos)) if cos[j] >= threshold]
-
-
-def fedpcd_direction(
-    g_bar: torch.Tensor, constraints: torch.Tensor, tau: float, eps: float = 1e-12
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FedPCD's update direction d_t and multipliers μ (paper eq. 10-11, dual form).
-
-    Parameters
-    ----------
-    g_bar : (d,) tensor
-        Primary pseudo-gradient ḡ (the FedAvg direction).
-    constraints : (m, d) tensor
-        Raw constraint directions (client pseudo-gradients, current and cached); they are
-        ℓ2-normalised here. m = 0 gives back ``g_bar``.
-    tau : float
-        Required progress τ ≥ 0 on each normalised direction.
-    eps : float
-        ε of g/(‖g‖ + ε).
-
-    Returns
-    -------
-    (d_t, mu) : ((d,) tensor of g_bar's dtype, (m,) float64 tensor ≥ 0)
-        d_t is rescaled to ‖ḡ‖; it *is* ``g_bar`` when ḡ already satisfies every
-        constraint. If the program is infeasible the least-violation (elastic) solution is
-        returned; if the solver fails, ḡ.
-
-    The constraints go through a one-round :class:`HistoryCache` and :func:`correct_direction`,
-    the strategy's own code path.
-    """
-    m = constraints.shape[0]
-    if m == 0:
-        return g_bar, torch.zeros(0, dtype=torch.float64)
-    dtype = torch.float64 if torch.float64 in (g_bar.dtype, constraints.dtype) else torch.float32
-    cache = HistoryCache(0, dtype=dtype)
-    rows = torch.cat([constraints.to(dtype), g_bar.to(dtype).unsqueeze(0)])
-    norms = torch.linalg.vector_norm(constraints.double(), dim=1)
-    c_dot_gbar = cache.insert(1, list(range(m)), rows, n_new=m, scales=(1.0 / (norms + eps)).numpy())
-    g32 = rows[m]
-    direction, corr = correct_direction(cache, cache.active_slots(), g32, np.atleast_1d(c_dot_gbar),
-                                        1.0 / (float(torch.linalg.vector_norm(g32)) + eps), tau, 1.0,
-                                        torch.empty_like(g32))
-    mu = torch.from_numpy(corr.mu)
-    if not corr.corrected:
-        return g_bar, mu
-    return (direction * corr.step).to(g_bar.dtype), mu
+    theta.sub_(direction.to(theta.device), alpha=step)
+    return theta, {M_CORRECTED: int(corrected), M_COSINE: cosine}
 
 
 @register("fedpcd")
@@ -391,106 +444,38 @@ class FedPCD(FairStrategy):
         per_round = min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
         return min(self.num_clients, (self.params.history + 1) * per_round)
 
-    # -- persistent buffers (first-touch page faults of big tensors cost more than FedAvg)
-    def _buffers(self, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def aggregate_valid(self, server_round, replies):
+        params, state = self.params, self.state
+        eta_l = self.round_lr(server_round)
+        updates, admission = self.read_round(server_round, replies)
+        updates, dropped, metrics = drop_non_finite(updates)
+        discards = [(replies[i], DROPPED_REASON) for i in dropped]  # returned with the round's other drops
+        if not updates.clients:  # nothing usable: keep the model, never crash the round
+            admission.commit()
+            return Aggregated(self.current_arrays, MetricRecord({**metrics, M_FALLBACKS: state.fallbacks}), discards)
+        primary, m_primary = primary_direction(updates, eta_l, params)
+        constraints, m_constraints = constraints_from_cache(admission, updates, primary, eta_l, params)
+        solution, m_solution = solve_dual(constraints, primary, params.tau)
+        theta, m_step = server_step(updates.theta, primary, constraints, solution,
+                                    self.step_scale(server_round) * eta_l, self._dir)
+        if solution.status >= STATUS_ELASTIC:
+            state.fallbacks += 1
+            log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[solution.status],
+                        solution.reason)
+        metrics = {**metrics, **m_primary, **m_constraints, **m_solution, **m_step, M_FALLBACKS: state.fallbacks}
+        return Aggregated(self.to_record(theta), MetricRecord(metrics), discards)
+
+    # -- reading the round: replies → θ_t, client ids, n_i, Δ_i rows (and their cache rows) ------
+    def read_round(self, server_round, replies) -> tuple[Updates, Admission]:
+        """The round's clients admitted to the cache, and one pass over the replies
+        (:meth:`read_updates`) that writes Δ_i into the work rows (and, with a float32 cache, into
+        the rows the admission hands out) with ‖Δ_i‖²."""
+        m, d = len(replies), self.spec.dim
         if self._work is None or self._work.shape[0] < m + 1 or self._work.shape[1] != d:
             self._work = torch.empty(m + 1, d, dtype=torch.float32, device=self.device)
         if self._dir is None or self._dir.numel() != d:
             self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
-        return self._work, self._dir
-
-    def aggregate_valid(self, server_round, replies):
-        p_, cache = self.params, self.state.cache
-        work, out = self._buffers(len(replies), self.spec.dim)
-        eta_l = self.round_lr(server_round)
-        eta_g = self.step_scale(server_round) * eta_l
-        pids = [client_of(msg) for msg in replies]  # partition-id, else the node id (a foreign app's)
-        # float32 cache: each direction is written raw into its cache row (its client's own
-        # row when it returns) while Δ_i is computed (entry = factor · row), so no pass scales
-        # it in afterwards. 16-bit cache: rows are rounded after scaling: insert() below.
-        raw = cache.dtype == work.dtype
-        if raw:
-            cache.expire(server_round)
-            claimed = cache.claim(pids, like=work)
-        # One pass: Δ_i into the work rows (and the cache rows) and ‖Δ_i‖².
-        m = len(replies)
-        batch = self.read_updates(replies, out=work[:m], writer=self.writer,
-                                  copies=[cache.row(s) for s in claimed] if raw else None, norms=True)
-        theta, sq, n_ex = batch.theta, batch.sq_norms, batch.num_examples.numpy()
-        keep = [i for i in range(m) if np.isfinite(sq[i])]
-        for i in sorted(set(range(m)) - set(keep)):  # a non-finite update drops its client
-            if raw:
-                cache.release(pids[i], claimed[i])
-        # returned with the round's other drops (rounds.jsonl "dropped")
-        discards = [(replies[i], "FedPCD: its update's squared norm is not finite in float32 (NaN/Inf or too large)")
-                    for i in sorted(set(range(m)) - set(keep))]
-        dropped, k = m - len(keep), len(keep)
-        if k == 0:  # nothing usable: keep the model, never crash the round
-            cache.expire(server_round)
-            metrics = {M_DROPPED: dropped, M_FALLBACKS: self.state.fallbacks}
-            return Aggregated(self.current_arrays, MetricRecord(metrics), discards)
-        if p_.primary == "fedavg-uniform":  # ḡ = (1/k) Σ g_i
-            p = torch.full((len(keep),), 1.0 / len(keep), dtype=torch.float64)
-        else:
-            p = torch.tensor(n_ex[keep] / n_ex[keep].sum(), dtype=torch.float64)
-        if dropped:  # rare: the valid rows move up
-            work[:k] = work[keep].clone()
-        g_bar = work[k]
-        torch.mv(work[:k].T, (p / eta_l).to(device=work.device, dtype=work.dtype), out=g_bar)  # ḡ = Σ p_i Δ_i/η_l
-        g_bar_norm = float(torch.linalg.vector_norm(g_bar))
-        pids = [pids[i] for i in keep]
-        norms = torch.tensor(np.sqrt(sq[keep]) / eta_l, dtype=torch.float64)  # ‖g_i‖ = ‖Δ_i‖/η_l
-        # Outlier option (this project's extension): over-long updates count in ḡ, get no constraint.
-        inl = norm_inliers(norms.numpy(), p_.outlier_norm, p_.outlier_norm_low)
-        for i in sorted(set(range(k)) - set(inl)):
-            log.info("round %d: FedPCD keeps partition %d out of the QP: its update norm %.3g is outside "
-                     "[median/%g, %g x median]", server_round, pids[i], float(norms[i]), p_.outlier_norm_low,
-                     p_.outlier_norm)
-            if raw:
-                cache.release(pids[i], claimed[keep[i]])
-        outliers = k - len(inl)
-        c_pids = [pids[i] for i in inl]
-
-        # Constraint directions c̃_i = s_i g_i = (s_i/η_l) Δ_i.
-        scale = cache.scales(c_pids, norms[inl], p_.normalize, p_.eps)
-        if p_.primary != "none":
-            g0_scale = 1.0 if p_.normalize == "none" else 1.0 / (g_bar_norm + p_.eps)
-        else:
-            g0_scale = 0.0
-        # The new Gram rows: one matmul of the k new rows with the stored ones. float32:
-        # c̃_jᵀḡ = f_j Σ_i (p_i/η_l) Δ_iᵀr_j comes from the same products (ḡ is not multiplied
-        # with the cache). 16-bit: ḡ (unrounded) joins the product as an extra row.
-        if raw:
-            new = [claimed[keep[i]] for i in inl]
-            prods = cache.products(work[:k], sorted({*cache.active_slots(), *new}))
-            cache.commit(server_round, c_pids, new, (scale / eta_l).numpy(), prods[inl])
-            slots = cache.active_slots()
-            c_dot_gbar = ((p / eta_l).numpy() @ prods[:, slots]) * cache.factor[slots]
-        else:
-            rows = work[: k + 1] if not outliers else work[inl + [k]]
-            c_dot_gbar = cache.insert(server_round, c_pids, rows, n_new=len(inl), scales=(scale / eta_l).numpy())
-            slots = cache.active_slots()
-        if p_.outlier_cosine > -1.0 and slots:
-            near = cosine_inliers(cache.gram_of(slots), c_dot_gbar, g_bar_norm, p_.outlier_cosine)
-            outliers += len(slots) - len(near)
-            slots, c_dot_gbar = [slots[j] for j in near], np.asarray(c_dot_gbar)[near]
-        direction, corr = correct_direction(cache, slots, g_bar, c_dot_gbar, g0_scale, p_.tau, eta_g, out)
-        if corr.status >= STATUS_ELASTIC:
-            self.state.fallbacks += 1
-            log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[corr.status], corr.reason)
-        theta.sub_(direction.to(theta.device), alpha=corr.step)
-        metrics = {
-            M_CONSTRAINTS: len(slots),
-            M_ACTIVE: int(corr.active.size),
-            M_CORRECTED: int(corr.corrected),
-            M_COSINE: corr.cosine,
-            M_SOLVER_OK: int(corr.status <= STATUS_SOLVED),
-            M_SOLVER_STATUS: corr.status,
-            M_SOLVE_SECONDS: corr.solve_seconds,
-            M_FALLBACKS: self.state.fallbacks,
-            M_DROPPED: dropped,
-            M_CACHE: cache.size,
-            M_OUTLIERS: outliers,
-            "update-norm": eta_l * g_bar_norm,  # ‖Σ p_i Δ_i‖, as FedAvg reports it
-        }
-        return Aggregated(self.to_record(theta), MetricRecord(metrics), discards)
+        clients = [client_of(msg) for msg in replies]  # partition-id, else the node id (a foreign app's)
+        admission = self.state.cache.admit(server_round, clients, d, self._work.device)
+        batch = self.read_updates(replies, out=self._work[:m], writer=self.writer, copies=admission.rows, norms=True)
+        return Updates(batch.theta, clients, batch.num_examples.numpy(), self._work[: m + 1], batch.sq_norms), admission

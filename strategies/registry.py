@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from strategies.base import FairStrategy
 
 _CLASSES: dict[str, type[FairStrategy]] = {}
-_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "algorithms", "wrappers"}
+_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "wrappers"}
 
 
 # How a method weights its clients in the aggregate (the report's weighting column). Each

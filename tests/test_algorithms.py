@@ -1,4 +1,4 @@
-"""The fast kernels compute the algorithms as the papers write them (strategies/algorithms.py).
+"""The strategies compute the algorithms as the papers write them (tests/oracles.py).
 
 Random federations of several rounds — clients returning, leaving the cache, conflicting with
 the average — go through the strategy (cached Gram, dual QP, reused buffers; per-group Gram
@@ -12,8 +12,8 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 
-from strategies.algorithms import FedPCDMemory, craft_round, fedpcd_round
 from tests.helpers import aggregate_round, build_strategy, make_replies
+from tests.oracles import FedPCDMemory, craft_round, fedpcd_round
 
 TEMPLATE = ArrayRecord({
     "fc1.weight": Array(np.zeros((6, 5), dtype=np.float32)), "fc1.bias": Array(np.zeros(6, dtype=np.float32)),

@@ -1,4 +1,5 @@
-"""FedPCD maths: the paper's worked example, an independent primal solve, KKT, fallbacks."""
+"""FedPCD maths: the paper's worked example, an independent primal solve, KKT, fallbacks (the dual
+solve of the strategy, through the dense assembly :func:`tests.oracles.fedpcd_direction`)."""
 
 import math
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from strategies import fedpcd
-from strategies.fedpcd import dual_multipliers, fedpcd_direction
+from strategies.fedpcd import dual_multipliers
+from tests.oracles import fedpcd_direction
 
 
 def primal_reference(g0: np.ndarray, c: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -186,19 +188,21 @@ def test_first_solve_failure_uses_elastic(monkeypatch):
 # -- the constraint threshold τ‖c̃_j‖², pinned where ‖c̃_j‖ ≠ 1 -------------------
 def _spy_rounds(monkeypatch, normalize: str, rounds):
     """Run the strategy over ``rounds`` [(grads, pids)] and record, per round, the constraint
-    entries c̃_j, the direction d̃ the QP returned (before the rescaling to ‖ḡ‖) and τ."""
+    entries c̃_j, the direction d̃ the QP returned (before the rescaling to ‖ḡ‖), the active
+    constraints, whether the step was corrected, and τ."""
     from tests.helpers import tiny_template
-    from tests.test_fedpcd_strategy import Round, run_round, strategy
+    from tests.test_fedpcd_strategy import Round, entries, run_round, strategy
 
     seen = []
-    original = fedpcd.correct_direction
+    original = fedpcd.server_step
 
-    def spy(cache, slots, g_bar, c_dot_gbar, g0_scale, tau, eta_g, out):
-        direction, corr = original(cache, slots, g_bar, c_dot_gbar, g0_scale, tau, eta_g, out)
-        seen.append((cache.matrix(slots).double(), direction.detach().clone().double(), corr, tau))
-        return direction, corr
+    def spy(theta, primary, constraints, solution, eta_g, out):
+        theta, metrics = original(theta, primary, constraints, solution, eta_g, out)
+        seen.append((entries(constraints.cache, constraints.slots).double(), out.clone().double(), solution.active,
+                     metrics[fedpcd.M_CORRECTED], 0.5))
+        return theta, metrics
 
-    monkeypatch.setattr(fedpcd, "correct_direction", spy)
+    monkeypatch.setattr(fedpcd, "server_step", spy)
     template = tiny_template(((6, 5), (5,), (4, 3)))
     strat = strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0, "fedpcd-normalize": normalize})
     theta = np.random.default_rng(11).normal(size=47)
@@ -207,23 +211,23 @@ def _spy_rounds(monkeypatch, normalize: str, rounds):
     return seen
 
 
-def _assert_threshold(c, d, corr, tau):
+def _assert_threshold(c, d, active, corrected, tau):
     sq = (c * c).sum(dim=1)
     progress = c @ d
-    assert corr.corrected and corr.active.size > 0
-    assert (sq[corr.active] - 1.0).abs().min() > 0.3  # ‖c̃_j‖² far from 1: τ and τ‖c̃_j‖² differ
+    assert corrected and active.size > 0
+    assert (sq[active] - 1.0).abs().min() > 0.3  # ‖c̃_j‖² far from 1: τ and τ‖c̃_j‖² differ
     tol = 1e-4 * sq.max()
     assert torch.all(progress >= tau * sq - tol), (progress, tau * sq)
     # the active constraints hold with equality (KKT): the threshold is exactly τ‖c̃_j‖²
-    torch.testing.assert_close(progress[corr.active], tau * sq[corr.active], rtol=1e-4, atol=tol)
+    torch.testing.assert_close(progress[active], tau * sq[active], rtol=1e-4, atol=tol)
 
 
 def test_constraint_threshold_is_tau_times_the_squared_norm_without_normalisation(monkeypatch):
     from tests.test_fedpcd_strategy import conflicting
 
     grads = 0.3 * conflicting(21, 4, 47)  # ‖g_j‖ ≈ 20: c̃_j = g_j
-    (c, d, corr, tau), = _spy_rounds(monkeypatch, "none", [(grads, [0, 1, 2, 3])])
-    _assert_threshold(c, d, corr, tau)
+    (c, d, active, corrected, tau), = _spy_rounds(monkeypatch, "none", [(grads, [0, 1, 2, 3])])
+    _assert_threshold(c, d, active, corrected, tau)
 
 
 def test_constraint_threshold_is_tau_times_the_squared_norm_with_ema(monkeypatch):
@@ -233,5 +237,4 @@ def test_constraint_threshold_is_tau_times_the_squared_norm_with_ema(monkeypatch
     # ‖c̃_j‖ = ‖g_j‖/√v̂_j ≈ 1.35, not 1 (on first sight the bias correction makes it exactly 1)
     first, second = conflicting(22, 4, 47), 5.0 * conflicting(23, 4, 47)
     seen = _spy_rounds(monkeypatch, "ema", [(first, [0, 1, 2, 3]), (second, [0, 1, 2, 3])])
-    c, d, corr, tau = seen[-1]
-    _assert_threshold(c, d, corr, tau)
+    _assert_threshold(*seen[-1])

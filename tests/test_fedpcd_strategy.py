@@ -8,7 +8,6 @@ from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from fedcore.state import from_tree, to_tree
 from strategies import fedpcd, registry
-from strategies.fedpcd import fedpcd_direction
 from strategies.fedpcd_cache import HistoryCache
 from tests.helpers import (
     aggregate_arrays,
@@ -18,6 +17,7 @@ from tests.helpers import (
     tiny_template,
     train_reply,
 )
+from tests.oracles import fedpcd_direction
 
 SIZES = ((6, 5), (5,), (4, 3))  # d = 47
 
@@ -27,33 +27,52 @@ def rows(n, d=8, seed=0):
     return torch.tensor(np.random.default_rng(seed).normal(size=(n, d)), dtype=torch.float32)
 
 
+def entries(cache, slots=None):
+    """The cache's entries c̃_j = f_j r_j as an (m', d) float32 matrix (slot order by default)."""
+    slots = cache.active_slots() if slots is None else slots
+    return torch.stack([cache.store[s].float() * float(cache.factor[s]) for s in slots])
+
+
+def store(cache, rnd, pids, new, scales=None, weights=None, ema=None):
+    """A round's directions ``new`` (n, d) into the cache as FedPCD stores them: the clients
+    admitted, the rows written into the admitted rows (float32 storage), committed with the
+    factors ``scales`` (default 1). Returns the constraints, c̃ᵀḡ for ḡ = weights @ new."""
+    n, d = new.shape
+    weights = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, dtype=np.float64)
+    work = torch.cat([new, (torch.tensor(weights, dtype=torch.float32) @ new)[None]])  # ḡ last
+    admission = cache.admit(rnd, pids, d, new.device)
+    for row, v in zip(admission.rows or (), new):
+        row.copy_(v)
+    return admission.commit(work, pids, list(range(n)), np.ones(n) if scales is None else scales, weights, ema)
+
+
 def test_cache_overwrite_and_no_double_counting():
     cache = HistoryCache(history=5)
     r1, r2 = rows(2, seed=1), rows(2, seed=2)
-    cache.insert(1, [7, 8], r1, n_new=2)
-    cache.insert(2, [8, 9], r2, n_new=2)  # client 8 returns: overwrite, not a second entry
-    assert cache.size == 3 and sorted(cache.pids()) == [7, 8, 9]
+    store(cache, 1, [7, 8], r1)
+    store(cache, 2, [8, 9], r2)  # client 8 returns: overwrite, not a second entry
+    assert cache.size == 3 and sorted(cache.pid_slot) == [7, 8, 9]
     slot8 = cache.pid_slot[8]
     assert cache.stamp[slot8] == 2
-    torch.testing.assert_close(cache.row(slot8), r2[0])
+    torch.testing.assert_close(entries(cache, [slot8])[0], r2[0])
 
 
 def test_cache_expiry_after_h_rounds():
     cache = HistoryCache(history=2)
-    cache.insert(1, [0], rows(1, seed=1), n_new=1)
-    cache.insert(3, [1], rows(1, seed=2), n_new=1)  # round 3 = 1 + H: client 0 still there
-    assert sorted(cache.pids()) == [0, 1]
-    cache.insert(4, [2], rows(1, seed=3), n_new=1)  # round 4 > 1 + H: client 0 expired
-    assert sorted(cache.pids()) == [1, 2]
-    cache.expire(6)
-    assert cache.pids() == [2]
+    store(cache, 1, [0], rows(1, seed=1))
+    store(cache, 3, [1], rows(1, seed=2))  # round 3 = 1 + H: client 0 still there
+    assert sorted(cache.pid_slot) == [0, 1]
+    store(cache, 4, [2], rows(1, seed=3))  # round 4 > 1 + H: client 0 expired
+    assert sorted(cache.pid_slot) == [1, 2]
+    cache.admit(6, [], 8, torch.device("cpu")).commit()  # a round with nothing to store
+    assert sorted(cache.pid_slot) == [2]
 
 
 def test_cache_h0_is_current_round_only():
     cache = HistoryCache(history=0)
-    cache.insert(1, [0, 1], rows(2, seed=1), n_new=2)
-    cache.insert(2, [2], rows(1, seed=2), n_new=1)
-    assert cache.pids() == [2]
+    store(cache, 1, [0, 1], rows(2, seed=1))
+    store(cache, 2, [2], rows(1, seed=2))
+    assert sorted(cache.pid_slot) == [2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -62,51 +81,65 @@ def test_incremental_gram_equals_full_recomputation(dtype):
     cache = HistoryCache(history=3, dtype=dtype)
     for rnd in range(1, 12):
         pids = sorted(rng.choice(40, size=6, replace=False).tolist())
-        new = rows(7, d=300, seed=rnd)  # 6 entries + one extra row (plays ḡ)
-        scales = rng.uniform(0.1, 2.0, size=6)
-        raw = new[:6].clone()
-        extra = cache.insert(rnd, pids, new, n_new=6, scales=scales)
+        new = rows(6, d=300, seed=rnd)
+        scales, weights = rng.uniform(0.1, 2.0, size=6), rng.uniform(0.0, 1.0, size=6)
+        raw = new.clone()
+        cons = store(cache, rnd, pids, new, scales, weights)
         for pid, v, s in zip(pids, raw, scales):  # stored c̃_i = s_i v_i
-            torch.testing.assert_close(cache.row(cache.pid_slot[pid]).float(), (s * v).to(dtype).float())
-        full = cache.matrix().double()
-        np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(),
-                                   rtol=1e-4, atol=1e-3)
-        np.testing.assert_allclose(extra, (full @ new[6].double()).numpy(), rtol=1e-4, atol=1e-3)
+            torch.testing.assert_close(entries(cache, [cache.pid_slot[pid]])[0], (s * v).to(dtype).float())
+        full = entries(cache).double()
+        assert cons.slots == cache.active_slots()
+        np.testing.assert_allclose(cons.gram, (full @ full.T).numpy(), rtol=1e-4, atol=1e-3)
+        g_bar = torch.tensor(weights) @ raw.double()
+        np.testing.assert_allclose(cons.c_dot_gbar, (full @ g_bar).numpy(), rtol=1e-4, atol=1e-3)
     assert cache.size > 6 and cache.capacity >= cache.size  # several blocks were exercised
 
 
 def test_cache_state_round_trip():
     a = HistoryCache(history=2, ema_beta=0.8)
-    a.scales([1, 2], torch.tensor([2.0, 3.0]), "ema", 1e-12)
+    _, stats = fedpcd.normalise([1, 11], torch.tensor([2.0, 3.0]), "ema", 1e-12, a.ema, a.ema_beta)
     for rnd in range(1, 5):
-        a.insert(rnd, [rnd, rnd + 10], rows(2, d=20, seed=rnd), n_new=2)
+        store(a, rnd, [rnd, rnd + 10], rows(2, d=20, seed=rnd), ema=stats if rnd == 1 else None)
+    assert a.ema == stats
     b = from_tree(to_tree(a), HistoryCache)  # the owner names the class: the tree holds fields only
-    assert b.active_slots() == a.active_slots() and b.pids() == a.pids() and b.ema == a.ema
-    nxt = rows(3, d=20, seed=9)
-    np.testing.assert_array_equal(a.insert(5, [3, 99], nxt, 2), b.insert(5, [3, 99], nxt, 2))
-    np.testing.assert_array_equal(a.gram_of(a.active_slots()), b.gram_of(b.active_slots()))
+    assert b.slot_pid == a.slot_pid and b.stamp == a.stamp and b.ema == a.ema
+    nxt = rows(2, d=20, seed=9)
+    ca, cb = store(a, 5, [3, 99], nxt), store(b, 5, [3, 99], nxt)
+    np.testing.assert_array_equal(ca.c_dot_gbar, cb.c_dot_gbar)
+    np.testing.assert_array_equal(ca.gram, cb.gram)
+
+
+def test_checkpoint_from_before_the_factors_is_a_one_line_error():
+    cache = HistoryCache(history=2)
+    store(cache, 1, [0, 1], rows(2, seed=1))
+    tree = to_tree(cache)
+    del tree["fields"]["factor"]  # the cache's fields before its entries had factors
+    with pytest.raises(ValueError, match="before the entries had factors") as err:
+        from_tree(tree, HistoryCache)
+    assert "\n" not in str(err.value)
+    from_tree(to_tree(HistoryCache(history=2)), HistoryCache)  # an empty cache has no factors to miss
 
 
 def test_add_rows_matches_dense_sum():
     cache = HistoryCache(history=50)
     for rnd in range(1, 6):
-        cache.insert(rnd, list(range(10 * rnd, 10 * rnd + 9)), rows(9, d=64, seed=rnd), n_new=9)
+        store(cache, rnd, list(range(10 * rnd, 10 * rnd + 9)), rows(9, d=64, seed=rnd))
     slots = [0, 2, 3, 17, 40, 44]
     coefs = np.array([0.5, 1.0, 2.0, 0.25, 3.0, 1.5])
     out = torch.ones(64)
     cache.add_rows(out, slots, coefs)
-    expected = 1.0 + torch.tensor(coefs, dtype=torch.float32) @ cache.matrix(slots)
+    expected = 1.0 + torch.tensor(coefs, dtype=torch.float32) @ entries(cache, slots)
     torch.testing.assert_close(out, expected)
 
 
 def test_ema_scale_closed_form():
-    cache, beta = HistoryCache(history=1, ema_beta=0.5), 0.5
-    cache.scales([4], torch.tensor([2.0]), "ema", 0.0)
-    s = cache.scales([4], torch.tensor([4.0]), "ema", 0.0)
+    beta = 0.5
+    _, ema = fedpcd.normalise([4], torch.tensor([2.0]), "ema", 0.0, {}, beta)
+    s, ema = fedpcd.normalise([4], torch.tensor([4.0]), "ema", 0.0, ema, beta)
     v = beta * (1 - beta) * 4.0 + (1 - beta) * 16.0
-    assert s.item() == pytest.approx(1.0 / np.sqrt(v / (1 - beta**2)))
+    assert s.item() == pytest.approx(1.0 / np.sqrt(v / (1 - beta**2))) and ema == {4: (v, 2)}
     # first sight: the bias correction makes the scale exactly 1/‖g‖
-    assert cache.scales([5], torch.tensor([3.0]), "ema", 0.0).item() == pytest.approx(1 / 3)
+    assert fedpcd.normalise([5], torch.tensor([3.0]), "ema", 0.0, ema, beta)[0].item() == pytest.approx(1 / 3)
 
 
 # -- strategy adapter ----------------------------------------------------------------------
@@ -200,7 +233,7 @@ def test_nan_update_drops_client(template):
     np.testing.assert_allclose(flat.record_to_flat(outcome.arrays).numpy(), ref, atol=1e-6)
     # the reply validation drops it before FedPCD sees it, with the reason returned
     assert [d.partition for d in outcome.dropped] == [9] and "NaN" in outcome.dropped[0].reason
-    assert 9 not in strat.state.cache.pids()
+    assert 9 not in strat.state.cache.pid_slot
 
 
 def test_forced_solver_failure_falls_back_to_fedavg(template, monkeypatch):
@@ -228,7 +261,7 @@ def test_bfloat16_cache_close_to_float32(template):
         for rnd, seed in enumerate((10, 11, 12), start=1):
             r = Round(template, th, conflicting(seed, 4, 47), [rnd, rnd + 1, rnd + 2, rnd + 3], [10] * 4, 0.1)
             th, m = run_round(strat, template, rnd, th, r)
-        assert strat.state.cache.row(0).dtype == getattr(torch, dtype)
+        assert strat.state.cache.store.dtype == getattr(torch, dtype)
         outs[dtype] = (th, m)
     ref = outs["float32"][0]
     for dtype in ("bfloat16", "float16"):
@@ -295,11 +328,10 @@ def test_16bit_cache_multipliers_close_to_float32():
         for rnd in range(1, 4):
             g = common + 4.0 * np.random.default_rng(rnd).normal(size=(10, 2000))
             g_bar = g.mean(0)
-            work = torch.tensor(np.vstack([g, g_bar]), dtype=torch.float32)
             scales = 1.0 / np.linalg.norm(g, axis=1)
-            cg = cache.insert(rnd, list(range(10 * rnd, 10 * rnd + 10)), work, 10, scales=scales)
-        gram = cache.gram_of(cache.active_slots())
-        mu, status, _ = fedpcd.dual_multipliers(gram, cg / np.linalg.norm(g_bar), 0.3 * np.diag(gram))
+            cons = store(cache, rnd, list(range(10 * rnd, 10 * rnd + 10)), torch.tensor(g, dtype=torch.float32), scales)
+        mu, status, _ = fedpcd.dual_multipliers(cons.gram, cons.c_dot_gbar / np.linalg.norm(g_bar),
+                                                0.3 * np.diag(cons.gram))
         assert status == fedpcd.STATUS_SOLVED
         mus[dtype] = mu
     ref = mus[torch.float32]
@@ -309,46 +341,64 @@ def test_16bit_cache_multipliers_close_to_float32():
 
 
 # -- raw rows with factors, fresh slots, reserved rows, the device path ------------------------
-def test_claimed_raw_rows_with_factors_give_the_gram_of_the_entries():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_admitted_rows_with_factors_give_the_gram_of_the_entries(dtype):
+    """Each admitted client gets its own entry's row when it returns, else a free one; the
+    committed clients become entries c̃ = f·Δ, the others leave (a returning one with its old
+    entry); the Gram matrix is that of the entries, round after round."""
     rng = np.random.default_rng(1)
-    cache = HistoryCache(history=2, max_rows=30)
+    cache = HistoryCache(history=2, max_rows=30, dtype=dtype)
     for rnd in range(1, 9):
-        cache.expire(rnd)
         pids = sorted(rng.choice(12, size=4, replace=False).tolist())
         raw = rows(4, d=50, seed=rnd)
-        before = dict(cache.pid_slot)
-        claimed = cache.claim(pids, like=raw)
-        assert len(set(claimed)) == 4
-        for pid, slot in zip(pids, claimed):  # a returning client's own row, else a free one
-            assert slot == before[pid] if pid in before else slot not in cache.slot_pid
-        for slot, r in zip(claimed, raw):
-            cache.row(slot).copy_(r)
-        f = rng.uniform(0.5, 2.0, size=4)
-        prods = cache.products(raw, sorted({*cache.active_slots(), *claimed}))
-        cache.commit(rnd, pids, claimed, f, prods)
-        assert len(set(cache.pids())) == cache.size  # one entry per client
-        for pid, r, fi in zip(pids, raw, f):
-            torch.testing.assert_close(cache.matrix([cache.pid_slot[pid]])[0], (fi * r).float())
-        full = cache.matrix().double()
+        alive = {p for p, slot in cache.pid_slot.items() if cache.stamp[slot] >= rnd - 2}  # the window's
+        admission = cache.admit(rnd, pids, 50, raw.device)
+        assert len(set(admission.slots.values())) == 4 and (admission.rows is None) == (dtype != torch.float32)
+        for pid in pids:  # a returning client's own row, else a free one
+            slot = admission.slots[pid]
+            assert slot == cache.pid_slot[pid] if pid in alive else slot not in cache.slot_pid
+        for row, r in zip(admission.rows or (), raw):
+            row.copy_(r)
+        keep = [0, 1, 3] if rnd % 2 else [0, 1, 2, 3]  # odd rounds: the third client leaves no entry
+        f = rng.uniform(0.5, 2.0, size=len(keep))
+        admission.commit(torch.cat([raw, raw.mean(0, keepdim=True)]), pids, keep, f, np.full(4, 0.25))
+        assert sorted(cache.pid_slot) == sorted(alive - set(pids) | {pids[i] for i in keep})
+        for i, fi in zip(keep, f):
+            want = (fi * raw[i]).to(dtype).float() if dtype != torch.float32 else fi * raw[i]
+            torch.testing.assert_close(entries(cache, [cache.pid_slot[pids[i]]])[0], want, rtol=1e-5, atol=1e-6)
+        full = entries(cache).double()
         np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5, atol=1e-5)
     slots = cache.active_slots()[:3]
     out = torch.zeros(50)
     cache.add_rows(out, slots, [1.0, -2.0, 0.5])  # the factors are multiplied in
-    torch.testing.assert_close(out, torch.tensor([1.0, -2.0, 0.5]) @ cache.matrix(slots), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, torch.tensor([1.0, -2.0, 0.5]) @ entries(cache, slots), rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_latest_admission_commits_once():
+    cache = HistoryCache(history=2)
+    stale = cache.admit(1, [0], 8, torch.device("cpu"))
+    latest = cache.admit(1, [0], 8, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="latest admission"):
+        stale.commit()
+    latest.commit()
+    with pytest.raises(RuntimeError, match="latest admission"):
+        latest.commit()
+    with pytest.raises(ValueError, match="one direction per client"):
+        cache.admit(2, [3, 3], 8, torch.device("cpu"))
 
 
 def test_reserved_rows_grow_as_a_view_and_past_the_bound_with_one_copy():
     cache = HistoryCache(history=10, max_rows=8)
-    cache.insert(1, [0, 1], rows(2, d=16, seed=1), n_new=2)
+    store(cache, 1, [0, 1], rows(2, d=16, seed=1))
     first = cache.store.data_ptr()
     for rnd in range(2, 5):
-        cache.insert(rnd, [2 * rnd, 2 * rnd + 1], rows(2, d=16, seed=rnd), n_new=2)
+        store(cache, rnd, [2 * rnd, 2 * rnd + 1], rows(2, d=16, seed=rnd))
         assert cache.store.data_ptr() == first and cache.capacity == 2 * rnd  # no copy, no headroom
-    before = cache.matrix()
-    cache.insert(5, [10, 11], rows(2, d=16, seed=5), n_new=2)  # 10 > 8 reserved rows
+    before = entries(cache)
+    store(cache, 5, [10, 11], rows(2, d=16, seed=5))  # 10 > 8 reserved rows
     assert cache.capacity == 10 and cache.store.data_ptr() != first
-    torch.testing.assert_close(cache.matrix()[:8], before)
-    full = cache.matrix().double()
+    torch.testing.assert_close(entries(cache)[:8], before)
+    full = entries(cache).double()
     np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5)
 
 
@@ -373,7 +423,8 @@ def test_unusable_reply_drops_the_client_and_the_round_stays_consistent(template
     good = [train_reply(arrays_from_flat(theta1 - 0.1 * grads[0], template), 4, num_examples=20),
             train_reply(arrays_from_flat(theta1 - 0.1 * grads[2], template), 5, num_examples=30)]
     twin = strats[1].state.cache
-    twin.release(1, twin.pid_slot[1])  # the twin: client 1's entry gone, no bad reply
+    slot = twin.pid_slot.pop(1)  # the twin: client 1's entry gone, no bad reply
+    del twin.slot_pid[slot], twin.stamp[slot]
     outs = []
     for s_, replies in zip(strats, ([train_reply(arrays_from_flat(bad, template), 1)] + good, good)):
         s_.set_model(arrays_from_flat(theta1, template))
@@ -381,10 +432,10 @@ def test_unusable_reply_drops_the_client_and_the_round_stays_consistent(template
         outs.append((flat.record_to_flat(step.arrays).numpy(), step.metrics))
     (with_bad, m_bad), (without, m_without) = outs
     cache = strats[0].state.cache
-    assert m_bad[fedpcd.M_DROPPED] == 1 and sorted(cache.pids()) == sorted(twin.pids()) == [0, 2, 4, 5]
+    assert m_bad[fedpcd.M_DROPPED] == 1 and sorted(cache.pid_slot) == sorted(twin.pid_slot) == [0, 2, 4, 5]
     np.testing.assert_allclose(with_bad, without, rtol=1e-6, atol=1e-6)
     assert m_bad[fedpcd.M_ACTIVE] == m_without[fedpcd.M_ACTIVE]
-    full = cache.matrix().double()
+    full = entries(cache).double()
     np.testing.assert_allclose(cache.gram_of(cache.active_slots()), (full @ full.T).numpy(), rtol=1e-5, atol=1e-6)
 
 
@@ -407,3 +458,57 @@ def test_device_code_path_gives_the_cpu_models(template, monkeypatch, dtype):
         for key in (fedpcd.M_ACTIVE, fedpcd.M_CONSTRAINTS, fedpcd.M_CACHE):
             assert ma[key] == mb[key]
     assert ma[fedpcd.M_ACTIVE] > 0
+
+
+# -- the round is its chain of steps ---------------------------------------------------------
+@pytest.mark.parametrize("params", [
+    {"fedpcd-tau": 0.5, "fedpcd-history": 2, "server-lr": 0.05},
+    {"fedpcd-tau": 0.5, "fedpcd-history": 2, "fedpcd-cache-dtype": "bfloat16", "fedpcd-normalize": "ema",
+     "fedpcd-outlier-norm": 3.0, "fedpcd-outlier-cosine": -0.5},
+], ids=["plain", "bf16-ema-outliers"])
+def test_aggregate_is_the_chain_of_steps_and_reports_their_metrics(template, params):
+    """FedPCD.aggregate_valid is drop_non_finite → primary_direction → constraints_from_cache →
+    solve_dual → server_step: the steps called one by one on a twin give the same model bit
+    for bit, round after round (a NaN reply and an over-long update included), and the round
+    reports exactly the steps' metrics."""
+    ours, twin = strategy(**params), strategy(**params)
+    rng = np.random.default_rng(15)
+    theta, statuses, seen = rng.normal(size=47), [], []
+    for rnd in range(1, 5):
+        pids = sorted(rng.choice(8, size=5, replace=False).tolist())
+        grads = conflicting(30 + rnd, 5, 47)
+        grads[1] *= 20.0  # over-long: no constraint with fedpcd-outlier-norm
+        replies = Round(template, theta, grads, pids, [10, 20, 30, 40, 50], 0.1).replies
+        if rnd == 2:
+            bad = theta.copy()
+            bad[3] = np.nan
+            replies[2] = train_reply(arrays_from_flat(bad, template), pids[2])
+        arrays = arrays_from_flat(theta, template)
+        ours.set_model(arrays)
+        step = ours.aggregate_valid(rnd, replies)
+        got, metrics = step.arrays, step.metrics
+        assert [r for r, _ in step.dropped] == ([replies[2]] if rnd == 2 else [])
+
+        twin.set_model(arrays)
+        eta_l = twin.round_lr(rnd)
+        updates, admission = twin.read_round(rnd, replies)
+        updates, dropped, m_drop = fedpcd.drop_non_finite(updates)
+        primary, m_primary = fedpcd.primary_direction(updates, eta_l, twin.params)
+        cons, m_cons = fedpcd.constraints_from_cache(admission, updates, primary, eta_l, twin.params)
+        solution, m_solution = fedpcd.solve_dual(cons, primary, twin.params.tau)
+        want, m_step = fedpcd.server_step(updates.theta, primary, cons, solution, twin.step_scale(rnd) * eta_l,
+                                          torch.empty_like(updates.theta))
+        statuses.append(solution.status)
+
+        assert torch.equal(flat.record_to_flat(got), want)
+        assert dropped == ([2] if rnd == 2 else []) and metrics[fedpcd.M_DROPPED] == len(dropped)
+        steps = {**m_drop, **m_primary, **m_cons, **m_solution, **m_step,
+                 fedpcd.M_FALLBACKS: sum(s >= fedpcd.STATUS_ELASTIC for s in statuses)}
+        assert dict(metrics).keys() == steps.keys()
+        assert {k: v for k, v in dict(metrics).items() if k != fedpcd.M_SOLVE_SECONDS} == \
+            {k: v for k, v in steps.items() if k != fedpcd.M_SOLVE_SECONDS}
+        theta = want.double().numpy()
+        seen.append((metrics[fedpcd.M_CORRECTED], metrics[fedpcd.M_OUTLIERS]))
+    assert sorted(ours.state.cache.pid_slot) == sorted(twin.state.cache.pid_slot)
+    assert sum(c for c, _ in seen) >= 2  # the QP corrected ḡ
+    assert (sum(o for _, o in seen) > 0) == ("fedpcd-outlier-norm" in params)

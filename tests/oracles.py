@@ -1,18 +1,18 @@
-"""FedPCD's and CRAFT's server rounds as the papers write them: the reference to read first.
+"""Plain references the tests check the strategies against: FedPCD's and CRAFT's rounds as the
+papers write them, and FedPCD's direction for given constraints.
 
-These functions are the algorithms, line by line, in float64 and plain torch: no cache, no
-reused buffers, no Gram bookkeeping, one generic QP solve. They are slow on purpose and
-exist to be read and to be checked against. The strategies run fast kernels that compute
-the same thing (:class:`strategies.fedpcd.FedPCD` with its incrementally maintained Gram
-matrix and dual QP, :class:`strategies.craft.Craft` with its per-group Gram system);
-``tests/test_algorithms.py`` plays random multi-round federations through both and checks
-that they agree.
+:func:`fedpcd_round` and :func:`craft_round` are the algorithms line by line, in float64 and
+plain torch: no cache, no reused buffers, no Gram bookkeeping, one generic QP solve (cvxpy's
+primal for FedPCD). ``tests/test_algorithms.py`` plays random multi-round federations through
+them and through the strategies and checks that they agree.
 
 * :func:`fedpcd_round` — FedPCD, paper ``000_*`` Algorithm 1 (and ``ALGORITHMS.md``).
 * :func:`craft_round` — CRAFT, paper ``002_*`` (the authors' ``fed/craft.py``).
+* :func:`fedpcd_direction` — FedPCD's d_t and μ for a primary ḡ and raw constraint rows,
+  assembled densely (no cache) around the strategy's dual solve with its fallbacks.
 
-Not here: FedPCD's solver fallbacks (an infeasible program's elastic relaxation) and this
-project's outlier options (``fedpcd-outlier-norm``/``-cosine``), which the kernel adds on top.
+Not in :func:`fedpcd_round`: FedPCD's solver fallbacks (an infeasible program's elastic
+relaxation) and this project's outlier options (``fedpcd-outlier-norm``/``-cosine``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 import torch
+
+from strategies import fedpcd
 
 # -- FedPCD --------------------------------------------------------------------------------------
 
@@ -157,3 +159,32 @@ def craft_round(
         cutoff = max(u.shape) * torch.finfo(dtype).eps  # torch.linalg.pinv(U)'s default rank cut
         g[a:b] = ref + torch.linalg.pinv(u, rtol=cutoff) @ (rho_q - u @ ref)  # g = ĝ + U⁺(ρ − U ĝ)
     return theta - step * g, g
+
+
+def fedpcd_direction(
+    g_bar: torch.Tensor, constraints: torch.Tensor, tau: float, eps: float = 1e-12
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedPCD's update direction d_t and multipliers μ (paper eq. 10-11, dual form) for the
+    primary ḡ (d,) and the raw constraint directions (m, d), ℓ2-normalised here (m = 0 gives
+    back ``g_bar``). Computed in float64 when either input is, else float32; μ by the
+    strategy's :func:`strategies.fedpcd.dual_multipliers` (the elastic relaxation when the
+    program is infeasible, ḡ when the solver fails).
+
+    Returns (d_t in g_bar's dtype, μ (m,) float64 ≥ 0): d_t is rescaled to ‖ḡ‖ and *is*
+    ``g_bar`` when nothing is corrected (ḡ already satisfies every constraint, or a fallback).
+    """
+    m = constraints.shape[0]
+    if m == 0:
+        return g_bar, torch.zeros(0, dtype=torch.float64)
+    dtype = torch.float64 if torch.float64 in (g_bar.dtype, constraints.dtype) else torch.float32
+    norms = torch.linalg.vector_norm(constraints.double(), dim=1)
+    c = constraints.to(dtype) * (1.0 / (norms + eps)).to(dtype)[:, None]  # c̃_j
+    g = g_bar.to(dtype)
+    gram = (c @ c.T).double().numpy()
+    g0 = g / (torch.linalg.vector_norm(g) + eps)
+    mu, status, _ = fedpcd.dual_multipliers(gram, (c @ g0).double().numpy(), tau * np.diag(gram))
+    mu = torch.from_numpy(mu)
+    if status not in (fedpcd.STATUS_SOLVED, fedpcd.STATUS_ELASTIC) or not bool((mu > 0).any()):
+        return g_bar, mu
+    d = g0 + mu.to(dtype) @ c  # d̃ = g̃_0 + Cᵀμ
+    return (torch.linalg.vector_norm(g) * d / torch.linalg.vector_norm(d)).to(g_bar.dtype), mu
