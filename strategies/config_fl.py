@@ -7,7 +7,7 @@ Per round, with the raw updates Δ_i = θ_t − θ_i of the m replies and U thei
     θ_{t+1} = θ_t − (η_g / η_l) g.
 
 The direction is CRAFT's with a zero reference and equal weights (U⁺ 1 ∝ U⁺ ρ for ρ = 1/m),
-so :func:`strategies.craft.aggregate_groups` computes it. ConFIG's magnitude is the *sum*
+so CRAFT's kernel (:class:`strategies.craft.UpdateMatrix`) computes it. ConFIG's magnitude is the *sum*
 of the projections of the raw updates on g_u; it is divided here by m so that the step
 has FedAvg's scale (with no conflict and equal updates g is exactly FedAvg's mean update),
 which lets ``server-lr`` keep FedAvg's meaning: 0 (default) → η_g = η_l, a step of 1×g.
@@ -28,7 +28,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore.params import MethodParams
-from strategies.craft import GroupedStrategy, aggregate_groups, tol_field
+from strategies.craft import Aggregate, GroupedStrategy, tol_field
 from strategies.registry import register
 from strategies.rounds import Aggregated
 
@@ -41,18 +41,14 @@ class Params(MethodParams):
     tol: float = tol_field()
 
 
-def config_step(updates: torch.Tensor, tol: float = 0.0, out: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """ConFIG's update g (d,) for (m, d) raw updates, and CRAFT's diagnostics for it
-    (written into ``out`` when given)."""
-    m, d = updates.shape
-    weights = torch.ones(m, dtype=torch.float64)
-    agg = aggregate_groups(updates, weights, [(0, d)], None, tol, out=out)
+def config_step(agg: Aggregate, m: int) -> torch.Tensor:
+    """ConFIG's update g (d,) from CRAFT's aggregate of the m updates with a zero reference and
+    equal weights (the direction g_v, rescaled in place)."""
     norm = agg.norm
     if norm <= 0.0:
-        return agg.direction.zero_(), agg.diagnostics()
+        return agg.direction.zero_()
     # Σ_i ⟨Δ_i, g_u⟩ = Σ_i ⟨Δ_i, g_v⟩ / ‖g_v‖, already in agg.dots: no extra pass over Δ
-    scale = float(agg.dots.sum()) / (norm * norm * m)
-    return agg.direction.mul_(scale), agg.diagnostics()
+    return agg.direction.mul_(float(agg.dots.sum()) / (norm * norm * m))
 
 
 @register("config-fl")
@@ -64,9 +60,10 @@ class ConFIG(GroupedStrategy):
     Params = Params
 
     def aggregate_valid(self, server_round, replies):
-        rows = self.update_rows(len(replies))
-        batch = self.read_updates(replies, out=rows[1:], writer=self.writer)
-        step, diagnostics = config_step(rows[1:], self.params.tol, out=rows[0])
+        theta, updates, _ = self.read_rows(replies)
+        m = updates.shape[0]
+        agg = self.matrix.solve(updates, torch.ones(m, dtype=torch.float64), self.groups(), tol=self.params.tol)
+        step = config_step(agg, m)
         norm = float(torch.linalg.vector_norm(step))
-        return Aggregated(self.step(batch.theta, step, self.step_scale(server_round)),
-                          MetricRecord({**diagnostics, "update-norm": norm}))
+        return Aggregated(self.step(theta, step, self.step_scale(server_round)),
+                          MetricRecord({**agg.diagnostics(), "update-norm": norm}))

@@ -26,7 +26,8 @@ per-client inner products with the plain average and with g that the diagnostics
 and ‖g‖. So each group costs two reads of its (m × d_q) block — the Gram and g = ĝ + Δᵀ c,
 written in place over the reference — and no (m × d) temporary; the update matrix itself
 is written straight from the reply bytes into a buffer kept across rounds
-(:func:`fedcore.flat.records_to_deltas`), next to the reference (:class:`GroupedStrategy`).
+(:func:`fedcore.flat.records_to_deltas`), next to the reference: :class:`UpdateMatrix`, the
+kernel both CRAFT and ConFIG call.
 
 The pseudo-inverse drops what ``torch.linalg.pinv(U)`` drops with its default cutoff, as
 the authors call it: singular values σ ≤ max(k, d_q)·eps·σ_max of the k × d_q unit rows
@@ -288,19 +289,16 @@ def solve_gram(ext: np.ndarray, has_ref: bool, weights: torch.Tensor, tol: float
     return GroupSolution(coef, ref_coef, gram, g_dots[r:], active, max(float(full @ g_dots), 0.0))
 
 
-def write_direction(rows: torch.Tensor, has_ref: bool, sol: GroupSolution, out: torch.Tensor,
-                    a: int, b: int) -> None:
+def _write_direction(rows: torch.Tensor, has_ref: bool, sol: GroupSolution, out: torch.Tensor, a: int, b: int) -> None:
     """out[a:b] = ref_coef·reference + Δᵀ coef over the group's columns: one read of the block.
-    ``out`` may be the reference row itself (read before written, by the same BLAS call)."""
+    With the reference, ``out`` is its row ``rows[0]`` (read before written, by the same BLAS call)."""
     r = int(has_ref)
     block, dst = rows[r:, a:b], out[a:b]
     coef = sol.coef.to(device=rows.device, dtype=rows.dtype)
     if sol.ref_coef == 0.0:
         torch.mv(block.T, coef, out=dst)  # no reference (or not used): β = 0, not read
-    elif dst.data_ptr() == rows[0, a:b].data_ptr():
-        dst.addmv_(block.T, coef, beta=sol.ref_coef)
     else:
-        torch.addmv(rows[0, a:b], block.T, coef, beta=sol.ref_coef, out=dst)
+        dst.addmv_(block.T, coef, beta=sol.ref_coef)
 
 
 # -- all groups -------------------------------------------------------------------------------
@@ -322,50 +320,54 @@ class Aggregate:
         return {ACTIVE: k, CONFLICT_BEFORE: frac(self.avg_dots), CONFLICT_AFTER: frac(self.dots)}
 
 
-def aggregate_groups(
-    updates: torch.Tensor,
-    weights: torch.Tensor,
-    groups: list[tuple[int, int]],
-    reference: torch.Tensor | None = None,
-    tol: float = 0.0,
-    out: torch.Tensor | None = None,
-) -> Aggregate:
-    """CRAFT over consecutive groups [start, stop) covering the (m, d) update matrix
-    (``reference`` (d,) or None; the direction goes into ``out`` when given)."""
-    if reference is None:
-        return aggregate_rows(updates, False, weights, groups, tol, out)
-    rows = torch.cat([reference.reshape(1, -1).to(updates), updates])  # a copy: the strategy avoids it
-    return aggregate_rows(rows, True, weights, groups, tol, out)
+class UpdateMatrix:
+    """CRAFT's kernel: the update matrix, kept across rounds on one device, and the solve over it.
 
+    One (1 + m + 1, d) buffer: row 0 the reference ĝ, replaced group by group by the new
+    direction g (the next round's reference, without a copy), rows 1 … m the updates Δ_i
+    (:meth:`updates`: the caller writes them straight from the reply bytes), then a spare
+    row (finite) for :func:`group_grams`. Per group one Gram of the reference and the
+    updates gives the norms, the Gram of the updates and their products with the reference,
+    so each group costs one read of its block for the Gram and one for the direction.
+    """
 
-def aggregate_rows(
-    rows: torch.Tensor,
-    has_ref: bool,
-    weights: torch.Tensor,
-    groups: list[tuple[int, int]],
-    tol: float = 0.0,
-    out: torch.Tensor | None = None,
-    spare: torch.Tensor | None = None,
-) -> Aggregate:
-    """CRAFT on one (r + m, d) matrix whose first row is the reference when ``has_ref``
-    (r = 1), then the m raw updates: per group one Gram of all r + m rows
-    (:func:`group_grams`) gives the norms, the Gram of the updates and their products with
-    the reference, so each group costs one read of its block for the Gram and one for the
-    direction. ``out`` (d,) receives g; it may be ``rows[0]`` (the reference is then
-    replaced by the new direction, group by group, as the strategy keeps it); ``spare``:
-    see :func:`group_grams`."""
-    r = int(has_ref)
-    m, d = rows.shape[0] - r, rows.shape[1]
-    direction = rows.new_empty(d) if out is None else out
-    sols = [solve_gram(ext, has_ref, weights, tol, b - a, rows.dtype)
-            for ext, (a, b) in zip(group_grams(rows, groups, spare), groups)]
-    for sol, (a, b) in zip(sols, groups):
-        write_direction(rows, has_ref, sol, direction, a, b)
-    w = weights.double().clamp_min(0.0)
-    w = w / w.sum() if float(w.sum()) > 0 else torch.full_like(w, 1.0 / m)
-    gram_total = sum(s.gram for s in sols)
-    return Aggregate(direction, sum(s.dots for s in sols), gram_total @ w,
-                     torch.stack([s.active for s in sols]).any(0), float(np.sqrt(sum(s.sq_norm for s in sols))), sols)
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.rows: torch.Tensor | None = None
+
+    def updates(self, m: int, d: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The (m, d) rows for this round's updates."""
+        if self.rows is None or self.rows.shape[0] < 2 + m or self.rows.shape[1] != d or self.rows.dtype != dtype:
+            self.rows = torch.empty(2 + m, d, dtype=dtype, device=self.device)
+            self.rows[1 + m :].zero_()  # the spare row: finite (zeros, later an older Δ)
+        return self.rows[1 : 1 + m]
+
+    def solve(self, updates: torch.Tensor, weights: torch.Tensor, groups: list[tuple[int, int]],
+              reference: torch.Tensor | None = None, tol: float = 0.0) -> Aggregate:
+        """CRAFT over consecutive groups [start, stop) covering the (m, d) ``updates``, with the
+        previous direction ``reference`` (d,) or None; ``weights`` (m,) ≥ 0 (all 0: uniform);
+        clients with a group update norm ≤ ``tol`` are inactive there. ``updates`` are the rows
+        :meth:`updates` gave (any other tensor is copied into them first). The direction is
+        written into row 0, over the reference."""
+        m = updates.shape[0]
+        rows = self.updates(m, updates.shape[1], updates.dtype)
+        if updates.data_ptr() != rows.data_ptr() or updates.device != rows.device:
+            rows.copy_(updates)
+        rows = self.rows[: 1 + m]
+        has_ref = reference is not None
+        if has_ref and (reference.device != rows.device or reference.data_ptr() != rows[0].data_ptr()):
+            rows[0].copy_(reference)  # a restored state (host memory), or the buffer grew for more replies
+        ext, spare = (rows, self.rows[: 2 + m]) if has_ref else (rows[1:], self.rows[1 : 2 + m])
+        sols = [solve_gram(gram, has_ref, weights, tol, b - a, rows.dtype)
+                for gram, (a, b) in zip(group_grams(ext, groups, spare), groups)]
+        for sol, (a, b) in zip(sols, groups):
+            _write_direction(ext, has_ref, sol, rows[0], a, b)
+        w = weights.double().clamp_min(0.0)
+        w = w / w.sum() if float(w.sum()) > 0 else torch.full_like(w, 1.0 / m)
+        gram_total = sum(s.gram for s in sols)
+        active = torch.stack([s.active for s in sols]).any(0)
+        return Aggregate(rows[0], sum(s.dots for s in sols), gram_total @ w, active,
+                         float(np.sqrt(sum(s.sq_norm for s in sols))), sols)
 
 
 # -- strategies ---------------------------------------------------------------------------------
@@ -374,20 +376,17 @@ class GroupedStrategy(FairStrategy):
 
     ``model`` (optional): the run's freshly built model, whose module structure gives the
     layer groups (:func:`layer_groups`); without it they come from the ArrayRecord keys
-    (:func:`key_groups`).
-
-    The (1 + m, d) matrix lives on ``device`` and is kept across rounds: row 0 holds CRAFT's
-    reference (the previous direction, replaced in place by the new one) or ConFIG's
-    direction, rows 1 … m the updates Δ_i = θ_t − θ_i, written straight from the reply bytes
-    (``read_updates(out=...)`` through the kept :class:`fedcore.flat.UpdateWriter`), then a spare
-    row (finite) for :func:`group_grams`.
+    (:func:`key_groups`). :attr:`matrix` (:class:`UpdateMatrix`, on ``device``) holds the
+    round's updates Δ_i = θ_t − θ_i, written straight from the reply bytes
+    (``read_updates(out=...)`` through the kept :class:`fedcore.flat.UpdateWriter`), and CRAFT's
+    reference.
     """
 
     def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.model = model
         self._groups: list[tuple[int, int]] | None = None
-        self._rows: torch.Tensor | None = None  # (1 + m, d) on self.device, reused every round
+        self.matrix = UpdateMatrix(self.device)
         self.writer = flat.UpdateWriter()  # θ_t's host vector and the staging row, reused every round
 
     @property
@@ -405,13 +404,13 @@ class GroupedStrategy(FairStrategy):
                 self._groups = [(g.start, g.stop) for g in key_groups(self.spec.keys, self.spec.sizes)]
         return self._groups
 
-    def update_rows(self, m: int) -> torch.Tensor:
-        """The (1 + m, d) matrix kept across rounds, rows 1 … m for Δ_i (a spare row after it)."""
-        d = self.spec.dim
-        if self._rows is None or self._rows.shape[0] < 2 + m or self._rows.shape[1] != d:
-            self._rows = torch.empty(2 + m, d, dtype=torch.float32, device=self.device)
-            self._rows[1 + m:].zero_()  # the spare row: finite (zeros, later an older Δ)
-        return self._rows[: 1 + m]
+    def read_rows(self, replies) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(θ_t on the host, the (m, d) updates Δ_i in :attr:`matrix`, n_i): one pass over the
+        reply bytes (:meth:`read_updates`)."""
+        replies = list(replies)
+        updates = self.matrix.updates(len(replies), self.spec.dim)
+        batch = self.read_updates(replies, out=updates, writer=self.writer)
+        return batch.theta, updates, batch.num_examples
 
     def step(self, theta: torch.Tensor, direction: torch.Tensor, alpha: float):
         """θ_t − alpha·direction as the round's ArrayRecord (θ_t is the host buffer)."""
@@ -442,18 +441,9 @@ class Craft(GroupedStrategy):
         return self.params.layerwise
 
     def aggregate_valid(self, server_round, replies):
-        rows = self.update_rows(len(replies))
-        batch = self.read_updates(replies, out=rows[1:], writer=self.writer)
-        theta, sizes = batch.theta, batch.num_examples
+        theta, updates, sizes = self.read_rows(replies)
         weights = sizes if self.params.rho == "data-size" else torch.ones_like(sizes)
-        ref = self.state.reference
-        if ref is not None and (ref.device != rows.device or ref.data_ptr() != rows[0].data_ptr()):
-            # a restored state (host memory), or the matrix was reallocated for more replies
-            rows[0].copy_(ref)
-        has_ref = ref is not None
-        m = rows.shape[0] - 1
-        agg = aggregate_rows(rows if has_ref else rows[1:], has_ref, weights, self.groups(), self.params.tol,
-                             out=rows[0], spare=self._rows[: 2 + m] if has_ref else self._rows[1 : 2 + m])
-        self.state.reference, self.state.last_round = rows[0], int(server_round)
+        agg = self.matrix.solve(updates, weights, self.groups(), self.state.reference, self.params.tol)
+        self.state.reference, self.state.last_round = agg.direction, int(server_round)
         metrics = {**agg.diagnostics(), "update-norm": agg.norm}
         return Aggregated(self.step(theta, agg.direction, self.params.step), MetricRecord(metrics))

@@ -20,6 +20,13 @@ def t(x):
     return torch.tensor(x, dtype=T)
 
 
+def config(updates, tol=0.0):
+    """ConFIG's update and CRAFT's diagnostics for (m, d) updates, through the strategy's kernel."""
+    m, d = updates.shape
+    agg = craft.UpdateMatrix().solve(updates, torch.ones(m, dtype=T), [(0, d)], tol=tol)
+    return config_step(agg, m), agg.diagnostics()
+
+
 def test_config_step_closed_form():
     rng = np.random.default_rng(7)
     updates = rng.normal(size=(5, 25))
@@ -27,12 +34,12 @@ def test_config_step_closed_form():
     gv = np.linalg.pinv(u) @ np.ones(5)
     gu = gv / np.linalg.norm(gv)
     want = (updates @ gu).sum() * gu / 5
-    got, diag = config_step(t(updates))
+    got, diag = config(t(updates))
     np.testing.assert_allclose(got.numpy(), want, atol=1e-10)
     assert diag[craft.CONFLICT_AFTER] == 0.0
     # identical clients: ConFIG's step is FedAvg's mean update
     same = np.tile(updates[0], (4, 1))
-    np.testing.assert_allclose(config_step(t(same))[0].numpy(), updates[0], atol=1e-10)
+    np.testing.assert_allclose(config(t(same))[0].numpy(), updates[0], atol=1e-10)
 
 
 @pytest.fixture
@@ -47,7 +54,7 @@ def test_config_fl_strategy(digits_replies):
     strat = registry.build(load_config({"method": "config-fl", "lr": 0.1}))
     assert not strat.layerwise  # one global group
     arrays, metrics = aggregate_arrays(strat, 1, template, msgs)
-    want = config_step(t(theta - locals_))[0].numpy()
+    want = config(t(theta - locals_))[0].numpy()
     np.testing.assert_allclose(flat64(arrays), theta - want, atol=2e-5)
     assert metrics[craft.ACTIVE] == 4
     assert strat.groups() == [(0, flat.spec_of(template).dim)]
@@ -58,7 +65,7 @@ def test_server_lr_is_the_step_factor(digits_replies):
     template, theta, msgs, locals_ = digits_replies
     strat = ConFIG(lr=0.1, lr_decay=0.5, server_lr=0.2)
     arrays, _ = aggregate_arrays(strat, 2, template, msgs)
-    want = config_step(t(theta - locals_))[0].numpy()
+    want = config(t(theta - locals_))[0].numpy()
     np.testing.assert_allclose(flat64(arrays), theta - 4.0 * want, atol=1e-4)
 
 

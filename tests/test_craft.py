@@ -14,18 +14,23 @@ from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from fedcore.state import to_tree
 from strategies import craft, registry
-from strategies.craft import Craft, aggregate_groups, key_groups, layer_groups
+from strategies.craft import Craft, key_groups, layer_groups
 from tests.helpers import aggregate_arrays, flat64, perturbed_replies, state_through_bytes
 
 T = torch.float64
 
 
+def aggregate(updates, weights, groups, reference=None, tol=0.0):
+    """CRAFT through the strategies' own kernel (:class:`strategies.craft.UpdateMatrix`), the
+    updates copied into a fresh one."""
+    return craft.UpdateMatrix().solve(updates, weights, groups, reference, tol)
+
+
 def craft_direction(updates, weights, reference=None, tol=0.0):
-    """CRAFT's g = ĝ + U⁺ (ρ − U ĝ) for one parameter group, through the strategy's own
-    :func:`strategies.craft.aggregate_groups` with a single group spanning every column.
-    ``updates`` (m, d) raw client updates θ_t − θ_i; ``weights`` (m,) non-negative (all zero →
-    uniform); ``reference`` (d,) or None; clients with update norm ≤ ``tol`` are inactive."""
-    return aggregate_groups(updates, weights, [(0, updates.shape[1])], reference, tol).direction
+    """CRAFT's g = ĝ + U⁺ (ρ − U ĝ) for one parameter group (a single group spanning every
+    column). ``updates`` (m, d) raw client updates θ_t − θ_i; ``weights`` (m,) non-negative (all
+    zero → uniform); ``reference`` (d,) or None; clients with update norm ≤ ``tol`` are inactive."""
+    return aggregate(updates, weights, [(0, updates.shape[1])], reference, tol).direction
 
 
 def reference_craft(updates, weights, reference=None):
@@ -128,7 +133,7 @@ def test_no_conflict_after_correction_when_feasible():
     updates[5] = -updates[0] * 0.1 + 0.01 * rng.normal(size=50)  # a client opposing another
     weights = rng.uniform(1, 5, size=6)
     ref = rng.normal(size=50)
-    agg = aggregate_groups(t(updates), t(weights), [(0, 20), (20, 50)], t(ref))
+    agg = aggregate(t(updates), t(weights), [(0, 20), (20, 50)], t(ref))
     assert (agg.dots > 0).all()  # ⟨Δ_i, g⟩ = Σ_q ‖Δ_iq‖ ρ_i > 0
     diag = agg.diagnostics()
     assert diag[craft.CONFLICT_AFTER] == 0.0 and diag[craft.ACTIVE] == 6
@@ -137,7 +142,7 @@ def test_no_conflict_after_correction_when_feasible():
 def test_diagnostics_count_conflicts_with_the_plain_average():
     # two large updates along e0 and a small one against it: the average conflicts with it
     updates = np.array([[1.0, 0.0, 0.0], [1.0, 0.1, 0.0], [-0.5, 0.0, 0.1], [0.0, 0.0, 0.0]])
-    agg = aggregate_groups(t(updates), t(np.ones(4)), [(0, 3)])
+    agg = aggregate(t(updates), t(np.ones(4)), [(0, 3)])
     avg = updates.mean(axis=0)
     assert agg.avg_dots.numpy() == pytest.approx(updates @ avg)
     g = reference_craft(updates, np.ones(4))
@@ -149,7 +154,7 @@ def test_groups_are_solved_independently():
     rng = np.random.default_rng(6)
     updates, weights, ref = rng.normal(size=(4, 30)), rng.uniform(1, 2, size=4), rng.normal(size=30)
     groups = [(0, 7), (7, 8), (8, 30)]
-    got = aggregate_groups(t(updates), t(weights), groups, t(ref)).direction.numpy()
+    got = aggregate(t(updates), t(weights), groups, t(ref)).direction.numpy()
     want = np.concatenate([reference_craft(updates[:, a:b], weights, ref[a:b]) for a, b in groups])
     np.testing.assert_allclose(got, want, atol=1e-10)
 
@@ -246,14 +251,14 @@ def test_reference_lives_in_the_update_buffer_and_survives_a_larger_round(digits
     strat = Craft(model=mlp())
     msgs = replies()[0]
     arrays, _ = aggregate_arrays(strat, 1, template, msgs[:2])
-    assert strat.state.reference.data_ptr() == strat._rows[0].data_ptr()
+    assert strat.state.reference.data_ptr() == strat.matrix.rows[0].data_ptr()
     first_ref = strat.state.reference.clone()
     twin = Craft(model=mlp())
     twin.state.reference, twin.state.last_round = first_ref, 1  # the same state, not in a buffer
     out_a, _ = aggregate_arrays(strat, 2, arrays, msgs)  # 4 replies > the 2-row buffer
     out_b, _ = aggregate_arrays(twin, 2, arrays, msgs)
     assert torch.equal(flat.record_to_flat(out_a), flat.record_to_flat(out_b))
-    assert strat._rows.shape[0] == 6  # the reference, 4 updates, the spare row
+    assert strat.matrix.rows.shape[0] == 6  # the reference, 4 updates, the spare row
 
 
 # -- layer groups -------------------------------------------------------------------------------
