@@ -250,7 +250,7 @@ def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, fl
 def engine_label(engine: str, args, overrides: dict | None = None) -> str:
     if engine == "ray":
         return f"ray ({args.num_cpus:g} CPU{', %g GPU' % args.ray_num_gpus if args.ray_num_gpus else ''}/actor)"
-    from fedpcd_app.runtime.engine import usable_cores
+    from fedpcd_app.runtime.pool import usable_cores
     from fedpcd_app.runtime.simulate import auto_workers
 
     workers = args.workers

@@ -15,14 +15,15 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedcore import keys
-from fedpcd_app.runtime import engine
+from fedpcd_app.runtime import flower_internals
+from fedpcd_app.runtime.grid import LocalGrid
 from tests.helpers import make_reply, train_reply
 
 
 def task_identity(run_id: int = 1):
     """Messages can only be built with a run id set (Flower sets it in a running app): the
     local engine's one place that sets it."""
-    return engine.task_identity(run_id=run_id)
+    return flower_internals.task_identity(run_id=run_id)
 
 
 def scaled(arrays: ArrayRecord, factor: float) -> ArrayRecord:
@@ -79,7 +80,7 @@ def flat_of(arrays: ArrayRecord) -> np.ndarray:
     return np.concatenate([a.numpy().ravel().astype(np.float64) for a in arrays.values()])
 
 
-class ClientAppGrid(engine.LocalGrid):
+class ClientAppGrid(LocalGrid):
     """The local engine's in-process Grid (a real ClientApp, one persistent Context per node,
     a handler that raises yields an error reply), plus ``tamper(partition_id, message)``, which
     edits a delivered message in place, and ``replies``, every reply in delivery order."""

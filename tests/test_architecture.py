@@ -125,7 +125,7 @@ def test_the_package_docstring_names_what_the_package_holds():
 def test_the_layer_checker_sees_a_forbidden_edge():
     """Each forbidden direction is reported (and the allowed ones are not)."""
     edges = {
-        "fedpcd_app.server.evaluation": {"fedpcd_app.runtime.engine", "fedpcd_app.server.metrics", "fedcore.config"},
+        "fedpcd_app.server.evaluation": {"fedpcd_app.runtime.grid", "fedpcd_app.server.metrics", "fedcore.config"},
         "fedpcd_app.server.results": {"fedpcd_app.analysis.report"},
         "fedpcd_app.runtime.simulate": {"fedpcd_app.analysis.sweep", "fedpcd_app.server.config"},
         "fedpcd_app.analysis.sweep": {"fedpcd_app.runtime.simulate", "fedpcd_app.server.results"},
@@ -135,9 +135,26 @@ def test_the_layer_checker_sees_a_forbidden_edge():
         "fedpcd_app.analysis.report imports the entry point fedpcd_app.simulate (import fedpcd_app.simulate's "
         "target instead)",
         "fedpcd_app.runtime.simulate imports fedpcd_app.analysis.sweep",
-        "fedpcd_app.server.evaluation imports fedpcd_app.runtime.engine",
+        "fedpcd_app.server.evaluation imports fedpcd_app.runtime.grid",
         "fedpcd_app.server.results imports fedpcd_app.analysis.report",
     ]
+
+
+# the local engine, one job a module, and what each may import of the project: Flower's internals
+# and one node's delivery stand alone, the worker pool uses them, the grid uses all three
+ENGINE = {
+    "fedpcd_app.runtime.flower_internals": set(),
+    "fedpcd_app.runtime.node": set(),
+    "fedpcd_app.runtime.pool": {"fedpcd_app.runtime.flower_internals", "fedpcd_app.runtime.node"},
+    "fedpcd_app.runtime.grid": {"fedpcd_app.runtime.flower_internals", "fedpcd_app.runtime.node",
+                                "fedpcd_app.runtime.pool"},
+}
+
+
+def test_the_local_engines_modules_import_only_the_jobs_below_them():
+    edges = graph()
+    bad = [f"{mod} imports {dep}" for mod, allowed in ENGINE.items() for dep in sorted(edges[mod] - allowed)]
+    assert not bad, "the local engine's modules against flower_internals, node <- pool <- grid:\n" + "\n".join(bad)
 
 
 def test_no_import_cycle():

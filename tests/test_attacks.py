@@ -16,7 +16,7 @@ from client_app.data import load_federated_data
 from client_app.models import initial_model
 from fedcore import keys
 from fedcore.config import ConfigError, load_config
-from fedpcd_app.runtime.engine import client_threads
+from fedpcd_app.runtime.node import client_threads
 from fedpcd_app.server.config import load_setup
 from fedpcd_app.server.metrics import fairness_metrics
 from fedpcd_app.server.results import read_rounds, read_summary

@@ -1,5 +1,5 @@
-"""The local engine (fedpcd_app.runtime.engine): Flower's Grid for one machine, in this process or in
-worker processes; and the Flower internals it relies on."""
+"""The local engine (fedpcd_app.runtime.grid, .pool, .node): Flower's Grid for one machine, in this
+process or in worker processes; and the Flower internals it relies on (.flower_internals)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from fedcore import keys
-from fedpcd_app.runtime import engine
+from fedpcd_app.runtime import flower_internals, pool
+from fedpcd_app.runtime.flower_internals import task_identity
+from fedpcd_app.runtime.grid import LocalGrid
 
 PROBE = "tests.fakegrid:probe_app"
 
@@ -24,9 +26,10 @@ def _alive(pid: int) -> bool:
 
 def test_flower_internals_the_engine_sets_are_unchanged():
     """Outside Flower's runtime a Message needs TaskIdentity (internal) and a Grid a Run (internal):
-    fedpcd_app/runtime/engine.py sets them in one place. This fails, saying where, if an upgrade moves them."""
+    fedpcd_app/runtime/flower_internals.py sets them in one place. This fails, saying where, if an upgrade
+    moves them."""
     try:
-        engine.check_flower_internals()
+        flower_internals.check_flower_internals()
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
@@ -38,7 +41,7 @@ def test_a_message_outside_flowers_runtime_needs_the_task_identity():
         pytest.skip("something in this process left a task identity set")
     with pytest.raises(RuntimeError, match="run_id is not set"):
         Message(RecordDict(), dst_node_id=5, message_type=MessageType.TRAIN)
-    with engine.task_identity(run_id=77):
+    with task_identity(run_id=77):
         assert Message(RecordDict(), dst_node_id=5, message_type=MessageType.TRAIN).metadata.run_id == 77
     assert vars(TaskIdentity).get("_run_id") is None  # restored
 
@@ -59,7 +62,7 @@ def _round(grid, x, fail=()):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_nodes_keep_their_config_and_state_across_rounds(workers):
     # Prepare: 5 nodes of the probe ClientApp, in this process or in 2 worker processes
-    with engine.task_identity(), engine.LocalGrid(PROBE, 5, workers=workers) as grid:
+    with task_identity(), LocalGrid(PROBE, 5, workers=workers) as grid:
         # Execute: three rounds, partition 3 raising in the second
         rounds = [_round(grid, x=r, fail=(3,) if r == 2 else ()) for r in (1, 2, 3)]
         pids = grid.pool.pids if workers else []
@@ -82,7 +85,7 @@ def test_nodes_keep_their_config_and_state_across_rounds(workers):
 
 
 def test_a_worker_that_dies_costs_its_message_not_the_run():
-    with engine.task_identity(), engine.LocalGrid(PROBE, 4, workers=2) as grid:
+    with task_identity(), LocalGrid(PROBE, 4, workers=2) as grid:
         nodes = list(grid.get_node_ids())
         msgs = [Message(RecordDict({"config": ConfigRecord({"x": 1, "die": int(i == 0)})}), dst_node_id=n,
                         message_type=MessageType.TRAIN) for i, n in enumerate(nodes)]
@@ -94,7 +97,7 @@ def test_a_worker_that_dies_costs_its_message_not_the_run():
 
 
 def test_a_message_to_an_unknown_node_gets_an_error_reply():
-    with engine.task_identity(), engine.LocalGrid(PROBE, 2) as grid:
+    with task_identity(), LocalGrid(PROBE, 2) as grid:
         msg = Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=12345, message_type="train")
         (reply,) = grid.send_and_receive([msg])
     assert reply.has_error() and "not in this federation" in reply.error.reason
@@ -104,7 +107,7 @@ def test_worker_processes_need_the_client_app_by_name():
     from tests.fakegrid import probe_app
 
     with pytest.raises(TypeError, match="'module:attribute'"):
-        engine.LocalGrid(probe_app, 2, workers=1)
+        LocalGrid(probe_app, 2, workers=1)
 
 
 # -- the engines through the in-process entry point ----------------------------------------------
@@ -134,7 +137,7 @@ def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, mon
     # the per-client loop on both sides: with client-execution = 'vectorised' a worker trains its
     # share of the round as rows, in process the whole round (equal within 1e-5: the tests below)
     over = {**SMALL, "method": method, "num-server-rounds": 3, "client-execution": "loop"}
-    monkeypatch.setattr("fedpcd_app.runtime.engine.usable_cores", lambda: 2)  # 2 workers: one torch thread each
+    monkeypatch.setattr("fedpcd_app.runtime.pool.usable_cores", lambda: 2)  # 2 workers: one torch thread each
     pooled = simulate({**over, "output-dir": str(tmp_path / "pool")}, workers=2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers' thread count: float sums in the same order
@@ -166,7 +169,7 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
     # Execute: the same run on both engines (the local one with a worker per core: one torch
     # thread per client, as each Ray actor with client-resources-num-cpus=1)
     # (explicitly: --workers auto would run this small run in process, with this process's threads)
-    local = sim.simulate({**over, "output-dir": str(tmp_path / "local")}, workers=engine.usable_cores())
+    local = sim.simulate({**over, "output-dir": str(tmp_path / "local")}, workers=pool.usable_cores())
     ray = sim.simulate({**over, "output-dir": str(tmp_path / "ray")}, engine="ray", num_cpus=1)
     # Assert
     _same_run(local, ray)
@@ -198,8 +201,7 @@ def recording_batch(app, items, one):
 def test_a_rounds_train_requests_reach_a_process_together(workers):
     """In process: the whole round in one batch; with 2 workers: two shares (3 + 2), each one task."""
     GROUPS.clear()
-    with engine.task_identity(), engine.LocalGrid(PROBE, 5, workers=workers,
-                                                  batch="tests.test_engine:recording_batch") as grid:
+    with task_identity(), LocalGrid(PROBE, 5, workers=workers, batch="tests.test_engine:recording_batch") as grid:
         replies = _round(grid, x=1)
         again = _round(grid, x=2, fail=(1,))
     sizes = sorted(r.content[keys.METRICS]["batch"] for r in replies)
@@ -230,7 +232,7 @@ def test_vectorised_runs_give_the_loops_numbers(method, workers, tmp_path, monke
     loop's sampled clients and train losses within 1e-5 relative."""
     from fedpcd_app.runtime.simulate import simulate
 
-    monkeypatch.setattr("fedpcd_app.runtime.engine.usable_cores", lambda: 2)
+    monkeypatch.setattr("fedpcd_app.runtime.pool.usable_cores", lambda: 2)
     over = {**SMALL, "method": method, "num-server-rounds": 3, "local-epochs": 2}
     loop = simulate({**over, "client-execution": "loop", "output-dir": str(tmp_path / "loop")}, workers=workers)
     rows = simulate({**over, "client-execution": "vectorised", "output-dir": str(tmp_path / "rows")},

@@ -72,7 +72,7 @@ def test_a_one_line_error_ends_flowers_report_of_it(tmp_path):
     from flwr.common.logger import console_handler
     from flwr.common.logger import log as flwr_log
 
-    from fedpcd_app.runtime.engine import run_local
+    from fedpcd_app.runtime.grid import run_local
     from fedpcd_app.server.server_app import make_server_app
 
     with pytest.raises(ConfigError) as err:

@@ -271,7 +271,7 @@ def test_one_run_joins_the_cluster_on_purpose_its_clients_on_both_nodes(cluster,
         stop.set()
         watcher.join()
     assert seen["node_a"] > 0 and seen["node_b"] > 0, seen
-    monkeypatch.setattr("fedpcd_app.runtime.engine.usable_cores", lambda: 2)  # 2 workers: one thread each
+    monkeypatch.setattr("fedpcd_app.runtime.pool.usable_cores", lambda: 2)  # 2 workers: one thread each
     local = simulate({**over, "output-dir": str(tmp_path / "local")}, workers=2)
     _same(local, joined)
 

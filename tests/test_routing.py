@@ -11,7 +11,7 @@ from pathlib import Path
 from flwr.app import MetricRecord, RecordDict
 
 from client_app.client_app import PartitionState
-from fedpcd_app.runtime.engine import run_local
+from fedpcd_app.runtime.grid import run_local
 from fedpcd_app.runtime.simulate import CLIENT_APP
 from fedpcd_app.server.config import load_setup
 from fedpcd_app.server.server_app import make_server_app

@@ -6,7 +6,7 @@ whichever process ran them (the machine's cores in process, cores // workers in 
 MKL's gemm adds in another order on two threads than on one, even for a batch of 16), and
 under ``client-execution = 'auto'`` a worker's share of one client trained on the per-client
 loop where the whole round, in process, trained as rows. Now every client call of the local
-engine computes on ``engine.CLIENT_THREADS`` threads, and ``auto`` decides rows or the loop by
+engine computes on ``node.CLIENT_THREADS`` threads, and ``auto`` decides rows or the loop by
 the run alone; a row's numbers do not depend on the rows beside it.
 
 What is compared: ``summary.json`` (every field but the output folder), ``rounds.jsonl``
@@ -28,7 +28,9 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedpcd_app.runtime import engine
+from fedpcd_app.runtime import node, pool
+from fedpcd_app.runtime.flower_internals import task_identity
+from fedpcd_app.runtime.grid import LocalGrid
 
 # -- every client call on the engine's fixed thread count ------------------------------------------
 threads_app = ClientApp()  # importable by the workers as "tests.test_worker_determinism:threads_app"
@@ -51,13 +53,12 @@ def test_every_client_call_computes_on_the_engines_thread_count(workers, monkeyp
     """In process (the round's requests through the batch hook, one thread each) and in a worker
     started with two threads: the ClientApp runs on ``CLIENT_THREADS`` torch (and MKL) threads;
     the caller's own count is left as it was."""
-    monkeypatch.setattr(engine, "usable_cores", lambda: 2)  # one worker: two threads, as on a 2-core machine
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)  # one worker: two threads, as on a 2-core machine
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # this process as on a 2-core machine
     try:
-        with engine.task_identity(), engine.LocalGrid("tests.test_worker_determinism:threads_app", 3,
-                                                      workers=workers,
-                                                      batch="client_app.vectorised:deliver_batch") as grid:
+        with task_identity(), LocalGrid("tests.test_worker_determinism:threads_app", 3, workers=workers,
+                                        batch="client_app.vectorised:deliver_batch") as grid:
             run = ConfigRecord({"client-execution": "auto"})  # what makes the batch hook take them
             msgs = [Message(RecordDict({"config": ConfigRecord({"x": 1}), "run-config": run}), dst_node_id=n,
                             message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
@@ -67,8 +68,8 @@ def test_every_client_call_computes_on_the_engines_thread_count(workers, monkeyp
         torch.set_num_threads(before)
     assert len(replies) == 3 and not any(r.has_error() for r in replies)
     got = [r.content["metrics"] for r in replies]
-    assert [m["torch-threads"] for m in got] == [engine.CLIENT_THREADS] * 3
-    assert all(m["mkl-threads"] in (engine.CLIENT_THREADS, -1) for m in got)
+    assert [m["torch-threads"] for m in got] == [node.CLIENT_THREADS] * 3
+    assert all(m["mkl-threads"] in (node.CLIENT_THREADS, -1) for m in got)
     assert ({m["pid"] for m in got} == {os.getpid()}) == (workers == 0)
 
 
@@ -76,13 +77,13 @@ def test_client_threads_restores_and_nests():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with engine.client_threads():
-            assert torch.get_num_threads() == engine.CLIENT_THREADS
-            with engine.client_threads():
-                assert torch.get_num_threads() == engine.CLIENT_THREADS
-            assert torch.get_num_threads() == engine.CLIENT_THREADS
+        with node.client_threads():
+            assert torch.get_num_threads() == node.CLIENT_THREADS
+            with node.client_threads():
+                assert torch.get_num_threads() == node.CLIENT_THREADS
+            assert torch.get_num_threads() == node.CLIENT_THREADS
         assert torch.get_num_threads() == 2
-        with pytest.raises(ValueError), engine.client_threads():
+        with pytest.raises(ValueError), node.client_threads():
             raise ValueError("a ClientApp that raises")
         assert torch.get_num_threads() == 2
     finally:
@@ -102,7 +103,7 @@ def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it(model):
 
     def train(subset):
         mine = clone_jobs([jobs[i] for i in subset])
-        with engine.client_threads():
+        with node.client_threads():
             outs = run_rows("sgd", mine)
         return {i: (torch.cat([p.detach().reshape(-1) for p in j.model.parameters()]), o.train_loss)
                 for i, j, o in zip(subset, mine, outs)}
@@ -172,7 +173,7 @@ def test_a_run_gives_the_same_bytes_on_any_worker_count(tmp_path, monkeypatch):
     the thread count differs between the four wherever the test runs."""
     from fedpcd_app.runtime.simulate import simulate
 
-    monkeypatch.setattr(engine, "usable_cores", lambda: 2)
+    monkeypatch.setattr(pool, "usable_cores", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

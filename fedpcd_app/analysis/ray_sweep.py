@@ -85,7 +85,7 @@ def connect(address: str) -> None:
     ``PYTHONPATH`` (the project first), as Flower's Ray backend gives its actors."""
     import ray
 
-    from fedpcd_app.runtime.engine import usable_cores
+    from fedpcd_app.runtime.pool import usable_cores
 
     parts = [str(PROJECT), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path]
     path = os.pathsep.join(p for p in dict.fromkeys(parts) if p)

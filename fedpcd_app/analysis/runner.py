@@ -82,7 +82,7 @@ def reset_state(initial: Mapping[str, Any]) -> None:
 def run_one(overrides: Mapping[str, Any], folder: str, engine: Mapping[str, Any] | None = None) -> str:
     """One run, its output (and its engine's) to ``<folder>/run.log``; the report and figures are
     the sweep's (drawn once, over all its runs, at its end)."""
-    from fedpcd_app.runtime.engine import stop_forkserver
+    from fedpcd_app.runtime.pool import stop_forkserver
     from fedpcd_app.runtime.simulate import simulate
     from fedpcd_app.server.checkpoint import rounds_in
 

@@ -374,7 +374,7 @@ def _run_one(overrides: dict[str, Scalar], folder: str, engine: Mapping[str, Any
 def default_workers(jobs: int) -> int:
     """Local-engine workers per run: the usable cores shared among the parallel runs; 0 (the
     ClientApps in the run's own process) when that leaves fewer than two per run."""
-    from fedpcd_app.runtime.engine import usable_cores
+    from fedpcd_app.runtime.pool import usable_cores
 
     per_run = usable_cores() // jobs
     return per_run if per_run >= 2 else 0

@@ -1,6 +1,9 @@
-"""Running the app: :mod:`~fedpcd_app.runtime.engine` (the local engine, a Flower ``Grid`` on
-this machine), :mod:`~fedpcd_app.runtime.simulate` (``python -m fedpcd_app.simulate``),
+"""Running the app. The local engine, a Flower ``Grid`` on this machine:
+:mod:`~fedpcd_app.runtime.grid` (the Grid and ``run_local``), :mod:`~fedpcd_app.runtime.pool`
+(its worker processes), :mod:`~fedpcd_app.runtime.node` (one message on one node, as a
+SuperNode runs it) and :mod:`~fedpcd_app.runtime.flower_internals` (the Flower internals it
+sets). Beside it :mod:`~fedpcd_app.runtime.simulate` (``python -m fedpcd_app.simulate``),
 :mod:`~fedpcd_app.runtime.placement` (a run's GPUs) and :mod:`~fedpcd_app.runtime.flwr_run`
-(Ray / ``flwr run`` wiring). Stands on
-:mod:`fedpcd_app.server`; imports nothing of :mod:`fedpcd_app.analysis`.
+(Ray / ``flwr run`` wiring). Stands on :mod:`fedpcd_app.server`; imports nothing of
+:mod:`fedpcd_app.analysis`.
 """

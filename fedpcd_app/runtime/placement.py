@@ -4,7 +4,7 @@ before its process initialises CUDA.
 A run sees only its GPUs through ``CUDA_VISIBLE_DEVICES`` in its process's environment, set
 before torch first talks to the driver; inside the run ``cuda`` (``cuda:0``) is the first of
 them, so the server, its evaluation and ``server-device='auto'`` stay on the run's GPUs, and
-local-engine worker *i* uses visible GPU *i* mod #visible (:mod:`fedpcd_app.runtime.engine`).
+local-engine worker *i* uses visible GPU *i* mod #visible (:mod:`fedpcd_app.runtime.pool`).
 
 * :func:`~fedpcd_app.server.gpus.visible_gpus`: the physical ids this process may hand out
   (``CUDA_VISIBLE_DEVICES``'s entries when it is set, else ``0..n-1`` from torch; none without CUDA).

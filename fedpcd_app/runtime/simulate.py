@@ -11,8 +11,8 @@ call :func:`simulate`. Prints the output folder on the last line.
 Engines (same numbers for the same seed; ``tests/test_engine.py``; on the local engine the same
 bytes with any ``--workers``: ``tests/test_worker_determinism.py``):
 
-* ``local`` (default): :mod:`fedpcd_app.runtime.engine`. The ServerApp runs in this process on a
-  :class:`~fedpcd_app.runtime.engine.LocalGrid`; the ClientApps run in ``--workers`` worker
+* ``local`` (default): :mod:`fedpcd_app.runtime.grid`. The ServerApp runs in this process on a
+  :class:`~fedpcd_app.runtime.grid.LocalGrid`; the ClientApps run in ``--workers`` worker
   processes (``0`` = in this process; default ``auto``: in this process when the run's
   client training is too small to repay starting workers, else the usable cores —
   :func:`auto_workers`) that keep their model and data for the whole run. GPUs are shared
@@ -94,7 +94,8 @@ def simulate(
 
 # -- local engine --------------------------------------------------------------------------------
 def _simulate_local(overrides, workers: int | None) -> Path:
-    from fedpcd_app.runtime.engine import run_local, usable_cores
+    from fedpcd_app.runtime.grid import run_local
+    from fedpcd_app.runtime.pool import usable_cores
     from fedpcd_app.server.config import load_setup
     from fedpcd_app.server.server_app import make_server_app
 
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
               "continues it)", file=sys.stderr, flush=True)
         return 130
     finally:
-        from fedpcd_app.runtime.engine import stop_forkserver
+        from fedpcd_app.runtime.pool import stop_forkserver
 
         stop_forkserver()
     print(out, flush=True)

@@ -10,7 +10,7 @@ cannot catch is a node that is alive but never answers (a ClientApp stuck in a l
 device swapping to death): with ``round-timeout = 0`` a deployment would wait for it
 forever. So 0 means *auto*:
 
-* on this project's local engine (:class:`fedpcd_app.runtime.engine.LocalGrid`) and in Flower's
+* on this project's local engine (:class:`fedpcd_app.runtime.grid.LocalGrid`) and in Flower's
   simulation (``InMemoryGrid``: ``flwr run`` on a simulation SuperLink, ``run_simulation``)
   no timeout: simulated clients cannot vanish, and a slow simulation round is not a fault;
 * on any other grid (a deployment: Flower's ``HttpGrid``) :data:`DEPLOYMENT_ROUND_TIMEOUT`
@@ -52,7 +52,7 @@ DEPLOYMENT_ROUND_TIMEOUT = 600.0  # seconds; the rule is in the module docstring
 def is_simulation(grid: Grid) -> bool:
     """True for grids whose nodes are simulated: Flower's in-memory simulation grid, and grids
     that declare ``is_simulation = True``: this project's local engine
-    (:class:`fedpcd_app.runtime.engine.LocalGrid`; the server names no runtime class) or a grid
+    (:class:`fedpcd_app.runtime.grid.LocalGrid`; the server names no runtime class) or a grid
     over one of them (:class:`fedpcd_app.server.membership.PartitionRouter`)."""
     if getattr(grid, "is_simulation", False) is True:
         return True

@@ -1,0 +1,88 @@
+"""One message on one node, as a SuperNode handles it: the ClientApp loaded by name, run on
+:data:`CLIENT_THREADS` torch threads, an exception turned into an error reply. The local
+engine's grid (in this process) and its worker processes both deliver through here."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import traceback
+from collections.abc import Iterator, Sequence
+
+from flwr.app import Context, Message
+from flwr.app.error import Error
+from flwr.clientapp import ClientApp
+
+log = logging.getLogger("fedpcd")
+
+CLIENT_APP_RAISED = 2  # flwr.common.constant.ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+
+# Every ClientApp call of the local engine computes on this many torch intra-op threads, in
+# this process and in every worker, whatever their number: a float sum split over two threads
+# is added in another order than over one (MKL's gemm included, even for a batch of 16), so a
+# thread count that followed the worker count (or the machine's cores) moved a run's last
+# digits with ``--workers``. One thread, as each Ray actor with ``client-resources-num-cpus=1``.
+CLIENT_THREADS = 1
+
+
+def load_client_app(ref: str) -> ClientApp:
+    """A ClientApp from ``"module:attribute"`` (as ``[tool.flwr.app.components]`` names it)."""
+    module, _, attr = ref.partition(":")
+    obj = importlib.import_module(module)
+    for part in (attr or "app").split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, ClientApp):
+        raise TypeError(f"{ref} is a {type(obj).__name__}, not a flwr ClientApp")
+    return obj
+
+
+def load_batch(ref: str | None):
+    """The ``batch`` hook from ``"module:function"`` (None: none)."""
+    if not ref:
+        return None
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@contextlib.contextmanager
+def client_threads(n: int = CLIENT_THREADS) -> Iterator[None]:
+    """Torch's intra-op threads of the calling thread set to ``n`` for the block, then
+    restored (OpenMP's and MKL's counts are per thread: each thread that computes for a client
+    sets its own; a no-op where the count is already ``n``, as in a worker)."""
+    import torch
+
+    old = torch.get_num_threads()
+    if old == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def deliver(app: ClientApp, message: Message, context: Context) -> Message:
+    """Run the ClientApp on one message (at :data:`CLIENT_THREADS` torch threads); an exception
+    becomes an error reply (logged)."""
+    try:
+        with client_threads():
+            reply = app(message, context)
+    except Exception as exc:  # noqa: BLE001 - a SuperNode reports a failed ClientApp, the run goes on
+        log.error("ClientApp failed on node %s (%s): %s", message.metadata.dst_node_id,
+                  message.metadata.message_type, traceback.format_exc().rstrip())
+        reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+    return reply
+
+
+def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch=None,
+                 one=deliver) -> list[Message]:
+    """Replies to several (message, node context) pairs: through the ``batch`` hook when one
+    is given (``batch(app, items, one)``: e.g. :func:`client_app.vectorised.deliver_batch`,
+    which trains the clients together; also for a single message: a worker's share of a round
+    may be one, and it must train as the round's other clients do), else one by one
+    (``one(app, message, context)``)."""
+    if batch is not None and items:
+        return list(batch(app, items, one))
+    return [one(app, m, c) for m, c in items]

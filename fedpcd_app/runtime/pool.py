@@ -1,0 +1,242 @@
+"""The local engine's worker processes: a pool that lives for the whole run.
+
+Each worker loads the ClientApp once and keeps its model object and data between messages; a
+node's Context travels with its message to whichever worker is free and comes back with the
+reply (as Flower's Ray backend ships it to an actor). Workers fork from a forkserver that
+imported the ClientApp's modules once; GPUs, when present, are shared round-robin. A worker
+that dies costs the messages it held (their replies come back as None), not the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+from flwr.app import Context, Message
+
+from fedpcd_app.runtime.flower_internals import SERVER_NODE_ID, task_identity
+from fedpcd_app.runtime.node import deliver_many, load_batch, load_client_app
+
+log = logging.getLogger("fedpcd")
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, warmup: str | None,
+                 run_config: dict, run_id: int, batch_ref: str | None = None) -> None:
+    """A worker: load the ClientApp once, then answer (message ids, messages, contexts) until None."""
+    import signal
+    import sys
+
+    import torch
+
+    # A session of its own, as Ray starts its actors: terminal signals (Ctrl-C) reach only the
+    # driver, which stops the workers; and where the kernel groups CPU time by session
+    # (autogroup), the workers get the share Ray's actors get rather than splitting the
+    # driver's. A worker still ends with the driver: its pipe closes.
+    with contextlib.suppress(OSError):
+        os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+    with task_identity(run_id=run_id, node_id=SERVER_NODE_ID + 1 + index):
+        app = load_client_app(app_ref)
+        batch = load_batch(batch_ref)
+        if warmup:
+            module, _, fn = warmup.partition(":")
+            getattr(importlib.import_module(module), fn)(run_config)
+        while True:
+            try:
+                task = conn.recv()
+            except EOFError:  # the driver is gone
+                return
+            if task is None:  # nothing to keep: skip the interpreter's (torch's) slow teardown
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(0)
+            mids, messages, contexts = task
+            replies = deliver_many(app, list(zip(messages, contexts)), batch)
+            conn.send((mids, replies, contexts))
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start a worker without the driver's ``__main__``: a forkserver (or spawn) child runs
+    the main script again before its target unless told of none, so a script calling
+    ``run_local`` without an ``if __name__ == "__main__":`` guard would run itself once
+    per worker. The workers need nothing of it (their target lives in this module)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__spec__ = None
+            main.__dict__.pop("__file__", None)
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+class _Worker:
+    def __init__(self, ctx, index: int, args: tuple) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, index, *args), daemon=True,
+                                   name=f"fedpcd-worker-{index}")
+        with _main_module_hidden():
+            self.process.start()
+        child.close()
+        self.busy: list[str] | None = None  # the message ids it is working on
+
+
+def _start_method(preload: list[str]):
+    """``forkserver``: workers fork from a clean server process that imported the ClientApp's
+    modules once (fork from the driver would hang torch's OpenMP pool once the driver used it,
+    and CUDA cannot survive a fork); ``spawn`` where there is no forkserver."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(preload)  # no effect once this process's forkserver runs
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def stop_forkserver() -> None:
+    """Stop this process's forkserver (what the workers fork from) by its PID, for a command
+    that is about to exit: without it the server outlives the command by its interpreter's
+    teardown (seconds with torch loaded), holding the command's output pipes. A later pool
+    starts a new one. (``multiprocessing.forkserver`` keeps its PID in a private attribute.)"""
+    import signal
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(AttributeError, OSError):
+        server._stop()
+
+
+class WorkerPool:
+    """Worker processes answering tasks; a free worker takes the next pending task.
+
+    ``threads``: each worker's torch threads outside the ClientApp calls (default: the usable
+    cores shared out); ``gpus``: GPUs shared round-robin (default: all visible; none without
+    CUDA). The workers start in a background thread (a forkserver's first fork waits for its
+    imports), so that the driver's own start-up (data for evaluation, node discovery)
+    overlaps theirs; the first task waits for them."""
+
+    def __init__(self, app_ref: str, workers: int, *, threads: int | None = None, gpus: int | None = None,
+                 warmup: str | None, run_config: dict, run_id: int, preload: list[str],
+                 batch: str | None = None) -> None:
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        threads = threads or max(1, usable_cores() // workers)
+        modules = ["torch", app_ref.partition(":")[0], *([warmup.partition(":")[0]] if warmup else []), *preload]
+        ctx = _start_method(list(dict.fromkeys(modules)))
+        self.workers: list[_Worker] = []
+        self.pending: list[tuple[list[str], list[Message], list[Context]]] = []  # one task: one or more messages
+        self.done: dict[str, tuple[Message | None, Context | None]] = {}  # message id -> (reply, context)
+        self._error: BaseException | None = None
+
+        def start() -> None:
+            try:
+                for i in range(workers):
+                    self.workers.append(_Worker(ctx, i, (app_ref, threads, (i % gpus) if gpus else None, warmup,
+                                                         dict(run_config), run_id, batch)))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver's thread
+                self._error = exc
+
+        self._starter = threading.Thread(target=start, name="fedpcd-worker-start", daemon=True)
+        self._starter.start()
+
+    def _ready(self) -> None:
+        self._starter.join()
+        if self._error is not None:
+            raise RuntimeError(f"the local engine's worker processes did not start: {self._error}") from self._error
+
+    @property
+    def pids(self) -> list[int]:
+        self._ready()
+        return [w.process.pid for w in self.workers]
+
+    def submit(self, mid: str, message: Message, context: Context) -> None:
+        self.submit_many([mid], [message], [context])
+
+    def submit_many(self, mids: list[str], messages: list[Message], contexts: list[Context]) -> None:
+        """One task of several messages: one worker answers them all (trained together)."""
+        self.pending.append((list(mids), list(messages), list(contexts)))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        self._ready()
+        for w in self.workers:
+            if not self.pending:
+                return
+            if w.busy is None and w.process.is_alive():
+                task = self.pending.pop(0)
+                try:
+                    w.conn.send(task)
+                except OSError:  # it has just died: the task goes to another worker
+                    self.pending.insert(0, task)
+                    continue
+                w.busy = task[0]  # the task's message ids
+
+    def wait(self, timeout: float | None) -> None:
+        """Collect the results that arrive within ``timeout`` s, then hand out pending tasks."""
+        from multiprocessing.connection import wait
+
+        if not any(w.process.is_alive() for w in self.workers):
+            raise RuntimeError("every local-engine worker process has died (see the log above); "
+                               "rerun with --workers 0 to run the ClientApps in this process")
+        busy = [w for w in self.workers if w.busy is not None]
+        ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout) if busy else []
+        for w in busy:
+            if w.conn not in ready and w.process.sentinel not in ready:
+                continue
+            try:
+                mids, replies, contexts = w.conn.recv()
+            except (EOFError, OSError):  # it died (its pipe closed) before replying
+                w.process.join(1.0)
+                log.error("local engine: worker %d (pid %d) died with exit code %s",
+                          self.workers.index(w), w.process.pid, w.process.exitcode)
+                mids = w.busy  # the grid turns them into error replies
+                replies, contexts = [None] * len(mids), [None] * len(mids)
+            for mid, reply, context in zip(mids, replies, contexts):
+                self.done[mid] = (reply, context)
+            w.busy = None
+        self._dispatch()
+
+    def close(self) -> None:
+        """Stop the workers: ask, then SIGTERM, then SIGKILL, each by its PID."""
+        self._starter.join()
+        for w in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                w.conn.send(None)
+        deadline = time.monotonic() + 5.0
+        for w in self.workers:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.process.is_alive():
+                w.process.terminate()
+                w.process.join(2.0)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+            w.conn.close()
