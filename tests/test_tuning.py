@@ -144,7 +144,7 @@ def test_the_sweep_command_runs_the_extension_passes(tmp_path, monkeypatch):
         return []
 
     monkeypatch.setattr(sweep_mod, "run_sweep", fake_run_sweep)
-    monkeypatch.setattr(sweep_mod, "_report_and_figures", lambda out: None)
+    monkeypatch.setattr(sweep_mod, "report_and_figures", lambda out: None)
     assert sweep_mod.main([str(tmp_path / "s.toml"), "--out", str(tmp_path / "out")]) == 0
     # 0.03 best (edge) -> 0.09; 0.09 best (edge) -> 0.27; then 0.09 is interior
     assert passes == [2, 1, 1]

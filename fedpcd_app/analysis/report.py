@@ -692,6 +692,18 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False, budg
     """The tables; ``every_row`` (every grid point, default ``rows``) sizes the budget line."""
     marks = _best_marks(rows)
     every_row = rows if every_row is None else every_row
+    lines = _preamble(rows, title, all_points)
+    for setting in dict.fromkeys(r.setting for r in rows):
+        group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
+        lines += ["", f"## {setting}", ""]
+        lines += [scored_line([r for _, r in group]), "",
+                  budget_line([r for r in every_row if r.setting == setting], budget), ""]
+        lines += _setting_table(group, marks, all_points)
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(rows: list[Row], title: str, all_points: bool) -> list[str]:
+    """The title, what a cell holds and how a grid point is chosen; a warning when chosen on the test split."""
     lines = [f"# {title}" if title else "# Results", ""]
     splits = sorted({r.selected_on for r in rows} - {""})
     on = f" on the {' or '.join(splits)} split" if splits else ""
@@ -706,55 +718,66 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False, budg
         lines.append("")
         lines.append("**Warning:** hyperparameters selected on the test split they are reported on (no "
                      "validation split: val-fraction = 0), which inflates the best numbers.")
-    for setting in dict.fromkeys(r.setting for r in rows):
-        group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
-        target = group[0][1].target
-        lines += ["", f"## {setting}", ""]
-        lines += [scored_line([r for _, r in group]), "",
-                  budget_line([r for r in every_row if r.setting == setting], budget), ""]
-        mixed = len({r.iterate for _, r in group}) > 1
-        rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
-        head = (["method", "weighting", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
-                + [t for _, t, _, _ in METRICS] + [rounds_title])
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "|".join(["---"] * (5 if mixed else 4) + ["---:"] * (len(METRICS) + 1)) + "|")
-        notes = []
-        for i, r in group:
-            n = len(r.seeds)
-            hyper = (r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
-                     + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else ""))
-            cells = [r.method, r.weighting, hyper, str(n)] + ([r.iterate] if mixed else [])
-            if r.incomplete:  # never a score: what happened, and why under the table
-                cells += [f"{r.status} ({len(r.incomplete)}/{n} seeds)"] + ["—"] * len(METRICS)
-                lines.append("| " + " | ".join(cells) + " |")
-                notes += [f"{r.method} [{r.variant}] seed {seed}: {why}" for seed, why in r.incomplete]
-                continue
-            for key, _, _, percent in METRICS:
-                text = format_cell(*r.stats[key], percent, n)
-                cells.append(f"**{text}**" if marks[(i, key)] and text != "—" else text)
-            if r.rounds is None or r.rounds[2] == 0:
-                text = "—" if r.rounds is None else f"not reached (0/{n})"
-            else:
-                text = f"{r.rounds[0]:.1f}" if r.rounds[2] == 1 else f"{r.rounds[0]:.1f} ± {r.rounds[1]:.1f}"
-                if r.rounds[2] < n:
-                    text += f" ({r.rounds[2]}/{n} seeds)"
-                elif marks[(i, "rounds")]:
-                    text = f"**{text}**"
-            cells.append(text)
-            lines.append("| " + " | ".join(cells) + " |")
-        if notes:
-            lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
-            lines += [f"- {note}" for note in notes]
-        edges = [r for _, r in group if r.chosen and r.on_edge]
-        if edges:
-            lines += ["", "⚠ edge — selections on the edge of the grid tried (the optimum may lie beyond it; no "
-                          "best value is marked for them and none is claimed): "
-                      + "; ".join(f"{r.method}: {', '.join(r.edge)}" for r in edges) + "."]
-        weightings = sorted({r.weighting for _, r in group})
-        if len(weightings) > 1:
-            lines += ["", "Weighting: the rows weight their clients differently (" + ", ".join(weightings)
-                      + "); compare a rule with the FedAvg of its own weighting."]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _setting_table(group: list[tuple[int, Row]], marks: dict, all_points: bool) -> list[str]:
+    """One setting's table (``group``: its rows with their indices in ``marks``), then its notes."""
+    target = group[0][1].target
+    mixed = len({r.iterate for _, r in group}) > 1
+    rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
+    head = (["method", "weighting", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
+            + [t for _, t, _, _ in METRICS] + [rounds_title])
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join(["---"] * (5 if mixed else 4) + ["---:"] * (len(METRICS) + 1)) + "|"]
+    notes = []
+    for i, r in group:
+        hyper = (r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
+                 + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else ""))
+        cells = [r.method, r.weighting, hyper, str(len(r.seeds))] + ([r.iterate] if mixed else [])
+        if r.incomplete:  # never a score: what happened, and why under the table
+            cells += [f"{r.status} ({len(r.incomplete)}/{len(r.seeds)} seeds)"] + ["—"] * len(METRICS)
+            notes += [f"{r.method} [{r.variant}] seed {seed}: {why}" for seed, why in r.incomplete]
+        else:
+            cells += _score_cells(i, r, marks)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + _table_notes([r for _, r in group], notes)
+
+
+def _score_cells(i: int, r: Row, marks: dict) -> list[str]:
+    """A scored row's metric cells and its rounds-to-target cell, the best of each column in bold."""
+    n = len(r.seeds)
+    cells = []
+    for key, _, _, percent in METRICS:
+        text = format_cell(*r.stats[key], percent, n)
+        cells.append(f"**{text}**" if marks[(i, key)] and text != "—" else text)
+    if r.rounds is None or r.rounds[2] == 0:
+        text = "—" if r.rounds is None else f"not reached (0/{n})"
+    else:
+        text = f"{r.rounds[0]:.1f}" if r.rounds[2] == 1 else f"{r.rounds[0]:.1f} ± {r.rounds[1]:.1f}"
+        if r.rounds[2] < n:
+            text += f" ({r.rounds[2]}/{n} seeds)"
+        elif marks[(i, "rounds")]:
+            text = f"**{text}**"
+    return cells + [text]
+
+
+def _table_notes(rows: list[Row], notes: list[str]) -> list[str]:
+    """Under a table: runs that gave no score, selections on a grid's edge, mixed weightings."""
+    lines = []
+    if notes:
+        lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
+        lines += [f"- {note}" for note in notes]
+    edges = [r for r in rows if r.chosen and r.on_edge]
+    if edges:
+        lines += ["", "⚠ edge — selections on the edge of the grid tried (the optimum may lie beyond it; no "
+                      "best value is marked for them and none is claimed): "
+                  + "; ".join(f"{r.method}: {', '.join(r.edge)}" for r in edges) + "."]
+    weightings = sorted({r.weighting for r in rows})
+    if len(weightings) > 1:
+        lines += ["", "Weighting: the rows weight their clients differently (" + ", ".join(weightings)
+                  + "); compare a rule with the FedAvg of its own weighting."]
+    return lines
 
 
 def scored_line(rows: list[Row]) -> str:

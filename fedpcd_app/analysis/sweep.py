@@ -111,7 +111,7 @@ class RunSpec:
         return ",".join(f"{k}={_fmt(v)}" for k, v in self.grid) or NO_GRID
 
     def folder(self, out: Path) -> Path:
-        return out / _safe(self.setting) / _safe(self.method) / _safe(self.variant) / f"seed{self.seed}"
+        return out / safe(self.setting) / safe(self.method) / safe(self.variant) / f"seed{self.seed}"
 
     def labels(self) -> dict[str, Any]:
         return {"setting": self.setting, "method": self.method, "variant": self.variant,
@@ -120,9 +120,6 @@ class RunSpec:
 
 def _fmt(value: Scalar) -> str:
     return repr(value) if isinstance(value, float) else str(value)
-
-
-_safe = safe  # a folder name from a label (fedpcd_app.analysis.layout.safe)
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -420,63 +417,26 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int | None = 1, progress: bool = Tr
     process per run."""
     from tqdm import tqdm
 
-    from fedpcd_app.analysis.runner import RunFailed, RunProcess
+    from fedpcd_app.analysis.runner import RunProcess
     from fedpcd_app.runtime import placement
 
     table = placement.slots(placement.visible_gpus(), jobs, gpus_per_run)
     pending = prepare(sweep, out)
-    failures: list[tuple[RunSpec, str]] = []
     bar = tqdm(total=len(sweep.runs), initial=len(sweep.runs) - len(pending), unit="run",
                desc=sweep.name, disable=not progress, dynamic_ncols=True)
     engine = {**(engine or {})}
     if engine.get("workers") is None:
         engine["workers"] = default_workers(len(table))
     procs = [RunProcess(placement.child_env(slot), slot, reuse=reuse) for slot in table[:max(1, len(pending))]]
-    # Runs of one setting and seed share their data (the run processes cache one data setting):
-    # handed out together, most runs find their data already loaded. The order changes no result.
-    order = {name: i for i, name in enumerate(dict.fromkeys(r.setting for r in sweep.runs))}
-    todo = sorted(pending, key=lambda r: (order[r.setting], r.seed))
-    lock, stop = threading.Lock(), threading.Event()
-    results: queue.Queue[tuple[RunSpec, str | None]] = queue.Queue()
-
-    def serve(proc: RunProcess) -> None:  # one thread per run process: hand it the next run
-        try:
-            while not stop.is_set():
-                with lock:
-                    if not todo:
-                        return
-                    run = todo.pop(0)
-                folder = run.folder(out)
-                write_json_atomic(folder / RUN_FILE, {**run.labels(), "gpus": list(proc.gpus)})
-                try:
-                    proc.run(run.overrides, folder, engine)
-                    results.put((run, None))
-                except RunFailed as exc:
-                    results.put((run, str(exc)))
-                except Exception as exc:  # noqa: BLE001 - one failed run must not stop the sweep
-                    results.put((run, f"{type(exc).__name__}: {exc}".splitlines()[0]))
-        finally:
-            proc.close()
-
-    threads = [threading.Thread(target=serve, args=(p,), name=f"sweep-slot-{i}", daemon=True)
+    dispatch = _Dispatch(_in_data_order(sweep, pending), out, engine)
+    threads = [threading.Thread(target=dispatch.serve, args=(p,), name=f"sweep-slot-{i}", daemon=True)
                for i, p in enumerate(procs)]
     try:
         for t in threads:
             t.start()
-        for _ in pending:
-            while True:
-                try:
-                    run, failed = results.get(timeout=0.5)
-                    break
-                except queue.Empty:
-                    continue
-            if failed is not None:
-                failures.append((run, failed))
-                bar.write(f"FAILED {run.folder(out)}: {failed} (log: {run.folder(out) / LOG_FILE})")
-            bar.set_postfix_str(f"{run.method} {run.variant} seed{run.seed}", refresh=False)
-            bar.update(1)
+        return _collect(dispatch, len(pending), bar, out)
     except BaseException:  # Ctrl-C: no new runs; the run processes are stopped by their PIDs
-        stop.set()
+        dispatch.stop.set()
         for p in procs:
             p.kill()
         raise
@@ -484,10 +444,77 @@ def run_sweep(sweep: Sweep, out: Path, jobs: int | None = 1, progress: bool = Tr
         for t in threads:
             t.join(60.0)
         bar.close()
+
+
+def _in_data_order(sweep: Sweep, pending: list[RunSpec]) -> list[RunSpec]:
+    """Runs of one setting and seed side by side: they share their data (the run processes cache
+    one data setting), so handed out together most runs find it already loaded. The order
+    changes no result."""
+    order = {name: i for i, name in enumerate(dict.fromkeys(r.setting for r in sweep.runs))}
+    return sorted(pending, key=lambda r: (order[r.setting], r.seed))
+
+
+class _Dispatch:
+    """The pending runs handed to the run processes, one thread per process (:meth:`serve`);
+    each run's outcome (``None`` or the reason it failed) goes to :attr:`results`."""
+
+    def __init__(self, todo: list[RunSpec], out: Path, engine: Mapping[str, Any]) -> None:
+        self.todo, self.out, self.engine = todo, out, engine
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.results: queue.Queue[tuple[RunSpec, str | None]] = queue.Queue()
+
+    def _next(self) -> RunSpec | None:
+        with self.lock:
+            return self.todo.pop(0) if self.todo else None
+
+    def serve(self, proc) -> None:
+        """Hand ``proc`` the next run until none is left or the sweep stops; then close it."""
+        try:
+            while not self.stop.is_set():
+                run = self._next()
+                if run is None:
+                    return
+                self.results.put((run, self._run(proc, run)))
+        finally:
+            proc.close()
+
+    def _run(self, proc, run: RunSpec) -> str | None:
+        """One run in ``proc``: None, or why it failed (one line)."""
+        from fedpcd_app.analysis.runner import RunFailed
+
+        folder = run.folder(self.out)
+        write_json_atomic(folder / RUN_FILE, {**run.labels(), "gpus": list(proc.gpus)})
+        try:
+            proc.run(run.overrides, folder, self.engine)
+        except RunFailed as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - one failed run must not stop the sweep
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return None
+
+    def next_result(self) -> tuple[RunSpec, str | None]:
+        """The next finished run (waiting in short steps, so that Ctrl-C is seen at once)."""
+        while True:
+            try:
+                return self.results.get(timeout=0.5)
+            except queue.Empty:
+                continue
+
+
+def _collect(dispatch: _Dispatch, count: int, bar, out: Path) -> list[tuple[RunSpec, str]]:
+    """Wait for ``count`` runs, ticking the progress bar; the failures ``(run, reason)``."""
+    failures: list[tuple[RunSpec, str]] = []
+    for _ in range(count):
+        run, failed = dispatch.next_result()
+        if failed is not None:
+            failures.append((run, failed))
+            bar.write(f"FAILED {run.folder(out)}: {failed} (log: {run.folder(out) / LOG_FILE})")
+        bar.set_postfix_str(f"{run.method} {run.variant} seed{run.seed}", refresh=False)
+        bar.update(1)
     return failures
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep file (TOML), e.g. run_configs/sweeps/fedpcd_ablation_digits.toml")
     parser.add_argument("--jobs", type=int, default=None,
@@ -513,39 +540,56 @@ def main(argv: list[str] | None = None) -> int:
                         help="run each run as a Ray task on this Ray cluster (head host:port; auto: the one "
                              "`ray start` made here; local: a private Ray), --num-cpus/--num-gpus per run "
                              "(fedpcd_app/analysis/ray_sweep.py)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _argument_error(args: argparse.Namespace) -> str | None:
     if args.jobs is not None and args.jobs < 1:
-        print("error: --jobs must be >= 1", file=sys.stderr)
-        return 2
+        return "--jobs must be >= 1"
     if args.workers is not None and args.workers < 0:
-        print(f"error: --workers {args.workers}: give 0 (in each run's process) or more", file=sys.stderr)
-        return 2
+        return f"--workers {args.workers}: give 0 (in each run's process) or more"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What the command runs, every check passed: the sweep, its folder and its run processes' GPUs."""
+
+    sweep: Sweep
+    out: Path
+    table: list[tuple[str, ...]]  # each run process's GPUs
+    gpus_per_run: float | None
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """The sweep loaded, cut down and validated, its folder checked, a ``--ray`` address checked:
+    every refusal (:class:`SweepError`, :class:`RaySweepError`, ``PlacementError``) before anything runs."""
     from fedpcd_app.runtime import placement
 
-    try:
-        gpus_per_run = placement.parse_gpus_per_run(args.gpus_per_run)
-        table = placement.slots(placement.visible_gpus(), args.jobs, gpus_per_run)
-        sweep = load_sweep(args.sweep, sets=args.sets, seeds=args.seeds, only=args.only)
-        validate(sweep)
-        out = Path(args.out or Path("outputs") / "sweeps" / _safe(sweep.name)).resolve()
-        check_finished(sweep, out)
-        if args.ray:  # a bad or dead address, or --engine ray: one line before anything starts
-            from fedpcd_app.analysis.ray_sweep import check_ray
+    gpus_per_run = placement.parse_gpus_per_run(args.gpus_per_run)
+    table = placement.slots(placement.visible_gpus(), args.jobs, gpus_per_run)
+    sweep = load_sweep(args.sweep, sets=args.sets, seeds=args.seeds, only=args.only)
+    validate(sweep)
+    out = Path(args.out or Path("outputs") / "sweeps" / safe(sweep.name)).resolve()
+    check_finished(sweep, out)
+    if args.ray:  # a bad or dead address, or --engine ray: one line before anything starts
+        from fedpcd_app.analysis.ray_sweep import check_ray
 
-            args.ray = check_ray(args.ray, args.engine)
-    except (SweepError, RaySweepError, placement.PlacementError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    done = sum(is_done(r.folder(out)) for r in sweep.runs)
-    print(f"{sweep.name}: {len(sweep.runs)} runs ({done} already done) -> {out}")
-    if args.dry_run:
-        for r in sweep.runs:
-            state = "done" if is_done(r.folder(out)) else "todo"
-            print(f"  [{state}] {r.folder(out).relative_to(out)}  {json.dumps(r.overrides, sort_keys=True)}")
-        return 0
-    if any(table):
-        print(f"{len(table)} run process(es) on GPUs " + " ".join(",".join(slot) for slot in table))
-    t0 = time.time()
+        args.ray = check_ray(args.ray, args.engine)
+    return _Plan(sweep, out, table, gpus_per_run)
+
+
+def _print_runs(sweep: Sweep, out: Path) -> None:
+    """--dry-run: each run's folder, done or to do, and its overrides."""
+    for r in sweep.runs:
+        state = "done" if is_done(r.folder(out)) else "todo"
+        print(f"  [{state}] {r.folder(out).relative_to(out)}  {json.dumps(r.overrides, sort_keys=True)}")
+
+
+def _run_passes(args: argparse.Namespace, plan: _Plan) -> list[tuple[RunSpec, str]]:
+    """The sweep's runs (locally or as Ray tasks), then ``[tuning]``'s edge extensions if
+    every run finished; the failures."""
+    sweep, out = plan.sweep, plan.out
     engine = {"engine": args.engine, "workers": args.workers, "num_cpus": args.num_cpus, "num_gpus": args.num_gpus}
 
     def run_pass() -> list[tuple[RunSpec, str]]:  # --ray: each run as a Ray task (analysis/ray_sweep.py)
@@ -553,15 +597,40 @@ def main(argv: list[str] | None = None) -> int:
             from fedpcd_app.analysis.ray_sweep import run_sweep_ray
 
             return run_sweep_ray(sweep.name, len(sweep.runs), prepare(sweep, out), out, args.ray, engine=engine)
-        return run_sweep(sweep, out, jobs=len(table), gpus_per_run=gpus_per_run, reuse=not args.fresh_processes,
-                         engine=engine)
+        return run_sweep(sweep, out, jobs=len(plan.table), gpus_per_run=plan.gpus_per_run,
+                         reuse=not args.fresh_processes, engine=engine)
 
+    failures = run_pass()
+    if not failures:  # [tuning] extend-edges: grid points beyond a selection on an edge, same sweep
+        from fedpcd_app.analysis.tuning import extend_edges
+
+        failures = extend_edges(sweep, out, run_pass)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fedpcd_app.runtime.placement import PlacementError
+
+    args = _parser().parse_args(argv)
+    if (error := _argument_error(args)) is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
-        failures = run_pass()
-        if not failures:  # [tuning] extend-edges: grid points beyond a selection on an edge, same sweep
-            from fedpcd_app.analysis.tuning import extend_edges
-
-            failures = extend_edges(sweep, out, run_pass)
+        plan = _plan(args)
+    except (SweepError, RaySweepError, PlacementError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sweep, out = plan.sweep, plan.out
+    done = sum(is_done(r.folder(out)) for r in sweep.runs)
+    print(f"{sweep.name}: {len(sweep.runs)} runs ({done} already done) -> {out}")
+    if args.dry_run:
+        _print_runs(sweep, out)
+        return 0
+    if any(plan.table):
+        print(f"{len(plan.table)} run process(es) on GPUs " + " ".join(",".join(slot) for slot in plan.table))
+    t0 = time.time()
+    try:
+        failures = _run_passes(args, plan)
     except KeyboardInterrupt:  # the run processes are stopped; finished runs are kept
         print(f"interrupted: rerun the command to finish the remaining runs -> {out}", file=sys.stderr, flush=True)
         return 130
@@ -569,11 +638,11 @@ def main(argv: list[str] | None = None) -> int:
     for run, reason in failures:
         print(f"  failed: {run.folder(out).relative_to(out)}: {reason}", file=sys.stderr)
     if len(failures) < len(sweep.runs):
-        _report_and_figures(out)
+        report_and_figures(out)
     return 1 if failures else 0
 
 
-def _report_and_figures(out: Path) -> None:
+def report_and_figures(out: Path) -> None:
     """The sweep's report.md and figures (its runs draw none of their own): ``python -m
     fedpcd_app.report <out>`` and ``python -m fedpcd_app.figures <out>``."""
     for module in ("fedpcd_app.report", "fedpcd_app.figures"):  # the commands a user reruns
