@@ -7,6 +7,7 @@ arrays (:func:`_load_arrays` picks it: a ``dataset-path`` folder in LEAF's layou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -122,61 +123,93 @@ def _build_natural(cfg: RunConfig) -> FederatedData:
     other partitioners have it."""
     users = _own_split_users(cfg)
     source = f"dataset-path {cfg.dataset_path}" if cfg.dataset_path else f"dataset '{cfg.dataset}'"
-    if users is not None:
-        _check_user_count(len(users.x_train), cfg, source)
-        xs, ys, train_idx, test_idx, start = [], [], [], [], 0
-        for pid, (xtr, ytr, xte, yte) in enumerate(zip(users.x_train, users.y_train, users.x_test, users.y_test)):
-            if len(ytr) < 1 or len(yte) < 1:
-                raise DataError(f"{source}: user {users.names[pid]!r} has {len(ytr)} training and {len(yte)} test "
-                                "example(s): every user needs at least one of each; drop that user from the data")
-            xs += [xtr, xte]
-            ys += [ytr, yte]
-            train_idx.append(np.arange(start, start + len(ytr), dtype=np.int64))
-            start += len(ytr)
-            test_idx.append(np.arange(start, start + len(yte), dtype=np.int64))
-            start += len(yte)
-        x_pool, y_pool = np.concatenate(xs), np.concatenate(ys).astype(np.int64)
-        central_is_tests = True
-        central = np.concatenate(test_idx)
-        x_central, y_central = x_pool[central], y_pool[central]
-        standardise, num_classes = users.standardise, users.num_classes
-    else:
-        x_pool, y_pool, writers, x_central, y_central = _pools(cfg)
-        if writers is None:
-            raise DataError(f"partitioner='natural' needs user ids: {source} has no '{WRITER_COLUMN}' column "
-                            "(use dataset='synthetic', dataset='femnist', a LEAF folder or parquet files with one)")
-        groups = _groups(writers)
-        _check_user_count(len(groups), cfg, source)
-        train_idx, test_idx = [], []
-        for pid, idx in enumerate(groups.values()):
-            tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
-            train_idx.append(tr)
-            test_idx.append(te)
-        central_is_tests = len(y_central) == 0
-        if central_is_tests:  # merged pools: the central test set is every local test split
-            central = np.concatenate(test_idx)
-            x_central, y_central = x_pool[central], y_pool[central]
-        standardise, num_classes = True, 0
-    val_idx = []
-    resplit = cfg.user_resplit
-    for pid, (tr, te) in enumerate(zip(train_idx, test_idx)):
-        if resplit:  # each user's examples pooled and cut 80/10/10 (validation included: val-fraction is 0)
-            tr, va, test_idx[pid] = resplit_user(np.concatenate([tr, te]), cfg.seed, pid)
-        else:
-            tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
-        train_idx[pid] = tr
-        val_idx.append(va)
-    if resplit and central_is_tests:  # the central test set stays the union of the (new) test splits
-        central = np.concatenate(test_idx)
-        x_central, y_central = x_pool[central], y_pool[central]
-    if not num_classes:
-        num_classes = int(max(y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
-    x, xc, fill = _tensors(x_pool, x_central, standardise)
+    nat = _from_own_splits(users, cfg, source) if users is not None else _from_writers(cfg, source)
+    val_idx = _validation_splits(nat, cfg)
+    num_classes = nat.num_classes or int(max(nat.y_pool.max(), nat.y_central.max() if len(nat.y_central) else 0) + 1)
+    x, xc, fill = _tensors(nat.x_pool, nat.x_central, nat.standardise)
     return FederatedData(
-        x=x, y=torch.from_numpy(y_pool.astype(np.int64)), train_idx=train_idx, test_idx=test_idx,
-        x_central=xc, y_central=torch.from_numpy(np.asarray(y_central, dtype=np.int64)),
+        x=x, y=torch.from_numpy(nat.y_pool.astype(np.int64)), train_idx=nat.train_idx, test_idx=nat.test_idx,
+        x_central=xc, y_central=torch.from_numpy(np.asarray(nat.y_central, dtype=np.int64)),
         num_classes=num_classes, val_idx=val_idx, fill=fill,
     )
+
+
+@dataclass
+class _Users:
+    """One client per user, before the validation splits: the pool, each user's train and test
+    indices into it, the central test set (``central_is_tests``: the union of the users' test
+    splits), whether images are standardised and the class count (0: from the labels)."""
+
+    x_pool: np.ndarray
+    y_pool: np.ndarray
+    train_idx: list[np.ndarray]
+    test_idx: list[np.ndarray]
+    x_central: np.ndarray
+    y_central: np.ndarray
+    central_is_tests: bool
+    standardise: bool
+    num_classes: int
+
+    def central_from_tests(self) -> None:
+        central = np.concatenate(self.test_idx)
+        self.x_central, self.y_central = self.x_pool[central], self.y_pool[central]
+
+
+def _from_own_splits(users: UserSplits, cfg: RunConfig, source: str) -> _Users:
+    """The users' own train and test examples, one after the other in one pool."""
+    _check_user_count(len(users.x_train), cfg, source)
+    xs, ys, train_idx, test_idx, start = [], [], [], [], 0
+    for pid, (xtr, ytr, xte, yte) in enumerate(zip(users.x_train, users.y_train, users.x_test, users.y_test)):
+        if len(ytr) < 1 or len(yte) < 1:
+            raise DataError(f"{source}: user {users.names[pid]!r} has {len(ytr)} training and {len(yte)} test "
+                            "example(s): every user needs at least one of each; drop that user from the data")
+        xs += [xtr, xte]
+        ys += [ytr, yte]
+        train_idx.append(np.arange(start, start + len(ytr), dtype=np.int64))
+        start += len(ytr)
+        test_idx.append(np.arange(start, start + len(yte), dtype=np.int64))
+        start += len(yte)
+    x_pool, y_pool = np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+    nat = _Users(x_pool, y_pool, train_idx, test_idx, x_pool[:0], y_pool[:0], True, users.standardise,
+                 users.num_classes)
+    nat.central_from_tests()
+    return nat
+
+
+def _from_writers(cfg: RunConfig, source: str) -> _Users:
+    """Each writer's examples of the pools split as a partition's (``local-test-fraction``)."""
+    x_pool, y_pool, writers, x_central, y_central = _pools(cfg)
+    if writers is None:
+        raise DataError(f"partitioner='natural' needs user ids: {source} has no '{WRITER_COLUMN}' column "
+                        "(use dataset='synthetic', dataset='femnist', a LEAF folder or parquet files with one)")
+    groups = _groups(writers)
+    _check_user_count(len(groups), cfg, source)
+    train_idx, test_idx = [], []
+    for pid, idx in enumerate(groups.values()):
+        tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
+        train_idx.append(tr)
+        test_idx.append(te)
+    nat = _Users(x_pool, y_pool, train_idx, test_idx, x_central, y_central, len(y_central) == 0, True, 0)
+    if nat.central_is_tests:  # merged pools: the central test set is every local test split
+        nat.central_from_tests()
+    return nat
+
+
+def _validation_splits(nat: _Users, cfg: RunConfig) -> list[np.ndarray]:
+    """Each user's validation indices, cut from its train split (``user-resplit``: its examples
+    pooled and cut 80/10/10 anew, the central test set following the new test splits)."""
+    val_idx = []
+    resplit = cfg.user_resplit
+    for pid, (tr, te) in enumerate(zip(nat.train_idx, nat.test_idx)):
+        if resplit:  # validation included: val-fraction is 0
+            tr, va, nat.test_idx[pid] = resplit_user(np.concatenate([tr, te]), cfg.seed, pid)
+        else:
+            tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
+        nat.train_idx[pid] = tr
+        val_idx.append(va)
+    if resplit and nat.central_is_tests:  # the central test set stays the union of the (new) test splits
+        nat.central_from_tests()
+    return val_idx
 
 
 def _pools(cfg: RunConfig):

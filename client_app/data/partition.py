@@ -27,12 +27,13 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
     if cfg.partitioner == "dirichlet-balanced":
         return balanced_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size,
                                   numpy_rng(cfg.seed, "partition-balanced"))
+    return _flwr_partition(labels, cfg)
+
+
+def _flwr_partition(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
+    """flwr-datasets' ``iid``, ``dirichlet`` or ``pathological`` partition of the pool; every
+    client at least two examples (a local train and test split)."""
     from datasets import Dataset
-    from flwr_datasets.partitioner import (
-        DirichletPartitioner,
-        IidPartitioner,
-        PathologicalPartitioner,
-    )
 
     n = cfg.num_clients
     if 2 * n > len(labels):
@@ -52,21 +53,7 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
     attempts = 20 if cfg.partitioner == "dirichlet" else 1
     for attempt in range(attempts):
         extra = (attempt,) if attempt else ()
-        pseed = derive_seed(cfg.seed, "partition", *extra) % (2**32)
-        if cfg.partitioner == "iid":
-            part = IidPartitioner(num_partitions=n)
-        elif cfg.partitioner == "dirichlet":
-            part = DirichletPartitioner(
-                num_partitions=n, partition_by="label", alpha=cfg.dirichlet_alpha,
-                min_partition_size=cfg.min_partition_size, self_balancing=False, seed=pseed,
-            )
-        else:
-            part = PathologicalPartitioner(
-                num_partitions=n, partition_by="label",
-                num_classes_per_partition=cfg.classes_per_client,
-                # first class of client i is i mod C (every class used when N >= C), rest random
-                class_assignment_mode="first-deterministic", seed=pseed,
-            )
+        part = _flwr_partitioner(cfg, derive_seed(cfg.seed, "partition", *extra) % (2**32))
         part.dataset = pool
         try:
             parts = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
@@ -89,6 +76,52 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
     return parts
 
 
+def _flwr_partitioner(cfg: RunConfig, seed: int):
+    """The flwr-datasets partitioner ``cfg.partitioner`` names, drawing from ``seed``."""
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
+
+    n = cfg.num_clients
+    if cfg.partitioner == "iid":
+        return IidPartitioner(num_partitions=n)
+    if cfg.partitioner == "dirichlet":
+        return DirichletPartitioner(
+            num_partitions=n, partition_by="label", alpha=cfg.dirichlet_alpha,
+            min_partition_size=cfg.min_partition_size, self_balancing=False, seed=seed,
+        )
+    return PathologicalPartitioner(
+        num_partitions=n, partition_by="label",
+        num_classes_per_partition=cfg.classes_per_client,
+        # first class of client i is i mod C (every class used when N >= C), rest random
+        class_assignment_mode="first-deterministic", seed=seed,
+    )
+
+
+def _label_skew(labels: np.ndarray, classes, n: int, alpha: float, rng: np.random.Generator, attempts: int,
+                enough: int, cap: float | None = None) -> list[list[int]]:
+    """The CRAFT authors' Dirichlet label skew: each class of ``classes`` in turn, its examples
+    shuffled and cut by Dirichlet(α) shares over the ``n`` clients (with ``cap``: only clients
+    still below ``cap`` examples get a share, renormalised); the whole draw repeated (at most
+    ``attempts`` times) until its smallest client holds ``enough``. Returns the draw whose
+    smallest client is largest."""
+    best: list[list[int]] | None = None
+    for _ in range(attempts):
+        parts: list[list[int]] = [[] for _ in range(n)]
+        for k in classes:
+            members = rng.permutation(np.flatnonzero(labels == k))
+            share = rng.dirichlet(np.full(n, alpha))
+            if cap is not None:
+                share = share * np.array([len(p) < cap for p in parts])
+                share = share / share.sum() if share.sum() > 0 else np.full(n, 1.0 / n)
+            cuts = (np.cumsum(share) * len(members)).astype(int)[:-1]
+            for p, chunk in zip(parts, np.split(members, cuts)):
+                p.extend(chunk.tolist())
+        if best is None or min(map(len, parts)) > min(map(len, best)):
+            best = parts
+        if min(map(len, best)) >= enough:
+            break
+    return best
+
+
 def balanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, rng: np.random.Generator,
                        attempts: int = 200) -> list[np.ndarray]:
     """The CRAFT authors' balanced Dirichlet partition (see the module docstring): label skew
@@ -104,22 +137,7 @@ def balanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, 
         )
     classes = np.unique(labels)
     want = min(len(classes), target)  # the authors first retry for one example per class per client
-    best: list[list[int]] | None = None
-    for _ in range(attempts):
-        parts: list[list[int]] = [[] for _ in range(n)]
-        for k in classes:
-            members = rng.permutation(np.flatnonzero(labels == k))
-            share = rng.dirichlet(np.full(n, alpha))
-            share = share * np.array([len(p) < total / n for p in parts])
-            share = share / share.sum() if share.sum() > 0 else np.full(n, 1.0 / n)
-            cuts = (np.cumsum(share) * len(members)).astype(int)[:-1]
-            for p, chunk in zip(parts, np.split(members, cuts)):
-                p.extend(chunk.tolist())
-        if best is None or min(map(len, parts)) > min(map(len, best)):
-            best = parts
-        if min(map(len, best)) >= want:
-            break
-    parts = best
+    parts = _label_skew(labels, classes, n, alpha, rng, attempts, want, cap=total / n)
     surplus: list[int] = []
     for i, p in enumerate(parts):  # trim the large ones
         if len(p) > target:
@@ -151,18 +169,7 @@ def unbalanced_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int
         raise DataError(f"{total} examples cannot give {n} clients min-partition-size = {min_size} each: use fewer "
                         "clients or a smaller min-partition-size")
     target = min(1, total // n)
-    best: list[list[int]] | None = None
-    for _ in range(attempts):
-        parts: list[list[int]] = [[] for _ in range(n)]
-        for k in range(int(labels.max()) + 1):
-            members = rng.permutation(np.flatnonzero(labels == k))
-            cuts = (np.cumsum(rng.dirichlet(np.full(n, alpha))) * len(members)).astype(int)[:-1]
-            for p, chunk in zip(parts, np.split(members, cuts)):
-                p.extend(chunk.tolist())
-        if best is None or min(map(len, parts)) > min(map(len, best)):
-            best = parts
-        if min(map(len, best)) >= target:
-            break
+    best = _label_skew(labels, range(int(labels.max()) + 1), n, alpha, rng, attempts, target)
     buckets = [rng.permutation(np.asarray(p, dtype=np.int64)).tolist() for p in best]
     for i in range(n):
         need = min_size - len(buckets[i])
