@@ -10,8 +10,8 @@ A tree stores a dataclass's *fields*, never its class: reading a checkpoint impo
 and instantiates nothing a file names. :func:`from_tree` gives each dataclass back as
 :class:`Fields` (or as the class it is told, ``from_tree(tree, State)``); the strategy that
 owns the state rebuilds its own ``State`` from them with :func:`rebuild`, which reads the
-nested classes off the ``State``'s field annotations. Trees of the earlier format (a
-``"class": "module:qualname"`` per dataclass) load the same way, the class path ignored.
+nested classes off the ``State``'s field annotations. A tree of the earlier format (a
+``"class": "module:qualname"`` per dataclass) is refused in one line (:data:`EARLIER_FORMAT`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import torch
 
 _TAG = "__state__"
 _FIELDS = "fields"  # a dataclass: its fields only
-_LEGACY = "dataclass"  # the earlier format: fields and a class path (ignored)
+_EARLIER = "dataclass"  # the earlier format's dataclass node (fields and a class path): no longer read
+EARLIER_FORMAT = ("the strategy state is in the earlier checkpoint format (a class path per dataclass), which this "
+                  "version no longer loads: start the run again, or resume it with the version that wrote it")
 
 
 def transient(default: Any = None) -> Any:
@@ -87,7 +89,9 @@ def _plain(tree: Any) -> Any:
     if not isinstance(tree, dict):
         return tree
     kind = tree.get(_TAG)
-    if kind in (_FIELDS, _LEGACY):  # the legacy class path is never read
+    if kind == _EARLIER:
+        raise ValueError(EARLIER_FORMAT)
+    if kind == _FIELDS:
         return Fields({name: _plain(v) for name, v in tree["fields"].items()})
     if kind == "ndarray":
         return tree["data"].numpy().copy()
