@@ -171,3 +171,32 @@ class LocalFederation:
         listing = subprocess.run([str(BIN / "flwr"), "ls", FEDERATION, "--format", "json"], env=self.env,
                                  cwd=self.folder, capture_output=True, text=True, timeout=60)
         return json.loads(listing.stdout).get("runs", [])
+
+
+def run_on_nodes(folder: Path, node_configs: list[str], run_config: str):
+    """A TLS federation of one SuperNode per ``--node-config`` string and ``flwr run`` of this
+    app on it, to the end. Returns (the federation, stopped; ``flwr run``'s result; its runs)."""
+    with LocalFederation(folder) as fed:
+        fed.start_superlink()
+        for i, node_config in enumerate(node_configs):
+            fed.start_supernode(f"supernode{i}", node_config)
+        fed.wait_registered(len(node_configs))
+        run = fed.flwr_run(run_config)
+        runs = fed.runs()
+    return fed, run, runs
+
+
+def check_every_node_every_round(fed: LocalFederation, run, runs: list[dict], out: Path, nodes: int,
+                                 rounds: int = 2) -> dict:
+    """Every process stopped, the run completed (``flwr run --stream`` exits 0 even on failure:
+    the status is read), and in each of ``rounds`` rounds every node replied and was scored
+    (federated evaluation). Returns the run's summary."""
+    from fedpcd_app.server.results import read_rounds, read_summary
+
+    assert all(p.poll() is not None for p, _ in fed.procs)
+    assert [r["status"] for r in runs] == ["finished:completed"], (runs, run.stdout[-3000:], run.stderr[-3000:])
+    written = read_rounds(out)
+    assert [r["round"] for r in written] == list(range(1, rounds + 1))
+    assert all(r["num_replies"] == nodes and r["num_dropped"] == 0 for r in written)
+    assert all(r["eval"]["num_scored"] == nodes for r in written)
+    return read_summary(out)

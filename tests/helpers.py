@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.app.error import Error
@@ -90,6 +97,13 @@ def make_replies(template: ArrayRecord, locals_, pids=None, *, n=None, loss_befo
                     extra_metrics=e)
         for x, pid, k, lb, tl, s, e in zip(locals_, pids, n, loss_before, train_loss, steps, extra_metrics)
     ]
+
+
+def noisy_locals(template: ArrayRecord, clients: int = 3, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    """θ ~ N(0, I) of the template's size and ``clients`` local models θ + N(0, I), drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=sum(int(np.prod(a.shape)) for a in template.values()))
+    return theta, [theta + rng.normal(size=theta.size) for _ in range(clients)]
 
 
 def aggregate_round(strategy, server_round: int, theta, template: ArrayRecord, replies: list[Message]):
@@ -361,14 +375,45 @@ def make_run(out: Path, setting: str, method: str, seed: int, client_acc: list[f
     return folder
 
 
-def default_sigint() -> None:
-    """``preexec_fn`` for a child that a test interrupts with SIGINT: restore the default
-    action. A shell's background job (``cmd &``, nohup, a CI runner) starts with SIGINT
-    ignored, the child inherits that, and Python then installs no KeyboardInterrupt handler:
-    the test's Ctrl-C would be ignored and the run go on."""
+def _default_sigint() -> None:
+    """``preexec_fn``: restore SIGINT's default action. A shell's background job (``cmd &``,
+    nohup, a CI runner) starts with SIGINT ignored, the child inherits that, and Python then
+    installs no KeyboardInterrupt handler: the test's Ctrl-C would be ignored and the run go on."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def interruptible(args: list[str], **popen) -> Iterator[subprocess.Popen]:
+    """``args`` started as a terminal starts a command that Ctrl-C (:func:`ctrl_c`) interrupts: in
+    a session of its own, SIGINT at its default action, stdout and stderr piped as text. On the
+    way out of the block it is SIGKILLed (its whole process group) and reaped if still running."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint, **popen)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def read_until(stream, pattern: str) -> list[str]:
+    """The lines of ``stream`` up to the first that matches ``pattern``; the test fails if none does."""
+    seen = []
+    for line in stream:
+        seen.append(line)
+        if re.search(pattern, line):
+            return seen
+    pytest.fail(f"no line matched {pattern!r} before the stream ended: " + "".join(seen[-30:]))
+
+
+def ctrl_c(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """SIGINT to ``proc``'s process group (what a terminal's Ctrl-C sends); the rest of its
+    (stdout, stderr) once it exits (``timeout`` s at most)."""
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc.communicate(timeout=timeout)
 
 
 def run_on_fake_grid(cfg, reply, *, num_nodes: int = 6):
@@ -384,5 +429,57 @@ def run_on_fake_grid(cfg, reply, *, num_nodes: int = 6):
     with task_identity():
         grid = FakeGrid(num_nodes, lambda request, pid, node: reply(request, pid, node, holder["exp"]))
         exp = holder["exp"] = Experiment(grid, cfg)
+        exp.run()
+    return exp
+
+
+# -- runs on the fake grid and their checkpoints ------------------------------------------------
+def make_checkpoint(server_round: int, size: int = 10):
+    """A FedAvg checkpoint of ``server_round`` (4 clients, a ``size``-long model, a small strategy
+    state), its numbers drawn from the round."""
+    from fedpcd_app.server import checkpoint
+
+    rng = np.random.default_rng(server_round)
+    return checkpoint.Checkpoint(
+        round=server_round, method="fedavg", seed=0, num_clients=4,
+        arrays={"w": rng.normal(size=(size,)).astype(np.float32)},
+        strategy={"beta": 0.5 * server_round, "cache": rng.normal(size=(2, 3))}, params={"fedavg-x": 1},
+        times_sampled=np.arange(4), history=[{"round": r} for r in range(1, server_round + 1)],
+        last_eval={"mean_acc": 0.25},
+    )
+
+
+def fedavg_config(out: Path, **kw):
+    """A small FedAvg run into ``out``: 6 clients, half of them a round, 4 rounds, evaluated every
+    round, a checkpoint every 2 (``kw``: more run-config keys)."""
+    from fedcore.config import load_config
+
+    return load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
+                        "eval-every": 1, "checkpoint-every": 2, "figures": "none", "output-dir": str(out), **kw})
+
+
+def run_honest(cfg, on_train=None):
+    """One run of ``cfg`` on a 6-node fake grid of honest clients (client i: 10 + i examples);
+    ``on_train(round)`` is called as each train request is answered. Returns the Experiment."""
+    # imported here: tests.fakegrid imports this module
+    from fedpcd_app.server.server_app import Experiment
+    from tests.fakegrid import FakeGrid, honest_reply, task_identity
+
+    holder = {}
+
+    def craft(req, pid, node):
+        if on_train is not None:
+            on_train(int(req.metadata.group_id) if str(req.metadata.group_id).isdigit() else holder["round"])
+        return [honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)]
+
+    with task_identity():
+        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
+        original = exp.train_round
+
+        def train_round(server_round):
+            holder["round"] = server_round
+            return original(server_round)
+
+        exp.train_round = train_round
         exp.run()
     return exp

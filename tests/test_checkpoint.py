@@ -17,30 +17,19 @@ from fedpcd_app.server import checkpoint
 from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
-from tests.fakegrid import FakeGrid, honest_reply, task_identity
-from tests.helpers import run_on_fake_grid
+from tests.fakegrid import FakeGrid, task_identity
+from tests.helpers import fedavg_config, make_checkpoint, run_honest
 
 PROJECT = Path(__file__).resolve().parent.parent
-
-
-def _ckpt(server_round: int, size: int = 10) -> checkpoint.Checkpoint:
-    rng = np.random.default_rng(server_round)
-    return checkpoint.Checkpoint(
-        round=server_round, method="fedavg", seed=0, num_clients=4,
-        arrays={"w": rng.normal(size=(size,)).astype(np.float32)},
-        strategy={"beta": 0.5 * server_round, "cache": rng.normal(size=(2, 3))}, params={"fedavg-x": 1},
-        times_sampled=np.arange(4), history=[{"round": r} for r in range(1, server_round + 1)],
-        last_eval={"mean_acc": 0.25},
-    )
 
 
 def test_round_trip_and_rotation(tmp_path):
     # Execute: three checkpoints with keep=2
     for r in (2, 4, 6):
-        checkpoint.write(tmp_path, _ckpt(r), keep=2)
+        checkpoint.write(tmp_path, make_checkpoint(r), keep=2)
     # Assert: the oldest is gone, the newest loads with every field intact
     assert checkpoint.rounds_in(tmp_path) == [4, 6]
-    got, want = checkpoint.latest(tmp_path), _ckpt(6)
+    got, want = checkpoint.latest(tmp_path), make_checkpoint(6)
     assert got.round == 6 and got.history == want.history and got.last_eval == want.last_eval
     np.testing.assert_array_equal(got.arrays["w"], want.arrays["w"])
     np.testing.assert_array_equal(got.strategy["cache"], want.strategy["cache"])
@@ -50,13 +39,13 @@ def test_round_trip_and_rotation(tmp_path):
 
 def test_process_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path):
     # Prepare: a valid checkpoint of round 2
-    checkpoint.write(tmp_path, _ckpt(2))
+    checkpoint.write(tmp_path, make_checkpoint(2))
     # Execute: another process starts writing round 4 and is SIGKILLed halfway through
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(PROJECT)!r})
         from fedpcd_app.server import checkpoint
-        from tests.test_checkpoint import _ckpt
+        from tests.helpers import make_checkpoint
 
         real_save = checkpoint.torch.save
 
@@ -67,7 +56,7 @@ def test_process_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path
             os.kill(os.getpid(), signal.SIGKILL)
 
         checkpoint.torch.save = half_then_die
-        checkpoint.write({str(tmp_path)!r}, _ckpt(4, size=100_000))
+        checkpoint.write({str(tmp_path)!r}, make_checkpoint(4, size=100_000))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, timeout=120)
     # Assert: it died mid-write, left only a temp file, and round 2 is still the latest
@@ -79,8 +68,8 @@ def test_process_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path
 
 def test_damaged_latest_falls_back_to_the_previous(tmp_path, caplog):
     # Prepare: round 4 truncated after the fact (e.g. a disk fault)
-    checkpoint.write(tmp_path, _ckpt(2))
-    path = checkpoint.write(tmp_path, _ckpt(4))
+    checkpoint.write(tmp_path, make_checkpoint(2))
+    path = checkpoint.write(tmp_path, make_checkpoint(4))
     path.write_bytes(path.read_bytes()[:100])
     # Execute / Assert
     assert checkpoint.latest(tmp_path).round == 2
@@ -93,19 +82,13 @@ def test_no_checkpoint_is_a_one_line_config_error(tmp_path):
 
 
 # -- resume through Experiment on a fake grid (no Ray) -----------------------------------
-def _fake_run(tmp_path, name: str, **overrides):
-    cfg = load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
-                       "eval-every": 1, "checkpoint-every": 2, "output-dir": str(tmp_path / name), **overrides})
-    return run_on_fake_grid(cfg, lambda req, pid, node, run: [honest_reply(req, pid, node, run,
-                                                                           num_examples=10 + pid)])
-
 
 def test_resume_on_fake_grid_continues_the_history(tmp_path):
     # Prepare: a full 4-round run; drop its round-4 checkpoint (as if killed in round 3/4)
-    full = _fake_run(tmp_path, "full")
+    full = run_honest(fedavg_config(tmp_path / "full"))
     checkpoint.path_for(full.writer.dir, 4).unlink()
     # Execute
-    resumed = _fake_run(tmp_path, "resumed", **{"resume-from": str(full.writer.dir)})
+    resumed = run_honest(fedavg_config(tmp_path / "resumed", **{"resume-from": str(full.writer.dir)}))
     # Assert: rounds 1-2 copied, 3-4 recomputed identically, same summary, same model
     a, b = read_rounds(full.writer.dir), read_rounds(resumed.writer.dir)
     assert [r["round"] for r in b] == [1, 2, 3, 4]
@@ -121,7 +104,7 @@ def test_resume_on_fake_grid_continues_the_history(tmp_path):
 @pytest.mark.parametrize("change, key", [({"seed": 1}, "seed"), ({"num-clients": 5}, "num-clients"),
                                          ({"num-server-rounds": 2}, "num-server-rounds")])
 def test_resume_refuses_a_different_setting(tmp_path, change, key):
-    full = _fake_run(tmp_path, "full")
+    full = run_honest(fedavg_config(tmp_path / "full"))
     cfg = load_config({"method": "fedavg", "num-clients": 6, "num-server-rounds": 6, "output-dir": str(tmp_path / "r"),
                        "resume-from": str(full.writer.dir), **change})
     with task_identity(), pytest.raises(ConfigError, match=f"'{key}'"):
@@ -163,8 +146,8 @@ def test_resumed_run_matches_the_uninterrupted_run(method, tmp_path):
 def test_flipped_bytes_are_refused_as_damaged_and_the_previous_checkpoint_used(tmp_path, caplog):
     """64 flipped bytes in the middle of a checkpoint still load with torch (a hostile-input probe:
     a silently different model); the checksum refuses the file."""
-    checkpoint.write(tmp_path, _ckpt(2, size=5000))
-    path = checkpoint.write(tmp_path, _ckpt(4, size=5000))
+    checkpoint.write(tmp_path, make_checkpoint(2, size=5000))
+    path = checkpoint.write(tmp_path, make_checkpoint(4, size=5000))
     data = bytearray(path.read_bytes())
     start = len(data) // 2
     data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
@@ -175,8 +158,8 @@ def test_flipped_bytes_are_refused_as_damaged_and_the_previous_checkpoint_used(t
 
 
 def test_a_checkpoint_without_its_checksum_is_refused(tmp_path, caplog):
-    checkpoint.write(tmp_path, _ckpt(2))
-    path = checkpoint.write(tmp_path, _ckpt(4))
+    checkpoint.write(tmp_path, make_checkpoint(2))
+    path = checkpoint.write(tmp_path, make_checkpoint(4))
     checkpoint.checksum_path(path).unlink()
     assert checkpoint.latest(tmp_path).round == 2
     assert "damaged" in caplog.text
@@ -186,7 +169,7 @@ def test_the_checksum_file_is_sha256sum_format_and_rotates_with_its_checkpoint(t
     import hashlib
 
     for r in (2, 4, 6):
-        checkpoint.write(tmp_path, _ckpt(r), keep=2)
+        checkpoint.write(tmp_path, make_checkpoint(r), keep=2)
     d = checkpoint.checkpoint_dir(tmp_path)
     assert sorted(p.name for p in d.iterdir()) == ["round-000004.pt", "round-000004.pt.sha256",
                                                    "round-000006.pt", "round-000006.pt.sha256"]
@@ -198,9 +181,10 @@ def test_the_checksum_file_is_sha256sum_format_and_rotates_with_its_checkpoint(t
 @pytest.mark.parametrize("change", [{"lr": 0.05}, {"fraction-train": 1.0}, {"dirichlet-alpha": 0.9},
                                     {"local-epochs": 3}, {"lr": 0.05, "local-epochs": 3}])
 def test_resume_refuses_changed_training_or_data_keys_naming_them(tmp_path, change):
-    full = _fake_run(tmp_path, "full")
+    full = run_honest(fedavg_config(tmp_path / "full"))
     with pytest.raises(ConfigError) as err:
-        _fake_run(tmp_path, "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), **change})
+        run_honest(fedavg_config(tmp_path / "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir),
+                                                    **change}))
     line = str(err.value)
     assert "\n" not in line and "resume-allow-changes" in line
     for key in change:
@@ -208,19 +192,20 @@ def test_resume_refuses_changed_training_or_data_keys_naming_them(tmp_path, chan
 
 
 def test_resume_allow_changes_lets_the_listed_keys_differ(tmp_path):
-    full = _fake_run(tmp_path, "full")
-    resumed = _fake_run(tmp_path, "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), "lr": 0.05,
-                                          "local-epochs": 3, "resume-allow-changes": "lr, local-epochs"})
+    full = run_honest(fedavg_config(tmp_path / "full"))
+    resumed = run_honest(fedavg_config(tmp_path / "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir),
+                                                          "lr": 0.05, "local-epochs": 3,
+                                                          "resume-allow-changes": "lr, local-epochs"}))
     assert [r["round"] for r in read_rounds(resumed.writer.dir)] == [1, 2, 3, 4, 5, 6]
     with pytest.raises(ConfigError, match="'local-epochs'"):  # only what is listed
-        _fake_run(tmp_path, "r2", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), "lr": 0.05,
-                                     "local-epochs": 3, "resume-allow-changes": "lr"})
+        run_honest(fedavg_config(tmp_path / "r2", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir),
+                                                     "lr": 0.05, "local-epochs": 3, "resume-allow-changes": "lr"}))
 
 
 def test_operational_keys_may_change_on_resume(tmp_path):
-    full = _fake_run(tmp_path, "full")
-    _fake_run(tmp_path, "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir), "eval-every": 3,
-                                "log-every": 2, "checkpoint-every": 3})
+    full = run_honest(fedavg_config(tmp_path / "full"))
+    run_honest(fedavg_config(tmp_path / "r", **{"num-server-rounds": 6, "resume-from": str(full.writer.dir),
+                                                "eval-every": 3, "log-every": 2, "checkpoint-every": 3}))
 
 
 @pytest.mark.parametrize("value", ["seed", "no-such-key", "lr,method"])
@@ -245,11 +230,11 @@ def _forge(path: Path, ckpt: checkpoint.Checkpoint) -> None:
 
 def test_with_a_key_a_forged_checkpoint_is_refused_in_one_line(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(checkpoint.KEY_ENV, "s3cret")
-    checkpoint.write(tmp_path, _ckpt(2))
-    path = checkpoint.write(tmp_path, _ckpt(4))
+    checkpoint.write(tmp_path, make_checkpoint(2))
+    path = checkpoint.write(tmp_path, make_checkpoint(4))
     assert checkpoint.hmac_path(path).is_file()
     assert checkpoint.latest(tmp_path).round == 4  # signed and verified
-    forged = _ckpt(4)
+    forged = make_checkpoint(4)
     forged.arrays = {"w": forged.arrays["w"] * 100}
     _forge(path, forged)  # the sha256 matches: before, this checkpoint loaded and its model was used
     with pytest.raises(checkpoint.ForgedCheckpoint) as err:
@@ -260,13 +245,13 @@ def test_with_a_key_a_forged_checkpoint_is_refused_in_one_line(tmp_path, monkeyp
 
 
 def test_with_a_key_an_unsigned_or_otherwise_signed_checkpoint_is_refused(tmp_path, monkeypatch):
-    path = checkpoint.write(tmp_path, _ckpt(2))  # no key: no HMAC file
+    path = checkpoint.write(tmp_path, make_checkpoint(2))  # no key: no HMAC file
     assert not checkpoint.hmac_path(path).exists()
     monkeypatch.setenv(checkpoint.KEY_ENV, "s3cret")
     with pytest.raises(checkpoint.ForgedCheckpoint, match="has no HMAC file"):
         checkpoint.load(path)
     monkeypatch.setenv(checkpoint.KEY_ENV, "another")
-    checkpoint.write(tmp_path, _ckpt(2))
+    checkpoint.write(tmp_path, make_checkpoint(2))
     monkeypatch.setenv(checkpoint.KEY_ENV, "s3cret")
     with pytest.raises(checkpoint.ForgedCheckpoint, match="fails its HMAC"):
         checkpoint.load(path)
@@ -285,8 +270,8 @@ def test_with_a_key_an_unsigned_or_otherwise_signed_checkpoint_is_refused(tmp_pa
 def test_a_restored_checkpoint_is_checked_before_use_key_or_not(tmp_path, caplog, field, value, what):
     import dataclasses
 
-    checkpoint.write(tmp_path, _ckpt(2))
-    path = checkpoint.write(tmp_path, dataclasses.replace(_ckpt(4), **{field: value}))  # a valid checksum
+    checkpoint.write(tmp_path, make_checkpoint(2))
+    path = checkpoint.write(tmp_path, dataclasses.replace(make_checkpoint(4), **{field: value}))  # a valid checksum
     with pytest.raises(ValueError, match=re.escape(what)):
         checkpoint.load(path)
     assert checkpoint.latest(tmp_path).round == 2 and what in caplog.text

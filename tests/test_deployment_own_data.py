@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedpcd_app.server.results import read_rounds, read_summary
 from tests import own_data
-from tests.deployment import LocalFederation
+from tests.deployment import check_every_node_every_round, run_on_nodes
 
 NUM_NODES = 3
 
@@ -24,24 +23,14 @@ NUM_NODES = 3
 def test_tls_supernodes_with_their_own_data(tmp_path):
     folders = own_data.make_node_folders(tmp_path / "data")
     out = tmp_path / "out"
-    with LocalFederation(tmp_path) as fed:
-        fed.start_superlink()
-        for i, folder in enumerate(folders):  # each device: its partition id and its own folder, nothing else
-            fed.start_supernode(f"supernode{i}", f"partition-id={i} data-path='{folder}'")
-        fed.wait_registered(NUM_NODES)
-        run = fed.flwr_run(f"client-data='node' method='fedavg' num-clients={NUM_NODES} fraction-train=1.0 "
-                           f"num-server-rounds=2 eval-every=1 eval-mode='federated' checkpoint-every=0 "
-                           f"output-dir='{out}'")
-        runs = fed.runs()
+    nodes = [f"partition-id={i} data-path='{folder}'" for i, folder in enumerate(folders)]  # that, nothing else
+    fed, run, runs = run_on_nodes(tmp_path, nodes,
+                                  f"client-data='node' method='fedavg' num-clients={NUM_NODES} fraction-train=1.0 "
+                                  f"num-server-rounds=2 eval-every=1 eval-mode='federated' checkpoint-every=0 "
+                                  f"output-dir='{out}'")
     print(f"own-data deployment test: {fed.elapsed:.1f} s from SuperLink start to teardown")
 
-    assert all(p.poll() is not None for p, _ in fed.procs)
-    assert [r["status"] for r in runs] == ["finished:completed"], (runs, run.stdout[-3000:], run.stderr[-3000:])
-    rounds = read_rounds(out)
-    assert [r["round"] for r in rounds] == [1, 2]
-    assert all(r["num_replies"] == NUM_NODES and r["num_dropped"] == 0 for r in rounds)
-    assert all(r["eval"]["num_scored"] == NUM_NODES for r in rounds)
-    summary = read_summary(out)
+    summary = check_every_node_every_round(fed, run, runs, out, NUM_NODES)
     assert summary["complete"] and summary["central_acc"] is None  # the server held no data at all
     assert (summary["config"]["input-shape"], summary["config"]["num-classes"]) == ("1x8x8", 10)
     # per-client metrics = the final model scored directly on each device's own test data

@@ -16,6 +16,7 @@ from fedcore.config import load_config
 from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import ClientAppGrid, task_identity
+from tests.helpers import fedavg_config, run_honest
 
 BASE = {"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 2, "eval-every": 1,
         "checkpoint-every": 0}
@@ -135,30 +136,18 @@ def test_summary_says_which_iterate_and_split_were_scored(tmp_path):
     assert afl["client_acc"] == afl_avg["client_acc"]
 
 
-def _fake_run(tmp_path, name, **overrides):
-    from tests.fakegrid import FakeGrid, honest_reply
-
-    cfg = load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
-                       "eval-every": 1, "checkpoint-every": 2, "output-dir": str(tmp_path / name), **overrides})
-    holder = {}
-    with task_identity():
-        grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"],
-                                                                 num_examples=10 + pid)])
-        exp = holder["exp"] = Experiment(grid, cfg)
-        exp.run()
-    return exp
-
 
 def test_averaged_iterate_survives_a_checkpoint(tmp_path):
     from fedcore.config import ConfigError
     from fedpcd_app.server import checkpoint
 
-    full = _fake_run(tmp_path, "full", **{"eval-averaged-iterate": True})
+    full = run_honest(fedavg_config(tmp_path / "full", **{"eval-averaged-iterate": True}))
     checkpoint.path_for(full.writer.dir, 4).unlink()  # "killed" after round 2
-    resumed = _fake_run(tmp_path, "resumed", **{"eval-averaged-iterate": True, "resume-from": str(full.writer.dir)})
+    resumed = run_honest(fedavg_config(tmp_path / "resumed", **{"eval-averaged-iterate": True,
+                                                                "resume-from": str(full.writer.dir)}))
     a, b = read_summary(full.writer.dir), read_summary(resumed.writer.dir)
     for key in ("mean_acc", "client_acc", "final10_mean_acc", "scored_iterate"):
         assert a[key] == b[key], key
     assert resumed.evaluator.average.count == 4
     with pytest.raises(ConfigError, match="'eval-averaged-iterate'"):  # the other value: refused
-        _fake_run(tmp_path, "other", **{"resume-from": str(full.writer.dir)})
+        run_honest(fedavg_config(tmp_path / "other", **{"resume-from": str(full.writer.dir)}))

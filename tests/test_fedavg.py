@@ -7,22 +7,15 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from fedcore import flat
 from fedcore.config import load_config
 from strategies import registry
-from tests.helpers import aggregate_arrays, arrays_from_flat, tiny_template, train_reply
+from tests.helpers import aggregate_arrays, arrays_from_flat, make_replies, noisy_locals, tiny_template, train_reply
 
 
 @pytest.fixture
 def setup():
     template = tiny_template()
-    d = flat.spec_of(template).dim
-    rng = np.random.default_rng(0)
-    theta = rng.normal(size=d)
-    locals_ = [theta + rng.normal(size=d) for _ in range(3)]
+    theta, locals_ = noisy_locals(template)
     n = [10, 30, 60]
-    replies = [
-        train_reply(arrays_from_flat(x, template), pid, num_examples=k)
-        for pid, (x, k) in enumerate(zip(locals_, n))
-    ]
-    return template, theta, locals_, n, replies
+    return template, theta, locals_, n, make_replies(template, locals_, n=n)
 
 
 def test_fedavg_weighted_mean(setup):

@@ -19,7 +19,16 @@ from fedcore.state import from_tree, to_tree
 from strategies import registry
 from strategies.fedavg import FedAvg
 from strategies.federage import FedeRage
-from tests.helpers import aggregate_arrays, arrays_from_flat, make_job, tiny_template, toy_problem, train_reply
+from tests.helpers import (
+    aggregate_arrays,
+    arrays_from_flat,
+    make_job,
+    make_replies,
+    noisy_locals,
+    tiny_template,
+    toy_problem,
+    train_reply,
+)
 
 
 def sent(**overrides):
@@ -138,15 +147,9 @@ def test_risk_averse_loss_uses_old_beta_then_steps():
 @pytest.fixture
 def replies():
     template = tiny_template()
-    d = flat.spec_of(template).dim
-    rng = np.random.default_rng(0)
-    theta = rng.normal(size=d)
-    locals_ = [theta + rng.normal(size=d) for _ in range(3)]
+    theta, locals_ = noisy_locals(template)
     betas = [0.2, 0.5, 1.1]
-    msgs = [
-        train_reply(arrays_from_flat(x, template), pid, num_examples=n, extra_metrics={BETA: b})
-        for pid, (x, n, b) in enumerate(zip(locals_, [10, 30, 60], betas))
-    ]
+    msgs = make_replies(template, locals_, n=[10, 30, 60], extra_metrics=[{BETA: b} for b in betas])
     return template, theta, locals_, betas, msgs
 
 

@@ -15,40 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcore.config import ConfigError, load_config
+from fedcore.config import ConfigError
 from fedpcd_app.runtime import simulate
 from fedpcd_app.server import checkpoint
 from fedpcd_app.server.divergence import Interrupts, RunInterrupted
 from fedpcd_app.server.results import FINAL_MODEL, read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
-from tests.fakegrid import FakeGrid, honest_reply, task_identity
-
-
-def _cfg(out: Path, **kw):
-    return load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4,
-                        "eval-every": 1, "checkpoint-every": 2, "figures": "none", "output-dir": str(out), **kw})
-
-
-def _run(cfg, on_train=None):
-    """One run on the fake grid; ``on_train(round)`` is called as each train request is answered."""
-    holder = {}
-
-    def craft(req, pid, node):
-        if on_train is not None:
-            on_train(int(req.metadata.group_id) if str(req.metadata.group_id).isdigit() else holder["round"])
-        return [honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)]
-
-    with task_identity():
-        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
-        original = exp.train_round
-
-        def train_round(server_round):
-            holder["round"] = server_round
-            return original(server_round)
-
-        exp.train_round = train_round
-        exp.run()
-    return exp
+from tests.fakegrid import FakeGrid, task_identity
+from tests.helpers import fedavg_config, make_checkpoint, run_honest
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -57,21 +31,21 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_a_refused_resume_into_its_own_folder_changes_nothing_on_disk(tmp_path):
     out = tmp_path / "run"
-    _run(_cfg(out))
+    run_honest(fedavg_config(out))
     before = _snapshot(out)
     assert len(read_rounds(out)) == 4
     for change in ({"num-server-rounds": 4}, {"num-server-rounds": 6, "lr": 0.05}):
         with task_identity(), pytest.raises(ConfigError):
-            Experiment(FakeGrid(6, None), _cfg(out, **{"resume-from": str(out), **change}))
+            Experiment(FakeGrid(6, None), fedavg_config(out, **{"resume-from": str(out), **change}))
         assert _snapshot(out) == before  # rounds.jsonl was truncated to 0 lines here
 
 
 def test_a_new_run_into_a_used_folder_is_refused_in_one_line_naming_the_ways_on(tmp_path):
     out = tmp_path / "run"
-    _run(_cfg(out))
+    run_honest(fedavg_config(out))
     before = _snapshot(out)
     with task_identity(), pytest.raises(ConfigError) as err:
-        Experiment(FakeGrid(6, None), _cfg(out, **{"num-server-rounds": 2}))
+        Experiment(FakeGrid(6, None), fedavg_config(out, **{"num-server-rounds": 2}))
     msg = str(err.value)
     assert "\n" not in msg and "holds another run's results" in msg and "a finished run of 4 rounds" in msg
     assert f"resume-from='{out.resolve()}'" in msg and "new output-dir" in msg and "overwrite=true" in msg
@@ -80,9 +54,9 @@ def test_a_new_run_into_a_used_folder_is_refused_in_one_line_naming_the_ways_on(
 
 def test_overwrite_deletes_the_earlier_run_so_checkpoints_and_resume_are_this_runs(tmp_path):
     out = tmp_path / "run"
-    _run(_cfg(out, **{"num-server-rounds": 6, "checkpoint-every": 2}))  # checkpoints 4 and 6 kept
+    run_honest(fedavg_config(out, **{"num-server-rounds": 6, "checkpoint-every": 2}))  # checkpoints 4 and 6 kept
     assert checkpoint.rounds_in(out) == [4, 6]
-    _run(_cfg(out, **{"num-server-rounds": 2, "checkpoint-every": 1, "overwrite": True}))
+    run_honest(fedavg_config(out, **{"num-server-rounds": 2, "checkpoint-every": 1, "overwrite": True}))
     assert checkpoint.rounds_in(out) == [1, 2]  # the old run's 4 and 6 used to be kept, this run's deleted
     assert [r["round"] for r in read_rounds(out)] == [1, 2] and read_summary(out)["rounds"] == 2
     assert checkpoint.latest(out).round == 2  # resume-from reads this run's newest, not round 6
@@ -90,26 +64,24 @@ def test_overwrite_deletes_the_earlier_run_so_checkpoints_and_resume_are_this_ru
 
 def test_overwrite_with_resume_from_the_same_folder_is_refused(tmp_path):
     out = tmp_path / "run"
-    _run(_cfg(out))
+    run_honest(fedavg_config(out))
     with task_identity(), pytest.raises(ConfigError, match="overwrite.*would delete the checkpoints"):
-        Experiment(FakeGrid(6, None), _cfg(out, **{"resume-from": str(out), "num-server-rounds": 6,
+        Experiment(FakeGrid(6, None), fedavg_config(out, **{"resume-from": str(out), "num-server-rounds": 6,
                                                    "overwrite": True}))
 
 
 def test_writing_a_round_deletes_later_rounds_of_another_timeline(tmp_path):
-    from tests.test_checkpoint import _ckpt
-
     for r in (50, 60):
-        checkpoint.write(tmp_path, _ckpt(r), keep=2)
-    checkpoint.write(tmp_path, _ckpt(2), keep=2)
+        checkpoint.write(tmp_path, make_checkpoint(r), keep=2)
+    checkpoint.write(tmp_path, make_checkpoint(2), keep=2)
     assert checkpoint.rounds_in(tmp_path) == [2]  # [50, 60] before: this run's round 2 was deleted
     assert not list(checkpoint.checkpoint_dir(tmp_path).glob("round-0000[56]0.pt*"))
 
 
 def test_resume_into_its_own_folder_continues_it(tmp_path):
     out = tmp_path / "run"
-    _run(_cfg(out))
-    _run(_cfg(out, **{"resume-from": str(out), "num-server-rounds": 6}))
+    run_honest(fedavg_config(out))
+    run_honest(fedavg_config(out, **{"resume-from": str(out), "num-server-rounds": 6}))
     assert [r["round"] for r in read_rounds(out)] == [1, 2, 3, 4, 5, 6]
     assert read_summary(out)["complete"] is True and read_summary(out)["rounds"] == 6
 
@@ -131,7 +103,7 @@ def test_an_interrupt_writes_a_checkpoint_and_an_incomplete_summary_and_resume_c
     out, full = tmp_path / "run", tmp_path / "full"
     old = signal.getsignal(sig)
     with pytest.raises(RunInterrupted):
-        _run(_cfg(out, **{"checkpoint-every": 0}), on_train=_signal_at(sig, 3))
+        run_honest(fedavg_config(out, **{"checkpoint-every": 0}), on_train=_signal_at(sig, 3))
     assert signal.getsignal(sig) == old  # the handlers are restored
     summary = read_summary(out)
     assert summary["complete"] is False
@@ -141,9 +113,9 @@ def test_an_interrupt_writes_a_checkpoint_and_an_incomplete_summary_and_resume_c
     assert checkpoint.rounds_in(out) == [2]  # written although checkpoint-every = 0
     # rerunning the same command says how to go on instead of starting again at round 1
     with task_identity(), pytest.raises(ConfigError, match=r"did not finish \(interrupted at round 3.*resume-from="):
-        Experiment(FakeGrid(6, None), _cfg(out, **{"checkpoint-every": 0}))
-    resumed = _run(_cfg(out, **{"checkpoint-every": 0, "resume-from": str(out)}))
-    whole = _run(_cfg(full, **{"checkpoint-every": 0}))
+        Experiment(FakeGrid(6, None), fedavg_config(out, **{"checkpoint-every": 0}))
+    resumed = run_honest(fedavg_config(out, **{"checkpoint-every": 0, "resume-from": str(out)}))
+    whole = run_honest(fedavg_config(full, **{"checkpoint-every": 0}))
     a, b = read_rounds(out), read_rounds(full)
     assert [r["round"] for r in a] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
@@ -192,7 +164,7 @@ def test_an_interrupt_during_an_evaluation_keeps_the_trained_round(tmp_path, mon
 
     monkeypatch.setattr(Evaluator, "evaluate", evaluate)
     with pytest.raises(RunInterrupted):
-        _run(_cfg(tmp_path / "run"))
+        run_honest(fedavg_config(tmp_path / "run"))
     rounds = read_rounds(tmp_path / "run")
     assert [r["round"] for r in rounds] == [1, 2] and "eval" not in rounds[1]
     assert checkpoint.rounds_in(tmp_path / "run") == [2]
@@ -201,7 +173,7 @@ def test_an_interrupt_during_an_evaluation_keeps_the_trained_round(tmp_path, mon
 
 def test_an_interrupt_before_any_round_still_writes_a_summary(tmp_path):
     with pytest.raises(RunInterrupted):
-        _run(_cfg(tmp_path / "run"), on_train=_signal_at(signal.SIGINT, 1))
+        run_honest(fedavg_config(tmp_path / "run"), on_train=_signal_at(signal.SIGINT, 1))
     summary = read_summary(tmp_path / "run")
     assert summary["complete"] is False and summary["mean_acc"] is None
     assert "no round finished" in summary["incomplete_reason"] and "overwrite=true" in summary["incomplete_reason"]
@@ -228,7 +200,7 @@ def test_torchs_runtime_error_writing_the_final_model_is_one_line_and_leaves_no_
     out = tmp_path / "run"
     _failing_save(monkeypatch, lambda obj: not (isinstance(obj, dict) and "format" in obj))  # the final model
     with pytest.raises(checkpoint.OutputError) as err:
-        _run(_cfg(out))
+        run_honest(fedavg_config(out))
     msg = str(err.value)
     assert "\n" not in msg and FINAL_MODEL in msg and "file write failed" in msg and "round-000004.pt" in msg
     assert not (out / FINAL_MODEL).exists() and not list(out.glob(".*.tmp"))
@@ -240,7 +212,7 @@ def test_torchs_runtime_error_writing_a_checkpoint_is_one_line_and_the_last_one_
     _failing_save(monkeypatch, lambda obj: isinstance(obj, dict) and obj.get("round") == 4)
     with pytest.raises(checkpoint.OutputError, match=r"round-000004\.pt: RuntimeError: .*file write failed.*"
                                                      r"round-000002\.pt, is intact"):
-        _run(_cfg(out))
+        run_honest(fedavg_config(out))
     assert checkpoint.rounds_in(out) == [2] and checkpoint.latest(out).round == 2
     assert not list(checkpoint.checkpoint_dir(out).glob(".*"))
 

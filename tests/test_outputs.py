@@ -126,10 +126,10 @@ def _with_accuracies(monkeypatch, accs):
 
 def test_a_final_model_at_chance_after_learning_is_incomplete_and_says_where(tmp_path, monkeypatch):
     """The scale-down majorities of the problem report: fedmedian 0.652 -> 0.113 said complete: true."""
-    from tests.test_folder_guards import _cfg, _run
+    from tests.helpers import fedavg_config, run_honest
 
     _with_accuracies(monkeypatch, [0.40, 0.652, 0.60, 0.113])
-    _run(_cfg(tmp_path / "run"))
+    run_honest(fedavg_config(tmp_path / "run"))
     s = read_summary(tmp_path / "run")
     assert s["complete"] is False and s["incomplete_reason"].startswith("collapsed at round 4")
     assert s["collapsed"]["round"] == 4 and s["collapsed"]["best_round"] == 2
@@ -138,10 +138,10 @@ def test_a_final_model_at_chance_after_learning_is_incomplete_and_says_where(tmp
 
 
 def test_honest_ups_and_downs_stay_complete_without_warnings(tmp_path, monkeypatch):
-    from tests.test_folder_guards import _cfg, _run
+    from tests.helpers import fedavg_config, run_honest
 
     _with_accuracies(monkeypatch, [0.30, 0.55, 0.48, 0.58])
-    _run(_cfg(tmp_path / "run"))
+    run_honest(fedavg_config(tmp_path / "run"))
     s = read_summary(tmp_path / "run")
     assert s["complete"] is True and s["incomplete_reason"] is None and "collapsed" not in s
     assert s["warnings"] == []
@@ -163,9 +163,9 @@ def test_a_final_model_far_outside_the_initial_norm_is_incomplete(tmp_path):
     dropped): the final model is 1e4 x the previous one. Before: complete: true."""
     from fedpcd_app.server.server_app import Experiment
     from tests.fakegrid import FakeGrid, honest_reply, scaled, task_identity
-    from tests.test_folder_guards import _cfg
+    from tests.helpers import fedavg_config
 
-    cfg = _cfg(tmp_path / "run", **{"eval-every": 0, "checkpoint-every": 0, "max-update-ratio": 0.0})
+    cfg = fedavg_config(tmp_path / "run", **{"eval-every": 0, "checkpoint-every": 0, "max-update-ratio": 0.0})
     holder = {}
 
     def craft(req, pid, node):
@@ -186,7 +186,7 @@ def test_a_final_model_far_outside_the_initial_norm_is_incomplete(tmp_path):
 
 def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tmp_path, monkeypatch):
     from fedpcd_app.server.server_app import Experiment
-    from tests.test_folder_guards import _cfg, _run
+    from tests.helpers import fedavg_config, run_honest
 
     real = Experiment.train_round
 
@@ -196,7 +196,7 @@ def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tm
         return record
 
     monkeypatch.setattr(Experiment, "train_round", train_round)
-    _run(_cfg(tmp_path / "run"))
+    run_honest(fedavg_config(tmp_path / "run"))
     s = read_summary(tmp_path / "run")
     assert any("max-update-ratio" in w and "in 3 rounds" in w for w in s["warnings"]), s["warnings"]
 
@@ -205,7 +205,7 @@ def test_huge_updates_that_were_dropped_are_no_near_bound_warning(tmp_path, monk
     """max_ratio counts every reply before the size rules: a dropped 1e32 update made it huge, and
     the warning said accepted updates were near the bound (the issue's final-round attack)."""
     from fedpcd_app.server.server_app import Experiment
-    from tests.test_folder_guards import _cfg, _run
+    from tests.helpers import fedavg_config, run_honest
 
     real = Experiment.train_round
 
@@ -215,7 +215,7 @@ def test_huge_updates_that_were_dropped_are_no_near_bound_warning(tmp_path, monk
         return record
 
     monkeypatch.setattr(Experiment, "train_round", train_round)
-    _run(_cfg(tmp_path / "run"))
+    run_honest(fedavg_config(tmp_path / "run"))
     assert not read_summary(tmp_path / "run")["warnings"]
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from fedcore.config import ConfigError, resolve
 from fedpcd_app.runtime import simulate
-from tests.helpers import default_sigint
+from tests.helpers import ctrl_c, interruptible, read_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,21 +40,11 @@ def test_the_log_names_the_method_and_the_eta_leaves_out_the_first_round(tmp_pat
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.simulate", "--workers", "0", "--run-config",
-                             f"num-clients=2 num-server-rounds=500 eval-every=0 output-dir='{tmp_path / 'run'}'"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=default_sigint)
-    seen = []
-    try:
-        for line in proc.stderr:
-            seen.append(line)
-            if re.search(r"round +1/500", line):
-                break
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    with interruptible([sys.executable, "-m", "fedpcd_app.simulate", "--workers", "0", "--run-config",
+                        f"num-clients=2 num-server-rounds=500 eval-every=0 output-dir='{tmp_path / 'run'}'"],
+                       cwd=ROOT, env=env) as proc:
+        seen = read_until(proc.stderr, r"round +1/500")
+        _, err = ctrl_c(proc, timeout=120)
     assert proc.returncode == 130, "".join(seen[-10:]) + err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: "), err
     assert len([ln for ln in err.splitlines() if not re.match(r"\d\d:\d\d:\d\d \[", ln)]) == 1, err

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import uuid
@@ -18,7 +17,7 @@ SCRIPTS = ROOT / "scripts"
 
 
 from fedcore import overrides as run_config  # noqa: E402 - what scripts/run_config.py runs
-from tests.helpers import default_sigint  # noqa: E402 - after the sys.path set-up above
+from tests.helpers import ctrl_c, interruptible, read_until  # noqa: E402 - after the sys.path set-up above
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -193,23 +192,10 @@ def test_ctrl_c_stops_the_run_and_everything_it_started(tmp_path):
     the simulation went on as an orphan)."""
     env, mark = _marked_env(tmp_path)
     out = tmp_path / "out"
-    proc = subprocess.Popen(["bash", str(SCRIPTS / "flwr_run.sh"), "--run-config",
-                             f"num-clients=2 num-server-rounds=50 eval-every=0 output-dir='{out}'"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=default_sigint)
-    seen = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if re.search(r"round +\d+/50", line):
-                break
-        else:
-            pytest.fail("the run never reached a round: " + "".join(seen[-30:]) + proc.stderr.read()[-2000:])
-        os.killpg(proc.pid, signal.SIGINT)
-        rest, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    with interruptible(["bash", str(SCRIPTS / "flwr_run.sh"), "--run-config",
+                        f"num-clients=2 num-server-rounds=50 eval-every=0 output-dir='{out}'"], env=env) as proc:
+        seen = read_until(proc.stdout, r"round +\d+/50")
+        rest, err = ctrl_c(proc, timeout=300)
     assert proc.returncode == 130, "".join(seen[-20:]) + rest[-2000:] + err[-2000:]
     assert err.strip().splitlines()[-1].startswith("interrupted: run "), err[-2000:]
     assert "Traceback" not in err and "finished:completed" not in rest

@@ -145,30 +145,22 @@ def test_ctrl_c_stops_the_sweep_and_its_run_processes(tmp_path):
     import sys
     from pathlib import Path
 
-    from tests.helpers import default_sigint
+    from tests.helpers import ctrl_c, interruptible
 
     root = Path(__file__).resolve().parent.parent
     f = tmp_path / "s.toml"
     f.write_text('name = "s"\nseeds = [0, 1]\n[base]\nnum-clients = 4\nnum-server-rounds = 50\n'
                  '[[methods]]\nname = "fedavg"\nmethod = "fedavg"\n')
     out = tmp_path / "o"
-    proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.sweep", str(f), "--out", str(out), "--jobs", "2",
-                             "--workers", "0"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=default_sigint)
-    try:
-        logs = [out / "default" / "fedavg" / "base" / f"seed{k}" / runner.LOG_FILE for k in (0, 1)]
+    logs = [out / "default" / "fedavg" / "base" / f"seed{k}" / runner.LOG_FILE for k in (0, 1)]
+    with interruptible([sys.executable, "-m", "fedpcd_app.sweep", str(f), "--out", str(out), "--jobs", "2",
+                        "--workers", "0"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)}) as proc:
         deadline = time.monotonic() + 300
         while not all(p.is_file() and "round" in p.read_text() for p in logs) and time.monotonic() < deadline:
             time.sleep(0.2)
         members = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
         assert len(members) >= 3  # the sweep and its two run processes
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's process group
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _, err = ctrl_c(proc, timeout=120)
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1].startswith("interrupted: rerun the command") and "Traceback" not in err
     deadline = time.monotonic() + 30
