@@ -56,7 +56,7 @@ def make_node_folders(root: Path, per_node: int = 150, test_fraction: float = 0.
     return folders
 
 
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_xy(path: Path) -> tuple[np.ndarray, np.ndarray]:
     table = pq.read_table(path)
     x = np.asarray(table.column("image").to_pylist(), dtype=np.float64)[:, None, :, :]
     return x, table.column("label").to_numpy().astype(np.int64)
@@ -64,13 +64,13 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def pooled_train_stats(folders) -> tuple[float, float]:
     """Mean and (unbiased) std of every pixel of the folders' train.parquet, from the raw data."""
-    pixels = np.concatenate([_read(Path(f) / "train.parquet")[0].ravel() for f in folders])
+    pixels = np.concatenate([read_xy(Path(f) / "train.parquet")[0].ravel() for f in folders])
     return float(pixels.mean()), float(pixels.std(ddof=1))
 
 
 def score(model: torch.nn.Module, path: Path, mean: float, std: float) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of ``model`` on the parquet file ``path``."""
-    x, y = _read(path)
+    x, y = read_xy(path)
     xt = (torch.from_numpy(x.astype(np.float32)) - np.float32(mean)) / np.float32(std)
     with torch.no_grad():
         logits = model.eval()(xt)
@@ -109,7 +109,7 @@ def check_against_folders(out: Path, folders) -> dict[int, tuple[float, float]]:
         row = rows[pid]
         assert float(row["final_acc"]) == acc, (pid, row, acc)
         assert abs(float(row["final_loss"]) - loss) < 1e-5, (pid, row, loss)
-        assert int(row["num_test"]) == len(_read(Path(folder) / "test.parquet")[1])
-        assert int(row["num_train"]) == len(_read(Path(folder) / "train.parquet")[1])
+        assert int(row["num_test"]) == len(read_xy(Path(folder) / "test.parquet")[1])
+        assert int(row["num_train"]) == len(read_xy(Path(folder) / "train.parquet")[1])
         scores[pid] = (acc, loss)
     return scores

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedpcd_app.runtime.flwr_run import _descendants, _free_port, _start_time
+from fedpcd_app.runtime.flwr_run import descendants, free_port, start_time
 
 RAY = str(Path(sys.executable).parent / "ray")
 NODES = ("node_a", "node_b")
@@ -29,7 +29,7 @@ NODES = ("node_a", "node_b")
 def _free_ports(n: int) -> list[int]:
     ports: set[int] = set()
     while len(ports) < n:
-        ports.add(_free_port())
+        ports.add(free_port())
     return sorted(ports)
 
 
@@ -42,7 +42,7 @@ class LocalRayCluster:
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         self.env.update({"RAY_TMPDIR": str(self.tmp), "RAY_USAGE_STATS_ENABLED": "0",
                          "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"})
-        self.port = _free_port()
+        self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
         self.seen: dict[int, int] = {}
@@ -105,7 +105,7 @@ class LocalRayCluster:
         """The command lines of the processes (live now) under node ``name``'s ``ray start``."""
         root = self.procs[NODES.index(name)].pid
         out = []
-        for pid in _descendants(root):
+        for pid in descendants(root):
             with contextlib.suppress(OSError):
                 out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
         return out
@@ -119,24 +119,24 @@ class LocalRayCluster:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL, every process of the two nodes, by PID; then the private folder."""
         for proc in self.procs:
-            self.seen.update(_descendants(proc.pid))
+            self.seen.update(descendants(proc.pid))
         for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             for proc in self.procs:
                 if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(sig)
-            alive = [pid for pid, started in self.seen.items() if _start_time(pid) == started]
+            alive = [pid for pid, started in self.seen.items() if start_time(pid) == started]
             for pid in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
-                alive = [pid for pid in alive if _start_time(pid) == self.seen[pid]]
+                alive = [pid for pid in alive if start_time(pid) == self.seen[pid]]
                 if not alive and all(p.poll() is not None for p in self.procs):
                     break
                 time.sleep(0.1)
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
-        self.leftover = [pid for pid, started in self.seen.items() if _start_time(pid) == started]
+        self.leftover = [pid for pid, started in self.seen.items() if start_time(pid) == started]
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -392,7 +392,7 @@ def _big_images(n, side):
 def test_2000x2000_images_are_refused_before_they_become_floats(tmp_path, monkeypatch):
     folder = good_folder(tmp_path / "data")
     pq.write_table(pa.table({"image": _big_images(3, 2000), "label": pa.array([0, 1, 2])}), folder / "train.parquet")
-    monkeypatch.setattr(data_parquet, "_numeric_lists", lambda *a: pytest.fail("converted before the bound checked"))
+    monkeypatch.setattr(data_parquet, "numeric_lists", lambda *a: pytest.fail("converted before the bound checked"))
     message = _load_error(_cfg(folder))
     assert "\n" not in message and str(folder / "train.parquet") in message
     assert "row 0 holds 4,000,000 values, above the bound of 1,048,576 per image" in message

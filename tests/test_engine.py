@@ -3,6 +3,7 @@ process or in worker processes; and the Flower internals it relies on (.flower_i
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -177,9 +178,9 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
     assert "deprecat" not in printed
     (link,) = links
     assert len(link.seen) >= 3  # SuperExec, the simulation, Ray's processes ...
-    from fedpcd_app.runtime.flwr_run import _start_time
+    from fedpcd_app.runtime.flwr_run import start_time
 
-    assert [p for p, started in link.seen.items() if _start_time(p) == started] == []
+    assert [p for p, started in link.seen.items() if start_time(p) == started] == []
 
 
 # -- a round's train requests to one process together (the batch hook; client_app/vectorised.py) ----
@@ -274,4 +275,7 @@ def test_workers_auto_rule(monkeypatch):
     assert sim.auto_workers(cfg, 2) == 2 and sim.auto_workers(cfg, 1) == 0
     monkeypatch.setattr(sim, "client_seconds", lambda cfg: 2 * sim.WORKER_START_S - 1)
     assert sim.auto_workers(cfg, 2) == 0
-    assert sim._workers_arg("auto") is None and sim._workers_arg("3") == 3
+    parser = argparse.ArgumentParser()
+    sim.add_engine_arguments(parser)
+    assert parser.parse_args(["--workers", "auto"]).workers is None
+    assert parser.parse_args(["--workers", "3"]).workers == 3

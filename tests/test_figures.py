@@ -78,7 +78,7 @@ def drawn(monkeypatch):
         figs[path.name] = fig
         return path
 
-    monkeypatch.setattr(figures, "_save", keep)
+    monkeypatch.setattr(figures, "save_figure", keep)
     yield figs
     for fig in figs.values():
         figures.plt.close(fig)

@@ -53,7 +53,7 @@ def test_nodes_train_and_score_on_their_own_folders(folders, tmp_path):
     assert (config["input-shape"], config["num-classes"]) == ("1x8x8", 10)
     assert summary["complete"] and summary["num_scored"] == 3
     # every client trained on its own train.parquet, whole
-    sizes = {pid: len(own_data._read(f / "train.parquet")[1]) for pid, f in enumerate(folders)}
+    sizes = {pid: len(own_data.read_xy(f / "train.parquet")[1]) for pid, f in enumerate(folders)}
     trained = [r.content[keys.METRICS] for r in grid.replies
                if r.metadata.message_type == "train" and not r.has_error()]
     assert len(trained) == 9

@@ -99,7 +99,7 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
     imgs = (rng.uniform(0, 255, size=shape)).astype(dtype)
     _write(tmp_path / "train.parquet", pa.array(imgs.tolist()))  # variable-size nested lists
     table = pq.read_table(tmp_path / "train.parquet")
-    fast = data_parquet._numeric_lists(table.column("image"))
+    fast = data_parquet.numeric_lists(table.column("image"))
     slow = np.asarray(table.column("image").to_pylist(), dtype=np.float32)
     assert fast is not None and fast.dtype == np.float32
     np.testing.assert_array_equal(fast, slow)
@@ -112,9 +112,9 @@ def test_parquet_fast_path_equals_python_path(tmp_path, shape, dtype):
 def test_parquet_fixed_size_lists_and_ragged(tmp_path):
     imgs = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
     col = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(imgs.reshape(-1)), 3), 3)
-    np.testing.assert_array_equal(data_parquet._numeric_lists(pa.chunked_array([col])), imgs.astype(np.float32))
+    np.testing.assert_array_equal(data_parquet.numeric_lists(pa.chunked_array([col])), imgs.astype(np.float32))
     ragged = pa.array([[[1, 2], [3, 4]], [[1, 2, 3], [4, 5, 6]]])
-    assert data_parquet._numeric_lists(ragged) is None  # left to the slow path, which names the error
+    assert data_parquet.numeric_lists(ragged) is None  # left to the slow path, which names the error
     _write(tmp_path / "train.parquet", ragged)
     with pytest.raises(data_base.DataError, match="same shape"):
         data_parquet.read_parquet(tmp_path, "train")

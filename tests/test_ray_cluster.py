@@ -22,7 +22,7 @@ from fedcore.config import ConfigError
 from fedpcd_app.analysis import ray_sweep
 from fedpcd_app.analysis import sweep as sw
 from fedpcd_app.runtime import flwr_run
-from fedpcd_app.runtime.flwr_run import _free_port, flwr_env, ray_address_file, resolve_ray_address
+from fedpcd_app.runtime.flwr_run import flwr_env, free_port, ray_address_file, resolve_ray_address
 from fedpcd_app.server.results import read_rounds, read_summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ METRICS = ["mean_acc", "std_acc", "worst10_acc", "min_acc", "jain", "mean_loss",
 def _dead_cluster(tmp_path: Path, monkeypatch) -> str:
     """A private Ray temporary folder whose address file names a cluster that is gone (what
     ``ray start --head`` leaves when it is killed without ``ray stop``)."""
-    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text(address)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
@@ -132,10 +132,10 @@ def test_a_failed_tasks_reason_is_the_runs_own_exception():
 
     from client_app.data import DataError
 
-    wrapped = ray.exceptions.RayTaskError("_task", "Traceback (most recent call last):\n  ...",
+    wrapped = ray.exceptions.RayTaskError("run_task", "Traceback (most recent call last):\n  ...",
                                           DataError("dataset-path: /x/train.parquet not found"))
-    assert ray_sweep._reason(wrapped) == "DataError: dataset-path: /x/train.parquet not found"
-    assert ray_sweep._reason(ray.exceptions.WorkerCrashedError()).startswith("WorkerCrashedError: ")
+    assert ray_sweep.failure_reason(wrapped) == "DataError: dataset-path: /x/train.parquet not found"
+    assert ray_sweep.failure_reason(ray.exceptions.WorkerCrashedError()).startswith("WorkerCrashedError: ")
 
 
 def test_a_task_that_does_not_see_the_output_folder_says_so(tmp_path, monkeypatch):
@@ -153,7 +153,7 @@ def test_a_task_that_does_not_see_the_output_folder_says_so(tmp_path, monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ray_sweep.RaySweepError,
                        match="not visible on Ray node .* --out must be on storage every node sees"):
-        ray_sweep._task({"seed": 0}, str(tmp_path / "nowhere"), {"engine": "local", "workers": 0}, 0.0)
+        ray_sweep.run_task({"seed": 0}, str(tmp_path / "nowhere"), {"engine": "local", "workers": 0}, 0.0)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 

@@ -131,10 +131,10 @@ def test_federation_config_overrides_the_defaults_key_by_key():
 
 
 def test_the_run_id_is_read_from_flwr_runs_json_output():
-    from fedpcd_app.runtime.flwr_run import _last_json
+    from fedpcd_app.runtime.flwr_run import last_json
 
     out = 'Flower App configuration warnings...\n{"success": true, "run-id": "123", "fab-id": "x/y"}\n'
-    assert _last_json(out)["run-id"] == "123" and _last_json("no json here") is None
+    assert last_json(out)["run-id"] == "123" and last_json("no json here") is None
 
 
 def _marked_env(tmp_path: Path) -> tuple[dict[str, str], str]:

@@ -58,7 +58,7 @@ def test_a_run_in_a_reused_process_equals_it_in_a_fresh_process(tmp_path):
     try:
         # a run whose process is killed: a failed run naming the cause; the next run gets a new process
         killed = _folder(tmp_path, "killed")
-        reused._start()
+        reused.start()
         watcher = _kill_when_started(reused, killed)
         with pytest.raises(RunFailed, match=r"the run's process died \(killed by signal 9\)"):
             reused.run(TARGET, killed, ENGINE)

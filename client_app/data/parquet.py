@@ -63,7 +63,7 @@ def read_parquet(folder: Path, split: str, max_classes: int = DEFAULT_MAX_CLASSE
         raise DataError(f"dataset-path: {path} column 'image': {column.null_count} missing (null) image(s), "
                         f"first at row {_first_true(column.is_null())}: drop those rows or fill them in")
     _check_image_size(column, path)
-    numeric = _numeric_lists(column)
+    numeric = numeric_lists(column)
     if numeric is None:  # encoded images, ragged or nested lists with missing values
         numeric = _pylist_images(column, path)
     _check_finite(numeric, path)
@@ -258,7 +258,7 @@ def check_same_shape(train: Arrays, test: Arrays | None, folder: Path) -> None:
         )
 
 
-def _numeric_lists(column) -> np.ndarray | None:
+def numeric_lists(column) -> np.ndarray | None:
     """A column of equal-shape nested numeric lists as one float32 array, else None.
 
     The same values as ``np.asarray(column.to_pylist(), dtype=np.float32)``, without

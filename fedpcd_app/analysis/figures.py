@@ -112,7 +112,7 @@ def _same_as(data: dict[str, np.ndarray]) -> dict[str, str]:
     return out
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -189,7 +189,7 @@ def convergence(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
     fig.suptitle(f"{setting}: convergence (mean over seeds" + (" ± 1 std)" if bands else
                  f"; ±1 std bands drawn for up to {BAND_LIMIT} methods, --methods picks them)"))
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def client_histograms(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
@@ -215,7 +215,7 @@ def client_histograms(chosen: dict[str, list[Run]], setting: str, path: Path) ->
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{setting}: final per-client accuracy, pooled over seeds")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _spread_coincident(points: dict[str, tuple[float, float]], span: tuple[float, float]):
@@ -269,7 +269,7 @@ def frontier(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # -- per-client views ----------------------------------------------------------------------
@@ -304,7 +304,7 @@ def client_ecdf(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
     _legend_below(fig, ax, ncol=3)
     fig.suptitle(f"{setting}: per-client accuracy of every method")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def paired_scatter(chosen: dict[str, list[Run]], baseline: str, setting: str, path: Path) -> Path | None:
@@ -364,7 +364,7 @@ def paired_scatter(chosen: dict[str, list[Run]], baseline: str, setting: str, pa
     fig.suptitle(f"{setting}: each client under {_name(chosen[baseline])} (x) and under each method (y), same seed\n"
                  "above the dashed diagonal = the method is better for that client; marker area ∝ clients")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _clients_rows(run: Run) -> list[dict[str, str]] | None:
@@ -415,7 +415,7 @@ def acc_vs_size(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path 
     _legend_below(fig, axes[0], ncol=max(1, len(seeds)))
     fig.suptitle(f"{setting}: client accuracy vs client data size (clients.csv)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _eval_matrix(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
@@ -466,7 +466,7 @@ def heatmap(chosen: dict[str, list[Run]], baseline: str, setting: str, path: Pat
         fig.colorbar(image, ax=axes[:len(mats)], shrink=0.8, label="client accuracy (%)")
     fig.suptitle(f"{setting}: every client's accuracy at each evaluation round (seed {seed})\n"
                  f"rows ordered by {_name(chosen[baseline])}'s final accuracy, lowest at the top", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # -- history, labels, availability -----------------------------------------------------------
@@ -507,7 +507,7 @@ def history_sweep(runs: list[Run], setting: str, path: Path) -> Path | None:
     _legend_below(fig, axes[0])
     fig.suptitle(f"{setting}: history-window sweep (mean ± std over seeds)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
@@ -535,7 +535,7 @@ def label_distribution(run: Run, setting: str, path: Path) -> Path | None:
     if counts.shape[1] <= 20:
         ax.legend(title="class", fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _sampled_fraction(run: Run) -> np.ndarray | None:
@@ -563,7 +563,7 @@ def availability(run: Run, setting: str, path: Path) -> Path:
     ax.grid(alpha=0.3, axis="y")
     _legend_below(fig, ax, ncol=2)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # -- all of them ---------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def task_resources(engine: Mapping[str, Any]) -> tuple[float, float, int]:
     return max(cpus, float(workers)), gpus, int(workers)
 
 
-def _task(overrides: dict[str, Any], folder: str, engine: dict[str, Any], gpus: float) -> str:
+def run_task(overrides: dict[str, Any], folder: str, engine: dict[str, Any], gpus: float) -> str:
     """The body of a run's Ray task, on whichever node Ray chose: record the node in
     ``run.json``, then the run as the local sweep runs it."""
     import ray
@@ -130,7 +130,7 @@ def run_sweep_ray(name: str, total: int, pending: list, out: Path, address: str,
         return failures
     connect(address)
     try:
-        task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_calls=1, max_retries=0)(_task)
+        task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_calls=1, max_retries=0)(run_task)
         refs = {task.remote(r.overrides, str(r.folder(out)), run_engine, gpus): r for r in pending}
         remaining = list(refs)
         try:
@@ -141,7 +141,7 @@ def run_sweep_ray(name: str, total: int, pending: list, out: Path, address: str,
                     try:
                         ray.get(ref)
                     except Exception as exc:  # noqa: BLE001 - one failed run must not stop the sweep
-                        reason = _reason(exc)
+                        reason = failure_reason(exc)
                         failures.append((run, reason))
                         bar.write(f"FAILED {run.folder(out)}: {reason} (log: {run.folder(out) / LOG_FILE})")
                     bar.set_postfix_str(f"{run.method} {run.variant} seed{run.seed}", refresh=False)
@@ -156,7 +156,7 @@ def run_sweep_ray(name: str, total: int, pending: list, out: Path, address: str,
     return failures
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
     """A failed task's one-line reason: the run's own exception, not Ray's wrapper around it."""
     import ray
 

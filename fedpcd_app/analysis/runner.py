@@ -197,7 +197,7 @@ class RunProcess:
         self.proc: subprocess.Popen | None = None
         self.started = 0  # processes started so far (a test reads it)
 
-    def _start(self) -> subprocess.Popen:
+    def start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen([sys.executable, "-m", "fedpcd_app.analysis.runner"], cwd=ROOT,
                                          env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -210,7 +210,7 @@ class RunProcess:
 
     def run(self, overrides: Mapping[str, Any], folder: str | Path, engine: Mapping[str, Any] | None = None) -> str:
         """Run one run in this process; its output folder, or :class:`RunFailed`."""
-        proc = self._start()
+        proc = self.start()
         request = {"overrides": dict(overrides), "folder": str(folder), "engine": dict(engine or {})}
         try:
             proc.stdin.write(json.dumps(request) + "\n")

@@ -76,7 +76,7 @@ def start_run(link, project: Path, run_config: Path, federation: str, env: dict[
     proc = subprocess.run([flwr_bin(), "run", str(project), link.name, "--format", "json",
                            "--federation-config", federation, "--run-config", str(run_config)],
                           env=env, cwd=project, capture_output=True, text=True, check=False)
-    payload = _last_json(proc.stdout)
+    payload = last_json(proc.stdout)
     run_id = payload.get("run-id") if payload else None
     if not run_id:
         why = (payload or {}).get("error-message") or (proc.stderr.strip() or proc.stdout.strip() or "no output")
@@ -85,7 +85,7 @@ def start_run(link, project: Path, run_config: Path, federation: str, env: dict[
     return int(run_id)
 
 
-def _last_json(text: str) -> dict[str, Any] | None:
+def last_json(text: str) -> dict[str, Any] | None:
     """The JSON object in ``flwr ... --format json``'s output (warnings may precede it)."""
     start = text.find("{")
     while start != -1:
@@ -106,7 +106,7 @@ def run_info(link, run_id: int, env: dict[str, str]) -> dict[str, Any]:
     """``flwr ls --run-id <run-id> --format json``: that run's entry ({} if not listed)."""
     proc = subprocess.run([flwr_bin(), "ls", link.name, "--run-id", str(run_id), "--format", "json"],
                           env=env, capture_output=True, text=True, check=False)
-    payload = _last_json(proc.stdout) or {}
+    payload = last_json(proc.stdout) or {}
     for run in payload.get("runs", []):
         if str(run.get("run-id")) == str(run_id):
             return run
@@ -305,7 +305,7 @@ class LocalSuperLink:
 
     def __init__(self, home: Path, env: dict[str, str], startup_timeout: float = 60.0) -> None:
         self.home, self.env = home, env
-        self.port = _free_port()
+        self.port = free_port()
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.name}"\n\n[superlink.{self.name}]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
@@ -345,38 +345,38 @@ class LocalSuperLink:
 
     def _track(self) -> None:
         while not self._stop_watch.wait(0.25):
-            self.seen.update(_descendants(self.process.pid))
+            self.seen.update(descendants(self.process.pid))
 
     def stop(self) -> None:
         """SIGTERM the SuperLink and everything it started, then SIGKILL what remains, by PID."""
-        self.seen.update(_descendants(self.process.pid))
+        self.seen.update(descendants(self.process.pid))
         self._stop_watch.set()
         self._watch.join()
-        self.seen.update(_descendants(self.process.pid))
+        self.seen.update(descendants(self.process.pid))
         for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
             if self.process.poll() is None:
                 self.process.send_signal(sig)
-            alive = [pid for pid, started in self.seen.items() if _start_time(pid) == started]
+            alive = [pid for pid, started in self.seen.items() if start_time(pid) == started]
             for pid in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + grace
             while (alive or self.process.poll() is None) and time.monotonic() < deadline:
                 time.sleep(0.05)
-                alive = [pid for pid in alive if _start_time(pid) == self.seen[pid]]
+                alive = [pid for pid in alive if start_time(pid) == self.seen[pid]]
             if not alive and self.process.poll() is not None:
                 break
         self.process.wait()
         shutil.rmtree(self.home / "apps", ignore_errors=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
     """The process's start time (clock ticks since boot) from /proc, None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -386,7 +386,7 @@ def _start_time(pid: int) -> int | None:
     return None if fields[0] == b"Z" else int(fields[19])  # a zombie is already gone
 
 
-def _descendants(root: int) -> dict[int, int]:
+def descendants(root: int) -> dict[int, int]:
     """Every live descendant of ``root`` (pid -> start time), from /proc (Linux)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
@@ -400,7 +400,7 @@ def _descendants(root: int) -> dict[int, int]:
     out, stack = {}, list(children.get(root, []))
     while stack:
         pid = stack.pop()
-        started = _start_time(pid)
+        started = start_time(pid)
         if started is not None:
             out[pid] = started
         stack.extend(children.get(pid, []))
