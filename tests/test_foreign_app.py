@@ -36,6 +36,7 @@ def test_the_foreign_app_imports_nothing_of_fedpcd_app():
 
 # chance is 0.1; CRAFT takes an absolute step (craft-step) along a unit-scale direction, so 3 rounds
 # move it less far than the methods that step by the clients' own update
+@pytest.mark.slow
 @pytest.mark.parametrize("name, floor", [("fedpcd", 0.8), ("craft", 0.25), ("federage", 0.8)])
 def test_foreign_server_app_runs_the_strategy_for_three_rounds(name, floor):
     # Prepare: six nodes, each a foreign ClientApp with its own Context (as a SuperNode keeps it)
@@ -118,6 +119,7 @@ def moved(initial: ArrayRecord, final: ArrayRecord) -> float:
     return float(sum((a[k] - b[k]).abs().sum() for k in a))
 
 
+@pytest.mark.slow
 def test_a_client_written_against_the_readme_trains_fedpcd_without_partition_ids(caplog):
     """The README's names only (no partition-id: a client is known by its node id); start()
     hands back the final model."""
@@ -130,6 +132,7 @@ def test_a_client_written_against_the_readme_trains_fedpcd_without_partition_ids
     assert len(accs) == 3 and accs[-1] > 0.5, accs
 
 
+@pytest.mark.slow
 def test_quickstart_metric_names_are_read_with_one_warning_each(caplog):
     with caplog.at_level(logging.WARNING, logger="fedpcd"):
         strategy, initial, result = run_fedpcd(quickstart_client(QUICKSTART_NAMES))
@@ -141,12 +144,14 @@ def test_quickstart_metric_names_are_read_with_one_warning_each(caplog):
     assert sorted(result.evaluate_metrics_clientapp) == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_start_returns_the_initial_model_when_no_round_produced_one():
     """Every reply unusable (no loss at all): the model stays, and start() says which model that is."""
     _, initial, result = run_fedpcd(quickstart_client({**README_NAMES, "loss": "something-else"}), rounds=2)
     assert len(result.arrays) == len(initial) and moved(initial, result.arrays) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["craft", "federage"])
 def test_running_the_example_with_a_method_runs_that_method(method, monkeypatch):
     """``python -m examples.foreign_app METHOD`` (its __main__ block), with Flower's simulation

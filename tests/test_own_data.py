@@ -43,6 +43,7 @@ def folders(tmp_path_factory):
     return own_data.make_node_folders(tmp_path_factory.mktemp("own"))
 
 
+@pytest.mark.slow
 def test_nodes_train_and_score_on_their_own_folders(folders, tmp_path):
     central = folders[0].parent / "central.parquet"
     summary, grid = _run(folders, tmp_path, **{"num-server-rounds": 3, "central-test-path": str(central)})
@@ -77,6 +78,7 @@ def test_nodes_train_and_score_on_their_own_folders(folders, tmp_path):
     assert drawn and not [p for p in drawn if "labels" in p.name]
 
 
+@pytest.mark.slow
 def test_declared_shape_classes_and_statistics_are_used_as_given(folders, tmp_path):
     declared = {"num-classes": 12, "input-shape": "1x8x8", "data-mean": "0.25", "data-std": "0.5",
                 "num-server-rounds": 1}
@@ -144,6 +146,7 @@ def test_central_test_path_that_is_missing_is_one_line(folders, tmp_path):
         _run(folders, tmp_path, **{"num-server-rounds": 1, "central-test-path": str(tmp_path / "none.parquet")})
 
 
+@pytest.mark.slow
 def test_a_node_with_a_bad_folder_is_dropped_and_reported(folders, tmp_path, caplog):
     """A node whose folder cannot be read does not answer the QUERY: the run goes on with the
     others (sampling among the present partitions) and the warning says why."""
@@ -152,6 +155,7 @@ def test_a_node_with_a_bad_folder_is_dropped_and_reported(folders, tmp_path, cap
     assert summary["num_scored"] == 2 and summary["unscored_clients"] == [1]
 
 
+@pytest.mark.slow
 def test_nothing_loads_a_partitioned_dataset(folders, tmp_path, monkeypatch):
     """Neither the server nor a client (a label-flip attacker included, whose permutation
     needs the number of classes) touches load_federated_data when the nodes bring their data."""

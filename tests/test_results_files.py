@@ -29,6 +29,7 @@ def run_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_final_model_and_checkpoints_load_with_weights_only(run_dir):
     state = torch.load(run_dir / "final_model.pt", weights_only=True)
     assert state and all(isinstance(v, torch.Tensor) for v in state.values())
@@ -37,6 +38,7 @@ def test_final_model_and_checkpoints_load_with_weights_only(run_dir):
         assert tree["format"] == 2
 
 
+@pytest.mark.slow
 def test_the_readme_snippet_scores_the_final_model_as_the_run_did(run_dir):
     block = re.search(r"```python\n( *import torch\n *from client_app.data.*?) *```", README.read_text(), re.S)
     snippet = textwrap.dedent(block.group(1))

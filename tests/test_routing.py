@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from client_app.client_app import PartitionState
@@ -26,6 +27,7 @@ def _run(tmp_path: Path, name: str, nodes: int, method: str) -> tuple[dict, list
     return json.loads((out / "summary.json").read_text()), [r["sampled"] for r in rounds]
 
 
+@pytest.mark.slow
 def test_two_nodes_serve_every_partition_with_the_numbers_of_one_node_each(tmp_path, method="ditto"):
     """Ditto's personal model lives in the node's context.state (as SCAFFOLD's c_i does): with
     2 nodes serving 6 partitions (partitions 0, 2, 4 on one node) each partition keeps its own."""

@@ -127,6 +127,7 @@ def _report_process(args: list[str], stdin: str | None = None) -> subprocess.Com
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.figures
 def test_the_report_process_imports_neither_torch_nor_flwr(tmp_path):
     """The end-of-run report is drawn without torch's and flwr's imports (they cost more than the
@@ -138,6 +139,7 @@ def test_the_report_process_imports_neither_torch_nor_flwr(tmp_path):
     assert (out / "report.md").is_file() and all((out / "figures" / n).is_file() for n in run_report.FIGURES)
 
 
+@pytest.mark.slow
 @pytest.mark.figures
 def test_the_waiting_report_process_draws_the_folder_it_is_sent(tmp_path):
     """--wait (started with the run): the folder comes on stdin; a closed stdin draws nothing."""
@@ -150,6 +152,7 @@ def test_the_waiting_report_process_draws_the_folder_it_is_sent(tmp_path):
     assert _report_process(["--wait", "extra"]).returncode == 2
 
 
+@pytest.mark.slow
 def test_a_run_starts_its_report_process_and_ends_an_unused_one(tmp_path, monkeypatch):
     """figures = auto: the report's process is started with the run and handed the folder at its
     end; a run that fails ends the process (none left behind)."""

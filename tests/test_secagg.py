@@ -34,6 +34,7 @@ def _run(tmp_path, name, tamper=None, **overrides):
     return exp, grid, cfg
 
 
+@pytest.mark.slow
 def test_fedavg_under_secagg_matches_plain_fedavg_within_quantisation(tmp_path):
     # Execute: the same round with and without SecAgg+
     plain, _, cfg = _run(tmp_path, "plain")
