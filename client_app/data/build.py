@@ -125,34 +125,33 @@ def _build_natural(cfg: RunConfig) -> FederatedData:
     source = f"dataset-path {cfg.dataset_path}" if cfg.dataset_path else f"dataset '{cfg.dataset}'"
     nat = _from_own_splits(users, cfg, source) if users is not None else _from_writers(cfg, source)
     val_idx = _validation_splits(nat, cfg)
-    num_classes = nat.num_classes or int(max(nat.y_pool.max(), nat.y_central.max() if len(nat.y_central) else 0) + 1)
-    x, xc, fill = _tensors(nat.x_pool, nat.x_central, nat.standardise)
+    if nat.central is None:  # the union of the users' (final) test splits
+        central = np.concatenate(nat.test_idx)
+        x_central, y_central = nat.x_pool[central], nat.y_pool[central]
+    else:
+        x_central, y_central = nat.central
+    num_classes = nat.num_classes or int(max(nat.y_pool.max(), y_central.max() if len(y_central) else 0) + 1)
+    x, xc, fill = _tensors(nat.x_pool, x_central, nat.standardise)
     return FederatedData(
         x=x, y=torch.from_numpy(nat.y_pool.astype(np.int64)), train_idx=nat.train_idx, test_idx=nat.test_idx,
-        x_central=xc, y_central=torch.from_numpy(np.asarray(nat.y_central, dtype=np.int64)),
+        x_central=xc, y_central=torch.from_numpy(np.asarray(y_central, dtype=np.int64)),
         num_classes=num_classes, val_idx=val_idx, fill=fill,
     )
 
 
 @dataclass
 class _Users:
-    """One client per user, before the validation splits: the pool, each user's train and test
-    indices into it, the central test set (``central_is_tests``: the union of the users' test
-    splits), whether images are standardised and the class count (0: from the labels)."""
+    """One client per user, before the validation splits: the pool and each user's train and
+    test indices into it; the held-out central test set (None: the union of the users' test
+    splits); whether images are standardised; the class count (0: from the labels)."""
 
     x_pool: np.ndarray
     y_pool: np.ndarray
     train_idx: list[np.ndarray]
     test_idx: list[np.ndarray]
-    x_central: np.ndarray
-    y_central: np.ndarray
-    central_is_tests: bool
-    standardise: bool
-    num_classes: int
-
-    def central_from_tests(self) -> None:
-        central = np.concatenate(self.test_idx)
-        self.x_central, self.y_central = self.x_pool[central], self.y_pool[central]
+    central: tuple[np.ndarray, np.ndarray] | None
+    standardise: bool = True
+    num_classes: int = 0
 
 
 def _from_own_splits(users: UserSplits, cfg: RunConfig, source: str) -> _Users:
@@ -169,15 +168,13 @@ def _from_own_splits(users: UserSplits, cfg: RunConfig, source: str) -> _Users:
         start += len(ytr)
         test_idx.append(np.arange(start, start + len(yte), dtype=np.int64))
         start += len(yte)
-    x_pool, y_pool = np.concatenate(xs), np.concatenate(ys).astype(np.int64)
-    nat = _Users(x_pool, y_pool, train_idx, test_idx, x_pool[:0], y_pool[:0], True, users.standardise,
-                 users.num_classes)
-    nat.central_from_tests()
-    return nat
+    return _Users(np.concatenate(xs), np.concatenate(ys).astype(np.int64), train_idx, test_idx, None,
+                  users.standardise, users.num_classes)
 
 
 def _from_writers(cfg: RunConfig, source: str) -> _Users:
-    """Each writer's examples of the pools split as a partition's (``local-test-fraction``)."""
+    """Each writer's examples of the pools split as a partition's (``local-test-fraction``);
+    merged pools (no held-out set): the central test set is every local test split."""
     x_pool, y_pool, writers, x_central, y_central = _pools(cfg)
     if writers is None:
         raise DataError(f"partitioner='natural' needs user ids: {source} has no '{WRITER_COLUMN}' column "
@@ -189,15 +186,12 @@ def _from_writers(cfg: RunConfig, source: str) -> _Users:
         tr, te = split_local(idx, cfg.local_test_fraction, cfg.seed, pid)
         train_idx.append(tr)
         test_idx.append(te)
-    nat = _Users(x_pool, y_pool, train_idx, test_idx, x_central, y_central, len(y_central) == 0, True, 0)
-    if nat.central_is_tests:  # merged pools: the central test set is every local test split
-        nat.central_from_tests()
-    return nat
+    return _Users(x_pool, y_pool, train_idx, test_idx, (x_central, y_central) if len(y_central) else None)
 
 
 def _validation_splits(nat: _Users, cfg: RunConfig) -> list[np.ndarray]:
     """Each user's validation indices, cut from its train split (``user-resplit``: its examples
-    pooled and cut 80/10/10 anew, the central test set following the new test splits)."""
+    pooled and cut 80/10/10 anew, its test split replaced)."""
     val_idx = []
     resplit = cfg.user_resplit
     for pid, (tr, te) in enumerate(zip(nat.train_idx, nat.test_idx)):
@@ -207,8 +201,6 @@ def _validation_splits(nat: _Users, cfg: RunConfig) -> list[np.ndarray]:
             tr, va = split_validation(tr, len(tr) + len(te), cfg.val_fraction, cfg.seed, pid)
         nat.train_idx[pid] = tr
         val_idx.append(va)
-    if resplit and nat.central_is_tests:  # the central test set stays the union of the (new) test splits
-        nat.central_from_tests()
     return val_idx
 
 
