@@ -197,7 +197,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     # F_i(θ_t): one forward pass over the train split, only for methods that use it.
     want_before = bool(config.get(keys.WANT_LOSS_BEFORE, True))
     loss_before = evaluate(model, x, y, settings.eval_batch_size)[1] if want_before else None
-    method = get_client_method(str(config.get(keys.CLIENT_METHOD, "sgd")))
+    method = get_client_method(str(config.get(keys.CLIENT_METHOD, keys.SGD)))
     job = TrainJob(
         cfg=settings, server_round=server_round, partition_id=pid,
         lr=float(config[keys.ROUND_LR]), model=model, global_arrays=msg.content[keys.ARRAYS],
@@ -230,7 +230,7 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
     weights. For this app's ClientApp and for a foreign one (see :func:`train_reply`)."""
     config = dict(msg.content[keys.CONFIG])
     pid = partition_id if partition_id is not None else node_partition(context, config)
-    method = get_client_method(str(config.get(keys.CLIENT_METHOD, "sgd")))
+    method = get_client_method(str(config.get(keys.CLIENT_METHOD, keys.SGD)))
     if method.eval_model is not None:
         job = TrainJob(
             cfg=settings, server_round=int(config[keys.SERVER_ROUND]), partition_id=pid,

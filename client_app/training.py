@@ -3,7 +3,8 @@
 :func:`local_sgd` is plain mini-batch SGD over a seeded batch order; methods change it
 through two hooks rather than copies of the loop: ``loss_fn`` (how the batch loss is
 formed, e.g. FedeRage's CVaR weights) and ``before_step`` (a gradient correction after
-``backward``, e.g. FedProx's proximal pull or SCAFFOLD's control variates).
+``backward``, e.g. FedProx's proximal pull or SCAFFOLD's control variates); each hook lives in
+its method's module (:mod:`client_app.methods`).
 
 Local work is ``epochs`` shuffled passes over the data (the step count then depends on the
 client's size), or, with ``steps`` H > 0, exactly H steps each on a mini-batch drawn i.i.d.
@@ -102,19 +103,6 @@ def local_sgd(
         steps += 1
         total += float(plain.detach())
     return LocalResult(num_steps=steps, train_loss=total / max(steps, 1))
-
-
-def proximal_pull(anchor: list[torch.Tensor], coeff: float) -> Callable[[nn.Module], None]:
-    """``before_step`` hook: grad += coeff·(w − anchor), the gradient of (coeff/2)‖w − anchor‖²
-    (FedProx's μ with the global model as anchor; Ditto's λ for the personal model)."""
-
-    @torch.no_grad()
-    def hook(model: nn.Module) -> None:
-        for p, a in zip(model.parameters(), anchor):
-            if p.grad is not None:
-                p.grad.add_(p - a, alpha=coeff)
-
-    return hook
 
 
 @torch.no_grad()

@@ -5,15 +5,13 @@ one model at a time. Here the clients a process receives in a round are *rows* o
 parameters — (B, *shape) per parameter — and one step of every row is one batched forward
 and backward: ``torch.func.vmap`` over ``functional_call`` of the run's model (batched
 matmuls and grouped convolutions), with ``autograd.grad`` of the sum of the rows' losses
-(rows are independent, so each row's gradient is its own client's). Each row carries what its
-method changes:
-
-* plain SGD: momentum, weight decay (``torch.optim.SGD``'s update, written out), the round's lr;
-* FedProx / Ditto's personal model: the proximal pull coeff·(w − anchor) added to the gradient;
-* SCAFFOLD: the correction c − c_i added to the gradient;
-* FedeRage: the CVaR weights at the row's β and the β step (batch or sample level);
-* Ditto: two rows per client (the shared model, and the personal one with the pull towards
-  θ_t) on the same batches.
+(rows are independent, so each row's gradient is its own client's), then
+``torch.optim.SGD``'s update (momentum, weight decay, the round's lr) written out once for all
+rows. What a method changes comes from its row form (:mod:`client_app.methods`: each method's
+module holds its loop step and its rows): the terms added to a row's gradient (FedProx's and
+Ditto's proximal pull, SCAFFOLD's correction), the weighting of a row's example losses and the
+scalar it carries (FedeRage's CVaR weights and β step), the rows of one job (Ditto's shared and
+personal models on the same batches) and how their results finish its outcome.
 
 Each row's batches are drawn from its job's own generator exactly as the per-client path
 draws them (the same shuffled epochs or i.i.d. steps, then the augmentation's draws), so the
@@ -25,7 +23,7 @@ one (CPU only). The result is the per-client path's within float rounding (the t
 both to 1e-5 relative; ``tests/test_vectorised.py``).
 
 Where it does not fit (a model with buffers or dropout on CUDA, a method without a row
-form, one client), the per-client routine runs, and the reason is logged once.
+form), the per-client routine runs, and the reason is logged once.
 
 **How a process gets the round's clients at once.** :func:`deliver_batch` runs each message
 of a batch through the unchanged ClientApp (mods included: attacks, secure aggregation) in a
@@ -61,7 +59,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from client_app.methods import TrainJob, TrainOutcome
+from client_app.methods import (
+    ClientMethod,
+    NotCovered,
+    Row,
+    RowForm,
+    RowLoss,
+    RowResult,
+    TrainJob,
+    TrainOutcome,
+    load_params,
+    params_of,
+)
 from client_app.training import batch_indices, sampled_batches
 from fedcore.config import APP
 from fedcore.seeding import seed_torch
@@ -72,7 +81,6 @@ EXECUTION_KEY = "client-execution"
 # client-execution = 'auto' trains these models as rows (measured faster than the loop on the
 # CPU with two clients or more; docs/performance.md §"Clients trained at once").
 AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
-COVERED_METHODS = ("sgd", "fedprox", "federage", "scaffold", "ditto")
 
 _SAID: set[str] = set()
 
@@ -88,10 +96,6 @@ def _say_once(reason: str) -> None:
         log.info("client-execution: %s", reason)
 
 
-class NotCovered(Exception):
-    """This job has no row form here (the per-client routine runs)."""
-
-
 def execution_mode(settings) -> str:
     """The run's ``client-execution`` from the routine's settings (a RunConfig field, as
     :class:`client_app.methods.LocalTraining`'s), checked against its declaration."""
@@ -99,37 +103,13 @@ def execution_mode(settings) -> str:
 
 
 # -- rows: the batched trainer -----------------------------------------------------------------
-@dataclasses.dataclass
-class Row:
-    """One model trained as a row: its start, its data and batches, its method's terms."""
-
-    init: list[torch.Tensor]  # starting parameters (named_parameters order)
-    x: torch.Tensor  # the examples its batches index (already augmented when augmenting)
-    y: torch.Tensor
-    steps: list[torch.Tensor]  # per step, indices into x / y
-    lr: float
-    prox: float = 0.0  # coeff of the pull coeff·(w − anchor)
-    anchor: list[torch.Tensor] | None = None
-    correction: list[torch.Tensor] | None = None  # added to every step's gradient
-    beta: float = 0.0  # FedeRage's β (with a risk group)
-    masks: list[list[torch.Tensor]] | None = None  # per step, per dropout module: its noise
-
-
-@dataclasses.dataclass
-class RowResult:
-    params: list[torch.Tensor]
-    num_steps: int
-    train_loss: float
-    beta: float
-
-
 @dataclasses.dataclass(frozen=True)
 class Group:
     """What the rows trained together share."""
 
     momentum: float = 0.0
     weight_decay: float = 0.0
-    risk: object | None = None  # federage.RiskParams: the CVaR loss and β step
+    loss: RowLoss | None = None  # how the rows weight their examples' losses (None: the plain mean)
 
 
 class _MaskedDropout(nn.Module):
@@ -329,23 +309,178 @@ def _forward_for(model: nn.Module) -> _Forward:
     return _FORWARDS[key]
 
 
-def _coefficient(risk, w: torch.Tensor, n: torch.Tensor, wn: torch.Tensor, beta: torch.Tensor, terms: dict,
-                 ce: torch.Tensor) -> torch.Tensor:
-    """d(total)/d(ce) per example of one batched step (w: the examples' weights, 0 for padding;
-    n: real examples per row; wn = w / n); the rows' mean batch losses (``terms['plain']``) and
-    FedeRage's β step (``terms['step']``) on the side."""
-    e = ce.detach()
-    plain = (e * wn).sum(1)  # (rows,) each row's mean batch loss
-    terms["plain"] = plain
-    if risk is None:
-        return wn
-    if risk.level == "batch":
-        rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (plain >= beta.float()).to(e.dtype)
-        terms["step"] = (1.0 - rw).double()
-        return rw[:, None] * w / n
-    rw = (1.0 - risk.gamma) + (risk.gamma / risk.alpha) * (e >= beta.float()[:, None]).to(e.dtype)
-    terms["step"] = (((1.0 - rw) * w).sum(1) / n[:, 0]).double()
-    return rw * w / n
+@dataclasses.dataclass
+class _Batches:
+    """Every (step, row)'s batch of the rows (ordered by their number of steps, most first), packed
+    step by step: step k trains rows 0..width[k]−1, its (row, example) pairs at start[k]:start[k+1]
+    of ``packed`` (indices into the pooled X / Y), each row's batch padded to ``bs`` examples."""
+
+    X: torch.Tensor
+    bs: int
+    steps: list[int]  # each row's number of steps
+    width: list[int]  # per step: the rows still training
+    start: list[int]  # per step: where its pairs start (one more entry: the end)
+    full: list[bool]  # per step: every row of the prefix has a batch
+    active: torch.Tensor  # (S, B) which rows have a batch at each step
+    weight: torch.Tensor  # (S, B, bs) 1 for an example, 0 for padding
+    per_row: torch.Tensor  # (S, B, 1) real examples (at least 1)
+    packed: torch.Tensor  # (pairs, bs)
+    labels: torch.Tensor  # (pairs, bs)
+    per_example: torch.Tensor  # (pairs, bs) d(mean batch loss)/d(example loss)
+    gathered: torch.Tensor | None  # X[packed], where that fits in _GATHER_BYTES
+    noise: list[torch.Tensor]  # per dropout module: (S, B, bs, *features)
+
+    @classmethod
+    def pack(cls, rows: Sequence[Row], forward: _Forward, dev: torch.device) -> _Batches:
+        steps = [len(r.steps) for r in rows]
+        S, B = steps[0], len(rows)
+        bs = max((len(i) for r in rows for i in r.steps), default=1)
+        X, Y, offsets = _pool(rows, dev)
+        index, weight = _scatter(rows, offsets, S, bs, dev)
+        counts = weight.sum(2)  # (S, B) real examples per step
+        active = counts > 0  # (S, B)
+        width = [sum(1 for n_ in steps if n_ > k) for k in range(S)] if B > 1 else [B] * S  # the prefix per step
+        full = [bool(active[k, :width[k]].all()) for k in range(S)]  # every row of the prefix takes a step
+        per_row = counts.clamp_min(1.0)[..., None]  # (S, B, 1)
+        start = [0]
+        for m_ in width:
+            start.append(start[-1] + m_)
+        packed = torch.cat([index[k, :width[k]] for k in range(S)])  # (pairs, bs)
+        per_example = torch.cat([weight[k, :width[k]] / per_row[k, :width[k]] for k in range(S)])
+        gathered = X[packed] if packed.numel() * X[:1].numel() * X.element_size() <= _GATHER_BYTES else None
+        return cls(X=X, bs=bs, steps=steps, width=width, start=start, full=full, active=active, weight=weight,
+                   per_row=per_row, packed=packed, labels=Y[packed], per_example=per_example, gathered=gathered,
+                   noise=_noise(rows, forward, X, S, bs, dev))
+
+    def inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step k's examples and labels (rows, bs, ...)."""
+        a, b = self.start[k], self.start[k + 1]
+        return (self.gathered[a:b] if self.gathered is not None else self.X[self.packed[a:b]]), self.labels[a:b]
+
+
+def _pool(rows: Sequence[Row], dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The rows' examples in one pool, and where each row's start (rows on the same data, as
+    Ditto's two, share theirs)."""
+    sources: dict[int, int] = {}  # id(x) -> offset in the pool
+    xs, ys, off = [], [], 0
+    offsets = []
+    for r in rows:
+        if id(r.x) not in sources:
+            sources[id(r.x)] = off
+            xs.append(r.x.to(dev))
+            ys.append(r.y.to(dev))
+            off += len(r.y)
+        offsets.append(sources[id(r.x)])
+    return torch.cat(xs), torch.cat(ys), offsets
+
+
+def _scatter(rows: Sequence[Row], offsets: list[int], S: int, bs: int,
+             dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (row, step)'s batch scattered into (S, B, bs) index (into the pool) and weight (1 for
+    an example, 0 for padding) tensors in one go."""
+    lens = [len(i) for r in rows for i in r.steps]
+    index = torch.zeros(S, len(rows), bs, dtype=torch.long, device=dev)
+    weight = torch.zeros(S, len(rows), bs, device=dev)
+    if lens:
+        step_of = [k for r in rows for k in range(len(r.steps))]
+        row_of = [b for b, r in enumerate(rows) for _ in r.steps]
+        lens_t = torch.tensor(lens, device=dev)
+        flat_step = torch.repeat_interleave(torch.tensor(step_of, device=dev), lens_t)
+        flat_row = torch.repeat_interleave(torch.tensor(row_of, device=dev), lens_t)
+        pos = torch.arange(int(lens_t.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(lens_t, 0) - lens_t,
+                                                                                  lens_t)
+        shift = torch.repeat_interleave(torch.tensor([offsets[b] for b in row_of], device=dev), lens_t)
+        index[flat_step, flat_row, pos] = torch.cat([i.to(dev) for r in rows for i in r.steps]) + shift
+        weight[flat_step, flat_row, pos] = 1.0
+    return index, weight
+
+
+def _noise(rows: Sequence[Row], forward: _Forward, X: torch.Tensor, S: int, bs: int,
+           dev: torch.device) -> list[torch.Tensor]:
+    """Per dropout module: every (step, row)'s noise, (S, B, bs, *features), zero-padded."""
+    if not forward.drops:
+        return []
+    noise = [torch.zeros(S, len(rows), bs, *shape, device=dev) for shape in forward.dropout_shapes(X)]
+    for b, r in enumerate(rows):
+        for k, per_module in enumerate(r.masks or []):
+            for j, z in enumerate(per_module):
+                noise[j][k, b, : len(z)] = z
+    return noise
+
+
+class _Layout:
+    """All of a row's parameters in one flat (D,) vector, the model's views cut out of the rows'
+    (rows, D) tensor: the update is a few whole-tensor operations per step, whatever the layers."""
+
+    def __init__(self, init: Sequence[torch.Tensor], dev: torch.device) -> None:
+        self.shapes = [tuple(t.shape) for t in init]
+        self.cuts = [0]
+        for t in init:
+            self.cuts.append(self.cuts[-1] + t.numel())
+        self.dev = dev
+
+    def flat(self, ts: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.reshape(-1).to(self.dev) for t in ts])
+
+    def views(self, p: torch.Tensor) -> list[torch.Tensor]:
+        return [p[:, a:b].view(p.shape[0], *shape) for a, b, shape in zip(self.cuts[:-1], self.cuts[1:], self.shapes)]
+
+    def unflat(self, row: torch.Tensor) -> list[torch.Tensor]:
+        return [row[a:b].view(shape) for a, b, shape in zip(self.cuts[:-1], self.cuts[1:], self.shapes)]
+
+
+@dataclasses.dataclass
+class _Trained:
+    """What the steps change: the rows' parameters, momentum buffer, carried scalars and losses."""
+
+    params: torch.Tensor  # (B, D)
+    lr: torch.Tensor  # (B, 1)
+    terms: list[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]]  # the methods' gradient terms
+    carried: torch.Tensor  # (B,) float64: what the rows' loss carries (FedeRage's β)
+    losses: torch.Tensor  # each (step, row) pair's mean batch loss (0 where a row took none)
+    buf: torch.Tensor | None = None  # the momentum buffer, from the first step
+
+    @classmethod
+    def start(cls, rows: Sequence[Row], layout: _Layout, pairs: int) -> _Trained:
+        params = torch.stack([layout.flat(r.init) for r in rows])
+        dev = params.device
+        return cls(params=params, lr=torch.tensor([r.lr for r in rows], dtype=params.dtype, device=dev)[:, None],
+                   terms=_gradient_terms(rows, layout, params),
+                   carried=torch.tensor([float(r.carried) for r in rows], dtype=torch.float64, device=dev),
+                   losses=torch.zeros(pairs, device=dev))
+
+
+def _gradient_terms(rows: Sequence[Row], layout: _Layout, params: torch.Tensor) -> list[Callable]:
+    """Each kind of term of the rows, stacked by its own class (a row without one: None), in a
+    fixed order (by class), so that a row's numbers do not depend on the rows beside it."""
+    kinds = sorted({type(t) for r in rows for t in r.terms}, key=lambda c: (c.__module__, c.__qualname__))
+    out = []
+    for kind in kinds:
+        mine = [next((t for t in r.terms if type(t) is kind), None) for r in rows]
+        add = kind.stack(mine, rows, layout.flat, params)
+        if add is not None:
+            out.append(add)
+    return out
+
+
+class _Coefficient:
+    """d(total)/d(ce) per example of one step (``wn`` = d(mean batch loss)/d(ce), or the rows'
+    loss's weights); the rows' mean batch losses (``plain``) and the gradient of what the loss
+    carries (``grad``) on the side. The hand-written chain's backward calls it inside."""
+
+    def __init__(self, loss: RowLoss | None, wn: torch.Tensor, real: torch.Tensor, count: torch.Tensor,
+                 carried: torch.Tensor) -> None:
+        self.loss, self.wn, self.real, self.count, self.carried = loss, wn, real, count, carried
+        self.plain: torch.Tensor | None = None
+        self.grad: torch.Tensor | None = None
+
+    def __call__(self, ce: torch.Tensor) -> torch.Tensor:
+        e = ce.detach()
+        self.plain = (e * self.wn).sum(1)  # (rows,) each row's mean batch loss
+        if self.loss is None:
+            return self.wn
+        c, self.grad = self.loss.coefficient(e, self.plain, self.real, self.count, self.carried)
+        return c
 
 
 def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) -> list[RowResult]:
@@ -358,147 +493,92 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
     forward = _forward_for(model)
     dev = next(model.parameters()).device
     order = sorted(range(len(rows)), key=lambda b: -len(rows[b].steps))  # stable: ties keep their order
-    given, rows = rows, [rows[b] for b in order]
-    B = len(rows)
-    S = max(len(r.steps) for r in rows)
-    if S == 0:  # no row has a batch: every row keeps its start
-        return [RowResult(params=[t.clone() for t in r.init], num_steps=0, train_loss=0.0, beta=float(r.beta))
-                for r in given]
-    bs = max((len(i) for r in rows for i in r.steps), default=1)
-    sources: dict[int, int] = {}  # id(x) -> offset in the pool (Ditto's two rows share one)
-    xs, ys, off = [], [], 0
-    offsets = []
-    for r in rows:
-        if id(r.x) not in sources:
-            sources[id(r.x)] = off
-            xs.append(r.x.to(dev))
-            ys.append(r.y.to(dev))
-            off += len(r.y)
-        offsets.append(sources[id(r.x)])
-    X, Y = torch.cat(xs), torch.cat(ys)
-    # every (row, step)'s batch scattered into (S, B, bs) index / weight tensors in one go
-    lens = [len(i) for r in rows for i in r.steps]
-    index = torch.zeros(S, B, bs, dtype=torch.long, device=dev)
-    weight = torch.zeros(S, B, bs, device=dev)
-    if lens:
-        step_of = [k for r in rows for k in range(len(r.steps))]
-        row_of = [b for b, r in enumerate(rows) for _ in r.steps]
-        lens_t = torch.tensor(lens, device=dev)
-        flat_step = torch.repeat_interleave(torch.tensor(step_of, device=dev), lens_t)
-        flat_row = torch.repeat_interleave(torch.tensor(row_of, device=dev), lens_t)
-        pos = torch.arange(int(lens_t.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(lens_t, 0) - lens_t,
-                                                                                  lens_t)
-        shift = torch.repeat_interleave(torch.tensor([offsets[b] for b in row_of], device=dev), lens_t)
-        index[flat_step, flat_row, pos] = torch.cat([i.to(dev) for r in rows for i in r.steps]) + shift
-        weight[flat_step, flat_row, pos] = 1.0
-    counts = weight.sum(2)  # (S, B) real examples per step
-    active = counts > 0  # (S, B)
-    steps = [len(r.steps) for r in rows]
-    width = [sum(1 for n_ in steps if n_ > k) for k in range(S)] if B > 1 else [B] * S  # the prefix per step
-    full = [bool(active[k, :width[k]].all()) for k in range(S)]  # every row of the prefix takes a step
-    noise: list[torch.Tensor] = []
-    if forward.drops:  # per step and dropout module: (B, bs, *features), zero-padded
-        shapes = forward.dropout_shapes(X)
-        noise = [torch.zeros(S, B, bs, *shape, device=dev) for shape in shapes]
-        for b, r in enumerate(rows):
-            for k, per_module in enumerate(r.masks or []):
-                for j, z in enumerate(per_module):
-                    noise[j][k, b, : len(z)] = z
-    # All of a row's parameters in one (B, D) tensor (the model's views cut out of it): the
-    # update is a few whole-tensor operations per step, whatever the number of layers.
-    shapes = [tuple(t.shape) for t in rows[0].init]
-    sizes = [t.numel() for t in rows[0].init]
-    cuts = [0]
-    for n_ in sizes:
-        cuts.append(cuts[-1] + n_)
-
-    def flat(ts: Sequence[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([t.reshape(-1).to(dev) for t in ts])
-
-    def views(p: torch.Tensor) -> list[torch.Tensor]:
-        return [p[:, a:b].view(p.shape[0], *shape) for a, b, shape in zip(cuts[:-1], cuts[1:], shapes)]
-
-    params = torch.stack([flat(r.init) for r in rows])  # (B, D)
-    lr = torch.tensor([r.lr for r in rows], dtype=params.dtype, device=dev)[:, None]
-    pull = any(r.prox for r in rows)
-    if pull:
-        coeff = torch.tensor([r.prox for r in rows], dtype=params.dtype, device=dev)[:, None]
-        anchor = torch.stack([flat(r.anchor or r.init) for r in rows])
-    corrected = any(r.correction is not None for r in rows)
-    if corrected:
-        corr = torch.stack([flat(r.correction) if r.correction is not None else torch.zeros_like(params[0])
-                            for r in rows])
-    risk = group.risk
-    beta = torch.tensor([float(r.beta) for r in rows], dtype=torch.float64, device=dev)
-    per_row = counts.clamp_min(1.0)[..., None]  # (S, B, 1)
-    # The (step, row) pairs that train, packed step by step (step k's rows at start[k]:start[k+1]):
-    # each step reads its batch as one slice. The examples are gathered once where that fits.
-    start = [0]
-    for m_ in width:
-        start.append(start[-1] + m_)
-    packed = torch.cat([index[k, :width[k]] for k in range(S)])  # (pairs, bs)
-    labels = Y[packed]
-    per_example = torch.cat([weight[k, :width[k]] / per_row[k, :width[k]] for k in range(S)])  # d(batch loss)/d(ce)
-    gathered = X[packed] if packed.numel() * X[:1].numel() * X.element_size() <= _GATHER_BYTES else None
-    losses = torch.zeros(start[-1], device=dev)  # each pair's mean batch loss (0 where a row took none)
-    buf: torch.Tensor | None = None
-    by_hand = not forward.drops and forward.is_chain(views(params[:1]), X[index[0, :1]])
-    for k in range(S):
-        m = width[k]  # rows 0..m-1 still train
-        a, b = start[k], start[k + 1]
-        xb = gathered[a:b] if gathered is not None else X[packed[a:b]]
-        yb, p = labels[a:b], params[:m]
-        act = None if full[k] else active[k, :m]
-        w, n, beta_k = (None, None, None) if risk is None else (weight[k, :m], per_row[k, :m], beta[:m])
-        terms: dict[str, torch.Tensor] = {}
-
-        coefficient = functools.partial(_coefficient, risk, w, n, per_example[a:b], beta_k, terms)
-        if by_hand:
-            _, g = forward.chain_step(views(p), xb, yb, coefficient)
-        else:
-            # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
-            leaves = [v.detach().requires_grad_(True) for v in views(p)]
-            logits = forward(leaves, xb, [z[k, :m] for z in noise])
-            ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(m, bs)
-            total = (coefficient(ce).detach() * ce).sum()
-            g = torch.cat([t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], 1)
-        losses[a:b] = terms["plain"]  # 0 for a row of the prefix without a batch at this step
-        if risk is not None:
-            moved = (beta_k - risk.beta_lr * terms["step"]).clamp(risk.beta_min, risk.beta_max)
-            beta[:m] = moved if full[k] else torch.where(act, moved, beta_k)
-        with torch.no_grad():
-            mask = None if full[k] else act[:, None]
-            if pull:
-                g = g + coeff[:m] * (p - anchor[:m])
-            if corrected:
-                g = g + corr[:m]
-            if group.weight_decay:
-                g = g + group.weight_decay * p
-            if group.momentum:
-                if buf is None:
-                    buf = torch.zeros_like(params)
-                    g = g.clone()
-                elif full[k]:
-                    g = buf[:m] * group.momentum + g
-                else:
-                    g = torch.where(mask, buf[:m] * group.momentum + g, buf[:m])
-                buf[:m] = g
-            if full[k]:
-                p.addcmul_(lr[:m], g, value=-1.0)
-            else:
-                params[:m] = torch.where(mask, p - lr[:m] * g, p)
-    loss_sum = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(
-        0, torch.cat([torch.arange(m_, device=dev) for m_ in width]), losses.double())
-    results = [RowResult(params=[params[b, a:c].view(shape) for a, c, shape in zip(cuts[:-1], cuts[1:], shapes)],
-                         num_steps=steps[b], train_loss=float(loss_sum[b]) / max(steps[b], 1), beta=float(beta[b]))
-               for b in range(B)]
-    out: list[RowResult] = [results[0]] * len(given)
+    ordered = [rows[b] for b in order]
+    if not ordered[0].steps:  # no row has a batch: every row keeps its start
+        return [RowResult(params=[t.clone() for t in r.init], num_steps=0, train_loss=0.0, carried=float(r.carried))
+                for r in rows]
+    batches = _Batches.pack(ordered, forward, dev)
+    layout = _Layout(ordered[0].init, dev)
+    state = _Trained.start(ordered, layout, batches.start[-1])
+    _train_steps(forward, batches, layout, state, group)
+    results = _results(batches, layout, state)
+    out: list[RowResult] = [results[0]] * len(rows)
     for b, at in enumerate(order):
         out[at] = results[b]
     return out
 
 
-# -- jobs → rows: what each method's routine does, as rows -----------------------------------------
+def _train_steps(forward: _Forward, batches: _Batches, layout: _Layout, state: _Trained, group: Group) -> None:
+    """The steps: each one batch's gradient of every row still training, the methods' terms, the
+    carried scalars' step and the SGD update (rows without a batch at that step are kept)."""
+    by_hand = not forward.drops and forward.is_chain(layout.views(state.params[:1]), batches.X[batches.packed[:1]])
+    for k, m in enumerate(batches.width):  # rows 0..m-1 still train
+        a, b = batches.start[k], batches.start[k + 1]
+        act = None if batches.full[k] else batches.active[k, :m]
+        p = state.params[:m]
+        coefficient = _Coefficient(group.loss, batches.per_example[a:b], batches.weight[k, :m],
+                                   batches.per_row[k, :m], state.carried[:m])
+        xb, yb = batches.inputs(k)
+        if by_hand:
+            _, g = forward.chain_step(layout.views(p), xb, yb, coefficient)
+        else:
+            g = _autograd_step(forward, layout.views(p), xb, yb, [z[k, :m] for z in batches.noise], coefficient)
+        state.losses[a:b] = coefficient.plain  # 0 for a row of the prefix without a batch at this step
+        if group.loss is not None:
+            moved = group.loss.step(state.carried[:m], coefficient.grad)
+            state.carried[:m] = moved if act is None else torch.where(act, moved, state.carried[:m])
+        with torch.no_grad():
+            for add in state.terms:
+                g = add(g, p, m)
+            _sgd_update(state, g, m, act, group)
+
+
+def _autograd_step(forward: _Forward, views: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+                   noise: list[torch.Tensor], coefficient: _Coefficient) -> torch.Tensor:
+    """The rows' gradients (rows, D) of Σ coefficient(ce)·ce by autograd through the forward."""
+    m, bs = yb.shape
+    # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
+    leaves = [v.detach().requires_grad_(True) for v in views]
+    logits = forward(leaves, xb, noise)
+    ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(m, bs)
+    total = (coefficient(ce).detach() * ce).sum()
+    return torch.cat([t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], 1)
+
+
+def _sgd_update(state: _Trained, g: torch.Tensor, m: int, act: torch.Tensor | None, group: Group) -> None:
+    """``torch.optim.SGD``'s step (weight decay, momentum, lr) of rows 0..m−1, written out; a row
+    outside ``act`` (no batch at this step) keeps its parameters and momentum."""
+    p = state.params[:m]
+    mask = None if act is None else act[:, None]
+    if group.weight_decay:
+        g = g + group.weight_decay * p
+    if group.momentum:
+        if state.buf is None:
+            state.buf = torch.zeros_like(state.params)
+            g = g.clone()
+        elif mask is None:
+            g = state.buf[:m] * group.momentum + g
+        else:
+            g = torch.where(mask, state.buf[:m] * group.momentum + g, state.buf[:m])
+        state.buf[:m] = g
+    if mask is None:
+        p.addcmul_(state.lr[:m], g, value=-1.0)
+    else:
+        state.params[:m] = torch.where(mask, p - state.lr[:m] * g, p)
+
+
+def _results(batches: _Batches, layout: _Layout, state: _Trained) -> list[RowResult]:
+    """Each row's parameters, steps, mean batch loss (summed in float64) and carried scalar."""
+    dev = state.params.device
+    steps = batches.steps
+    loss_sum = torch.zeros(len(steps), dtype=torch.float64, device=dev).index_add_(
+        0, torch.cat([torch.arange(m_, device=dev) for m_ in batches.width]), state.losses.double())
+    return [RowResult(params=layout.unflat(state.params[b]), num_steps=steps[b],
+                      train_loss=float(loss_sum[b]) / max(steps[b], 1), carried=float(state.carried[b]))
+            for b in range(len(steps))]
+
+
+# -- jobs → rows: each method's row form -----------------------------------------------------------
 def job_batches(job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The job's (x, y, per-step indices) drawn exactly as :func:`local_sgd` draws them (the
     generator's batch draws and the augmentation's draws in the same order)."""
@@ -544,6 +624,13 @@ def dropout_noise(job: TrainJob, steps: list[torch.Tensor], forward: _Forward) -
     return out
 
 
+def plain_row(job: TrainJob) -> Row:
+    """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise)."""
+    x, y, steps = job_batches(job)
+    noise = dropout_noise(job, steps, _forward_for(job.model)) if model_info(job.model).has_dropout else None
+    return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise)
+
+
 @dataclasses.dataclass
 class Plan:
     """A job's rows, the group they train in, and how the rows' results become its outcome."""
@@ -553,84 +640,26 @@ class Plan:
     finish: Callable[[list[RowResult]], TrainOutcome]
 
 
-def _params_of(model: nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-@torch.no_grad()
-def load_params(model: nn.Module, params: list[torch.Tensor]) -> None:
-    for p, v in zip(model.parameters(), params):
-        p.copy_(v)
-
-
-def _outcome(res: RowResult) -> TrainOutcome:
-    return TrainOutcome(num_steps=res.num_steps, train_loss=res.train_loss)
-
-
-def plan(method_name: str, job: TrainJob) -> Plan:
-    """The rows of one job (raises :class:`NotCovered` where there is no row form)."""
-    info = model_info(job.model)
-    reason = info.uncovered
+def plan(method: ClientMethod, job: TrainJob) -> Plan:
+    """The rows of one job by its method's row form (raises :class:`NotCovered` where the model
+    or the method has none)."""
+    reason = model_info(job.model).uncovered
     if reason:
         raise NotCovered(reason)
-    if method_name not in COVERED_METHODS:
-        raise NotCovered(f"client method {method_name!r} has no row form")
-    group = Group(momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay))
-    init = _params_of(job.model)
-    x, y, steps = job_batches(job)
-    noise = dropout_noise(job, steps, _forward_for(job.model)) if info.has_dropout else None
-    base = Row(init=init, x=x, y=y, steps=steps, lr=float(job.lr), masks=noise)
+    if method.rows is None:
+        raise NotCovered(f"client method {method.name!r} has no row form")
+    form = method.rows(job, plain_row(job))
+    group = Group(momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay), loss=form.loss)
+    return Plan(form.rows, group, functools.partial(_finish, job, form))
 
-    def finish_plain(results):
-        load_params(job.model, results[0].params)
-        return _outcome(results[0])
 
-    if method_name == "sgd":
-        return Plan([base], group, finish_plain)
-    if method_name == "fedprox":
-        from client_app.methods import fedprox
-
-        return Plan([dataclasses.replace(base, prox=fedprox.mu_of(job), anchor=init)], group, finish_plain)
-    if method_name == "federage":
-        from client_app.methods import federage
-
-        params, beta = federage.start(job)
-        group = dataclasses.replace(group, risk=params)
-
-        def finish_federage(results):
-            out = finish_plain(results)
-            federage.finish(out, results[0].beta)
-            return out
-
-        return Plan([dataclasses.replace(base, beta=beta)], group, finish_federage)
-    if method_name == "scaffold":
-        from client_app.methods import scaffold
-
-        setup = scaffold.setup(job)
-        row = dataclasses.replace(base, correction=scaffold.correction_per_parameter(job.model, setup))
-
-        def finish_scaffold(results):
-            out = finish_plain(results)
-            scaffold.finish(job, out, setup)
-            return out
-
-        return Plan([row], group, finish_scaffold)
-    # ditto: the shared model (plain SGD) and the personal one (pull λ towards θ_t), same batches
-    from client_app.methods import ditto
-
-    if info.has_dropout:
-        raise NotCovered("Ditto's personal model continues torch's global generator (no row form with dropout)")
-    lam = ditto.lambda_of(job)
-    personal = ditto.personal_model(job)
-    prow = Row(init=_params_of(personal), x=x, y=y, steps=steps, lr=float(job.lr), prox=lam, anchor=init)
-
-    def finish_ditto(results):
-        out = finish_plain(results)
-        load_params(personal, results[1].params)
-        ditto.finish(job, out, personal, results[1].train_loss)
-        return out
-
-    return Plan([base, prow], group, finish_ditto)
+def _finish(job: TrainJob, form: RowForm, results: list[RowResult]) -> TrainOutcome:
+    """The first row's result into the job's model and the outcome; the method's extras."""
+    load_params(job.model, results[0].params)
+    outcome = TrainOutcome(num_steps=results[0].num_steps, train_loss=results[0].train_loss)
+    if form.finish is not None:
+        form.finish(results, outcome)
+    return outcome
 
 
 def _group_key(model: nn.Module, group: Group) -> tuple:
@@ -639,7 +668,7 @@ def _group_key(model: nn.Module, group: Group) -> tuple:
 
 @dataclasses.dataclass
 class Entry:
-    method: object  # client_app.methods.ClientMethod
+    method: ClientMethod
     job: TrainJob
     outcome: TrainOutcome | None = None
     error: BaseException | None = None
@@ -667,7 +696,7 @@ def run_entries(entries: Sequence[Entry], mode: str) -> None:
             continue
         e.generator_state = e.job.generator.get_state()
         try:
-            p = plan(e.method.name, e.job)
+            p = plan(e.method, e.job)
         except NotCovered as exc:
             _say_once(f"the per-client loop trains {e.method.name} on {type(e.job.model).__name__}: {exc}")
             e.job.generator.set_state(e.generator_state)

@@ -12,7 +12,7 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 ROUND_LR = "round-lr"  # client learning rate of this round (after lr-decay)
 WANT_LOSS_BEFORE = "want-loss-before"  # the reply must carry loss-before (bool)
-CLIENT_METHOD = "client-method"  # the client routine to run (sgd, fedprox, scaffold, ...)
+CLIENT_METHOD = "client-method"  # the client routine to run (see "Client methods" below)
 # Set by client_app.attacks' label-flip (never by the server): train_reply trains on label_map[y]
 ATTACK_LABEL_MAP = "attack-label-map"
 
@@ -32,16 +32,24 @@ VAL_LOSS = "val-loss"
 # LOSS_BEFORE is required too in rounds whose requests ask for it (want-loss-before).
 REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
 
-# Method records and metrics that clients and strategies exchange
-FEDERAGE_BETA = "federage-beta"  # reply metric: the client's β after its local steps
-FEDERAGE_BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂
-# Method keys a client routine reads from the request config (the strategy's client_config()):
-# the run-config keys of their Params fields, named here once for both sides
-DITTO_LAMBDA = "ditto-lambda"  # λ of Ditto's personal models
-FEDPROX_MU = "fedprox-mu"  # μ of FedProx's proximal term
+# Client methods: each one's name (the request's CLIENT_METHOD, registered by its module
+# client_app/methods/<name>.py, named by its strategy's ``client_method``) and the entries it
+# exchanges with its strategy. Its hyperparameters are its strategy's Params, sent in the request
+# config under their run-config keys: a key a routine reads alone is named here once for both
+# sides (its Params field declares ``key=``); FedeRage's are read by their prefix
+# (client_app.methods.Sent).
+SGD = "sgd"  # plain local SGD: every method without a client side of its own
+FEDPROX = "fedprox"  # the proximal pull μ(w − θ_t)
+FEDPROX_MU = "fedprox-mu"  # request config: μ of FedProx's proximal term
+DITTO = "ditto"  # a personal model beside the shared one
+DITTO_LAMBDA = "ditto-lambda"  # request config: λ of Ditto's personal models
+SCAFFOLD = "scaffold"  # control variates
 SCAFFOLD_C = "scaffold-c"  # request record: the server control variate c
 SCAFFOLD_C_CLIENT = "scaffold-c-i"  # request record after a resume (and client state): c_i
 SCAFFOLD_DELTA_C = "scaffold-delta-c"  # reply record: Δc_i
+FEDERAGE = "federage"  # CVaR-weighted steps and a quantile estimate β
+FEDERAGE_BETA = "federage-beta"  # reply metric: the client's β after its local steps
+FEDERAGE_BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂
 
 # Secure aggregation (request config of a SecAgg+ round)
 SECAGG_WEIGHTING = "secagg-weighting"  # "num-examples" or "uniform"

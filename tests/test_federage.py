@@ -8,8 +8,8 @@ from flwr.app import ArrayRecord
 from torch import nn
 from torch.nn import functional as F
 
-from client_app.methods import get_client_method
-from client_app.methods.federage import RiskAverseLoss, RiskParams, beta_step, risk_weights
+from client_app.methods import Sent, get_client_method
+from client_app.methods.federage import RiskAverseLoss, RiskRows, beta_step, risk_weights
 from fedcore import flat
 from fedcore.config import ConfigError, load_config
 from fedcore.keys import FEDERAGE_BETA as BETA
@@ -37,6 +37,11 @@ def sent(**overrides):
     return {**strat.client_config(), **strat.round_config(1)}
 
 
+def risk(**overrides) -> Sent:
+    """The risk parameters as the client reads them from what the strategy sent."""
+    return Sent(sent(**overrides), "federage")
+
+
 # -- exact maths ----------------------------------------------------------------------------
 def test_risk_weights_formula():
     losses = torch.tensor([0.5, 1.0, 2.0])
@@ -46,37 +51,63 @@ def test_risk_weights_formula():
 
 
 def test_beta_step_and_projection():
-    p = RiskParams(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=1.0, level="batch")
+    p = risk(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=1.0)
     # loss above β: w = κ = 3.7 -> β − η(1 − κ) = 0.2 + 0.5·2.7
-    assert beta_step(0.2, torch.tensor(3.7), p) == pytest.approx(1.0)  # projected onto β_max
-    p_wide = RiskParams(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=10.0, level="batch")
-    assert beta_step(0.2, torch.tensor(3.7), p_wide) == pytest.approx(0.2 + 0.5 * 2.7)
+    assert beta_step(0.2, 1 - 3.7, p) == pytest.approx(1.0)  # projected onto β_max
+    p_wide = risk(alpha=0.1, gamma=0.3, beta_lr=0.5, beta_min=0.0, beta_max=10.0)
+    assert beta_step(0.2, 1 - 3.7, p_wide) == pytest.approx(0.2 + 0.5 * 2.7)
     # loss below β: w = 1 − γ -> β − η γ, clipped at β_min
-    assert beta_step(0.1, torch.tensor(0.7), p) == pytest.approx(0.0)
-    assert beta_step(0.5, torch.tensor(0.7), p) == pytest.approx(0.5 - 0.5 * 0.3)
+    assert beta_step(0.1, 0.3, p) == pytest.approx(0.0)
+    assert beta_step(0.5, 0.3, p) == pytest.approx(0.5 - 0.5 * 0.3)
+    # the rows' β (float64) take the same step, each its own
+    rows = beta_step(torch.tensor([0.2, 0.1, 0.5], dtype=torch.float64), torch.tensor([1 - 3.7, 0.3, 0.3]), p)
+    assert rows.tolist() == pytest.approx([1.0, 0.0, 0.5 - 0.5 * 0.3])
 
 
 def test_sample_level_beta_gradient_is_gamma_one_minus_frac_over_alpha():
     alpha, gamma, lr = 0.25, 0.4, 0.1
-    p = RiskParams(alpha=alpha, gamma=gamma, beta_lr=lr, beta_min=-100, beta_max=100, level="sample")
+    p = risk(alpha=alpha, gamma=gamma, beta_lr=lr, beta_min=-100, beta_max=100, level="sample")
     losses = torch.tensor([0.1, 0.3, 0.9, 1.5, 0.2, 2.0, 0.05, 0.6])
     beta = 0.55
     frac = float((losses >= beta).float().mean())
     expected = beta - lr * gamma * (1 - frac / alpha)
-    assert beta_step(beta, risk_weights(losses, beta, alpha, gamma), p) == pytest.approx(expected)
+    assert beta_step(beta, float((1 - risk_weights(losses, beta, alpha, gamma)).mean()), p) == pytest.approx(expected)
 
 
 def test_beta_tracks_the_alpha_quantile():
     """The β recursion is stochastic quantile estimation: at rest P(loss ≥ β) = α."""
     alpha = 0.1
-    p = RiskParams(alpha=alpha, gamma=0.5, beta_lr=0.002, beta_min=-10, beta_max=10, level="batch")
+    p = risk(alpha=alpha, gamma=0.5, beta_lr=0.002, beta_min=-10, beta_max=10)
     rng = np.random.default_rng(0)
     beta, tail = 0.0, []
     for k, loss in enumerate(rng.normal(size=60_000)):
-        beta = beta_step(beta, risk_weights(torch.tensor(loss), beta, alpha, 0.5), p)
+        beta = beta_step(beta, float(1 - risk_weights(torch.tensor(loss), beta, alpha, 0.5)), p)
         if k >= 20_000:
             tail.append(beta)
     assert np.mean(tail) == pytest.approx(1.2816, abs=0.05)  # the 0.9-quantile of N(0, 1)
+
+
+@pytest.mark.parametrize("level", ["batch", "sample"])
+def test_rows_weigh_each_row_at_its_own_beta_over_its_real_examples(level):
+    """The rows' loss: each row's weights at its β as the loop's, padding (real 0) left out of
+    the loss and of β's gradient."""
+    p = risk(alpha=0.25, gamma=0.4, level=level)
+    losses = torch.tensor([[0.1, 0.9, 2.0, 0.0], [1.5, 0.2, 0.6, 0.3]])
+    real = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    count = real.sum(1, keepdim=True)
+    beta = torch.tensor([0.5, 0.4], dtype=torch.float64)
+    mean = (losses * real).sum(1) / count[:, 0]
+    coef, grad = RiskRows(p).coefficient(losses, mean, real, count, beta)
+    for b in range(2):
+        n = int(count[b])
+        ell = losses[b, :n]
+        w = risk_weights(mean[b] if level == "batch" else ell, float(beta[b]), 0.25, 0.4)
+        want = (w * ell).mean() if level == "sample" else w * ell.mean()
+        torch.testing.assert_close((coef[b] * losses[b]).sum(), want)
+        assert float(grad[b]) == pytest.approx(float((1 - w).mean()))
+        assert coef[b, n:].abs().sum() == 0
+    assert RiskRows(p).step(beta, grad).tolist() == pytest.approx(
+        [beta_step(float(beta[b]), float(grad[b]), p) for b in range(2)])
 
 
 def test_one_batch_step_by_hand():
@@ -123,8 +154,9 @@ def test_client_reads_the_sent_values_not_its_run_config():
     """The client declares no defaults: the run config's federage-* keys are not read."""
     cfg = load_config({"method": "federage", "federage-alpha": 0.9})
     config = sent(alpha=0.25, level="sample")
-    assert RiskParams.from_request(config) == RiskParams(alpha=0.25, gamma=0.3, beta_lr=0.1, beta_min=0.0,
-                                                         beta_max=10.0, level="sample")
+    p = Sent(config, "federage")
+    assert (p.alpha, p.gamma, p.beta_lr, p.beta_min, p.beta_max, p.level) == (0.25, 0.3, 0.1, 0.0, 10.0, "sample")
+    assert p == Sent(dict(config), "federage") and p != risk(alpha=0.5)  # rows of equal values train together
     model, x, y = toy_problem()
     del config["federage-gamma"]
     with pytest.raises(ConfigError, match="did not send 'federage-gamma'"):
@@ -132,15 +164,15 @@ def test_client_reads_the_sent_values_not_its_run_config():
 
 
 def test_risk_averse_loss_uses_old_beta_then_steps():
-    p = RiskParams(alpha=0.5, gamma=1.0, beta_lr=1.0, beta_min=-5, beta_max=5, level="sample")
+    p = risk(alpha=0.5, gamma=1.0, beta_lr=1.0, beta_min=-5, beta_max=5, level="sample")
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
     y = torch.tensor([0, 0])  # one easy, one hard sample
     ell = F.cross_entropy(logits, y, reduction="none")
-    risk = RiskAverseLoss(p, beta=1.0)
-    loss = risk(logits, y)
+    averse = RiskAverseLoss(p, beta=1.0)
+    loss = averse(logits, y)
     w = torch.tensor([0.0, 2.0])  # (1 − γ) = 0 below β, γ/α = 2 above
     torch.testing.assert_close(loss, (w * ell).mean())
-    assert risk.beta == pytest.approx(1.0 - 1.0 * float((1 - w).mean()))
+    assert averse.beta == pytest.approx(1.0 - 1.0 * float((1 - w).mean()))
 
 
 # -- server --------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ batch order.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 import numpy as np
@@ -21,7 +22,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from client_app import vectorised
 from client_app.data import crop_flip
-from client_app.methods import LocalTraining, TrainJob, get_client_method
+from client_app.methods import LocalTraining, NotCovered, TrainJob, get_client_method
 from client_app.models import build_model
 from fedcore import flat, keys
 from fedcore.seeding import derive_seed, torch_generator
@@ -99,7 +100,7 @@ def close(a, b, what: str) -> None:
 def check_same(method: str, jobs: list[TrainJob], *, must_cover: bool = True) -> tuple[list, list]:
     loop_jobs, row_jobs = jobs, clone_jobs(jobs)
     if must_cover:
-        vectorised.plan(method, clone_jobs(jobs)[0])  # raises NotCovered if this case fell back to the loop
+        vectorised.plan(get_client_method(method), clone_jobs(jobs)[0])  # raises NotCovered if it fell back to the loop
     want = run_loop(method, loop_jobs)
     got = run_rows(method, row_jobs)
     for i, (w, g, lj, rj) in enumerate(zip(want, got, loop_jobs, row_jobs)):
@@ -204,14 +205,41 @@ def test_label_flip_labels_and_mixed_methods_in_one_batch():
             close(q.detach(), p.detach(), "model")
 
 
+def test_every_kind_of_gradient_term_in_one_group():
+    """FedProx's pull, SCAFFOLD's correction, Ditto's two rows and plain SGD train in one group
+    (momentum too): each method's terms reach its own rows only (the others' are zero)."""
+    def c_and_ci(pid, arrays):
+        spec = flat.spec_of(arrays)
+        g = torch.Generator().manual_seed(pid)
+        return {keys.SCAFFOLD_C: flat.flat_to_record(0.01 * torch.randn(spec.dim, generator=g), spec)}
+
+    settings = LocalTraining(local_epochs=2, batch_size=8, momentum=0.5)
+    jobs = make_jobs("mlp", settings, config={"fedprox-mu": 0.3, keys.DITTO_LAMBDA: 0.5}, request_extra=c_and_ci)
+    methods = ["scaffold", "fedprox", "ditto", "sgd"]
+    loop_jobs, row_jobs = jobs, clone_jobs(jobs)
+    want = [run_loop(m, [j])[0] for m, j in zip(methods, loop_jobs)]
+    entries = [vectorised.Entry(get_client_method(m), j) for m, j in zip(methods, row_jobs)]
+    vectorised.run_entries(entries, "vectorised")
+    assert len({vectorised.plan(get_client_method(m), j).group for m, j in zip(methods, clone_jobs(jobs))}) == 1
+    for m, w, e, lj, rj in zip(methods, want, entries, loop_jobs, row_jobs):
+        assert e.error is None, e.error
+        close(e.outcome.train_loss, w.train_loss, f"{m}: train loss")
+        for p, q in zip(lj.model.parameters(), rj.model.parameters()):
+            close(q.detach(), p.detach(), f"{m}: model")
+        for k in w.records:
+            close(flat.record_to_flat(e.outcome.records[k]), flat.record_to_flat(w.records[k]), f"{m}: {k}")
+        for k in w.metrics:
+            close(e.outcome.metrics[k], w.metrics[k], f"{m}: {k}")
+
+
 # -- what is not covered runs the per-client routine ---------------------------------------------------
 def test_uncovered_method_runs_the_loop_and_says_so(caplog):
     settings = LocalTraining(local_epochs=1, batch_size=8)
     jobs = make_jobs("mlp", settings)
     routine = get_client_method("sgd")
-    fake = type(routine)("not-a-row-method", routine.train, None)
-    with pytest.raises(vectorised.NotCovered):
-        vectorised.plan("not-a-row-method", clone_jobs(jobs)[0])
+    fake = dataclasses.replace(routine, name="not-a-row-method", rows=None)
+    with pytest.raises(NotCovered):
+        vectorised.plan(fake, clone_jobs(jobs)[0])
     vectorised.forget_notices()
     entries = [vectorised.Entry(fake, j) for j in clone_jobs(jobs)]
     with caplog.at_level(logging.INFO, logger="fedpcd"):

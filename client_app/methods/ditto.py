@@ -1,11 +1,13 @@
 """Ditto's client (Li et al., 2021): plain SGD on the shared model, and the personal model
 trained on the same mini-batches with the proximal pull λ (v − θ_t) towards the round's
-global model θ_t. The personal model persists in the node's ``context.state`` (lost when
-a run is resumed in a new process: it then restarts from the global model).
+global model θ_t (FedProx's pull, :mod:`client_app.methods.fedprox`). The personal model
+persists in the node's ``context.state`` (lost when a run is resumed in a new process: it then
+restarts from the global model). As rows: the shared model's row and the personal model's,
+on the same batches.
 
 λ is not declared here: the server (:class:`strategies.ditto.Ditto`) sends ``ditto-lambda``
-in every request's config and this routine reads it from ``job.config``.
-A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``.
+(``fedcore.keys.DITTO_LAMBDA``) in every request's config and this routine reads it from
+``job.config``. A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``.
 """
 
 from __future__ import annotations
@@ -17,10 +19,21 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.methods import (
+    NotCovered,
+    Row,
+    RowForm,
+    RowResult,
+    TrainJob,
+    TrainOutcome,
+    load_params,
+    params_of,
+    register_client_method,
+)
+from client_app.methods.fedprox import Pull, proximal_pull
 from client_app.methods.sgd import run_sgd
-from client_app.training import proximal_pull
 from fedcore import keys
+from fedcore.params import sent_value
 
 PERSONAL = "ditto-personal"  # context.state entry: the personal model's ArrayRecord
 PERSONAL_LOSS = "ditto-personal-loss"  # reply metric: the personal model's mean batch loss
@@ -36,10 +49,7 @@ def personal_model(job: TrainJob) -> nn.Module:
 
 def lambda_of(job: TrainJob) -> float:
     """λ, as the server sent it."""
-    if keys.DITTO_LAMBDA not in job.config:
-        raise ValueError(f"the server did not send '{keys.DITTO_LAMBDA}' in the request's config "
-                         "(Ditto's server strategy sends it with every request)")
-    return float(job.config[keys.DITTO_LAMBDA])
+    return float(sent_value(job.config, keys.DITTO_LAMBDA))
 
 
 def finish(job: TrainJob, outcome: TrainOutcome, personal: nn.Module, personal_loss: float) -> None:
@@ -48,7 +58,23 @@ def finish(job: TrainJob, outcome: TrainOutcome, personal: nn.Module, personal_l
     outcome.metrics[PERSONAL_LOSS] = personal_loss
 
 
-@register_client_method("ditto", eval_model=personal_model)
+def rows(job: TrainJob, base: Row) -> RowForm:
+    """The shared model's plain row and the personal model's, pulled towards θ_t, same batches."""
+    if base.masks is not None:
+        raise NotCovered("Ditto's personal model continues torch's global generator (no row form with dropout)")
+    lam = lambda_of(job)
+    personal = personal_model(job)
+    prow = Row(init=params_of(personal), x=base.x, y=base.y, steps=base.steps, lr=base.lr,
+               terms=(Pull(lam, base.init),))
+
+    def done(results: list[RowResult], outcome: TrainOutcome) -> None:
+        load_params(personal, results[1].params)
+        finish(job, outcome, personal, results[1].train_loss)
+
+    return RowForm([base, prow], finish=done)
+
+
+@register_client_method(keys.DITTO, eval_model=personal_model, rows=rows)
 def ditto(job: TrainJob) -> TrainOutcome:
     lam = lambda_of(job)
     personal = personal_model(job)

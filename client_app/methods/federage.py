@@ -12,10 +12,15 @@ starts each round from the broadcast (θ̂, β̂) and returns its β in the Metr
 ``federage-level = "sample"`` is the per-sample variant (the paper's b = 1 case): weights
 w_j per sample, loss mean_j w_j ℓ_j and β-gradient mean_j (1 − w_j) = γ(1 − frac(ℓ_j ≥ β)/α).
 
+The weights (:func:`risk_weights`) and the β step (:func:`beta_step`) serve both forms: the
+loop's ``loss_fn`` hook (:class:`RiskAverseLoss`, one β) and the rows' loss (:class:`RiskRows`,
+one β per row).
+
 The hyperparameters (``federage-alpha``, ``-gamma``, ``-beta-lr``, ``-beta-min``, ``-beta-max``,
 ``-level``) are declared, with their defaults and ranges, once in :mod:`strategies.federage`;
 its strategy sends them in every request's config, and β̂ under ``federage-beta-hat``.
-The routine reads both from the request (no defaults here: a missing key is an error).
+The routine reads both from the request (:class:`client_app.methods.Sent`: no defaults here,
+a missing key is an error at its first read).
 
 A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``.
 """
@@ -27,54 +32,39 @@ import dataclasses
 import torch
 from torch.nn import functional as F
 
-from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.methods import Row, RowForm, Sent, TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
 from fedcore import keys
 from fedcore.params import sent_value
 
 
-@dataclasses.dataclass(frozen=True)
-class RiskParams:
-    """The client's risk parameters, as the server sent them (validated there)."""
-
-    alpha: float
-    gamma: float
-    beta_lr: float
-    beta_min: float
-    beta_max: float
-    level: str  # "batch" | "sample"
-
-    @classmethod
-    def from_request(cls, config) -> RiskParams:
-        """From a request's config: run-config key ``federage-<field>`` (``_`` → ``-``)."""
-        values = {f.name: sent_value(config, "federage-" + f.name.replace("_", "-"))
-                  for f in dataclasses.fields(cls)}
-        return cls(**{k: str(v) if k == "level" else float(v) for k, v in values.items()})
-
-    def project(self, beta: float) -> float:
-        """Π_B: clip to [β_min, β_max]."""
-        return min(max(float(beta), self.beta_min), self.beta_max)
+def project(beta, params: Sent):
+    """Π_B: clip to [β_min, β_max] (a float, or a tensor of the rows' β)."""
+    if isinstance(beta, torch.Tensor):
+        return beta.clamp(params.beta_min, params.beta_max)
+    return float(min(max(float(beta), params.beta_min), params.beta_max))
 
 
-def risk_weights(losses: torch.Tensor, beta: float, alpha: float, gamma: float) -> torch.Tensor:
-    """w = (1 − γ) + (γ/α)·1{loss ≥ β}, elementwise (no gradient flows through w)."""
+def risk_weights(losses: torch.Tensor, beta, alpha: float, gamma: float) -> torch.Tensor:
+    """w = (1 − γ) + (γ/α)·1{loss ≥ β}, elementwise (no gradient flows through w); β a float or
+    a tensor that broadcasts against the losses."""
     exceed = (losses.detach() >= beta).to(losses.dtype)
     return (1.0 - gamma) + (gamma / alpha) * exceed
 
 
-def beta_step(beta: float, weights: torch.Tensor, params: RiskParams) -> float:
-    """β ← Π_B(β − η_β · mean(1 − w)) (one weight at batch level, one per sample else)."""
-    grad = float((1.0 - weights).mean())
-    return params.project(beta - params.beta_lr * grad)
+def beta_step(beta, grad, params: Sent):
+    """β ← Π_B(β − η_β · g) with g = mean(1 − w), the β-subgradient (one weight at batch level,
+    the mean over the samples else); floats, or the rows' β and g as float64 tensors."""
+    return project(beta - params.beta_lr * grad, params)
 
 
 class RiskAverseLoss:
     """The ``loss_fn`` hook of :func:`client_app.training.local_sgd`: the weighted loss at
     the current β, and the β step (both use the β and θ of before the step)."""
 
-    def __init__(self, params: RiskParams, beta: float) -> None:
+    def __init__(self, params: Sent, beta: float) -> None:
         self.params = params
-        self.beta = params.project(beta)
+        self.beta = project(beta, params)
 
     def __call__(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         p = self.params
@@ -86,14 +76,33 @@ class RiskAverseLoss:
             per_sample = F.cross_entropy(logits, y, reduction="none")
             w = risk_weights(per_sample, self.beta, p.alpha, p.gamma)
             loss = (w * per_sample).mean()
-        self.beta = beta_step(self.beta, w, p)
+        self.beta = beta_step(self.beta, float((1.0 - w).mean()), p)
         return loss
 
 
-def start(job: TrainJob) -> tuple[RiskParams, float]:
+@dataclasses.dataclass(frozen=True)
+class RiskRows:
+    """:class:`RiskAverseLoss` as rows (a :class:`client_app.methods.RowLoss` carrying each row's β):
+    the weights at every row's β, over its real examples (padding has ``real`` 0)."""
+
+    params: Sent
+
+    def coefficient(self, losses, mean_losses, real, count, beta):
+        p = self.params
+        if p.level == "batch":
+            w = risk_weights(mean_losses, beta.float(), p.alpha, p.gamma)
+            return w[:, None] * real / count, (1.0 - w).double()
+        w = risk_weights(losses, beta.float()[:, None], p.alpha, p.gamma)
+        return w * real / count, (((1.0 - w) * real).sum(1) / count[:, 0]).double()
+
+    def step(self, beta, grad):
+        return beta_step(beta, grad, self.params)
+
+
+def start(job: TrainJob) -> tuple[Sent, float]:
     """(the risk parameters, the starting β = Π_B(β̂)) of a request."""
-    params = RiskParams.from_request(job.config)
-    return params, params.project(float(sent_value(job.config, keys.FEDERAGE_BETA_HAT)))
+    params = Sent(job.config, keys.FEDERAGE)
+    return params, project(float(sent_value(job.config, keys.FEDERAGE_BETA_HAT)), params)
 
 
 def finish(outcome: TrainOutcome, beta: float) -> None:
@@ -101,7 +110,14 @@ def finish(outcome: TrainOutcome, beta: float) -> None:
     outcome.metrics[keys.FEDERAGE_BETA] = beta
 
 
-@register_client_method("federage")
+def rows(job: TrainJob, base: Row) -> RowForm:
+    """The plain row carrying β under the risk-averse loss."""
+    params, beta = start(job)
+    return RowForm([dataclasses.replace(base, carried=beta)], loss=RiskRows(params),
+                   finish=lambda results, outcome: finish(outcome, results[0].carried))
+
+
+@register_client_method(keys.FEDERAGE, rows=rows)
 def federage(job: TrainJob) -> TrainOutcome:
     params, beta = start(job)
     risk = RiskAverseLoss(params, beta)

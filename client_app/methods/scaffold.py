@@ -13,7 +13,9 @@ does so once per client after resuming from a checkpoint, when context states ar
 sets c_i before training. Control variates cover the model's parameters; buffers (e.g.
 BatchNorm statistics) keep zero entries. With momentum the (θ_t − y_i)/(K η_l) estimate
 is no longer the mean gradient: SCAFFOLD assumes plain SGD. The record names are in
-:mod:`fedcore.keys` (``SCAFFOLD_C``, ``SCAFFOLD_C_CLIENT``, ``SCAFFOLD_DELTA_C``).
+:mod:`fedcore.keys` (``SCAFFOLD_C``, ``SCAFFOLD_C_CLIENT``, ``SCAFFOLD_DELTA_C``). The correction
+is added on the loop by a ``before_step`` hook (:func:`corrected_gradients`), as rows by
+:class:`Correction`.
 
 A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``.
 """
@@ -25,7 +27,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.methods import Row, RowForm, TrainJob, TrainOutcome, register_client_method
 from client_app.methods.sgd import run_sgd
 from fedcore import flat, keys
 
@@ -60,6 +62,19 @@ def corrected_gradients(model: nn.Module, spec: flat.FlatSpec, correction: torch
                 p.grad.add_(corr)
 
     return hook
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Correction:
+    """The row form of :func:`corrected_gradients`: c − c_i added to the row's gradient."""
+
+    per_parameter: list[torch.Tensor]  # c − c_i cut into the model's parameters
+
+    @staticmethod
+    def stack(terms, rows, flat, params):
+        """(see :class:`client_app.methods.GradientTerm`) A row without a correction: zeros."""
+        corr = torch.stack([torch.zeros_like(params[0]) if t is None else flat(t.per_parameter) for t in terms])
+        return lambda g, p, m: g + corr[:m]
 
 
 def _flat_or_zeros(record, d: int) -> torch.Tensor:
@@ -104,7 +119,14 @@ def finish(job: TrainJob, outcome: TrainOutcome, s: Setup) -> None:
     outcome.records[keys.SCAFFOLD_DELTA_C] = flat.flat_to_record(delta, s.spec)
 
 
-@register_client_method("scaffold")
+def rows(job: TrainJob, base: Row) -> RowForm:
+    """The plain row with the correction; c_i⁺ from its result."""
+    s = setup(job)
+    row = dataclasses.replace(base, terms=(Correction(correction_per_parameter(job.model, s)),))
+    return RowForm([row], finish=lambda _results, outcome: finish(job, outcome, s))
+
+
+@register_client_method(keys.SCAFFOLD, rows=rows)
 def scaffold(job: TrainJob) -> TrainOutcome:
     s = setup(job)
     outcome = run_sgd(job, before_step=corrected_gradients(job.model, s.spec, s.c - s.c_i))

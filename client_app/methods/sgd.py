@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from client_app.methods import TrainJob, TrainOutcome, register_client_method
+from client_app.methods import Row, RowForm, TrainJob, TrainOutcome, register_client_method
 from client_app.training import local_sgd
+from fedcore import keys
 
 
 def run_sgd(job: TrainJob, **hooks) -> TrainOutcome:
@@ -18,6 +19,11 @@ def run_sgd(job: TrainJob, **hooks) -> TrainOutcome:
     return TrainOutcome(num_steps=res.num_steps, train_loss=res.train_loss)
 
 
-@register_client_method("sgd")
+def rows(job: TrainJob, base: Row) -> RowForm:
+    """The plain row as it is."""
+    return RowForm([base])
+
+
+@register_client_method(keys.SGD, rows=rows)
 def sgd(job: TrainJob) -> TrainOutcome:
     return run_sgd(job)
