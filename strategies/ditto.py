@@ -70,7 +70,7 @@ class Ditto(FairStrategy):
     weighting = "personal"  # scored on the personal models
 
     Params = Params
-    client_method = "ditto"
+    client_method = keys.DITTO
     personalized = True
 
     def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:

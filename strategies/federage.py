@@ -75,7 +75,7 @@ class FedeRage(FairStrategy):
     weighting = "uniform"  # the agnostic average
 
     Params = Params
-    client_method = "federage"
+    client_method = keys.FEDERAGE
     needs_individual_updates = False  # uniform means of θ_i and β_i: sums suffice
     secagg_weighting = "uniform"  # the agnostic average, also under secure aggregation
     required_metrics = (keys.FEDERAGE_BETA,)

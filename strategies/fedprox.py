@@ -28,7 +28,7 @@ class FedProx(FedAvg):
     """FedAvg on the server; the clients run ``client_app.methods.fedprox`` with the sent μ."""
 
     Params = Params
-    client_method = "fedprox"
+    client_method = keys.FEDPROX
 
     def client_config(self):
         return self.params.to_run_config()

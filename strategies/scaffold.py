@@ -57,7 +57,7 @@ class Scaffold(FairStrategy):
 
     weighting = "uniform"  # θ + η_g · mean Δy_i
 
-    client_method = "scaffold"
+    client_method = keys.SCAFFOLD
     # The update needs only sums, but the exact c_i mirror (for resume) needs each Δc_i.
     needs_individual_updates = True
     required_records = (keys.SCAFFOLD_DELTA_C,)
