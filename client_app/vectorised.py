@@ -316,7 +316,6 @@ class _Batches:
     of ``packed`` (indices into the pooled X / Y), each row's batch padded to ``bs`` examples."""
 
     X: torch.Tensor
-    bs: int
     steps: list[int]  # each row's number of steps
     width: list[int]  # per step: the rows still training
     start: list[int]  # per step: where its pairs start (one more entry: the end)
@@ -348,7 +347,7 @@ class _Batches:
         packed = torch.cat([index[k, :width[k]] for k in range(S)])  # (pairs, bs)
         per_example = torch.cat([weight[k, :width[k]] / per_row[k, :width[k]] for k in range(S)])
         gathered = X[packed] if packed.numel() * X[:1].numel() * X.element_size() <= _GATHER_BYTES else None
-        return cls(X=X, bs=bs, steps=steps, width=width, start=start, full=full, active=active, weight=weight,
+        return cls(X=X, steps=steps, width=width, start=start, full=full, active=active, weight=weight,
                    per_row=per_row, packed=packed, labels=Y[packed], per_example=per_example, gathered=gathered,
                    noise=_noise(rows, forward, X, S, bs, dev))
 

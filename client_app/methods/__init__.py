@@ -93,6 +93,9 @@ class Sent:
             raise AttributeError(name)
         return sent_value(self._values, self._prefix + name.replace("_", "-"))
 
+    def __repr__(self) -> str:
+        return f"Sent({self._values!r})"
+
     def _key(self) -> tuple:
         return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in self._values.items()))
 
