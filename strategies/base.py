@@ -155,7 +155,7 @@ class FairStrategy(Strategy):
     name: ClassVar[str] = ""  # set by @register
     Params: ClassVar[type[MethodParams]] = NoParams
     State: ClassVar[type | None] = None  # a dataclass built with no arguments at round 0, if any
-    client_method: ClassVar[str] = "sgd"  # the client routine the requests name
+    client_method: ClassVar[str] = keys.SGD  # the client routine the requests name
     personalized: ClassVar[bool] = False  # clients are scored with their personal models
     needs_individual_updates: ClassVar[bool] = True  # False: sums suffice (secure aggregation)
     secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": weights of a secure sum
