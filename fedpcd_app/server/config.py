@@ -37,15 +37,29 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
     Each app key's type, range and choices were checked once, by :func:`parse_run_config`;
     here come the method's keys (its ``Params``) and the checks that need more than one key
     or something beyond the config (the method, a folder, an installed package)."""
-    from client_app import attacks
-    from fedpcd_app.server import checkpoint, secagg, tracking
+    from fedpcd_app.server import tracking
+    from fedpcd_app.server.results import check_output_dir_free, check_output_dir_reusable
     from fedpcd_app.server.sampler import rare_clients
-    from strategies import privacy
-    from strategies.wrappers import check_update_clip
 
     check_known(raw)  # a misspelt key: the closest declared ones
     cfg = parse_run_config(raw)
     _check_num_clients(cfg)  # before anything is sized by num-clients
+    cls = _check_method_keys(cfg)
+    resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
+    _check_weighting(cfg)
+    rare_clients(cfg)  # the default adapts to federations of fewer than 4 clients
+    tracking.check(cfg)  # tracking = tensorboard | wandb | none (wandb installed?)
+    _check_resume(cfg)
+    _check_defences(cfg, cls)
+    check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
+    check_output_dir_reusable(cfg)  # another run's results there: resume-from, a new folder or overwrite
+    _check_node_data(cfg)
+    return cfg
+
+
+def _check_method_keys(cfg: RunConfig) -> type[FairStrategy]:
+    """The method's ``Params`` from its keys; another method's key set away from its default is
+    refused unless ``allow-unused-keys``. Returns the method's class."""
     cls = registry.strategy_class(cfg.method)
     cls.Params.from_run_config(cfg.params)
     if not cfg.allow_unused_keys:
@@ -56,10 +70,13 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                     f"run-config key '{key}' = {cfg.params[key]!r} is not used by method '{cfg.method}': "
                     "remove it, choose the method it belongs to, or set allow-unused-keys=true"
                 )
-    resolve_device(cfg.server_device)  # 'cuda' on a machine without one fails here
-    _check_weighting(cfg)
-    rare_clients(cfg)  # the default adapts to federations of fewer than 4 clients
-    tracking.check(cfg)  # tracking = tensorboard | wandb | none (wandb installed?)
+    return cls
+
+
+def _check_resume(cfg: RunConfig) -> None:
+    """``resume-allow-changes`` names changeable keys; ``resume-from`` is a folder with a checkpoint."""
+    from fedpcd_app.server import checkpoint
+
     allow = checkpoint.allowed_changes(cfg.resume_allow_changes)
     unknown = sorted(k for k in allow if k not in cfg.as_dict() or k in checkpoint.FIXED)
     if unknown:
@@ -67,14 +84,25 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                           f"give run-config "
                           f"keys other than {', '.join(checkpoint.FIXED)} (which a checkpoint cannot change), "
                           "comma-separated, e.g. 'lr,local-epochs'")
-    if cfg.resume_from:
-        if not Path(cfg.resume_from).is_dir():
-            raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}' is not a folder: "
-                              "give the output-dir of an earlier run with checkpoint-every > 0")
-        if not checkpoint.rounds_in(cfg.resume_from):
-            raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}': no checkpoint in "
-                              f"{checkpoint.checkpoint_dir(cfg.resume_from)}; give the output-dir of a run "
-                              "with checkpoint-every > 0")
+    if not cfg.resume_from:
+        return
+    if not Path(cfg.resume_from).is_dir():
+        raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}' is not a folder: "
+                          "give the output-dir of an earlier run with checkpoint-every > 0")
+    if not checkpoint.rounds_in(cfg.resume_from):
+        raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}': no checkpoint in "
+                          f"{checkpoint.checkpoint_dir(cfg.resume_from)}; give the output-dir of a run "
+                          "with checkpoint-every > 0")
+
+
+def _check_defences(cfg: RunConfig, cls: type[FairStrategy]) -> None:
+    """Secure aggregation, the attack keys, the update clip, the size bound and central DP, with
+    the method and with each other."""
+    from client_app import attacks
+    from fedpcd_app.server import secagg
+    from strategies import privacy
+    from strategies.wrappers import check_update_clip
+
     if cfg.secure_aggregation:
         secagg.check_strategy(cfg, cls)
     attacks.attacked_partitions(cfg.as_dict())  # the attack keys, partition ids in range
@@ -86,12 +114,6 @@ def check(raw: Mapping[str, Scalar]) -> RunConfig:
                           "near the round's median norm: use 0 (off) or a factor >= 2 (default 100)")
     privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
                   cfg.clients_per_round, cfg.secure_aggregation)
-    from fedpcd_app.server.results import check_output_dir_free, check_output_dir_reusable
-
-    check_output_dir_free(cfg.output_dir)  # a live run writing there: one line, before anything starts
-    check_output_dir_reusable(cfg)  # another run's results there: resume-from, a new folder or overwrite
-    _check_node_data(cfg)
-    return cfg
 
 
 # Examples of the built-in datasets (all splits): num-clients cannot exceed them, since every
