@@ -38,6 +38,13 @@ _FIELDS: dict[type, list[tuple[dataclasses.Field, Any]]] = {}
 _KEYS: dict[type, dict[str, str]] = {}
 
 
+def key_for(prefix: str, name: str) -> str:
+    """The run-config key of field ``name`` of a method whose keys start with ``prefix``:
+    ``key_for("federage", "beta_lr")`` is ``federage-beta-lr`` (the one naming rule; a field may
+    declare another key with ``hyper(key=...)``)."""
+    return f"{prefix}-{name.replace('_', '-')}"
+
+
 def hyper(default: Any, *, key: str | None = None, low: float | None = None, high: float | None = None,
           low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] | None = None,
           doc: str = "", grid: Grid | None = None) -> Any:
@@ -73,7 +80,7 @@ class MethodParams:
     def key_of(cls, name: str) -> str:
         names = _KEYS.get(cls)
         if names is None:
-            names = _KEYS[cls] = {f.name: f.metadata.get("key") or f"{cls.prefix}-{f.name.replace('_', '-')}"
+            names = _KEYS[cls] = {f.name: f.metadata.get("key") or key_for(cls.prefix, f.name)
                                   for f in dataclasses.fields(cls)}
         return names[name]
 

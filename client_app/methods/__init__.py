@@ -33,7 +33,7 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fedcore.config import RunConfig
-from fedcore.params import sent_value
+from fedcore.params import key_for, sent_value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,18 +80,19 @@ class TrainOutcome:
 
 class Sent:
     """A routine's hyperparameters as the server sent them in the request config: ``sent.beta_lr``
-    is the entry ``<prefix>-beta-lr``, the run-config key its strategy's ``Params`` declares (and
-    sends, ``client_config()``), so the client declares none of them again and has no defaults: a
-    missing key is a one-line ``ConfigError``. Equal (and hashed) by the entries under the prefix."""
+    is the entry ``<prefix>-beta-lr`` (:func:`fedcore.params.key_for`, the naming rule of the
+    run-config keys its strategy's ``Params`` declares and sends, ``client_config()``), so the
+    client declares none of them again and has no defaults: a missing key is a one-line
+    ``ConfigError``. Equal (and hashed) by the entries under the prefix."""
 
     def __init__(self, config: Mapping[str, Any], prefix: str) -> None:
-        self._prefix = prefix + "-"
-        self._values = {k: v for k, v in config.items() if k.startswith(self._prefix)}
+        self._prefix = prefix
+        self._values = {k: v for k, v in config.items() if k.startswith(prefix + "-")}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return sent_value(self._values, self._prefix + name.replace("_", "-"))
+        return sent_value(self._values, key_for(self._prefix, name))
 
     def __repr__(self) -> str:
         return f"Sent({self._values!r})"
