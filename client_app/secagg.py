@@ -21,10 +21,10 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next) -> Message:
 
     if RECORD_KEY_CONFIGS not in msg.content.config_records:
         return call_next(msg, ctxt)
-    return secaggplus_mod(msg, ctxt, lambda m, c: _as_fitres(m, call_next(m, c)))
+    return secaggplus_mod(msg, ctxt, lambda m, c: as_fitres(m, call_next(m, c)))
 
 
-def _as_fitres(request: Message, reply: Message) -> Message:
+def as_fitres(request: Message, reply: Message) -> Message:
     """This app's train reply → the legacy FitRes content the SecAgg+ mod masks."""
     import flwr.compat.common.recorddict_compat as compat
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters

@@ -213,7 +213,7 @@ def deltas_into(
     return sq
 
 
-_BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough that each
+BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough that each
 # product is one substantial BLAS call (many tiny calls stall on thread barriers when
 # the cores are shared), small enough that no (m, d) matrix is ever built
 
@@ -235,7 +235,7 @@ def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.T
     if out is None:
         out = torch.empty(d, dtype=torch.float32)
     w = weights.to(torch.float32)
-    cols = max(1, min(d, _BLOCK_ELEMS // max(m, 1)))
+    cols = max(1, min(d, BLOCK_ELEMS // max(m, 1)))
     buf = np.empty(m * cols, dtype=np.float32)
     starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     k = 0  # first array overlapping the block

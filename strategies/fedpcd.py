@@ -293,7 +293,7 @@ class SolverError(RuntimeError):
     """The QP solver did not return a usable solution."""
 
 
-def _clarabel_qp(gram: np.ndarray, lin: np.ndarray, upper: float | None) -> np.ndarray:
+def clarabel_dual(gram: np.ndarray, lin: np.ndarray, upper: float | None) -> np.ndarray:
     """argmin_{μ ≥ 0 (, μ ≤ upper)} ½ μᵀ Q μ + linᵀ μ with Clarabel (m variables)."""
     import clarabel
     from scipy import sparse
@@ -319,7 +319,7 @@ def _clarabel_qp(gram: np.ndarray, lin: np.ndarray, upper: float | None) -> np.n
 CANCEL_MAX = 1e3  # Σ μ_j ‖c̃_j‖ / ‖Σ μ_j c̃_j‖ beyond this: the correction is a near-cancellation
 
 
-def _cancellation(q: np.ndarray, mu: np.ndarray) -> float:
+def cancellation(q: np.ndarray, mu: np.ndarray) -> float:
     """Σ_j μ_j ‖c̃_j‖ / ‖Σ_j μ_j c̃_j‖ from the Gram matrix: how much the correction cancels.
 
     An infeasible program has an unbounded dual; in round-off (a float32 cache's Gram
@@ -352,8 +352,8 @@ def dual_multipliers(gram, c_dot_g0, b) -> tuple[np.ndarray, int, str]:
     tol = _FEAS_TOL * max(1.0, float(np.abs(b).max()), float(np.abs(np.diag(q)).max()))
     reason = ""
     try:
-        mu = _clarabel_qp(q, lin, None)
-        cancel = _cancellation(q, mu)
+        mu = clarabel_dual(q, lin, None)
+        cancel = cancellation(q, mu)
         if cancel > CANCEL_MAX:
             reason = (f"dual solution cancels by {cancel:.3g}x (max mu {mu.max():.3g}): the constraints are "
                       "jointly infeasible or nearly so, beyond what the cache's precision can verify")
@@ -364,7 +364,7 @@ def dual_multipliers(gram, c_dot_g0, b) -> tuple[np.ndarray, int, str]:
     except Exception as exc:  # noqa: BLE001 - any solver failure → documented fallback
         reason = f"{type(exc).__name__}: {exc}"
     try:
-        mu = _clarabel_qp(q, lin, ELASTIC_PENALTY)
+        mu = clarabel_dual(q, lin, ELASTIC_PENALTY)
         return mu, STATUS_ELASTIC, reason
     except Exception as exc:  # noqa: BLE001
         return np.zeros(m), STATUS_PRIMARY, f"{reason}; elastic: {type(exc).__name__}: {exc}"

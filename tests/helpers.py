@@ -445,7 +445,8 @@ def make_checkpoint(server_round: int, size: int = 10):
         arrays={"w": rng.normal(size=(size,)).astype(np.float32)},
         strategy={"beta": 0.5 * server_round, "cache": rng.normal(size=(2, 3))}, params={"fedavg-x": 1},
         times_sampled=np.arange(4), history=[{"round": r} for r in range(1, server_round + 1)],
-        last_eval={"mean_acc": 0.25},
+        last_eval={"mean_acc": 0.25}, config={"method": "fedavg", "seed": 0, "num-clients": 4},
+        reply_trust={"norms": [1.0], "losses": {}, "near_bound_rounds": 0},
     )
 
 

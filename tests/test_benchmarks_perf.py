@@ -39,7 +39,7 @@ def _matrix_path(strat, server_round, replies):
 @pytest.mark.parametrize("m", [1, 4, 11])
 def test_weighted_sum_equals_matrix_product_bitwise(monkeypatch, block, m):
     # Prepare: blocks (of m x columns elements) smaller than, straddling and larger than the arrays
-    monkeypatch.setattr(flat, "_BLOCK_ELEMS", block)
+    monkeypatch.setattr(flat, "BLOCK_ELEMS", block)
     _, _, replies = _replies(m, seed=m)
     records = [r.content["arrays"] for r in replies]
     w = torch.rand(m, dtype=torch.float64)
@@ -52,7 +52,7 @@ def test_weighted_sum_equals_matrix_product_bitwise(monkeypatch, block, m):
 
 @pytest.mark.parametrize("server_lr", [0.0, 0.3])
 def test_fedavg_strategy_identical_to_matrix_path(monkeypatch, server_lr):
-    monkeypatch.setattr(flat, "_BLOCK_ELEMS", 13)
+    monkeypatch.setattr(flat, "BLOCK_ELEMS", 13)
     template, theta, replies = _replies(6)
     strat = registry.build(load_config({"method": "fedavg", "lr": 0.1, "server-lr": server_lr}))
     for rnd in (1, 2):  # the second round starts from the first round's output

@@ -47,7 +47,9 @@ def test_process_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path
         from fedpcd_app.server import checkpoint
         from tests.helpers import make_checkpoint
 
-        real_save = checkpoint.torch.save
+        import torch
+
+        real_save = torch.save
 
         def half_then_die(obj, fh):
             import io
@@ -55,7 +57,7 @@ def test_process_killed_mid_write_leaves_the_previous_checkpoint_latest(tmp_path
             fh.write(buf.getvalue()[: len(buf.getvalue()) // 2]); fh.flush(); os.fsync(fh.fileno())
             os.kill(os.getpid(), signal.SIGKILL)
 
-        checkpoint.torch.save = half_then_die
+        torch.save = half_then_die
         checkpoint.write({str(tmp_path)!r}, make_checkpoint(4, size=100_000))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, timeout=120)
@@ -74,6 +76,20 @@ def test_damaged_latest_falls_back_to_the_previous(tmp_path, caplog):
     # Execute / Assert
     assert checkpoint.latest(tmp_path).round == 2
     assert "damaged" in caplog.text
+
+
+@pytest.mark.parametrize("missing", ["config", "reply_trust"])
+def test_a_checkpoint_of_an_earlier_version_is_refused_in_one_line(tmp_path, missing):
+    # Prepare: a checkpoint as an earlier version wrote it, without the run config or the trusted scale
+    ckpt = make_checkpoint(2)
+    setattr(ckpt, missing, {})
+    path = checkpoint.write(tmp_path, ckpt)
+    # Execute / Assert: loading it says why in one line; resuming from its folder finds none that loads
+    with pytest.raises(ValueError, match=f"earlier version of this app \\(no {missing} in it\\)") as info:
+        checkpoint.load(path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="none loads"):
+        checkpoint.latest(tmp_path)
 
 
 def test_no_checkpoint_is_a_one_line_config_error(tmp_path):

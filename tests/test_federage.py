@@ -242,7 +242,7 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.compat.common.recorddict_compat import recorddict_to_fitres
 
-    from client_app.secagg import _as_fitres
+    from client_app.secagg import as_fitres
     from fedcore import keys
     from fedpcd_app.server import secagg
     from strategies.requests import RunContext
@@ -258,13 +258,13 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
     with task_identity():
         request = Message(RecordDict({keys.CONFIG: ConfigRecord({keys.SECAGG_WEIGHTING: aggregator.weighting})}),
                           dst_node_id=1000, message_type="train")
-        weights = [recorddict_to_fitres(_as_fitres(request, msg).content, keep_input=True).num_examples
+        weights = [recorddict_to_fitres(as_fitres(request, msg).content, keep_input=True).num_examples
                    for msg in msgs]
     assert weights == [int(aggregator.max_weight)] * 3  # the same for n = 10, 30, 60
     # Server half: the unmasked mean (what SecAgg+ yields with equal weights) into one reply.
     mean = np.mean(locals_, axis=0).astype(np.float32)
     arrays = [a.numpy() for a in arrays_from_flat(mean, template).values()]
-    reply = aggregator._aggregate_reply(arrays, [dict(m.content[keys.METRICS]) for m in msgs], 1)
+    reply = aggregator.aggregate_reply(arrays, [dict(m.content[keys.METRICS]) for m in msgs], 1)
     assert reply.content[keys.METRICS][BETA] == pytest.approx(np.mean(betas))
     strat.set_model(arrays_from_flat(theta, template))
     outcome = strat.aggregate_checked(1, RoundOutcome([reply], contributors=[0, 1, 2]))  # as the exchange does

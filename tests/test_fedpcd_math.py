@@ -157,7 +157,7 @@ def test_forced_solver_failure_returns_primary(monkeypatch):
     def broken(*_a, **_k):
         raise fedpcd.SolverError("forced failure")
 
-    monkeypatch.setattr(fedpcd, "_clarabel_qp", broken)
+    monkeypatch.setattr(fedpcd, "clarabel_dual", broken)
     g_bar, g = instance(7, 8, 40)
     gb = torch.tensor(g_bar)
     d, mu = fedpcd_direction(gb, torch.tensor(g), 0.3)
@@ -167,7 +167,7 @@ def test_forced_solver_failure_returns_primary(monkeypatch):
 
 
 def test_first_solve_failure_uses_elastic(monkeypatch):
-    real, calls = fedpcd._clarabel_qp, []
+    real, calls = fedpcd.clarabel_dual, []
 
     def flaky(gram, lin, upper):
         calls.append(upper)
@@ -175,7 +175,7 @@ def test_first_solve_failure_uses_elastic(monkeypatch):
             raise fedpcd.SolverError("forced failure")
         return real(gram, lin, upper)
 
-    monkeypatch.setattr(fedpcd, "_clarabel_qp", flaky)
+    monkeypatch.setattr(fedpcd, "clarabel_dual", flaky)
     g_bar, g = instance(8, 6, 30)
     c = unit(g)
     mu, status, _ = dual_multipliers(c @ c.T, c @ unit(g_bar), 0.2 * np.ones(6))

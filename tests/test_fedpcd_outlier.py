@@ -186,7 +186,7 @@ def test_an_infeasible_round_is_not_reported_solved_from_the_float32_cache(templ
     _, m = run_round(strategy(**{"fedpcd-tau": 0.5, "fedpcd-history": 0}), template, 1, theta, r)
     assert m[fedpcd.M_SOLVER_STATUS] == fedpcd.STATUS_ELASTIC
     q = np.array([[1.0, -1.0 + 1e-9], [-1.0 + 1e-9, 1.0]])  # two nearly opposite unit constraints
-    assert fedpcd._cancellation(q, np.array([1e6, 1e6])) > fedpcd.CANCEL_MAX
-    assert fedpcd._cancellation(np.eye(2), np.array([0.5, 0.2])) < 2.0
+    assert fedpcd.cancellation(q, np.array([1e6, 1e6])) > fedpcd.CANCEL_MAX
+    assert fedpcd.cancellation(np.eye(2), np.array([0.5, 0.2])) < 2.0
     mu, status, reason = fedpcd.dual_multipliers(q, np.array([-1.0, -1.0]), np.array([0.5, 0.5]))
     assert status == fedpcd.STATUS_ELASTIC and mu.max() <= fedpcd.ELASTIC_PENALTY + 1e-9 and reason

@@ -240,7 +240,7 @@ def test_forced_solver_failure_falls_back_to_fedavg(template, monkeypatch):
     def broken(*_a, **_k):
         raise fedpcd.SolverError("forced failure")
 
-    monkeypatch.setattr(fedpcd, "_clarabel_qp", broken)
+    monkeypatch.setattr(fedpcd, "clarabel_dual", broken)
     theta = np.random.default_rng(7).normal(size=47)
     r = Round(template, theta, conflicting(7, 4, 47), [0, 1, 2, 3], [10, 20, 30, 40], 0.1)
     strat = strategy(**{"fedpcd-tau": 0.3})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedcore.config import ConfigError
 from fedpcd_app.runtime import simulate
@@ -185,7 +186,7 @@ TORCH_FULL = "[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0
 
 
 def _failing_save(monkeypatch, fail):
-    real = checkpoint.torch.save
+    real = torch.save
 
     def save(obj, fh, *a, **kw):
         if fail(obj):
@@ -193,7 +194,7 @@ def _failing_save(monkeypatch, fail):
             raise RuntimeError(TORCH_FULL)
         return real(obj, fh, *a, **kw)
 
-    monkeypatch.setattr(checkpoint.torch, "save", save)
+    monkeypatch.setattr(torch, "save", save)
 
 
 def test_torchs_runtime_error_writing_the_final_model_is_one_line_and_leaves_no_truncated_file(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedcore.config import ConfigError, load_config
 from fedpcd_app.runtime import simulate
@@ -69,7 +70,7 @@ def test_a_lock_whose_pid_was_reused_is_stale(tmp_path):
 @pytest.mark.slow
 def test_a_full_disk_ends_the_run_with_one_line_and_the_last_checkpoint_intact(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
-    real_save, calls = checkpoint.torch.save, []
+    real_save, calls = torch.save, []
 
     def save(obj, fh):
         calls.append(1)
@@ -78,7 +79,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_last_checkpoint_intact(t
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, fh)
 
-    monkeypatch.setattr(checkpoint.torch, "save", save)
+    monkeypatch.setattr(torch, "save", save)
     code = simulate.main(["--workers", "0", "--run-config",
                           f"{RUN} num-server-rounds=6 checkpoint-every=2 output-dir='{out}'"])
     # (the log lines before it may go to a stream an earlier test captured: only the CLI's line counts)

@@ -86,14 +86,6 @@ from fedcore.config import ConfigError
 # module, and must not pay torch's import (seconds) to draw a few figures.
 
 
-def __getattr__(name: str) -> Any:
-    """``checkpoint.torch``: the torch module, imported on first use (what this module writes with)."""
-    if name == "torch":
-        import torch
-
-        return torch
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 log = logging.getLogger("fedpcd")
 
 FOLDER = "checkpoints"
@@ -128,9 +120,10 @@ class Checkpoint:
     history: list[dict[str, Any]]
     last_eval: dict[str, Any]
     privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
-    config: Any = None  # the run's full flat config (run-config keys), compared on resume
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the run's full flat config, compared on resume
     averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.server.evaluation)
-    reply_trust: Any = None  # the trusted update scale and loss medians (fedcore.replies.ReplyTrust.as_dict)
+    # the trusted update scale and loss medians (fedcore.replies.ReplyTrust.as_dict)
+    reply_trust: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
     def to_dict(self) -> dict[str, Any]:
@@ -344,8 +337,13 @@ def load(path: str | Path) -> Checkpoint:
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
-    ckpt = Checkpoint(**{f.name: from_tree(raw[f.name] if f.default is dataclasses.MISSING else raw.get(f.name))
-                         for f in dataclasses.fields(Checkpoint)})
+    ckpt = Checkpoint(**{f.name: from_tree(raw[f.name]) for f in dataclasses.fields(Checkpoint)
+                         if f.name in raw or f.default is dataclasses.MISSING})
+    missing = [name for name in ("config", "reply_trust") if not isinstance(getattr(ckpt, name), dict)
+               or not getattr(ckpt, name)]
+    if missing:  # files of an earlier version: what a resume compares and continues from is not there
+        raise ValueError(f"{path} was written by an earlier version of this app (no {' or '.join(missing)} in it): "
+                         "it cannot be resumed; start a new run")
     check_restored(ckpt, path)
     return ckpt
 
@@ -377,10 +375,7 @@ def allowed_changes(value: Any) -> set[str]:
 def check_config(ckpt: Checkpoint, config: dict[str, Any], allow: set[str] = frozenset()) -> None:
     """One-line :class:`ConfigError` naming every training or data key whose value differs from
     the checkpoint's run config (keys in ``allow`` and :data:`NOT_COMPARED` are not compared).
-    A checkpoint without a config (written before configs were saved) is compared on its
-    method parameters only (:func:`check_compatible`)."""
-    if not isinstance(ckpt.config, dict):
-        return
+    """
     keys = sorted(set(ckpt.config) - NOT_COMPARED - set(allow))  # a key newer than the checkpoint: not known
     changed = [k for k in keys if ckpt.config.get(k) != config.get(k)]
     if changed:

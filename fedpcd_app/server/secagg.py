@@ -221,7 +221,7 @@ class SecureAggregator:
             rest = [node for node in contributors if node not in dict(bad)]
             return RoundOutcome(dropped=[*dropped, *(Dropped(expected.get(n), n, reason) for n, reason in bad),
                                          *(Dropped(expected.get(n), n, why) for n in rest)], contributors=[])
-        reply = self._aggregate_reply(parameters_to_ndarrays(shim.aggregated), list(contributors.values()),
+        reply = self.aggregate_reply(parameters_to_ndarrays(shim.aggregated), list(contributors.values()),
                                       server_round)
         _, reason = check_train_reply(reply, self.spec, (), self.records, max_count=2**62)  # Σ n_i, checked each
         if reason is not None:
@@ -245,7 +245,7 @@ class SecureAggregator:
                 bad.append((node, reason))
         return bad
 
-    def _aggregate_reply(self, flat: list[np.ndarray], metrics: list[dict], server_round: int) -> Message:
+    def aggregate_reply(self, flat: list[np.ndarray], metrics: list[dict], server_round: int) -> Message:
         n_layers = len(self.spec.keys)
         if len(flat) != n_layers * (1 + len(self.records)):
             raise RuntimeError(f"secure aggregate has {len(flat)} arrays, "

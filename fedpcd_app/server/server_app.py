@@ -349,8 +349,7 @@ class Experiment:
         if self.evaluator.average is not None:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
-        if ckpt.reply_trust is not None:  # the size bounds continue from the trusted scale (older files: rebuilt)
-            self.context.trust = ReplyTrust.from_dict(ckpt.reply_trust)
+        self.context.trust = ReplyTrust.from_dict(ckpt.reply_trust)  # the size bounds continue from the trusted scale
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
             dp.dp_state = ckpt.privacy  # the adaptive clipping norm
         self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
