@@ -17,7 +17,8 @@ Each row's batches are drawn from its job's own generator exactly as the per-cli
 draws them (the same shuffled epochs or i.i.d. steps, then the augmentation's draws), so the
 rows see the same examples in the same order; clients with fewer batches (different sizes,
 ``local-epochs``) are masked out of the remaining steps (their parameters, momentum and β
-stay), and a short last batch is padded with zero-weight examples. ``craft-cnn``'s dropout
+stay), and a short batch is padded with zero-weight examples to the row's own widest batch
+(rows of another width train apart: :attr:`Group.batch`). ``craft-cnn``'s dropout
 masks are drawn per row from a generator seeded as the per-client path seeds torch's global
 one (CPU only). The result is the per-client path's within float rounding (the tests hold
 both to 1e-5 relative; ``tests/test_vectorised.py``).
@@ -107,6 +108,13 @@ def execution_mode(settings) -> str:
 class Group:
     """What the rows trained together share."""
 
+    # Every step's batch padded to this many examples: the rows' own widest batch (the batch
+    # size; a client smaller than a batch: its size; full batches: the client's size), so rows
+    # of another width train apart. Never the widest batch among the rows beside: MKL's
+    # batched matmul rounds a batch's rows differently for another number of rows (9 against
+    # 16 on AVX512), so a row padded to its neighbours' width moved its last digits with how a
+    # round's clients fell over the workers.
+    batch: int
     momentum: float = 0.0
     weight_decay: float = 0.0
     loss: RowLoss | None = None  # how the rows weight their examples' losses (None: the plain mean)
@@ -330,10 +338,9 @@ class _Batches:
     noise: list[torch.Tensor]  # per dropout module: (S, B, bs, *features)
 
     @classmethod
-    def pack(cls, rows: Sequence[Row], forward: _Forward, dev: torch.device) -> _Batches:
+    def pack(cls, rows: Sequence[Row], bs: int, forward: _Forward, dev: torch.device) -> _Batches:
         steps = [len(r.steps) for r in rows]
         S, B = steps[0], len(rows)
-        bs = max((len(i) for r in rows for i in r.steps), default=1)
         X, Y, offsets = _pool(rows, dev)
         index, weight = _scatter(rows, offsets, S, bs, dev)
         counts = weight.sum(2)  # (S, B) real examples per step
@@ -482,7 +489,7 @@ class _Coefficient:
         return c
 
 
-def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) -> list[RowResult]:
+def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowResult]:
     """Train every row for its own number of steps; one batched step of all rows per step.
 
     The rows are ordered by their number of steps (most first), so the rows still training at
@@ -496,7 +503,7 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group = Group()) ->
     if not ordered[0].steps:  # no row has a batch: every row keeps its start
         return [RowResult(params=[t.clone() for t in r.init], num_steps=0, train_loss=0.0, carried=float(r.carried))
                 for r in rows]
-    batches = _Batches.pack(ordered, forward, dev)
+    batches = _Batches.pack(ordered, group.batch, forward, dev)
     layout = _Layout(ordered[0].init, dev)
     state = _Trained.start(ordered, layout, batches.start[-1])
     _train_steps(forward, batches, layout, state, group)
@@ -648,7 +655,9 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
     if method.rows is None:
         raise NotCovered(f"client method {method.name!r} has no row form")
     form = method.rows(job, plain_row(job))
-    group = Group(momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay), loss=form.loss)
+    batch = max((len(i) for r in form.rows for i in r.steps), default=1)
+    group = Group(batch=batch, momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay),
+                  loss=form.loss)
     return Plan(form.rows, group, functools.partial(_finish, job, form))
 
 

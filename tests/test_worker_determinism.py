@@ -1,13 +1,16 @@
 """The same seed and run config give the same bytes whatever ``--workers`` and ``client-execution``.
 
-Two things moved a run's last digits with the worker count (and so its final model, by up to
+Three things moved a run's last digits with the worker count (and so its final model, by up to
 ~1e-4 after a few hundred local epochs): the clients computed on torch's intra-op threads of
 whichever process ran them (the machine's cores in process, cores // workers in a worker;
-MKL's gemm adds in another order on two threads than on one, even for a batch of 16), and
-under ``client-execution = 'auto'`` a worker's share of one client trained on the per-client
-loop where the whole round, in process, trained as rows. Now every client call of the local
-engine computes on ``node.CLIENT_THREADS`` threads, and ``auto`` decides rows or the loop by
-the run alone; a row's numbers do not depend on the rows beside it.
+MKL's gemm adds in another order on two threads than on one, even for a batch of 16); under
+``client-execution = 'auto'`` a worker's share of one client trained on the per-client loop
+where the whole round, in process, trained as rows; and rows padded their batches to the widest
+batch among the rows beside them, so a worker whose share was one client smaller than a batch
+computed 9-row matmuls where the round in process computed 16 (MKL rounds those differently on
+AVX512). Now every client call of the local engine computes on ``node.CLIENT_THREADS`` threads,
+``auto`` decides rows or the loop by the run alone, and a row's batches are as wide as its own
+widest batch: a row's numbers do not depend on the rows beside it.
 
 What is compared: ``summary.json`` (every field but the output folder), ``rounds.jsonl``
 (every field but timings), ``final_model.pt``'s bytes and the checkpoint's model and strategy
@@ -91,15 +94,19 @@ def test_client_threads_restores_and_nests():
 
 
 # -- a row's numbers do not depend on the rows beside it ---------------------------------------------
+@pytest.mark.parametrize("batch_size", [16, 0])
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it(model):
+def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it(model, batch_size):
     """A worker trains its share of a round as rows: each client's trained model and loss are
-    the same bytes alone, with any other clients, in any order (at the engine's thread count)."""
+    the same bytes alone, with any other clients, in any order (at the engine's thread count).
+    Clients 2 and 4 are smaller than a batch: padded to the others' width they would round
+    otherwise than alone (MKL's batched matmul); ``batch_size`` 0 (full batches of different
+    sizes) too."""
     from client_app.methods import LocalTraining
     from tests.test_vectorised import clone_jobs, make_jobs, run_rows
 
-    settings = LocalTraining(local_epochs=2, batch_size=8, momentum=0.9, weight_decay=1e-4)
-    jobs = make_jobs(model, settings, sizes=(23, 40, 9, 57))  # different step counts: the shrinking prefix
+    settings = LocalTraining(local_epochs=2, batch_size=batch_size, momentum=0.9, weight_decay=1e-4)
+    jobs = make_jobs(model, settings, sizes=(23, 40, 9, 57, 3))  # different step counts: the shrinking prefix
 
     def train(subset):
         mine = clone_jobs([jobs[i] for i in subset])
@@ -108,8 +115,8 @@ def test_a_rows_numbers_do_not_depend_on_the_rows_beside_it(model):
         return {i: (torch.cat([p.detach().reshape(-1) for p in j.model.parameters()]), o.train_loss)
                 for i, j, o in zip(subset, mine, outs)}
 
-    whole = train([0, 1, 2, 3])
-    for subset in ([0], [2], [3, 1], [2, 0], [1, 2, 3]):
+    whole = train([0, 1, 2, 3, 4])
+    for subset in ([0], [2], [4], [3, 1], [2, 0], [4, 2], [1, 2, 3]):
         for i, (params, loss) in train(subset).items():
             assert torch.equal(params, whole[i][0]) and loss == whole[i][1], (subset, i)
 
