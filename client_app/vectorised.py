@@ -4,27 +4,36 @@ The per-client path (:func:`client_app.training.local_sgd` through a method's ro
 one model at a time. Here the clients a process receives in a round are *rows* of stacked
 parameters — (B, *shape) per parameter — and one step of every row is one batched forward
 and backward: ``torch.func.vmap`` over ``functional_call`` of the run's model (batched
-matmuls and grouped convolutions), with ``autograd.grad`` of the sum of the rows' losses
-(rows are independent, so each row's gradient is its own client's), then
-``torch.optim.SGD``'s update (momentum, weight decay, the round's lr) written out once for all
-rows. What a method changes comes from its row form (:mod:`client_app.methods`: each method's
-module holds its loop step and its rows): the terms added to a row's gradient (FedProx's and
-Ditto's proximal pull, SCAFFOLD's correction), the weighting of a row's example losses and the
-scalar it carries (FedeRage's CVaR weights and β step), the rows of one job (Ditto's shared and
-personal models on the same batches) and how their results finish its outcome.
+matmuls; a convolution becomes one grouped convolution, the rows' channels stacked and
+groups = rows), with ``autograd.grad`` of the sum of the rows' losses (rows are independent,
+so each row's gradient is its own client's), then ``torch.optim.SGD``'s update (momentum,
+weight decay, the round's lr) written out once for all rows. What a method changes comes from
+its row form (:mod:`client_app.methods`: each method's module holds its loop step and its
+rows): the terms added to a row's gradient (FedProx's and Ditto's proximal pull, SCAFFOLD's
+correction), the weighting of a row's example losses and the scalar it carries (FedeRage's
+CVaR weights and β step), the rows of one job (Ditto's shared and personal models on the same
+batches) and how their results finish its outcome.
 
 Each row's batches are drawn from its job's own generator exactly as the per-client path
-draws them (the same shuffled epochs or i.i.d. steps, then the augmentation's draws), so the
-rows see the same examples in the same order; clients with fewer batches (different sizes,
-``local-epochs``) are masked out of the remaining steps (their parameters, momentum and β
-stay), and a short batch is padded with zero-weight examples to the row's own widest batch
-(rows of another width train apart: :attr:`Group.batch`). ``craft-cnn``'s dropout
-masks are drawn per row from a generator seeded as the per-client path seeds torch's global
-one (CPU only). The result is the per-client path's within float rounding (the tests hold
-both to 1e-5 relative; ``tests/test_vectorised.py``).
+draws them (the same shuffled epochs or i.i.d. steps, then the augmentation's draws, which
+come from that CPU generator on any device), so the rows see the same examples in the same
+order; clients with fewer batches (different sizes, ``local-epochs``) are masked out of the
+remaining steps (their parameters, momentum, β and running statistics stay), and a short batch
+is padded with zero-weight examples to the row's own widest batch (rows of another width train
+apart: :attr:`Group.batch`). A BatchNorm (1d/2d/3d) normalises each row over its real examples
+only (its statistics written out, so the padding never enters them) and updates the row's
+running statistics and ``num_batches_tracked`` as the module does in the loop. Dropout noise is
+drawn per row as the per-client path draws it after ``seed_torch(train_seed)``: on the CPU from
+a generator seeded so (``bernoulli_``, as the CPU's ``F.dropout``); on CUDA from the device's
+default generator, seeded so for the row's draws and restored after, through
+``torch.native_dropout`` on tensors of the loop's shapes in the loop's order (the fused kernel
+``F.dropout`` calls there: the same Philox stream, the same masks). The result is the
+per-client path's within float rounding (the tests hold both to 1e-5 relative;
+``tests/test_vectorised.py``). The device-dependent choices (how convolutions are batched, how
+noise is drawn, :data:`AUTO_MODELS`) go by :func:`device_kind`.
 
-Where it does not fit (a model with buffers or dropout on CUDA, a method without a row
-form), the per-client routine runs, and the reason is logged once.
+Where it does not fit (a model with buffers other than BatchNorm's, a dropout variant, a
+method without a row form), the per-client routine runs, and the reason is logged once.
 
 **How a process gets the round's clients at once.** :func:`deliver_batch` runs each message
 of a batch through the unchanged ClientApp (mods included: attacks, secure aggregation) in a
@@ -40,9 +49,10 @@ requests the local engine hands a process (:func:`deliver_batch`: the round in p
 worker's share of it, one client included), else the loop (a request that arrives alone, as
 in a Ray actor or on a SuperNode, trains on the loop). Whether a client trains as a row or on
 the loop thus depends on the run, never on how the round's clients are split over the
-workers; and a row's numbers do not depend on which rows train beside it (at a fixed torch
-thread count: ``tests/test_worker_determinism.py``), so a run gives the same bytes with any
-``--workers``.
+workers; and on the CPU a row's numbers do not depend on which rows train beside it (at a
+fixed torch thread count: ``tests/test_worker_determinism.py``), so a run gives the same bytes
+with any ``--workers``. On CUDA the grouped convolution's kernel depends on the number of rows
+(cuDNN chooses by shape), so there a row's numbers equal the loop's within float rounding only.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ from client_app.methods import (
     RowResult,
     TrainJob,
     TrainOutcome,
+    buffers_of,
     load_params,
     params_of,
 )
@@ -79,9 +90,14 @@ from fedcore.seeding import seed_torch
 log = logging.getLogger("fedpcd")
 
 EXECUTION_KEY = "client-execution"
-# client-execution = 'auto' trains these models as rows (measured faster than the loop on the
-# CPU with two clients or more; docs/performance.md §"Clients trained at once").
+# client-execution = 'auto' trains these models as rows, per device kind (device_kind): where
+# benchmarks/simulation.py measured the rows' round faster than the loop's (the CPU: with two
+# clients or more; CUDA: at 10, 50 and 100 clients per round, bash benchmarks/gpu_check.sh
+# OUT rows; none measured yet). docs/performance.md §7 and §4 "Rows on the GPU" hold the figures.
 AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
+# device kinds whose rows run convolutions row by row inside the batched step, not as one
+# grouped convolution (the CPU: measured faster; docs/performance.md §7)
+UNROLLED_CONVOLUTIONS = ("cpu",)
 
 _SAID: set[str] = set()
 
@@ -131,6 +147,38 @@ class _MaskedDropout(nn.Module):
         return x * self.noise
 
 
+class _RowBatchNorm(nn.Module):
+    """A BatchNorm in training mode over a row's real examples only (``real``: 1 for an example,
+    0 for padding, set per call), written out: batch mean and biased variance over the examples
+    and positions, then the affine map. Its batch statistics (the mean and the unbiased variance
+    the module's running statistics take) are handed out in ``stats``; :func:`_update_running`
+    updates the rows' running statistics from them, as the module does in the loop's forward."""
+
+    def __init__(self, bn: nn.modules.batchnorm._BatchNorm, at: tuple[int, int, int] | None) -> None:
+        super().__init__()
+        self.eps, self.momentum = bn.eps, bn.momentum
+        self.at = at  # where running_mean, running_var, num_batches_tracked are in the buffers; None: not tracked
+        self.weight, self.bias = bn.weight, bn.bias  # the same parameter names as the module's
+        self.real: torch.Tensor | None = None
+        self.stats: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        dims = [0, *range(2, x.dim())]
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        real = self.real if self.real is not None else x.new_ones(n)
+        w = real.view(n, *[1] * (x.dim() - 1))
+        count = (real.sum() * x[0, 0].numel()).clamp_min(1)  # real examples × positions per channel
+        mean = (x * w).sum(dims) / count
+        xc = x - mean.view(shape)
+        var = (xc * xc * w).sum(dims) / count
+        out = xc * torch.rsqrt(var + self.eps).view(shape)
+        if self.weight is not None:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        self.stats = (mean.detach(), (var * count / (count - 1)).detach())
+        return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
     """What the rows need to know of a model object (its layout), worked out once per object."""
@@ -138,6 +186,7 @@ class ModelInfo:
     layout: tuple  # (type, (name, shape) of each parameter, device)
     uncovered: str | None  # why it has no row form, or None
     has_dropout: bool
+    has_norms: bool  # a BatchNorm (batches of one example are the loop's)
 
 
 _INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -149,66 +198,111 @@ def model_info(model: nn.Module) -> ModelInfo:
     if info is None:
         dev = str(next(model.parameters()).device)
         info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), dev),
-                         uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)))
+                         uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)),
+                         has_norms=bool(norm_modules(model)))
         _INFO[model] = info
     return info
+
+
+def device_kind(model: nn.Module) -> str:
+    """The device type (``cpu``, ``cuda``) the rows' device-dependent choices go by: how
+    convolutions are batched (:func:`unrolled_on`), how dropout noise is drawn
+    (:func:`dropout_noise`), which models ``auto`` trains as rows (:data:`AUTO_MODELS`). One
+    place, so that a test can take the CUDA choices with the tensors on the CPU."""
+    return next(model.parameters()).device.type
 
 
 def dropout_modules(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Dropout) and m.p > 0]
 
 
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def norm_modules(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
+    return [(n, m) for n, m in model.named_modules() if type(m) in _NORMS]
+
+
 def covers_model(model: nn.Module) -> str | None:
     """None if ``model`` trains as rows here, else why not."""
-    if any(True for _ in model.buffers()):
-        return f"{type(model).__name__} has buffers (running statistics)"
+    name = type(model).__name__
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and type(m) not in _NORMS for m in model.modules()):
+        return f"{name} has a BatchNorm variant without a row form"
+    running = {f"{n}.{b}" if n else b for n, m in norm_modules(model) for b, _ in m.named_buffers(recurse=False)}
+    others = [n for n, _ in model.named_buffers() if n not in running]
+    if others:
+        return f"{name} has buffers other than BatchNorm's running statistics ({others[0]})"
     if any(isinstance(m, (nn.modules.dropout._DropoutNd,)) and not isinstance(m, nn.Dropout)
            for m in model.modules()):
-        return f"{type(model).__name__} has a dropout variant without a row form"
-    if dropout_modules(model) and next(model.parameters()).device.type != "cpu":
-        return f"{type(model).__name__}'s dropout draws from the CUDA generator (no row form)"
+        return f"{name} has a dropout variant without a row form"
+    if dropout_modules(model) and device_kind(model) not in ("cpu", "cuda"):
+        return f"{name}'s dropout draws from the {device_kind(model)} generator (no row form)"
     return None
 
 
 def unrolled_on(model: nn.Module) -> bool:
-    """Convolutions on the CPU: vmap makes them one grouped convolution, measured 1.5x slower
-    than the rows' convolutions one by one (docs/performance.md); there the rows' forward is a
-    loop over rows inside the one batched step (one backward, one update of all rows)."""
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    return on_cpu and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    """Convolutions where :data:`UNROLLED_CONVOLUTIONS` says (the CPU): vmap makes them one
+    grouped convolution, measured 1.5x slower there than the rows' convolutions one by one
+    (docs/performance.md); there the rows' forward is a loop over rows inside the one batched
+    step (one backward, one update of all rows). Elsewhere (CUDA) the grouped convolution."""
+    return device_kind(model) in UNROLLED_CONVOLUTIONS and any(isinstance(m, nn.modules.conv._ConvNd)
+                                                               for m in model.modules())
+
+
+def _replace(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(root.get_submodule(parent_name) if parent_name else root, attr, module)
 
 
 class _Forward:
-    """vmap(functional_call(model)) over stacked parameters (and dropout noise); for
-    convolutions on the CPU (:func:`unrolled_on`), functional_call row by row."""
+    """vmap(functional_call(model)) over stacked parameters, dropout noise and real-example
+    weights (BatchNorm's); for convolutions where :func:`unrolled_on`, functional_call row by
+    row. A call gives the rows' logits and each BatchNorm's batch statistics."""
 
     def __init__(self, model: nn.Module) -> None:
         self.template = copy.deepcopy(model)
         self.template.train()
+        names = [n for n, _ in self.template.named_parameters()]
         self.drops: list[_MaskedDropout] = []
         for name, _ in dropout_modules(self.template):
-            parent_name, _, attr = name.rpartition(".")
-            parent = self.template.get_submodule(parent_name) if parent_name else self.template
             masked = _MaskedDropout()
-            setattr(parent, attr, masked)
+            _replace(self.template, name, masked)
             self.drops.append(masked)
+        buffers = [n for n, _ in model.named_buffers()]
+        self.norms: list[_RowBatchNorm] = []
+        for name, bn in norm_modules(self.template):
+            at = tuple(buffers.index(f"{name}.{b}") for b in ("running_mean", "running_var", "num_batches_tracked")) \
+                if bn.track_running_stats else None
+            row_bn = _RowBatchNorm(bn, at)
+            _replace(self.template, name, row_bn)
+            self.norms.append(row_bn)
         self.names = [n for n, _ in self.template.named_parameters()]
+        if self.names != names:
+            raise NotCovered("the model's parameters moved when its modules took their row form")
         for p in self.template.parameters():
             p.requires_grad_(False)
 
-        def one(params, x, noise):
+        def one(params, x, noise, real):
             for m, z in zip(self.drops, noise):
                 m.noise = z
-            return torch.func.functional_call(self.template, dict(zip(self.names, params)), (x,))
+            for m in self.norms:
+                m.real = real
+            try:
+                out = torch.func.functional_call(self.template, dict(zip(self.names, params)), (x,))
+                return out, [m.stats for m in self.norms]
+            finally:
+                for m in self.norms:
+                    m.real = m.stats = None
 
         if unrolled_on(model):
-            def rows(params, x, noise):
-                return torch.stack([one([p[b] for p in params], x[b], [z[b] for z in noise])
-                                    for b in range(x.shape[0])])
+            def rows(params, x, noise, real):
+                outs = [one([p[b] for p in params], x[b], [z[b] for z in noise], real[b]) for b in range(x.shape[0])]
+                stats = [tuple(torch.stack(s) for s in zip(*(st[j] for _, st in outs))) for j in range(len(self.norms))]
+                return torch.stack([o for o, _ in outs]), stats
 
             self.fn = rows
         else:
-            self.fn = torch.func.vmap(one, in_dims=(0, 0, 0))
+            self.fn = torch.func.vmap(one, in_dims=(0, 0, 0, 0))
 
         # flatten → (Linear → ReLU)* → Linear (mlp, craft-mlp, logreg): batched matmuls written
         # out, without vmap's per-operation cost; checked against the model on the first batch
@@ -234,7 +328,7 @@ class _Forward:
         if self.chain is None:
             with torch.no_grad():
                 probe = [p[:1].detach() for p in params]
-                want = self.fn(probe, x[:1], [])
+                want = self.fn(probe, x[:1], [], x.new_ones(x.shape[:2])[:1])[0]
                 got = self._chain(probe, x[:1])
             self.chain = want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-4, atol=1e-5))
         return self.chain
@@ -276,11 +370,15 @@ class _Forward:
                 dz = torch.bmm(dz, params[at]) * (pre[i - 1] > 0)
         return ce, torch.cat(grads, 1)
 
-    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor]) -> torch.Tensor:
+    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor],
+                 real: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The rows' logits (rows, batch, classes) and each BatchNorm's (mean, unbiased variance)
+        of the rows' real examples, (rows, channels) each; ``real`` (rows, batch): 1 for an
+        example, 0 for padding."""
         if self.is_chain(params, x):
-            return self._chain(params, x)
+            return self._chain(params, x), []
         try:
-            return self.fn(params, x, noise)
+            return self.fn(params, x, noise, real)
         finally:
             for m in self.drops:
                 m.noise = None
@@ -444,16 +542,21 @@ class _Trained:
     terms: list[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]]  # the methods' gradient terms
     carried: torch.Tensor  # (B,) float64: what the rows' loss carries (FedeRage's β)
     losses: torch.Tensor  # each (step, row) pair's mean batch loss (0 where a row took none)
+    buffers: list[torch.Tensor]  # each of the model's buffers, (B, *shape) (BatchNorm's running statistics)
     buf: torch.Tensor | None = None  # the momentum buffer, from the first step
 
     @classmethod
     def start(cls, rows: Sequence[Row], layout: _Layout, pairs: int) -> _Trained:
         params = torch.stack([layout.flat(r.init) for r in rows])
         dev = params.device
+        count = {len(r.buffers or ()) for r in rows}
+        if len(count) > 1:
+            raise ValueError("rows with and without the model's buffers cannot train together")
+        buffers = [torch.stack([r.buffers[i].to(dev) for r in rows]) for i in range(count.pop())]
         return cls(params=params, lr=torch.tensor([r.lr for r in rows], dtype=params.dtype, device=dev)[:, None],
                    terms=_gradient_terms(rows, layout, params),
                    carried=torch.tensor([float(r.carried) for r in rows], dtype=torch.float64, device=dev),
-                   losses=torch.zeros(pairs, device=dev))
+                   losses=torch.zeros(pairs, device=dev), buffers=buffers)
 
 
 def _gradient_terms(rows: Sequence[Row], layout: _Layout, params: torch.Tensor) -> list[Callable]:
@@ -501,8 +604,8 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
     order = sorted(range(len(rows)), key=lambda b: -len(rows[b].steps))  # stable: ties keep their order
     ordered = [rows[b] for b in order]
     if not ordered[0].steps:  # no row has a batch: every row keeps its start
-        return [RowResult(params=[t.clone() for t in r.init], num_steps=0, train_loss=0.0, carried=float(r.carried))
-                for r in rows]
+        return [RowResult(params=[t.clone() for t in r.init], num_steps=0, train_loss=0.0, carried=float(r.carried),
+                          buffers=r.buffers) for r in rows]
     batches = _Batches.pack(ordered, group.batch, forward, dev)
     layout = _Layout(ordered[0].init, dev)
     state = _Trained.start(ordered, layout, batches.start[-1])
@@ -528,7 +631,9 @@ def _train_steps(forward: _Forward, batches: _Batches, layout: _Layout, state: _
         if by_hand:
             _, g = forward.chain_step(layout.views(p), xb, yb, coefficient)
         else:
-            g = _autograd_step(forward, layout.views(p), xb, yb, [z[k, :m] for z in batches.noise], coefficient)
+            g, stats = _autograd_step(forward, layout.views(p), xb, yb, [z[k, :m] for z in batches.noise],
+                                      batches.weight[k, :m], coefficient)
+            _update_running(forward, state, stats, m, act)
         state.losses[a:b] = coefficient.plain  # 0 for a row of the prefix without a batch at this step
         if group.loss is not None:
             moved = group.loss.step(state.carried[:m], coefficient.grad)
@@ -540,15 +645,34 @@ def _train_steps(forward: _Forward, batches: _Batches, layout: _Layout, state: _
 
 
 def _autograd_step(forward: _Forward, views: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
-                   noise: list[torch.Tensor], coefficient: _Coefficient) -> torch.Tensor:
-    """The rows' gradients (rows, D) of Σ coefficient(ce)·ce by autograd through the forward."""
+                   noise: list[torch.Tensor], real: torch.Tensor,
+                   coefficient: _Coefficient) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The rows' gradients (rows, D) of Σ coefficient(ce)·ce by autograd through the forward,
+    and the forward's BatchNorm statistics."""
     m, bs = yb.shape
     # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
     leaves = [v.detach().requires_grad_(True) for v in views]
-    logits = forward(leaves, xb, noise)
+    logits, stats = forward(leaves, xb, noise, real)
     ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(m, bs)
     total = (coefficient(ce).detach() * ce).sum()
-    return torch.cat([t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], 1)
+    return torch.cat([t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], 1), stats
+
+
+@torch.no_grad()
+def _update_running(forward: _Forward, state: _Trained, stats: list[tuple[torch.Tensor, torch.Tensor]], m: int,
+                    act: torch.Tensor | None) -> None:
+    """Each BatchNorm's running statistics of rows 0..m−1 after a step's forward, as the module
+    updates its own in the loop (the momentum's moving average, or with momentum None the
+    cumulative one, 1/num_batches_tracked); a row outside ``act`` (no batch) keeps them."""
+    for norm, (mean, var) in zip(forward.norms, stats):
+        if norm.at is None:
+            continue
+        rm, rv, tracked = (state.buffers[i] for i in norm.at)
+        count = tracked[:m] + 1
+        wide = (m,) + (1,) * (rm.dim() - 1)
+        f = norm.momentum if norm.momentum is not None else (1.0 / count.double()).to(rm.dtype).view(wide)
+        for buf, new in ((rm, f * mean + (1 - f) * rm[:m]), (rv, f * var + (1 - f) * rv[:m]), (tracked, count)):
+            buf[:m] = new if act is None else torch.where(act.view((m,) + (1,) * (new.dim() - 1)), new, buf[:m])
 
 
 def _sgd_update(state: _Trained, g: torch.Tensor, m: int, act: torch.Tensor | None, group: Group) -> None:
@@ -580,14 +704,17 @@ def _results(batches: _Batches, layout: _Layout, state: _Trained) -> list[RowRes
     loss_sum = torch.zeros(len(steps), dtype=torch.float64, device=dev).index_add_(
         0, torch.cat([torch.arange(m_, device=dev) for m_ in batches.width]), state.losses.double())
     return [RowResult(params=layout.unflat(state.params[b]), num_steps=steps[b],
-                      train_loss=float(loss_sum[b]) / max(steps[b], 1), carried=float(state.carried[b]))
+                      train_loss=float(loss_sum[b]) / max(steps[b], 1), carried=float(state.carried[b]),
+                      buffers=[t[b] for t in state.buffers] or None)
             for b in range(len(steps))]
 
 
 # -- jobs → rows: each method's row form -----------------------------------------------------------
 def job_batches(job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The job's (x, y, per-step indices) drawn exactly as :func:`local_sgd` draws them (the
-    generator's batch draws and the augmentation's draws in the same order)."""
+    generator's batch draws and the augmentation's draws in the same order). An augmentation
+    with ``draw``/``apply`` (:class:`client_app.data.augment.CropFlip`) has its steps' draws
+    taken in that order and applied to all of them at once; another is called step by step."""
     dev = next(job.model.parameters()).device
     x, y = job.x.to(dev), job.y.to(dev)
     cfg = job.cfg
@@ -595,46 +722,79 @@ def job_batches(job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, list[torch.T
     batches = (sampled_batches(n, cfg.batch_size, cfg.local_steps, job.generator) if cfg.local_steps > 0
                else batch_indices(n, cfg.batch_size, cfg.local_epochs, job.generator))
     if job.augment is None:
-        return x, y, [idx.to(dev) for idx in batches]
-    xbs, ybs, steps, start = [], [], [], 0
-    for idx in batches:
-        idx = idx.to(dev)
-        xb = job.augment(x[idx], job.generator)
-        xbs.append(xb)
-        ybs.append(y[idx])
-        steps.append(torch.arange(start, start + len(idx), device=dev))
-        start += len(idx)
-    if not steps:
+        return x, y, _to_device(list(batches), dev)
+    idxs, draws = [], []
+    split = hasattr(job.augment, "draw") and hasattr(job.augment, "apply")
+    for idx in batches:  # the augmentation draws after each step's batch, as in the loop
+        idxs.append(idx)
+        if split:
+            draws.append(job.augment.draw(len(idx), job.generator))
+        else:
+            draws.append(job.augment(x[idx.to(dev)], job.generator))
+    if not idxs:
         return x[:0], y[:0], []
-    return torch.cat(xbs), torch.cat(ybs), steps
+    picked = torch.cat(idxs).to(dev)
+    xs = job.augment.apply(x[picked], tuple(torch.cat(d) for d in zip(*draws))) if split else torch.cat(draws)
+    return xs, y[picked], list(torch.arange(len(picked), device=dev).split([len(i) for i in idxs]))
+
+
+def _to_device(idxs: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
+    """Index tensors on the device in one copy."""
+    if not idxs or dev.type == "cpu":
+        return idxs
+    return list(torch.cat(idxs).to(dev).split([len(i) for i in idxs]))
 
 
 def dropout_noise(job: TrainJob, steps: list[torch.Tensor], forward: _Forward) -> list[list[torch.Tensor]] | None:
-    """Each step's dropout noise as the per-client path draws it: torch's global generator
-    seeded with ``job.train_seed``, one ``bernoulli_(1 − p)`` per dropout module per forward."""
+    """Each step's dropout noise (``Bernoulli(1 − p) / (1 − p)``) as the per-client path draws
+    it after ``seed_torch(job.train_seed)``: one draw per dropout module per forward, of the
+    shape its input has there (:func:`_generator_noise` on the CPU, :func:`_fused_noise` on CUDA)."""
     if not forward.drops:
         return None
     if job.train_seed is None:
         raise NotCovered("the job has no train seed for its dropout draws")
+    dev = next(job.model.parameters()).device
     probs = [m.p for _, m in dropout_modules(job.model)]
-    shapes = forward.dropout_shapes(job.x[:1].to(next(job.model.parameters()).device))
+    features = forward.dropout_shapes(job.x[:1].to(dev))
+    shapes = [[(len(idx), *shape) for shape in features] for idx in steps]
+    draw = _generator_noise if device_kind(job.model) == "cpu" else _fused_noise
+    return draw(int(job.train_seed), probs, shapes, dev)
+
+
+def _generator_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: torch.device) -> list:
+    """The CPU's ``F.dropout``: ``empty(shape).bernoulli_(1 − p).div_(1 − p)`` from torch's CPU
+    generator, here one seeded with ``seed`` (the global one stays as it is)."""
     gen = torch.Generator()
-    gen.manual_seed(int(job.train_seed))
-    out = []
-    for idx in steps:
-        per = []
-        for p, shape in zip(probs, shapes):
-            z = torch.empty((len(idx), *shape)).bernoulli_(1 - p, generator=gen)
-            per.append(z.div_(1 - p))
-        out.append(per)
-    return out
+    gen.manual_seed(seed)
+    return [[torch.empty(shape).bernoulli_(1 - p, generator=gen).div_(1 - p) for p, shape in zip(probs, step)]
+            for step in shapes]
+
+
+def _fused_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: torch.device) -> list:
+    """CUDA's ``F.dropout``, the fused ``native_dropout`` kernel, which draws from the default
+    generator of the tensor's device (Philox: the masks depend on the seed, the offset the earlier
+    draws advanced and the shape): that generator seeded with ``seed``, as ``seed_torch`` seeds
+    it for the loop, then one ``native_dropout`` of a fresh tensor of ones of the loop's shape per
+    module and step, in the loop's order; the generator's own state is restored after. (On the
+    CPU the same call draws ``bernoulli_`` from the CPU generator: what the tests check it by.)
+    The rows' threads are all waiting meanwhile (:class:`_Collector`), so no draw interleaves."""
+    gen = torch.default_generator if dev.type == "cpu" else \
+        torch.cuda.default_generators[dev.index if dev.index is not None else torch.cuda.current_device()]
+    saved = gen.get_state()
+    try:
+        gen.manual_seed(seed)
+        return [[torch.native_dropout(torch.ones(shape, device=dev), p, True)[0] for p, shape in zip(probs, step)]
+                for step in shapes]
+    finally:
+        gen.set_state(saved)
 
 
 def plain_row(job: TrainJob) -> Row:
     """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise)."""
     x, y, steps = job_batches(job)
     noise = dropout_noise(job, steps, _forward_for(job.model)) if model_info(job.model).has_dropout else None
-    return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise)
+    return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
+               buffers=buffers_of(job.model))
 
 
 @dataclasses.dataclass
@@ -649,12 +809,15 @@ class Plan:
 def plan(method: ClientMethod, job: TrainJob) -> Plan:
     """The rows of one job by its method's row form (raises :class:`NotCovered` where the model
     or the method has none)."""
-    reason = model_info(job.model).uncovered
-    if reason:
-        raise NotCovered(reason)
+    info = model_info(job.model)
+    if info.uncovered:
+        raise NotCovered(info.uncovered)
     if method.rows is None:
         raise NotCovered(f"client method {method.name!r} has no row form")
-    form = method.rows(job, plain_row(job))
+    base = plain_row(job)
+    if info.has_norms and any(len(idx) < 2 for idx in base.steps):
+        raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
+    form = method.rows(job, base)
     batch = max((len(i) for r in form.rows for i in r.steps), default=1)
     group = Group(batch=batch, momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay),
                   loss=form.loss)
@@ -663,7 +826,7 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
 
 def _finish(job: TrainJob, form: RowForm, results: list[RowResult]) -> TrainOutcome:
     """The first row's result into the job's model and the outcome; the method's extras."""
-    load_params(job.model, results[0].params)
+    load_params(job.model, results[0].params, results[0].buffers)
     outcome = TrainOutcome(num_steps=results[0].num_steps, train_loss=results[0].train_loss)
     if form.finish is not None:
         form.finish(results, outcome)
@@ -688,9 +851,8 @@ def auto_picks(job: TrainJob) -> bool:
     """``auto`` under the local engine's batch (:func:`deliver_batch`): rows for the
     measured-faster models, however many clients the batch holds (a worker's share of a round
     may be one client: the loop there would give other numbers than the rows in process)."""
-    dev = next(job.model.parameters()).device.type
     name = getattr(job.cfg, "model", None)
-    return name in AUTO_MODELS.get(dev, ())
+    return name in AUTO_MODELS.get(device_kind(job.model), ())
 
 
 def run_entries(entries: Sequence[Entry], mode: str) -> None:

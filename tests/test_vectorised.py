@@ -2,11 +2,14 @@
 
 For every covered client routine (plain SGD with momentum / weight decay, FedProx, FedeRage at
 batch and sample level, SCAFFOLD, Ditto), local epochs and local steps, augmentation and the
-covered models, the rows' train losses, step counts, models and the method's extras (β, Δc_i,
-the personal model) equal the per-client routine's within RTOL = 1e-5 relative to each tensor's
-scale (max |Δ| ≤ 1e-5 · max(max |value|, 1); float32 sums in another order differ by ~1e-7).
-Clients of different sizes train together (masking), in the same seeded
-batch order.
+covered models (a BatchNorm ResNet too: its running statistics and ``num_batches_tracked``),
+the rows' train losses, step counts, models and the method's extras (β, Δc_i, the personal
+model) equal the per-client routine's within RTOL = 1e-5 relative to each tensor's scale
+(max |Δ| ≤ 1e-5 · max(max |value|, 1); float32 sums in another order differ by ~1e-7).
+Clients of different sizes train together (masking), in the same seeded batch order. The
+choices made for CUDA (grouped convolutions, the fused dropout draw) are taken on the CPU
+through :func:`client_app.vectorised.device_kind`; on a machine with CUDA the rows on the GPU
+are compared with the loop on the GPU as well.
 """
 
 from __future__ import annotations
@@ -24,14 +27,43 @@ from client_app import vectorised
 from client_app.data import crop_flip
 from client_app.methods import LocalTraining, NotCovered, TrainJob, get_client_method
 from client_app.models import build_model
+from client_app.vectorised import device_kind as real_device_kind
 from fedcore import flat, keys
 from fedcore.seeding import derive_seed, torch_generator
 from strategies.federage import FedeRage
 
 RTOL = 1e-5
 
-SHAPES = {"mlp": (1, 8, 8), "craft-mlp": (1, 8, 8), "cnn": (3, 16, 16), "craft-cnn": (3, 16, 16)}
+SHAPES = {"mlp": (1, 8, 8), "craft-mlp": (1, 8, 8), "cnn": (3, 16, 16), "craft-cnn": (3, 16, 16),
+          "resnet20": (3, 8, 8), "craft-resnet20": (3, 8, 8), "bn-resnet": (3, 8, 8)}
 SIZES = (23, 40, 9, 57)  # the clients' train sizes: different numbers of batches, short last batches
+BN_SIZES = (23, 40, 14, 54)  # the same at batch 8 without a batch of one (BatchNorm's loop refuses those)
+
+
+class BNResNet(torch.nn.Module):
+    """A small ResNet with BatchNorm (this app's own models use GroupNorm): a conv-BN-ReLU stem,
+    one basic block with a projection shortcut, pooling, a BatchNorm1d without affine weights
+    and a linear head; one BatchNorm keeps the cumulative average (momentum None)."""
+
+    def __init__(self, classes: int = 4) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.conv1, self.bn1 = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16, momentum=0.3)
+        self.conv2, self.bn2 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16, momentum=None)
+        self.shortcut = nn.Sequential(nn.Conv2d(8, 16, 1, stride=2, bias=False), nn.BatchNorm2d(16))
+        self.head_bn = nn.BatchNorm1d(16, affine=False)
+        self.fc = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+        return self.fc(self.head_bn(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(out, 1), 1)))
+
+
+def build(model_name: str) -> torch.nn.Module:
+    return BNResNet() if model_name == "bn-resnet" else build_model(model_name, SHAPES[model_name], 4)
 
 
 def federage_config(level: str = "batch") -> dict:
@@ -43,7 +75,7 @@ def make_jobs(model_name: str, settings: LocalTraining, *, config=None, augment=
               state_extra=None, lr: float = 0.1, sizes=SIZES, seed: int = 0) -> list[TrainJob]:
     shape = SHAPES[model_name]
     torch.manual_seed(seed)
-    model = build_model(model_name, shape, 4)
+    model = build(model_name)
     arrays = ArrayRecord(model.state_dict())
     jobs = []
     for pid, n in enumerate(sizes):
@@ -97,6 +129,17 @@ def close(a, b, what: str) -> None:
     assert gap <= RTOL * max(float(np.max(np.abs(b))) if b.size else 0.0, 1.0), f"{what}: max |Δ| = {gap:.3g}"
 
 
+def same_state(got: torch.nn.Module, want: torch.nn.Module, what: str) -> None:
+    """Parameters and buffers (BatchNorm's running statistics; num_batches_tracked exactly)."""
+    mine = got.state_dict()
+    assert list(mine) == list(want.state_dict()), what
+    for name, t in want.state_dict().items():
+        if t.is_floating_point():
+            close(mine[name].detach().cpu(), t.detach().cpu(), f"{what}: {name}")
+        else:
+            assert torch.equal(mine[name].cpu(), t.cpu()), f"{what}: {name}"
+
+
 def check_same(method: str, jobs: list[TrainJob], *, must_cover: bool = True) -> tuple[list, list]:
     loop_jobs, row_jobs = jobs, clone_jobs(jobs)
     if must_cover:
@@ -106,8 +149,7 @@ def check_same(method: str, jobs: list[TrainJob], *, must_cover: bool = True) ->
     for i, (w, g, lj, rj) in enumerate(zip(want, got, loop_jobs, row_jobs)):
         assert g.num_steps == w.num_steps, f"client {i}: steps"
         close(g.train_loss, w.train_loss, f"client {i}: train loss")
-        for (name, p), q in zip(lj.model.named_parameters(), rj.model.parameters()):
-            close(q.detach(), p.detach(), f"client {i}: {name}")
+        same_state(rj.model, lj.model, f"client {i}")
         assert set(g.metrics) == set(w.metrics)
         for k in w.metrics:
             close(g.metrics[k], w.metrics[k], f"client {i}: metric {k}")
@@ -121,7 +163,7 @@ def check_same(method: str, jobs: list[TrainJob], *, must_cover: bool = True) ->
 
 
 # -- plain SGD ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", ["mlp", "craft-mlp", "cnn", "craft-cnn"])
+@pytest.mark.parametrize("model", ["mlp", "craft-mlp", "cnn", "craft-cnn", "resnet20", "craft-resnet20"])
 def test_sgd_epochs_every_model(model):
     settings = LocalTraining(local_epochs=2, batch_size=8)
     want, _ = check_same("sgd", make_jobs(model, settings))
@@ -140,8 +182,134 @@ def test_sgd_local_steps_and_full_batch():
 
 
 def test_sgd_with_augmentation():
+    """crop-flip's draws taken step by step and applied at once; an augmentation without that
+    split called step by step, as the loop calls it."""
     fill = torch.tensor([0.1, -0.2, 0.3])
-    check_same("sgd", make_jobs("cnn", LocalTraining(local_epochs=1, batch_size=8), augment=crop_flip(fill)))
+    check_same("sgd", make_jobs("cnn", LocalTraining(local_epochs=2, batch_size=8), augment=crop_flip(fill)))
+
+    def jitter(xb, generator):
+        return xb + 0.1 * torch.randn(xb.shape, generator=generator).to(xb.device)
+
+    check_same("sgd", make_jobs("cnn", LocalTraining(local_epochs=2, batch_size=8), augment=jitter, sizes=(23, 9)))
+
+
+# -- BatchNorm: per-row running statistics -------------------------------------------------------------
+def scaffold_records(pid, arrays):
+    spec = flat.spec_of(arrays)
+    g = torch.Generator().manual_seed(pid + 100)
+    return {keys.SCAFFOLD_C: flat.flat_to_record(0.01 * torch.randn(spec.dim, generator=g), spec)}
+
+
+@pytest.mark.parametrize("method", ["sgd", "fedprox", "scaffold"])
+def test_batchnorm_resnet(method):
+    """A BatchNorm ResNet with momentum and weight decay (FedProx's pull, SCAFFOLD's correction):
+    every row's parameters, running means and variances (momentum 0.1, 0.3 and the cumulative
+    average) and num_batches_tracked are the loop's; short batches' padding never enters them."""
+    settings = LocalTraining(local_epochs=2, batch_size=8, momentum=0.9, weight_decay=5e-4)
+    extra = scaffold_records if method == "scaffold" else None
+    jobs = make_jobs("bn-resnet", settings, config={"fedprox-mu": 0.3}, request_extra=extra, sizes=BN_SIZES,
+                     lr=0.05)
+    want, _ = check_same(method, jobs)
+    assert len({w.num_steps for w in want}) > 1
+    tracked = {int(j.model.head_bn.num_batches_tracked) for j in jobs}
+    assert tracked == {w.num_steps for w in want}  # each row counted its own batches
+
+
+def test_batchnorm_batch_of_one_trains_on_the_loop():
+    job = make_jobs("bn-resnet", LocalTraining(local_epochs=1, batch_size=8), sizes=(9,))[0]
+    with pytest.raises(NotCovered, match="one example"):
+        vectorised.plan(get_client_method("sgd"), job)
+
+
+# -- what CUDA chooses, taken on the CPU ---------------------------------------------------------------
+@pytest.fixture
+def cuda_choices(monkeypatch):
+    """The rows take CUDA's choices (grouped convolutions, the fused dropout draw) with the
+    tensors on the CPU; the draws the fused path made are counted."""
+    monkeypatch.setattr(vectorised, "device_kind", lambda model: "cuda")
+    fused = []
+    real_fused = vectorised._fused_noise
+
+    def counted(*args):
+        fused.append(args[0])
+        return real_fused(*args)
+
+    monkeypatch.setattr(vectorised, "_fused_noise", counted)
+    vectorised._FORWARDS.clear()
+    yield fused
+    vectorised._FORWARDS.clear()
+
+
+@pytest.mark.parametrize("model", ["craft-cnn", "bn-resnet", "cnn"])
+def test_cuda_choices_give_the_loops_numbers(model, cuda_choices):
+    """Grouped convolutions under vmap (BatchNorm's statistics per row inside them), craft-cnn's
+    dropout drawn as on CUDA (the device's default generator seeded with the train seed, one
+    native_dropout per module and step): the loop's numbers, augmentation included."""
+    settings = LocalTraining(local_epochs=2, batch_size=8, momentum=0.5)
+    jobs = make_jobs(model, settings, sizes=BN_SIZES, augment=crop_flip(torch.tensor([0.1, -0.2, 0.3])))
+    assert not vectorised.unrolled_on(jobs[0].model)
+    state = torch.get_rng_state()
+    check_same("sgd", jobs)
+    seeds = [j.train_seed for j in jobs]
+    assert cuda_choices == (seeds[:1] + seeds if model == "craft-cnn" else [])  # check_same's plan, then the rows
+    if model == "craft-cnn":  # the global generator as it was before the rows drew
+        torch.set_rng_state(state)
+        vectorised.plan(get_client_method("sgd"), clone_jobs(jobs)[0])
+        assert torch.equal(torch.get_rng_state(), state)
+
+
+def conv_weight_rows(rows: int) -> list[int]:
+    """The weights' first dimension of every convolution that one step of ``rows`` − 1 cnn rows
+    runs (profiled; the first row trains alone before, so that the forward's probe is not in it)."""
+    jobs = make_jobs("cnn", LocalTraining(local_epochs=1, batch_size=8), sizes=(8,) * rows)
+    entries = [vectorised.Entry(get_client_method("sgd"), j) for j in jobs]
+    vectorised.run_entries(entries[:1], "vectorised")  # the forward's first-call probe, outside the profile
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        vectorised.run_entries(entries[1:], "vectorised")
+    assert all(e.outcome is not None for e in entries)
+    return [e.input_shapes[1][0] for e in prof.events() if e.name == "aten::convolution"]
+
+
+def test_cuda_choice_is_one_grouped_convolution_per_layer(cuda_choices):
+    """CUDA's choice: each of the cnn's three convolutions (32, 64, 128 channels) is one
+    convolution per step for all 3 rows, their weights stacked (3 × the channels): vmap's call
+    as a row sees it, then the one grouped convolution it becomes. The CPU's: one per row."""
+    assert conv_weight_rows(4) == [32, 3 * 32, 64, 3 * 64, 128, 3 * 128]
+
+
+def test_cpu_choice_is_one_convolution_per_row():
+    vectorised._FORWARDS.clear()
+    assert conv_weight_rows(4) == [32, 64, 128] * 3
+
+
+def test_cuda_dropout_draws_follow_the_seed(cuda_choices):
+    """The fused draw is the loop's only where the seed is the loop's: another train seed gives
+    other masks (the test above would fail)."""
+    job = make_jobs("craft-cnn", LocalTraining(local_epochs=1, batch_size=8), sizes=(23,))[0]
+    forward = vectorised._forward_for(job.model)
+    steps = vectorised.job_batches(clone_jobs([job])[0])[2]
+    a = vectorised.dropout_noise(job, steps, forward)
+    job.train_seed += 1
+    b = vectorised.dropout_noise(job, steps, forward)
+    assert [z.shape for z in a[0]] == [(8, 384), (8, 192)]
+    assert not torch.equal(a[0][0], b[0][0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
+@pytest.mark.parametrize("model", ["cnn", "craft-cnn", "bn-resnet", "resnet20"])
+def test_cuda_rows_equal_the_cuda_loop(model, monkeypatch):
+    """On the GPU: the rows (grouped convolutions, dropout from the CUDA generator) against the
+    loop on the GPU, TF32 off on both sides (with it, each side rounds to TF32's 10-bit mantissa
+    in its own kernels)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    vectorised._FORWARDS.clear()
+    jobs = make_jobs(model, LocalTraining(local_epochs=2, batch_size=8, momentum=0.5), sizes=BN_SIZES,
+                     augment=crop_flip(torch.tensor([0.1, -0.2, 0.3])))
+    for j in jobs:
+        j.model.cuda()
+    assert real_device_kind(jobs[0].model) == "cuda"
+    check_same("sgd", jobs)
 
 
 # -- methods -----------------------------------------------------------------------------------------
@@ -252,9 +420,13 @@ def test_uncovered_method_runs_the_loop_and_says_so(caplog):
         assert e.outcome.train_loss == w.train_loss  # the routine itself: bit for bit
 
 
-def test_model_with_buffers_is_not_covered():
+def test_only_batchnorms_buffers_are_covered():
+    """BatchNorm's running statistics have a row form; any other buffer, or a BatchNorm variant, not."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.BatchNorm1d(8))
-    assert "buffers" in vectorised.covers_model(model)
+    assert vectorised.covers_model(model) is None
+    model.register_buffer("scale", torch.ones(1))
+    assert "buffers other than BatchNorm's" in vectorised.covers_model(model)
+    assert "variant" in vectorised.covers_model(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SyncBatchNorm(4)))
 
 
 def test_routine_error_reaches_its_own_client_only():
@@ -279,6 +451,19 @@ def test_auto_picks_rows_only_for_measured_models():
         j = make_jobs(model, settings)[0]
         j.cfg = load_config({"model": model})
         assert vectorised.auto_picks(j) is picked
+
+
+def test_auto_on_cuda_takes_only_the_models_measured_there(monkeypatch):
+    """On CUDA, AUTO_MODELS["cuda"] decides (empty until gpu_check.sh measured the rows faster)."""
+    from fedcore.config import load_config
+
+    monkeypatch.setattr(vectorised, "device_kind", lambda model: "cuda")
+    jobs = {m: make_jobs(m, LocalTraining(local_epochs=1, batch_size=8))[0] for m in ("mlp", "cnn")}
+    for m, j in jobs.items():
+        j.cfg = load_config({"model": m})
+    assert not any(vectorised.auto_picks(j) for j in jobs.values())  # the CPU's models are not CUDA's
+    monkeypatch.setitem(vectorised.AUTO_MODELS, "cuda", ("cnn",))
+    assert [m for m, j in jobs.items() if vectorised.auto_picks(j)] == ["cnn"]
 
 
 @pytest.mark.parametrize("model", ["cnn", "craft-cnn"])

@@ -151,6 +151,7 @@ class Row:
     terms: tuple[GradientTerm, ...] = ()  # added to every step's gradient
     carried: float = 0.0  # the scalar its RowLoss carries (FedeRage's β)
     masks: list[list[torch.Tensor]] | None = None  # per step, per dropout module: its noise
+    buffers: list[torch.Tensor] | None = None  # its start's buffers (BatchNorm's running statistics), if any
 
 
 @dataclasses.dataclass
@@ -159,6 +160,7 @@ class RowResult:
     num_steps: int
     train_loss: float
     carried: float
+    buffers: list[torch.Tensor] | None = None  # the trained buffers (named_buffers order), if the row had any
 
 
 @dataclasses.dataclass
@@ -177,11 +179,18 @@ def params_of(model: nn.Module) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def buffers_of(model: nn.Module) -> list[torch.Tensor] | None:
+    """A row's start: copies of the model's buffers (None for a model without any)."""
+    return [b.detach().clone() for b in model.buffers()] or None
+
+
 @torch.no_grad()
-def load_params(model: nn.Module, params: list[torch.Tensor]) -> None:
-    """A row's result into the model."""
+def load_params(model: nn.Module, params: list[torch.Tensor], buffers: list[torch.Tensor] | None = None) -> None:
+    """A row's result (its parameters, and its buffers where it has them) into the model."""
     for p, v in zip(model.parameters(), params):
         p.copy_(v)
+    for b, v in zip(model.buffers(), buffers or ()):
+        b.copy_(v)
 
 
 # -- the registry ----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from client_app.methods import (
     RowResult,
     TrainJob,
     TrainOutcome,
+    buffers_of,
     load_params,
     params_of,
     register_client_method,
@@ -65,10 +66,10 @@ def rows(job: TrainJob, base: Row) -> RowForm:
     lam = lambda_of(job)
     personal = personal_model(job)
     prow = Row(init=params_of(personal), x=base.x, y=base.y, steps=base.steps, lr=base.lr,
-               terms=(Pull(lam, base.init),))
+               terms=(Pull(lam, base.init),), buffers=buffers_of(personal))
 
     def done(results: list[RowResult], outcome: TrainOutcome) -> None:
-        load_params(personal, results[1].params)
+        load_params(personal, results[1].params, results[1].buffers)
         finish(job, outcome, personal, results[1].train_loss)
 
     return RowForm([base, prow], finish=done)
