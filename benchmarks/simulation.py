@@ -4,6 +4,9 @@
     python benchmarks/simulation.py --settings cnn --engines local --rounds 9 --no-e2e --json out.json
     python benchmarks/simulation.py --settings cnn --device cuda --workers 4 --num-cpus 4 --ray-num-gpus 0.25
     python benchmarks/simulation.py --settings digits --engines vectorised --rounds 9 --no-e2e --json out.json
+    python benchmarks/simulation.py --settings digits,cnn --per-round 10,50,100 --engines local,vectorised --workers 0
+    python benchmarks/simulation.py --training-only cnn:50:500:3072:128 --device cuda --conv-form grouped
+    python benchmarks/simulation.py --rows-table OUT_DIR     # gpu_check.sh's rows table from its files
 
 **Per round.** For each setting the app runs through :func:`fedpcd_app.runtime.simulate.simulate` on
 each engine of ``--engines`` (``local``: this project's engine, ``--workers`` worker processes;
@@ -38,6 +41,20 @@ Settings (``--settings``):
 * ``synthetic``: logistic regression (``model = 'logreg'``) on the Synthetic dataset, 100 clients
   per round (all of them), batch 10 (needs the dataset and model of the issue "Numbers a
   researcher can trust").
+
+``--per-round N1,N2,...`` runs each setting at N clients per round (``fraction-train`` =
+N / ``num-clients``, ``num-clients`` raised to the largest N where it is smaller, the same for
+every N of the setting), named ``setting@N``.
+
+**Client training alone** (``--training-only``): one round's local training of the same jobs by
+the per-client routine and by the rows (:func:`client_app.vectorised.run_entries`), on
+``--device``, with the rows' convolutions as the device does them or as ``--conv-form`` says.
+
+**The rows table** (``--rows-table DIR``): ``benchmarks/gpu_check.sh``'s rows files in DIR
+(``rows_app.json``, this script's ``--json`` of the per-round runs; ``rows_training.jsonl``, one
+``--training-only`` result a line) as the markdown table of docs/performance.md §"Rows on the
+GPU", and the models whose rows' round was faster than the loop's at every clients-per-round
+measured: what ``AUTO_MODELS`` of :mod:`client_app.vectorised` may name for the device.
 """
 
 from __future__ import annotations
@@ -259,6 +276,13 @@ def engine_label(engine: str, args, overrides: dict | None = None) -> str:
     return f"{engine} ({workers} worker{'s' if workers != 1 else ''})" if workers else f"{engine} (in-process)"
 
 
+def per_round(overrides: dict, clients: int, most: int) -> dict:
+    """The setting at ``clients`` clients per round (``most``: the largest of the sweep, so that
+    every size of the sweep partitions the data over the same clients)."""
+    total = max(int(overrides.get("num-clients", load_config(overrides).num_clients)), most)
+    return {**overrides, "num-clients": total, "fraction-train": clients / total}
+
+
 def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]:
     """Per-round seconds of each engine next to the floor (replayed once, from the first engine's run)."""
     overrides = {**overrides, "num-server-rounds": args.rounds, "eval-every": args.eval_every,
@@ -306,6 +330,8 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
     return {
         "setting": name, "engine": engine, "engine_label": engine_label(engine, args, overrides),
         "client_execution": EXECUTION[engine],
+        "model": load_config(overrides).model if overrides is not None else None,
+        "clients_per_round": len(rounds[-1].get("sampled", ())),
         "rounds": args.rounds, "eval_every": args.eval_every,
         "first_round_seconds": rows[0]["app_work"] + rows[0]["app_eval"],
         "app_total_seconds": total,
@@ -326,12 +352,15 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
 
 # -- client training alone: the per-client routine vs the rows, same jobs ---------------------------
 def training_only(model_name: str, clients: int, examples: int, features: int, classes: int, batch_size: int,
-                  repeats: int, seed: int = 0) -> dict:
+                  repeats: int, seed: int = 0, device: str = "cpu", conv_form: str = "") -> dict:
     """Seconds (process CPU time, and wall) of one round's local training of ``clients`` clients,
     by the per-client routine (``local_sgd``, one client after the other) and by
     :func:`client_app.vectorised.run_entries` (rows), on the same jobs (data drawn here: Gaussian
-    features, random labels; ``model_name`` 'logreg' = flatten + one Linear). The fastest of
-    ``repeats`` each (after one warm-up), and the largest train-loss difference."""
+    features, random labels; ``model_name`` 'logreg' = flatten + one Linear), the models on
+    ``device`` (the data on the host, as a client's; CUDA synchronised before each clock reading).
+    ``conv_form`` 'grouped' or 'unrolled' overrides how the rows batch convolutions on that
+    device ('' = the device's own choice, :data:`client_app.vectorised.UNROLLED_CONVOLUTIONS`).
+    The fastest of ``repeats`` each (after one warm-up), and the largest train-loss difference."""
     from flwr.app import ArrayRecord, RecordDict
 
     from client_app import vectorised
@@ -357,8 +386,20 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     # the start before each pass (untimed): the ClientApp reuses its model objects across
     # messages the same way (client_app.client_app.model_for), and the rows' per-object facts
     # (client_app.vectorised.model_info) are worked out once per object, as in a run.
-    models = [copy.deepcopy(model) for _ in data]
+    dev = torch.device(device)
+    models = [copy.deepcopy(model).to(dev) for _ in data]
     start = model.state_dict()
+    kind = dev.type
+    unrolled = vectorised.UNROLLED_CONVOLUTIONS
+    if conv_form:
+        others = tuple(k for k in unrolled if k != kind)
+        vectorised.UNROLLED_CONVOLUTIONS = others + (kind,) if conv_form == "unrolled" else others
+        vectorised._FORWARDS.clear()
+
+    def clock():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.process_time(), time.perf_counter()
 
     def jobs():
         for m in models:
@@ -370,27 +411,78 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     sgd = get_client_method("sgd")
     out = {"loop": [], "rows": []}
     losses = {}
-    for r in range(repeats + 1):
-        for how in ("loop", "rows"):
-            js = jobs()
-            c0, w0 = time.process_time(), time.perf_counter()
-            if how == "loop":
-                res = [sgd.train(j) for j in js]
-            else:
-                entries = [vectorised.Entry(sgd, j) for j in js]
-                vectorised.run_entries(entries, "vectorised")
-                res = [e.outcome for e in entries]
-            c1, w1 = time.process_time(), time.perf_counter()
-            if r:  # the first pass warms up (torch's lazy imports on the first optimizer)
-                out[how].append((c1 - c0, w1 - w0))
-            losses[how] = [o.train_loss for o in res]
+    try:
+        form = "unrolled" if vectorised.unrolled_on(models[0]) else "grouped"
+        for r in range(repeats + 1):
+            for how in ("loop", "rows"):
+                js = jobs()
+                c0, w0 = clock()
+                if how == "loop":
+                    res = [sgd.train(j) for j in js]
+                else:
+                    entries = [vectorised.Entry(sgd, j) for j in js]
+                    vectorised.run_entries(entries, "vectorised")
+                    res = [e.outcome for e in entries]
+                c1, w1 = clock()
+                if r:  # the first pass warms up (torch's lazy imports on the first optimizer, cuDNN's choices)
+                    out[how].append((c1 - c0, w1 - w0))
+                losses[how] = [o.train_loss for o in res]
+    finally:
+        vectorised.UNROLLED_CONVOLUTIONS = unrolled
+        vectorised._FORWARDS.clear()
     best = {h: (min(c for c, _ in v), min(w for _, w in v)) for h, v in out.items()}
     return {"model": model_name, "clients": clients, "examples_per_client": examples, "features": features,
-            "batch_size": batch_size, "repeats": repeats,
+            "batch_size": batch_size, "repeats": repeats, "device": device,
+            "conv_form": form if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()) else None,
             "loop_cpu_s": best["loop"][0], "rows_cpu_s": best["rows"][0],
             "loop_wall_s": best["loop"][1], "rows_wall_s": best["rows"][1],
             "speedup_cpu": best["loop"][0] / best["rows"][0], "speedup_wall": best["loop"][1] / best["rows"][1],
             "max_train_loss_diff": max(abs(a - b) for a, b in zip(losses["loop"], losses["rows"]))}
+
+
+# -- the rows table: gpu_check.sh's measurement as docs/performance.md's table ------------------------
+def rows_table(app: list[dict], training: list[dict], meta: dict) -> str:
+    """Markdown: where it was measured (``meta``: the per-round runs' ``--json`` meta); per model
+    and clients per round, the app's round with the loop and with the rows (the local and
+    vectorised engines' rows of :func:`engine_result`) and the plain loop's (the floor, on the
+    benchmark's ``--device``); then client training alone (:func:`training_only`); then the models
+    whose rows' round beat the loop's at every size measured. Figures taken without a GPU
+    (``GPU_CHECK_SMOKE=1``) are said to be no GPU figures, and name no model for CUDA."""
+    on_gpu = str(meta.get("device", "")).startswith("cuda") and bool(meta.get("gpu"))
+    head = (f"Measured on {meta['gpu']} ({meta.get('date', '')}, torch {meta.get('torch', '')})." if on_gpu else
+            "**Not measured here: no GPU.** These figures were taken on the CPU (the script's steps at a tiny "
+            "size); they say nothing of the GPU.")
+    by = {}
+    for r in app:
+        by.setdefault((r["model"], r["clients_per_round"]), {})[r["engine"]] = r
+    out = [head, "", "| model | clients/round | loop app s/round | rows app s/round | plain loop s/round "
+           "| **rows / plain loop** | rows / loop app |", "|---|---:|---:|---:|---:|---:|---:|"]
+    faster: dict[str, bool] = {}
+    for (model, n), engines in sorted(by.items()):
+        loop, rows = engines.get("local"), engines.get("vectorised")
+        if rows is None:
+            continue
+        floor = rows["no_eval"]["floor_s"]
+        cells = [f"{loop['no_eval']['app_s']:.3f}" if loop else "—", f"{rows['no_eval']['app_s']:.3f}", f"{floor:.3f}",
+                 f"**{rows['no_eval']['app_s'] / floor:.2f}**",
+                 f"{rows['no_eval']['app_s'] / loop['no_eval']['app_s']:.2f}" if loop else "—"]
+        out.append(f"| {model} | {n} | " + " | ".join(cells) + " |")
+        won = loop is not None and rows["no_eval"]["app_s"] < loop["no_eval"]["app_s"]
+        faster[model] = faster.get(model, True) and won
+    if training:
+        out += ["", "| model | clients | device | conv form | loop s | rows s | **loop / rows** | max Δ train loss |",
+                "|---|---:|---|---|---:|---:|---:|---:|"]
+        for t in training:
+            out.append(f"| {t['model']} | {t['clients']} | {t['device']} | {t.get('conv_form') or '—'} | "
+                       f"{t['loop_wall_s']:.4f} | {t['rows_wall_s']:.4f} | **{t['speedup_wall']:.2f}×** | "
+                       f"{t['max_train_loss_diff']:.1e} |")
+    chosen = tuple(m for m, ok in sorted(faster.items()) if ok)
+    if on_gpu:
+        out += ["", f"Rows' round faster than the loop's at every size measured: {', '.join(chosen) or 'none'} "
+                f"(`AUTO_MODELS['cuda'] = {chosen!r}` in client_app/vectorised.py)."]
+    else:
+        out += ["", "No GPU: `AUTO_MODELS['cuda']` in client_app/vectorised.py stays as it is."]
+    return "\n".join(out) + "\n"
 
 
 # -- end to end: the command a user types, to the process's exit ------------------------------------
@@ -501,10 +593,28 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: client training alone, loop vs rows: MODEL:CLIENTS:EXAMPLES:FEATURES:BATCH "
                         "(e.g. logreg:100:60:60:10, the Synthetic logreg shape)")
     p.add_argument("--repeats", type=int, default=3, help="--training-only: timed passes (fastest kept)")
+    p.add_argument("--conv-form", choices=("", "grouped", "unrolled"), default="",
+                   help="--training-only: how the rows batch convolutions ('' = the device's own choice)")
+    p.add_argument("--per-round", default="",
+                   help="comma list of clients per round: each setting at each (named setting@N)")
+    p.add_argument("--rows-table", default="", metavar="DIR",
+                   help="instead: the rows table from gpu_check.sh's rows files in DIR (writes DIR/rows_table.md)")
     args = p.parse_args(argv)
+    if args.rows_table:
+        folder = Path(args.rows_table)
+        app = json.loads((folder / "rows_app.json").read_text())
+        lines = (folder / "rows_training.jsonl").read_text().splitlines() if (folder / "rows_training.jsonl").exists() \
+            else []
+        text = rows_table(app["results"], [json.loads(line) for line in lines if line.strip()], app["meta"])
+        (folder / "rows_table.md").write_text(text)
+        print(text)
+        return 0
     if args.training_only:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            p.error(f"--device {args.device}: no CUDA device here")
         model_name, clients, examples, features, batch = args.training_only.split(":")
-        res = training_only(model_name, int(clients), int(examples), int(features), 10, int(batch), args.repeats)
+        res = training_only(model_name, int(clients), int(examples), int(features), 10, int(batch), args.repeats,
+                            device=args.device, conv_form=args.conv_form)
         res["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
         res["torch_threads"] = torch.get_num_threads()
         print(json.dumps(res, indent=1))
@@ -519,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device here")
     names = [n for n in args.settings.split(",") if n]
+    sizes = [int(n) for n in args.per_round.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="fedpcd-bench-") as tmp:
         tmp = Path(tmp)
         data_dir = write_cifar_like(tmp / "cifar-like", args.train_images, args.test_images, args.seed) \
@@ -528,7 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             if name not in table:
                 p.error(f"unknown setting {name!r}: use cnn, digits and/or synthetic")
-            results.extend(bench_setting(name, table[name], args, tmp))
+            for size in sizes or [None]:
+                over = table[name] if size is None else per_round(table[name], size, max(sizes))
+                results.extend(bench_setting(name if size is None else f"{name}@{size}", over, args, tmp))
         e2e = [] if args.no_e2e else end_to_end(args, tmp)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,

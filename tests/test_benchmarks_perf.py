@@ -200,6 +200,67 @@ def test_training_only_trains_the_same_jobs_both_ways_on_reused_model_objects():
     assert again["max_train_loss_diff"] < 1e-5
 
 
+def test_training_only_takes_the_convolution_form_asked_and_restores_the_default():
+    """--training-only --conv-form: the CNN's rows as one grouped convolution or row by row, the
+    loop's losses either way; the device's own choice is back afterwards."""
+    from benchmarks import simulation
+    from client_app import vectorised
+
+    before = vectorised.UNROLLED_CONVOLUTIONS
+    forms = {}
+    for form in ("grouped", "unrolled", ""):
+        res = simulation.training_only("cnn", clients=2, examples=12, features=3072, classes=3, batch_size=8,
+                                       repeats=1, conv_form=form)
+        assert res["max_train_loss_diff"] < 1e-5 and res["device"] == "cpu"
+        forms[form] = res["conv_form"]
+        assert vectorised.UNROLLED_CONVOLUTIONS == before
+    assert forms == {"grouped": "grouped", "unrolled": "unrolled", "": "unrolled"}  # the CPU's own: row by row
+
+
+def test_per_round_sizes_partition_the_same_clients():
+    from benchmarks import simulation
+
+    digits = simulation.per_round({"method": "fedavg"}, 50, most=100)
+    assert digits["num-clients"] == 100 and digits["fraction-train"] == pytest.approx(0.5)
+    cnn = simulation.per_round({"num-clients": 100, "fraction-train": 0.1}, 10, most=100)
+    assert cnn["num-clients"] == 100 and cnn["fraction-train"] == pytest.approx(0.1)
+
+
+def test_rows_table_names_the_models_whose_rows_won_at_every_size():
+    """gpu_check.sh's table: one line per model and size with the ratios against the plain loop
+    and the loop engine; AUTO_MODELS may name a model only where the rows won at every size."""
+    from benchmarks import simulation
+
+    def result(model, n, engine, app_s, floor_s=0.1):
+        return {"model": model, "clients_per_round": n, "engine": engine,
+                "no_eval": {"app_s": app_s, "floor_s": floor_s}}
+
+    app = [result("cnn", 10, "local", 0.2), result("cnn", 10, "vectorised", 0.1),
+           result("cnn", 50, "local", 1.0), result("cnn", 50, "vectorised", 0.04, floor_s=0.5),
+           result("mlp", 10, "local", 0.2), result("mlp", 10, "vectorised", 0.1),
+           result("mlp", 50, "local", 0.2), result("mlp", 50, "vectorised", 0.3)]
+    training = [{"model": "cnn", "clients": 50, "device": "cuda", "conv_form": "grouped", "loop_wall_s": 0.5,
+                 "rows_wall_s": 0.1, "speedup_wall": 5.0, "max_train_loss_diff": 1e-7}]
+    text = simulation.rows_table(app, training, {"device": "cuda", "gpu": "NVIDIA H200", "date": "d", "torch": "t"})
+    assert text.startswith("Measured on NVIDIA H200 (d, torch t).")
+    assert "| cnn | 50 | 1.000 | 0.040 | 0.500 | **0.08** | 0.04 |" in text
+    assert "| mlp | 50 | 0.200 | 0.300 | 0.100 | **3.00** | 1.50 |" in text
+    assert "| cnn | 50 | cuda | grouped | 0.5000 | 0.1000 | **5.00×** | 1.0e-07 |" in text
+    assert text.rstrip().endswith("(`AUTO_MODELS['cuda'] = ('cnn',)` in client_app/vectorised.py).")
+
+
+def test_rows_table_without_a_gpu_says_so_and_names_no_model():
+    """The smoke run's table (CPU figures) says plainly that nothing was measured on a GPU."""
+    from benchmarks import simulation
+
+    app = [{"model": "cnn", "clients_per_round": 2, "engine": e, "no_eval": {"app_s": s, "floor_s": 0.1}}
+           for e, s in (("local", 0.2), ("vectorised", 0.1))]
+    text = simulation.rows_table(app, [], {"device": "cpu", "gpu": None})
+    assert text.startswith("**Not measured here: no GPU.**")
+    assert "AUTO_MODELS['cuda']` in client_app/vectorised.py stays as it is." in text
+    assert "| cnn | 2 |" in text
+
+
 def test_load_clients_data_gives_every_client_the_same_examples(tmp_path):
     """benchmarks/load_clients.py's generated folders: the app's parquet reader takes them, and
     partitioner='writer' gives each of num-clients clients exactly --per-client examples, at
