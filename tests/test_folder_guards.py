@@ -88,6 +88,25 @@ def test_resume_into_its_own_folder_continues_it(tmp_path):
 
 
 # -- Ctrl-C and SIGTERM --------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def sigint_as_at_a_terminal():
+    """SIGINT handled as Python sets it up at a terminal, whatever this process inherited: a shell
+    starts a background command (``cmd &`` without job control) with SIGINT ignored, and the app
+    leaves an ignored SIGINT ignored (``test_an_ignored_sigint_stays_ignored``)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_an_ignored_sigint_stays_ignored():
+    # Prepare: SIGINT ignored, as a background command of a non-interactive shell starts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Execute / Assert: entering the run's signal handling keeps it ignored
+    with Interrupts():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
 def _signal_at(sig, at_round: int):
     sent = []
 
