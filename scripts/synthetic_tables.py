@@ -10,7 +10,10 @@ authors' ``plot_fairness.py`` does: average (unweighted mean over clients), wors
 best 10 % (mean of the ⌊0.1 N⌋ lowest / highest), variance ``np.var(acc) · 10⁴`` (population
 variance, in %²). Over seeds: mean ± sample std.
 
-Divergence. A run is *diverged* when a training or evaluation loss it recorded is not finite,
+Divergence. A run is *diverged* when the run itself says it did not finish normally
+(``complete: false`` in ``summary.json``, with its ``incomplete_reason``: what
+``fedpcd_app.analysis.report`` excludes, so both tools select the same grid points), when a
+training or evaluation loss it recorded is not finite,
 or when its evaluated mean client loss stays at or above its first evaluation's for the last
 ``K`` = 5 evaluations while its mean client accuracy is no higher than at the first evaluation
 (training made the model no better than where it started: a model whose accuracy rose while its
@@ -75,6 +78,8 @@ def paper_stats(acc) -> dict[str, float]:
 def divergence(run: Run) -> str:
     """Why the run diverged ("" when it did not): see the module doc."""
     s = run.summary
+    if run.incomplete:
+        return run.incomplete
     for key in ("mean_acc", "mean_loss"):
         v = s.get(key)
         if v is None or not math.isfinite(v):

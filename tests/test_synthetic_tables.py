@@ -60,6 +60,16 @@ def test_divergence_reasons(tmp_path):
     assert "chance" in tables.divergence(runs[chance])
 
 
+def test_a_run_marked_incomplete_is_diverged_as_report_reads_it(tmp_path):
+    # the server stopped the run (complete: false): never scored, whatever its losses say
+    folder = make_run(tmp_path, "a", "base", 0, [0.5, 0.7, 0.9])
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.update(complete=False, incomplete_reason="diverged at round 6: the train loss was at chance level")
+    (folder / "summary.json").write_text(json.dumps(summary))
+    run = tables.load_runs(tmp_path)[0]
+    assert tables.divergence(run).startswith("diverged at round 6")
+
+
 def test_a_rising_loss_with_rising_accuracy_is_not_divergence(tmp_path):
     # FedAvg's long Synthetic runs: the mean test loss ends above its first evaluation (over-confident
     # on the clients it gets wrong) while the mean accuracy climbed from 20 % to 50 %
