@@ -220,15 +220,16 @@ def test_seeds_and_only_cut_the_runs_down():
 def test_dry_run_prints_one_line_per_run_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / "o"
     preset = ROOT / "run_configs" / "sweeps" / "fedpcd_ablation_digits.toml"
-    code = sweep.main([str(preset), "--out", str(out), "--dry-run", "--seeds", "0,1", "--only", "method=fedavg",
+    code = sweep.main([str(preset), "--out", str(out), "--dry-run", "--seeds", "0,1", "--only", "fedavg-data-size",
                        "--set", "num-server-rounds=3"])
     lines = capsys.readouterr().out.splitlines()
     assert code == 0 and not out.exists()
     runs = [line.split(None, 2) for line in lines[1:]]
-    assert lines[0].startswith("fedpcd-ablation-digits: 2 runs (0 already done)") and len(runs) == 2
-    assert [folder for _, folder, _ in runs] == ["default/fedavg/base/seed0", "default/fedavg/base/seed1"]
+    assert lines[0].startswith("fedpcd-ablation-digits: 6 runs (0 already done)") and len(runs) == 6  # 3 lr x 2 seeds
+    assert [folder for _, folder, _ in runs] == [f"default/fedavg-data-size/lr={lr}/seed{s}"
+                                                 for lr in ("0.03", "0.1", "0.3") for s in (0, 1)]
     overrides = [json.loads(o) for _, _, o in runs]
-    assert [o["seed"] for o in overrides] == [0, 1]
+    assert [o["seed"] for o in overrides] == [0, 1] * 3
     assert all(o["method"] == "fedavg" and o["num-server-rounds"] == 3 for o in overrides)
     assert sweep.main([str(preset), "--dry-run", "--only", "nosuch"]) == 2
     assert "no [[methods]] entry matches" in capsys.readouterr().err
