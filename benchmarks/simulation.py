@@ -25,6 +25,9 @@ the app's batched scorer. Each floor round starts from the first engine's global
 that round (its checkpoints), so train losses agree to float rounding: both sides provably
 do the same work. Ratios > 1 are the engine's overhead (messages, serialisation, dispatch,
 per-message model handling); < 1 means the app's parallel clients beat the one-process loop.
+Both sides' **CPU time** per training round (process CPU time, every thread) is reported too where
+the app ran in this process (``--workers 0``, or ``auto`` choosing it): on a machine shared with
+other jobs wall times move with the load and CPU times much less (the ``no_eval_cpu`` medians).
 
 **End to end** (unless ``--no-e2e``): ``python -m fedpcd_app.simulate`` as a user types it,
 timed from the command to the process's exit (and to ``summary.json`` being written), for a
@@ -60,6 +63,7 @@ measured: what ``AUTO_MODELS`` of :mod:`client_app.vectorised` may name for the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -68,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -175,7 +180,7 @@ def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tenso
     for rec in rounds:
         r = rec["round"]
         theta = starts[r].to(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         locals_, sizes, losses = [], [], []
         for pid in rec["sampled"]:
             load_vector(theta, params)
@@ -192,7 +197,7 @@ def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tenso
         theta = (w / w.sum()) @ torch.stack(locals_)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        work = time.perf_counter() - t0
+        work, work_cpu = time.perf_counter() - t0, time.process_time() - c0
         # The floor's FedAvg result vs the app's next global model (None after the last round).
         gap = float((theta.cpu() - starts[r + 1]).abs().max()) if r + 1 in starts else None
         ev = 0.0
@@ -205,7 +210,7 @@ def floor_run(overrides: dict, rounds: list[dict], starts: dict[int, torch.Tenso
                 torch.cuda.synchronize()
             ev = time.perf_counter() - t1
         n = np.asarray(sizes, dtype=np.float64)
-        out.append({"round": r, "work": work, "eval": ev, "model_gap": gap,
+        out.append({"round": r, "work": work, "work_cpu": work_cpu, "eval": ev, "model_gap": gap,
                     "train_loss": float(np.dot(n, losses) / n.sum())})
     return out
 
@@ -253,15 +258,41 @@ def breakdown(overrides: dict, rec: dict) -> dict[str, float]:
     return parts
 
 
-def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, float]:
-    """One run of the app on ``engine``; (its output folder, its wall seconds in this process)."""
+@contextlib.contextmanager
+def round_cpu_seconds(into: dict[int, float]) -> Iterator[None]:
+    """Record this process's CPU seconds (every thread's) of each training round the server runs
+    in the block (``Experiment.train_round``, the span ``round_seconds`` times), by round."""
+    from fedpcd_app.server.server_app import Experiment
+
+    plain = Experiment.train_round
+
+    def timed(self, server_round: int):
+        c0 = time.process_time()
+        try:
+            return plain(self, server_round)
+        finally:
+            into[server_round] = time.process_time() - c0
+
+    Experiment.train_round = timed
+    try:
+        yield
+    finally:
+        Experiment.train_round = plain
+
+
+def run_app(overrides: dict, args, out_dir: Path, engine: str) -> tuple[Path, float, dict[int, float] | None]:
+    """One run of the app on ``engine``; (its output folder, its wall seconds in this process,
+    each round's CPU seconds in this process when every client ran in it, else None)."""
     from fedpcd_app.runtime.simulate import simulate
 
+    cpu: dict[int, float] = {}
     t0 = time.perf_counter()
-    out = simulate({**overrides, "output-dir": str(out_dir), "client-execution": EXECUTION[engine]},
-                   engine="ray" if engine == "ray" else "local", workers=args.workers,
-                   num_cpus=args.num_cpus, num_gpus=args.ray_num_gpus)
-    return out, time.perf_counter() - t0
+    with round_cpu_seconds(cpu):
+        out = simulate({**overrides, "output-dir": str(out_dir), "client-execution": EXECUTION[engine]},
+                       engine="ray" if engine == "ray" else "local", workers=args.workers,
+                       num_cpus=args.num_cpus, num_gpus=args.ray_num_gpus)
+    in_process = engine != "ray" and engine_label(engine, args, overrides).endswith("(in-process)")
+    return out, time.perf_counter() - t0, cpu if in_process else None
 
 
 def engine_label(engine: str, args, overrides: dict | None = None) -> str:
@@ -302,19 +333,24 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
         torch.set_num_threads(default_threads if i % 2 == 0 else 1)
         floors.append(floor_run(overrides, rounds0, starts, device))
     torch.set_num_threads(default_threads)
-    floor = [min(fs, key=lambda f: f["work"] + f["eval"]) for fs in zip(*floors)]
+    # per round: the pass of the fastest wall time, and the least CPU time of any pass
+    floor = [{**min(fs, key=lambda f: f["work"] + f["eval"]), "work_cpu": min(f["work_cpu"] for f in fs)}
+             for fs in zip(*floors)]
     parts = breakdown(overrides, rounds0[1])
-    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args, overrides)
-            for engine, (out, total) in runs.items()]
+    return [engine_result(name, engine, read_rounds(out), total, floor, parts, args, overrides, cpu)
+            for engine, (out, total, cpu) in runs.items()]
 
 
 def engine_result(name: str, engine: str, rounds: list[dict], total: float, floor: list[dict], parts: dict,
-                  args, overrides: dict | None = None) -> dict:
+                  args, overrides: dict | None = None, cpu: dict[int, float] | None = None) -> dict:
+    """One engine's row: per-round wall seconds against the floor's (and CPU seconds, when ``cpu``
+    holds the app's rounds as :func:`run_app` timed them in process)."""
     rows = []
     for rec, fl in zip(rounds, floor):
         work, ev = round_seconds(rec)
         rows.append({"round": rec["round"], "eval_round": "eval" in rec, "app_work": work,
                      "app_eval": ev, "floor_work": fl["work"], "floor_eval": fl["eval"],
+                     "app_work_cpu": cpu.get(rec["round"]) if cpu else None, "floor_work_cpu": fl.get("work_cpu"),
                      "loss_diff": abs(rec["train_loss"] - fl["train_loss"]), "model_gap": fl["model_gap"]})
     body = [r for r in rows if r["round"] > 1]  # round 1 carries the engine's start-up
     plain = [r for r in body if not r["eval_round"]]
@@ -326,6 +362,11 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
 
     a_ne, f_ne, r_ne = ratio(plain, False)
     a_we, f_we, r_we = ratio(body, True)
+    cpu_ne = None  # the training rounds' CPU time (rounds without evaluation), medians
+    if plain and all(r["app_work_cpu"] is not None and r["floor_work_cpu"] is not None for r in plain):
+        a_c = statistics.median(r["app_work_cpu"] for r in plain)
+        f_c = statistics.median(r["floor_work_cpu"] for r in plain)
+        cpu_ne = {"app_median_s": a_c, "floor_median_s": f_c, "ratio": a_c / f_c}
     evals = [r for r in body if r["eval_round"]]
     return {
         "setting": name, "engine": engine, "engine_label": engine_label(engine, args, overrides),
@@ -338,6 +379,7 @@ def engine_result(name: str, engine: str, rounds: list[dict], total: float, floo
         "no_eval": {"rounds": len(plain), "app_s": a_ne, "floor_s": f_ne, "ratio": r_ne,
                     "app_median_s": statistics.median(r["app_work"] for r in plain),
                     "floor_median_s": statistics.median(r["floor_work"] for r in plain)},
+        "no_eval_cpu": cpu_ne,
         "with_eval": {"rounds": len(body), "app_s": a_we, "floor_s": f_we, "ratio": r_we},
         "eval_round_cost": {"app_s": statistics.mean(r["app_eval"] for r in evals) if evals else None,
                             "floor_s": statistics.mean(r["floor_eval"] for r in evals) if evals else None},
@@ -534,6 +576,14 @@ def print_tables(meta: dict, results: list[dict], e2e: list[dict]) -> None:
         print(f"{r['setting']:8} {r['engine_label']:28} {ne['rounds']:>6} {ne['app_s']:>10.3f} {ne['floor_s']:>12.3f} "
               f"{ne['ratio']:>6.2f}   {we['app_s']:>10.3f} {we['floor_s']:>12.3f} {we['ratio']:>6.2f}   "
               f"{r['first_round_seconds']:>9.2f}  {r['max_train_loss_diff']:>11.2e}  {r['max_model_gap']:>9.2e}")
+    cpus = [r for r in results if r.get("no_eval_cpu")]
+    if cpus:
+        print("\nCPU time of a training round without evaluation (median; this process's threads, app in process):")
+        print(f"{'setting':8} {'engine':28} {'app CPU s':>10} {'floor CPU s':>12} {'ratio':>6}")
+        for r in cpus:
+            c = r["no_eval_cpu"]
+            print(f"{r['setting']:8} {r['engine_label']:28} {c['app_median_s']:>10.4f} {c['floor_median_s']:>12.4f} "
+                  f"{c['ratio']:>6.2f}")
     firsts = {r["setting"]: r for r in results if r["engine"] == "ray"}
     for r in results:
         ray = firsts.get(r["setting"])
