@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 
 from client_app import local_data, vectorised
 from client_app.attacks import attack_eval_mod, attack_mod
-from client_app.data import batch_augmentation, crop_flip, load_federated_data
+from client_app.data import FederatedData, batch_augmentation, crop_flip, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model, input_spec
 from client_app.secagg import secure_aggregation_mod
@@ -103,17 +103,18 @@ def request_config(msg: Message) -> tuple[RunConfig, dict]:
 # the messages a process handles: every parameter and buffer is overwritten from the
 # received ArrayRecord, so a reused model equals a fresh one (ResNet-18 construction is
 # ~80 ms per message on a CPU, the CNN's ~2-6 ms). Training mutates it; the reply is
-# copied out of it (``ArrayRecord(model.state_dict())``) before the next message.
+# copied out of it (``flat.state_to_record(model.state_dict())``) before the next message.
 _MODELS: dict[tuple, torch.nn.Module] = {}
 
 
-def model_for(cfg: RunConfig, arrays: ArrayRecord) -> torch.nn.Module:
+def model_for(cfg: RunConfig, arrays: ArrayRecord, data: FederatedData | None = None) -> torch.nn.Module:
     """The run's model holding the received weights (this process's reused model object:
-    a method that keeps a model beyond the message must copy it, as Ditto does)."""
+    a method that keeps a model beyond the message must copy it, as Ditto does). ``data``: the
+    run's partitioned data when the caller holds it (else looked up again)."""
     if local_data.is_node_mode(cfg):  # the node's own data: shape and classes from the run config
         shape, classes = input_spec(cfg)
     else:
-        data = load_federated_data(cfg)
+        data = data if data is not None else load_federated_data(cfg)
         shape, classes = data.input_shape, data.num_classes
     dev = device()
     key = (cfg.model, tuple(shape), classes, str(dev), threading.get_ident())
@@ -216,7 +217,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     if loss_before is not None:
         metrics[keys.LOSS_BEFORE] = float(loss_before)
     metrics.update({k: _scalar(v) for k, v in outcome.metrics.items()})
-    content = RecordDict({keys.ARRAYS: ArrayRecord(model.state_dict()), keys.METRICS: MetricRecord(metrics),
+    content = RecordDict({keys.ARRAYS: flat.state_to_record(model.state_dict()), keys.METRICS: MetricRecord(metrics),
                           **outcome.records})
     return Message(content=content, reply_to=msg)
 
@@ -252,6 +253,7 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 def train(msg: Message, context: Context) -> Message:
     cfg, config = request_config(msg)
     pid = served_partition(context, config, cfg)
+    data = None
     if local_data.is_node_mode(cfg):  # the node's own folder, whole
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
         x, y, augment = own.x_train, own.y_train, crop_flip(own.fill) if cfg.augment == "crop-flip" else None
@@ -262,7 +264,7 @@ def train(msg: Message, context: Context) -> Message:
     # Pin torch's global RNG so that nothing depends on what ran before in this process
     # (model construction draws from it; the batch order has its own generator).
     seed_torch(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
-    model = model_for(cfg, msg.content[keys.ARRAYS])
+    model = model_for(cfg, msg.content[keys.ARRAYS], data)
     return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
 
 
@@ -272,6 +274,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""
     cfg, config = request_config(msg)
     pid = served_partition(context, config, cfg)
+    data = None
     if local_data.is_node_mode(cfg):  # the node's own test.parquet
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
         x, y = own.x_test, own.y_test
@@ -280,7 +283,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
         data = load_federated_data(cfg)
         x, y = data.client_test(pid)
         validation = data.client_val(pid) if data.has_validation else None
-    model = model_for(cfg, msg.content[keys.ARRAYS])
+    model = model_for(cfg, msg.content[keys.ARRAYS], data)
     return evaluate_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, validation=validation)
 
 

@@ -279,3 +279,32 @@ def test_workers_auto_rule(monkeypatch):
     sim.add_engine_arguments(parser)
     assert parser.parse_args(["--workers", "auto"]).workers is None
     assert parser.parse_args(["--workers", "3"]).workers == 3
+
+
+def test_a_node_copy_is_as_deep_as_a_deep_copy_where_a_client_can_write():
+    """The in-process engine hands each node flower_internals.node_copy(request) instead of
+    copy.deepcopy: the same content and metadata, and nothing a ClientApp or a mod changes in its
+    copy (records' keys, a list value, an Array's fields, the metadata) reaches the server's message."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, MetricRecord
+
+    with task_identity(run_id=3):
+        arrays = ArrayRecord({"w": Array(np.arange(4, dtype=np.float32))})
+        msg = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"lr": 0.1, "order": [1, 2]}),
+                                  "metrics": MetricRecord({"n": 3, "xs": [0.5]})}),
+                      dst_node_id=9, message_type=MessageType.TRAIN, group_id="4")
+    flower_internals.set_message_id(msg, "local-1")
+    twin = flower_internals.node_copy(msg)
+    assert twin.content == msg.content
+    assert vars(twin.metadata) == vars(msg.metadata) and twin.metadata is not msg.metadata
+    twin.content["config"]["lr"] = 9.0
+    twin.content["config"]["order"].append(3)
+    twin.content["metrics"]["xs"].append(1.0)
+    twin.content["arrays"]["w"].data = Array(np.zeros(4, dtype=np.float32)).data
+    twin.content["arrays"]["extra"] = Array(np.ones(1))
+    twin.metadata.__dict__["_group_id"] = "x"
+    assert dict(msg.content["config"]) == {"lr": 0.1, "order": [1, 2]}
+    assert dict(msg.content["metrics"]) == {"n": 3, "xs": [0.5]}
+    assert list(msg.content["arrays"].keys()) == ["w"]
+    np.testing.assert_array_equal(msg.content["arrays"]["w"].numpy(), np.arange(4, dtype=np.float32))
+    assert msg.metadata.group_id == "4"

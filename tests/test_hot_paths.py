@@ -78,3 +78,29 @@ def test_array_view_reads_every_array_as_numpy_does_with_its_header_cached():
             np.testing.assert_array_equal(got, a)
     # one entry per distinct header: the two (3, 4) float32 arrays share theirs
     assert flat.header_cache_size() == len(arrays) - 1
+
+
+def test_to_array_writes_the_bytes_flower_writes():
+    """fedcore.flat.to_array / state_to_record: the Array (and ArrayRecord) Flower builds, byte for byte,
+    on the first call of a (dtype, shape) and from its cached header after; layouts np.save writes
+    otherwise (Fortran order, strided views) too."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from fedcore import flat
+
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.arange(12, 24, dtype=np.float32).reshape(3, 4),
+              np.zeros((0, 5), np.float64), np.array(3.0, dtype=np.float32), np.asfortranarray(np.ones((3, 2))),
+              np.arange(10, dtype=np.float32)[::2], np.arange(6, dtype=">f4"), np.array([True, False]),
+              np.full((2, 5), np.nan, dtype=np.float16), np.arange(6, dtype=np.int64)]
+    for _ in range(2):  # the first pass writes each header, the second reuses it
+        for a in arrays:
+            want, got = Array(a), flat.to_array(a)
+            assert (got.data, got.dtype, got.shape, got.stype) == (want.data, want.dtype, want.shape, want.stype)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    want, got = ArrayRecord(model.state_dict()), flat.state_to_record(model.state_dict())
+    assert list(got.keys()) == list(want.keys())
+    assert all(got[k].data == want[k].data and got[k].dtype == want[k].dtype for k in want.keys())
+    linear = ArrayRecord(model[0].state_dict())
+    back = flat.flat_to_record(flat.record_to_flat(linear), flat.spec_of(linear))
+    assert [a.data for a in back.values()] == [a.data for a in linear.values()]

@@ -29,7 +29,14 @@ from flwr.app.error import Error
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedpcd_app.runtime.flower_internals import LOCAL_RUN_ID, SERVER_NODE_ID, empty_run, set_message_id, task_identity
+from fedpcd_app.runtime.flower_internals import (
+    LOCAL_RUN_ID,
+    SERVER_NODE_ID,
+    empty_run,
+    node_copy,
+    set_message_id,
+    task_identity,
+)
 from fedpcd_app.runtime.node import deliver, deliver_many, load_batch, load_client_app
 from fedpcd_app.runtime.pool import WorkerPool
 
@@ -163,7 +170,7 @@ class LocalGrid(Grid):
             grouped: list[tuple[str, Message]] = []
             for mid in wanted:
                 if mid in self._inbox:
-                    message = copy.deepcopy(self._inbox.pop(mid))  # a node gets its own copy (mods edit it)
+                    message = node_copy(self._inbox.pop(mid))  # a node gets its own copy (mods edit it)
                     if self._batched(message):
                         grouped.append((mid, message))
                     else:
