@@ -197,8 +197,10 @@ def test_the_short_run_benchmark_measures_each_step():
                           capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout)
-    assert set(res["seconds"]) == {"imports", "run", "run, no figures", "report"}
-    assert all(t > 0 for t in res["seconds"].values())
+    assert set(res["seconds"]) == set(res["cpu_seconds"]) == {"imports", "run", "run, no figures", "report"}
+    assert all(t > 0 for t in res["seconds"].values()) and all(c > 0 for c in res["cpu_seconds"].values())
     for name, t in res["seconds"].items():
         assert res["ratio_to_imports"][name] == pytest.approx(t / res["seconds"]["imports"])
+        assert res["cpu_ratio_to_imports"][name] == pytest.approx(res["cpu_seconds"][name]
+                                                                  / res["cpu_seconds"]["imports"])
     assert len(res["load_average"]) == 3
