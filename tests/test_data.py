@@ -75,6 +75,23 @@ def test_digits_federated_data_splits():
     assert counts.shape == (8, 10) and counts.sum() == n_pool
 
 
+def test_digits_are_scikit_learns_without_its_import(monkeypatch):
+    """dataset='digits' reads scikit-learn's bundled file as load_digits reads it (the same bytes),
+    and falls back to load_digits where the file is not found."""
+    from sklearn.datasets import load_digits
+
+    from client_app.data import builtin
+
+    bunch = load_digits()
+    want_x, want_y = bunch.images.astype(np.float32)[:, None, :, :] / 16.0, bunch.target.astype(np.int64)
+    assert builtin.digits_file() is not None
+    for found in (builtin.digits_file, lambda: None):
+        monkeypatch.setattr(builtin, "digits_file", found)
+        (x, y, test), _ = builtin.digits()
+        assert x.dtype == want_x.dtype and x.tobytes() == want_x.tobytes() and np.array_equal(y, want_y)
+        assert y.dtype == np.int64 and test is None
+
+
 def test_too_many_clients_is_a_clear_error():
     with pytest.raises(DataError, match="fewer clients"):
         load_federated_data(_cfg(num_clients=2000, partitioner="iid"))

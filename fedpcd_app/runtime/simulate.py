@@ -54,7 +54,7 @@ CLIENT_BATCH = "client_app.vectorised:deliver_batch"  # a round's train requests
 WORKER_START_S = 4.0
 # What the ClientApp imports lazily (data loading; torch._dynamo on the first optimizer):
 # imported once in the forkserver the workers fork from, not once per worker.
-CLIENT_PRELOAD = ("client_app.data", "sklearn.datasets", "datasets", "flwr_datasets.partitioner", "torch._dynamo")
+CLIENT_PRELOAD = ("client_app.data", "datasets", "flwr_datasets.partitioner", "torch._dynamo")
 
 
 def simulate(
