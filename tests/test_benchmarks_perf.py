@@ -312,3 +312,27 @@ def test_load_clients_runs_the_app_at_two_registered_counts(tmp_path, capsys):
     assert small["data_mb"] == big["data_mb"] == 40 * 5 * 60 * 4 / 2**20
     with open(tmp_path / "out-logreg-40-0" / "summary.json") as fh:
         assert json.load(fh)["num_scored"] == 40  # every registered client scored at the end
+
+
+def test_flwr_startup_names_each_process_kind_and_tables_the_steps():
+    """benchmarks/flwr_startup.py: a process's command line gives its kind (the report's drawing,
+    the CLI calls, the SuperLink, the simulation process, Ray's workers before Ray's own
+    processes), and the table lists every step and kind it measured."""
+    from benchmarks import flwr_startup
+
+    kinds = {cmd: flwr_startup.kind_of(cmd) for cmd in (
+        "/v/bin/python -m fedpcd_app.flwr_run --run-config x", "/v/bin/flwr run . local --stream",
+        "/v/bin/flwr ls . local", "/v/bin/flower-superlink --insecure", "/v/bin/flwr-simulation --app x",
+        "ray::ClientAppActor", "/v/lib/ray/core/src/ray/gcs/gcs_server --x", "/usr/bin/git status", "")}
+    assert list(kinds.values()) == ["driver (fedpcd_app.flwr_run)", "flwr CLI: run", "flwr CLI: ls", "SuperLink",
+                                    "simulation process (ServerApp)", "Ray workers (ClientApp actors)",
+                                    "Ray processes (GCS, raylet, dashboard, ...)", "other: git", "other"]
+    steps = [{"step": "round 1 (Ray actors start, import the ClientApp)", "at_s": 9.0, "took_s": 9.0},
+             {"step": "exit", "at_s": 12.0, "took_s": 3.0}]
+    res = {"run_config": "num-server-rounds=3", "code": "/app", "wall_s": 12.0, "cpu_total_s": 20.0,
+           "load_average": [1.0, 1.0, 1.0], "cores": 2, "timeline": steps,
+           "cpu_s": {"SuperLink": {"processes": 1, "cpu_s": 4.5}}}
+    text = flwr_startup.table(res)
+    assert "| round 1 (Ray actors start, import the ClientApp) | 9.0 | 9.0 |" in text
+    assert "| exit | 12.0 | 3.0 |" in text and "| SuperLink | 1 | 4.5 |" in text and "20.0 s CPU in all" in text
+    assert "code /app" in text
