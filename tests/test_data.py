@@ -57,6 +57,65 @@ def test_iid_is_balanced_and_shuffled():
     assert all(len(np.unique(labels[p])) >= 8 for p in parts)
 
 
+def _library_partition(partitioner, labels: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
+    """flwr-datasets' ``partitioner`` over a pool of ``labels[order]``: each client's pool indices."""
+    from datasets import Dataset
+
+    partitioner.dataset = Dataset.from_dict({"label": labels[order].astype(np.int64), "idx": order})
+    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64)
+            for i in range(partitioner.num_partitions)]
+
+
+@pytest.mark.parametrize(("n", "alpha", "min_size", "seed"),
+                         [(20, 0.5, 2, 0), (10, 0.1, 10, 7), (7, 100.0, 2, 3), (30, 0.1, 5, 11), (50, 0.05, 30, 1)])
+def test_dirichlet_and_iid_draw_flwr_datasets_partitions_without_it(n, alpha, min_size, seed):
+    """flwr_dirichlet gives DirichletPartitioner's index sets draw for draw (its retries and its
+    failure after 11 draws included), and partitioner='iid' IidPartitioner's shards of the
+    shuffled pool; neither imports flwr-datasets."""
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
+    from client_app.data.partition import flwr_dirichlet
+    from fedcore.seeding import numpy_rng
+
+    labels = np.random.default_rng(seed).integers(0, 10, size=997)
+    library = DirichletPartitioner(num_partitions=n, partition_by="label", alpha=alpha, min_partition_size=min_size,
+                                   self_balancing=False, seed=seed)
+    try:
+        want = _library_partition(library, labels, np.arange(len(labels)))
+    except ValueError as exc:
+        with pytest.raises(ValueError, match="max number of attempts"):
+            flwr_dirichlet(labels, n, alpha, min_size, seed)
+        assert "max number of attempts" in str(exc)
+    else:
+        got = flwr_dirichlet(labels, n, alpha, min_size, seed)
+        assert len(got) == n and all(g.dtype == np.int64 and np.array_equal(g, w) for g, w in zip(got, want))
+    order = numpy_rng(seed, "iid").permutation(len(labels))
+    want = _library_partition(IidPartitioner(num_partitions=n), labels, order)
+    got = partition_labels(labels, _cfg(num_clients=n, partitioner="iid", seed=seed))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_default_digits_data_loads_without_the_heavy_libraries():
+    """The default run's data (digits, dirichlet) imports neither scikit-learn nor datasets,
+    flwr-datasets or matplotlib (seconds of CPU against a 3-round run's rounds), in a fresh
+    interpreter; the workers' forkserver preloads datasets only for data that needs it."""
+    import subprocess
+    import sys
+
+    from fedpcd_app.runtime.simulate import CLIENT_PRELOAD, client_preload
+
+    code = ("import sys\nfrom fedcore.config import load_config\nfrom client_app.data import load_federated_data\n"
+            "load_federated_data(load_config({}))\n"
+            "print(sorted(m for m in ('sklearn', 'datasets', 'flwr_datasets', 'matplotlib') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert client_preload(_cfg()) == client_preload(_cfg(partitioner="iid")) == CLIENT_PRELOAD
+    for cfg in (_cfg(partitioner="pathological"), _cfg(dataset="mnist")):
+        assert "datasets" in client_preload(cfg) and "flwr_datasets.partitioner" in client_preload(cfg)
+
+
 def test_digits_federated_data_splits():
     cfg = _cfg(num_clients=8, dirichlet_alpha=0.5, seed=1)
     fd = load_federated_data(cfg)

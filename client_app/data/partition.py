@@ -32,41 +32,22 @@ def partition_labels(labels: np.ndarray, cfg: RunConfig, writers: np.ndarray | N
 
 def _flwr_partition(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
     """flwr-datasets' ``iid``, ``dirichlet`` or ``pathological`` partition of the pool; every
-    client at least two examples (a local train and test split)."""
-    from datasets import Dataset
-
+    client at least two examples (a local train and test split). ``iid`` and ``dirichlet`` are
+    drawn here as flwr-datasets draws them (:func:`flwr_dirichlet`; ``tests/test_data.py``
+    compares the index sets), without importing it and ``datasets`` (~2 s of CPU, more than a
+    3-round digits run's rounds); ``pathological`` goes through flwr-datasets."""
     n = cfg.num_clients
     if 2 * n > len(labels):
         raise DataError(
             f"{len(labels)} examples cannot give {n} clients a local train and test split "
             "(>= 2 examples each): use fewer clients or a larger dataset"
         )
-    order = np.arange(len(labels), dtype=np.int64)
     if cfg.partitioner == "iid":
-        # IidPartitioner shards in order: shuffle the pool first (seeded) to make it iid.
-        order = numpy_rng(cfg.seed, "iid").permutation(len(labels))
-    pool = Dataset.from_dict({"label": labels[order].astype(np.int64), "idx": order})
-    # flwr-datasets' Dirichlet partitioner gives up after 10 draws that leave a client under
-    # min-partition-size; at strong skew (alpha 0.1, small data) some seeds always do. Retry
-    # with further seeds derived from the run's seed: still deterministic and the same for
-    # every method under that seed.
-    attempts = 20 if cfg.partitioner == "dirichlet" else 1
-    for attempt in range(attempts):
-        extra = (attempt,) if attempt else ()
-        part = _flwr_partitioner(cfg, derive_seed(cfg.seed, "partition", *extra) % (2**32))
-        part.dataset = pool
-        try:
-            parts = [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
-            break
-        except (ValueError, IndexError) as exc:
-            if attempt + 1 < attempts:
-                continue
-            fix = ("a larger classes-per-client" if cfg.partitioner == "pathological"
-                   else "a larger dirichlet-alpha or a smaller min-partition-size")
-            raise DataError(
-                f"cannot partition {len(labels)} examples into {n} clients with "
-                f"partitioner={cfg.partitioner!r} ({exc}); use fewer clients or {fix}"
-            ) from exc
+        # IidPartitioner shards in order (contiguous, the first len % n shards one longer):
+        # the pool is shuffled first (seeded) to make it iid.
+        parts = np.array_split(numpy_rng(cfg.seed, "iid").permutation(len(labels)).astype(np.int64), n)
+    else:
+        parts = _retried(labels, cfg)
     for i, p in enumerate(parts):
         if len(p) < 2:
             raise DataError(
@@ -76,24 +57,67 @@ def _flwr_partition(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
     return parts
 
 
-def _flwr_partitioner(cfg: RunConfig, seed: int):
-    """The flwr-datasets partitioner ``cfg.partitioner`` names, drawing from ``seed``."""
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner
+def _retried(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
+    """``dirichlet`` or ``pathological``, drawn again with further seeds where it fails.
+
+    flwr-datasets' Dirichlet partitioner gives up after 10 draws that leave a client under
+    min-partition-size; at strong skew (alpha 0.1, small data) some seeds always do. Retry
+    with further seeds derived from the run's seed: still deterministic and the same for
+    every method under that seed."""
+    attempts = 20 if cfg.partitioner == "dirichlet" else 1
+    for attempt in range(attempts):
+        seed = derive_seed(cfg.seed, "partition", *((attempt,) if attempt else ())) % (2**32)
+        try:
+            if cfg.partitioner == "dirichlet":
+                return flwr_dirichlet(labels, cfg.num_clients, cfg.dirichlet_alpha, cfg.min_partition_size, seed)
+            return _flwr_pathological(labels, cfg, seed)
+        except (ValueError, IndexError) as exc:
+            failure = exc
+    fix = ("a larger classes-per-client" if cfg.partitioner == "pathological"
+           else "a larger dirichlet-alpha or a smaller min-partition-size")
+    raise DataError(
+        f"cannot partition {len(labels)} examples into {cfg.num_clients} clients with "
+        f"partitioner={cfg.partitioner!r} ({failure}); use fewer clients or {fix}"
+    ) from failure
+
+
+def flwr_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, seed: int) -> list[np.ndarray]:
+    """flwr-datasets' ``DirichletPartitioner(num_partitions=n, alpha=alpha, min_partition_size=min_size,
+    self_balancing=False, shuffle=True, seed=seed)`` on a pool with these labels, step for step on
+    one ``default_rng(seed)``: each class in sorted order cut by a Dirichlet(α) draw over the
+    clients, the whole draw repeated until every client holds ``min_size`` (ValueError after 11
+    draws), then each client's list shuffled. The same index sets (``tests/test_data.py``)."""
+    rng = np.random.default_rng(seed=seed)
+    alphas = np.full(n, float(alpha))
+    by_class = [np.nonzero(labels == k)[0] for k in np.unique(labels)]
+    for sampling_try in range(11):
+        parts: list[list[int]] = [[] for _ in range(n)]
+        for members in by_class:
+            cuts = (np.cumsum(rng.dirichlet(alphas)) * len(members)).astype(int)[:-1]
+            for p, chunk in zip(parts, np.split(members, cuts)):
+                p.extend(chunk.tolist())
+        if min(map(len, parts)) >= min_size:
+            break
+        if sampling_try == 10:
+            raise ValueError("The max number of attempts (10) was reached. "
+                             "Please update the values of alpha and try again.")
+    for p in parts:
+        rng.shuffle(p)
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+def _flwr_pathological(labels: np.ndarray, cfg: RunConfig, seed: int) -> list[np.ndarray]:
+    """flwr-datasets' ``PathologicalPartitioner`` over the pool: the first class of client i is
+    i mod C (every class used when N >= C), the rest random."""
+    from datasets import Dataset
+    from flwr_datasets.partitioner import PathologicalPartitioner
 
     n = cfg.num_clients
-    if cfg.partitioner == "iid":
-        return IidPartitioner(num_partitions=n)
-    if cfg.partitioner == "dirichlet":
-        return DirichletPartitioner(
-            num_partitions=n, partition_by="label", alpha=cfg.dirichlet_alpha,
-            min_partition_size=cfg.min_partition_size, self_balancing=False, seed=seed,
-        )
-    return PathologicalPartitioner(
-        num_partitions=n, partition_by="label",
-        num_classes_per_partition=cfg.classes_per_client,
-        # first class of client i is i mod C (every class used when N >= C), rest random
-        class_assignment_mode="first-deterministic", seed=seed,
-    )
+    part = PathologicalPartitioner(num_partitions=n, partition_by="label",
+                                   num_classes_per_partition=cfg.classes_per_client,
+                                   class_assignment_mode="first-deterministic", seed=seed)
+    part.dataset = Dataset.from_dict({"label": labels.astype(np.int64), "idx": np.arange(len(labels), dtype=np.int64)})
+    return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]
 
 
 def _label_skew(labels: np.ndarray, classes, n: int, alpha: float, rng: np.random.Generator, attempts: int,

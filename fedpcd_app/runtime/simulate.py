@@ -54,7 +54,7 @@ CLIENT_BATCH = "client_app.vectorised:deliver_batch"  # a round's train requests
 WORKER_START_S = 4.0
 # What the ClientApp imports lazily (data loading; torch._dynamo on the first optimizer):
 # imported once in the forkserver the workers fork from, not once per worker.
-CLIENT_PRELOAD = ("client_app.data", "datasets", "flwr_datasets.partitioner", "torch._dynamo")
+CLIENT_PRELOAD = ("client_app.data", "torch._dynamo")
 
 
 def simulate(
@@ -104,8 +104,17 @@ def _simulate_local(overrides, workers: int | None) -> Path:
     workers = auto_workers(setup.cfg, usable_cores()) if workers is None else workers
     run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
               run_config=setup.raw, warmup="fedpcd_app.runtime.simulate:load_client_data" if workers else None,
-              preload=CLIENT_PRELOAD, batch=CLIENT_BATCH)
+              preload=client_preload(setup.cfg), batch=CLIENT_BATCH)
     return Path(setup.cfg.output_dir).resolve()
+
+
+def client_preload(cfg) -> tuple[str, ...]:
+    """:data:`CLIENT_PRELOAD`, and ``datasets`` and ``flwr_datasets`` (~2 s of CPU) where this run's
+    data loads through them: a hub dataset or the pathological partitioner."""
+    from client_app.data import HUB_NAMES
+
+    hf = (not cfg.dataset_path and cfg.dataset in HUB_NAMES) or cfg.partitioner == "pathological"
+    return CLIENT_PRELOAD + (("datasets", "flwr_datasets.partitioner") if hf else ())
 
 
 def _check_output_dir_first(overrides) -> None:
