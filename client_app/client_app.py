@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 
 from client_app import local_data, vectorised
 from client_app.attacks import attack_eval_mod, attack_mod
-from client_app.data import FederatedData, batch_augmentation, crop_flip, load_federated_data
+from client_app.data import CropFlip, FederatedData, batch_augmentation, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
 from client_app.models import build_model, input_spec
 from client_app.secagg import secure_aggregation_mod
@@ -175,7 +175,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     and the node's ``context.state`` for what a client keeps between rounds. ``settings`` are the
     local-training values (epochs, batch size, momentum, weight decay); the learning rate is the
     request's ``round-lr``. Batch order is seeded by (``seed``, partition, round); ``augment(batch,
-    generator)`` (e.g. :func:`client_app.data.crop_flip`) augments each training batch. A request
+    generator)`` (e.g. :class:`client_app.data.CropFlip`) augments each training batch. A request
     config holding ``attack-label-map`` (written by :func:`client_app.attacks.attack_mod` for
     a label-flip attacker, never by the server) makes it train on ``label_map[y]``. A foreign
     ClientApp::
@@ -256,7 +256,7 @@ def train(msg: Message, context: Context) -> Message:
     data = None
     if local_data.is_node_mode(cfg):  # the node's own folder, whole
         own = local_data.load_node_data(local_data.data_path(context.node_config), cfg, pid)
-        x, y, augment = own.x_train, own.y_train, crop_flip(own.fill) if cfg.augment == "crop-flip" else None
+        x, y, augment = own.x_train, own.y_train, CropFlip(own.fill) if cfg.augment == "crop-flip" else None
     else:
         data = load_federated_data(cfg)
         x, y = data.client_train(pid)

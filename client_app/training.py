@@ -9,7 +9,7 @@ its method's module (:mod:`client_app.methods`).
 Local work is ``epochs`` shuffled passes over the data (the step count then depends on the
 client's size), or, with ``steps`` H > 0, exactly H steps each on a mini-batch drawn i.i.d.
 with replacement from the client's data (FedeRage's Algorithm 2: every client the same H).
-``transform`` (e.g. :func:`client_app.data.crop_flip`) augments each training batch.
+``transform`` (e.g. :class:`client_app.data.CropFlip`) augments each training batch.
 """
 
 from __future__ import annotations

@@ -447,11 +447,11 @@ def test_validation_split_leaves_the_test_split_as_it_was():
 def test_crop_flip_pads_with_black_crops_and_flips_seeded():
     import torch
 
-    from client_app.data import crop_flip
+    from client_app.data import CropFlip
 
     x = torch.arange(2 * 3 * 5 * 5, dtype=torch.float32).reshape(2, 3, 5, 5)
     fill = torch.tensor([-1.0, -2.0, -3.0])
-    aug = crop_flip(fill, padding=2)
+    aug = CropFlip(fill, padding=2)
     a = aug(x, torch.Generator().manual_seed(0))
     assert torch.equal(a, aug(x, torch.Generator().manual_seed(0)))  # seeded
     assert a.shape == x.shape

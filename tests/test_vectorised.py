@@ -24,7 +24,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from client_app import vectorised
-from client_app.data import crop_flip
+from client_app.data import CropFlip
 from client_app.methods import LocalTraining, NotCovered, TrainJob, get_client_method
 from client_app.models import build_model
 from client_app.vectorised import device_kind as real_device_kind
@@ -185,7 +185,7 @@ def test_sgd_with_augmentation():
     """crop-flip's draws taken step by step and applied at once; an augmentation without that
     split called step by step, as the loop calls it."""
     fill = torch.tensor([0.1, -0.2, 0.3])
-    check_same("sgd", make_jobs("cnn", LocalTraining(local_epochs=2, batch_size=8), augment=crop_flip(fill)))
+    check_same("sgd", make_jobs("cnn", LocalTraining(local_epochs=2, batch_size=8), augment=CropFlip(fill)))
 
     def jitter(xb, generator):
         return xb + 0.1 * torch.randn(xb.shape, generator=generator).to(xb.device)
@@ -246,7 +246,7 @@ def test_cuda_choices_give_the_loops_numbers(model, cuda_choices):
     dropout drawn as on CUDA (the device's default generator seeded with the train seed, one
     native_dropout per module and step): the loop's numbers, augmentation included."""
     settings = LocalTraining(local_epochs=2, batch_size=8, momentum=0.5)
-    jobs = make_jobs(model, settings, sizes=BN_SIZES, augment=crop_flip(torch.tensor([0.1, -0.2, 0.3])))
+    jobs = make_jobs(model, settings, sizes=BN_SIZES, augment=CropFlip(torch.tensor([0.1, -0.2, 0.3])))
     assert not vectorised.unrolled_on(jobs[0].model)
     state = torch.get_rng_state()
     check_same("sgd", jobs)
@@ -305,7 +305,7 @@ def test_cuda_rows_equal_the_cuda_loop(model, monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     vectorised._FORWARDS.clear()
     jobs = make_jobs(model, LocalTraining(local_epochs=2, batch_size=8, momentum=0.5), sizes=BN_SIZES,
-                     augment=crop_flip(torch.tensor([0.1, -0.2, 0.3])))
+                     augment=CropFlip(torch.tensor([0.1, -0.2, 0.3])))
     for j in jobs:
         j.model.cuda()
     assert real_device_kind(jobs[0].model) == "cuda"

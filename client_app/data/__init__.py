@@ -36,7 +36,7 @@ Pools (``data-pool``)
 * ``merged``: the training and test pools are merged before partitioning (the CRAFT
   authors' setup); the central test set is then the union of the clients' local test splits.
 
-Augmentation (``augment``): ``crop-flip`` is :func:`crop_flip`, RandomCrop(padding 4) and a
+Augmentation (``augment``): ``crop-flip`` is :class:`CropFlip`, RandomCrop(padding 4) and a
 horizontal flip on the client's training batches only (the CRAFT authors' CIFAR-10 setting).
 
 Sources
@@ -71,7 +71,7 @@ patch it in the module that calls it.
 
 from __future__ import annotations
 
-from client_app.data.augment import batch_augmentation, crop_flip
+from client_app.data.augment import CropFlip, batch_augmentation
 from client_app.data.base import (
     DEFAULT_MAX_CLASSES,
     WRITER_COLUMN,
@@ -90,9 +90,10 @@ from client_app.data.splits import split_local, split_validation
 from fedcore.config import RunConfig
 
 __all__ = [
+    "CropFlip",
     "DATA_KEYS", "DEFAULT_MAX_CLASSES", "HUB_NAMES", "HUB_PROBE_TIMEOUT", "MAX_DATA_BYTES", "MAX_IMAGE_VALUES",
     "WRITER_COLUMN", "WRITER_MAX_EXAMPLES", "Arrays", "DataError", "FederatedData",
-    "balanced_dirichlet", "batch_augmentation", "check_same_shape", "clear_cache", "crop_flip", "data_cache_key",
+    "balanced_dirichlet", "batch_augmentation", "check_same_shape", "clear_cache", "data_cache_key",
     "hub_reachable", "load_federated_data", "max_classes", "partition_by_writer", "partition_labels", "split_local",
     "split_validation", "synthetic_settings", "unbalanced_dirichlet",
 ]

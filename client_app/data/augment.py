@@ -1,5 +1,5 @@
 """Augmentation of a client's training batches (``augment``): ``crop-flip`` is
-:func:`crop_flip`, RandomCrop(padding 4) and a horizontal flip (the CRAFT authors' CIFAR-10
+:class:`CropFlip`, RandomCrop(padding 4) and a horizontal flip (the CRAFT authors' CIFAR-10
 setting)."""
 
 from __future__ import annotations
@@ -52,11 +52,6 @@ class CropFlip:
         return self.apply(xb, self.draw(len(xb), generator))
 
 
-def crop_flip(fill: torch.Tensor | None = None, padding: int = 4) -> CropFlip:
-    """The ``crop-flip`` augmentation (:class:`CropFlip`) padding with ``fill``."""
-    return CropFlip(fill, padding)
-
-
 def batch_augmentation(cfg: RunConfig, data: FederatedData):
     """The run's training-batch augmentation (``augment``), or None."""
-    return crop_flip(data.fill) if cfg.augment == "crop-flip" else None
+    return CropFlip(data.fill) if cfg.augment == "crop-flip" else None

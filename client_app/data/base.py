@@ -78,7 +78,7 @@ class FederatedData:
     ``x``/``y`` hold the partitioned pool; client ``i`` trains on ``x[train_idx[i]]``, is
     scored on ``x[test_idx[i]]`` and, with ``val-fraction`` > 0, validated on ``x[val_idx[i]]``.
     ``x_central``/``y_central`` is the central test set. ``fill`` is the value (per channel)
-    of a black pixel after standardisation: what :func:`crop_flip` pads with.
+    of a black pixel after standardisation: what :class:`~client_app.data.CropFlip` pads with.
     """
 
     x: torch.Tensor
