@@ -401,11 +401,11 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     features, random labels; ``model_name`` 'logreg' = flatten + one Linear), the models on
     ``device`` (the data on the host, as a client's; CUDA synchronised before each clock reading).
     ``conv_form`` 'grouped' or 'unrolled' overrides how the rows batch convolutions on that
-    device ('' = the device's own choice, :data:`client_app.vectorised.UNROLLED_CONVOLUTIONS`).
+    device ('' = the device's own choice, :data:`client_app.row_forward.UNROLLED_CONVOLUTIONS`).
     The fastest of ``repeats`` each (after one warm-up), and the largest train-loss difference."""
     from flwr.app import ArrayRecord, RecordDict
 
-    from client_app import vectorised
+    from client_app import row_forward, vectorised
     from client_app.methods import LocalTraining, TrainJob, get_client_method
     from client_app.models import build_model
 
@@ -427,16 +427,16 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     # One model object per client, reused by every pass and both routines, its weights reset to
     # the start before each pass (untimed): the ClientApp reuses its model objects across
     # messages the same way (client_app.client_app.model_for), and the rows' per-object facts
-    # (client_app.vectorised.model_info) are worked out once per object, as in a run.
+    # (client_app.row_forward.model_info) are worked out once per object, as in a run.
     dev = torch.device(device)
     models = [copy.deepcopy(model).to(dev) for _ in data]
     start = model.state_dict()
     kind = dev.type
-    unrolled = vectorised.UNROLLED_CONVOLUTIONS
+    unrolled = row_forward.UNROLLED_CONVOLUTIONS
     if conv_form:
         others = tuple(k for k in unrolled if k != kind)
-        vectorised.UNROLLED_CONVOLUTIONS = others + (kind,) if conv_form == "unrolled" else others
-        vectorised._FORWARDS.clear()
+        row_forward.UNROLLED_CONVOLUTIONS = others + (kind,) if conv_form == "unrolled" else others
+        row_forward._FORWARDS.clear()
 
     def clock():
         if dev.type == "cuda":
@@ -454,7 +454,7 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
     out = {"loop": [], "rows": []}
     losses = {}
     try:
-        form = "unrolled" if vectorised.unrolled_on(models[0]) else "grouped"
+        form = "unrolled" if row_forward.unrolled_on(models[0]) else "grouped"
         for r in range(repeats + 1):
             for how in ("loop", "rows"):
                 js = jobs()
@@ -470,8 +470,8 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
                     out[how].append((c1 - c0, w1 - w0))
                 losses[how] = [o.train_loss for o in res]
     finally:
-        vectorised.UNROLLED_CONVOLUTIONS = unrolled
-        vectorised._FORWARDS.clear()
+        row_forward.UNROLLED_CONVOLUTIONS = unrolled
+        row_forward._FORWARDS.clear()
     best = {h: (min(c for c, _ in v), min(w for _, w in v)) for h, v in out.items()}
     return {"model": model_name, "clients": clients, "examples_per_client": examples, "features": features,
             "batch_size": batch_size, "repeats": repeats, "device": device,

@@ -23,7 +23,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app import local_data, vectorised
+from client_app import batch_delivery, local_data, vectorised
 from client_app.attacks import attack_eval_mod, attack_mod
 from client_app.data import CropFlip, FederatedData, batch_augmentation, load_federated_data
 from client_app.methods import LocalTraining, TrainJob, get_client_method
@@ -123,7 +123,7 @@ def model_for(cfg: RunConfig, arrays: ArrayRecord, data: FederatedData | None = 
         model = build_model(cfg.model, shape, classes).to(dev)
         for old in [k for k in _MODELS if k[:4] != key[:4]]:  # a new run drops the old run's models
             del _MODELS[old]
-        _MODELS[key] = model  # one per thread (client_app.vectorised trains a round's clients in threads)
+        _MODELS[key] = model  # one per thread (client_app.batch_delivery trains a round's clients in threads)
     load_arrays(model, arrays)
     model.zero_grad(set_to_none=True)
     return model
@@ -207,7 +207,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
         train_seed=train_seed,
     )
     # the routine, or this client's rows with the round's other clients (client-execution)
-    outcome = vectorised.train(method, job, vectorised.execution_mode(settings))
+    outcome = batch_delivery.train(method, job, vectorised.execution_mode(settings))
     metrics = {
         keys.NUM_EXAMPLES: int(len(y)),
         keys.TRAIN_LOSS: float(outcome.train_loss),

@@ -12,7 +12,10 @@ its row form (:mod:`client_app.methods`: each method's module holds its loop ste
 rows): the terms added to a row's gradient (FedProx's and Ditto's proximal pull, SCAFFOLD's
 correction), the weighting of a row's example losses and the scalar it carries (FedeRage's
 CVaR weights and β step), the rows of one job (Ditto's shared and personal models on the same
-batches) and how their results finish its outcome.
+batches) and how their results finish its outcome. This module holds the batched trainer and
+the jobs → rows plan; how a model runs as rows (the batched forward, BatchNorm's and dropout's
+row forms, which models have one) is :mod:`client_app.row_forward`, and how one process's
+many messages bring their training here together is :mod:`client_app.batch_delivery`.
 
 Each row's batches are drawn from its job's own generator exactly as the per-client path
 draws them (the same shuffled epochs or i.i.d. steps, then the augmentation's draws, which
@@ -30,46 +33,37 @@ default generator, seeded so for the row's draws and restored after, through
 ``F.dropout`` calls there: the same Philox stream, the same masks). The result is the
 per-client path's within float rounding (the tests hold both to 1e-5 relative;
 ``tests/test_vectorised.py``). The device-dependent choices (how convolutions are batched, how
-noise is drawn, :data:`AUTO_MODELS`) go by :func:`device_kind`.
+noise is drawn, :data:`AUTO_MODELS`) go by :func:`client_app.row_forward.device_kind`.
 
 Where it does not fit (a model with buffers other than BatchNorm's, a dropout variant, a
 method without a row form), the per-client routine runs, and the reason is logged once.
 
-**How a process gets the round's clients at once.** :func:`deliver_batch` runs each message
-of a batch through the unchanged ClientApp (mods included: attacks, secure aggregation) in a
-thread of its own; when a thread reaches the training step it hands its job to the batch's
-:class:`_Collector` and waits (:func:`train`); once every thread waits or has finished, the
-collector trains the waiting jobs together and wakes them. The local engine calls it with
-the train messages it gives one worker (or the process) in a round.
-
 ``client-execution`` (run config): ``loop`` = always the per-client path; ``vectorised`` =
 rows wherever covered (even one client, e.g. in a Ray actor, which receives one message at a
 time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`) for the train
-requests the local engine hands a process (:func:`deliver_batch`: the round in process, or a
-worker's share of it, one client included), else the loop (a request that arrives alone, as
-in a Ray actor or on a SuperNode, trains on the loop). Whether a client trains as a row or on
-the loop thus depends on the run, never on how the round's clients are split over the
-workers; and on the CPU a row's numbers do not depend on which rows train beside it (at a
-fixed torch thread count: ``tests/test_worker_determinism.py``), so a run gives the same bytes
-with any ``--workers``. On CUDA the grouped convolution's kernel depends on the number of rows
-(cuDNN chooses by shape), so there a row's numbers equal the loop's within float rounding only.
+requests the local engine hands a process (:func:`client_app.batch_delivery.deliver_batch`:
+the round in process, or a worker's share of it, one client included), else the loop (a
+request that arrives alone, as in a Ray actor or on a SuperNode, trains on the loop). Whether a
+client trains as a row or on the loop thus depends on the run, never on how the round's
+clients are split over the workers; and on the CPU a row's numbers do not depend on which rows
+train beside it (at a fixed torch thread count: ``tests/test_worker_determinism.py``), so a run
+gives the same bytes with any ``--workers``. On CUDA the grouped convolution's kernel depends on
+the number of rows (cuDNN chooses by shape), so there a row's numbers equal the loop's within
+float rounding only.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
-import queue
-import threading
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from client_app import row_forward  # device_kind through the module: the one place a test patches
 from client_app.methods import (
     ClientMethod,
     NotCovered,
@@ -83,6 +77,7 @@ from client_app.methods import (
     load_params,
     params_of,
 )
+from client_app.row_forward import Forward, dropout_modules, forward_for, model_info
 from client_app.training import batch_indices, sampled_batches
 from fedcore.config import APP
 from fedcore.seeding import seed_torch
@@ -95,9 +90,6 @@ EXECUTION_KEY = "client-execution"
 # clients or more; CUDA: at 10, 50 and 100 clients per round, bash benchmarks/gpu_check.sh
 # OUT rows; none measured yet). docs/performance.md §7 and §4 "Rows on the GPU" hold the figures.
 AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
-# device kinds whose rows run convolutions row by row inside the batched step, not as one
-# grouped convolution (the CPU: measured faster; docs/performance.md §7)
-UNROLLED_CONVOLUTIONS = ("cpu",)
 
 _SAID: set[str] = set()
 
@@ -136,283 +128,7 @@ class Group:
     loss: RowLoss | None = None  # how the rows weight their examples' losses (None: the plain mean)
 
 
-class _MaskedDropout(nn.Module):
-    """A dropout whose noise (``Bernoulli(1 − p) / (1 − p)``, drawn outside) is set per call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.noise: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.noise
-
-
-class _RowBatchNorm(nn.Module):
-    """A BatchNorm in training mode over a row's real examples only (``real``: 1 for an example,
-    0 for padding, set per call), written out: batch mean and biased variance over the examples
-    and positions, then the affine map. Its batch statistics (the mean and the unbiased variance
-    the module's running statistics take) are handed out in ``stats``; :func:`_update_running`
-    updates the rows' running statistics from them, as the module does in the loop's forward."""
-
-    def __init__(self, bn: nn.modules.batchnorm._BatchNorm, at: tuple[int, int, int] | None) -> None:
-        super().__init__()
-        self.eps, self.momentum = bn.eps, bn.momentum
-        self.at = at  # where running_mean, running_var, num_batches_tracked are in the buffers; None: not tracked
-        self.weight, self.bias = bn.weight, bn.bias  # the same parameter names as the module's
-        self.real: torch.Tensor | None = None
-        self.stats: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        dims = [0, *range(2, x.dim())]
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        real = self.real if self.real is not None else x.new_ones(n)
-        w = real.view(n, *[1] * (x.dim() - 1))
-        count = (real.sum() * x[0, 0].numel()).clamp_min(1)  # real examples × positions per channel
-        mean = (x * w).sum(dims) / count
-        xc = x - mean.view(shape)
-        var = (xc * xc * w).sum(dims) / count
-        out = xc * torch.rsqrt(var + self.eps).view(shape)
-        if self.weight is not None:
-            out = out * self.weight.view(shape) + self.bias.view(shape)
-        self.stats = (mean.detach(), (var * count / (count - 1)).detach())
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelInfo:
-    """What the rows need to know of a model object (its layout), worked out once per object."""
-
-    layout: tuple  # (type, (name, shape) of each parameter, device)
-    uncovered: str | None  # why it has no row form, or None
-    has_dropout: bool
-    has_norms: bool  # a BatchNorm (batches of one example are the loop's)
-
-
-_INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def model_info(model: nn.Module) -> ModelInfo:
-    """(cached per model object: the ClientApp reuses its model objects across messages)"""
-    info = _INFO.get(model)
-    if info is None:
-        dev = str(next(model.parameters()).device)
-        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), dev),
-                         uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)),
-                         has_norms=bool(norm_modules(model)))
-        _INFO[model] = info
-    return info
-
-
-def device_kind(model: nn.Module) -> str:
-    """The device type (``cpu``, ``cuda``) the rows' device-dependent choices go by: how
-    convolutions are batched (:func:`unrolled_on`), how dropout noise is drawn
-    (:func:`dropout_noise`), which models ``auto`` trains as rows (:data:`AUTO_MODELS`). One
-    place, so that a test can take the CUDA choices with the tensors on the CPU."""
-    return next(model.parameters()).device.type
-
-
-def dropout_modules(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Dropout) and m.p > 0]
-
-
-_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-
-
-def norm_modules(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
-    return [(n, m) for n, m in model.named_modules() if type(m) in _NORMS]
-
-
-def covers_model(model: nn.Module) -> str | None:
-    """None if ``model`` trains as rows here, else why not."""
-    name = type(model).__name__
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and type(m) not in _NORMS for m in model.modules()):
-        return f"{name} has a BatchNorm variant without a row form"
-    running = {f"{n}.{b}" if n else b for n, m in norm_modules(model) for b, _ in m.named_buffers(recurse=False)}
-    others = [n for n, _ in model.named_buffers() if n not in running]
-    if others:
-        return f"{name} has buffers other than BatchNorm's running statistics ({others[0]})"
-    if any(isinstance(m, (nn.modules.dropout._DropoutNd,)) and not isinstance(m, nn.Dropout)
-           for m in model.modules()):
-        return f"{name} has a dropout variant without a row form"
-    if dropout_modules(model) and device_kind(model) not in ("cpu", "cuda"):
-        return f"{name}'s dropout draws from the {device_kind(model)} generator (no row form)"
-    return None
-
-
-def unrolled_on(model: nn.Module) -> bool:
-    """Convolutions where :data:`UNROLLED_CONVOLUTIONS` says (the CPU): vmap makes them one
-    grouped convolution, measured 1.5x slower there than the rows' convolutions one by one
-    (docs/performance.md); there the rows' forward is a loop over rows inside the one batched
-    step (one backward, one update of all rows). Elsewhere (CUDA) the grouped convolution."""
-    return device_kind(model) in UNROLLED_CONVOLUTIONS and any(isinstance(m, nn.modules.conv._ConvNd)
-                                                               for m in model.modules())
-
-
-def _replace(root: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    setattr(root.get_submodule(parent_name) if parent_name else root, attr, module)
-
-
-class _Forward:
-    """vmap(functional_call(model)) over stacked parameters, dropout noise and real-example
-    weights (BatchNorm's); for convolutions where :func:`unrolled_on`, functional_call row by
-    row. A call gives the rows' logits and each BatchNorm's batch statistics."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.template = copy.deepcopy(model)
-        self.template.train()
-        names = [n for n, _ in self.template.named_parameters()]
-        self.drops: list[_MaskedDropout] = []
-        for name, _ in dropout_modules(self.template):
-            masked = _MaskedDropout()
-            _replace(self.template, name, masked)
-            self.drops.append(masked)
-        buffers = [n for n, _ in model.named_buffers()]
-        self.norms: list[_RowBatchNorm] = []
-        for name, bn in norm_modules(self.template):
-            at = tuple(buffers.index(f"{name}.{b}") for b in ("running_mean", "running_var", "num_batches_tracked")) \
-                if bn.track_running_stats else None
-            row_bn = _RowBatchNorm(bn, at)
-            _replace(self.template, name, row_bn)
-            self.norms.append(row_bn)
-        self.names = [n for n, _ in self.template.named_parameters()]
-        if self.names != names:
-            raise NotCovered("the model's parameters moved when its modules took their row form")
-        for p in self.template.parameters():
-            p.requires_grad_(False)
-
-        def one(params, x, noise, real):
-            for m, z in zip(self.drops, noise):
-                m.noise = z
-            for m in self.norms:
-                m.real = real
-            try:
-                out = torch.func.functional_call(self.template, dict(zip(self.names, params)), (x,))
-                return out, [m.stats for m in self.norms]
-            finally:
-                for m in self.norms:
-                    m.real = m.stats = None
-
-        if unrolled_on(model):
-            def rows(params, x, noise, real):
-                outs = [one([p[b] for p in params], x[b], [z[b] for z in noise], real[b]) for b in range(x.shape[0])]
-                stats = [tuple(torch.stack(s) for s in zip(*(st[j] for _, st in outs))) for j in range(len(self.norms))]
-                return torch.stack([o for o, _ in outs]), stats
-
-            self.fn = rows
-        else:
-            self.fn = torch.func.vmap(one, in_dims=(0, 0, 0, 0))
-
-        # flatten → (Linear → ReLU)* → Linear (mlp, craft-mlp, logreg): batched matmuls written
-        # out, without vmap's per-operation cost; checked against the model on the first batch
-        linears = [m for m in self.template.modules() if isinstance(m, nn.Linear)]
-        chain = [p for m in linears for p in ((m.weight,) if m.bias is None else (m.weight, m.bias))]
-        self.chain: bool | None = None if (not self.drops and [id(p) for p in self.template.parameters()]
-                                           == [id(p) for p in chain]) else False
-        self.layers = [m.bias is not None for m in linears]
-
-    def _chain(self, params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        h = x.reshape(x.shape[0], x.shape[1], -1)
-        at = 0
-        for i, has_bias in enumerate(self.layers):
-            wt = params[at].transpose(1, 2)
-            h = torch.baddbmm(params[at + 1].unsqueeze(1), h, wt) if has_bias else torch.bmm(h, wt)
-            at += 2 if has_bias else 1
-            if i < len(self.layers) - 1:
-                h = torch.relu(h)
-        return h
-
-    def is_chain(self, params: list[torch.Tensor], x: torch.Tensor) -> bool:
-        """Is the model the linear chain? (one comparison on the first batch, then remembered)"""
-        if self.chain is None:
-            with torch.no_grad():
-                probe = [p[:1].detach() for p in params]
-                want = self.fn(probe, x[:1], [], x.new_ones(x.shape[:2])[:1])[0]
-                got = self._chain(probe, x[:1])
-            self.chain = want.shape == got.shape and bool(torch.allclose(want, got, rtol=1e-4, atol=1e-5))
-        return self.chain
-
-    @torch.no_grad()
-    def chain_step(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                   coefficient: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chain's per-example cross-entropy (rows, batch) and the gradient of
-        Σ coefficient(ce)·ce with respect to every row's parameters, as one (rows, D) tensor in
-        parameter order, by hand (softmax − one-hot, then the matmuls' transposes): the
-        backward autograd would run, without its per-operation bookkeeping."""
-        h = x.reshape(x.shape[0], x.shape[1], -1)
-        inputs, pre = [], []
-        at = 0
-        for i, has_bias in enumerate(self.layers):
-            inputs.append(h)
-            wt = params[at].transpose(1, 2)
-            h = torch.baddbmm(params[at + 1].unsqueeze(1), h, wt) if has_bias else torch.bmm(h, wt)
-            at += 2 if has_bias else 1
-            if i < len(self.layers) - 1:
-                pre.append(h)
-                h = torch.relu(h)
-        logp = torch.log_softmax(h, 2)
-        at_y = y.unsqueeze(2)
-        ce = -logp.gather(2, at_y).squeeze(2)
-        c = coefficient(ce)  # (rows, batch): d total / d ce
-        dz = logp.exp_()
-        dz.scatter_add_(2, at_y, torch.full_like(ce, -1.0).unsqueeze(2))
-        dz.mul_(c.unsqueeze(2))
-        grads: list[torch.Tensor] = []
-        for i in range(len(self.layers) - 1, -1, -1):
-            at -= 2 if self.layers[i] else 1
-            rows = dz.shape[0]
-            part = [torch.bmm(dz.transpose(1, 2), inputs[i]).reshape(rows, -1)]
-            if self.layers[i]:
-                part.append(dz.sum(1))
-            grads[:0] = part
-            if i:
-                dz = torch.bmm(dz, params[at]) * (pre[i - 1] > 0)
-        return ce, torch.cat(grads, 1)
-
-    def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor],
-                 real: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """The rows' logits (rows, batch, classes) and each BatchNorm's (mean, unbiased variance)
-        of the rows' real examples, (rows, channels) each; ``real`` (rows, batch): 1 for an
-        example, 0 for padding."""
-        if self.is_chain(params, x):
-            return self._chain(params, x), []
-        try:
-            return self.fn(params, x, noise, real)
-        finally:
-            for m in self.drops:
-                m.noise = None
-
-    def dropout_shapes(self, sample: torch.Tensor) -> list[tuple[int, ...]]:
-        """The feature shape each dropout module sees (one forward of one example)."""
-        shapes: list[tuple[int, ...]] = []
-        hooks = [m.register_forward_hook(lambda _m, inp, _o: shapes.append(tuple(inp[0].shape[1:])))
-                 for m in self.drops]
-        try:
-            for m in self.drops:
-                m.noise = torch.ones((), device=sample.device, dtype=sample.dtype)
-            with torch.no_grad():
-                self.template(sample[:1])
-        finally:
-            for h in hooks:
-                h.remove()
-            for m in self.drops:
-                m.noise = None
-        return shapes
-
-
 _GATHER_BYTES = 256 * 2**20  # a round's batches gathered up front up to this size, else step by step
-
-_FORWARDS: dict[tuple, _Forward] = {}  # per model layout and device: the parameters are the rows'
-
-
-def _forward_for(model: nn.Module) -> _Forward:
-    key = (model_info(model).layout, threading.get_ident())
-    if key not in _FORWARDS:
-        if len(_FORWARDS) > 8:
-            _FORWARDS.clear()
-        _FORWARDS[key] = _Forward(model)
-    return _FORWARDS[key]
 
 
 @dataclasses.dataclass
@@ -436,7 +152,7 @@ class _Batches:
     noise: list[torch.Tensor]  # per dropout module: (S, B, bs, *features)
 
     @classmethod
-    def pack(cls, rows: Sequence[Row], bs: int, forward: _Forward, dev: torch.device) -> _Batches:
+    def pack(cls, rows: Sequence[Row], bs: int, forward: Forward, dev: torch.device) -> _Batches:
         steps = [len(r.steps) for r in rows]
         S, B = steps[0], len(rows)
         X, Y, offsets = _pool(rows, dev)
@@ -499,7 +215,7 @@ def _scatter(rows: Sequence[Row], offsets: list[int], S: int, bs: int,
     return index, weight
 
 
-def _noise(rows: Sequence[Row], forward: _Forward, X: torch.Tensor, S: int, bs: int,
+def _noise(rows: Sequence[Row], forward: Forward, X: torch.Tensor, S: int, bs: int,
            dev: torch.device) -> list[torch.Tensor]:
     """Per dropout module: every (step, row)'s noise, (S, B, bs, *features), zero-padded."""
     if not forward.drops:
@@ -599,7 +315,7 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
     step k are a prefix and step k computes on that prefix alone: a round whose clients' sizes
     differ (Synthetic's are lognormal: 45 to 5,353 examples) costs the longest client's steps
     on fewer and fewer rows, not every row padded to the longest."""
-    forward = _forward_for(model)
+    forward = forward_for(model)
     dev = next(model.parameters()).device
     order = sorted(range(len(rows)), key=lambda b: -len(rows[b].steps))  # stable: ties keep their order
     ordered = [rows[b] for b in order]
@@ -617,7 +333,7 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
     return out
 
 
-def _train_steps(forward: _Forward, batches: _Batches, layout: _Layout, state: _Trained, group: Group) -> None:
+def _train_steps(forward: Forward, batches: _Batches, layout: _Layout, state: _Trained, group: Group) -> None:
     """The steps: each one batch's gradient of every row still training, the methods' terms, the
     carried scalars' step and the SGD update (rows without a batch at that step are kept)."""
     by_hand = not forward.drops and forward.is_chain(layout.views(state.params[:1]), batches.X[batches.packed[:1]])
@@ -644,7 +360,7 @@ def _train_steps(forward: _Forward, batches: _Batches, layout: _Layout, state: _
             _sgd_update(state, g, m, act, group)
 
 
-def _autograd_step(forward: _Forward, views: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
+def _autograd_step(forward: Forward, views: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
                    noise: list[torch.Tensor], real: torch.Tensor,
                    coefficient: _Coefficient) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """The rows' gradients (rows, D) of Σ coefficient(ce)·ce by autograd through the forward,
@@ -659,7 +375,7 @@ def _autograd_step(forward: _Forward, views: list[torch.Tensor], xb: torch.Tenso
 
 
 @torch.no_grad()
-def _update_running(forward: _Forward, state: _Trained, stats: list[tuple[torch.Tensor, torch.Tensor]], m: int,
+def _update_running(forward: Forward, state: _Trained, stats: list[tuple[torch.Tensor, torch.Tensor]], m: int,
                     act: torch.Tensor | None) -> None:
     """Each BatchNorm's running statistics of rows 0..m−1 after a step's forward, as the module
     updates its own in the loop (the momentum's moving average, or with momentum None the
@@ -745,7 +461,7 @@ def _to_device(idxs: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor
     return list(torch.cat(idxs).to(dev).split([len(i) for i in idxs]))
 
 
-def dropout_noise(job: TrainJob, steps: list[torch.Tensor], forward: _Forward) -> list[list[torch.Tensor]] | None:
+def dropout_noise(job: TrainJob, steps: list[torch.Tensor], forward: Forward) -> list[list[torch.Tensor]] | None:
     """Each step's dropout noise (``Bernoulli(1 − p) / (1 − p)``) as the per-client path draws
     it after ``seed_torch(job.train_seed)``: one draw per dropout module per forward, of the
     shape its input has there (:func:`_generator_noise` on the CPU, :func:`_fused_noise` on CUDA)."""
@@ -757,7 +473,7 @@ def dropout_noise(job: TrainJob, steps: list[torch.Tensor], forward: _Forward) -
     probs = [m.p for _, m in dropout_modules(job.model)]
     features = forward.dropout_shapes(job.x[:1].to(dev))
     shapes = [[(len(idx), *shape) for shape in features] for idx in steps]
-    draw = _generator_noise if device_kind(job.model) == "cpu" else _fused_noise
+    draw = _generator_noise if row_forward.device_kind(job.model) == "cpu" else _fused_noise
     return draw(int(job.train_seed), probs, shapes, dev)
 
 
@@ -777,7 +493,8 @@ def _fused_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: 
     it for the loop, then one ``native_dropout`` of a fresh tensor of ones of the loop's shape per
     module and step, in the loop's order; the generator's own state is restored after. (On the
     CPU the same call draws ``bernoulli_`` from the CPU generator: what the tests check it by.)
-    The rows' threads are all waiting meanwhile (:class:`_Collector`), so no draw interleaves."""
+    The rows' threads are all waiting meanwhile (:class:`client_app.batch_delivery._Collector`),
+    so no draw interleaves."""
     gen = torch.default_generator if dev.type == "cpu" else \
         torch.cuda.default_generators[dev.index if dev.index is not None else torch.cuda.current_device()]
     saved = gen.get_state()
@@ -792,7 +509,7 @@ def _fused_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: 
 def plain_row(job: TrainJob) -> Row:
     """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise)."""
     x, y, steps = job_batches(job)
-    noise = dropout_noise(job, steps, _forward_for(job.model)) if model_info(job.model).has_dropout else None
+    noise = dropout_noise(job, steps, forward_for(job.model)) if model_info(job.model).has_dropout else None
     return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
                buffers=buffers_of(job.model))
 
@@ -848,11 +565,12 @@ class Entry:
 
 
 def auto_picks(job: TrainJob) -> bool:
-    """``auto`` under the local engine's batch (:func:`deliver_batch`): rows for the
-    measured-faster models, however many clients the batch holds (a worker's share of a round
-    may be one client: the loop there would give other numbers than the rows in process)."""
+    """``auto`` under the local engine's batch (:func:`client_app.batch_delivery.deliver_batch`):
+    rows for the measured-faster models, however many clients the batch holds (a worker's share
+    of a round may be one client: the loop there would give other numbers than the rows in
+    process)."""
     name = getattr(job.cfg, "model", None)
-    return name in AUTO_MODELS.get(device_kind(job.model), ())
+    return name in AUTO_MODELS.get(row_forward.device_kind(job.model), ())
 
 
 def run_entries(entries: Sequence[Entry], mode: str) -> None:
@@ -906,133 +624,3 @@ def run_entries(entries: Sequence[Entry], mode: str) -> None:
         except Exception as exc:  # noqa: BLE001
             e.error = exc
         e.done = True
-
-
-# -- one process, many messages: the collector and the threads ----------------------------------------
-_local = threading.local()
-
-
-class _Collector:
-    """Gathers the training jobs of one batch of messages, trains them together once every
-    message's thread waits for its training or has finished."""
-
-    def __init__(self, n: int, mode: str) -> None:
-        self.n, self.mode = n, mode
-        self.cv = threading.Condition()
-        self.waiting: list[Entry] = []
-        self.finished = 0
-
-    def _maybe_run(self) -> None:  # with self.cv held
-        if self.waiting and len(self.waiting) + self.finished == self.n:
-            entries, self.waiting = self.waiting, []
-            try:
-                run_entries(entries, self.mode)
-            finally:
-                for e in entries:
-                    e.done = True
-                self.cv.notify_all()
-
-    def submit(self, method, job: TrainJob) -> TrainOutcome:
-        entry = Entry(method, job)
-        with self.cv:
-            self.waiting.append(entry)
-            self._maybe_run()
-            while not entry.done:
-                self.cv.wait()
-        if entry.error is not None:
-            raise entry.error
-        return entry.outcome
-
-    def leave(self) -> None:
-        with self.cv:
-            self.finished += 1
-            self._maybe_run()
-
-
-def train(method, job: TrainJob, mode: str) -> TrainOutcome:
-    """The training step of :func:`client_app.client_app.train_reply`: with the batch's
-    collector (this thread is one of :func:`deliver_batch`'s), wait for the batch's rows; else
-    rows for this one job when ``client-execution = 'vectorised'``; else the routine."""
-    collector: _Collector | None = getattr(_local, "collector", None)
-    if collector is not None and mode != "loop":
-        return collector.submit(method, job)
-    if mode == "vectorised":
-        entry = Entry(method, job)
-        run_entries([entry], mode)
-        if entry.error is not None:
-            raise entry.error
-        return entry.outcome
-    return method.train(job)
-
-
-class _Threads:
-    """Threads that live for the process (a thread keeps its reused model object)."""
-
-    def __init__(self) -> None:
-        self.queues: list[queue.SimpleQueue] = []
-        self.lock = threading.Lock()
-
-    def _loop(self, q: queue.SimpleQueue) -> None:
-        while True:
-            fn, done = q.get()
-            try:
-                fn()
-            finally:
-                done.release()
-
-    def run_all(self, fns: Sequence[Callable[[], None]]) -> None:
-        with self.lock:
-            while len(self.queues) < len(fns):
-                q: queue.SimpleQueue = queue.SimpleQueue()
-                threading.Thread(target=self._loop, args=(q,), daemon=True,
-                                 name=f"fedpcd-client-{len(self.queues)}").start()
-                self.queues.append(q)
-            done = threading.Semaphore(0)
-            for q, fn in zip(self.queues, fns):
-                q.put((fn, done))
-            for _ in fns:
-                done.acquire()
-
-
-_THREADS = _Threads()
-
-
-def message_mode(message) -> str:
-    """The run's ``client-execution`` as the request carries it (``loop`` for a foreign request)."""
-    try:
-        run = message.content["run-config"]
-    except (KeyError, AttributeError):
-        return "loop"
-    mode = str(dict(run.items()).get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
-    return mode if mode in APP[EXECUTION_KEY].choices else "loop"
-
-
-def wants_batch(message) -> bool:
-    """Whether the local engine should hand this request to :func:`deliver_batch` with the
-    round's other train requests (a train request of a run whose ``client-execution`` is not
-    ``loop``)."""
-    return message.metadata.message_type == "train" and message_mode(message) != "loop"
-
-
-def deliver_batch(app, items: Sequence[tuple], deliver: Callable) -> list:
-    """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
-    context)``, their training done together (see the module's docstring). In order. One
-    message too goes through the collector: under ``auto`` it trains as the rows would."""
-    if not items:
-        return []
-    collector = _Collector(len(items), message_mode(items[0][0]))
-    replies: list = [None] * len(items)
-
-    def work(i: int) -> None:
-        _local.collector = collector
-        try:
-            replies[i] = deliver(app, *items[i])
-        finally:
-            _local.collector = None
-            collector.leave()
-
-    _THREADS.run_all([lambda i=i: work(i) for i in range(len(items))])
-    return replies
-
-
-deliver_batch.wants = wants_batch

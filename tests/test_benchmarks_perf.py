@@ -204,16 +204,16 @@ def test_training_only_takes_the_convolution_form_asked_and_restores_the_default
     """--training-only --conv-form: the CNN's rows as one grouped convolution or row by row, the
     loop's losses either way; the device's own choice is back afterwards."""
     from benchmarks import simulation
-    from client_app import vectorised
+    from client_app import row_forward
 
-    before = vectorised.UNROLLED_CONVOLUTIONS
+    before = row_forward.UNROLLED_CONVOLUTIONS
     forms = {}
     for form in ("grouped", "unrolled", ""):
         res = simulation.training_only("cnn", clients=2, examples=12, features=3072, classes=3, batch_size=8,
                                        repeats=1, conv_form=form)
         assert res["max_train_loss_diff"] < 1e-5 and res["device"] == "cpu"
         forms[form] = res["conv_form"]
-        assert vectorised.UNROLLED_CONVOLUTIONS == before
+        assert row_forward.UNROLLED_CONVOLUTIONS == before
     assert forms == {"grouped": "grouped", "unrolled": "unrolled", "": "unrolled"}  # the CPU's own: row by row
 
 

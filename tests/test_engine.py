@@ -183,7 +183,7 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
     assert [p for p, started in link.seen.items() if start_time(p) == started] == []
 
 
-# -- a round's train requests to one process together (the batch hook; client_app/vectorised.py) ----
+# -- a round's train requests to one process together (the batch hook; client_app/batch_delivery.py) ----
 GROUPS: list[int] = []  # sizes of the batches the recording hook got (in this process)
 
 

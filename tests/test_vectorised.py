@@ -8,7 +8,7 @@ model) equal the per-client routine's within RTOL = 1e-5 relative to each tensor
 (max |Δ| ≤ 1e-5 · max(max |value|, 1); float32 sums in another order differ by ~1e-7).
 Clients of different sizes train together (masking), in the same seeded batch order. The
 choices made for CUDA (grouped convolutions, the fused dropout draw) are taken on the CPU
-through :func:`client_app.vectorised.device_kind`; on a machine with CUDA the rows on the GPU
+through :func:`client_app.row_forward.device_kind`; on a machine with CUDA the rows on the GPU
 are compared with the loop on the GPU as well.
 """
 
@@ -23,11 +23,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
-from client_app import vectorised
+from client_app import row_forward, vectorised
 from client_app.data import CropFlip
 from client_app.methods import LocalTraining, NotCovered, TrainJob, get_client_method
 from client_app.models import build_model
-from client_app.vectorised import device_kind as real_device_kind
+from client_app.row_forward import device_kind as real_device_kind
 from fedcore import flat, keys
 from fedcore.seeding import derive_seed, torch_generator
 from strategies.federage import FedeRage
@@ -226,7 +226,7 @@ def test_batchnorm_batch_of_one_trains_on_the_loop():
 def cuda_choices(monkeypatch):
     """The rows take CUDA's choices (grouped convolutions, the fused dropout draw) with the
     tensors on the CPU; the draws the fused path made are counted."""
-    monkeypatch.setattr(vectorised, "device_kind", lambda model: "cuda")
+    monkeypatch.setattr(row_forward, "device_kind", lambda model: "cuda")
     fused = []
     real_fused = vectorised._fused_noise
 
@@ -235,9 +235,9 @@ def cuda_choices(monkeypatch):
         return real_fused(*args)
 
     monkeypatch.setattr(vectorised, "_fused_noise", counted)
-    vectorised._FORWARDS.clear()
+    row_forward._FORWARDS.clear()
     yield fused
-    vectorised._FORWARDS.clear()
+    row_forward._FORWARDS.clear()
 
 
 @pytest.mark.parametrize("model", ["craft-cnn", "bn-resnet", "cnn"])
@@ -247,7 +247,7 @@ def test_cuda_choices_give_the_loops_numbers(model, cuda_choices):
     native_dropout per module and step): the loop's numbers, augmentation included."""
     settings = LocalTraining(local_epochs=2, batch_size=8, momentum=0.5)
     jobs = make_jobs(model, settings, sizes=BN_SIZES, augment=CropFlip(torch.tensor([0.1, -0.2, 0.3])))
-    assert not vectorised.unrolled_on(jobs[0].model)
+    assert not row_forward.unrolled_on(jobs[0].model)
     state = torch.get_rng_state()
     check_same("sgd", jobs)
     seeds = [j.train_seed for j in jobs]
@@ -278,7 +278,7 @@ def test_cuda_choice_is_one_grouped_convolution_per_layer(cuda_choices):
 
 
 def test_cpu_choice_is_one_convolution_per_row():
-    vectorised._FORWARDS.clear()
+    row_forward._FORWARDS.clear()
     assert conv_weight_rows(4) == [32, 64, 128] * 3
 
 
@@ -286,7 +286,7 @@ def test_cuda_dropout_draws_follow_the_seed(cuda_choices):
     """The fused draw is the loop's only where the seed is the loop's: another train seed gives
     other masks (the test above would fail)."""
     job = make_jobs("craft-cnn", LocalTraining(local_epochs=1, batch_size=8), sizes=(23,))[0]
-    forward = vectorised._forward_for(job.model)
+    forward = row_forward.forward_for(job.model)
     steps = vectorised.job_batches(clone_jobs([job])[0])[2]
     a = vectorised.dropout_noise(job, steps, forward)
     job.train_seed += 1
@@ -303,7 +303,7 @@ def test_cuda_rows_equal_the_cuda_loop(model, monkeypatch):
     in its own kernels)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    vectorised._FORWARDS.clear()
+    row_forward._FORWARDS.clear()
     jobs = make_jobs(model, LocalTraining(local_epochs=2, batch_size=8, momentum=0.5), sizes=BN_SIZES,
                      augment=CropFlip(torch.tensor([0.1, -0.2, 0.3])))
     for j in jobs:
@@ -423,10 +423,10 @@ def test_uncovered_method_runs_the_loop_and_says_so(caplog):
 def test_only_batchnorms_buffers_are_covered():
     """BatchNorm's running statistics have a row form; any other buffer, or a BatchNorm variant, not."""
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.BatchNorm1d(8))
-    assert vectorised.covers_model(model) is None
+    assert row_forward.covers_model(model) is None
     model.register_buffer("scale", torch.ones(1))
-    assert "buffers other than BatchNorm's" in vectorised.covers_model(model)
-    assert "variant" in vectorised.covers_model(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SyncBatchNorm(4)))
+    assert "buffers other than BatchNorm's" in row_forward.covers_model(model)
+    assert "variant" in row_forward.covers_model(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.SyncBatchNorm(4)))
 
 
 def test_routine_error_reaches_its_own_client_only():
@@ -457,7 +457,7 @@ def test_auto_on_cuda_takes_only_the_models_measured_there(monkeypatch):
     """On CUDA, AUTO_MODELS["cuda"] decides (empty until gpu_check.sh measured the rows faster)."""
     from fedcore.config import load_config
 
-    monkeypatch.setattr(vectorised, "device_kind", lambda model: "cuda")
+    monkeypatch.setattr(row_forward, "device_kind", lambda model: "cuda")
     jobs = {m: make_jobs(m, LocalTraining(local_epochs=1, batch_size=8))[0] for m in ("mlp", "cnn")}
     for m, j in jobs.items():
         j.cfg = load_config({"model": m})
@@ -470,12 +470,12 @@ def test_auto_on_cuda_takes_only_the_models_measured_there(monkeypatch):
 def test_convolutions_under_vmap(model, monkeypatch):
     """The vmapped (grouped-convolution) forward, used for convolutions off the CPU, gives the
     loop's numbers too (on the CPU the rows' convolutions run one by one: unrolled_on)."""
-    monkeypatch.setattr(vectorised, "unrolled_on", lambda m: False)
-    vectorised._FORWARDS.clear()
+    monkeypatch.setattr(row_forward, "unrolled_on", lambda m: False)
+    row_forward._FORWARDS.clear()
     try:
         check_same("sgd", make_jobs(model, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
     finally:
-        vectorised._FORWARDS.clear()
+        row_forward._FORWARDS.clear()
 
 
 def test_linear_chain_is_used_only_where_it_is_the_model():
@@ -491,14 +491,14 @@ def test_linear_chain_is_used_only_where_it_is_the_model():
         def forward(self, x):
             return self.fc2(torch.tanh(self.fc1(torch.flatten(x, 1))))
 
-    vectorised._FORWARDS.clear()
+    row_forward._FORWARDS.clear()
     for name in ("mlp", "craft-mlp"):
         check_same("sgd", make_jobs(name, LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9)))
-    assert [f.chain for f in vectorised._FORWARDS.values()] == [True, True]
+    assert [f.chain for f in row_forward._FORWARDS.values()] == [True, True]
     jobs = make_jobs("mlp", LocalTraining(local_epochs=1, batch_size=8), sizes=(23, 9))
     for j in jobs:
         torch.manual_seed(0)
         j.model = TanhMLP()
-    vectorised._FORWARDS.clear()
+    row_forward._FORWARDS.clear()
     check_same("sgd", jobs)
-    assert [f.chain for f in vectorised._FORWARDS.values()] == [False]
+    assert [f.chain for f in row_forward._FORWARDS.values()] == [False]

@@ -79,7 +79,7 @@ def deliver(app: ClientApp, message: Message, context: Context) -> Message:
 def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch=None,
                  one=deliver) -> list[Message]:
     """Replies to several (message, node context) pairs: through the ``batch`` hook when one
-    is given (``batch(app, items, one)``: e.g. :func:`client_app.vectorised.deliver_batch`,
+    is given (``batch(app, items, one)``: e.g. :func:`client_app.batch_delivery.deliver_batch`,
     which trains the clients together; also for a single message: a worker's share of a round
     may be one, and it must train as the round's other clients do), else one by one
     (``one(app, message, context)``)."""

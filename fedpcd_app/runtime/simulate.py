@@ -46,7 +46,7 @@ from fedpcd_app.server.checkpoint import OutputError
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
-CLIENT_BATCH = "client_app.vectorised:deliver_batch"  # a round's train requests to one process, together
+CLIENT_BATCH = "client_app.batch_delivery:deliver_batch"  # a round's train requests to one process, together
 # --workers auto: worker processes only when they repay their start. Measured on this 2-core
 # machine (docs/performance.md §"Clients trained at once"): starting the pool (forkserver,
 # imports, data) costs WORKER_START_S more wall time than running in process, and W workers

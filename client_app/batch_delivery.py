@@ -1,0 +1,147 @@
+"""One process's many messages: a round's train requests delivered together, their training as rows.
+
+:func:`deliver_batch` runs each message of a batch through the unchanged ClientApp (mods
+included: attacks, secure aggregation) in a thread of its own; when a thread reaches the
+training step it hands its job to the batch's :class:`_Collector` and waits (:func:`train`);
+once every thread waits or has finished, the collector trains the waiting jobs together
+(:func:`client_app.vectorised.run_entries`) and wakes them. The local engine calls it with the
+train messages it gives one worker (or the process) in a round.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+
+from client_app.methods import TrainJob, TrainOutcome
+from client_app.vectorised import EXECUTION_KEY, Entry, run_entries
+from fedcore.config import APP
+
+_local = threading.local()
+
+
+class _Collector:
+    """Gathers the training jobs of one batch of messages, trains them together once every
+    message's thread waits for its training or has finished."""
+
+    def __init__(self, n: int, mode: str) -> None:
+        self.n, self.mode = n, mode
+        self.cv = threading.Condition()
+        self.waiting: list[Entry] = []
+        self.finished = 0
+
+    def _maybe_run(self) -> None:  # with self.cv held
+        if self.waiting and len(self.waiting) + self.finished == self.n:
+            entries, self.waiting = self.waiting, []
+            try:
+                run_entries(entries, self.mode)
+            finally:
+                for e in entries:
+                    e.done = True
+                self.cv.notify_all()
+
+    def submit(self, method, job: TrainJob) -> TrainOutcome:
+        entry = Entry(method, job)
+        with self.cv:
+            self.waiting.append(entry)
+            self._maybe_run()
+            while not entry.done:
+                self.cv.wait()
+        if entry.error is not None:
+            raise entry.error
+        return entry.outcome
+
+    def leave(self) -> None:
+        with self.cv:
+            self.finished += 1
+            self._maybe_run()
+
+
+def train(method, job: TrainJob, mode: str) -> TrainOutcome:
+    """The training step of :func:`client_app.client_app.train_reply`: with the batch's
+    collector (this thread is one of :func:`deliver_batch`'s), wait for the batch's rows; else
+    rows for this one job when ``client-execution = 'vectorised'``; else the routine."""
+    collector: _Collector | None = getattr(_local, "collector", None)
+    if collector is not None and mode != "loop":
+        return collector.submit(method, job)
+    if mode == "vectorised":
+        entry = Entry(method, job)
+        run_entries([entry], mode)
+        if entry.error is not None:
+            raise entry.error
+        return entry.outcome
+    return method.train(job)
+
+
+class _Threads:
+    """Threads that live for the process (a thread keeps its reused model object)."""
+
+    def __init__(self) -> None:
+        self.queues: list[queue.SimpleQueue] = []
+        self.lock = threading.Lock()
+
+    def _loop(self, q: queue.SimpleQueue) -> None:
+        while True:
+            fn, done = q.get()
+            try:
+                fn()
+            finally:
+                done.release()
+
+    def run_all(self, fns: Sequence[Callable[[], None]]) -> None:
+        with self.lock:
+            while len(self.queues) < len(fns):
+                q: queue.SimpleQueue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, args=(q,), daemon=True,
+                                 name=f"fedpcd-client-{len(self.queues)}").start()
+                self.queues.append(q)
+            done = threading.Semaphore(0)
+            for q, fn in zip(self.queues, fns):
+                q.put((fn, done))
+            for _ in fns:
+                done.acquire()
+
+
+_THREADS = _Threads()
+
+
+def message_mode(message) -> str:
+    """The run's ``client-execution`` as the request carries it (``loop`` for a foreign request)."""
+    try:
+        run = message.content["run-config"]
+    except (KeyError, AttributeError):
+        return "loop"
+    mode = str(dict(run.items()).get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
+    return mode if mode in APP[EXECUTION_KEY].choices else "loop"
+
+
+def wants_batch(message) -> bool:
+    """Whether the local engine should hand this request to :func:`deliver_batch` with the
+    round's other train requests (a train request of a run whose ``client-execution`` is not
+    ``loop``)."""
+    return message.metadata.message_type == "train" and message_mode(message) != "loop"
+
+
+def deliver_batch(app, items: Sequence[tuple], deliver: Callable) -> list:
+    """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
+    context)``, their training done together (see the module's docstring). In order. One
+    message too goes through the collector: under ``auto`` it trains as the rows would."""
+    if not items:
+        return []
+    collector = _Collector(len(items), message_mode(items[0][0]))
+    replies: list = [None] * len(items)
+
+    def work(i: int) -> None:
+        _local.collector = collector
+        try:
+            replies[i] = deliver(app, *items[i])
+        finally:
+            _local.collector = None
+            collector.leave()
+
+    _THREADS.run_all([lambda i=i: work(i) for i in range(len(items))])
+    return replies
+
+
+deliver_batch.wants = wants_batch
