@@ -157,6 +157,17 @@ def test_the_local_engines_modules_import_only_the_jobs_below_them():
     assert not bad, "the local engine's modules against flower_internals, node <- pool <- grid:\n" + "\n".join(bad)
 
 
+# clients trained at once, one job a module: the rows' forward <- the batched trainer and the
+# jobs -> rows plan <- one process's many messages delivered together
+ROWS = ("client_app.row_forward", "client_app.vectorised", "client_app.batch_delivery")
+
+
+def test_the_rows_modules_import_only_the_jobs_below_them():
+    edges = graph()
+    bad = [f"{mod} imports {above}" for i, mod in enumerate(ROWS) for above in ROWS[i + 1:] if above in edges[mod]]
+    assert not bad, "clients trained at once against row_forward <- vectorised <- batch_delivery:\n" + "\n".join(bad)
+
+
 def test_no_import_cycle():
     edges = graph()
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
