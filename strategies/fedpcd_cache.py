@@ -132,6 +132,11 @@ class HistoryCache:
             while j + 1 < len(slots) and slots[j + 1] - slots[i] < _GROUP_SPAN:
                 j += 1
             lo, hi = slots[i], slots[j] + 1
+            # a row of the span that holds no entry may be storage never written (torch.empty): its
+            # zero coefficient times a NaN of garbage would be NaN, so it is zeroed first (it is free)
+            unused = [r for r in range(lo, hi) if r not in self.slot_pid and r not in slots[i : j + 1]]
+            if unused:
+                self.store[unused] = 0
             vec = torch.zeros(hi - lo, dtype=out.dtype)
             vec[torch.tensor(slots[i : j + 1]) - lo] = torch.tensor(coefs[i : j + 1], dtype=out.dtype)
             out.addmv_(self.store[lo:hi].T, vec.to(out.device))

@@ -124,12 +124,33 @@ def test_add_rows_matches_dense_sum():
     cache = HistoryCache(history=50)
     for rnd in range(1, 6):
         store(cache, rnd, list(range(10 * rnd, 10 * rnd + 9)), rows(9, d=64, seed=rnd))
-    slots = [0, 2, 3, 17, 40, 44]
+    active = cache.active_slots()
+    slots = [active[k] for k in (0, 2, 3, 17, 40, 44)]  # entries' slots: some near, some far apart
     coefs = np.array([0.5, 1.0, 2.0, 0.25, 3.0, 1.5])
     out = torch.ones(64)
     cache.add_rows(out, slots, coefs)
     expected = 1.0 + torch.tensor(coefs, dtype=torch.float32) @ entries(cache, slots)
     torch.testing.assert_close(out, expected)
+
+
+def test_add_rows_ignores_unwritten_storage_between_entries():
+    # Prepare: entries in slots with free rows between them, the free rows holding NaN (garbage
+    # of never-written storage)
+    cache = HistoryCache(history=50)
+    store(cache, 1, list(range(9)), rows(9, d=64, seed=1))
+    active = cache.active_slots()
+    free = [r for r in range(active[0], active[-1]) if r not in active]
+    if not free:  # the slots are contiguous: free one by hand
+        free = [active[1]]
+        cache.slot_pid.pop(active[1])
+        active = cache.active_slots()
+    cache.store[free] = float("nan")
+    slots = [s for s in active if s < free[-1] + 2][:3]
+    # Execute
+    out = torch.zeros(64)
+    cache.add_rows(out, slots, np.ones(len(slots)))
+    # Assert: the sum of the entries, finite
+    torch.testing.assert_close(out, entries(cache, slots).sum(0))
 
 
 def test_ema_scale_closed_form():
