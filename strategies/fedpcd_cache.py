@@ -29,8 +29,11 @@ every entry (no first-touch page faults after warm-up). With ``max_rows`` (FedPC
 min(N, (H+1)·clients per round), the most entries the window can hold) the rows are
 allocated once and the store grows as a longer view of them: an untouched row costs no
 resident memory, and no growth ever copies the entries (a copy would hold the old and the
-new store at once: twice the cache). Without a bound (or past it) it grows geometrically
-with one copy (warm-up only). The store lives on the device of the rows admitted (CUDA
+new store at once: twice the cache). Without a bound (or past it) a round that brings more
+new clients than there are free rows grows the store once, by the rows it lacks, into an
+allocation with one more such round of headroom and never more than (H + 1) × the round's
+clients (one copy per growth): the store holds at most the entries the window can hold,
+(H + 1) × the most clients a round has brought, whatever N is (known, unknown or wrong). The store lives on the device of the rows admitted (CUDA
 when the strategy's ``server-device`` is). ``dtype`` may be ``bfloat16``/``float16`` to
 halve the memory; products are then computed in float32 chunk by chunk.
 """
@@ -44,7 +47,6 @@ import torch
 
 from fedcore.state import transient
 
-_MIN_ROWS = 16
 _GROUP_SPAN = 16  # add_rows: entries this close are summed in one pass
 _CHUNK_ELEMS = 1 << 22  # float32 elements converted at a time from 16-bit storage (16 MB)
 
@@ -66,7 +68,7 @@ class HistoryCache:
         ``fedpcd-normalize = 'ema'`` keeps (:func:`strategies.fedpcd.normalise`).
     max_rows : int or None
         The most entries the cache can hold at once (rows allocated up front, touched only
-        when written); None = grow geometrically.
+        when written); None = grow by what each round needs (see the module docstring).
     """
 
     history: int
@@ -155,35 +157,38 @@ class HistoryCache:
         self._check_dim(dim, device)
         for slot in [s for s, t in self.stamp.items() if t < server_round - self.history]:
             del self.pid_slot[self.slot_pid.pop(slot)], self.stamp[slot]
-        used, slots = set(self.slot_pid), {}
-        free = (s for s in range(self.capacity) if s not in used)
-        for client in clients:
-            slot = self.pid_slot.get(client)
-            if slot is None:
-                slot = next(free, None)
-                if slot is None:
-                    slot = self.capacity
-                    self._grow(slot + 1, device)
-            slots[client] = slot
+        used = set(self.slot_pid)
+        free = [s for s in range(self.capacity) if s not in used]
+        short = sum(client not in self.pid_slot for client in clients) - len(free)
+        if short > 0:  # one growth for the whole round, by the rows it lacks
+            old = self.capacity
+            self._grow(old + short, device, headroom=len(clients))
+            free += range(old, self.capacity)
+        free.reverse()  # lowest free row first (pop from the end)
+        slots = {client: (self.pid_slot[client] if client in self.pid_slot else free.pop()) for client in clients}
         rows = [self.store[slots[c]] for c in clients] if self.dtype == torch.float32 else None
         self._admission = Admission(self, server_round, slots, rows)
         return self._admission
 
     # -- internals -----------------------------------------------------------------------
-    def _grow(self, need: int, device: torch.device) -> None:
-        """A store of at least ``need`` rows; the lowest free slot is reused first, so the
+    def _grow(self, need: int, device: torch.device, headroom: int = 0) -> None:
+        """A store of exactly ``need`` rows; the lowest free slot is reused first, so the
         entries stay in a compact prefix and one matmul covers them. Within the allocation
-        the store becomes a longer view of it (no copy); past it, a new allocation (the
-        ``max_rows`` bound, else geometric headroom) and one copy of the entries."""
+        the store becomes a longer view of it (no copy); past it, a new allocation and one
+        copy of the entries: the ``max_rows`` bound when it holds ``need``, else ``need`` plus
+        ``headroom`` rows (the round's clients: one more round like it fits without a copy),
+        never more than the window can hold, (H + 1) × ``headroom``. So the store never
+        exceeds the entries the window holds, whatever ``max_rows`` (N) is: known, unknown
+        or wrong."""
         rows = self._rows
         if rows is None or need > rows.shape[0] or rows.device != device or rows.data_ptr() != self.store.data_ptr():
             bounded = self.max_rows is not None and need <= self.max_rows
-            n = self.max_rows if bounded else max(need, _MIN_ROWS, int(self.capacity * 1.5))
+            n = self.max_rows if bounded else max(need, min(need + headroom, (self.history + 1) * headroom))
             rows = torch.empty(n, self.dim, dtype=self.dtype, device=device)  # pages touched on first write
             if self.capacity:
                 rows[: self.capacity].copy_(self.store)
             self._rows = rows
-        cap = need if self.max_rows is not None and need <= rows.shape[0] else rows.shape[0]
+        cap = need
         self.store = rows[:cap]
         gram = np.zeros((cap, cap), dtype=np.float64)
         old = self.gram.shape[0]
