@@ -55,6 +55,7 @@ from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
 from fedcore.state import Fields, rebuild
 from strategies import requests, rounds
+from strategies.health import DropStreak
 from strategies.requests import RunContext
 from strategies.rounds import Aggregated, EvaluationOutcome, RoundOutcome
 from strategies.signatures import describe_hyperparameters, strategy_signature
@@ -199,6 +200,8 @@ class FairStrategy(Strategy):
         self.spec: flat.FlatSpec | None = None
         self.expected: dict[int, int | None] = {}
         self.expected_eval: dict[int, int | None] = {}
+        # rounds in a row whose every reply was dropped for one reason (strategies.health)
+        self.drop_streak = DropStreak()
 
     # -- the method's part ------------------------------------------------------------------
     @property
@@ -324,6 +327,10 @@ class FairStrategy(Strategy):
     def aggregate_checked(self, server_round: int, outcome: RoundOutcome) -> RoundOutcome:
         """``outcome`` with the method's step on its valid replies (those validation, or secure
         aggregation, accepted) folded in; unchanged when none is valid (the model stays)."""
+        stalled = self.drop_streak.observe(self.name or type(self).__name__, server_round, len(outcome.valid),
+                                           [d.reason for d in outcome.dropped])
+        if stalled is not None:
+            return dataclasses.replace(outcome, error=stalled)
         if not outcome.valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
             return outcome

@@ -55,6 +55,7 @@ from fedpcd_app.server.results import ResultsWriter, write_json_atomic
 from fedpcd_app.server.tracking import tracker_for
 from strategies.privacy import CentralDP
 from strategies.registry import weighting_of
+from strategies.health import NoTrainingError
 from strategies.requests import RunContext, addressees
 from strategies.rounds import RoundOutcome
 from strategies.wrappers import UpdateClip, find_wrapper
@@ -155,7 +156,8 @@ class Experiment:
             # checkpoints the rounds done); inside deferred() they wait for the block's end.
             record = self.train_round(server_round)  # sets self.trained: interrupted() records it
             diverged = self.watch.observe(record, self.last_valid)
-            stop = diverged is not None or (self.stop_on_error and "aggregation_error" in record)
+            stop = diverged is not None or ("aggregation_error" in record and (
+                self.stop_on_error or isinstance(self.aggregation_exception, NoTrainingError)))
             if stop or self.is_eval_round(server_round):
                 evaluation = self.evaluator.evaluate(server_round, self.arrays, self.grid, self.context)
                 record["eval"] = self.last_eval = evaluation
@@ -209,7 +211,9 @@ class Experiment:
         """A failed aggregation ends the run: a checkpoint, a summary saying so, one line."""
         self.save_checkpoint(server_round)
         line = f"aggregation failed: method '{self.cfg.method}', round {server_round}: {error}"
-        log.error("%s; the run stops (on-aggregation-error='keep' would log it and keep the model)", line)
+        keep = "" if isinstance(self.aggregation_exception, NoTrainingError) else \
+            " (on-aggregation-error='keep' would log it and keep the model)"
+        log.error("%s; the run stops%s", line, keep)
         self.finish(f"stopped after round {server_round} of {self.cfg.num_server_rounds}: {line}")
         raise AggregationStopped(line) from self.aggregation_exception
 
@@ -279,12 +283,12 @@ class Experiment:
                 log.error("round %d: aggregation failed; the model stays as it was", record["round"],
                           exc_info=outcome.error)
             self.aggregation_exception = outcome.error
+        if outcome.error is not None:
+            record["aggregation_error"] = f"{type(outcome.error).__name__}: {outcome.error}".splitlines()[0]
         if not outcome.valid:
             return
         record.update(_train_losses(outcome.valid, self.strategy.want_loss_before))
         record["aggregate_seconds"] = aggregate_seconds
-        if outcome.error is not None:
-            record["aggregation_error"] = f"{type(outcome.error).__name__}: {outcome.error}".splitlines()[0]
         if outcome.arrays is not None and not divergence.is_finite(outcome.arrays):
             record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
         elif outcome.arrays is not None:

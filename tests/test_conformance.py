@@ -1,0 +1,106 @@
+"""Every exported strategy driven as a stranger's Flower app drives it: ``Strategy.start`` on a
+grid of quickstart-style ClientApps (Flower's metric names, nothing method-specific), built with
+default arguments and no ``num_clients``; 1, 7, 50 and 200 nodes of random sizes, nodes that
+connect late, nodes that leave mid-run, replies that fail (:mod:`tests.conformance`).
+
+A method whose clients must send more than plain SGD's reply (FedeRage's β, SCAFFOLD's Δc,
+FedNova's step count, loss before training for q-FFL/AFL/FedFV/FedLF) does not train with
+plain quickstart clients: it must say so (ERROR naming the field and the client piece) and
+end the run (``NoTrainingError`` after ``DROP_STREAK_LIMIT`` rounds), never finish normally
+with the untrained model. With the method's documented client piece it trains
+(tests/test_client_pieces.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import strategies
+from strategies.health import DROP_STREAK_LIMIT, NoTrainingError
+from tests.conformance import ChangingGrid, net, quickstart_app, run_start
+
+CLASSES = [getattr(strategies, n) for n in strategies.__all__ if isinstance(getattr(strategies, n), type)
+           and issubclass(getattr(strategies, n), strategies.FairStrategy) and n != "FairStrategy"]
+NEEDS_PIECE = {c.__name__ for c in CLASSES if c.required_metrics or c.required_records}
+PLAIN = [c for c in CLASSES if c.__name__ not in NEEDS_PIECE]
+
+
+def _flat(arrays) -> np.ndarray:
+    return np.concatenate([a.numpy().ravel() for a in arrays.values()])
+
+
+def _initial() -> np.ndarray:
+    return np.concatenate([p.detach().numpy().ravel() for p in net().state_dict().values()])
+
+
+def _drops(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "dropped reply" in r.getMessage()]
+
+
+@pytest.mark.parametrize("nodes", [1, 7, 50])
+@pytest.mark.parametrize("cls", PLAIN, ids=lambda c: c.__name__)
+def test_a_plain_sgd_method_trains_quickstart_clients(cls, nodes, caplog):
+    if cls is strategies.Bulyan and nodes < 7:
+        pytest.skip("Bulyan needs 4f + 3 = 7 replies a round (f = 1): tests/test_defences.py")
+    caplog.set_level(logging.WARNING, logger="fedpcd")
+    strategy = cls(fraction_train=0.5, min_available_nodes=1, min_train_nodes=1)
+    grid = ChangingGrid(quickstart_app(), nodes)
+    result = run_start(strategy, grid, num_rounds=3)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    assert not np.array_equal(_flat(result.arrays), _initial()), "the model never moved"
+    assert not _drops(caplog)
+    assert all(a.numpy().dtype == np.float32 for a in result.arrays.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", PLAIN, ids=lambda c: c.__name__)
+def test_two_hundred_nodes(cls, caplog):
+    caplog.set_level(logging.WARNING, logger="fedpcd")
+    result = run_start(cls(fraction_train=0.25), ChangingGrid(quickstart_app(), 200), num_rounds=2)
+    assert sorted(result.train_metrics_clientapp) == [1, 2]
+    assert not _drops(caplog)
+
+
+@pytest.mark.parametrize("cls", [c for c in CLASSES if c.__name__ in NEEDS_PIECE], ids=lambda c: c.__name__)
+def test_a_method_whose_clients_miss_its_field_ends_the_run_and_names_the_piece(cls, caplog):
+    caplog.set_level(logging.ERROR, logger="fedpcd")
+    strategy = cls(fraction_train=0.5)
+    with pytest.raises(NoTrainingError) as err:
+        run_start(strategy, ChangingGrid(quickstart_app(), 7), num_rounds=DROP_STREAK_LIMIT + 2)
+    field = (cls.required_records or cls.required_metrics)[0]
+    assert field in str(err.value) and f"{DROP_STREAK_LIMIT} rounds in a row" in str(err.value)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and field in errors[0]  # logged once, at the first such round
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
+def test_every_client_crashing_ends_the_run(cls):
+    with pytest.raises(NoTrainingError, match="error reply"):
+        run_start(cls(fraction_train=1.0), ChangingGrid(quickstart_app(fail=frozenset(range(5))), 5),
+                  num_rounds=DROP_STREAK_LIMIT + 1)
+
+
+@pytest.mark.parametrize("cls", PLAIN, ids=lambda c: c.__name__)
+def test_nodes_that_connect_late_are_waited_for(cls, caplog):
+    """Flower's ``min_available_nodes`` (default 2): no round runs before the nodes are there."""
+    caplog.set_level(logging.INFO)
+    grid = ChangingGrid(quickstart_app(), 6, join={p: 2 for p in range(6)})  # seen from the 2nd look on
+    result = run_start(cls(fraction_train=0.5), grid, num_rounds=2)
+    assert sorted(result.train_metrics_clientapp) == [1, 2]
+    trained = [m for m in grid.requests if m.metadata.message_type == "train"]
+    assert len(trained) == 2 * 3
+    assert any("Waiting for nodes to connect" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("cls", PLAIN, ids=lambda c: c.__name__)
+def test_nodes_that_leave_and_replies_that_fail_cost_only_themselves(cls, caplog):
+    caplog.set_level(logging.WARNING, logger="fedpcd")
+    grid = ChangingGrid(quickstart_app(fail=frozenset({3})), 8, leave={5: 2, 6: 3})
+    result = run_start(cls(fraction_train=1.0, min_available_nodes=1, min_train_nodes=1), grid, num_rounds=4)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4]
+    assert not np.array_equal(_flat(result.arrays), _initial())
+    drops = _drops(caplog)
+    assert drops and all("error reply" in d or "no reply" in d for d in drops)
