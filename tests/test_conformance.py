@@ -104,3 +104,30 @@ def test_nodes_that_leave_and_replies_that_fail_cost_only_themselves(cls, caplog
     assert not np.array_equal(_flat(result.arrays), _initial())
     drops = _drops(caplog)
     assert drops and all("error reply" in d or "no reply" in d for d in drops)
+
+
+def test_the_apps_run_ends_failed_when_nothing_trains(tmp_path):
+    """The app's own run: FedeRage's clients never send β (a stranger's ClientApp without the
+    piece) → the run ends after DROP_STREAK_LIMIT rounds, complete: false, incomplete_reason
+    naming the field; not 10 rounds ending 'complete' with the untrained model."""
+    import json
+
+    from fedpcd_app.server.logs import AggregationStopped
+    from tests.fakegrid import honest_reply
+    from tests.helpers import fedavg_config, run_on_fake_grid
+
+    def craft(request, pid, node, run):
+        reply = honest_reply(request, pid, node, run)
+        metrics = reply.content["metrics"]
+        del metrics["federage-beta"]
+        return [reply]
+
+    cfg = fedavg_config(tmp_path / "out", method="federage", **{"num-server-rounds": 10,
+                                                              "on-aggregation-error": "keep"})
+    with pytest.raises(AggregationStopped, match="federage-beta"):
+        run_on_fake_grid(cfg, craft)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["complete"] is False
+    assert "federage-beta" in summary["incomplete_reason"] and "NoTrainingError" in summary["incomplete_reason"]
+    rounds = [json.loads(line) for line in (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == DROP_STREAK_LIMIT
