@@ -34,7 +34,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     return evaluate_reply(msg, personal, load_data(context)[1])
 
 
-server = server_app(NAME, lambda: Ditto(fraction_train=0.5, lam=0.1, seed=0))
+STRATEGIES = {NAME: lambda: Ditto(fraction_train=0.5, lam=0.1, seed=0)}
+server = server_app(NAME, STRATEGIES[NAME])
 
 if __name__ == "__main__":
     simulate(NAME, server, client)

@@ -36,7 +36,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     return evaluate_reply(msg, received(msg), load_data(context)[1])
 
 
-server = server_app(NAME, lambda: FedeRage(fraction_train=0.5, alpha=0.3, gamma=0.3, seed=0))
+STRATEGIES = {NAME: lambda: FedeRage(fraction_train=0.5, alpha=0.3, gamma=0.3, seed=0)}
+server = server_app(NAME, STRATEGIES[NAME])
 
 if __name__ == "__main__":
     simulate(NAME, server, client)

@@ -41,7 +41,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     return evaluate_reply(msg, received(msg), load_data(context)[1])
 
 
-server = server_app(NAME, lambda: FedNova(fraction_train=0.5, seed=0))
+STRATEGIES = {NAME: lambda: FedNova(fraction_train=0.5, seed=0)}
+server = server_app(NAME, STRATEGIES[NAME])
 
 if __name__ == "__main__":
     simulate(NAME, server, client)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 import subprocess
 import sys
 
@@ -148,10 +149,7 @@ EXAMPLES = [("federage", "federage"), ("scaffold", "scaffold"), ("fedprox", "fed
 
 def run_example(module: str, name: str, client=None, rounds: int = 3):
     example = importlib.import_module(f"examples.client_{module}")
-    server = example.servers[name] if hasattr(example, "servers") else example.server
-    if rounds != 3:
-        make = {"federage": lambda: FedeRage(fraction_train=0.5, alpha=0.3, gamma=0.3, seed=0)}[name]
-        server = quickstart.server_app(name, make, rounds=rounds)
+    server = quickstart.server_app(name, example.STRATEGIES[name], rounds=rounds)
     grid = ClientAppGrid(6, client or example.client)
     with task_identity():
         server(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
@@ -208,23 +206,54 @@ def test_the_fedprox_piece_adds_the_proximal_term():
     assert with_piece < plain
 
 
-def test_a_quickstart_client_without_the_piece_is_told_which_piece_it_lacks(caplog):
-    """Today's failure: Flower's quickstart ClientApp under FedeRage sends no 'federage-beta', so
-    every reply is dropped. Each drop names the field, and the line for it names the piece."""
+WITHOUT_THE_PIECE = [("federage", "federage", "missing metric 'federage-beta'"),
+                     ("scaffold", "scaffold", "missing ArrayRecord 'scaffold-delta-c'"),
+                     ("fednova", "fednova", "missing metric 'num-steps'"),
+                     ("qffl", "qffl", "missing metric 'loss-before'"),
+                     ("qffl", "afl", "missing metric 'loss-before'")]
+
+
+@pytest.mark.parametrize("module, name, reason", WITHOUT_THE_PIECE, ids=[n for _, n, _ in WITHOUT_THE_PIECE])
+def test_a_quickstart_client_without_the_piece_is_told_which_piece_it_lacks(module, name, reason, caplog):
+    """Today's failure: Flower's quickstart ClientApp (no method field) under FedeRage (SCAFFOLD,
+    FedNova, q-FFL, AFL) has every reply dropped. Each drop names the field, and the line for it
+    names the piece and how to add it."""
     with caplog.at_level(logging.WARNING, logger="fedpcd"):
         try:
-            result, grid = run_example("federage", "federage", client=quickstart.plain_client, rounds=1)
+            result, grid = run_example(module, name, client=quickstart.plain_client, rounds=1)
         except Exception as exc:  # noqa: BLE001 - a strategy that raises on an all-dropped run must name the piece
             assert client_pieces.PIECE in str(exc)
             return
     drops = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-    assert len(drops) == len(train_replies(grid, "1")) == 3
-    assert all("missing metric 'federage-beta'" in d for d in drops)
-    line = client_pieces.how_to_send("federage", drops[0])
-    assert client_pieces.PIECE in line and "'federage-beta'" in line and "side.reply" in line
+    assert drops and len(drops) == len(train_replies(grid, "1"))
+    assert all(reason in d for d in drops), drops
+    line = client_pieces.how_to_send(name, drops[0])
+    assert client_pieces.PIECE in line and reason.split()[-1] in line and "side.reply" in line
     assert flat_of(result.arrays).tobytes() == flat_of(quickstart.initial_arrays()).tobytes()  # untrained
     # an ERROR line about it (strategies' all-dropped detector), when there is one, names the piece
     assert all(client_pieces.PIECE in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+
+def test_running_an_example_runs_its_strategy(monkeypatch, capsys):
+    """``python -m examples.client_qffl afl`` (its __main__ block), Flower's simulation replaced by
+    the in-process grid: AFL, not q-FFL, runs, and the accuracy line is printed."""
+    import runpy
+
+    import flwr.simulation
+
+    def simulation(server_app, client_app, num_supernodes, **kwargs):
+        with task_identity():
+            server_app(ClientAppGrid(num_supernodes, client_app),
+                       Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", simulation)
+    quickstart.RESULTS.clear()
+    monkeypatch.setattr(sys, "argv", ["client_qffl", "afl"])
+    runpy.run_module("examples.client_qffl", run_name="__main__")
+    assert list(quickstart.RESULTS) == ["afl"] and "afl: federated accuracy by round [" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["client_qffl", "fedavg"])
+    with pytest.raises(SystemExit, match=re.escape("qffl | afl")):
+        runpy.run_module("examples.client_qffl", run_name="__main__")
 
 
 # -- the one-line pieces ----------------------------------------------------------------------------
@@ -245,7 +274,7 @@ def test_a_drop_reason_names_the_line_of_its_field():
     assert "'loss-before'" in line and "data=trainloader" in line
     assert client_pieces.how_to_send("qffl", "missing metric 'loss-before'") == client_pieces.CLIENT_PIECES["qffl"]
     assert "'num-steps'" in client_pieces.how_to_send("fednova", "missing metric 'num-steps'")
-    assert client_pieces.how_to_send("scaffold", "missing record 'scaffold-delta-c'") == \
+    assert client_pieces.how_to_send("scaffold", "missing ArrayRecord 'scaffold-delta-c'") == \
         client_pieces.CLIENT_PIECES["scaffold"]
 
 
