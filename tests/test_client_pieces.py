@@ -147,10 +147,10 @@ EXAMPLES = [("federage", "federage"), ("scaffold", "scaffold"), ("fedprox", "fed
             ("ditto", "ditto"), ("qffl", "qffl"), ("qffl", "afl")]
 
 
-def run_example(module: str, name: str, client=None, rounds: int = 3):
+def run_example(module: str, name: str, client=None, rounds: int = 3, nodes: int = 6):
     example = importlib.import_module(f"examples.client_{module}")
     server = quickstart.server_app(name, example.STRATEGIES[name], rounds=rounds)
-    grid = ClientAppGrid(6, client or example.client)
+    grid = ClientAppGrid(nodes, client or example.client)
     with task_identity():
         server(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
     return quickstart.RESULTS[name], grid
@@ -193,6 +193,18 @@ def test_each_example_trains_its_strategy_with_no_reply_dropped(module, name, ca
             assert m[keys.NUM_STEPS] == -(-int(m[keys.NUM_EXAMPLES]) // quickstart.BATCH) * quickstart.EPOCHS
     if name in ("qffl", "afl"):
         assert all(float(r.content[keys.METRICS][keys.LOSS_BEFORE]) > 0 for r in replies)
+
+
+def test_a_50_node_quickstart_app_trains_federage_with_the_piece_first_try(caplog):
+    """The new user's app of the issue: 50 quickstart-style nodes, FedeRage built as the README
+    shows (no num_clients), the documented piece in the ClientApp: 25 clients a round, no drop."""
+    with caplog.at_level(logging.WARNING, logger="fedpcd"):
+        result, grid = run_example("federage", "federage", nodes=50)
+    assert not [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert [len(train_replies(grid, str(t))) for t in (1, 2, 3)] == [25, 25, 25]
+    assert len(result.train_metrics_clientapp[3]["federage-betas"]) == 25
+    accs = [float(m["accuracy"]) for _, m in sorted(result.evaluate_metrics_clientapp.items())]
+    assert accs[-1] > 0.5, accs
 
 
 def test_the_fedprox_piece_adds_the_proximal_term():
