@@ -7,7 +7,8 @@ on the same batches.
 
 λ is not declared here: the server (:class:`strategies.ditto.Ditto`) sends ``ditto-lambda``
 (``fedcore.keys.DITTO_LAMBDA``) in every request's config and this routine reads it from
-``job.config``. A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``.
+``job.config``. A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``, or
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
 """
 
 from __future__ import annotations

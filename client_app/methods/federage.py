@@ -22,7 +22,8 @@ its strategy sends them in every request's config, and β̂ under ``federage-bet
 The routine reads both from the request (:class:`client_app.methods.Sent`: no defaults here,
 a missing key is an error at its first read).
 
-A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``.
+A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``, or
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ local SGD exactly. Ditto's personal model takes the same pull. μ is ``fedprox-m
 (``fedcore.keys.FEDPROX_MU``), declared (default 0.01, μ ≥ 0) in :mod:`strategies.fedprox` and sent
 by its strategy in every request's config; there is no default here (a missing key is an error).
 
-A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``.
+A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``, or
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ is no longer the mean gradient: SCAFFOLD assumes plain SGD. The record names are
 is added on the loop by a ``before_step`` hook (:func:`corrected_gradients`), as rows by
 :class:`Correction`.
 
-A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``.
+A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``, or
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
 """
 
 from __future__ import annotations

@@ -1,0 +1,294 @@
+"""The client side of every method, for a ClientApp of your own (Flower's quickstart pattern).
+
+A quickstart-style ClientApp loads ``msg.content["arrays"]`` into its ``nn.Module``, trains on
+its DataLoader and replies with an ``ArrayRecord`` and ``MetricRecord({"train_loss",
+"num-examples"})``. That is FedAvg's client. The methods whose clients do more read more:
+
+=============  ==========================================  =========================================
+strategy       what its clients do beyond plain SGD         what the reply must carry
+=============  ==========================================  =========================================
+FedeRage       CVaR-weighted loss, a quantile estimate β    metric ``federage-beta``
+SCAFFOLD       corrected step g − c_i + c                   record ``scaffold-delta-c``, ``num-steps``
+FedProx        proximal term (μ/2)‖w − θ_t‖²                 (nothing: without it the run is FedAvg)
+FedNova        (plain SGD)                                  metric ``num-steps``
+Ditto          a personal model, pulled towards θ_t         (nothing: it is scored on the personal one)
+q-FFL / AFL    (plain SGD)                                  metric ``loss-before``
+=============  ==========================================  =========================================
+
+:class:`ClientSide` is all of it in one object, for any strategy: it reads the routine the
+request names (``client-method``) and the method's values (μ, λ, α, γ, β̂, c, c_i) from the
+request, and reuses the project's own client routines (:mod:`client_app.methods`) for the maths.
+The quickstart's train handler adopts it in three lines::
+
+    from client_app.foreign import ClientSide
+
+    @app.train()
+    def train(msg, context):
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        side = ClientSide(msg, context, model, data=trainloader)  # 1: loss-before when asked
+        for _ in range(epochs):
+            for x, y in trainloader:
+                side.step(x, y)                                     # 2: the method's SGD step
+        return side.reply({"num-examples": len(trainloader.dataset)})  # 3: the method's fields
+
+and a loop of your own keeps its shape with the two hooks :meth:`ClientSide.loss` (instead of
+the criterion) and :meth:`ClientSide.before_step` (between ``loss.backward()`` and
+``optimizer.step()``). Ditto's evaluate handler scores :func:`evaluation_model`.
+
+What happens without it is in :mod:`fedcore.client_pieces` (the server's error line names this
+class) and docs/library.md ("Client side for your own ClientApp").
+
+This module imports torch, Flower and :mod:`client_app.methods` only (no dataset, plotting or
+server library), so a client-only install runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from torch import nn
+from torch.nn import functional as F
+
+from client_app.methods import LocalTraining, TrainJob, TrainOutcome
+from client_app.methods import ditto as ditto_routine
+from client_app.methods import federage as federage_routine
+from client_app.methods import fedprox as fedprox_routine
+from client_app.methods import scaffold as scaffold_routine
+from fedcore import flat, keys
+
+__all__ = ["ClientSide", "evaluation_model", "mean_loss", "METHODS"]
+
+# the client routines a request can name (keys.CLIENT_METHOD) that this module serves
+METHODS = (keys.SGD, keys.FEDPROX, keys.SCAFFOLD, keys.FEDERAGE, keys.DITTO)
+
+
+def _pair(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise TypeError(f"a batch must be (x, y); got {type(batch).__name__}: pass unpack=lambda b: (b['img'], "
+                    "b['label']) (or your batch's names) to read it")
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, batches: Iterable, unpack: Callable[[Any], tuple] | None = None) -> float:
+    """The mean cross-entropy of ``model`` over every example of ``batches`` (each ``(x, y)``, or
+    what ``unpack(batch)`` makes of it): ``loss-before``, the received model's loss on the
+    training data, as the project's clients score it (:func:`client_app.training.evaluate`)."""
+    unpack = unpack or _pair
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        x, y = unpack(batch)
+        x, y = x.to(dev), y.to(dev)
+        total += float(F.cross_entropy(model(x), y, reduction="sum"))
+        count += len(y)
+    model.train(was_training)
+    return total / count if count else 0.0
+
+
+def _job(msg: Message, context: Context, model: nn.Module, lr: float | None = None) -> TrainJob:
+    """The request as the routines read it (their data and batches stay with the caller)."""
+    config = dict(msg.content[keys.CONFIG])
+    return TrainJob(
+        cfg=LocalTraining(), server_round=int(config.get(keys.SERVER_ROUND, 0)),
+        partition_id=int(config.get(keys.PARTITION_ID, context.node_id)),
+        lr=float(config[keys.ROUND_LR]) if lr is None else lr, model=model,
+        global_arrays=msg.content[keys.ARRAYS], x=torch.empty(0), y=torch.empty(0, dtype=torch.long),
+        generator=torch.Generator(), request=msg.content, state=context.state, config=config,
+    )
+
+
+class ClientSide:
+    """One train request's client side: the method's loss, its gradient term, the step count,
+    ``loss-before`` and the reply's fields, for a model of your own.
+
+    ``ClientSide(msg, context, model, data=None, unpack=None)``: ``model`` already holds the
+    received weights (``msg.content["arrays"]``) and is trained in place; ``context`` is the
+    ClientApp's (its ``state`` keeps what a client keeps between rounds: SCAFFOLD's c_i, Ditto's
+    personal model). ``data`` (batches ``(x, y)``, e.g. the train DataLoader; ``unpack(batch)``
+    for another shape) is scored first when the request asks for ``loss-before`` (q-FFL, AFL,
+    FedFV, FedLF, or ``loss_before=True``). What the request names (``client-method``):
+
+    * ``federage``: :meth:`loss` is the CVaR-weighted loss (Π_B(β̂) to start; each call takes β's
+      step, :class:`client_app.methods.federage.RiskAverseLoss`); the reply sends ``federage-beta``.
+    * ``fedprox``: :meth:`before_step` adds μ(w − θ_t) to the gradients (``fedprox-mu``,
+      :func:`client_app.methods.fedprox.proximal_pull`).
+    * ``scaffold``: :meth:`before_step` adds c − c_i (:func:`client_app.methods.scaffold.corrected_gradients`);
+      the reply sends Δc_i (``scaffold-delta-c``) from the steps taken and the learning rate used,
+      and the node keeps c_i + Δc_i. SCAFFOLD assumes plain SGD.
+    * ``ditto``: :meth:`step` also trains the personal model (:attr:`personal`) on the same batch
+      with the pull λ(v − θ_t) (``ditto-lambda``); the reply keeps it in ``context.state`` and
+      sends ``ditto-personal-loss``. In a loop of your own call :meth:`personal_step` per batch.
+    * ``sgd`` (FedAvg, FedNova, q-FFL, AFL, FedPCD, CRAFT, ...): the plain step.
+
+    Every reply carries ``num-steps`` (the steps counted by :meth:`before_step`, FedNova's and
+    SCAFFOLD's K) and ``train-loss`` (the mean plain cross-entropy of the steps) unless the
+    metrics you give hold them. The learning rate is the request's ``round-lr`` (:attr:`lr`).
+    """
+
+    def __init__(self, msg: Message, context: Context, model: nn.Module, *, data: Iterable | None = None,
+                 unpack: Callable[[Any], tuple] | None = None) -> None:
+        if keys.CONFIG not in msg.content or keys.ARRAYS not in msg.content:
+            raise ValueError(f"ClientSide reads a train request of this project's strategies: the message has no "
+                             f"'{keys.CONFIG}' or '{keys.ARRAYS}' record (content: {sorted(msg.content)})")
+        self.msg, self.context, self.model = msg, context, model
+        self.config = dict(msg.content[keys.CONFIG])
+        self.method = str(self.config.get(keys.CLIENT_METHOD, keys.SGD))
+        if self.method not in METHODS:
+            raise ValueError(f"the request names client method {self.method!r}, which ClientSide does not serve "
+                             f"(it serves {', '.join(METHODS)})")
+        self.lr = float(self.config[keys.ROUND_LR])  # this round's client learning rate η_l
+        self.num_steps = 0
+        self._loss_sum, self._loss_count = 0.0, 0
+        self._lr_used: float | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._replied = False
+        self.job = _job(msg, context, model)
+        self.loss_before: float | None = None
+        if bool(self.config.get(keys.WANT_LOSS_BEFORE, False)):
+            if data is None:
+                raise ValueError(f"this request asks for '{keys.LOSS_BEFORE}' (the received model's loss on the "
+                                 "training data, before training): ClientSide(msg, context, model, data=trainloader)")
+            self.loss_before = mean_loss(model, data, unpack)  # F_i(θ_t), before any step
+        self._risk = self._hook = None
+        self._scaffold = None
+        self.personal: nn.Module | None = None
+        if self.method == keys.FEDERAGE:
+            params, beta = federage_routine.start(self.job)
+            self._risk = federage_routine.RiskAverseLoss(params, beta)
+        elif self.method == keys.FEDPROX:
+            anchor = [p.detach().clone() for p in model.parameters()]  # θ_t
+            self._hook = fedprox_routine.proximal_pull(anchor, fedprox_routine.mu_of(self.job))
+        elif self.method == keys.SCAFFOLD:
+            self._scaffold = scaffold_routine.setup(self.job)
+            s = self._scaffold
+            self._hook = scaffold_routine.corrected_gradients(model, s.spec, s.c - s.c_i)
+        elif self.method == keys.DITTO:
+            self.personal = ditto_routine.personal_model(self.job)  # before the shared model trains
+            anchor = [p.detach().clone() for p in model.parameters()]
+            self._personal_hook = fedprox_routine.proximal_pull(anchor, ditto_routine.lambda_of(self.job))
+            self._personal_opt = torch.optim.SGD(self.personal.parameters(), lr=self.lr)
+            self._personal_loss_sum, self._personal_steps = 0.0, 0
+
+    # -- the hooks of a loop of your own ------------------------------------------------------------
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss to call ``backward()`` on, instead of your criterion: the method's (FedeRage's
+        CVaR-weighted cross-entropy, whose β takes its step at each call), else the mean
+        cross-entropy. Call it once per step: it also records the step's plain loss (``train-loss``)."""
+        plain = F.cross_entropy(logits, y)
+        self._last_loss = float(plain.detach())
+        self._loss_sum += self._last_loss
+        self._loss_count += 1
+        return plain if self._risk is None else self._risk(logits, y)
+
+    def before_step(self) -> None:
+        """Call once per step between ``loss.backward()`` and ``optimizer.step()``: adds the method's
+        gradient term (FedProx's μ(w − θ_t), SCAFFOLD's c − c_i) and counts the step (``num-steps``)."""
+        if self._hook is not None:
+            self._hook(self.model)
+        self.num_steps += 1
+
+    def personal_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Ditto: one SGD step (η_l = :attr:`lr`) of the personal model on the batch, pulled
+        towards θ_t by λ; its plain loss. (:meth:`step` calls it; a loop of your own calls it per
+        batch.) Not Ditto: a ValueError."""
+        if self.personal is None:
+            raise ValueError(f"personal_step() is Ditto's; this request's client method is {self.method!r}")
+        x, y = self._on_device(x, y)
+        self.personal.train()
+        self._personal_opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(self.personal(x), y)
+        loss.backward()
+        self._personal_hook(self.personal)
+        self._personal_opt.step()
+        self._personal_loss_sum += float(loss.detach())
+        self._personal_steps += 1
+        return float(loss.detach())
+
+    # -- the training step ----------------------------------------------------------------------
+    def step(self, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer | None = None) -> float:
+        """One step of the method on the batch (x, y): zero the gradients, the method's loss,
+        backward, its gradient term, ``optimizer.step()``; Ditto's personal model takes its step too.
+        ``optimizer``: yours (its learning rate is the one SCAFFOLD's Δc divides by); None = plain
+        SGD at the request's ``round-lr``, which every method's maths assumes. The batch's plain loss."""
+        if optimizer is None:
+            if self._optimizer is None:
+                self._optimizer = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+            optimizer = self._optimizer
+        self._lr_used = float(optimizer.param_groups[0]["lr"])
+        x, y = self._on_device(x, y)
+        self.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        logits = self.model(x)
+        loss = self.loss(logits, y)
+        loss.backward()
+        self.before_step()
+        optimizer.step()
+        if self.personal is not None:
+            self.personal_step(x, y)
+        return self._last_loss
+
+    def _on_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = next(self.model.parameters()).device
+        return x.to(dev), y.to(dev)
+
+    # -- the reply ----------------------------------------------------------------------------------
+    @property
+    def beta(self) -> float | None:
+        """FedeRage's β now (None for another method)."""
+        return None if self._risk is None else self._risk.beta
+
+    def reply(self, metrics: Mapping[str, Any] | None = None) -> Message:
+        """The train reply: the trained model (``arrays``), ``metrics`` (yours: ``num-examples`` at
+        least; Flower's ``train_loss`` / ``num_examples`` spellings are read too) with the method's
+        fields added (``federage-beta``, ``num-steps``, ``loss-before``, ``train-loss``,
+        ``ditto-personal-loss``), and its records (``scaffold-delta-c``). Ditto's personal model and
+        SCAFFOLD's c_i are kept in ``context.state`` here. Call it once."""
+        if self._replied:
+            raise ValueError("reply() was called twice for one request: the method's state was already updated")
+        metrics = dict(metrics or {})
+        if keys.NUM_EXAMPLES not in metrics and "num_examples" not in metrics:
+            raise ValueError(f"reply() needs the number of local training examples: pass "
+                             f"{{'{keys.NUM_EXAMPLES}': len(trainloader.dataset)}} in metrics")
+        self._replied = True
+        outcome = TrainOutcome(num_steps=self.num_steps,
+                               train_loss=self._loss_sum / self._loss_count if self._loss_count else 0.0)
+        job = _job(self.msg, self.context, self.model, lr=self._lr_used)
+        if self._risk is not None:
+            federage_routine.finish(outcome, self._risk.beta)
+        elif self._scaffold is not None:
+            if self.num_steps == 0:
+                raise ValueError("SCAFFOLD's reply needs the steps taken: train with side.step(x, y), or call "
+                                 "side.before_step() once per step of your own loop")
+            scaffold_routine.finish(job, outcome, self._scaffold)
+        elif self.personal is not None:
+            loss = self._personal_loss_sum / self._personal_steps if self._personal_steps else 0.0
+            ditto_routine.finish(job, outcome, self.personal, loss)
+        fields: dict[str, Any] = {}
+        if self.num_steps:
+            fields[keys.NUM_STEPS] = int(self.num_steps)
+        if self._loss_count and keys.TRAIN_LOSS not in metrics and "train_loss" not in metrics:
+            fields[keys.TRAIN_LOSS] = float(outcome.train_loss)
+        if self.loss_before is not None:
+            fields[keys.LOSS_BEFORE] = float(self.loss_before)
+        fields.update({k: float(v) for k, v in outcome.metrics.items()})
+        out = {**metrics, **{k: v for k, v in fields.items() if k not in metrics}}
+        content = RecordDict({keys.ARRAYS: flat.state_to_record(self.model.state_dict()),
+                              keys.METRICS: MetricRecord(out), **outcome.records})
+        return Message(content=content, reply_to=self.msg)
+
+
+def evaluation_model(msg: Message, context: Context, model: nn.Module) -> nn.Module:
+    """The model an evaluate request scores: Ditto's personal model (kept in ``context.state`` by
+    :meth:`ClientSide.reply`; the received model until this node has trained), else ``model``
+    itself (holding the received weights)."""
+    config = msg.content.get(keys.CONFIG)
+    if config is None or str(config.get(keys.CLIENT_METHOD, keys.SGD)) != keys.DITTO:
+        return model
+    return ditto_routine.personal_model(_job(msg, context, model, lr=0.0))
