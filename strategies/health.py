@@ -24,7 +24,7 @@ log = logging.getLogger("fedpcd")
 DROP_STREAK_LIMIT = 3
 
 _NUMBER = re.compile(r"[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
-_MISSING = re.compile(r"missing (?:metric|record|array(?:record)?) '([^']+)'")
+_MISSING = re.compile(r"missing (?:metric|record|array(?:record)?) '([^']+)'", re.IGNORECASE)
 
 
 class NoTrainingError(RuntimeError):
@@ -44,15 +44,16 @@ def missing_field(reason: str) -> str | None:
 
 def client_hint(method: str, reason: str) -> str:
     """What to change on the clients: the method's documented client piece when the reason is a
-    field the clients did not send, else where to look."""
+    field the clients did not send (:func:`fedcore.client_pieces.how_to_send`), else where to look."""
+    from fedcore.client_pieces import how_to_send
+
     field = missing_field(reason)
-    if field is None:
-        return "see the clients' logs and the drop reasons in the round's record"
-    try:
-        from fedcore.client_pieces import how_to_send
-    except ImportError:  # pragma: no cover - the table ships with fedcore
+    line = how_to_send(method, reason) if field is not None else None
+    if line is not None:
+        return line
+    if field is not None:
         return f"the clients must send '{field}' (docs/library.md: the client side of each method)"
-    return how_to_send(method, field)
+    return "see the clients' logs and the drop reasons in the round's record"
 
 
 @dataclasses.dataclass
