@@ -34,6 +34,9 @@ VAL_LOSS = "val-loss"
 # rounds whose requests ask for it, want-loss-before); the app's own runs ask TRAIN_LOSS too (they
 # record it). PARTITION_ID is required only where the request named a partition.
 REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, PARTITION_ID)
+# Not required, but a finite number whenever a reply carries it (a hostile value is dropped even
+# where the method does not read it: Flower's metric aggregation would report it).
+CHECKED_WHEN_SENT = (TRAIN_LOSS,)
 
 # Client methods: each one's name (the request's CLIENT_METHOD, registered by its module
 # client_app/methods/<name>.py, named by its strategy's ``client_method``) and the entries it
