@@ -27,10 +27,12 @@ aggregate as it is. Krum, MultiKrum and Bulyan report the partitions they select
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import strategy as flower
+from flwr.serverapp.strategy.multikrum import select_multikrum
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError
@@ -194,7 +196,13 @@ class Bulyan(FlowerRobust):
     flower_names = {"num_malicious_nodes": "num_malicious"}
     reports_selection = True
 
-    def __init__(self, **kwargs: Any) -> None:
+    def before_round(self, num_replies):
+        self.inner.selection_rule = self.selection_rule  # as set now (an attribute, as Flower's)
+
+    def __init__(self, *, selection_rule: Callable[[list[RecordDict], int, int], list[RecordDict]] | None = None,
+                 **kwargs: Any) -> None:
+        # Flower's: the rule that selects the m − 2f replies (MultiKrum's by default)
+        self.selection_rule = selection_rule or select_multikrum
         super().__init__(**kwargs)
         f = self.params.num_malicious
         if self.num_clients is not None:

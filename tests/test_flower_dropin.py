@@ -199,7 +199,6 @@ def test_a_client_that_returns_the_shapes_it_received_keeps_training_with_a_0_di
 def flower_keywords(flower_cls) -> dict[str, inspect.Parameter]:
     params = dict(inspect.signature(flower_cls.__init__).parameters)
     params.pop("self")
-    params.pop("selection_rule", None)  # Bulyan's pluggable selection: not taken (README)
     return params
 
 
@@ -243,6 +242,18 @@ def test_positional_arguments_bind_as_flowers_do():
     assert (q.lr, q.q, q.client_learning_rate) == (0.05, 0.3, 0.05)
     with pytest.raises(TypeError, match="both by position and by keyword"):
         QFFL(0.05, client_learning_rate=0.1)
+
+
+def test_bulyans_selection_rule_is_flowers():
+    calls = []
+
+    def first(contents, num_malicious_nodes, num_to_select):  # Flower's signature: the first ones
+        calls.append((len(contents), num_malicious_nodes, num_to_select))
+        return contents[:num_to_select]
+
+    ours = Bulyan(num_malicious_nodes=1, selection_rule=first)
+    play(ours, flower.Bulyan(num_malicious_nodes=1, selection_rule=first), rounds=2)
+    assert calls and all(c == (len(NODES), 1, len(NODES) - 2) for c in calls)
 
 
 def test_flowers_attributes_set_after_construction_take_effect():
