@@ -368,6 +368,11 @@ def test_fraction_train_samples_as_flowers_int_with_its_minimum(fraction, want):
                                                                              grid))
         again = FedAvg(fraction_train=fraction).configure_train(1, record(model0()), ConfigRecord(), grid)
     assert len(ours) == len(theirs) == want
+    with task_identity():  # evaluation likewise, with min_evaluate_nodes (2)
+        asked = FedAvg(fraction_evaluate=fraction).configure_evaluate(1, record(model0()), ConfigRecord(), grid)
+        theirs = list(flower.FedAvg(fraction_evaluate=fraction).configure_evaluate(1, record(model0()),
+                                                                                   ConfigRecord(), grid))
+    assert len(asked) == len(theirs) == want
     # the draw is seeded by (seed, round): a resumed run asks the same nodes
     assert [m.metadata.dst_node_id for m in ours] == [m.metadata.dst_node_id for m in again]
 
