@@ -167,7 +167,7 @@ class FairStrategy(Strategy, metaclass=FlowerKeywords):
         Flower's, with Flower's meaning and defaults (``"num-examples"``, ``"arrays"``,
         ``"config"``, Flower's weighted average): the record names of the requests, the metric
         the FedAvg family weights by, and how ``aggregate_train`` / ``aggregate_evaluate``
-        aggregate the clients' own metrics (returned beside the method's: :mod:`strategies.flower`).
+        aggregate the clients' own metrics (returned beside the method's: :mod:`strategies.flower_compat`).
     params : the method's ``Params``, instead of ``**hyper``.
 
     A class sharing a name with one of Flower's (FedAvg, FedProx, FedAvgM, FedAdam, ...) also takes
