@@ -222,8 +222,9 @@ BLOCK_ELEMS = 1 << 22  # an (m, columns) float32 block of 16 MB: large enough th
 # the cores are shared), small enough that no (m, d) matrix is ever built
 
 
-def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Σ_i w_i θ_i (float32) for m ArrayRecords, without stacking them.
+def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Σ_i w_i θ_i (float32, or ``dtype``: float64 for a float64 model) for m ArrayRecords, without stacking them.
 
     Equals ``weights.float() @ records_to_matrix(records)`` bit for bit: each column block is the
     same float32 matrix-vector product over the same m values in the same order
@@ -237,10 +238,10 @@ def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.T
             raise ValueError(f"reply {i} has arrays of sizes {[v.size for v in vs]}, the first reply {sizes}")
     m, d = len(records), int(sum(sizes))
     if out is None:
-        out = torch.empty(d, dtype=torch.float32)
-    w = weights.to(torch.float32)
+        out = torch.empty(d, dtype=dtype)
+    w = weights.to(out.dtype)
     cols = max(1, min(d, BLOCK_ELEMS // max(m, 1)))
-    buf = np.empty(m * cols, dtype=np.float32)
+    buf = np.empty(m * cols, dtype=torch.empty(0, dtype=out.dtype).numpy().dtype)
     starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
     k = 0  # first array overlapping the block
     for a in range(0, d, cols):
@@ -353,7 +354,9 @@ def flat_to_record(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
     flat_np = flat.detach().cpu().numpy()
     record = ArrayRecord()
     for key, shape, dt, (a, b) in zip(spec.keys, spec.shapes, spec.dtypes, spec.offsets()):
-        record[key] = to_array(np.ascontiguousarray(flat_np[a:b].reshape(shape), dtype=dt))
+        # reshaped after the copy: np.ascontiguousarray returns at least 1-d, so a 0-dim array
+        # (a scalar nn.Parameter) would come back with shape (1,)
+        record[key] = to_array(np.ascontiguousarray(flat_np[a:b], dtype=dt).reshape(shape))
     return record
 
 

@@ -29,8 +29,14 @@ NUM_TEST = "num-test"
 VAL_ACC = "val-accuracy"  # on the local validation split (runs with val-fraction > 0)
 VAL_LOSS = "val-loss"
 
-# LOSS_BEFORE is required too in rounds whose requests ask for it (want-loss-before).
-REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
+# What every train reply must carry, for every method (Flower's own FedAvg asks num-examples
+# only). A method asks more by its ``required_metrics`` (TRAIN_LOSS: FedPW; LOSS_BEFORE also in
+# rounds whose requests ask for it, want-loss-before); the app's own runs ask TRAIN_LOSS too (they
+# record it). PARTITION_ID is required only where the request named a partition.
+REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, PARTITION_ID)
+# Not required, but a finite number whenever a reply carries it (a hostile value is dropped even
+# where the method does not read it: Flower's metric aggregation would report it).
+CHECKED_WHEN_SENT = (TRAIN_LOSS,)
 
 # Client methods: each one's name (the request's CLIENT_METHOD, registered by its module
 # client_app/methods/<name>.py, named by its strategy's ``client_method``) and the entries it
@@ -41,6 +47,7 @@ REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, TRAIN_LOSS, PARTITION_ID)
 SGD = "sgd"  # plain local SGD: every method without a client side of its own
 FEDPROX = "fedprox"  # the proximal pull μ(w − θ_t)
 FEDPROX_MU = "fedprox-mu"  # request config: μ of FedProx's proximal term
+PROXIMAL_MU = "proximal-mu"  # the same μ under the name Flower's FedProx sends (its clients read it)
 DITTO = "ditto"  # a personal model beside the shared one
 DITTO_LAMBDA = "ditto-lambda"  # request config: λ of Ditto's personal models
 SCAFFOLD = "scaffold"  # control variates

@@ -196,8 +196,9 @@ def check_train_reply(
         return None, "missing MetricRecord 'metrics'"
     pid = metrics.get(keys.PARTITION_ID)
     pid = int(pid) if _is_number(pid) and float(pid).is_integer() else None
-    for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics):
-        if key == keys.PARTITION_ID and not partition_required and key not in metrics:
+    for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics, *keys.CHECKED_WHEN_SENT):
+        if key not in metrics and ((key == keys.PARTITION_ID and not partition_required)
+                                   or (key in keys.CHECKED_WHEN_SENT and key not in required_metrics)):
             continue
         if key not in metrics:
             return pid, f"missing metric '{key}'"

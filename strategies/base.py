@@ -42,19 +42,21 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
 from fedcore.state import Fields, rebuild
-from strategies import requests, rounds
+from strategies import flower_compat, requests, rounds
+from strategies.flower_compat import FlowerKeywords
 from strategies.health import DropStreak
 from strategies.requests import RunContext
 from strategies.rounds import Aggregated, EvaluationOutcome, RoundOutcome
@@ -123,7 +125,7 @@ def _handed_over(strategy: FairStrategy) -> ArrayRecord:
     return strategy.current_arrays
 
 
-class FairStrategy(Strategy):
+class FairStrategy(Strategy, metaclass=FlowerKeywords):
     """Base of every strategy here (see the module docstring).
 
     Parameters (keyword only; ``**hyper`` are the method's ``Params`` fields)
@@ -132,7 +134,20 @@ class FairStrategy(Strategy):
         Fraction of the connected nodes sampled each round (at least ``min_train_nodes``).
     fraction_evaluate : float, default 1.0
         Fraction of nodes asked to evaluate each round (0 = no federated evaluation).
-    min_train_nodes : int, default 1
+    min_train_nodes : int, default 2
+        Flower's: at least this many nodes train each round of Flower's own loop
+        (``strategy.start``); the app's own runs sample with their own rule (``registry.build``
+        passes 1: ``clients-per-round``).
+    min_evaluate_nodes : int, default 2
+        Flower's: at least this many nodes evaluate (0 when ``fraction_evaluate`` is 0).
+    min_available_nodes : int, default 2
+        Flower's: Flower's own loop waits until this many nodes are connected before it samples
+        (Flower's log line ``Waiting for nodes to connect: ...`` every second).
+    node_wait_timeout : float or None, default 3600.0
+        Seconds that wait lasts before the strategy gives up with one ERROR line and raises
+        :class:`strategies.requests.NodesUnavailable` (no round is recorded); None waits for
+        ever, as Flower's own strategies do. 3600 s is Flower's ``start(timeout=...)`` default
+        for the replies.
     seed : int, default 0
         Seeds the node sampling (one generator per round: a resumed run draws the same).
     lr : float, default 0.1
@@ -149,7 +164,17 @@ class FairStrategy(Strategy):
         Where the method's server maths runs (``server-device``; :func:`resolve_device`).
         Methods that keep large tensors (FedPCD's cache, CRAFT's update matrix) put them
         there; the others ignore it.
+    weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn
+        Flower's, with Flower's meaning and defaults (``"num-examples"``, ``"arrays"``,
+        ``"config"``, Flower's weighted average): the record names of the requests, the metric
+        the FedAvg family weights by, and how ``aggregate_train`` / ``aggregate_evaluate``
+        aggregate the clients' own metrics (returned beside the method's: :mod:`strategies.flower_compat`).
     params : the method's ``Params``, instead of ``**hyper``.
+
+    A class sharing a name with one of Flower's (FedAvg, FedProx, FedAvgM, FedAdam, ...) also takes
+    Flower's names of its hyperparameters (``flower_names``: ``server_momentum`` for ``momentum``,
+    ...) and has them as attributes: setting one after construction takes effect (it replaces the
+    frozen ``params``, checked as at construction).
     """
 
     # The class flags (CONTRIBUTING.md lists the methods that set each).
@@ -167,6 +192,10 @@ class FairStrategy(Strategy):
     own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
     evaluated_iterate: ClassVar[str] = "last"  # what evaluation_arrays gives: "last" θ_t or "averaged" (AFL)
     app_arguments: ClassVar[tuple[str, ...]] = ()  # derived: the subclass's own __init__ keywords
+    # Flower's like-named class, and its keyword names → this class's own (strategies.flower_compat)
+    flower_counterpart: ClassVar[type | None] = None
+    flower_names: ClassVar[dict[str, str]] = {}
+    weights_replies: ClassVar[bool] = False  # weights its replies by Flower's weighted_by_key (the FedAvg family)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every method's class gets an explicit keyword-only signature (its ``Params`` fields,
@@ -181,15 +210,29 @@ class FairStrategy(Strategy):
         cls.app_arguments = tuple(p for p in cls.__signature__.parameters
                                   if p not in common and not any(p == f.name for f in dataclasses.fields(cls.Params)))
         cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{describe_hyperparameters(cls.Params)}"
+        if "flower_names" in cls.__dict__ or "flower_counterpart" in cls.__dict__:
+            flower_compat.install_attributes(cls)
 
-    def __init__(self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0, min_train_nodes: int = 1,
+    def __init__(self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2, node_wait_timeout: float | None = 3600.0,
                  seed: int = 0, lr: float = 0.1, lr_decay: float = 1.0, server_lr: float = 0.0,
                  num_clients: int | None = None, loss_before: bool = False, device: str | torch.device = "auto",
+                 weighted_by_key: str = keys.NUM_EXAMPLES, arrayrecord_key: str = keys.ARRAYS,
+                 configrecord_key: str = keys.CONFIG,
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
                  params: MethodParams | None = None, **hyper: Any) -> None:
         self.params = method_params(type(self), params, hyper)
         check_common(type(self), fraction_train, fraction_evaluate, lr, server_lr)
         self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
         self.min_train_nodes, self.seed = min_train_nodes, seed
+        # Flower's (flwr.serverapp.strategy.FedAvg): the same names, meanings and defaults
+        self.min_evaluate_nodes = 0 if fraction_evaluate == 0.0 else min_evaluate_nodes
+        self.min_available_nodes, self.node_wait_timeout = min_available_nodes, node_wait_timeout
+        self.weighted_by_key, self.arrayrecord_key, self.configrecord_key = weighted_by_key, arrayrecord_key, \
+            configrecord_key
+        self.train_metrics_aggr_fn = train_metrics_aggr_fn or aggregate_metricrecords
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or aggregate_metricrecords
         self.lr, self.lr_decay, self.server_lr = lr, lr_decay, server_lr
         self.num_clients, self.loss_before = num_clients, loss_before
         self.device = resolve_device(device)
@@ -269,6 +312,18 @@ class FairStrategy(Strategy):
         """Client ``client`` is now served by another node (a restarted SuperNode rejoins under a new
         node id): what it kept in its node's ``context.state`` is gone (SCAFFOLD re-sends its c_i)."""
 
+    def params_changed(self) -> None:
+        """After one of Flower's attributes (or a Params field) was set on the built strategy
+        (:class:`strategies.flower_compat.ParamAttribute`): rebuild what was built from ``params``
+        (the wrapped Flower strategy of the server optimisers and robust rules). Default: nothing."""
+
+    def set_common(self, name: str, value: Any) -> None:
+        """A common argument set through one of Flower's names (``eta_l``, ``client_learning_rate``:
+        ``lr``), checked as the constructor checks it."""
+        if name == "lr":
+            check_common(type(self), self.fraction_train, self.fraction_evaluate, value, self.server_lr)
+        setattr(self, name, value)
+
     # -- shared helpers ---------------------------------------------------------------------
     def round_lr(self, server_round: int) -> float:
         """η_l of a round."""
@@ -277,6 +332,18 @@ class FairStrategy(Strategy):
     def step_scale(self, server_round: int) -> float:
         """η_g/η_l for this round (:func:`server_step_scale`)."""
         return server_step_scale(self.server_lr, self.round_lr(server_round))
+
+    @property
+    def weight_metrics(self) -> tuple[str, ...]:
+        """Flower's ``weighted_by_key`` when the method weights its replies by it and it is not
+        ``num-examples`` (required of every reply then, beside ``num-examples``)."""
+        return (self.weighted_by_key,) if self.weights_replies and self.weighted_by_key != keys.NUM_EXAMPLES else ()
+
+    def reply_weights(self, batch: ReplyBatch) -> torch.Tensor:
+        """(m,) float64 weights of the replies: ``num-examples``, or Flower's ``weighted_by_key``."""
+        if self.weighted_by_key == keys.NUM_EXAMPLES:
+            return batch.num_examples
+        return torch.tensor([float(m[self.weighted_by_key]) for m in batch.metrics], dtype=torch.float64)
 
     @property
     def want_loss_before(self) -> bool:
@@ -288,14 +355,26 @@ class FairStrategy(Strategy):
         if self.spec is None:
             self.spec = flat.spec_of(arrays)
 
-    def current_flat(self, dtype=torch.float32) -> torch.Tensor:
-        """θ_t as one flat vector."""
-        return flat.record_to_flat(_handed_over(self), dtype=dtype)
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the server's arithmetic: float32, and for the classes that share a name with
+        one of Flower's float64 when the model holds a float64 array (a float64 model aggregated in
+        float64, as Flower's numpy does)."""
+        if self.flower_counterpart is not None and self.spec is not None and "float64" in self.spec.dtypes:
+            return torch.float64
+        return torch.float32
+
+    def current_flat(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """θ_t as one flat vector (in :attr:`compute_dtype` unless ``dtype`` is given)."""
+        return flat.record_to_flat(_handed_over(self), dtype=dtype or self.compute_dtype)
 
     def read_updates(self, replies: list[Message], **into: Any) -> ReplyBatch:
         """The one way to read a round's updates (:func:`strategies.updates.read_updates` against
         θ_t): ``batch.deltas`` Δ_i, ``batch.models`` θ_i, ``batch.weighted_models(w)``, the losses;
-        ``out=``/``writer=`` for a kernel that writes Δ_i into rows it keeps."""
+        ``out=``/``writer=`` for a kernel that writes Δ_i into rows it keeps. Read in
+        :attr:`compute_dtype` (float32 rows of a kernel's own stay float32)."""
+        if "writer" not in into and "out" not in into:
+            into.setdefault("dtype", self.compute_dtype)
         return read_updates(replies, _handed_over(self), **into)
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
@@ -310,7 +389,8 @@ class FairStrategy(Strategy):
         context = context or self.context
         self.set_model(arrays)
         targets = (context.select(server_round, grid) if context.select is not None else requests.sample_nodes(
-            grid, self.fraction_train, self.min_train_nodes, self.seed, "flower-sample", server_round))
+            grid, self.fraction_train, max(1, self.min_train_nodes), self.seed, "flower-sample", server_round,
+            min_available=self.min_available_nodes, timeout=self.node_wait_timeout, what="configure_train"))
         self.expected = dict(targets)
         return requests.train_requests(self, server_round, arrays, config, targets, context)
 
@@ -342,11 +422,19 @@ class FairStrategy(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's: :meth:`train_outcome`'s arrays and metrics ((None, None) when no reply was valid)."""
+        """Flower's: :meth:`train_outcome`'s arrays, and its metrics beside the clients' own metrics
+        aggregated as Flower does (``train_metrics_aggr_fn``, over the replies the method used:
+        :attr:`RoundOutcome.metric_replies`); (None, None) when no reply was valid."""
+        replies = list(replies)
+        sent = flower_compat.metric_keys(replies)
         outcome = self.train_outcome(server_round, replies)
         if outcome.error is not None:
             raise outcome.error
-        return outcome.arrays, outcome.metrics
+        if outcome.arrays is None:  # no model: the method's metrics alone (Bulyan's skip), as before
+            return None, outcome.metrics
+        used = outcome.metric_replies if outcome.metric_replies is not None else outcome.client_replies
+        client = flower_compat.client_metrics(self, used, self.train_metrics_aggr_fn, "aggregate_train", sent)
+        return outcome.arrays, flower_compat.merged(client, outcome.metrics)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
                            context: RunContext | None = None) -> list[Message]:
@@ -358,7 +446,9 @@ class FairStrategy(Strategy):
         elif self.fraction_evaluate == 0.0:
             return []
         else:
-            targets = requests.sample_nodes(grid, self.fraction_evaluate, 1, self.seed, "flower-evaluate", server_round)
+            targets = requests.sample_nodes(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.seed,
+                                            "flower-evaluate", server_round, min_available=self.min_available_nodes,
+                                            timeout=self.node_wait_timeout, what="configure_evaluate")
         self.expected_eval = dict(targets)
         return requests.evaluate_requests(self, server_round, self.evaluation_arrays(arrays), config, targets, context)
 
@@ -368,8 +458,17 @@ class FairStrategy(Strategy):
         return rounds.score_evaluation(self.expected_eval, replies, context or self.context)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Flower's: the test-size-weighted mean of the clients' scores."""
-        return self.evaluate_outcome(server_round, replies).metrics
+        """Flower's: the clients' metrics aggregated as Flower does (``evaluate_metrics_aggr_fn``, by
+        default weighted by ``weighted_by_key``: custom metrics such as ``f1`` kept) over the replies
+        that carry ``weighted_by_key``, with the test-size-weighted mean of the scores beside them
+        (``accuracy``, ``loss``, ``num-scored``)."""
+        replies = list(replies)
+        sent = flower_compat.metric_keys(replies)
+        carrying = [r for r in replies if not r.has_error() and self.weighted_by_key in
+                    next((rec for rec in r.content.values() if isinstance(rec, MetricRecord)), {})]
+        client = flower_compat.client_metrics(self, carrying, self.evaluate_metrics_aggr_fn, "aggregate_evaluate",
+                                              sent)
+        return flower_compat.merged(client, self.evaluate_outcome(server_round, replies).metrics)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any):
         """Flower's :meth:`Strategy.start`; ``result.arrays`` is the final model even when no

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 from flwr.app import MetricRecord
+from flwr.serverapp import strategy as flower
 
 from fedcore.config import APP
 from strategies.base import FairStrategy
@@ -56,6 +57,8 @@ class FedAvg(FairStrategy):
         return str(APP["fedavg-weighting"].read(config))
 
     needs_individual_updates = False
+    flower_counterpart = flower.FedAvg
+    weights_replies = True
 
     def __init__(self, *, fedavg_weighting: str = "data-size", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -66,7 +69,7 @@ class FedAvg(FairStrategy):
     def aggregate_valid(self, server_round, replies):
         batch = self.read_updates(replies)
         theta = batch.theta
-        g_bar = batch.weighted_models(fedavg_weights(batch.num_examples, self.fedavg_weighting))  # Σ p_i θ_i
+        g_bar = batch.weighted_models(fedavg_weights(self.reply_weights(batch), self.fedavg_weighting))  # Σ p_i θ_i
         g_bar = torch.sub(theta, g_bar, out=g_bar)  # Σ p_i Δ_i
         new = theta - self.step_scale(server_round) * g_bar
         return Aggregated(self.to_record(new), MetricRecord({"update-norm": float(g_bar.norm())}))

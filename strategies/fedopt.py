@@ -20,6 +20,12 @@ of the local models that the optimisers step on is the uniform one (``strategies
 
 Flower's ``eta_l`` is the run's ``lr`` (it enters no arithmetic, only Flower's summary). The
 run-wide ``server-lr`` does not apply: each optimiser has its own server step size.
+
+Flower's keywords and attributes (``server_momentum``, ``eta_l``, ``beta_1``, ``beta_2``,
+``m_t``, ``v_t``, ``momentum_vector``, ...) are the classes' too (:mod:`strategies.flower_compat`);
+setting a hyperparameter after construction rebuilds the wrapped strategy (its moments stay in
+the State). A float64 model is stepped in float64 (Flower's numpy arithmetic), returned in its
+own dtypes.
 """
 
 from __future__ import annotations
@@ -41,6 +47,12 @@ from strategies.robust import flower_copies
 from strategies.rounds import Aggregated
 
 UNIFORM_KEY = "fedavg-uniform-weight"  # fedavg-weighting = uniform: Flower's weighted_by_key
+
+
+def state_attribute(name: str) -> property:
+    """Flower's attribute ``name`` (a moment), kept in the strategy's State (checkpointed)."""
+    return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value),
+                    doc=f"Flower's ``{name}``: the State's (checkpointed)")
 
 
 def no_metrics(contents, weighted_by_key):
@@ -109,14 +121,17 @@ class FlowerServerOpt(FairStrategy):
 
     # Only the weighted mean of the local models enters: works under secure aggregation.
     needs_individual_updates = False
+    weights_replies = True
 
     def __init__(self, *, fedavg_weighting: str = "data-size", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fedavg_weighting = check_weighting(fedavg_weighting)
         self.inner = self.make_inner()
         if fedavg_weighting == "uniform":  # Flower weights by a reply metric: one that is 1 for all
-            self.inner.weighted_by_key = UNIFORM_KEY
             self.secagg_weighting = "uniform"
+
+    def params_changed(self) -> None:
+        self.inner = self.make_inner()
 
     def make_inner(self):
         raise NotImplementedError
@@ -131,7 +146,9 @@ class FlowerServerOpt(FairStrategy):
         for name in moments:  # the state's moments into the wrapped strategy ...
             setattr(self.inner, name, getattr(self.state, name))
         replies = flower_copies(replies)  # the metric keys all replies share (Flower's requirement)
-        if self.fedavg_weighting == "uniform":
+        self.inner.weighted_by_key = self.weighted_by_key
+        if self.fedavg_weighting == "uniform":  # Flower weights by a reply metric: one that is 1 for all
+            self.inner.weighted_by_key = UNIFORM_KEY
             for msg in replies:
                 msg.content[keys.METRICS][UNIFORM_KEY] = 1
         new_arrays, _ = self.inner.aggregate_train(server_round, replies)
@@ -141,7 +158,7 @@ class FlowerServerOpt(FairStrategy):
             return Aggregated(None)
         theta = self.current_flat()
         # Flower's arithmetic can promote to float64: back to the model's own dtypes.
-        new = flat.record_to_flat(new_arrays)
+        new = flat.record_to_flat(new_arrays, dtype=theta.dtype)
         return Aggregated(self.to_record(new), MetricRecord({"update-norm": float((theta - new).norm())}))
 
 
@@ -152,6 +169,9 @@ class FedAvgM(FlowerServerOpt):
     Params = FedAvgMParams
 
     State = MomentumState
+    flower_counterpart = flower.FedAvgM
+    flower_names = {"server_momentum": "momentum"}
+    momentum_vector = state_attribute("momentum_vector")
 
     def make_inner(self):
         p = self.params
@@ -168,6 +188,8 @@ class FedOpt(FlowerServerOpt):
     flower_class: ClassVar[type]
 
     State = MomentsState
+    m_t = state_attribute("m_t")
+    v_t = state_attribute("v_t")
 
     def make_inner(self):
         p = self.params
@@ -181,16 +203,19 @@ class FedOpt(FlowerServerOpt):
 @register("fedadam")
 class FedAdam(FedOpt):
     Params = FedAdamParams
-    flower_class = flower.FedAdam
+    flower_class = flower_counterpart = flower.FedAdam
+    flower_names = {"eta_l": "lr", "beta_1": "beta1", "beta_2": "beta2"}
 
 
 @register("fedyogi")
 class FedYogi(FedOpt):
     Params = FedYogiParams
-    flower_class = flower.FedYogi
+    flower_class = flower_counterpart = flower.FedYogi
+    flower_names = {"eta_l": "lr", "beta_1": "beta1", "beta_2": "beta2"}
 
 
 @register("fedadagrad")
 class FedAdagrad(FedOpt):
     Params = FedAdagradParams
-    flower_class = flower.FedAdagrad
+    flower_class = flower_counterpart = flower.FedAdagrad
+    flower_names = {"eta_l": "lr"}

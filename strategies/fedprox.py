@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from flwr.serverapp import strategy as flower
+
 from fedcore import keys
 from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
@@ -29,6 +31,9 @@ class FedProx(FedAvg):
 
     Params = Params
     client_method = keys.FEDPROX
+    flower_counterpart = flower.FedProx
+    flower_names = {"proximal_mu": "mu"}
 
     def client_config(self):
-        return self.params.to_run_config()
+        # μ under Flower's name too: a ClientApp written for Flower's FedProx reads "proximal-mu"
+        return {**self.params.to_run_config(), keys.PROXIMAL_MU: self.params.mu}

@@ -232,6 +232,7 @@ class FedPW(FairStrategy):
     weighting = "loss"  # loss- and Gram-based momentum weights
 
     Params = Params
+    required_metrics = (keys.TRAIN_LOSS,)  # the one method that reads the clients' train loss
     loss_metrics = (keys.TRAIN_LOSS,)  # the drop rates weight by it: bounded (FairStrategy.check_numbers)
 
     def init_state(self) -> State:

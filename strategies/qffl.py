@@ -11,7 +11,9 @@ client k's training data *before* local training (the ``loss-before`` metric):
 
 ``server-lr`` is not used (a non-zero value is refused): the step Σ Δ_k / Σ h_k is q-FFL's own
 (its size comes from L and h_k).
-The method is ``qffl``; the strategy is :class:`QFFL`.
+The method is ``qffl``; the strategy is :class:`QFFL`, a drop-in for Flower's ``QFedAvg``
+(``client_learning_rate`` is ``lr``; a reply without ``loss-before`` is read with Flower's
+``train_loss_key`` metric instead, the loss after local training that Flower's QFedAvg uses).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import dataclasses
 
 import torch
 from flwr.app import MetricRecord
+from flwr.serverapp import strategy as flower
 
 from fedcore import keys
 from fedcore.config import Grid
@@ -72,6 +75,18 @@ class QFFL(FairStrategy):
     needs_individual_updates = True
     required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
     loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
+    flower_counterpart = flower.QFedAvg
+    flower_names = {"client_learning_rate": "lr"}
+
+    def __init__(self, *, train_loss_key: str = "train_loss", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.train_loss_key = train_loss_key  # Flower's QFedAvg's: read when a reply has no loss-before
+
+    @property
+    def metric_fallbacks(self) -> dict[str, tuple[str, str]]:
+        """loss-before, read from Flower's ``train_loss_key`` when a reply lacks it (strategies.rounds)."""
+        return {keys.LOSS_BEFORE: (self.train_loss_key, "Flower's QFedAvg train_loss_key (the loss after local "
+                                   "training, as Flower's QFedAvg weights); send 'loss-before' for q-FFL's F_k(θ_t)")}
 
     def aggregate_valid(self, server_round, replies):
         batch = self.read_updates(replies)

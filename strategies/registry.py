@@ -126,6 +126,9 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
     strategy = cls(
         params=cls.Params.from_run_config(cfg.params),
         fraction_train=cfg.fraction_train,
+        # the app samples its own clients (clients-per-round = max(1, round(f·N))); Flower's
+        # default minimum of 2 applies to Flower's own loop (strategy.start) only
+        min_train_nodes=1,
         seed=cfg.seed,
         lr=cfg.lr,
         lr_decay=cfg.lr_decay,

@@ -18,18 +18,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore import log as flower_log
 
 from fedcore import keys
 from fedcore.replies import ReplyLimits, ReplyTrust
 from fedcore.seeding import derive_seed
 
 Selector = Callable[[int, Grid], dict[int, "int | None"]]
+log = logging.getLogger("fedpcd")
+POLL_SECONDS = 1.0  # between two looks at the connected nodes, as Flower's strategy_utils.sample_nodes
+
+
+class NodesUnavailable(RuntimeError):
+    """Flower's own loop waited ``node_wait_timeout`` seconds for ``min_available_nodes`` nodes and gave up."""
 
 
 @dataclasses.dataclass
@@ -57,15 +66,37 @@ class RunContext:
         return None if self.run_config is None else ConfigRecord(dict(self.run_config))
 
 
-def sample_nodes(grid: Grid, fraction: float, minimum: int, seed: int, purpose: str,
-                 server_round: int) -> dict[int, None]:
-    """Flower's own loop: ``max(minimum, round(fraction · n))`` of the n connected nodes (at most
-    n), drawn with a generator seeded by (seed, purpose, round): a resumed run draws the same.
+def wait_for_nodes(grid: Grid, wanted: int, timeout: float | None, what: str = "sample") -> list[int]:
+    """The connected nodes once at least ``wanted`` are: Flower's wait (its log line, every
+    :data:`POLL_SECONDS`), given up after ``timeout`` seconds (None: never, as Flower) with one
+    ERROR line and :class:`NodesUnavailable`."""
+    start = time.monotonic()
+    while len(nodes := list(grid.get_node_ids())) < wanted:
+        if timeout is not None and time.monotonic() - start >= timeout:
+            line = (f"{what}: gave up waiting for nodes after {timeout:g} s: {len(nodes)} connected, "
+                    f"{wanted} needed (min_available_nodes, or the round's sample size); start the nodes, "
+                    f"lower min_available_nodes/min_train_nodes, or raise node_wait_timeout (None: wait for ever)")
+            log.error("%s", line)
+            raise NodesUnavailable(line)
+        flower_log(logging.INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).",
+                   len(nodes), wanted)
+        time.sleep(POLL_SECONDS)
+    return nodes
+
+
+def sample_nodes(grid: Grid, fraction: float, minimum: int, seed: int, purpose: str, server_round: int, *,
+                 min_available: int = 0, timeout: float | None = None, what: str = "sample") -> dict[int, None]:
+    """Flower's own loop, sampled as Flower's ``configure_train`` does: ``k = max(int(fraction · n),
+    minimum)`` of the n nodes connected now, after waiting until ``max(min_available, k)`` are
+    connected (:func:`wait_for_nodes`); the k drawn with a generator seeded by (seed, purpose,
+    round) where Flower draws from the unseeded global ``random``: a resumed run draws the same.
     The clients are known by their node ids (None)."""
-    nodes = sorted(int(n) for n in grid.get_node_ids())
-    k = min(len(nodes), max(minimum, int(round(fraction * len(nodes)))))
+    k = max(int(len(list(grid.get_node_ids())) * fraction), minimum)
+    nodes = sorted(int(n) for n in wait_for_nodes(grid, max(min_available, k), timeout, what))
     rng = random.Random(derive_seed(seed, purpose, server_round))
-    return dict.fromkeys(sorted(rng.sample(nodes, k)))
+    picked = sorted(rng.sample(nodes, min(k, len(nodes))))
+    flower_log(logging.INFO, "%s: Sampled %s nodes (out of %s)", what, len(picked), len(nodes))
+    return dict.fromkeys(picked)
 
 
 def request_config(strategy, server_round: int, config: ConfigRecord | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -78,6 +109,13 @@ def request_config(strategy, server_round: int, config: ConfigRecord | Mapping[s
         keys.WANT_LOSS_BEFORE: strategy.want_loss_before,
         **strategy.client_config(),
     }
+
+
+def _records(strategy, arrays: ArrayRecord, config: ConfigRecord) -> dict[str, Any]:
+    """The model and the config under the strategy's record names (Flower's ``arrayrecord_key``,
+    ``configrecord_key``; ``arrays`` and ``config`` by default)."""
+    return {getattr(strategy, "arrayrecord_key", keys.ARRAYS): arrays,
+            getattr(strategy, "configrecord_key", keys.CONFIG): config}
 
 
 def _message(content: dict[str, Any], node: int, kind: str, group: str, context: RunContext) -> Message:
@@ -97,7 +135,7 @@ def train_requests(strategy, server_round: int, arrays: ArrayRecord, config: Con
     (``round_records`` for all, ``client_records`` per client)."""
     base = {**request_config(strategy, server_round, config), **strategy.round_config(server_round)}
     records = strategy.round_records(server_round)
-    return [_message({keys.ARRAYS: arrays, keys.CONFIG: _client_config(base, client), **records,
+    return [_message({**_records(strategy, arrays, _client_config(base, client)), **records,
                       **strategy.client_records(client)}, node, MessageType.TRAIN, str(server_round), context)
             for node, client in targets.items()]
 
@@ -106,7 +144,7 @@ def evaluate_requests(strategy, server_round: int, arrays: ArrayRecord, config: 
                       targets: Mapping[int, int | None], context: RunContext) -> list[Message]:
     """One evaluate request per node of ``targets``: the model to score and the round's config."""
     base = request_config(strategy, server_round, config)
-    return [_message({keys.ARRAYS: arrays, keys.CONFIG: _client_config(base, client)}, node,
+    return [_message(_records(strategy, arrays, _client_config(base, client)), node,
                      MessageType.EVALUATE, f"eval-{server_round}", context)
             for node, client in targets.items()]
 

@@ -27,10 +27,12 @@ aggregate as it is. Krum, MultiKrum and Bulyan report the partitions they select
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import strategy as flower
+from flwr.serverapp.strategy.multikrum import select_multikrum
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError
@@ -101,6 +103,10 @@ class FlowerRobust(FairStrategy):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._chosen: list[RecordDict] = []
+        self.params_changed()
+
+    def params_changed(self) -> None:
+        """The wrapped Flower strategy, built from the current ``params`` (again when one is set)."""
         self.inner = self.flower_class(train_metrics_aggr_fn=self._keep_chosen, **self.flower_arguments())
 
     def flower_arguments(self) -> dict[str, Any]:
@@ -120,16 +126,21 @@ class FlowerRobust(FairStrategy):
     def aggregate_valid(self, server_round, replies):
         copies = flower_copies(replies)
         self.before_round(len(copies))
+        self.inner.weighted_by_key = self.weighted_by_key
         new_arrays, _ = self.inner.aggregate_train(server_round, copies)
         if new_arrays is None:  # Bulyan with fewer than 4f + 3 replies (Flower logs why)
             return Aggregated(None, MetricRecord({f"{self.name}-skipped": 1}))
         theta = self.current_flat()
-        direction = theta - flat.record_to_flat(new_arrays)  # Flower's arithmetic may be float64
+        # Flower's arithmetic is in the arrays' own dtype (float64 for a float64 model) or wider
+        direction = theta - flat.record_to_flat(new_arrays, dtype=theta.dtype)
         metrics: dict[str, Any] = {"update-norm": float(direction.norm())}
-        if self.reports_selection:
+        chosen = None
+        if self.reports_selection:  # Flower aggregates the selected replies' metrics: so here too
             index = {id(c.content): i for i, c in enumerate(copies)}
-            metrics[f"{self.name}-selected"] = sorted(client_of(replies[index[id(c)]]) for c in self._chosen)
-        return Aggregated(self.to_record(theta - self.step_scale(server_round) * direction), MetricRecord(metrics))
+            chosen = [replies[index[id(c)]] for c in self._chosen]
+            metrics[f"{self.name}-selected"] = sorted(client_of(r) for r in chosen)
+        return Aggregated(self.to_record(theta - self.step_scale(server_round) * direction), MetricRecord(metrics),
+                          metric_replies=chosen)
 
 
 @register("fedmedian")
@@ -137,7 +148,7 @@ class FedMedian(FlowerRobust):
     """Coordinate-wise median of the local models (Yin et al., 2018)."""
 
     Params = NoParams
-    flower_class = flower.FedMedian
+    flower_class = flower_counterpart = flower.FedMedian
 
 
 @register("fedtrimmedavg")
@@ -145,7 +156,7 @@ class FedTrimmedAvg(FlowerRobust):
     """Coordinate-wise mean after dropping the ``beta`` fraction of largest and smallest values."""
 
     Params = FedTrimmedAvgParams
-    flower_class = flower.FedTrimmedAvg
+    flower_class = flower_counterpart = flower.FedTrimmedAvg
 
     def flower_arguments(self):
         return {"beta": self.params.beta}
@@ -156,7 +167,8 @@ class Krum(FlowerRobust):
     """The one local model closest to its n − f − 2 nearest neighbours (Blanchard et al., 2017)."""
 
     Params = KrumParams
-    flower_class = flower.Krum
+    flower_class = flower_counterpart = flower.Krum
+    flower_names = {"num_malicious_nodes": "num_malicious"}
     reports_selection = True
 
 
@@ -165,8 +177,10 @@ class MultiKrum(FlowerRobust):
     """The mean of the m models with the best Krum scores."""
 
     Params = MultiKrumParams
-    flower_class = flower.MultiKrum
+    flower_class = flower_counterpart = flower.MultiKrum
+    flower_names = {"num_malicious_nodes": "num_malicious", "num_nodes_to_select": "num_select"}
     reports_selection = True
+    weights_replies = True  # the mean of the selected models is weighted (Flower's weighted_by_key)
 
     def before_round(self, num_replies):
         p = self.params
@@ -178,10 +192,17 @@ class Bulyan(FlowerRobust):
     """Multi-Krum selection, then a coordinate-wise trimmed mean (El Mhamdi et al., 2018)."""
 
     Params = BulyanParams
-    flower_class = flower.Bulyan
+    flower_class = flower_counterpart = flower.Bulyan
+    flower_names = {"num_malicious_nodes": "num_malicious"}
     reports_selection = True
 
-    def __init__(self, **kwargs: Any) -> None:
+    def before_round(self, num_replies):
+        self.inner.selection_rule = self.selection_rule  # as set now (an attribute, as Flower's)
+
+    def __init__(self, *, selection_rule: Callable[[list[RecordDict], int, int], list[RecordDict]] | None = None,
+                 **kwargs: Any) -> None:
+        # Flower's: the rule that selects the m − 2f replies (MultiKrum's by default)
+        self.selection_rule = selection_rule or select_multikrum
         super().__init__(**kwargs)
         f = self.params.num_malicious
         if self.num_clients is not None:

@@ -47,6 +47,9 @@ class Aggregated:
     metrics: MetricRecord | None = None
     dropped: list[tuple[Message, str]] = dataclasses.field(default_factory=list)
     defence: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # The replies whose own metrics Flower's aggregate_train aggregates when not all valid ones
+    # (Krum, MultiKrum, Bulyan: the selected ones, as Flower's do); None: every valid reply.
+    metric_replies: list[Message] | None = None
 
 
 @dataclasses.dataclass
@@ -70,6 +73,7 @@ class RoundOutcome:
     metrics: MetricRecord | None = None
     error: Exception | None = None
     contributors: list[int] | None = None
+    metric_replies: list[Message] | None = None  # Aggregated.metric_replies
 
     @property
     def replied(self) -> list[int]:
@@ -90,7 +94,7 @@ class RoundOutcome:
         log_dropped(server_round, late)
         return dataclasses.replace(self, valid=[r for r in self.valid if id(r) not in gone],
                                    dropped=[*self.dropped, *late], defence={**self.defence, **step.defence},
-                                   arrays=step.arrays, metrics=step.metrics)
+                                   arrays=step.arrays, metrics=step.metrics, metric_replies=step.metric_replies)
 
 
 @dataclasses.dataclass
@@ -120,6 +124,7 @@ def check_round(strategy, server_round: int, replies: Iterable[Message], context
     the requests asked (``expected``, θ_t) and the method's checks."""
     replies = list(replies)
     read_aliases(replies, keys.TRAIN_ALIASES, "train", context.warned)
+    _read_flower_names(strategy, replies, context.warned)
     valid, dropped, norms = _validate(strategy, replies, context)
     bad = _number_drops(strategy, server_round, valid, context)
     dropped += [Dropped(client_of(valid[i]), int(valid[i].metadata.src_node_id), why) for i, why in sorted(bad.items())]
@@ -139,7 +144,11 @@ def check_round(strategy, server_round: int, replies: Iterable[Message], context
 def _validate(strategy, replies: list[Message], context: RunContext) -> tuple[list, list[Dropped], dict]:
     """:func:`fedcore.replies.validate_train_replies` with what the strategy asked for: (valid,
     dropped, the update-norm statistics)."""
-    required = (*strategy.required_metrics, *((keys.LOSS_BEFORE,) if strategy.want_loss_before else ()))
+    # The app's own runs record every round's train loss (rounds.jsonl): its replies keep carrying
+    # it. Flower's own loop asks only what the method reads (the FedAvg family: num-examples).
+    app = (keys.TRAIN_LOSS,) if context.run_config is not None else ()
+    required = (*strategy.required_metrics, *((keys.LOSS_BEFORE,) if strategy.want_loss_before else ()), *app,
+                *getattr(strategy, "weight_metrics", ()))
     norms: dict = {}
     valid, dropped = validate_train_replies(
         replies, strategy.expected, strategy.spec, required, strategy.required_records, limits=context.limits,
@@ -191,6 +200,31 @@ def _count_near_bound(server_round: int, norms: dict, context: RunContext) -> No
                         server_round, norms["near_bound"], n)
     if norms:
         norms["near_bound_rounds"] = context.trust.near_bound_rounds
+
+
+def _read_flower_names(strategy, replies: list[Message], warned: set[str]) -> None:
+    """Flower's record and metric names the strategy was built with: a reply's model under
+    ``arrayrecord_key`` is read as ``arrays``; a metric the method reads under Flower's name
+    (``strategy.metric_fallbacks``: q-FFL's ``loss-before`` from Flower's ``train_loss_key``) is
+    read under its own when the reply lacks it, with one warning per name and run."""
+    record = getattr(strategy, "arrayrecord_key", keys.ARRAYS)
+    fallbacks = getattr(strategy, "metric_fallbacks", {})
+    for reply in replies:
+        if reply.has_error():
+            continue
+        content = reply.content
+        if record != keys.ARRAYS and keys.ARRAYS not in content and isinstance(content.get(record), ArrayRecord):
+            content[keys.ARRAYS] = content[record]
+        metrics = content.get(keys.METRICS) if keys.METRICS in content else None
+        if not isinstance(metrics, MetricRecord):
+            continue
+        for key, (source, why) in fallbacks.items():
+            if key not in metrics and source in metrics:
+                metrics[key] = metrics[source]
+                if f"{source}->{key}" not in warned:
+                    warned.add(f"{source}->{key}")
+                    log.warning("train reply metric '%s' (node %s) is read as '%s': %s", source,
+                                reply.metadata.src_node_id, key, why)
 
 
 # -- evaluation replies -----------------------------------------------------------------------

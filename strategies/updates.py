@@ -49,7 +49,7 @@ class ReplyBatch:
     train_loss: torch.Tensor  # (m,) float64
     num_steps: torch.Tensor  # (m,) float64
     metrics: list[dict]  # each reply's raw metrics
-    theta: torch.Tensor  # (d,) float32 θ_t
+    theta: torch.Tensor  # (d,) θ_t: float32 (float64 for a float64 model: the batch's dtype)
     records: list[ArrayRecord]  # the local models as sent
     sq_norms: np.ndarray | None = None  # ‖Δ_i‖² (float64) when read with norms=True
     _deltas: torch.Tensor | None = dataclasses.field(default=None, repr=False)
@@ -64,31 +64,32 @@ class ReplyBatch:
         """(m, d) float32 updates Δ_i = θ_t − θ_i, read on first use (in place over the stacked
         local models: one (m, d) matrix), or the rows the reader wrote them into."""
         if self._deltas is None:
-            self._deltas = flat.model_deltas(self.theta, flat.records_to_matrix(self.records))
+            self._deltas = flat.model_deltas(self.theta, flat.records_to_matrix(self.records, dtype=self.theta.dtype))
         return self._deltas
 
     @property
     def models(self) -> torch.Tensor:
-        """(m, d) float32 local models θ_i (a fresh matrix at each use)."""
-        return flat.records_to_matrix(self.records)
+        """(m, d) local models θ_i in θ_t's dtype (a fresh matrix at each use)."""
+        return flat.records_to_matrix(self.records, dtype=self.theta.dtype)
 
     def weighted_models(self, weights: torch.Tensor) -> torch.Tensor:
-        """Σ_i w_i θ_i (float32, (d,)) straight from the reply bytes, without an (m, d) matrix
+        """Σ_i w_i θ_i ((d,), θ_t's dtype) straight from the reply bytes, without an (m, d) matrix
         (:func:`fedcore.flat.weighted_sum`)."""
-        return flat.weighted_sum(self.records, weights)
+        return flat.weighted_sum(self.records, weights, dtype=self.theta.dtype)
 
 
 def read_updates(replies: Iterable[Message], current: ArrayRecord, *, out: torch.Tensor | None = None,
                  writer: flat.UpdateWriter | None = None, copies: list[torch.Tensor] | None = None,
-                 norms: bool = False) -> ReplyBatch:
+                 norms: bool = False, dtype: torch.dtype = torch.float32) -> ReplyBatch:
     """The valid ``replies`` of a round whose model was ``current`` (θ_t) as a :class:`ReplyBatch`.
     ``out``: (≥ m, d) rows (any device) to write Δ_i into now (``copies[i]`` too, ‖Δ_i‖² into
     ``batch.sq_norms`` with ``norms``); ``writer`` keeps θ_t's host vector and the staging row
-    across rounds (a fresh one when None)."""
+    across rounds (a fresh one when None). ``dtype``: of θ_t and the matrices read without
+    ``out`` (float64 for a float64 model; rows a kernel keeps stay float32)."""
     replies = list(replies)
     metrics = [dict(msg.content[keys.METRICS]) for msg in replies]
     records = [msg.content[keys.ARRAYS] for msg in replies]
-    theta = writer.theta(current) if writer is not None else flat.record_to_flat(current)
+    theta = writer.theta(current) if writer is not None else flat.record_to_flat(current, dtype=dtype)
     batch = ReplyBatch(
         partition_ids=[client_of(msg) for msg in replies],  # partition-id is optional: else the node id
         num_examples=metric_column(metrics, keys.NUM_EXAMPLES),

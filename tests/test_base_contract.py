@@ -74,11 +74,13 @@ def test_toy_method_is_the_coordinate_mean(rng):
     assert len(outcome.valid) == 4 and outcome.replied == [0, 1, 2, 3] and outcome.error is None
     assert outcome.dropped == [] and set(outcome.defence) == {"update_norms"}
     assert outcome.metrics["update-norm"] == pytest.approx(np.linalg.norm(theta - x.mean(axis=0)), rel=1e-5)
-    # Flower's aggregate_train returns the same round's arrays and metrics
+    # Flower's aggregate_train returns the same round's arrays and metrics, beside the clients'
+    # own metrics averaged as Flower's FedAvg does (weighted by num-examples, that key left out)
     replies = make_replies(TEMPLATE, x)
     arrays, metrics = aggregate_arrays(CoordinateMean(), 1, arrays_from_flat(theta, TEMPLATE), replies)
     np.testing.assert_array_equal(flat64(arrays), flat64(outcome.arrays))
-    assert metrics == dict(outcome.metrics)
+    assert metrics == {**dict(outcome.metrics), "train-loss": 1.0, "loss-before": 1.0, "num-steps": 1.0,
+                       "partition-id": 1.5}
 
 
 def test_a_bad_reply_is_returned_in_the_outcome_not_a_crash(rng):

@@ -56,7 +56,7 @@ def test_proximal_steps_match_autograd_of_the_squared_term():
 
 def test_mu_comes_from_the_request_only():
     strat = registry.build(load_config({"method": "fedprox", "fedprox-mu": 0.5}))
-    assert strat.client_config() == {"fedprox-mu": 0.5}
+    assert strat.client_config() == {"fedprox-mu": 0.5, "proximal-mu": 0.5}  # beside it Flower's FedProx name
     cfg = load_config({"method": "fedprox", "fedprox-mu": 0.5})
     model, x, y = toy_problem()
     with pytest.raises(ConfigError, match="did not send 'fedprox-mu'"):

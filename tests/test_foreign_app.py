@@ -146,8 +146,9 @@ def test_quickstart_metric_names_are_read_with_one_warning_each(caplog):
 
 @pytest.mark.slow
 def test_start_returns_the_initial_model_when_no_round_produced_one():
-    """Every reply unusable (no loss at all): the model stays, and start() says which model that is."""
-    _, initial, result = run_fedpcd(quickstart_client({**README_NAMES, "loss": "something-else"}), rounds=2)
+    """Every reply unusable (no num-examples: FedPCD reads no train loss, so a reply without one is
+    usable): the model stays, and start() says which model that is."""
+    _, initial, result = run_fedpcd(quickstart_client({**README_NAMES, "examples": "something-else"}), rounds=2)
     assert len(result.arrays) == len(initial) and moved(initial, result.arrays) == 0
 
 
