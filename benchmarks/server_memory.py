@@ -2,8 +2,8 @@
 it (``Cls(fraction_train=...)``: no ``num_clients``), beside its floor.
 
 Each cell (strategy × clients a round × model size) runs in a process of its own, forked after
-the imports, so its peak RSS is its own: a grid of ``4k`` nodes (a quarter sampled each round: the ``k`` clients of a round are
-new and returning ones, so a history cache fills), ``--rounds`` rounds of Flower's
+the imports, so its peak RSS is its own: a grid of ``4k`` nodes (a quarter sampled each round:
+the ``k`` clients of a round are new and returning ones, so a history cache fills), ``--rounds`` rounds of Flower's
 ``configure_train`` → ``aggregate_train``, each round's ``k`` replies built as real Flower
 Messages (every reply its own arrays: θ_t − η_l·g_i, g_i a shared drift plus the client's own
 part) just before its aggregation, with every metric and record the method requires.
@@ -101,7 +101,7 @@ class Nodes:
 
 def cell(method: str, clients: int, size: str, rounds: int, cache_dtype: str | None) -> dict:
     """One cell, in this process (call it in a fresh one: peak RSS is per process)."""
-    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
     from fedcore import flat, keys
     from tests.fakegrid import task_identity
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.json:
                         print(json.dumps(row), flush=True)
                     elif "peak_mb" in row:
-                        print(f"{row['strategy']:26s} {size:9s} {clients:7d} {row['peak_mb']:9.1f} {row['floor_mb']:9.1f} "
-                              f"{row['x_floor']:8.2f} {row['state_mb']:9.1f} {row['s_round']:8.3f} "
+                        print(f"{row['strategy']:26s} {size:9s} {clients:7d} {row['peak_mb']:9.1f} "
+                              f"{row['floor_mb']:9.1f} {row['x_floor']:8.2f} {row['state_mb']:9.1f} {row['s_round']:8.3f} "
                               f"{row['cpu_round']:7.3f}", flush=True)
                     else:
                         print(f"{name:26s} {size:9s} {clients:7d}   {row.get('skipped') or 'FAILED: ' + row['failed']}",
