@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(json.dumps(row), flush=True)
                     elif "peak_mb" in row:
                         print(f"{row['strategy']:26s} {size:9s} {clients:7d} {row['peak_mb']:9.1f} "
-                              f"{row['floor_mb']:9.1f} {row['x_floor']:8.2f} {row['state_mb']:9.1f} {row['s_round']:8.3f} "
-                              f"{row['cpu_round']:7.3f}", flush=True)
+                              f"{row['floor_mb']:9.1f} {row['x_floor']:8.2f} {row['state_mb']:9.1f} "
+                              f"{row['s_round']:8.3f} {row['cpu_round']:7.3f}", flush=True)
                     else:
                         print(f"{name:26s} {size:9s} {clients:7d}   {row.get('skipped') or 'FAILED: ' + row['failed']}",
                               flush=True)

@@ -33,8 +33,9 @@ new store at once: twice the cache). Without a bound (or past it) a round that b
 new clients than there are free rows grows the store once, by the rows it lacks, into an
 allocation with one more such round of headroom and never more than (H + 1) × the round's
 clients (one copy per growth): the store holds at most the entries the window can hold,
-(H + 1) × the most clients a round has brought, whatever N is (known, unknown or wrong). The store lives on the device of the rows admitted (CUDA
-when the strategy's ``server-device`` is). ``dtype`` may be ``bfloat16``/``float16`` to
+(H + 1) × the most clients a round has brought, whatever N is (known, unknown or wrong).
+The store lives on the device of the rows admitted (CUDA when the strategy's
+``server-device`` is). ``dtype`` may be ``bfloat16``/``float16`` to
 halve the memory; products are then computed in float32 chunk by chunk.
 """
 

@@ -53,9 +53,9 @@ from fedpcd_app.server.membership import (
 )
 from fedpcd_app.server.results import ResultsWriter, write_json_atomic
 from fedpcd_app.server.tracking import tracker_for
+from strategies.health import NoTrainingError
 from strategies.privacy import CentralDP
 from strategies.registry import weighting_of
-from strategies.health import NoTrainingError
 from strategies.requests import RunContext, addressees
 from strategies.rounds import RoundOutcome
 from strategies.wrappers import UpdateClip, find_wrapper
