@@ -476,9 +476,14 @@ def test_paired_statistics_are_holm_corrected_over_the_table(paired_out):
 def test_check_wording_cli(tmp_path, capsys):
     page = tmp_path / "page.md"
     page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
-    assert report.main(["--check-wording", str(page)]) == 1
+    assert report.main(["--check-wording", str(page)]) == 1  # no paired CSV beside it: nothing supports either
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == [f"{page}:3: exploratory (no Holm-corrected test named): FedPCD wins on every seed."]
+    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (") and out[0].endswith("FedPCD wins on every seed.")
+    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,5,0.02,0.01\n")
+    page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert report.main(["--check-wording", str(page)]) == 0  # the CSV's row supports it
+    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,2,0.02,0.01\n")
+    assert report.main(["--check-wording", str(page)]) == 1  # two seeds: not a finding
     page.write_text("Nothing is claimed.\n")
     assert report.main(["--check-wording", str(page)]) == 0
     assert report.main(["--check-wording", str(tmp_path / "missing.md")]) == 2

@@ -892,14 +892,26 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
     return md, csv_path
 
 
+def page_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of the paired CSVs beside a results page (every ``*.csv`` of its folder with a
+    ``mean_difference`` column): what :func:`check_page` checks the page's words against."""
+    rows = []
+    for csv_path in sorted(Path(path).parent.glob("*.csv")):
+        with open(csv_path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            if "mean_difference" in (reader.fieldnames or []):
+                rows += list(reader)
+    return rows
+
+
 def check_page(path: str | Path) -> list[str]:
-    """``PAGE:LINE: exploratory: SENTENCE`` for each sentence of a results page that claims
-    significance or a win on every seed without a corrected test (:func:`stats.check_wording`)."""
+    """``PAGE:LINE: unsupported (why): SENTENCE`` for each comparative sentence of a results page
+    that the numbers of its paired CSVs do not support (:func:`stats.wording_problems`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--check-wording: no page {path}")
-    return [f"{path}:{no}: exploratory (no Holm-corrected test named): {sentence}"
-            for no, sentence in stats.check_wording(path.read_text())]
+    return [f"{path}:{no}: unsupported ({why}): {sentence}"
+            for no, sentence, why in stats.wording_problems(path.read_text(), page_rows(path))]
 
 
 def main(argv: list[str] | None = None) -> int:
