@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -470,7 +471,38 @@ def test_paired_statistics_are_holm_corrected_over_the_table(paired_out):
     assert float(main["fedpcd"]["p_holm"]) == pytest.approx(float(acc["p_holm"]))
     assert main["fedavg"]["p_holm"] == ""
     text = (paired_out / "report.md").read_text()
-    assert "Family: the 2 comparisons of this table with a defined t-test" in text and "5/5 is p = 0.0625" in text
+    assert "Family: the 2 comparisons of the whole report" in text and "5/5 is p = 0.0625" in text
+
+
+def test_a_two_seed_comparison_is_exploratory_never_significant(tmp_path):
+    # differences .05 .051: a t-test with one degree of freedom gives a tiny p; no verdict may rest on it
+    for seed, (b, m) in enumerate([(0.70, 0.75), (0.72, 0.771)]):
+        make_run(tmp_path, "s", "fedavg", seed, [b] * 4)
+        make_run(tmp_path, "s", "fedpcd", seed, [m] * 4, registered="fedpcd")
+    md, _ = report.report(tmp_path, baseline="fedavg", mixed_weightings=True)
+    acc = next(r for r in csv.DictReader(open(tmp_path / "report_paired.csv")) if r["metric"] == "mean_acc")
+    assert float(acc["p_holm"]) < 0.05  # what the old report printed as "significant: yes"
+    assert acc["significant"] == "0" and acc["verdict"] == "exploratory, 2 seeds"
+    line = next(x for x in md.read_text().splitlines() if x.startswith("| fedpcd") and "| ā |" in x)
+    assert "| exploratory, 2 seeds |" in line and "yes" not in line
+
+
+def test_holm_is_over_the_whole_report_unless_the_sweep_declares_the_setting(tmp_path):
+    for setting in ("a", "b"):
+        for seed, (b, m) in enumerate(zip(BASE, METHOD)):
+            make_run(tmp_path, setting, "fedavg", seed, [b] * 4)
+            make_run(tmp_path, setting, "fedpcd", seed, [m + (0.01 * seed if setting == "b" else 0)] * 4,
+                     registered="fedpcd")
+    rows = report.summarize(report.load_runs(tmp_path))
+    page = report.compare(rows, "fedavg", ("mean_acc",))
+    assert {p.family for p in page} == {2} and {p.family_name for p in page} == {"page"}
+    per_setting = report.compare(rows, "fedavg", ("mean_acc",), family="setting")
+    assert {p.family for p in per_setting} == {1}
+    assert all(a.p_holm >= b.p_holm for a, b in zip(page, per_setting))
+    # an equivalence margin gives the TOST p; without one there is none (never "equivalent")
+    tost = report.compare(rows, "fedavg", ("mean_acc",), margin=0.5)
+    assert all(0 <= p.tost_p < 0.05 and p.verdict in ("significant", "equivalent") for p in tost)
+    assert all(math.isnan(p.tost_p) for p in page)
 
 
 def test_check_wording_cli(tmp_path, capsys):

@@ -510,15 +510,23 @@ class Paired:
     ci_high: float = math.nan
     effect: float = math.nan  # Cohen's d_z = mean / sample std of the differences
     sign_p: float = math.nan  # exact two-sided sign test of wins among the untied seeds
-    p_holm: float = math.nan  # t-test p, Holm-adjusted over the table's family
+    p_holm: float = math.nan  # t-test p, Holm-adjusted over the family (the page's, unless declared)
     family: int = 0  # the number of comparisons in that family (defined t-tests)
     on_edge: bool = False  # the method's selection lies on its grid's edge
     baseline_on_edge: bool = False  # the baseline's selection does
+    tost_p: float = math.nan  # TOST p of equivalence within the declared margin (NaN: no margin declared)
+    family_name: str = "page"  # the Holm family: "page" (every comparison of the report) or "setting"
 
     @property
     def significant(self) -> bool:
-        """Only after the correction: Holm-adjusted p below :data:`stats.ALPHA`."""
-        return not math.isnan(self.p_holm) and self.p_holm < stats.ALPHA
+        """Only after the correction, over at least :data:`stats.MIN_SEEDS` paired seeds:
+        Holm-adjusted p below :data:`stats.ALPHA`."""
+        return len(self.seeds) >= stats.MIN_SEEDS and not math.isnan(self.p_holm) and self.p_holm < stats.ALPHA
+
+    @property
+    def verdict(self) -> str:
+        """:func:`stats.verdict`: exploratory (n seeds) / significant / equivalent / inconclusive."""
+        return stats.verdict(len(self.seeds), self.p_holm, self.tost_p)
 
 
 def paired_tests(diffs) -> tuple[float, float]:
@@ -553,11 +561,14 @@ def find_baseline(rows: list[Row], setting: str, name: str) -> Row | None:
     return by_method[0] if len(by_method) == 1 else None
 
 
-def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Paired]:
+def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS, margin: float | None = None,
+            family: str = "page") -> list[Paired]:
     """Every row against the baseline's chosen grid point of its setting, over paired seeds:
-    mean difference with its 95 % t-interval, d_z, t-test / Wilcoxon / sign-test p-values and
-    the t-test p Holm-adjusted over the setting's family (every row × metric compared there);
-    the row's ``p_holm`` gets its first metric's adjusted p."""
+    mean difference with its 95 % t-interval, d_z, t-test / Wilcoxon / sign-test p-values, the
+    t-test p Holm-adjusted over the family (``page``: every row × metric × setting compared;
+    ``setting``: each setting's, when the sweep file declares ``[tuning] holm-family =
+    "setting"``) and, with an equivalence ``margin`` (``[tuning] equivalence-margin``, a
+    fraction), the TOST p; the row's ``p_holm`` gets its first metric's adjusted p."""
     out = []
     for setting in dict.fromkeys(r.setting for r in rows):
         base = find_baseline(rows, setting, baseline)
@@ -582,11 +593,15 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Pair
                                   [s for s, _ in ok], d.tolist(), float(d.mean()) if d.size else math.nan,
                                   t_p, w_p, int(better.sum()), ties, lo, hi, stats.effect_size(d),
                                   stats.sign_test_p(int(better.sum()), d.size - ties), on_edge=row.on_edge,
-                                  baseline_on_edge=base.on_edge))
-    for setting in dict.fromkeys(p.setting for p in out):  # Holm over each table's family
-        family = [p for p in out if p.setting == setting]
-        for p, adj in zip(family, stats.holm([p.ttest_p for p in family])):
-            p.p_holm, p.family = adj, sum(not math.isnan(x.ttest_p) for x in family)
+                                  baseline_on_edge=base.on_edge,
+                                  tost_p=stats.tost_p(d, margin) if margin else math.nan, family_name=family))
+    if family not in ("page", "setting"):
+        raise ReportError(f"holm-family {family!r}: choose 'page' (the default) or 'setting'")
+    groups = [out] if family == "page" else [[p for p in out if p.setting == s]
+                                             for s in dict.fromkeys(p.setting for p in out)]
+    for group in groups:  # Holm over each family
+        for p, adj in zip(group, stats.holm([p.ttest_p for p in group])):
+            p.p_holm, p.family = adj, sum(not math.isnan(x.ttest_p) for x in group)
     first = {(p.setting, p.method, p.variant): p.p_holm for p in out if p.metric == metrics[0]} if metrics else {}
     for row in rows:
         if (row.setting, row.method, row.variant) in first:
@@ -624,8 +639,8 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
                      "signed-rank p (scipy.stats; — where undefined: one seed, or no spread), and the seeds on "
                      "which the method did better (higher; for σ_c lower) with their exact sign-test p.")
         lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference [95 % CI] | d_z | "
-                      "t-test p | p_holm | significant | Wilcoxon p | seeds better (sign-test p) |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+                      "t-test p | p_holm | TOST p | verdict | Wilcoxon p | seeds better (sign-test p) |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
         for p in group:
             title = METRIC_INFO.get(p.metric, (p.metric,))[0]
             better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "") + f" (p = {_p(p.sign_p)})"
@@ -633,15 +648,20 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
             effect = "—" if math.isnan(p.effect) else f"{p.effect:+.2f}"
             hyper = p.variant.replace(",", ", ") + (" ⚠ edge" if p.on_edge else "")
             lines.append(f"| {p.method} | {hyper} | {title} | {len(p.seeds)} | {_diff(p.mean_diff, p.metric)}{ci} | "
-                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {'yes' if p.significant else 'no'} | "
+                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {_p(p.tost_p)} | {p.verdict} | "
                          f"{_p(p.wilcoxon_p)} | {better} |")
         metrics = ", ".join(dict.fromkeys(METRIC_INFO.get(p.metric, (p.metric,))[0] for p in group))
         n_rows = len(dict.fromkeys((p.method, p.variant) for p in group))
-        lines += ["", f"Family: the {group[0].family} comparisons of this table with a defined t-test "
-                      f"({n_rows} method row(s) × metrics {metrics}), "
-                      f"Holm-corrected; *significant* means p_holm < {stats.ALPHA}. \"k/n seeds better\" is a sign "
-                      "test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the Wilcoxon p "
-                      "cannot fall below 2/2ⁿ."]
+        scope = ("this table" if first.family_name == "setting" else
+                 "the whole report (every setting; declared narrower only by [tuning] holm-family)")
+        lines += ["", f"Family: the {group[0].family} comparisons of {scope} with a defined t-test "
+                      f"({n_rows} method row(s) here × metrics {metrics}), "
+                      f"Holm-corrected. Verdict: *significant* means p_holm < {stats.ALPHA} over at least "
+                      f"{stats.MIN_SEEDS} paired seeds (fewer: *exploratory, n seeds*, no significance); "
+                      "*equivalent* means the TOST p within the sweep's declared [tuning] equivalence-margin is "
+                      f"below {stats.ALPHA}; else *inconclusive* (read the interval). \"k/n seeds better\" is a "
+                      "sign test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the "
+                      "Wilcoxon p cannot fall below 2/2ⁿ."]
         if first.baseline_on_edge:
             lines.append(f"⚠ edge: the baseline {base}'s selected grid point lies on its grid's edge: the "
                          "differences are not against its optimum.")
@@ -655,7 +675,7 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
     fields = ["setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric",
               "num_seeds", "seeds", "differences", "mean_difference", "ttest_p", "wilcoxon_p", "seeds_better",
               "seeds_tied", "ci95_low", "ci95_high", "effect_dz", "sign_test_p", "p_holm", "family_size",
-              "significant", "on_edge"]
+              "significant", "on_edge", "holm_family", "tost_p", "verdict"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -667,7 +687,8 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
                         "ttest_p": p.ttest_p, "wilcoxon_p": p.wilcoxon_p, "seeds_better": p.wins,
                         "seeds_tied": p.ties, "ci95_low": p.ci_low, "ci95_high": p.ci_high, "effect_dz": p.effect,
                         "sign_test_p": p.sign_p, "p_holm": p.p_holm, "family_size": p.family,
-                        "significant": int(p.significant), "on_edge": int(p.on_edge)})
+                        "significant": int(p.significant), "on_edge": int(p.on_edge),
+                        "holm_family": p.family_name, "tost_p": p.tost_p, "verdict": p.verdict})
 
 
 # -- output ------------------------------------------------------------------------------
@@ -853,9 +874,14 @@ class ReportError(ValueError):
 
 def tuning_budget(out: str | Path) -> int | None:
     """The ``[tuning] budget`` of the sweep found at or below ``out`` (None: no such table)."""
-    budgets = {m.get("source", {}).get("tuning", {}).get("budget") for _, m in _manifests(Path(out))}
-    budgets.discard(None)
-    return budgets.pop() if len(budgets) == 1 else None
+    return tuning_value(out, "budget")
+
+
+def tuning_value(out: str | Path, key: str) -> Any:
+    """A ``[tuning]`` key of the sweep found at or below ``out`` (None: absent, or sweeps disagree)."""
+    values = {json.dumps(m.get("source", {}).get("tuning", {}).get(key)) for _, m in _manifests(Path(out))}
+    values.discard("null")
+    return json.loads(values.pop()) if len(values) == 1 else None
 
 
 def report(out: str | Path, target: float | None = None, all_points: bool = False,
@@ -881,7 +907,8 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
         if not any(find_baseline(rows, s, baseline) for s in settings):
             names = ", ".join(dict.fromkeys(r.method for r in rows))
             raise ReportError(f"--baseline {baseline!r} is not a method of the runs found (methods: {names})")
-        results = compare(rows, baseline, metrics)
+        results = compare(rows, baseline, metrics, tuning_value(out, "equivalence-margin"),
+                          tuning_value(out, "holm-family") or "page")
     text = to_markdown(rows, title_of(out), all_points, tuning_budget(out), every)
     if baseline:
         text += "\n".join(paired_markdown(results, baseline, settings)) + "\n"
