@@ -200,6 +200,7 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     runs = []
     for setting, skeys in settings:
         skeys = _scalars(skeys, f"[[settings]] '{setting}'", allow_lists=False)
+        resolved = []  # (label, registered method, keys with the tuned ones as lists)
         for label, mkeys in methods:
             mkeys = dict(mkeys)
             per_setting = mkeys.pop("by-setting", {})
@@ -208,16 +209,21 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
                                  f"({', '.join(n for n, _ in settings)})")
             mkeys.update(per_setting.get(setting, {}))
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
+            method = str(mkeys.get("method", skeys.get("method", base.get("method", APP["method"].default))))
             if tuning is not None:  # the declared search space, filled to the budget
-                method = str(mkeys.get("method", skeys.get("method", base.get("method", APP["method"].default))))
                 try:
                     mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
                 except tuning_mod.TuningError as exc:
                     raise SweepError(str(exc)) from None
+            resolved.append((label, method, mkeys))
+        # [tuning]: reductions at every baseline lr, and the baselines' lr values (tuning.coverage_points)
+        extra = tuning_mod.coverage_points(resolved) if tuning is not None else {}
+        for label, _, mkeys in resolved:
             grid_keys = [k for k, v in mkeys.items() if isinstance(v, list)]
             fixed = {k: v for k, v in mkeys.items() if not isinstance(v, list)}
-            for point in itertools.product(*(mkeys[k] for k in grid_keys)):
-                grid = tuple(zip(grid_keys, point))
+            points = [tuple(zip(grid_keys, point)) for point in itertools.product(*(mkeys[k] for k in grid_keys))]
+            points += [tuple(point.items()) for point in extra.get(label, [])]
+            for grid in points:
                 for seed in seeds:
                     overrides = {**base, **skeys, **fixed, **dict(grid), "seed": seed}
                     runs.append(RunSpec(setting, label, grid, seed, overrides))
