@@ -340,15 +340,24 @@ def test_runs_written_before_the_field_are_read_by_what_they_scored(tmp_path):
         report.report(tmp_path)
 
 
-def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
-    # Prepare: τ=0.02 (the best by mean) diverged on seed 1
+def test_one_diverged_seed_is_counted_a_majority_makes_the_point_unstable(sweep_out):
+    # Prepare: τ=0.02 (the best by mean) diverged on seed 1 (1 of 3: a minority)
     folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.02" / "seed1"
     summary = json.loads((folder / "summary.json").read_text())
     write_json_atomic(folder / "summary.json", {**summary, "complete": False,
                                                 "incomplete_reason": "diverged at round 12"})
-    # Execute
     md, csv_path = report.report(sweep_out, all_points=True, baseline="fedavg")
-    # Assert: τ=0.01 is chosen; τ=0.02 has no number, only what happened
+    rows = {r["hyperparameters"]: r for r in csv.DictReader(open(csv_path)) if r["method"] == "fedpcd"}
+    # one seed's failure does not drop the point: it counts at its last evaluation (its summary's numbers)
+    assert rows["fedpcd-tau=0.02"]["chosen"] == "1" and rows["fedpcd-tau=0.02"]["status"] == "scored"
+    assert float(rows["fedpcd-tau=0.02"]["mean_acc_mean"]) == pytest.approx(0.76)
+    assert "seed 1 (counted at its last evaluation): diverged at round 12" in md.read_text()
+    # Prepare: a second seed fails (2 of 3: a majority): unstable, no score, never selected
+    folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.02" / "seed2"
+    summary = json.loads((folder / "summary.json").read_text())
+    write_json_atomic(folder / "summary.json", {**summary, "complete": False,
+                                                "incomplete_reason": "diverged at round 9"})
+    md, csv_path = report.report(sweep_out, all_points=True, baseline="fedavg")
     rows = {r["hyperparameters"]: r for r in csv.DictReader(open(csv_path)) if r["method"] == "fedpcd"}
     assert rows["fedpcd-tau=0.01"]["chosen"] == "1" and rows["fedpcd-tau=0.02"]["chosen"] == "0"
     bad = rows["fedpcd-tau=0.02"]
@@ -356,10 +365,36 @@ def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
             and "seed 1: diverged at round 12" in bad["incomplete"])
     text = md.read_text()
     line = next(x for x in text.splitlines() if x.startswith("| fedpcd | data-size | fedpcd-tau=0.02"))
-    assert "diverged (1/3 seeds)" in line and "%" not in line and "76" not in line
+    assert "diverged (2/3 seeds)" in line and "%" not in line and "76" not in line
     assert "- fedpcd [fedpcd-tau=0.02] seed 1: diverged at round 12" in text
     paired = list(csv.DictReader(open(sweep_out / "report_paired.csv")))
     assert {r["hyperparameters"] for r in paired} == {"fedpcd-tau=0.01", "fedpcd-tau=0.05"}
+
+
+def test_ditto_is_scored_on_its_personal_models_beside_any_iterate(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed], summary={"scored_iterate": "averaged"})
+        make_run(tmp_path, "s", "ditto", seed, TAU2[seed], registered="ditto", summary={"scored_iterate": "averaged"})
+    md, csv_path = report.report(tmp_path, mixed_weightings=True)
+    rows = {r["method"]: r["scored_iterate"] for r in csv.DictReader(open(csv_path))}
+    assert rows == {"fedavg": "averaged", "ditto": "personal"}
+    assert "each client's personal model (Ditto)" in md.read_text() and "mixed iterates" not in md.read_text()
+
+
+def test_a_selection_interior_along_lines_only_is_marked_not_bracketed(tmp_path):
+    # alpha tried at one value at the selected gamma (digits uniform FedeRage): interior along lr only
+    points = [({"a": 0.1, "g": 0.1}, 0.80), ({"a": 0.01, "g": 0.1}, 0.70), ({"a": 0.1, "g": 0.03}, 0.90),
+              ({"a": 0.1, "g": 0.3}, 0.60), ({"a": 0.01, "g": 0.3}, 0.5)]
+    for seed in range(2):
+        for grid, acc in points:
+            make_run(tmp_path, "s", "fr", seed, [acc] * 4, grid=grid)
+    rows = report.summarize(report.load_runs(tmp_path), all_points=True)
+    best = next(r for r in rows if r.chosen)
+    assert best.runs[0].grid == {"a": 0.1, "g": 0.03}
+    assert best.neighbourhood == "not bracketed: a (single value at the selection)"
+    md, csv_path = report.report(tmp_path)
+    assert "⚠ not bracketed" in md.read_text() or "⚠ edge" in md.read_text()
+    assert next(csv.DictReader(open(csv_path)))["neighbourhood"].startswith("not bracketed")
 
 
 # -- weighting, edges, budget, corrected statistics ----------------------------------------------------
@@ -437,9 +472,14 @@ def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):
     assert "Budget: **unequal** — configurations per method entry and seed: fedavg 1, fedpcd 3" in text
     rows = report.summarize(report.load_runs(sweep_out), all_points=True)
     assert report.budget_line([r for r in rows if r.method == "fedpcd"]) == (
-        "Budget: 3 configurations per method entry and seed, the same for every entry.")
-    assert report.budget_line(rows, budget=3) == ("Budget: 3 configurations per method entry and seed ([tuning] "
-                                                  "budget = 3); edge extensions beyond it: fedavg -2.")
+        "Budget: 3 configurations per method entry and seed, the same for every entry. "
+        "Values tried — fedpcd: fedpcd-tau {0.01, 0.02, 0.05}.")
+    # fedavg ran one configuration (its defaults) beside fedpcd's three: marked untuned
+    assert report.budget_line(rows, budget=3) == (
+        "Budget: 3 configurations per method entry and seed ([tuning] budget = 3); points beyond it (edge and "
+        "neighbour extensions, reductions, the shared lr axis): fedavg -2. Values tried — fedpcd: fedpcd-tau "
+        "{0.01, 0.02, 0.05}. **Untuned** (run at their defaults beside tuned entries: not on equal terms): fedavg.")
+    assert "| fedavg | data-size | untuned: its defaults |" in text
     (sweep_out / "sweep.json").write_text(json.dumps({"name": "x", "source": {"tuning": {"budget": 3}}, "runs": [
         {"setting": "alpha0.1", "method": m, "folder": str(f.parent.relative_to(sweep_out))}
         for f in sweep_out.rglob("summary.json") for m in [f.parts[-4]]]}))

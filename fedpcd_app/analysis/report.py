@@ -125,6 +125,7 @@ IGNORED_KEYS = frozenset({
 DEFAULT_SETTING = "default"
 UNKNOWN_WEIGHTING = "unknown"
 BOTH_FEDAVG = APP["fedavg-weighting"].choices  # the FedAvg baselines of a table mixing weightings
+PERSONAL = "personal"  # the scored object of a personalised method (Ditto): each client's personal model
 
 
 @dataclasses.dataclass
@@ -140,6 +141,8 @@ class Run:
     @property
     def iterate(self) -> str:
         """The iterate its metrics were scored on (``last`` / ``averaged``; see the module doc)."""
+        if self.summary.get("method") == "ditto":  # scored on each client's personal model (its paper's output)
+            return PERSONAL
         if self.summary.get("scored_iterate"):
             return str(self.summary["scored_iterate"])
         cfg = self.summary.get("config", {})
@@ -339,18 +342,23 @@ def selection_split(runs: list[Run], warn: bool = False) -> str:
     return "test"
 
 
-def best_variant(runs: list[Run]) -> tuple[str, dict[str, list[Run]]]:
-    """The grid point with the highest mean over seeds of the mean client accuracy on the
-    validation split when the runs have one (else on the test split, :func:`selection_split`);
-    first on ties."""
+def best_variant(runs: list[Run], rules=None) -> tuple[str, dict[str, list[Run]]]:
+    """The grid point with the highest mean over seeds of the selection objective (the mean
+    client accuracy by default) on the validation split when the runs have one (else on the test
+    split, :func:`selection_split`), among the points that are not unstable, a failed seed counted
+    by the sweep's rules (:class:`fedpcd_app.analysis.tuning.Rules`: a majority failing makes a
+    point unstable; a failed seed counts at its last evaluation); an exact tie goes toward the
+    interior of the grid (:func:`fedpcd_app.analysis.tuning.choose`), then to the first."""
+    from fedpcd_app.analysis.tuning import Rules, choose, point_scores
+
     by_variant: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_variant[r.variant].append(r)
-    key = "val_mean_acc" if selection_split(runs, warn=True) == "validation" else "mean_acc"
-    complete = [v for v in by_variant if not any(r.incomplete for r in by_variant[v])]
-    if not complete:  # every grid point has a diverged seed: shown as such, never as a score
+    selection_split(runs, warn=True)
+    scores, _ = point_scores({v: [r.summary for r in rs] for v, rs in by_variant.items()}, rules or Rules())
+    if not scores:  # every grid point is unstable: shown as such, never as a score
         return next(iter(by_variant)), by_variant
-    best = max(complete, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
+    best = choose(scores, {v: rs[0].grid for v, rs in by_variant.items()})
     return best, by_variant
 
 
@@ -379,6 +387,10 @@ class Row:
     weighting: str = UNKNOWN_WEIGHTING  # how its method weights the clients (Run.weighting)
     edge: list[str] = dataclasses.field(default_factory=list)  # "key=value (largest tried)": on its grid's edge
     p_holm: float | None = None  # Holm-adjusted p of its paired comparison (first metric), when made
+    unstable: bool = False  # too many failed seeds (the sweep's Rules): no score
+    unbracketed: list[str] = dataclasses.field(default_factory=list)  # tuned keys without both neighbours run
+    untuned: bool = False  # run at its defaults (one configuration) beside tuned entries
+    objective: str = "mean"  # the selection objective (Rules.objective)
 
     @property
     def on_edge(self) -> bool:
@@ -387,10 +399,19 @@ class Row:
 
     @property
     def status(self) -> str:
-        """``""`` (scored), or ``diverged`` / ``incomplete`` when a seed did not finish normally."""
-        if not self.incomplete:
+        """``""`` (scored; a minority of failed seeds counted at their last evaluation), or
+        ``diverged`` / ``incomplete`` when the point is unstable (the sweep's rule over its seeds)."""
+        if not self.unstable:
             return ""
         return "diverged" if any("diverg" in why for _, why in self.incomplete) else "incomplete"
+
+    @property
+    def neighbourhood(self) -> str:
+        """``bracketed`` when every tuned numeric key has a lower and a higher value run at the
+        selection's other values; else which key is not (the selection is interior along lines only)."""
+        if not self.unbracketed:
+            return "bracketed"
+        return "not bracketed: " + ", ".join(self.unbracketed)
 
 
 def _numeric(value: Any) -> bool:
@@ -419,25 +440,68 @@ def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]], method: str = 
     return out
 
 
+def unbracketed(grid: dict[str, Any], grids: list[dict[str, Any]]) -> list[str]:
+    """The numeric keys of ``grid`` tried at other values somewhere in ``grids`` but lacking a
+    lower or a higher value on the line through ``grid`` (the other keys equal): the selection
+    is not bracketed along that key (``key (lower)``, ``key (higher)``, or ``key (single value)``)."""
+    out = []
+    for key, value in grid.items():
+        if not _numeric(value):
+            continue
+        tried = {g[key] for g in grids if key in g and _numeric(g[key])}
+        line = {g[key] for g in grids if key in g and _numeric(g[key])
+                and all(g.get(k) == v for k, v in grid.items() if k != key)}
+        if len(tried) < 2:
+            continue
+        lower, higher = any(v < value for v in line), any(v > value for v in line)
+        if not lower and not higher:
+            out.append(f"{key} (single value at the selection)")
+        elif not lower and any(v < value for v in tried):
+            out.append(f"{key} (no lower value at the selection)")
+        elif not higher and any(v > value for v in tried):
+            out.append(f"{key} (no higher value at the selection)")
+    return out
+
+
+def rules_of(out: str | Path, objective: str | None = None):
+    """The selection rules the sweep at or below ``out`` declares in ``[tuning]``
+    (:class:`fedpcd_app.analysis.tuning.Rules`; the defaults without), ``objective`` overriding."""
+    from fedpcd_app.analysis.tuning import OBJECTIVES, Rules
+
+    rules = Rules(tuning_value(out, "unstable") or "majority", tuning_value(out, "failed-seed-score") or "last",
+                  objective or tuning_value(out, "objective") or "mean")
+    if rules.objective not in OBJECTIVES:
+        raise ReportError(f"--objective {rules.objective!r}: choose from {', '.join(OBJECTIVES)}")
+    return rules
+
+
 def is_fedavg(runs: list[Run]) -> bool:
     return all(r.summary.get("method") == "fedavg" for r in runs)
 
 
 def summarize(runs: list[Run], target: float | None = None,
-              order: tuple[list[str], list[str]] = ([], []), all_points: bool = False) -> list[Row]:
+              order: tuple[list[str], list[str]] = ([], []), all_points: bool = False, rules=None) -> list[Row]:
     """One row per (setting, method): the best grid point's mean ± std over seeds; with
-    ``all_points`` one row per grid point (``chosen`` marks the best)."""
+    ``all_points`` one row per grid point (``chosen`` marks the best). ``rules``: the sweep's
+    selection rules (:class:`fedpcd_app.analysis.tuning.Rules`): an unstable point has no score;
+    a failed seed of another point is counted at its last evaluation (the numbers its summary
+    recorded) and listed under the table."""
+    from fedpcd_app.analysis.tuning import Rules
+
+    rules = rules or Rules()
     rows = []
     for setting in ordered((r.setting for r in runs), order[0]):
         in_setting = [r for r in runs if r.setting == setting]
         chosen: dict[str, str] = {}
         variants: dict[str, dict[str, list[Run]]] = {}
         for method in ordered((r.method for r in in_setting), order[1]):
-            chosen[method], variants[method] = best_variant([r for r in in_setting if r.method == method])
+            chosen[method], variants[method] = best_variant([r for r in in_setting if r.method == method], rules)
         goal = target
         if goal is None:
             fedavg = [m for m in chosen if is_fedavg(variants[m][chosen[m]])]
-            fedavg = [m for m in fedavg if not any(r.incomplete for r in variants[m][chosen[m]])]
+            fedavg = [m for m in fedavg
+                      if not rules.is_unstable(sum(bool(r.incomplete) for r in variants[m][chosen[m]]),
+                                               len(variants[m][chosen[m]]))]
             if fedavg:  # the best FedAvg entry's final accuracy, as in the papers
                 goal = max(mean_std(r.summary["mean_acc"] for r in variants[m][chosen[m]])[0] for m in fedavg)
         for method in chosen:
@@ -446,21 +510,25 @@ def summarize(runs: list[Run], target: float | None = None,
             for variant in (variants[method] if all_points else [chosen[method]]):
                 rs = sorted(variants[method][variant], key=lambda r: r.seed)
                 bad = [(r.seed, r.incomplete) for r in rs if r.incomplete]
-                stats = {key: (math.nan, math.nan) if bad else mean_std(r.summary.get(key) for r in rs)
+                unstable = rules.is_unstable(len(bad), len(rs))
+                stats = {key: (math.nan, math.nan) if unstable else mean_std(r.summary.get(key) for r in rs)
                          for key, *_ in METRICS}
                 reach = None
-                if goal is not None and not bad:
+                if goal is not None and not unstable:
                     hits = [rounds_to_target(r, goal) for r in rs]
                     m, s = mean_std(h for h in hits if h is not None)
                     reach = (m, s, sum(h is not None for h in hits))
                 iterates = sorted({r.iterate for r in rs})
                 grids = [v[0].grid for v in variants[method].values()]
+                tuned_elsewhere = any(len({r.variant for r in in_setting if r.method == m}) > 1 for m in chosen)
                 rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
                                 chosen=variant == chosen[method], runs=rs, selected_on=split,
                                 iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
                                 incomplete=bad, weighting="/".join(sorted({r.weighting for r in rs})),
                                 edge=grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
-                                if len(grids) > 1 else []))
+                                if len(grids) > 1 else [], unstable=unstable,
+                                unbracketed=unbracketed(rs[0].grid, grids) if len(grids) > 1 else [],
+                                untuned=len(grids) == 1 and tuned_elsewhere, objective=rules.objective))
     return rows
 
 
@@ -572,11 +640,11 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS, margin: floa
     out = []
     for setting in dict.fromkeys(r.setting for r in rows):
         base = find_baseline(rows, setting, baseline)
-        if base is None or base.incomplete:
+        if base is None or base.unstable:
             continue
         base_by_seed = {r.seed: r.summary for r in base.runs}
         for row in rows:
-            if row.setting != setting or row is base or row.incomplete:
+            if row.setting != setting or row is base or row.unstable:
                 continue
             seeds = [r.seed for r in row.runs if r.seed in base_by_seed]
             mine = {r.seed: r.summary for r in row.runs}
@@ -694,18 +762,41 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
 # -- output ------------------------------------------------------------------------------
 def budget_line(rows: list[Row], budget: int | None = None) -> str:
     """The configurations per method entry and seed of one table (``rows``: every grid point):
-    the declared ``[tuning] budget`` with the edge extensions beyond it, or the counts."""
+    the declared ``[tuning] budget`` with the points beyond it (edge and neighbour extensions,
+    reductions, the shared lr axis), or the counts; then, per entry, the values tried on each
+    key, and the entries run untuned (at their defaults) beside tuned ones."""
     counts = {m: len({r.variant for r in rows if r.method == m}) for m in dict.fromkeys(r.method for r in rows)}
     if budget is not None:
         extra = {m: n - budget for m, n in counts.items() if n != budget}
-        more = ("; edge extensions beyond it: " + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
-        return f"Budget: {budget} configurations per method entry and seed ([tuning] budget = {budget}){more}."
-    if len(set(counts.values())) == 1:
+        more = ("; points beyond it (edge and neighbour extensions, reductions, the shared lr axis): "
+                + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
+        line = f"Budget: {budget} configurations per method entry and seed ([tuning] budget = {budget}){more}."
+    elif len(set(counts.values())) == 1:
         n = next(iter(counts.values()))
-        return f"Budget: {n} configuration{'s' if n > 1 else ''} per method entry and seed, the same for every entry."
-    return ("Budget: **unequal** — configurations per method entry and seed: "
-            + ", ".join(f"{m} {n}" for m, n in counts.items())
-            + " (a sweep's [tuning] table gives every entry the same budget).")
+        line = f"Budget: {n} configuration{'s' if n > 1 else ''} per method entry and seed, the same for every entry."
+    else:
+        line = ("Budget: **unequal** — configurations per method entry and seed: "
+                + ", ".join(f"{m} {n}" for m, n in counts.items())
+                + " (a sweep's [tuning] table gives every entry the same budget).")
+    tried = []
+    for m in counts:
+        values: dict[str, list] = {}
+        for r in rows:
+            if r.method == m:
+                for k, v in (r.runs[0].grid if r.runs else {}).items():
+                    values.setdefault(k, []).append(v)
+        if values:
+            tried.append(f"{m}: " + "; ".join(f"{k} {{{', '.join(_fmt(v) for v in sorted(set(vs), key=str))}}}"
+                                              if not all(_numeric(v) for v in vs) else
+                                              f"{k} {{{', '.join(_fmt(v) for v in sorted(set(vs)))}}}"
+                                              for k, vs in values.items()))
+    if tried:
+        line += " Values tried — " + " | ".join(tried) + "."
+    untuned = [m for m in counts if any(r.untuned for r in rows if r.method == m)]
+    if untuned:
+        line += (" **Untuned** (run at their defaults beside tuned entries: not on equal terms): "
+                 + ", ".join(untuned) + ".")
+    return line
 
 
 def to_markdown(rows: list[Row], title: str = "", all_points: bool = False, budget: int | None = None,
@@ -745,7 +836,7 @@ def _preamble(rows: list[Row], title: str, all_points: bool) -> list[str]:
 def _setting_table(group: list[tuple[int, Row]], marks: dict, all_points: bool) -> list[str]:
     """One setting's table (``group``: its rows with their indices in ``marks``), then its notes."""
     target = group[0][1].target
-    mixed = len({r.iterate for _, r in group}) > 1
+    mixed = len({r.iterate for _, r in group} - {PERSONAL}) > 1
     rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
     head = (["method", "weighting", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
             + [t for _, t, _, _ in METRICS] + [rounds_title])
@@ -753,14 +844,18 @@ def _setting_table(group: list[tuple[int, Row]], marks: dict, all_points: bool) 
              "|" + "|".join(["---"] * (5 if mixed else 4) + ["---:"] * (len(METRICS) + 1)) + "|"]
     notes = []
     for i, r in group:
-        hyper = (r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
-                 + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else ""))
+        hyper = (("untuned: its defaults" if r.untuned else r.variant.replace(",", ", "))
+                 + (" ★" if all_points and r.chosen else "")
+                 + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else "")
+                 + (" ⚠ not bracketed" if r.unbracketed and r.chosen and not r.on_edge else ""))
         cells = [r.method, r.weighting, hyper, str(len(r.seeds))] + ([r.iterate] if mixed else [])
-        if r.incomplete:  # never a score: what happened, and why under the table
+        if r.unstable:  # never a score: what happened, and why under the table
             cells += [f"{r.status} ({len(r.incomplete)}/{len(r.seeds)} seeds)"] + ["—"] * len(METRICS)
             notes += [f"{r.method} [{r.variant}] seed {seed}: {why}" for seed, why in r.incomplete]
         else:
             cells += _score_cells(i, r, marks)
+            notes += [f"{r.method} [{r.variant}] seed {seed} (counted at its last evaluation): {why}"
+                      for seed, why in r.incomplete]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + _table_notes([r for _, r in group], notes)
 
@@ -787,8 +882,14 @@ def _table_notes(rows: list[Row], notes: list[str]) -> list[str]:
     """Under a table: runs that gave no score, selections on a grid's edge, mixed weightings."""
     lines = []
     if notes:
-        lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
+        lines += ["", "Runs that stopped early (summary.json `complete: false`; a grid point is unstable, no "
+                      "score, only when a majority of its seeds did, else they count at their last evaluation):", ""]
         lines += [f"- {note}" for note in notes]
+    loose = [r for r in rows if r.chosen and r.unbracketed and not r.on_edge]
+    if loose:
+        lines += ["", "⚠ not bracketed — selections interior along lines only (a tuned key lacks a neighbour run "
+                      "at the selection's other values): "
+                  + "; ".join(f"{r.method}: {', '.join(r.unbracketed)}" for r in loose) + "."]
     edges = [r for r in rows if r.chosen and r.on_edge]
     if edges:
         lines += ["", "⚠ edge — selections on the edge of the grid tried (the optimum may lie beyond it; no "
@@ -806,9 +907,10 @@ def scored_line(rows: list[Row]) -> str:
     iterates = sorted({r.iterate for r in rows})
     splits = sorted({r.split for r in rows})
     names = {"last": "the last global model θ_T", "averaged": "the averaged iterate θ̄_T (mean of θ_1..θ_T)",
-             "last/averaged": "mixed"}
+             "last/averaged": "mixed", PERSONAL: "each client's personal model (Ditto)"}
     what = " and ".join(names.get(i, i) for i in iterates)
-    mixed = " — **mixed iterates** (--mixed-iterates): rows are not on equal terms" if len(iterates) > 1 else ""
+    mixed = (" — **mixed iterates** (--mixed-iterates): rows are not on equal terms"
+             if len(set(iterates) - {PERSONAL}) > 1 else "")
     return f"Scored: {what}, on the {' and '.join(splits)} split(s){mixed}."
 
 
@@ -816,8 +918,8 @@ def check_iterates(runs: list[Run]) -> None:
     """One line (ReportError) when a table (a setting) mixes runs scored on different iterates."""
     for setting in dict.fromkeys(r.setting for r in runs):
         by_iterate: dict[str, list[str]] = defaultdict(list)
-        for run in runs:
-            if run.setting == setting and run.method not in by_iterate[run.iterate]:
+        for run in runs:  # a personalised method is scored on its personal models beside any iterate
+            if run.setting == setting and run.iterate != PERSONAL and run.method not in by_iterate[run.iterate]:
                 by_iterate[run.iterate].append(run.method)
         if len(by_iterate) > 1:
             parts = "; ".join(f"{it}: {', '.join(ms)}" for it, ms in sorted(by_iterate.items()))
@@ -846,7 +948,8 @@ def check_weightings(rows: list[Row]) -> None:
 def write_csv(rows: list[Row], path: Path) -> None:
     """Every configuration (grid point) of every method, ``selected`` marking the chosen one."""
     fields = ["setting", "method", "hyperparameters", "chosen", "num_seeds", "seeds", "scored_iterate",
-              "scored_split", "status", "incomplete", "weighting", "selected", "on_edge", "edge", "p_holm"]
+              "scored_split", "status", "incomplete", "weighting", "selected", "on_edge", "edge", "p_holm",
+              "objective", "neighbourhood", "untuned"]
     for key, *_ in METRICS:
         fields += [f"{key}_mean", f"{key}_std"]
     fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
@@ -860,9 +963,10 @@ def write_csv(rows: list[Row], path: Path) -> None:
                    "scored_split": r.split, "status": r.status or "scored",
                    "incomplete": "; ".join(f"seed {seed}: {why}" for seed, why in r.incomplete),
                    "weighting": r.weighting, "selected": int(r.chosen), "on_edge": int(r.on_edge),
-                   "edge": "; ".join(r.edge), "p_holm": "" if r.p_holm is None else r.p_holm}
+                   "edge": "; ".join(r.edge), "p_holm": "" if r.p_holm is None else r.p_holm,
+                   "objective": r.objective, "neighbourhood": r.neighbourhood, "untuned": int(r.untuned)}
             for key, *_ in METRICS:
-                row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.incomplete else r.stats[key]
+                row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.unstable else r.stats[key]
             if r.rounds is not None:
                 row["rounds_to_target_mean"], row["rounds_to_target_std"], row["seeds_reaching_target"] = r.rounds
             w.writerow(row)
@@ -886,14 +990,14 @@ def tuning_value(out: str | Path, key: str) -> Any:
 
 def report(out: str | Path, target: float | None = None, all_points: bool = False,
            baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False,
-           mixed_weightings: bool = False) -> tuple[Path, Path]:
+           mixed_weightings: bool = False, objective: str | None = None) -> tuple[Path, Path]:
     """``report.md`` (each method's selected grid point; every grid point with ``all_points``)
     and ``report.csv`` (every grid point, ``selected`` marking the chosen ones)."""
     out = Path(out)
     runs = load_runs(out)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
-    every = summarize(runs, target, sweep_order(out), all_points=True)
+    every = summarize(runs, target, sweep_order(out), all_points=True, rules=rules_of(out, objective))
     rows = every if all_points else [r for r in every if r.chosen]
     if not mixed_iterates:
         check_iterates(runs)
@@ -956,6 +1060,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"metrics of the paired comparison (default {','.join(PAIRED_METRICS)})")
     parser.add_argument("--mixed-weightings", action="store_true",
                         help="allow a table of rules of different weightings without FedAvg under both")
+    parser.add_argument("--objective", default=None, choices=("mean", "worst10"),
+                        help="select each grid point on the validation mean accuracy (default, or the sweep's "
+                             "[tuning] objective) or on its worst-10 %%")
     parser.add_argument("--check-wording", default=None, metavar="PAGE.md",
                         help="list the page's claims of significance / 'every seed' without a corrected test "
                              "(exit 1 when there is one); no report is made")
@@ -974,7 +1081,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         md, csv_path = report(args.out, args.target, args.all_points, args.baseline,
                               [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates,
-                              args.mixed_weightings)
+                              args.mixed_weightings, args.objective)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
