@@ -550,7 +550,8 @@ def test_check_wording_cli(tmp_path, capsys):
     page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
     assert report.main(["--check-wording", str(page)]) == 1  # no paired CSV beside it: nothing supports either
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (") and out[0].endswith("FedPCD wins on every seed.")
+    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (")
+    assert out[0].endswith("FedPCD wins on every seed.")
     (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,5,0.02,0.01\n")
     page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
     assert report.main(["--check-wording", str(page)]) == 0  # the CSV's row supports it
@@ -559,3 +560,25 @@ def test_check_wording_cli(tmp_path, capsys):
     page.write_text("Nothing is claimed.\n")
     assert report.main(["--check-wording", str(page)]) == 0
     assert report.main(["--check-wording", str(tmp_path / "missing.md")]) == 2
+
+
+def test_restat_rederives_page_wide_holm_and_verdicts_from_the_stored_csvs(paired_out, tmp_path):
+    from fedpcd_app.analysis import stats as ours
+
+    report.report(paired_out, baseline="fedavg", mixed_weightings=True)
+    first = (paired_out / "report_paired.csv").read_text()
+    (paired_out / "report_paired_vs_fedavg.csv").write_text(first)  # a duplicate table: counted once
+    report.report(paired_out, baseline="fedpcd", mixed_weightings=True)
+    assert report.main(["--restat", str(paired_out)]) == 0
+    rows = {}
+    for path in sorted(paired_out.glob("report_paired*.csv")):
+        for r in csv.DictReader(open(path)):
+            rows[(r["method"], r["baseline"], r["metric"])] = r
+    distinct = {k: float(r["ttest_p"]) for k, r in rows.items()}
+    expected = dict(zip(distinct, ours.holm(list(distinct.values()))))
+    for k, r in rows.items():
+        assert float(r["p_holm_page"]) == pytest.approx(expected[k], nan_ok=True)
+        assert r["page_family_size"] == str(sum(not math.isnan(p) for p in distinct.values()))
+        assert r["verdict"] == ours.verdict(int(r["num_seeds"]), float(r["p_holm_page"]), math.nan)
+    assert rows[("other", "fedavg", "mean_acc")]["verdict"] == "exploratory, 1 seed"
+    assert report.main(["--restat", str(tmp_path / "nothing")]) == 2

@@ -109,6 +109,7 @@ METRICS: tuple[tuple[str, str, bool, bool], ...] = (
 )
 METRIC_INFO = {key: (title, high, percent) for key, title, high, percent in METRICS}
 PAIRED_METRICS = ("mean_acc", "worst10_acc", "std_acc")
+VAL_METRICS = ("val_mean_acc", "val_worst10_acc")  # the validation numbers selection reads (report.csv, Pareto figure)
 
 # Runs without run.json: keys that define the federation (a setting) ...
 SETTING_KEYS = (
@@ -512,7 +513,7 @@ def summarize(runs: list[Run], target: float | None = None,
                 bad = [(r.seed, r.incomplete) for r in rs if r.incomplete]
                 unstable = rules.is_unstable(len(bad), len(rs))
                 stats = {key: (math.nan, math.nan) if unstable else mean_std(r.summary.get(key) for r in rs)
-                         for key, *_ in METRICS}
+                         for key in [k for k, *_ in METRICS] + list(VAL_METRICS)}
                 reach = None
                 if goal is not None and not unstable:
                     hits = [rounds_to_target(r, goal) for r in rs]
@@ -952,6 +953,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
               "objective", "neighbourhood", "untuned"]
     for key, *_ in METRICS:
         fields += [f"{key}_mean", f"{key}_std"]
+    fields += [f"{key}_mean" for key in VAL_METRICS]
     fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
@@ -967,6 +969,9 @@ def write_csv(rows: list[Row], path: Path) -> None:
                    "objective": r.objective, "neighbourhood": r.neighbourhood, "untuned": int(r.untuned)}
             for key, *_ in METRICS:
                 row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.unstable else r.stats[key]
+            for key in VAL_METRICS:
+                value = r.stats.get(key, (math.nan, math.nan))[0]
+                row[f"{key}_mean"] = "" if r.unstable or math.isnan(value) else value
             if r.rounds is not None:
                 row["rounds_to_target_mean"], row["rounds_to_target_std"], row["seeds_reaching_target"] = r.rounds
             w.writerow(row)
@@ -1035,6 +1040,45 @@ def page_rows(path: str | Path) -> list[dict[str, str]]:
     return rows
 
 
+def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
+    """Re-derive a results page's statistics from its stored paired CSVs (``report_paired*.csv``:
+    their per-seed ``differences``), without its runs: ``p_holm_page`` — the t-test p
+    Holm-adjusted over every distinct comparison of the page (all its CSVs, settings, baselines
+    and metrics: the default family), ``page_family_size``, ``tost_p`` at the equivalence
+    ``margin`` (NaN without one: then nothing may be called a tie) and ``verdict``
+    (:func:`stats.verdict` on the page-wide p). The CSVs are rewritten with these columns
+    added (the earlier ones kept); the paths rewritten."""
+    folder = Path(folder)
+    files = sorted(folder.glob("report_paired*.csv"))
+    tables = []
+    for path in files:
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            tables.append((path, list(reader.fieldnames or []), list(reader)))
+    ident = ("setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric")
+    unique: dict[tuple, float] = {}
+    for _, _, rows in tables:
+        for r in rows:
+            unique.setdefault(tuple(r.get(k, "") for k in ident), float(r.get("ttest_p") or "nan"))
+    keys = list(unique)
+    adjusted = dict(zip(keys, stats.holm([unique[k] for k in keys])))
+    size = sum(not math.isnan(p) for p in unique.values())
+    for path, fields, rows in tables:
+        for r in rows:
+            diffs = [float(x) for x in (r.get("differences") or "").split()]
+            p_page = adjusted[tuple(r.get(k, "") for k in ident)]
+            tost = stats.tost_p(diffs, margin) if margin else math.nan
+            r.update({"p_holm_page": p_page, "page_family_size": size, "tost_p": tost,
+                      "verdict": stats.verdict(len(diffs), p_page, tost),
+                      "significant": int(len(diffs) >= stats.MIN_SEEDS and p_page < stats.ALPHA)})
+        out = fields + [f for f in ("p_holm_page", "page_family_size", "tost_p", "verdict") if f not in fields]
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=out)
+            w.writeheader()
+            w.writerows(rows)
+    return files
+
+
 def check_page(path: str | Path) -> list[str]:
     """``PAGE:LINE: unsupported (why): SENTENCE`` for each comparative sentence of a results page
     that the numbers of its paired CSVs do not support (:func:`stats.wording_problems`)."""
@@ -1066,7 +1110,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-wording", default=None, metavar="PAGE.md",
                         help="list the page's claims of significance / 'every seed' without a corrected test "
                              "(exit 1 when there is one); no report is made")
+    parser.add_argument("--restat", default=None, metavar="FOLDER",
+                        help="re-derive a page's statistics from its stored report_paired*.csv (page-wide Holm, "
+                             "TOST at --margin, verdict) without its runs")
+    parser.add_argument("--margin", type=float, default=None,
+                        help="--restat: the equivalence margin (a fraction, 0.01 = 1 pp) declared before the runs")
     args = parser.parse_args(argv)
+    if args.restat:
+        files = restat(args.restat, args.margin)
+        if not files:
+            print(f"error: no report_paired*.csv in {args.restat}", file=sys.stderr)
+            return 2
+        print("rewrote " + ", ".join(map(str, files)))
+        return 0
     if args.check_wording:
         try:
             flagged = check_page(args.check_wording)

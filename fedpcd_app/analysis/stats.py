@@ -121,7 +121,7 @@ def verdict(n: int, p_holm: float, tost: float = math.nan) -> str:
     :data:`ALPHA`), ``equivalent`` (the TOST p below it at the declared margin), or
     ``inconclusive`` (neither: the interval says how little is known)."""
     if n < MIN_SEEDS:
-        return f"exploratory, {n} seeds"
+        return f"exploratory, {n} seed{'' if n == 1 else 's'}"
     if not math.isnan(p_holm) and p_holm < ALPHA:
         return "significant"
     if not math.isnan(tost) and tost < ALPHA:
