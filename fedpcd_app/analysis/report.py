@@ -704,7 +704,8 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
         lines.append(f"Per seed difference method − {base} on the same seed (same partition, initial model "
                      "and sampled clients): mean over the paired seeds with its 95 % confidence interval "
                      "(t-based), the effect size d_z (mean / std of the differences), the two-sided paired "
-                     "t-test p, that p Holm-adjusted over this table's family (p_holm), the Wilcoxon "
+                     "t-test p, that p Holm-adjusted over the family stated below (p_holm), the TOST p of "
+                     "equivalence and the verdict, the Wilcoxon "
                      "signed-rank p (scipy.stats; — where undefined: one seed, or no spread), and the seeds on "
                      "which the method did better (higher; for σ_c lower) with their exact sign-test p.")
         lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference [95 % CI] | d_z | "
@@ -1044,8 +1045,8 @@ def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
     """Re-derive a results page's statistics from its stored paired CSVs (``report_paired*.csv``:
     their per-seed ``differences``), without its runs: ``p_holm_page`` — the t-test p
     Holm-adjusted over every distinct comparison of the page (all its CSVs, settings, baselines
-    and metrics: the default family), ``page_family_size``, ``tost_p`` at the equivalence
-    ``margin`` (NaN without one: then nothing may be called a tie) and ``verdict``
+    and metrics: the default family; A − B and B − A are one comparison), ``page_family_size``,
+    ``tost_p`` at the equivalence ``margin`` (NaN without one: then nothing may be called a tie) and ``verdict``
     (:func:`stats.verdict` on the page-wide p). The CSVs are rewritten with these columns
     added (the earlier ones kept); the paths rewritten."""
     folder = Path(folder)
@@ -1055,18 +1056,22 @@ def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
         with open(path, newline="") as fh:
             reader = csv.DictReader(fh)
             tables.append((path, list(reader.fieldnames or []), list(reader)))
-    ident = ("setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric")
+    def ident(r: dict[str, str]) -> tuple:  # one comparison, whichever side is the baseline (A − B is B − A)
+        sides = frozenset({(r.get("method", ""), r.get("hyperparameters", "")),
+                           (r.get("baseline", ""), r.get("baseline_hyperparameters", ""))})
+        return r.get("setting", ""), sides, r.get("metric", "")
+
     unique: dict[tuple, float] = {}
     for _, _, rows in tables:
         for r in rows:
-            unique.setdefault(tuple(r.get(k, "") for k in ident), float(r.get("ttest_p") or "nan"))
+            unique.setdefault(ident(r), float(r.get("ttest_p") or "nan"))
     keys = list(unique)
     adjusted = dict(zip(keys, stats.holm([unique[k] for k in keys])))
     size = sum(not math.isnan(p) for p in unique.values())
     for path, fields, rows in tables:
         for r in rows:
             diffs = [float(x) for x in (r.get("differences") or "").split()]
-            p_page = adjusted[tuple(r.get(k, "") for k in ident)]
+            p_page = adjusted[ident(r)]
             tost = stats.tost_p(diffs, margin) if margin else math.nan
             r.update({"p_holm_page": p_page, "page_family_size": size, "tost_p": tost,
                       "verdict": stats.verdict(len(diffs), p_page, tost),
@@ -1077,6 +1082,49 @@ def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
             w.writeheader()
             w.writerows(rows)
     return files
+
+
+def paired_from_csv(rows: list[dict[str, str]]) -> list[Paired]:
+    """:class:`Paired` results read back from a page's paired CSV rows (after :func:`restat`:
+    the page-wide ``p_holm_page`` is the adjusted p, the family the page's)."""
+    def num(r: dict[str, str], key: str) -> float:
+        try:
+            return float(r.get(key) or "nan")
+        except ValueError:
+            return math.nan
+
+    out = []
+    for r in rows:
+        page = "p_holm_page" in r
+        out.append(Paired(
+            r["setting"], r["method"], r["hyperparameters"], r["baseline"], r["baseline_hyperparameters"], r["metric"],
+            [int(x) for x in (r.get("seeds") or "").split()], [float(x) for x in (r.get("differences") or "").split()],
+            num(r, "mean_difference"), num(r, "ttest_p"), num(r, "wilcoxon_p"), int(num(r, "seeds_better")),
+            int(num(r, "seeds_tied")), num(r, "ci95_low"), num(r, "ci95_high"), num(r, "effect_dz"),
+            num(r, "sign_test_p"), num(r, "p_holm_page" if page else "p_holm"),
+            int(num(r, "page_family_size" if page else "family_size")), r.get("on_edge") == "1",
+            tost_p=num(r, "tost_p"), family_name="page" if page else "setting"))
+    return out
+
+
+def render_paired(folder: str | Path) -> str:
+    """The paired-comparison tables of a results page, re-rendered from its stored
+    ``report_paired*.csv`` (run :func:`restat` first: page-wide Holm, verdicts), one table per
+    baseline and setting, each distinct comparison once."""
+    rows, seen = [], set()
+    for path in sorted(Path(folder).glob("report_paired*.csv")):
+        with open(path, newline="") as fh:
+            for r in csv.DictReader(fh):
+                key = tuple(r.get(k) for k in ("setting", "method", "hyperparameters", "baseline", "metric"))
+                if key not in seen:
+                    seen.add(key)
+                    rows.append(r)
+    results = paired_from_csv(rows)
+    lines: list[str] = []
+    for baseline in dict.fromkeys(p.baseline for p in results):
+        group = [p for p in results if p.baseline == baseline]
+        lines += paired_markdown(group, baseline, list(dict.fromkeys(p.setting for p in group)))
+    return "\n".join(lines).replace("\n## ", "\n### ") + "\n"
 
 
 def check_page(path: str | Path) -> list[str]:
@@ -1112,7 +1160,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(exit 1 when there is one); no report is made")
     parser.add_argument("--restat", default=None, metavar="FOLDER",
                         help="re-derive a page's statistics from its stored report_paired*.csv (page-wide Holm, "
-                             "TOST at --margin, verdict) without its runs")
+                             "TOST at --margin, verdict) without its runs, and render them to FOLDER/paired.md")
     parser.add_argument("--margin", type=float, default=None,
                         help="--restat: the equivalence margin (a fraction, 0.01 = 1 pp) declared before the runs")
     args = parser.parse_args(argv)
@@ -1121,7 +1169,9 @@ def main(argv: list[str] | None = None) -> int:
         if not files:
             print(f"error: no report_paired*.csv in {args.restat}", file=sys.stderr)
             return 2
-        print("rewrote " + ", ".join(map(str, files)))
+        (Path(args.restat) / "paired.md").write_text("# Paired comparisons (from the stored CSVs, page-wide Holm)\n"
+                                                   + render_paired(args.restat))
+        print("rewrote " + ", ".join(map(str, files)) + f" and {Path(args.restat) / 'paired.md'}")
         return 0
     if args.check_wording:
         try:
