@@ -1179,7 +1179,7 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print("\n".join(flagged) if flagged else f"{args.check_wording}: no uncorrected claim")
+        print("\n".join(flagged) if flagged else f"{args.check_wording}: no unsupported claim")
         return 1 if flagged else 0
     if not args.out:
         print("error: give a run or sweep folder (or --check-wording PAGE.md)", file=sys.stderr)
