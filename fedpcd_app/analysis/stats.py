@@ -145,7 +145,8 @@ CORRECTED = re.compile(r"\bholm\b|p_holm|p_?\{?holm|corrected", re.I)
 NOT_SIGNIFICANT = re.compile(r"\b(?:not|no|none|nor|never|without)\b[^.;]{0,40}significan|\bnon-?significan|"
                              r"\binsignifican", re.I)
 NOT_TIE = re.compile(r"\b(?:not|no|none|nor|never|without)\b[^.;]{0,30}(?:tie|equivalen)|\bnon-?equivalen|"
-                     r"\btie-?break|\bmeans\b|\bTOST p of equivalence\b|\b\d+ tied\b", re.I)  # denial/definition/count
+                     r"\btie-?break|\bties? (?:go|goes|break|breaks)\b|\bmeans\b|\bneeds? (?:the )?TOST\b|"
+                     r"\bTOST p of equivalence\b|\b\d+ tied\b", re.I)  # denial/definition/rule/count
 # the sentence words its direction or count as exploratory / inconclusive (no finding claimed)
 QUALIFIED = re.compile(r"exploratory|inconclusive|\bnot significant|\bno evidence\b|\bnot a finding\b", re.I)
 NUM = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
