@@ -222,3 +222,11 @@ def test_pareto_front_and_the_page_figures_are_drawn_from_the_csvs_alone(tmp_pat
     empty = tmp_path / "empty"
     empty.mkdir()
     assert figures.main([str(empty), "--page"]) == 2
+
+
+def test_frontier_colours_do_not_repeat_for_many_methods():
+    from matplotlib.colors import to_rgba
+
+    for n in (3, 14, 25):
+        colours = [to_rgba(c) for c in figures.distinct_colours(n)]
+        assert len(set(colours)) == n
