@@ -950,12 +950,11 @@ def check_weightings(rows: list[Row]) -> None:
 def write_csv(rows: list[Row], path: Path) -> None:
     """Every configuration (grid point) of every method, ``selected`` marking the chosen one."""
     fields = ["setting", "method", "hyperparameters", "chosen", "num_seeds", "seeds", "scored_iterate",
-              "scored_split", "status", "incomplete", "weighting", "selected", "on_edge", "edge", "p_holm",
-              "objective", "neighbourhood", "untuned"]
+              "scored_split", "status", "incomplete", "weighting", "selected", "on_edge", "edge", "p_holm"]
     for key, *_ in METRICS:
         fields += [f"{key}_mean", f"{key}_std"]
-    fields += [f"{key}_mean" for key in VAL_METRICS]
     fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
+    fields += ["objective", "neighbourhood", "untuned"] + [f"{key}_mean" for key in VAL_METRICS]  # issue 42
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
