@@ -3,6 +3,7 @@
     python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD] [--mixed-iterates]
                                 [--mixed-weightings]
     python -m fedpcd_app.report --check-wording PAGE.md
+    python -m fedpcd_app.report --restat PAGE_FOLDER [--margin 0.01]
 
 ``<folder>`` is a single run folder (holding ``summary.json``), a sweep output folder, or
 any folder holding runs (searched recursively). Runs made by a sweep carry their labels
@@ -43,10 +44,17 @@ runs scored on different iterates is refused with one line (exit 2) unless
 ``--mixed-iterates`` is given; the table then has an ``iterate`` column.
 
 Runs that did not finish normally (``complete: false`` in ``summary.json``, e.g.
-``incomplete_reason: "diverged at round N"``) never give a score: a grid point with such a
-seed is shown as ``diverged (k/n seeds)`` (``incomplete`` for other reasons) with the
-reasons under the table, is not a candidate for selection (unless every grid point of the
-method is), sets no best value and enters no paired comparison.
+``incomplete_reason: "diverged at round N"``) are counted by the sweep's declared rules
+(``[tuning] unstable``, ``failed-seed-score``; :class:`fedpcd_app.analysis.tuning.Rules`): a grid
+point is *unstable* when a majority of its seeds failed (default; ``any``: one) and is then shown
+as ``diverged (k/n seeds)`` (``incomplete`` for other reasons), is not a candidate for selection
+(unless every grid point of the method is), sets no best value and enters no paired comparison;
+a failed seed of any other point counts at its last evaluation (listed under the table). An exact
+tie between grid points goes to the one on fewer grid edges (toward the interior). The selection
+objective is the validation mean accuracy (``[tuning] objective`` or ``--objective worst10``: its
+worst-10 %). ``report.csv`` adds ``objective``, ``neighbourhood`` (``bracketed``, or the tuned keys
+without a neighbour run at the selection: ⚠ not bracketed), ``untuned`` (an entry run at its
+defaults beside tuned ones, also named on the budget line) and the validation means ``val_*``.
 
 Weighting. Every table has a ``weighting`` column: how the row's method weights its clients
 (``strategies.registry.weighting_of`` of its method and resolved config: ``data-size``,
@@ -61,21 +69,28 @@ flagged **unequal** when they differ). A grid point is ``on_edge`` when it is th
 largest value tried in a numeric key, along that key through it (:func:`grid_edges`); a
 selection on the edge is marked ⚠ edge, listed under the table, and never marked best.
 
+Ditto is scored on each client's personal model: its ``scored_iterate`` is ``personal``, which
+sits beside any iterate of the other rows.
+
 ``--baseline METHOD`` adds a paired comparison per setting: every other row against the
 baseline's chosen grid point, over the seeds both ran (a seed fixes the partition, the
 initial model and the sampled clients, so the runs are paired): the mean over seeds of
 the per-seed difference (method − baseline), the two-sided paired t-test and Wilcoxon
 signed-rank p-values (``scipy.stats``) and the number of seeds on which the method did
 better, with the mean difference's 95 % t-based confidence interval, the effect size d_z,
-the exact sign-test p of the seed count (5/5 seeds is p = 0.0625: not a finding) and the
-t-test p Holm-adjusted over the table's family (every row × metric compared in the setting;
-the family is stated under the table); *significant* only when that adjusted p is below
-0.05 (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
+the exact sign-test p of the seed count (5/5 seeds is p = 0.0625: not a finding), the t-test p
+Holm-adjusted over the report's whole family (every row × metric × setting; ``[tuning]
+holm-family = "setting"`` declares the narrower per-setting family), the TOST p at the declared
+``[tuning] equivalence-margin`` and a verdict: *significant* only when the adjusted p is below
+0.05 over at least 5 paired seeds (fewer: *exploratory, n seeds*), *equivalent* only by the TOST,
+else *inconclusive* (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
 ``report.csv``'s ``p_holm`` is each compared row's adjusted p of the first metric (ā by default).
 
-``--check-wording PAGE.md`` lists the sentences of a results page that claim significance
-or a win "on every seed" / "k/k seeds" without naming a corrected (Holm) test, labelled
-exploratory; exit 1 when there is one, 0 when none (:func:`stats.check_wording`).
+``--check-wording PAGE.md`` lists the comparative sentences of a results page (significant,
+beats, leads, trails, best, tie, equivalent, k/k or every seed) that the rows of the paired CSVs
+beside it do not support (:func:`stats.wording_problems`); exit 1 when there is one, 0 when none.
+``--restat FOLDER [--margin m]`` re-derives a page's page-wide Holm, TOST and verdicts from its
+stored ``report_paired*.csv`` and renders them to ``FOLDER/paired.md`` (:func:`restat`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ A sweep file opts in with a ``[tuning]`` table (see :mod:`fedpcd_app.analysis.sw
     extend-edges = true     # extend a grid whose selected value lies on its edge (default true)
     max-extensions = 4      # extension passes at most (default 4)
     fedavg-both-weightings = true  # add FedAvg under the missing weighting (default true)
+    unstable = "majority"   # a grid point is unstable when more than half its seeds failed ("any": one)
+    failed-seed-score = "last"  # a failed seed counts at its last evaluation ("zero": at 0)
+    objective = "mean"      # selection on the validation mean accuracy ("worst10": its worst-10 %)
+    equivalence-margin = 0.01  # the TOST margin of "equivalent" (report), a fraction
+    holm-family = "page"    # the Holm family of the report ("setting": per table)
     [tuning.grids.fedpcd]   # optional: a method entry's own grid, over its declared space
     fedpcd-tau = [0.01, 0.02]
 
@@ -28,18 +33,28 @@ their clients differently (``strategies.registry.weighting_of`` of each entry's 
 sweep adds the entry ``fedavg-data-size`` (``fedavg-uniform``): the baselines the report
 requires for such a table.
 
-Edges (:func:`extensions`). After a pass, per setting and method entry, the grid point with
-the best mean over seeds of the validation mean client accuracy (``val_mean_acc``; the test
-mean only when the runs have no validation split, as the report) is selected among the grid
-points whose seeds all finished normally. For each tuned numeric key whose selected value is
-the smallest or largest value tried along that key (the other keys at their selected values),
-one grid point is added one geometric step beyond it (the ratio to its neighbour; clamped to
-the key's declared bound); a key at its bound is not extended. The sweep runs the new points
-(every seed) and repeats until no selection lies on an extendable edge or ``max-extensions``
-passes are done. The added points follow from the finished runs only, so rerunning the sweep
-recomputes the same points and skips the finished ones (resumable). Extension runs are beyond
-the budget; the report states them beside the budget line and marks a selection still on an
-edge (``on_edge``).
+Coverage (:func:`coverage_points`, issue 42). lr is a shared axis: an entry tuning lr also tries
+every lr value of the sweep's FedAvg entries (its other keys at their defaults), and a method
+declaring a reduction to FedAvg (``hyper(reduces_to=...)``: FedeRage γ = 0, q-FFL q = 0, FedProx
+μ = 0, FedAvgM momentum 0, FedFV α = 1 with τ = 0, FedHEAL β = 0 with threshold < 0) is tried at
+that reduction at every lr the FedAvg entries try. These points are beyond the budget.
+
+Selection (:func:`selected_points`, :class:`Rules`). Per setting and method entry, the grid point
+with the best mean over seeds of the objective on the validation split (``val_mean_acc``, or
+``val_worst10_acc`` with ``objective = "worst10"``; the test split only when the runs have no
+validation split) among the grid points whose seeds all finished and that are not unstable (a
+majority of failed seeds by default); a failed seed counts at its last evaluation. An exact tie
+goes to the point on fewer grid edges (:func:`choose`).
+
+Neighbourhood and edges (:func:`edge_steps`, :func:`extensions`). For each tuned numeric key of a
+selection, both neighbours of its value (the nearest values tried anywhere for that key) are
+added at the selection's other values when missing; at the edge of the values tried, one point
+one geometric step beyond (the ratio to its neighbour; clamped to the key's declared bound; a
+key at its bound is not extended). The sweep runs the new points (every seed) and repeats until
+nothing is added or ``max-extensions`` passes are done. The added points follow from the finished
+runs only, so rerunning the sweep recomputes the same points and skips the finished ones
+(resumable). Extension runs are beyond the budget; the report states them beside the budget line
+and marks a selection still on an edge (``on_edge``) or not bracketed (``neighbourhood``).
 """
 
 from __future__ import annotations
