@@ -588,3 +588,18 @@ def test_restat_rederives_page_wide_holm_and_verdicts_from_the_stored_csvs(paire
     p_page = float(rows[("fedpcd", "fedavg", "mean_acc")]["p_holm_page"])
     assert f"| {p_page:.3f} |" in line and "the whole report" in rendered
     assert report.main(["--restat", str(tmp_path / "nothing")]) == 2
+
+
+def test_the_worst10_selection_is_reported_beside_the_mean_one(tmp_path):
+    # lr=0.1 has the higher mean (0.80 vs 0.78), lr=0.03 the higher worst-10 % (one client of ten at 0.7 vs 0.3)
+    for seed in range(2):
+        make_run(tmp_path, "s", "fedavg", seed, [0.7] * 10)
+        make_run(tmp_path, "s", "fedpcd", seed, [0.3] + [0.855] * 9, grid={"lr": 0.1}, registered="fedpcd")
+        make_run(tmp_path, "s", "fedpcd", seed, [0.7] + [0.79] * 9, grid={"lr": 0.03}, registered="fedpcd")
+    report.report(tmp_path, baseline="fedavg", mixed_weightings=True)
+    md, csv_path = report.report(tmp_path, baseline="fedavg", mixed_weightings=True, objective="worst10")
+    assert md.name == "report_worst10.md" and (tmp_path / "report_paired_worst10.csv").is_file()
+    chosen = {o: next(r for r in csv.DictReader(open(tmp_path / f)) if r["method"] == "fedpcd" and r["chosen"] == "1")
+              for o, f in (("mean", "report.csv"), ("worst10", "report_worst10.csv"))}
+    assert chosen["mean"]["hyperparameters"] == "lr=0.1" and chosen["worst10"]["hyperparameters"] == "lr=0.03"
+    assert chosen["worst10"]["objective"] == "worst10" and chosen["mean"]["objective"] == "mean"

@@ -52,9 +52,11 @@ as ``diverged (k/n seeds)`` (``incomplete`` for other reasons), is not a candida
 a failed seed of any other point counts at its last evaluation (listed under the table). An exact
 tie between grid points goes to the one on fewer grid edges (toward the interior). The selection
 objective is the validation mean accuracy (``[tuning] objective`` or ``--objective worst10``: its
-worst-10 %). ``report.csv`` adds ``objective``, ``neighbourhood`` (``bracketed``, or the tuned keys
-without a neighbour run at the selection: ⚠ not bracketed), ``untuned`` (an entry run at its
-defaults beside tuned ones, also named on the budget line) and the validation means ``val_*``.
+worst-10 %; written beside the mean selection as ``report_worst10.md`` / ``.csv`` /
+``report_paired_worst10.csv``, so that a fairness page reports both). ``report.csv`` adds
+``objective``, ``neighbourhood`` (``bracketed``, or the tuned keys without a neighbour run at the
+selection: ⚠ not bracketed), ``untuned`` (an entry run at its defaults beside tuned ones, also
+named on the budget line) and the validation means ``val_*``.
 
 Weighting. Every table has a ``weighting`` column: how the row's method weights its clients
 (``strategies.registry.weighting_of`` of its method and resolved config: ``data-size``,
@@ -1017,7 +1019,9 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
     runs = load_runs(out)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
-    every = summarize(runs, target, sweep_order(out), all_points=True, rules=rules_of(out, objective))
+    rules = rules_of(out, objective)
+    suffix = "" if rules.objective == "mean" else f"_{rules.objective}"  # both selections side by side
+    every = summarize(runs, target, sweep_order(out), all_points=True, rules=rules)
     rows = every if all_points else [r for r in every if r.chosen]
     if not mixed_iterates:
         check_iterates(runs)
@@ -1036,8 +1040,8 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
     text = to_markdown(rows, title_of(out), all_points, tuning_budget(out), every)
     if baseline:
         text += "\n".join(paired_markdown(results, baseline, settings)) + "\n"
-        write_paired_csv(results, out / "report_paired.csv")
-    md, csv_path = out / "report.md", out / "report.csv"
+        write_paired_csv(results, out / f"report_paired{suffix}.csv")
+    md, csv_path = out / f"report{suffix}.md", out / f"report{suffix}.csv"
     md.write_text(text)
     write_csv(every, csv_path)
     return md, csv_path
@@ -1206,7 +1210,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(md.read_text())
-    print(f"wrote {md} and {csv_path}" + (f" and {md.parent / 'report_paired.csv'}" if args.baseline else ""))
+    paired = md.parent / md.name.replace("report", "report_paired").replace(".md", ".csv")
+    print(f"wrote {md} and {csv_path}" + (f" and {paired}" if args.baseline else ""))
     return 0
 
 
