@@ -155,6 +155,7 @@ class Run:
     seed: int
     grid: dict[str, Any]
     summary: dict[str, Any]
+    tuned_from: str = ""  # the sweep entry's tuned-from (run.json): where its fixed values were selected
 
     @property
     def iterate(self) -> str:
@@ -294,7 +295,7 @@ def load_runs(out: str | Path) -> list[Run]:
             owner = next((name for root, name in sweep_of.items() if _is_below(folder, root)), None)
             setting = f"{owner}/{setting}" if owner else setting
         labelled.append(Run(folder, setting, labels["method"], labels["variant"], int(labels["seed"]),
-                            labels.get("grid", {}), summary))
+                            labels.get("grid", {}), summary, str(labels.get("tuned_from", ""))))
     return _newest_per_seed(labelled + _label_loose(loose))
 
 
@@ -538,7 +539,8 @@ def summarize(runs: list[Run], target: float | None = None,
                     reach = (m, s, sum(h is not None for h in hits))
                 iterates = sorted({r.iterate for r in rs})
                 grids = [v[0].grid for v in variants[method].values()]
-                tuned_elsewhere = any(len({r.variant for r in in_setting if r.method == m}) > 1 for m in chosen)
+                tuned_elsewhere = any(len({r.variant for r in in_setting if r.method == m}) > 1 for m in chosen) \
+                    or any(r.tuned_from for r in in_setting)
                 rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
                                 chosen=variant == chosen[method], runs=rs, selected_on=split,
                                 iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
@@ -546,7 +548,8 @@ def summarize(runs: list[Run], target: float | None = None,
                                 edge=grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
                                 if len(grids) > 1 else [], unstable=unstable,
                                 unbracketed=unbracketed(rs[0].grid, grids) if len(grids) > 1 else [],
-                                untuned=len(grids) == 1 and tuned_elsewhere, objective=rules.objective))
+                                untuned=len(grids) == 1 and tuned_elsewhere and not rs[0].tuned_from,
+                                objective=rules.objective))
     return rows
 
 
@@ -811,6 +814,9 @@ def budget_line(rows: list[Row], budget: int | None = None) -> str:
                                               for k, vs in values.items()))
     if tried:
         line += " Values tried — " + " | ".join(tried) + "."
+    elsewhere = {r.method: r.runs[0].tuned_from for r in rows if r.runs and r.runs[0].tuned_from}
+    if elsewhere:
+        line += " Values selected elsewhere: " + "; ".join(f"{m} ({w})" for m, w in elsewhere.items()) + "."
     untuned = [m for m in counts if any(r.untuned for r in rows if r.method == m)]
     if untuned:
         line += (" **Untuned** (run at their defaults beside tuned entries: not on equal terms): "
