@@ -285,6 +285,13 @@ def test_grid_point_is_selected_on_validation_when_the_runs_have_it(sweep_out):
     assert float(row["mean_acc_mean"]) == pytest.approx((0.8 + 0.7 + 0.7) / 3)  # the test numbers
     text = md.read_text()
     assert "on the validation split" in text and "Warning" not in text
+    # a seed stopped before any evaluation (no val_mean_acc) does not turn the selection to the test split
+    folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.05" / "seed2"
+    summary = {k: v for k, v in json.loads((folder / "summary.json").read_text()).items() if k != "val_mean_acc"}
+    write_json_atomic(folder / "summary.json",
+                      {**summary, "complete": False, "incomplete_reason": "diverged at round 1"})
+    runs = [r for r in report.load_runs(sweep_out) if r.method == "fedpcd"]
+    assert report.selection_split(runs) == "validation" and report.best_variant(runs)[0] == "fedpcd-tau=0.01"
 
 
 def test_selecting_on_test_is_said_and_warned_about(sweep_out):

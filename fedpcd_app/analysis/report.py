@@ -350,7 +350,8 @@ def selection_split(runs: list[Run], warn: bool = False) -> str:
     """``validation`` when every run scored a validation split (``val-fraction`` > 0: its
     summary has ``val_mean_acc``), else ``test`` (with a warning when there is a choice to
     make: selecting on the reported test data inflates the "best" numbers)."""
-    if runs and all(r.summary.get("val_mean_acc") is not None for r in runs):
+    finished = [r for r in runs if not r.incomplete]  # a run stopped before its first evaluation has none
+    if finished and all(r.summary.get("val_mean_acc") is not None for r in finished):
         return "validation"
     if warn and len({r.variant for r in runs}) > 1:
         import warnings
