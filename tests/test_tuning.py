@@ -246,3 +246,18 @@ def test_fedavg_under_the_missing_weighting_is_added_when_weightings_differ():
     assert {r.method for r in off.runs} == {"afl"}
     both = make_sweep(budget=4, methods=[{"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}])
     assert list(dict.fromkeys(r.method for r in both.runs)) == ["afl"]  # a single rule: nothing to compare
+
+
+def test_federage_declared_reductions_give_fedavg_weights():
+    """The declarations the tuner reads hold in the client's maths: at γ = 0, and at α = 1 with
+    β = β_min = 0 (losses are >= 0), every step's risk weight is exactly 1 (plain SGD), so β never
+    moves (its step is η_β (1 − w) = 0). Measured end to end: FedAvg (uniform), FedeRage γ = 0 and
+    FedeRage α = 1, γ = 0.1 give byte-identical final models (issue 42 report)."""
+    import torch
+
+    from client_app.methods.federage import risk_weights
+
+    losses = torch.tensor([0.0, 0.3, 2.5, 7.0])
+    assert torch.equal(risk_weights(losses, 1.0, 0.1, 0.0), torch.ones(4))
+    assert torch.equal(risk_weights(losses, 0.0, 1.0, 0.1), torch.ones(4))
+    assert not torch.equal(risk_weights(losses, 1.0, 0.1, 0.3), torch.ones(4))  # a real risk weight
