@@ -47,13 +47,18 @@ def key_for(prefix: str, name: str) -> str:
 
 def hyper(default: Any, *, key: str | None = None, low: float | None = None, high: float | None = None,
           low_open: bool = False, high_open: bool = False, choices: tuple[str, ...] | None = None,
-          doc: str = "", grid: Grid | None = None) -> Any:
+          doc: str = "", grid: Grid | None = None, reduces_to: Mapping[str, Any] | None = None,
+          reduces_with: Mapping[str, Any] | None = None) -> Any:
     """A hyperparameter field: its default, its run-config key (default ``<prefix>-<name>``
     with ``_`` → ``-``), what values are allowed, what it means (``doc``: help(), pyproject's
-    comment) and, for a tuned key, its search space (``grid``)."""
+    comment) and, for a tuned key, its search space (``grid``). ``reduces_to={"fedavg": 0.0}``
+    declares that at this value the method *is* that method (with ``reduces_with``'s other keys
+    at their values, e.g. FedAvgM's server lr 1): a sweep's tuner then tries the method at that
+    value at every lr its baseline tries (``fedpcd_app.analysis.tuning``), so that tuning can
+    never make a method trail its own special case."""
     return dataclasses.field(default=default, metadata={
         "key": key, "low": low, "high": high, "low_open": low_open, "high_open": high_open, "choices": choices,
-        "doc": doc, "grid": grid})
+        "doc": doc, "grid": grid, "reduces_to": dict(reduces_to or {}), "reduces_with": dict(reduces_with or {})})
 
 
 def nested(cls: type) -> Any:
@@ -112,6 +117,14 @@ class MethodParams:
         """Run-config key → search space, for the fields declared with a ``grid``."""
         return {cls.key_of(f.name): f.metadata["grid"] for f, _ in cls._fields()
                 if not f.metadata.get("nested") and f.metadata.get("grid") is not None}
+
+    @classmethod
+    def reductions(cls) -> list[tuple[str, Any, str, dict[str, Any]]]:
+        """(run-config key, value, the method it reduces to, the other keys' values it needs) of
+        every declared reduction (``hyper(reduces_to=...)``), in field order."""
+        return [(cls.key_of(f.name), value, method, dict(f.metadata.get("reduces_with") or {}))
+                for f, _ in cls._fields() if not f.metadata.get("nested")
+                for method, value in (f.metadata.get("reduces_to") or {}).items()]
 
     @classmethod
     def allowed(cls, name: str) -> str:

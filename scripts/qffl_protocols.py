@@ -4,6 +4,7 @@ secondary sources quote it.
 
     python scripts/qffl_protocols.py --protocol "authors, one draw, 500 rounds=outputs/sweeps/qffl-authors-h500" \\
         [--protocol LABEL=DIR ...] [--csv-protocol "LABEL=report.csv"] [--curves curves.png] [--csv out.csv]
+    python scripts/qffl_protocols.py --paired-from-runs runs.csv report_paired.csv   # from the stored CSV
 
 Each ``--protocol`` is a sweep output with the method entries ``fedavg-q0`` and ``qffl-q1``
 (run_configs/sweeps/qffl_*.toml); only finished runs (``summary.json``) are read, so a sweep
@@ -247,6 +248,39 @@ def _labelled(text: str) -> tuple[str, Path]:
     return label, Path(folder)
 
 
+def paired_from_runs(runs_csv: Path, out_csv: Path, base: str = "fedavg-q0", method: str = "qffl-q1") -> Path:
+    """The page's paired comparisons q = 1 − q = 0 (every statistic, every protocol with pairs)
+    from its stored per-seed ``runs.csv`` (``--csv``), in the format of the report's
+    ``report_paired.csv`` (accuracies as fractions, variance in %²), Holm over the page: what
+    ``python -m fedpcd_app.report --check-wording`` checks the page's words against."""
+    from fedpcd_app.analysis import report, stats
+
+    with open(runs_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    results = []
+    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+        by = {(r["method"], int(r["seed"])): r for r in rows if r["protocol"] == protocol}
+        seeds = sorted(s for m, s in by if m == method and (base, s) in by)
+        if not seeds:
+            continue
+        for key, metric, high in (("average", "mean_acc", True), ("worst10", "worst10_acc", True),
+                                  ("best10", "best10_acc", True), ("variance", "variance", False)):
+            scale = 0.01 if key != "variance" else 1.0  # accuracies as fractions, as the report writes them
+            d = np.array([scale * (float(by[(method, s)][key]) - float(by[(base, s)][key])) for s in seeds])
+            t_p, w_p = report.paired_tests(d)
+            better = int((d > 0).sum() if high else (d < 0).sum())
+            ties = int((d == 0).sum())
+            _, lo, hi = stats.paired_ci(d)
+            results.append(report.Paired(protocol, method, "base", base, "base", metric, seeds, d.tolist(),
+                                         float(d.mean()), t_p, w_p, better, ties, lo, hi, stats.effect_size(d),
+                                         stats.sign_test_p(better, len(seeds) - ties)))
+    for p, adj in zip(results, stats.holm([p.ttest_p for p in results])):
+        p.p_holm, p.family = adj, sum(not np.isnan(x.ttest_p) for x in results)
+    report.write_paired_csv(results, out_csv)
+    report.restat(out_csv.parent)  # the page-wide columns (p_holm_page, verdict)
+    return out_csv
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--protocol", action="append", default=[], metavar="LABEL=DIR", help="a sweep output (repeatable)")
@@ -254,7 +288,13 @@ def main(argv=None) -> int:
                     help="an earlier page's synthetic_tables.py --csv file (means and stds only)")
     ap.add_argument("--curves", default="", help="write the accuracy curves (PNG)")
     ap.add_argument("--csv", default="", help="write every run's statistics (CSV)")
+    ap.add_argument("--paired-from-runs", nargs=2, metavar=("RUNS_CSV", "PAIRED_CSV"),
+                    help="write the page's paired comparisons (report_paired.csv format, Holm over the page) "
+                         "from a stored --csv file, without the runs")
     args = ap.parse_args(argv)
+    if args.paired_from_runs:
+        print(paired_from_runs(Path(args.paired_from_runs[0]), Path(args.paired_from_runs[1])))
+        return 0
     if not args.protocol and not args.csv_protocol:
         ap.error("give at least one --protocol LABEL=DIR")
     protocols = [summarise(label, load(folder)) for label, folder in map(_labelled, args.protocol)]

@@ -41,8 +41,10 @@ from strategies.rounds import Aggregated
 class Params(MethodParams):
     prefix = "federage"
     alpha: float = hyper(0.1, low=0.0, high=1.0, low_open=True, grid=Grid((0.01, 0.05, 0.1), 1e-3, 1.0),
-                         doc="α, the CVaR level")
+                         reduces_to={"fedavg": 1.0}, reduces_with={"federage-beta-min": 0.0},
+                         doc="α, the CVaR level; 1 (with β_min = 0: β stays 0, every weight 1) is FedAvg")
     gamma: float = hyper(0.3, low=0.0, high=1.0, grid=Grid((0.1, 0.3, 0.5), 0.0, 1.0),
+                         reduces_to={"fedavg": 0.0},
                          doc="γ, the risk weight; 0 is FedAvg's local SGD with uniform server weights")
     beta_lr: float = hyper(0.1, low=0.0, doc="η_β, the step of a client's quantile estimate β (0: β stays at β̂)")
     beta_min: float = hyper(0.0, doc="the low end of the box B = [β_min, β_max] that β is projected onto "

@@ -46,7 +46,9 @@ NORM_EPS = 1e-30
 class Params(MethodParams):
     prefix = "fedfv"
     alpha: float = hyper(0.1, low=0.0, high=1.0, grid=Grid((0.0, 0.1, 0.2, 0.33, 0.5), 0.0, 1.0),
-                         doc="α, the share of the highest-loss clients whose update is kept unprojected")
+                         reduces_to={"fedavg": 1.0}, reduces_with={"fedfv-tau": 0},
+                         doc="α, the share of the highest-loss clients whose update is kept unprojected (1 with "
+                             "τ = 0: no projection, the uniform mean update rescaled to its own norm: FedAvg)")
     tau: int = hyper(1, low=0, grid=Grid((0, 1, 3, 10), 0, 100),
                      doc="τ, the rounds of stored updates checked for external conflicts")
 

@@ -45,7 +45,9 @@ class Params(MethodParams):
     prefix = "fedheal"
     threshold: float = hyper(0.3, high=1.0, doc="τ_s, the mask's sign-consistency threshold (the code's default); 0 "
                                                 "keeps every coordinate whose sign occurred before, < 0 keeps all")
-    beta: float = hyper(0.4, low=0.0, high=1.0, doc="β, the step of the distance-based weights; 0 keeps them uniform "
+    beta: float = hyper(0.4, low=0.0, high=1.0, reduces_to={"fedavg": 0.0},
+                        reduces_with={"fedheal-threshold": -1.0},
+                        doc="β, the step of the distance-based weights; 0 keeps them uniform "
                                                     "1/m (with threshold < 0: FedAvg with uniform weights)")
 
 

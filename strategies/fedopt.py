@@ -68,6 +68,7 @@ class FedAvgMParams(MethodParams):
     server_learning_rate: float = hyper(1.0, key="fedavgm-server-lr", low=0.0, low_open=True,
                                         doc="η_s, the server step on the momentum")
     momentum: float = hyper(0.9, low=0.0, high=1.0, high_open=True,
+                            reduces_to={"fedavg": 0.0}, reduces_with={"fedavgm-server-lr": 1.0},
                             doc="β (Hsu et al.); 0 with fedavgm-server-lr = 1 is FedAvg")
 
 

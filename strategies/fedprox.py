@@ -21,6 +21,7 @@ from strategies.registry import register
 class Params(MethodParams):
     prefix = "fedprox"
     mu: float = hyper(0.01, low=0.0, key=keys.FEDPROX_MU, grid=Grid((0.001, 0.01, 0.1, 1.0), 1e-5, 100.0),
+                      reduces_to={"fedavg": 0.0},
                       doc="μ, the proximal term's weight (0 is FedAvg); sent to the clients "
                           "(client_app.methods.fedprox)")
 

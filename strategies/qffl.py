@@ -38,6 +38,7 @@ LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a los
 class Params(MethodParams):
     prefix = "qffl"
     q: float = hyper(1.0, low=0.0, grid=Grid((0.1, 0.2, 1.0, 2.0, 5.0), 0.0, 50.0),
+                     reduces_to={"fedavg": 0.0},
                      doc="the fairness exponent q; 0 is FedAvg with equal client weights (θ_t − Σ Δw_k/(m L) = "
                          "the uniform mean of the local models)")
 

@@ -197,3 +197,36 @@ def test_methods_option_keeps_and_orders_entries(short_out, drawn):
     figures.make_figures(short_out, methods=["twin", "fedavg"])
     names = [t.get_text() for t in drawn["s_client_ecdf.png"].axes[1].get_yticklabels()]
     assert names == ["twin [fedpcd-tau=0.02]", "fedavg"]
+
+
+def test_pareto_front_and_the_page_figures_are_drawn_from_the_csvs_alone(tmp_path, capsys):
+    import csv as csv_mod
+
+    # (mean, worst-10 %): (0.9, 0.2) and (0.8, 0.4) are on the front; (0.7, 0.3) and (0.85, 0.1) are dominated
+    assert figures.pareto_front([(0.9, 0.2), (0.8, 0.4), (0.7, 0.3), (0.85, 0.1)]) == [0, 1]
+    assert figures.pareto_front([(0.5, 0.5), (0.5, 0.5)]) == [0, 1]  # equal points dominate neither
+    fields = ["setting", "method", "hyperparameters", "selected", "val_mean_acc_mean", "val_worst10_acc_mean"]
+    with open(tmp_path / "report.csv", "w", newline="") as fh:
+        w = csv_mod.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for i, (m, wst) in enumerate([(0.9, 0.2), (0.8, 0.4), (0.7, 0.3)]):
+            w.writerow({"setting": "s", "method": "fedpcd", "hyperparameters": f"lr={i}", "selected": int(i == 0),
+                        "val_mean_acc_mean": m, "val_worst10_acc_mean": wst})
+    (tmp_path / "report_paired.csv").write_text(
+        "setting,method,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm\n"
+        "s,fedpcd,fedavg,mean_acc,10,0.02,0.01,0.03,0.01\ns,fedpcd,fedavg,worst10_acc,2,0.05,-0.2,0.3,0.04\n")
+    assert figures.main([str(tmp_path), "--page"]) == 0
+    for name in ("forest.png", "pareto.png"):
+        img = mpimg.imread(tmp_path / name)
+        assert img.shape[0] > 100 and np.ptp(img) > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert figures.main([str(empty), "--page"]) == 2
+
+
+def test_frontier_colours_do_not_repeat_for_many_methods():
+    from matplotlib.colors import to_rgba
+
+    for n in (3, 14, 25):
+        colours = [to_rgba(c) for c in figures.distinct_colours(n)]
+        assert len(set(colours)) == n

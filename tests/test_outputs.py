@@ -148,6 +148,27 @@ def test_honest_ups_and_downs_stay_complete_without_warnings(tmp_path, monkeypat
     assert s["warnings"] == []
 
 
+def test_the_completeness_checks_read_the_validation_split_not_the_test_split(tmp_path, monkeypatch):
+    """Selection must not read test data: the test mean collapses but the validation mean holds,
+    so the run stays complete (before: the test split's collapse removed its grid point)."""
+    from fedpcd_app.server.evaluation import Evaluator
+    from tests.helpers import fedavg_config, run_honest
+
+    real = Evaluator.evaluate
+    test, val = [0.40, 0.652, 0.60, 0.113], [0.41, 0.64, 0.61, 0.63]
+
+    def evaluate(self, server_round, *rest):
+        out = real(self, server_round, *rest)
+        return {**out, "mean_acc": test[server_round - 1], "val_mean_acc": val[server_round - 1]}
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    run_honest(fedavg_config(tmp_path / "run"))
+    s = read_summary(tmp_path / "run")
+    assert s["complete"] is True and "collapsed" not in s
+    from fedpcd_app.server.divergence import selection_acc
+    assert selection_acc({"mean_acc": 0.1, "val_mean_acc": 0.6}) == 0.6 and selection_acc({"mean_acc": 0.1}) == 0.1
+
+
 @pytest.mark.parametrize("accs, collapsed", [
     ([0.652, 0.113], True), ([0.568, 0.122], True), ([0.913, 0.228], True),  # the report's three methods
     ([0.25, 0.10], False),  # never well above chance: nothing to have collapsed from

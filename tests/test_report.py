@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -284,6 +285,13 @@ def test_grid_point_is_selected_on_validation_when_the_runs_have_it(sweep_out):
     assert float(row["mean_acc_mean"]) == pytest.approx((0.8 + 0.7 + 0.7) / 3)  # the test numbers
     text = md.read_text()
     assert "on the validation split" in text and "Warning" not in text
+    # a seed stopped before any evaluation (no val_mean_acc) does not turn the selection to the test split
+    folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.05" / "seed2"
+    summary = {k: v for k, v in json.loads((folder / "summary.json").read_text()).items() if k != "val_mean_acc"}
+    write_json_atomic(folder / "summary.json",
+                      {**summary, "complete": False, "incomplete_reason": "diverged at round 1"})
+    runs = [r for r in report.load_runs(sweep_out) if r.method == "fedpcd"]
+    assert report.selection_split(runs) == "validation" and report.best_variant(runs)[0] == "fedpcd-tau=0.01"
 
 
 def test_selecting_on_test_is_said_and_warned_about(sweep_out):
@@ -339,15 +347,24 @@ def test_runs_written_before_the_field_are_read_by_what_they_scored(tmp_path):
         report.report(tmp_path)
 
 
-def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
-    # Prepare: τ=0.02 (the best by mean) diverged on seed 1
+def test_one_diverged_seed_is_counted_a_majority_makes_the_point_unstable(sweep_out):
+    # Prepare: τ=0.02 (the best by mean) diverged on seed 1 (1 of 3: a minority)
     folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.02" / "seed1"
     summary = json.loads((folder / "summary.json").read_text())
     write_json_atomic(folder / "summary.json", {**summary, "complete": False,
                                                 "incomplete_reason": "diverged at round 12"})
-    # Execute
     md, csv_path = report.report(sweep_out, all_points=True, baseline="fedavg")
-    # Assert: τ=0.01 is chosen; τ=0.02 has no number, only what happened
+    rows = {r["hyperparameters"]: r for r in csv.DictReader(open(csv_path)) if r["method"] == "fedpcd"}
+    # one seed's failure does not drop the point: it counts at its last evaluation (its summary's numbers)
+    assert rows["fedpcd-tau=0.02"]["chosen"] == "1" and rows["fedpcd-tau=0.02"]["status"] == "scored"
+    assert float(rows["fedpcd-tau=0.02"]["mean_acc_mean"]) == pytest.approx(0.76)
+    assert "seed 1 (counted at its last evaluation): diverged at round 12" in md.read_text()
+    # Prepare: a second seed fails (2 of 3: a majority): unstable, no score, never selected
+    folder = sweep_out / "alpha0.1" / "fedpcd" / "fedpcd-tau=0.02" / "seed2"
+    summary = json.loads((folder / "summary.json").read_text())
+    write_json_atomic(folder / "summary.json", {**summary, "complete": False,
+                                                "incomplete_reason": "diverged at round 9"})
+    md, csv_path = report.report(sweep_out, all_points=True, baseline="fedavg")
     rows = {r["hyperparameters"]: r for r in csv.DictReader(open(csv_path)) if r["method"] == "fedpcd"}
     assert rows["fedpcd-tau=0.01"]["chosen"] == "1" and rows["fedpcd-tau=0.02"]["chosen"] == "0"
     bad = rows["fedpcd-tau=0.02"]
@@ -355,10 +372,36 @@ def test_a_diverged_run_is_shown_as_diverged_never_as_a_score(sweep_out):
             and "seed 1: diverged at round 12" in bad["incomplete"])
     text = md.read_text()
     line = next(x for x in text.splitlines() if x.startswith("| fedpcd | data-size | fedpcd-tau=0.02"))
-    assert "diverged (1/3 seeds)" in line and "%" not in line and "76" not in line
+    assert "diverged (2/3 seeds)" in line and "%" not in line and "76" not in line
     assert "- fedpcd [fedpcd-tau=0.02] seed 1: diverged at round 12" in text
     paired = list(csv.DictReader(open(sweep_out / "report_paired.csv")))
     assert {r["hyperparameters"] for r in paired} == {"fedpcd-tau=0.01", "fedpcd-tau=0.05"}
+
+
+def test_ditto_is_scored_on_its_personal_models_beside_any_iterate(tmp_path):
+    for seed in range(2):
+        make_run(tmp_path, "s", "fedavg", seed, FEDAVG[seed], summary={"scored_iterate": "averaged"})
+        make_run(tmp_path, "s", "ditto", seed, TAU2[seed], registered="ditto", summary={"scored_iterate": "averaged"})
+    md, csv_path = report.report(tmp_path, mixed_weightings=True)
+    rows = {r["method"]: r["scored_iterate"] for r in csv.DictReader(open(csv_path))}
+    assert rows == {"fedavg": "averaged", "ditto": "personal"}
+    assert "each client's personal model (Ditto)" in md.read_text() and "mixed iterates" not in md.read_text()
+
+
+def test_a_selection_interior_along_lines_only_is_marked_not_bracketed(tmp_path):
+    # alpha tried at one value at the selected gamma (digits uniform FedeRage): interior along lr only
+    points = [({"a": 0.1, "g": 0.1}, 0.80), ({"a": 0.01, "g": 0.1}, 0.70), ({"a": 0.1, "g": 0.03}, 0.90),
+              ({"a": 0.1, "g": 0.3}, 0.60), ({"a": 0.01, "g": 0.3}, 0.5)]
+    for seed in range(2):
+        for grid, acc in points:
+            make_run(tmp_path, "s", "fr", seed, [acc] * 4, grid=grid)
+    rows = report.summarize(report.load_runs(tmp_path), all_points=True)
+    best = next(r for r in rows if r.chosen)
+    assert best.runs[0].grid == {"a": 0.1, "g": 0.03}
+    assert best.neighbourhood == "not bracketed: a (single value at the selection)"
+    md, csv_path = report.report(tmp_path)
+    assert "⚠ not bracketed" in md.read_text() or "⚠ edge" in md.read_text()
+    assert next(csv.DictReader(open(csv_path)))["neighbourhood"].startswith("not bracketed")
 
 
 # -- weighting, edges, budget, corrected statistics ----------------------------------------------------
@@ -436,9 +479,14 @@ def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):
     assert "Budget: **unequal** — configurations per method entry and seed: fedavg 1, fedpcd 3" in text
     rows = report.summarize(report.load_runs(sweep_out), all_points=True)
     assert report.budget_line([r for r in rows if r.method == "fedpcd"]) == (
-        "Budget: 3 configurations per method entry and seed, the same for every entry.")
-    assert report.budget_line(rows, budget=3) == ("Budget: 3 configurations per method entry and seed ([tuning] "
-                                                  "budget = 3); edge extensions beyond it: fedavg -2.")
+        "Budget: 3 configurations per method entry and seed, the same for every entry. "
+        "Values tried — fedpcd: fedpcd-tau {0.01, 0.02, 0.05}.")
+    # fedavg ran one configuration (its defaults) beside fedpcd's three: marked untuned
+    assert report.budget_line(rows, budget=3) == (
+        "Budget: 3 configurations per method entry and seed ([tuning] budget = 3); points beyond it (edge and "
+        "neighbour extensions, reductions, the shared lr axis): fedavg -2. Values tried — fedpcd: fedpcd-tau "
+        "{0.01, 0.02, 0.05}. **Untuned** (run at their defaults beside tuned entries: not on equal terms): fedavg.")
+    assert "| fedavg | data-size | untuned: its defaults |" in text
     (sweep_out / "sweep.json").write_text(json.dumps({"name": "x", "source": {"tuning": {"budget": 3}}, "runs": [
         {"setting": "alpha0.1", "method": m, "folder": str(f.parent.relative_to(sweep_out))}
         for f in sweep_out.rglob("summary.json") for m in [f.parts[-4]]]}))
@@ -470,15 +518,95 @@ def test_paired_statistics_are_holm_corrected_over_the_table(paired_out):
     assert float(main["fedpcd"]["p_holm"]) == pytest.approx(float(acc["p_holm"]))
     assert main["fedavg"]["p_holm"] == ""
     text = (paired_out / "report.md").read_text()
-    assert "Family: the 2 comparisons of this table with a defined t-test" in text and "5/5 is p = 0.0625" in text
+    assert "Family: the 2 comparisons of the whole report" in text and "5/5 is p = 0.0625" in text
+
+
+def test_a_two_seed_comparison_is_exploratory_never_significant(tmp_path):
+    # differences .05 .051: a t-test with one degree of freedom gives a tiny p; no verdict may rest on it
+    for seed, (b, m) in enumerate([(0.70, 0.75), (0.72, 0.771)]):
+        make_run(tmp_path, "s", "fedavg", seed, [b] * 4)
+        make_run(tmp_path, "s", "fedpcd", seed, [m] * 4, registered="fedpcd")
+    md, _ = report.report(tmp_path, baseline="fedavg", mixed_weightings=True)
+    acc = next(r for r in csv.DictReader(open(tmp_path / "report_paired.csv")) if r["metric"] == "mean_acc")
+    assert float(acc["p_holm"]) < 0.05  # what the old report printed as "significant: yes"
+    assert acc["significant"] == "0" and acc["verdict"] == "exploratory, 2 seeds"
+    line = next(x for x in md.read_text().splitlines() if x.startswith("| fedpcd") and "| ā |" in x)
+    assert "| exploratory, 2 seeds |" in line and "yes" not in line
+
+
+def test_holm_is_over_the_whole_report_unless_the_sweep_declares_the_setting(tmp_path):
+    for setting in ("a", "b"):
+        for seed, (b, m) in enumerate(zip(BASE, METHOD)):
+            make_run(tmp_path, setting, "fedavg", seed, [b] * 4)
+            make_run(tmp_path, setting, "fedpcd", seed, [m + (0.01 * seed if setting == "b" else 0)] * 4,
+                     registered="fedpcd")
+    rows = report.summarize(report.load_runs(tmp_path))
+    page = report.compare(rows, "fedavg", ("mean_acc",))
+    assert {p.family for p in page} == {2} and {p.family_name for p in page} == {"page"}
+    per_setting = report.compare(rows, "fedavg", ("mean_acc",), family="setting")
+    assert {p.family for p in per_setting} == {1}
+    assert all(a.p_holm >= b.p_holm for a, b in zip(page, per_setting))
+    # an equivalence margin gives the TOST p; without one there is none (never "equivalent")
+    tost = report.compare(rows, "fedavg", ("mean_acc",), margin=0.5)
+    assert all(0 <= p.tost_p < 0.05 and p.verdict in ("significant", "equivalent") for p in tost)
+    assert all(math.isnan(p.tost_p) for p in page)
 
 
 def test_check_wording_cli(tmp_path, capsys):
     page = tmp_path / "page.md"
     page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
-    assert report.main(["--check-wording", str(page)]) == 1
+    assert report.main(["--check-wording", str(page)]) == 1  # no paired CSV beside it: nothing supports either
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == [f"{page}:3: exploratory (no Holm-corrected test named): FedPCD wins on every seed."]
+    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (")
+    assert out[0].endswith("FedPCD wins on every seed.")
+    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,5,0.02,0.01\n")
+    page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert report.main(["--check-wording", str(page)]) == 0  # the CSV's row supports it
+    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,2,0.02,0.01\n")
+    assert report.main(["--check-wording", str(page)]) == 1  # two seeds: not a finding
     page.write_text("Nothing is claimed.\n")
     assert report.main(["--check-wording", str(page)]) == 0
     assert report.main(["--check-wording", str(tmp_path / "missing.md")]) == 2
+
+
+def test_restat_rederives_page_wide_holm_and_verdicts_from_the_stored_csvs(paired_out, tmp_path):
+    from fedpcd_app.analysis import stats as ours
+
+    report.report(paired_out, baseline="fedavg", mixed_weightings=True)
+    first = (paired_out / "report_paired.csv").read_text()
+    (paired_out / "report_paired_vs_fedavg.csv").write_text(first)  # a duplicate table: counted once
+    report.report(paired_out, baseline="fedpcd", mixed_weightings=True)
+    assert report.main(["--restat", str(paired_out)]) == 0
+    rows = {}
+    for path in sorted(paired_out.glob("report_paired*.csv")):
+        for r in csv.DictReader(open(path)):
+            rows[(r["method"], r["baseline"], r["metric"])] = r
+    # fedpcd − fedavg and fedavg − fedpcd are one comparison (the same test): counted once
+    distinct = {k: float(r["ttest_p"]) for k, r in rows.items() if k[:2] != ("fedavg", "fedpcd")}
+    expected = dict(zip(distinct, ours.holm(list(distinct.values()))))
+    for k, r in rows.items():
+        want = expected.get(k, expected.get((k[1], k[0], k[2])))
+        assert float(r["p_holm_page"]) == pytest.approx(want, nan_ok=True)
+        assert r["page_family_size"] == str(sum(not math.isnan(p) for p in distinct.values()))
+        assert r["verdict"] == ours.verdict(int(r["num_seeds"]), float(r["p_holm_page"]), math.nan)
+    assert rows[("other", "fedavg", "mean_acc")]["verdict"] == "exploratory, 1 seed"
+    rendered = (paired_out / "paired.md").read_text()  # the tables re-rendered from the CSVs
+    line = next(x for x in rendered.splitlines() if x.startswith("| fedpcd") and "| ā |" in x)
+    p_page = float(rows[("fedpcd", "fedavg", "mean_acc")]["p_holm_page"])
+    assert f"| {p_page:.3f} |" in line and "the whole report" in rendered
+    assert report.main(["--restat", str(tmp_path / "nothing")]) == 2
+
+
+def test_the_worst10_selection_is_reported_beside_the_mean_one(tmp_path):
+    # lr=0.1 has the higher mean (0.80 vs 0.78), lr=0.03 the higher worst-10 % (one client of ten at 0.7 vs 0.3)
+    for seed in range(2):
+        make_run(tmp_path, "s", "fedavg", seed, [0.7] * 10)
+        make_run(tmp_path, "s", "fedpcd", seed, [0.3] + [0.855] * 9, grid={"lr": 0.1}, registered="fedpcd")
+        make_run(tmp_path, "s", "fedpcd", seed, [0.7] + [0.79] * 9, grid={"lr": 0.03}, registered="fedpcd")
+    report.report(tmp_path, baseline="fedavg", mixed_weightings=True)
+    md, csv_path = report.report(tmp_path, baseline="fedavg", mixed_weightings=True, objective="worst10")
+    assert md.name == "report_worst10.md" and (tmp_path / "report_paired_worst10.csv").is_file()
+    chosen = {o: next(r for r in csv.DictReader(open(tmp_path / f)) if r["method"] == "fedpcd" and r["chosen"] == "1")
+              for o, f in (("mean", "report.csv"), ("worst10", "report_worst10.csv"))}
+    assert chosen["mean"]["hyperparameters"] == "lr=0.1" and chosen["worst10"]["hyperparameters"] == "lr=0.03"
+    assert chosen["worst10"]["objective"] == "worst10" and chosen["mean"]["objective"] == "mean"

@@ -1,5 +1,6 @@
 """Sweep files: expansion into runs, validation before launch, presets, restart after interruption."""
 
+import csv
 import json
 import os
 import shutil
@@ -233,3 +234,27 @@ def test_dry_run_prints_one_line_per_run_and_runs_nothing(tmp_path, capsys):
     assert all(o["method"] == "fedavg" and o["num-server-rounds"] == 3 for o in overrides)
     assert sweep.main([str(preset), "--dry-run", "--only", "nosuch"]) == 2
     assert "no [[methods]] entry matches" in capsys.readouterr().err
+
+
+def test_an_entry_run_at_defaults_beside_selected_ones_is_marked_untuned(tmp_path):
+    """issue 42: a quick sweep ran CRAFT at its default step beside FedPCD and FedAvg at selected
+    values, and its budget line read the same for every entry."""
+    from fedpcd_app.analysis import report
+    from tests.helpers import make_run
+
+    sw = sweep.load_sweep(Path("run_configs/sweeps/all_methods_digits.toml"), only=["fedavg", "fedpcd", "craft"],
+                          seeds="0")
+    notes = {r.method: r.labels().get("tuned_from", "") for r in sw.runs}
+    assert notes["fedavg"].startswith("docs/results/fedpcd_ablation_digits") and notes["craft"] == ""
+    assert all("tuned-from" not in r.overrides for r in sw.runs)  # not a run-config key
+    for run in sw.runs:  # finished runs with the sweep's labels
+        folder = make_run(tmp_path, run.setting, run.method, 0, [0.8] * 4, registered=run.overrides["method"])
+        (folder / "run.json").write_text(json.dumps(run.labels()))
+    md, csv_path = report.report(tmp_path, mixed_weightings=True)
+    rows = {r["method"]: r["untuned"] for r in csv.DictReader(open(csv_path))}
+    assert rows == {"fedavg": "0", "fedpcd": "0", "craft": "1"}
+    text = md.read_text()
+    assert "| craft |" in text and "untuned: its defaults" in text and "**Untuned**" in text
+    assert "Values selected elsewhere: fedavg (docs/results/fedpcd_ablation_digits" in text
+    with pytest.raises(sweep.SweepError, match="'tuned-from' must be a string"):
+        sweep.parse_sweep({"name": "t", "methods": [{"name": "a", "method": "fedavg", "tuned-from": 3}]})

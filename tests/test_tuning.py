@@ -1,6 +1,7 @@
 """fedpcd_app.analysis.tuning: declared spaces filled to one budget, refusals in one line,
 and grid edges extended (geometric step, bounded, resumable) until the selection is interior."""
 
+import dataclasses
 import json
 import math
 
@@ -23,12 +24,15 @@ def test_every_entry_gets_the_same_budget_and_lr_is_always_tuned():
     sw = make_sweep(budget=8, methods=[{"name": "fedavg", "method": "fedavg"}, {"name": "fedpcd", "method": "fedpcd"}],
                     grids={"fedpcd": {"fedpcd-tau": [0.01, 0.02]}})
     avg, pcd = configs(sw, "fedavg"), configs(sw, "fedpcd")
-    assert len(avg) == len(pcd) == 8
-    assert len(sw.runs) == 2 * 8 * 2  # entries x budget x seeds
     # fedpcd: 2 tau x the declared 4 lr; fedavg: the 4 lr extended by their geometric step
     # r = (0.1 / 0.003) ** (1/3) = 3.2183, alternately above and below: 0.322, 0.000932, 1.04 -> bound 1.0, 0.00029
-    assert sorted({dict(g)["lr"] for g in pcd}) == [0.003, 0.01, 0.03, 0.1]
+    budget = [g for g in pcd if dict(g)["lr"] in (0.003, 0.01, 0.03, 0.1)]
+    assert len(avg) == len(budget) == 8
     assert sorted(dict(g)["lr"] for g in avg) == [0.00029, 0.000932, 0.003, 0.01, 0.03, 0.1, 0.322, 1.0]
+    # coverage: the lr axis is shared, so fedpcd also tries the baseline's other four lr, at its default tau 0.02
+    assert sorted(set(pcd) - set(budget)) == sorted(
+        (("fedpcd-tau", 0.02), ("lr", lr)) for lr in (0.00029, 0.000932, 0.322, 1.0))
+    assert len(sw.runs) == (8 + 12) * 2  # (fedavg's budget + fedpcd's budget and coverage) x seeds
     assert all(r.overrides["lr"] == dict(r.grid)["lr"] for r in sw.runs)
 
 
@@ -114,13 +118,87 @@ def test_a_selection_at_the_declared_bound_is_not_extended(tmp_path):
 
 
 def test_unfinished_or_diverged_points_are_not_selected(tmp_path):
-    sw = make_sweep(budget=4)
+    # the rule before issue 42, now declared: one failed seed makes its point unstable
+    sw = make_sweep(budget=4, unstable="any")
     finish(sw, tmp_path, peak_at(0.3))
     bad = [r for r in sw.runs if dict(r.grid)["lr"] == 0.1 and r.seed == 1][0]
     (bad.folder(tmp_path) / "summary.json").write_text(json.dumps({"mean_acc": 0.1, "complete": False}))
     best, _ = tuning.selected_points(sw, tmp_path)[("default", "fedavg")]
     assert dict(best)["lr"] == 0.03  # interior among the complete points: nothing to extend
     assert tuning.extensions(sw, tmp_path) == []
+    bad.folder(tmp_path).joinpath("summary.json").unlink()  # unfinished: never a candidate, whatever the rule
+    assert dict(tuning.selected_points(make_sweep(budget=4), tmp_path)[("default", "fedavg")][0])["lr"] == 0.03
+
+
+def test_one_failed_seed_does_not_drop_a_grid_point(tmp_path):
+    # FedPW's case: 1 of 10 seeds stalls at the best lr; the other nine score far above the next point
+    sw = sweep_mod.parse_sweep({"name": "t", "seeds": list(range(10)), "base": {"dataset": "digits"},
+                                "tuning": {"budget": 4}, "methods": [{"name": "fedavg", "method": "fedavg"}]})
+    finish(sw, tmp_path, lambda g: {0.003: 0.5, 0.01: 0.7, 0.03: 0.86, 0.1: 0.6}[g["lr"]])
+    stalled = [r for r in sw.runs if dict(r.grid)["lr"] == 0.03 and r.seed == 0][0]
+    path = stalled.folder(tmp_path) / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "complete": False, "val_mean_acc": 0.2,
+                                "incomplete_reason": "diverged at round 199: the train loss was at chance"}))
+    best, _ = tuning.selected_points(sw, tmp_path)[("default", "fedavg")]
+    assert dict(best)["lr"] == 0.03  # counted at its last validation evaluation (0.2), not silently dropped
+    rules = tuning.Rules()
+    scores, split = tuning.point_scores({"p": [json.loads(path.read_text())] + [{"val_mean_acc": 0.86}] * 9}, rules)
+    assert split == "validation" and scores["p"] == pytest.approx((0.2 + 9 * 0.86) / 10)
+    # a majority failing makes the point unstable; 'zero' counts a failed seed at 0
+    assert tuning.point_scores({"p": [{"complete": False}] * 6 + [{"val_mean_acc": 0.9}] * 4}, rules)[0] == {}
+    zero = tuning.Rules(failed_score="zero")
+    assert tuning.point_scores({"p": [{"complete": False, "val_mean_acc": 0.5}, {"val_mean_acc": 0.9}]},
+                               zero)[0]["p"] == pytest.approx(0.45)
+
+
+def test_an_exact_tie_goes_to_the_interior_point():
+    # FedFV's case: alpha 0.0303 (the edge) and 0.1 (interior) bit-identical; the first in sweep order is the edge
+    grids = {a: {"fedfv-alpha": a} for a in (0.0303, 0.1, 0.33)}
+    assert tuning.choose({0.0303: 0.8745, 0.1: 0.8745, 0.33: 0.80}, grids) == 0.1
+    assert tuning.choose({0.0303: 0.8746, 0.1: 0.8745, 0.33: 0.80}, grids) == 0.0303  # no tie: the best
+
+
+def test_a_reduction_is_tried_at_every_baseline_lr():
+    # FedeRage at gamma = 0 is FedAvg: its space must hold it at FedAvg's selected lr (0.3 on the digits page)
+    lrs = [0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5]
+    sw = make_sweep(budget=8, methods=[
+        {"name": "fedavg", "method": "fedavg", "fedavg-weighting": "uniform", "lr": lrs},
+        {"name": "federage", "method": "federage", "federage-alpha": [0.01, 0.1], "federage-gamma": [0.1, 0.3],
+         "lr": [0.03, 0.1]},
+        {"name": "q", "method": "qffl", "qffl-q": [1.0, 2.0], "lr": [0.01, 0.03, 0.1, 0.3]},
+        {"name": "scaffold", "method": "scaffold", "lr": lrs}], **{"fedavg-both-weightings": False})
+    fed = configs(sw, "federage")
+    assert sorted(dict(g)["lr"] for g in fed if dict(g)["federage-gamma"] == 0.0) == lrs
+    assert {dict(g)["federage-alpha"] for g in fed if dict(g)["federage-gamma"] == 0.0} == {0.1}  # its default
+    assert len(fed) == 8 + 8  # the budget, and the reduction at each of the baseline's lr values
+    q = configs(sw, "q")
+    assert sorted(dict(g)["lr"] for g in q if dict(g)["qffl-q"] == 0.0) == lrs
+    assert len(configs(sw, "scaffold")) == 8  # it already covers the baseline's lr axis: nothing added
+    # the declarations the tuner reads
+    from strategies.registry import strategy_class
+    declared = {m: [(k, v) for k, v, to, _ in strategy_class(m).Params.reductions() if to == "fedavg"]
+                for m in ("federage", "qffl", "fedprox", "fedavgm", "fedfv", "fedheal")}
+    assert declared == {"federage": [("federage-alpha", 1.0), ("federage-gamma", 0.0)], "qffl": [("qffl-q", 0.0)],
+                        "fedprox": [("fedprox-mu", 0.0)], "fedavgm": [("fedavgm-momentum", 0.0)],
+                        "fedfv": [("fedfv-alpha", 1.0)], "fedheal": [("fedheal-beta", 0.0)]}
+
+
+def test_both_neighbours_of_every_tuned_key_are_run_at_the_selection(tmp_path):
+    # alpha tried at a single value at the selected gamma: its neighbours are added there
+    sw = make_sweep(budget=4, methods=[{"name": "fr", "method": "federage", "federage-alpha": [0.01, 0.1],
+                                        "federage-gamma": [0.1, 0.3], "lr": 0.1}])
+    extra = [r for r in sw.runs if r.seed == 0][0]
+    sw.runs.extend(dataclasses.replace(extra, grid=(("federage-alpha", 0.05), ("federage-gamma", 0.2)), seed=s,
+                                       overrides={**extra.overrides, "federage-alpha": 0.05, "federage-gamma": 0.2})
+                   for s in (0, 1))
+    finish(sw, tmp_path, lambda g: 0.9 - abs(g["federage-alpha"] - 0.05) - abs(g["federage-gamma"] - 0.2))
+    best, _ = tuning.selected_points(sw, tmp_path)[("default", "fr")]
+    assert dict(best) == {"federage-alpha": 0.05, "federage-gamma": 0.2}
+    new = sorted({r.grid for r in tuning.extensions(sw, tmp_path)})
+    assert new == sorted([(("federage-alpha", 0.01), ("federage-gamma", 0.2)),
+                          (("federage-alpha", 0.1), ("federage-gamma", 0.2)),
+                          (("federage-alpha", 0.05), ("federage-gamma", 0.1)),
+                          (("federage-alpha", 0.05), ("federage-gamma", 0.3))])
 
 
 def test_extend_edges_is_off_without_tuning_or_when_disabled(tmp_path):
@@ -168,3 +246,18 @@ def test_fedavg_under_the_missing_weighting_is_added_when_weightings_differ():
     assert {r.method for r in off.runs} == {"afl"}
     both = make_sweep(budget=4, methods=[{"name": "afl", "method": "afl", "afl-lambda-lr": 0.1}])
     assert list(dict.fromkeys(r.method for r in both.runs)) == ["afl"]  # a single rule: nothing to compare
+
+
+def test_federage_declared_reductions_give_fedavg_weights():
+    """The declarations the tuner reads hold in the client's maths: at γ = 0, and at α = 1 with
+    β = β_min = 0 (losses are >= 0), every step's risk weight is exactly 1 (plain SGD), so β never
+    moves (its step is η_β (1 − w) = 0). Measured end to end: FedAvg (uniform), FedeRage γ = 0 and
+    FedeRage α = 1, γ = 0.1 give byte-identical final models (issue 42 report)."""
+    import torch
+
+    from client_app.methods.federage import risk_weights
+
+    losses = torch.tensor([0.0, 0.3, 2.5, 7.0])
+    assert torch.equal(risk_weights(losses, 1.0, 0.1, 0.0), torch.ones(4))
+    assert torch.equal(risk_weights(losses, 0.0, 1.0, 0.1), torch.ones(4))
+    assert not torch.equal(risk_weights(losses, 1.0, 0.1, 0.3), torch.ones(4))  # a real risk weight

@@ -39,6 +39,11 @@ FedAvg entry, else the first method).
 * ``<setting>_labels.png`` — the label distribution of the partition (counts per client
   and class, from ``client_app.data.FederatedData.label_counts``), for the first seed;
   skipped with a note when the dataset cannot be loaded here.
+* ``forest.png`` — every paired difference of the report's ``report_paired*.csv`` with its
+  95 % interval, significant ones (Holm, ≥ 5 seeds) filled (:func:`forest`).
+* ``pareto.png`` — per method, every configuration's validation (mean, worst-10 %) from
+  ``report.csv``, the Pareto front joined, the selection ringed (:func:`pareto`). Both are
+  drawn from the CSVs alone: ``--page`` redraws them for a results page without its runs.
 * ``<setting>_availability.png`` — when a run folder holds ``availability.json``
   (``{"probabilities": [...]}``, each client's per-round inclusion probability): that
   probability and, from ``clients.csv``, the fraction of rounds the client was actually
@@ -241,6 +246,15 @@ def _spread_coincident(points: dict[str, tuple[float, float]], span: tuple[float
     return offsets, [g for g in groups if len(g) > 1]
 
 
+def distinct_colours(n: int) -> list:
+    """``n`` colours no two of which repeat: matplotlib's ten-colour cycle up to 10, tab20 up to 20
+    (a frontier of 14 methods drew two blues, two oranges, ... with the cycle), then hsv."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    cmap = plt.get_cmap("tab20" if n <= 20 else "hsv")
+    return [cmap(i if n <= 20 else i / n) for i in range(n)]
+
+
 def frontier(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 5))
     data = {}
@@ -252,11 +266,12 @@ def frontier(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
     ys = np.concatenate([np.r_[y.min(), y.max()] for _, y in data.values()])
     span = (max(np.ptp(xs), 0.5), max(np.ptp(ys), 0.5))
     offsets, groups = _spread_coincident({m: (x.mean(), y.mean()) for m, (x, y) in data.items()}, span)
+    colours = distinct_colours(len(data))
     for i, (method, (x, y)) in enumerate(data.items()):
         dx, dy = offsets[method]
         mx, my = x.mean(), y.mean()
         ax.errorbar(mx + dx, my + dy, xerr=[[mx - x.min()], [x.max() - mx]], yerr=[[my - y.min()], [y.max() - my]],
-                    fmt=MARKERS[i % len(MARKERS)], ms=8, capsize=4, elinewidth=1, mec="k", mew=0.6,
+                    fmt=MARKERS[i % len(MARKERS)], ms=8, capsize=4, elinewidth=1, mec="k", mew=0.6, color=colours[i],
                     label=_name(chosen[method]) + (f" ({len(x)} seeds)" if len(x) > 1 else " (1 seed)"), zorder=3)
         if dx or dy:
             ax.plot([mx, mx + dx], [my, my + dy], color="0.4", lw=0.8, zorder=2)
@@ -567,6 +582,117 @@ def availability(run: Run, setting: str, path: Path) -> Path:
 
 
 # -- all of them ---------------------------------------------------------------------------------
+# -- from a page's CSVs (redrawn without the runs) ---------------------------------------------------
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def forest(rows: list[dict[str, str]], path: Path, metrics=("mean_acc", "worst10_acc")) -> Path | None:
+    """The page's paired differences (rows of its ``report_paired*.csv``) with their 95 %
+    intervals, one panel per metric, one line per comparison ``method − baseline [setting]``:
+    a filled marker when the comparison is significant after Holm (over ≥ 5 paired seeds; the
+    page-wide ``p_holm_page`` when the CSV has it), hollow otherwise, p_holm written beside it;
+    None when there is nothing to draw."""
+    from fedpcd_app.analysis import stats
+
+    panels = [m for m in metrics if any(r.get("metric") == m for r in rows)]
+    if not panels:
+        return None
+    height = max(len([r for r in rows if r.get("metric") == m]) for m in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 1.2 + 0.32 * height), squeeze=False)
+    for ax, metric in zip(axes[0], panels):
+        group = [r for r in rows if r.get("metric") == metric]
+        for y, r in enumerate(reversed(group)):
+            mean, lo, hi = (100 * _float(r.get(k)) for k in ("mean_difference", "ci95_low", "ci95_high"))
+            p = _float(r.get("p_holm_page", r.get("p_holm")))
+            n = int(_float(r.get("num_seeds")) or 0)
+            sig = n >= stats.MIN_SEEDS and p < stats.ALPHA
+            if not np.isnan(lo):
+                ax.plot([lo, hi], [y, y], color="0.35", lw=1.2)
+            ax.plot([mean], [y], "o", color="C3" if sig else "0.35", mfc="C3" if sig else "white", ms=6)
+            note = "—" if np.isnan(p) else f"p_holm {p:.3g}" + (" *" if sig else "")
+            ax.annotate(note if n >= stats.MIN_SEEDS else f"exploratory, {n} seeds", (1.0, y),
+                        xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=7)
+        labels = [f"{r.get('method')} − {r.get('baseline')}" + (f" [{r['setting']}]" if r.get("setting") else "")
+                  for r in reversed(group)]
+        ax.set_yticks(range(len(group)), labels, fontsize=7)
+        ax.axvline(0.0, color="0.6", lw=0.8, ls="--")
+        title = {"mean_acc": "ā", "worst10_acc": "W₁₀", "std_acc": "σ_c"}.get(metric, metric)
+        ax.set_xlabel(f"paired difference in {title} (pp), 95 % CI")
+        ax.set_title(f"{title}: filled = significant after Holm (≥ {stats.MIN_SEEDS} seeds)", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point dominates (higher or equal in both, higher in one)."""
+    out = []
+    for i, (a, b) in enumerate(points):
+        if not any((c >= a and d >= b) and (c > a or d > b) for j, (c, d) in enumerate(points) if j != i):
+            out.append(i)
+    return out
+
+
+def pareto(rows: list[dict[str, str]], path: Path, setting: str | None = None) -> Path | None:
+    """Per method entry, every configuration of ``report.csv`` (``rows``) as (mean, worst-10 %)
+    on the validation split (``val_*`` columns; the test split, said in the title, for a CSV
+    written before them), the Pareto front marked and joined, the selection ringed; one panel
+    per method, so that no colour is shared and no legend covers the data."""
+    rows = [r for r in rows if setting is None or r.get("setting") == setting]
+    val = any(r.get("val_mean_acc_mean") for r in rows)
+    kx, ky = ("val_mean_acc_mean", "val_worst10_acc_mean") if val else ("mean_acc_mean", "worst10_acc_mean")
+    methods = list(dict.fromkeys(r["method"] for r in rows if r.get(kx) and r.get(ky)))
+    if not methods:
+        return None
+    fig, axes = _panels(len(methods), cols=4, size=(3.6, 3.4))
+    for ax, method in zip(axes, methods):
+        pts = [(100 * _float(r[kx]), 100 * _float(r[ky]), r.get("selected") == "1")
+               for r in rows if r["method"] == method and r.get(kx) and r.get(ky)]
+        xy = [(x, y) for x, y, _ in pts]
+        front = sorted((xy[i] for i in pareto_front(xy)), key=lambda p: p[0])
+        ax.scatter([x for x, _ in xy], [y for _, y in xy], s=14, color="0.55", label="configuration")
+        ax.plot([x for x, _ in front], [y for _, y in front], "-o", color="C0", ms=4, lw=1, label="Pareto front")
+        sel = [(x, y) for x, y, chosen in pts if chosen]
+        ax.scatter([x for x, _ in sel], [y for _, y in sel], s=90, facecolors="none", edgecolors="C3", lw=1.5,
+                   label="selected")
+        ax.set_title(method, fontsize=9)
+        ax.set_xlabel("mean ā (%)", fontsize=8)
+        ax.set_ylabel("worst-10 % (%)", fontsize=8)
+    for ax in axes[len(methods):]:
+        ax.set_visible(False)
+    fig.suptitle(f"every configuration, {'validation' if val else 'test (no validation columns in the CSV)'} "
+                 "split: mean over seeds", fontsize=10)
+    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    _legend_below(fig, axes[0], handles, labels, ncol=3)
+    return save_figure(fig, path)
+
+
+def page_figures(folder: str | Path, dest: str | Path | None = None) -> list[Path]:
+    """``forest.png`` (paired differences of every ``report_paired*.csv``) and ``pareto.png``
+    (``report.csv``'s configurations) of a results page's folder, from its CSVs alone (into
+    ``dest``, default the folder)."""
+    folder = Path(folder)
+    dest = Path(dest) if dest else folder
+    paired: list[dict[str, str]] = []
+    for p in sorted(folder.glob("report_paired*.csv")):
+        with open(p, newline="") as fh:
+            paired += list(csv.DictReader(fh))
+    written = []
+    if paired and (f := forest(paired, dest / "forest.png")) is not None:
+        written.append(f)
+    if (folder / "report.csv").is_file():
+        with open(folder / "report.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        if (f := pareto(rows, dest / "pareto.png")) is not None:
+            written.append(f)
+    return written
+
+
 def make_figures(out: str | Path, fig_dir: str | Path | None = None, baseline: str | None = None,
                  methods: list[str] | None = None) -> list[Path]:
     out = Path(out)
@@ -611,7 +737,7 @@ def make_figures(out: str | Path, fig_dir: str | Path | None = None, baseline: s
         if avail:  # the lowest seed, of the first method in the table's order
             first = min(avail, key=lambda r: (r.seed, rank.get(r.method, len(rank)), r.variant))
             written.append(availability(first, setting, Path(f"{stem}_availability.png")))
-    return written
+    return written + page_figures(out, fig_dir)  # forest and Pareto figures from the report's CSVs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -621,7 +747,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=None, metavar="METHOD",
                         help="reference of the paired scatter and the heatmap's client order (default: FedAvg)")
     parser.add_argument("--methods", default="", help="comma-separated method entries to draw, in this order")
+    parser.add_argument("--page", action="store_true",
+                        help="draw forest.png and pareto.png from the folder's report CSVs alone (a results page)")
     args = parser.parse_args(argv)
+    if args.page:
+        paths = page_figures(args.out, args.fig_dir or None)
+        if not paths:
+            print(f"error: no report.csv or report_paired*.csv in {args.out}", file=sys.stderr)
+            return 2
+        print("\n".join(map(str, paths)))
+        return 0
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] or None
     try:
         paths = make_figures(args.out, args.fig_dir or None, args.baseline, methods)

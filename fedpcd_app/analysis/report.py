@@ -3,6 +3,7 @@
     python -m fedpcd_app.report <folder> [--target 0.8] [--all] [--baseline METHOD] [--mixed-iterates]
                                 [--mixed-weightings]
     python -m fedpcd_app.report --check-wording PAGE.md
+    python -m fedpcd_app.report --restat PAGE_FOLDER [--margin 0.01]
 
 ``<folder>`` is a single run folder (holding ``summary.json``), a sweep output folder, or
 any folder holding runs (searched recursively). Runs made by a sweep carry their labels
@@ -43,10 +44,19 @@ runs scored on different iterates is refused with one line (exit 2) unless
 ``--mixed-iterates`` is given; the table then has an ``iterate`` column.
 
 Runs that did not finish normally (``complete: false`` in ``summary.json``, e.g.
-``incomplete_reason: "diverged at round N"``) never give a score: a grid point with such a
-seed is shown as ``diverged (k/n seeds)`` (``incomplete`` for other reasons) with the
-reasons under the table, is not a candidate for selection (unless every grid point of the
-method is), sets no best value and enters no paired comparison.
+``incomplete_reason: "diverged at round N"``) are counted by the sweep's declared rules
+(``[tuning] unstable``, ``failed-seed-score``; :class:`fedpcd_app.analysis.tuning.Rules`): a grid
+point is *unstable* when a majority of its seeds failed (default; ``any``: one) and is then shown
+as ``diverged (k/n seeds)`` (``incomplete`` for other reasons), is not a candidate for selection
+(unless every grid point of the method is), sets no best value and enters no paired comparison;
+a failed seed of any other point counts at its last evaluation (listed under the table). An exact
+tie between grid points goes to the one on fewer grid edges (toward the interior). The selection
+objective is the validation mean accuracy (``[tuning] objective`` or ``--objective worst10``: its
+worst-10 %; written beside the mean selection as ``report_worst10.md`` / ``.csv`` /
+``report_paired_worst10.csv``, so that a fairness page reports both). ``report.csv`` adds
+``objective``, ``neighbourhood`` (``bracketed``, or the tuned keys without a neighbour run at the
+selection: ⚠ not bracketed), ``untuned`` (an entry run at its defaults beside tuned ones, also
+named on the budget line) and the validation means ``val_*``.
 
 Weighting. Every table has a ``weighting`` column: how the row's method weights its clients
 (``strategies.registry.weighting_of`` of its method and resolved config: ``data-size``,
@@ -61,21 +71,28 @@ flagged **unequal** when they differ). A grid point is ``on_edge`` when it is th
 largest value tried in a numeric key, along that key through it (:func:`grid_edges`); a
 selection on the edge is marked ⚠ edge, listed under the table, and never marked best.
 
+Ditto is scored on each client's personal model: its ``scored_iterate`` is ``personal``, which
+sits beside any iterate of the other rows.
+
 ``--baseline METHOD`` adds a paired comparison per setting: every other row against the
 baseline's chosen grid point, over the seeds both ran (a seed fixes the partition, the
 initial model and the sampled clients, so the runs are paired): the mean over seeds of
 the per-seed difference (method − baseline), the two-sided paired t-test and Wilcoxon
 signed-rank p-values (``scipy.stats``) and the number of seeds on which the method did
 better, with the mean difference's 95 % t-based confidence interval, the effect size d_z,
-the exact sign-test p of the seed count (5/5 seeds is p = 0.0625: not a finding) and the
-t-test p Holm-adjusted over the table's family (every row × metric compared in the setting;
-the family is stated under the table); *significant* only when that adjusted p is below
-0.05 (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
+the exact sign-test p of the seed count (5/5 seeds is p = 0.0625: not a finding), the t-test p
+Holm-adjusted over the report's whole family (every row × metric × setting; ``[tuning]
+holm-family = "setting"`` declares the narrower per-setting family), the TOST p at the declared
+``[tuning] equivalence-margin`` and a verdict: *significant* only when the adjusted p is below
+0.05 over at least 5 paired seeds (fewer: *exploratory, n seeds*), *equivalent* only by the TOST,
+else *inconclusive* (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
 ``report.csv``'s ``p_holm`` is each compared row's adjusted p of the first metric (ā by default).
 
-``--check-wording PAGE.md`` lists the sentences of a results page that claim significance
-or a win "on every seed" / "k/k seeds" without naming a corrected (Holm) test, labelled
-exploratory; exit 1 when there is one, 0 when none (:func:`stats.check_wording`).
+``--check-wording PAGE.md`` lists the comparative sentences of a results page (significant,
+beats, leads, trails, best, tie, equivalent, k/k or every seed) that the rows of the paired CSVs
+beside it do not support (:func:`stats.wording_problems`); exit 1 when there is one, 0 when none.
+``--restat FOLDER [--margin m]`` re-derives a page's page-wide Holm, TOST and verdicts from its
+stored ``report_paired*.csv`` and renders them to ``FOLDER/paired.md`` (:func:`restat`).
 """
 
 from __future__ import annotations
@@ -109,6 +126,7 @@ METRICS: tuple[tuple[str, str, bool, bool], ...] = (
 )
 METRIC_INFO = {key: (title, high, percent) for key, title, high, percent in METRICS}
 PAIRED_METRICS = ("mean_acc", "worst10_acc", "std_acc")
+VAL_METRICS = ("val_mean_acc", "val_worst10_acc")  # the validation numbers selection reads (report.csv, Pareto figure)
 
 # Runs without run.json: keys that define the federation (a setting) ...
 SETTING_KEYS = (
@@ -125,6 +143,7 @@ IGNORED_KEYS = frozenset({
 DEFAULT_SETTING = "default"
 UNKNOWN_WEIGHTING = "unknown"
 BOTH_FEDAVG = APP["fedavg-weighting"].choices  # the FedAvg baselines of a table mixing weightings
+PERSONAL = "personal"  # the scored object of a personalised method (Ditto): each client's personal model
 
 
 @dataclasses.dataclass
@@ -136,10 +155,13 @@ class Run:
     seed: int
     grid: dict[str, Any]
     summary: dict[str, Any]
+    tuned_from: str = ""  # the sweep entry's tuned-from (run.json): where its fixed values were selected
 
     @property
     def iterate(self) -> str:
         """The iterate its metrics were scored on (``last`` / ``averaged``; see the module doc)."""
+        if self.summary.get("method") == "ditto":  # scored on each client's personal model (its paper's output)
+            return PERSONAL
         if self.summary.get("scored_iterate"):
             return str(self.summary["scored_iterate"])
         cfg = self.summary.get("config", {})
@@ -273,7 +295,7 @@ def load_runs(out: str | Path) -> list[Run]:
             owner = next((name for root, name in sweep_of.items() if _is_below(folder, root)), None)
             setting = f"{owner}/{setting}" if owner else setting
         labelled.append(Run(folder, setting, labels["method"], labels["variant"], int(labels["seed"]),
-                            labels.get("grid", {}), summary))
+                            labels.get("grid", {}), summary, str(labels.get("tuned_from", ""))))
     return _newest_per_seed(labelled + _label_loose(loose))
 
 
@@ -328,7 +350,8 @@ def selection_split(runs: list[Run], warn: bool = False) -> str:
     """``validation`` when every run scored a validation split (``val-fraction`` > 0: its
     summary has ``val_mean_acc``), else ``test`` (with a warning when there is a choice to
     make: selecting on the reported test data inflates the "best" numbers)."""
-    if runs and all(r.summary.get("val_mean_acc") is not None for r in runs):
+    finished = [r for r in runs if not r.incomplete]  # a run stopped before its first evaluation has none
+    if finished and all(r.summary.get("val_mean_acc") is not None for r in finished):
         return "validation"
     if warn and len({r.variant for r in runs}) > 1:
         import warnings
@@ -339,18 +362,23 @@ def selection_split(runs: list[Run], warn: bool = False) -> str:
     return "test"
 
 
-def best_variant(runs: list[Run]) -> tuple[str, dict[str, list[Run]]]:
-    """The grid point with the highest mean over seeds of the mean client accuracy on the
-    validation split when the runs have one (else on the test split, :func:`selection_split`);
-    first on ties."""
+def best_variant(runs: list[Run], rules=None) -> tuple[str, dict[str, list[Run]]]:
+    """The grid point with the highest mean over seeds of the selection objective (the mean
+    client accuracy by default) on the validation split when the runs have one (else on the test
+    split, :func:`selection_split`), among the points that are not unstable, a failed seed counted
+    by the sweep's rules (:class:`fedpcd_app.analysis.tuning.Rules`: a majority failing makes a
+    point unstable; a failed seed counts at its last evaluation); an exact tie goes toward the
+    interior of the grid (:func:`fedpcd_app.analysis.tuning.choose`), then to the first."""
+    from fedpcd_app.analysis.tuning import Rules, choose, point_scores
+
     by_variant: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_variant[r.variant].append(r)
-    key = "val_mean_acc" if selection_split(runs, warn=True) == "validation" else "mean_acc"
-    complete = [v for v in by_variant if not any(r.incomplete for r in by_variant[v])]
-    if not complete:  # every grid point has a diverged seed: shown as such, never as a score
+    selection_split(runs, warn=True)
+    scores, _ = point_scores({v: [r.summary for r in rs] for v, rs in by_variant.items()}, rules or Rules())
+    if not scores:  # every grid point is unstable: shown as such, never as a score
         return next(iter(by_variant)), by_variant
-    best = max(complete, key=lambda v: mean_std(r.summary[key] for r in by_variant[v])[0])
+    best = choose(scores, {v: rs[0].grid for v, rs in by_variant.items()})
     return best, by_variant
 
 
@@ -379,6 +407,10 @@ class Row:
     weighting: str = UNKNOWN_WEIGHTING  # how its method weights the clients (Run.weighting)
     edge: list[str] = dataclasses.field(default_factory=list)  # "key=value (largest tried)": on its grid's edge
     p_holm: float | None = None  # Holm-adjusted p of its paired comparison (first metric), when made
+    unstable: bool = False  # too many failed seeds (the sweep's Rules): no score
+    unbracketed: list[str] = dataclasses.field(default_factory=list)  # tuned keys without both neighbours run
+    untuned: bool = False  # run at its defaults (one configuration) beside tuned entries
+    objective: str = "mean"  # the selection objective (Rules.objective)
 
     @property
     def on_edge(self) -> bool:
@@ -387,10 +419,19 @@ class Row:
 
     @property
     def status(self) -> str:
-        """``""`` (scored), or ``diverged`` / ``incomplete`` when a seed did not finish normally."""
-        if not self.incomplete:
+        """``""`` (scored; a minority of failed seeds counted at their last evaluation), or
+        ``diverged`` / ``incomplete`` when the point is unstable (the sweep's rule over its seeds)."""
+        if not self.unstable:
             return ""
         return "diverged" if any("diverg" in why for _, why in self.incomplete) else "incomplete"
+
+    @property
+    def neighbourhood(self) -> str:
+        """``bracketed`` when every tuned numeric key has a lower and a higher value run at the
+        selection's other values; else which key is not (the selection is interior along lines only)."""
+        if not self.unbracketed:
+            return "bracketed"
+        return "not bracketed: " + ", ".join(self.unbracketed)
 
 
 def _numeric(value: Any) -> bool:
@@ -419,25 +460,68 @@ def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]], method: str = 
     return out
 
 
+def unbracketed(grid: dict[str, Any], grids: list[dict[str, Any]]) -> list[str]:
+    """The numeric keys of ``grid`` tried at other values somewhere in ``grids`` but lacking a
+    lower or a higher value on the line through ``grid`` (the other keys equal): the selection
+    is not bracketed along that key (``key (lower)``, ``key (higher)``, or ``key (single value)``)."""
+    out = []
+    for key, value in grid.items():
+        if not _numeric(value):
+            continue
+        tried = {g[key] for g in grids if key in g and _numeric(g[key])}
+        line = {g[key] for g in grids if key in g and _numeric(g[key])
+                and all(g.get(k) == v for k, v in grid.items() if k != key)}
+        if len(tried) < 2:
+            continue
+        lower, higher = any(v < value for v in line), any(v > value for v in line)
+        if not lower and not higher:
+            out.append(f"{key} (single value at the selection)")
+        elif not lower and any(v < value for v in tried):
+            out.append(f"{key} (no lower value at the selection)")
+        elif not higher and any(v > value for v in tried):
+            out.append(f"{key} (no higher value at the selection)")
+    return out
+
+
+def rules_of(out: str | Path, objective: str | None = None):
+    """The selection rules the sweep at or below ``out`` declares in ``[tuning]``
+    (:class:`fedpcd_app.analysis.tuning.Rules`; the defaults without), ``objective`` overriding."""
+    from fedpcd_app.analysis.tuning import OBJECTIVES, Rules
+
+    rules = Rules(tuning_value(out, "unstable") or "majority", tuning_value(out, "failed-seed-score") or "last",
+                  objective or tuning_value(out, "objective") or "mean")
+    if rules.objective not in OBJECTIVES:
+        raise ReportError(f"--objective {rules.objective!r}: choose from {', '.join(OBJECTIVES)}")
+    return rules
+
+
 def is_fedavg(runs: list[Run]) -> bool:
     return all(r.summary.get("method") == "fedavg" for r in runs)
 
 
 def summarize(runs: list[Run], target: float | None = None,
-              order: tuple[list[str], list[str]] = ([], []), all_points: bool = False) -> list[Row]:
+              order: tuple[list[str], list[str]] = ([], []), all_points: bool = False, rules=None) -> list[Row]:
     """One row per (setting, method): the best grid point's mean ± std over seeds; with
-    ``all_points`` one row per grid point (``chosen`` marks the best)."""
+    ``all_points`` one row per grid point (``chosen`` marks the best). ``rules``: the sweep's
+    selection rules (:class:`fedpcd_app.analysis.tuning.Rules`): an unstable point has no score;
+    a failed seed of another point is counted at its last evaluation (the numbers its summary
+    recorded) and listed under the table."""
+    from fedpcd_app.analysis.tuning import Rules
+
+    rules = rules or Rules()
     rows = []
     for setting in ordered((r.setting for r in runs), order[0]):
         in_setting = [r for r in runs if r.setting == setting]
         chosen: dict[str, str] = {}
         variants: dict[str, dict[str, list[Run]]] = {}
         for method in ordered((r.method for r in in_setting), order[1]):
-            chosen[method], variants[method] = best_variant([r for r in in_setting if r.method == method])
+            chosen[method], variants[method] = best_variant([r for r in in_setting if r.method == method], rules)
         goal = target
         if goal is None:
             fedavg = [m for m in chosen if is_fedavg(variants[m][chosen[m]])]
-            fedavg = [m for m in fedavg if not any(r.incomplete for r in variants[m][chosen[m]])]
+            fedavg = [m for m in fedavg
+                      if not rules.is_unstable(sum(bool(r.incomplete) for r in variants[m][chosen[m]]),
+                                               len(variants[m][chosen[m]]))]
             if fedavg:  # the best FedAvg entry's final accuracy, as in the papers
                 goal = max(mean_std(r.summary["mean_acc"] for r in variants[m][chosen[m]])[0] for m in fedavg)
         for method in chosen:
@@ -446,21 +530,27 @@ def summarize(runs: list[Run], target: float | None = None,
             for variant in (variants[method] if all_points else [chosen[method]]):
                 rs = sorted(variants[method][variant], key=lambda r: r.seed)
                 bad = [(r.seed, r.incomplete) for r in rs if r.incomplete]
-                stats = {key: (math.nan, math.nan) if bad else mean_std(r.summary.get(key) for r in rs)
-                         for key, *_ in METRICS}
+                unstable = rules.is_unstable(len(bad), len(rs))
+                stats = {key: (math.nan, math.nan) if unstable else mean_std(r.summary.get(key) for r in rs)
+                         for key in [k for k, *_ in METRICS] + list(VAL_METRICS)}
                 reach = None
-                if goal is not None and not bad:
+                if goal is not None and not unstable:
                     hits = [rounds_to_target(r, goal) for r in rs]
                     m, s = mean_std(h for h in hits if h is not None)
                     reach = (m, s, sum(h is not None for h in hits))
                 iterates = sorted({r.iterate for r in rs})
                 grids = [v[0].grid for v in variants[method].values()]
+                tuned_elsewhere = any(len({r.variant for r in in_setting if r.method == m}) > 1 for m in chosen) \
+                    or any(r.tuned_from for r in in_setting)
                 rows.append(Row(setting, method, variant, [r.seed for r in rs], stats, goal, reach,
                                 chosen=variant == chosen[method], runs=rs, selected_on=split,
                                 iterate="/".join(iterates), split="/".join(sorted({r.split for r in rs})),
                                 incomplete=bad, weighting="/".join(sorted({r.weighting for r in rs})),
                                 edge=grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
-                                if len(grids) > 1 else []))
+                                if len(grids) > 1 else [], unstable=unstable,
+                                unbracketed=unbracketed(rs[0].grid, grids) if len(grids) > 1 else [],
+                                untuned=len(grids) == 1 and tuned_elsewhere and not rs[0].tuned_from,
+                                objective=rules.objective))
     return rows
 
 
@@ -510,15 +600,23 @@ class Paired:
     ci_high: float = math.nan
     effect: float = math.nan  # Cohen's d_z = mean / sample std of the differences
     sign_p: float = math.nan  # exact two-sided sign test of wins among the untied seeds
-    p_holm: float = math.nan  # t-test p, Holm-adjusted over the table's family
+    p_holm: float = math.nan  # t-test p, Holm-adjusted over the family (the page's, unless declared)
     family: int = 0  # the number of comparisons in that family (defined t-tests)
     on_edge: bool = False  # the method's selection lies on its grid's edge
     baseline_on_edge: bool = False  # the baseline's selection does
+    tost_p: float = math.nan  # TOST p of equivalence within the declared margin (NaN: no margin declared)
+    family_name: str = "page"  # the Holm family: "page" (every comparison of the report) or "setting"
 
     @property
     def significant(self) -> bool:
-        """Only after the correction: Holm-adjusted p below :data:`stats.ALPHA`."""
-        return not math.isnan(self.p_holm) and self.p_holm < stats.ALPHA
+        """Only after the correction, over at least :data:`stats.MIN_SEEDS` paired seeds:
+        Holm-adjusted p below :data:`stats.ALPHA`."""
+        return len(self.seeds) >= stats.MIN_SEEDS and not math.isnan(self.p_holm) and self.p_holm < stats.ALPHA
+
+    @property
+    def verdict(self) -> str:
+        """:func:`stats.verdict`: exploratory (n seeds) / significant / equivalent / inconclusive."""
+        return stats.verdict(len(self.seeds), self.p_holm, self.tost_p)
 
 
 def paired_tests(diffs) -> tuple[float, float]:
@@ -553,19 +651,22 @@ def find_baseline(rows: list[Row], setting: str, name: str) -> Row | None:
     return by_method[0] if len(by_method) == 1 else None
 
 
-def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Paired]:
+def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS, margin: float | None = None,
+            family: str = "page") -> list[Paired]:
     """Every row against the baseline's chosen grid point of its setting, over paired seeds:
-    mean difference with its 95 % t-interval, d_z, t-test / Wilcoxon / sign-test p-values and
-    the t-test p Holm-adjusted over the setting's family (every row × metric compared there);
-    the row's ``p_holm`` gets its first metric's adjusted p."""
+    mean difference with its 95 % t-interval, d_z, t-test / Wilcoxon / sign-test p-values, the
+    t-test p Holm-adjusted over the family (``page``: every row × metric × setting compared;
+    ``setting``: each setting's, when the sweep file declares ``[tuning] holm-family =
+    "setting"``) and, with an equivalence ``margin`` (``[tuning] equivalence-margin``, a
+    fraction), the TOST p; the row's ``p_holm`` gets its first metric's adjusted p."""
     out = []
     for setting in dict.fromkeys(r.setting for r in rows):
         base = find_baseline(rows, setting, baseline)
-        if base is None or base.incomplete:
+        if base is None or base.unstable:
             continue
         base_by_seed = {r.seed: r.summary for r in base.runs}
         for row in rows:
-            if row.setting != setting or row is base or row.incomplete:
+            if row.setting != setting or row is base or row.unstable:
                 continue
             seeds = [r.seed for r in row.runs if r.seed in base_by_seed]
             mine = {r.seed: r.summary for r in row.runs}
@@ -582,11 +683,15 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS) -> list[Pair
                                   [s for s, _ in ok], d.tolist(), float(d.mean()) if d.size else math.nan,
                                   t_p, w_p, int(better.sum()), ties, lo, hi, stats.effect_size(d),
                                   stats.sign_test_p(int(better.sum()), d.size - ties), on_edge=row.on_edge,
-                                  baseline_on_edge=base.on_edge))
-    for setting in dict.fromkeys(p.setting for p in out):  # Holm over each table's family
-        family = [p for p in out if p.setting == setting]
-        for p, adj in zip(family, stats.holm([p.ttest_p for p in family])):
-            p.p_holm, p.family = adj, sum(not math.isnan(x.ttest_p) for x in family)
+                                  baseline_on_edge=base.on_edge,
+                                  tost_p=stats.tost_p(d, margin) if margin else math.nan, family_name=family))
+    if family not in ("page", "setting"):
+        raise ReportError(f"holm-family {family!r}: choose 'page' (the default) or 'setting'")
+    groups = [out] if family == "page" else [[p for p in out if p.setting == s]
+                                             for s in dict.fromkeys(p.setting for p in out)]
+    for group in groups:  # Holm over each family
+        for p, adj in zip(group, stats.holm([p.ttest_p for p in group])):
+            p.p_holm, p.family = adj, sum(not math.isnan(x.ttest_p) for x in group)
     first = {(p.setting, p.method, p.variant): p.p_holm for p in out if p.metric == metrics[0]} if metrics else {}
     for row in rows:
         if (row.setting, row.method, row.variant) in first:
@@ -620,12 +725,13 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
         lines.append(f"Per seed difference method − {base} on the same seed (same partition, initial model "
                      "and sampled clients): mean over the paired seeds with its 95 % confidence interval "
                      "(t-based), the effect size d_z (mean / std of the differences), the two-sided paired "
-                     "t-test p, that p Holm-adjusted over this table's family (p_holm), the Wilcoxon "
+                     "t-test p, that p Holm-adjusted over the family stated below (p_holm), the TOST p of "
+                     "equivalence and the verdict, the Wilcoxon "
                      "signed-rank p (scipy.stats; — where undefined: one seed, or no spread), and the seeds on "
                      "which the method did better (higher; for σ_c lower) with their exact sign-test p.")
         lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference [95 % CI] | d_z | "
-                      "t-test p | p_holm | significant | Wilcoxon p | seeds better (sign-test p) |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+                      "t-test p | p_holm | TOST p | verdict | Wilcoxon p | seeds better (sign-test p) |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
         for p in group:
             title = METRIC_INFO.get(p.metric, (p.metric,))[0]
             better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "") + f" (p = {_p(p.sign_p)})"
@@ -633,15 +739,20 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
             effect = "—" if math.isnan(p.effect) else f"{p.effect:+.2f}"
             hyper = p.variant.replace(",", ", ") + (" ⚠ edge" if p.on_edge else "")
             lines.append(f"| {p.method} | {hyper} | {title} | {len(p.seeds)} | {_diff(p.mean_diff, p.metric)}{ci} | "
-                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {'yes' if p.significant else 'no'} | "
+                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {_p(p.tost_p)} | {p.verdict} | "
                          f"{_p(p.wilcoxon_p)} | {better} |")
         metrics = ", ".join(dict.fromkeys(METRIC_INFO.get(p.metric, (p.metric,))[0] for p in group))
         n_rows = len(dict.fromkeys((p.method, p.variant) for p in group))
-        lines += ["", f"Family: the {group[0].family} comparisons of this table with a defined t-test "
-                      f"({n_rows} method row(s) × metrics {metrics}), "
-                      f"Holm-corrected; *significant* means p_holm < {stats.ALPHA}. \"k/n seeds better\" is a sign "
-                      "test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the Wilcoxon p "
-                      "cannot fall below 2/2ⁿ."]
+        scope = ("this table" if first.family_name == "setting" else
+                 "the whole report (every setting; declared narrower only by [tuning] holm-family)")
+        lines += ["", f"Family: the {group[0].family} comparisons of {scope} with a defined t-test "
+                      f"({n_rows} method row(s) here × metrics {metrics}), "
+                      f"Holm-corrected. Verdict: *significant* means p_holm < {stats.ALPHA} over at least "
+                      f"{stats.MIN_SEEDS} paired seeds (fewer: *exploratory, n seeds*, no significance); "
+                      "*equivalent* means the TOST p within the sweep's declared [tuning] equivalence-margin is "
+                      f"below {stats.ALPHA}; else *inconclusive* (read the interval). \"k/n seeds better\" is a "
+                      "sign test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the "
+                      "Wilcoxon p cannot fall below 2/2ⁿ."]
         if first.baseline_on_edge:
             lines.append(f"⚠ edge: the baseline {base}'s selected grid point lies on its grid's edge: the "
                          "differences are not against its optimum.")
@@ -655,7 +766,7 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
     fields = ["setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric",
               "num_seeds", "seeds", "differences", "mean_difference", "ttest_p", "wilcoxon_p", "seeds_better",
               "seeds_tied", "ci95_low", "ci95_high", "effect_dz", "sign_test_p", "p_holm", "family_size",
-              "significant", "on_edge"]
+              "significant", "on_edge", "holm_family", "tost_p", "verdict"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -667,24 +778,51 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
                         "ttest_p": p.ttest_p, "wilcoxon_p": p.wilcoxon_p, "seeds_better": p.wins,
                         "seeds_tied": p.ties, "ci95_low": p.ci_low, "ci95_high": p.ci_high, "effect_dz": p.effect,
                         "sign_test_p": p.sign_p, "p_holm": p.p_holm, "family_size": p.family,
-                        "significant": int(p.significant), "on_edge": int(p.on_edge)})
+                        "significant": int(p.significant), "on_edge": int(p.on_edge),
+                        "holm_family": p.family_name, "tost_p": p.tost_p, "verdict": p.verdict})
 
 
 # -- output ------------------------------------------------------------------------------
 def budget_line(rows: list[Row], budget: int | None = None) -> str:
     """The configurations per method entry and seed of one table (``rows``: every grid point):
-    the declared ``[tuning] budget`` with the edge extensions beyond it, or the counts."""
+    the declared ``[tuning] budget`` with the points beyond it (edge and neighbour extensions,
+    reductions, the shared lr axis), or the counts; then, per entry, the values tried on each
+    key, and the entries run untuned (at their defaults) beside tuned ones."""
     counts = {m: len({r.variant for r in rows if r.method == m}) for m in dict.fromkeys(r.method for r in rows)}
     if budget is not None:
         extra = {m: n - budget for m, n in counts.items() if n != budget}
-        more = ("; edge extensions beyond it: " + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
-        return f"Budget: {budget} configurations per method entry and seed ([tuning] budget = {budget}){more}."
-    if len(set(counts.values())) == 1:
+        more = ("; points beyond it (edge and neighbour extensions, reductions, the shared lr axis): "
+                + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
+        line = f"Budget: {budget} configurations per method entry and seed ([tuning] budget = {budget}){more}."
+    elif len(set(counts.values())) == 1:
         n = next(iter(counts.values()))
-        return f"Budget: {n} configuration{'s' if n > 1 else ''} per method entry and seed, the same for every entry."
-    return ("Budget: **unequal** — configurations per method entry and seed: "
-            + ", ".join(f"{m} {n}" for m, n in counts.items())
-            + " (a sweep's [tuning] table gives every entry the same budget).")
+        line = f"Budget: {n} configuration{'s' if n > 1 else ''} per method entry and seed, the same for every entry."
+    else:
+        line = ("Budget: **unequal** — configurations per method entry and seed: "
+                + ", ".join(f"{m} {n}" for m, n in counts.items())
+                + " (a sweep's [tuning] table gives every entry the same budget).")
+    tried = []
+    for m in counts:
+        values: dict[str, list] = {}
+        for r in rows:
+            if r.method == m:
+                for k, v in (r.runs[0].grid if r.runs else {}).items():
+                    values.setdefault(k, []).append(v)
+        if values:
+            tried.append(f"{m}: " + "; ".join(f"{k} {{{', '.join(_fmt(v) for v in sorted(set(vs), key=str))}}}"
+                                              if not all(_numeric(v) for v in vs) else
+                                              f"{k} {{{', '.join(_fmt(v) for v in sorted(set(vs)))}}}"
+                                              for k, vs in values.items()))
+    if tried:
+        line += " Values tried — " + " | ".join(tried) + "."
+    elsewhere = {r.method: r.runs[0].tuned_from for r in rows if r.runs and r.runs[0].tuned_from}
+    if elsewhere:
+        line += " Values selected elsewhere: " + "; ".join(f"{m} ({w})" for m, w in elsewhere.items()) + "."
+    untuned = [m for m in counts if any(r.untuned for r in rows if r.method == m)]
+    if untuned:
+        line += (" **Untuned** (run at their defaults beside tuned entries: not on equal terms): "
+                 + ", ".join(untuned) + ".")
+    return line
 
 
 def to_markdown(rows: list[Row], title: str = "", all_points: bool = False, budget: int | None = None,
@@ -724,7 +862,7 @@ def _preamble(rows: list[Row], title: str, all_points: bool) -> list[str]:
 def _setting_table(group: list[tuple[int, Row]], marks: dict, all_points: bool) -> list[str]:
     """One setting's table (``group``: its rows with their indices in ``marks``), then its notes."""
     target = group[0][1].target
-    mixed = len({r.iterate for _, r in group}) > 1
+    mixed = len({r.iterate for _, r in group} - {PERSONAL}) > 1
     rounds_title = f"rounds to {100 * target:.2f}%" if target is not None else "rounds to target"
     head = (["method", "weighting", "hyperparameters", "seeds"] + (["iterate"] if mixed else [])
             + [t for _, t, _, _ in METRICS] + [rounds_title])
@@ -732,14 +870,18 @@ def _setting_table(group: list[tuple[int, Row]], marks: dict, all_points: bool) 
              "|" + "|".join(["---"] * (5 if mixed else 4) + ["---:"] * (len(METRICS) + 1)) + "|"]
     notes = []
     for i, r in group:
-        hyper = (r.variant.replace(",", ", ") + (" ★" if all_points and r.chosen else "")
-                 + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else ""))
+        hyper = (("untuned: its defaults" if r.untuned else r.variant.replace(",", ", "))
+                 + (" ★" if all_points and r.chosen else "")
+                 + (" ⚠ edge" if r.on_edge and (r.chosen or not all_points) else "")
+                 + (" ⚠ not bracketed" if r.unbracketed and r.chosen and not r.on_edge else ""))
         cells = [r.method, r.weighting, hyper, str(len(r.seeds))] + ([r.iterate] if mixed else [])
-        if r.incomplete:  # never a score: what happened, and why under the table
+        if r.unstable:  # never a score: what happened, and why under the table
             cells += [f"{r.status} ({len(r.incomplete)}/{len(r.seeds)} seeds)"] + ["—"] * len(METRICS)
             notes += [f"{r.method} [{r.variant}] seed {seed}: {why}" for seed, why in r.incomplete]
         else:
             cells += _score_cells(i, r, marks)
+            notes += [f"{r.method} [{r.variant}] seed {seed} (counted at its last evaluation): {why}"
+                      for seed, why in r.incomplete]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + _table_notes([r for _, r in group], notes)
 
@@ -766,8 +908,14 @@ def _table_notes(rows: list[Row], notes: list[str]) -> list[str]:
     """Under a table: runs that gave no score, selections on a grid's edge, mixed weightings."""
     lines = []
     if notes:
-        lines += ["", "Runs that gave no score (summary.json `complete: false`):", ""]
+        lines += ["", "Runs that stopped early (summary.json `complete: false`; a grid point is unstable, no "
+                      "score, only when a majority of its seeds did, else they count at their last evaluation):", ""]
         lines += [f"- {note}" for note in notes]
+    loose = [r for r in rows if r.chosen and r.unbracketed and not r.on_edge]
+    if loose:
+        lines += ["", "⚠ not bracketed — selections interior along lines only (a tuned key lacks a neighbour run "
+                      "at the selection's other values): "
+                  + "; ".join(f"{r.method}: {', '.join(r.unbracketed)}" for r in loose) + "."]
     edges = [r for r in rows if r.chosen and r.on_edge]
     if edges:
         lines += ["", "⚠ edge — selections on the edge of the grid tried (the optimum may lie beyond it; no "
@@ -785,9 +933,10 @@ def scored_line(rows: list[Row]) -> str:
     iterates = sorted({r.iterate for r in rows})
     splits = sorted({r.split for r in rows})
     names = {"last": "the last global model θ_T", "averaged": "the averaged iterate θ̄_T (mean of θ_1..θ_T)",
-             "last/averaged": "mixed"}
+             "last/averaged": "mixed", PERSONAL: "each client's personal model (Ditto)"}
     what = " and ".join(names.get(i, i) for i in iterates)
-    mixed = " — **mixed iterates** (--mixed-iterates): rows are not on equal terms" if len(iterates) > 1 else ""
+    mixed = (" — **mixed iterates** (--mixed-iterates): rows are not on equal terms"
+             if len(set(iterates) - {PERSONAL}) > 1 else "")
     return f"Scored: {what}, on the {' and '.join(splits)} split(s){mixed}."
 
 
@@ -795,8 +944,8 @@ def check_iterates(runs: list[Run]) -> None:
     """One line (ReportError) when a table (a setting) mixes runs scored on different iterates."""
     for setting in dict.fromkeys(r.setting for r in runs):
         by_iterate: dict[str, list[str]] = defaultdict(list)
-        for run in runs:
-            if run.setting == setting and run.method not in by_iterate[run.iterate]:
+        for run in runs:  # a personalised method is scored on its personal models beside any iterate
+            if run.setting == setting and run.iterate != PERSONAL and run.method not in by_iterate[run.iterate]:
                 by_iterate[run.iterate].append(run.method)
         if len(by_iterate) > 1:
             parts = "; ".join(f"{it}: {', '.join(ms)}" for it, ms in sorted(by_iterate.items()))
@@ -829,6 +978,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
     for key, *_ in METRICS:
         fields += [f"{key}_mean", f"{key}_std"]
     fields += ["target_acc", "rounds_to_target_mean", "rounds_to_target_std", "seeds_reaching_target"]
+    fields += ["objective", "neighbourhood", "untuned"] + [f"{key}_mean" for key in VAL_METRICS]  # issue 42
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -839,9 +989,13 @@ def write_csv(rows: list[Row], path: Path) -> None:
                    "scored_split": r.split, "status": r.status or "scored",
                    "incomplete": "; ".join(f"seed {seed}: {why}" for seed, why in r.incomplete),
                    "weighting": r.weighting, "selected": int(r.chosen), "on_edge": int(r.on_edge),
-                   "edge": "; ".join(r.edge), "p_holm": "" if r.p_holm is None else r.p_holm}
+                   "edge": "; ".join(r.edge), "p_holm": "" if r.p_holm is None else r.p_holm,
+                   "objective": r.objective, "neighbourhood": r.neighbourhood, "untuned": int(r.untuned)}
             for key, *_ in METRICS:
-                row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.incomplete else r.stats[key]
+                row[f"{key}_mean"], row[f"{key}_std"] = ("", "") if r.unstable else r.stats[key]
+            for key in VAL_METRICS:
+                value = r.stats.get(key, (math.nan, math.nan))[0]
+                row[f"{key}_mean"] = "" if r.unstable or math.isnan(value) else value
             if r.rounds is not None:
                 row["rounds_to_target_mean"], row["rounds_to_target_std"], row["seeds_reaching_target"] = r.rounds
             w.writerow(row)
@@ -853,21 +1007,28 @@ class ReportError(ValueError):
 
 def tuning_budget(out: str | Path) -> int | None:
     """The ``[tuning] budget`` of the sweep found at or below ``out`` (None: no such table)."""
-    budgets = {m.get("source", {}).get("tuning", {}).get("budget") for _, m in _manifests(Path(out))}
-    budgets.discard(None)
-    return budgets.pop() if len(budgets) == 1 else None
+    return tuning_value(out, "budget")
+
+
+def tuning_value(out: str | Path, key: str) -> Any:
+    """A ``[tuning]`` key of the sweep found at or below ``out`` (None: absent, or sweeps disagree)."""
+    values = {json.dumps(m.get("source", {}).get("tuning", {}).get(key)) for _, m in _manifests(Path(out))}
+    values.discard("null")
+    return json.loads(values.pop()) if len(values) == 1 else None
 
 
 def report(out: str | Path, target: float | None = None, all_points: bool = False,
            baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False,
-           mixed_weightings: bool = False) -> tuple[Path, Path]:
+           mixed_weightings: bool = False, objective: str | None = None) -> tuple[Path, Path]:
     """``report.md`` (each method's selected grid point; every grid point with ``all_points``)
     and ``report.csv`` (every grid point, ``selected`` marking the chosen ones)."""
     out = Path(out)
     runs = load_runs(out)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
-    every = summarize(runs, target, sweep_order(out), all_points=True)
+    rules = rules_of(out, objective)
+    suffix = "" if rules.objective == "mean" else f"_{rules.objective}"  # both selections side by side
+    every = summarize(runs, target, sweep_order(out), all_points=True, rules=rules)
     rows = every if all_points else [r for r in every if r.chosen]
     if not mixed_iterates:
         check_iterates(runs)
@@ -881,25 +1042,124 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
         if not any(find_baseline(rows, s, baseline) for s in settings):
             names = ", ".join(dict.fromkeys(r.method for r in rows))
             raise ReportError(f"--baseline {baseline!r} is not a method of the runs found (methods: {names})")
-        results = compare(rows, baseline, metrics)
+        results = compare(rows, baseline, metrics, tuning_value(out, "equivalence-margin"),
+                          tuning_value(out, "holm-family") or "page")
     text = to_markdown(rows, title_of(out), all_points, tuning_budget(out), every)
     if baseline:
         text += "\n".join(paired_markdown(results, baseline, settings)) + "\n"
-        write_paired_csv(results, out / "report_paired.csv")
-    md, csv_path = out / "report.md", out / "report.csv"
+        write_paired_csv(results, out / f"report_paired{suffix}.csv")
+    md, csv_path = out / f"report{suffix}.md", out / f"report{suffix}.csv"
     md.write_text(text)
     write_csv(every, csv_path)
     return md, csv_path
 
 
+def page_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of the paired CSVs beside a results page (every ``*.csv`` of its folder with a
+    ``mean_difference`` column): what :func:`check_page` checks the page's words against."""
+    rows = []
+    for csv_path in sorted(Path(path).parent.glob("*.csv")):
+        with open(csv_path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            if "mean_difference" in (reader.fieldnames or []):
+                rows += list(reader)
+    return rows
+
+
+def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
+    """Re-derive a results page's statistics from its stored paired CSVs (``report_paired*.csv``:
+    their per-seed ``differences``), without its runs: ``p_holm_page`` — the t-test p
+    Holm-adjusted over every distinct comparison of the page (all its CSVs, settings, baselines
+    and metrics: the default family; A − B and B − A are one comparison), ``page_family_size``,
+    ``tost_p`` at the equivalence ``margin`` (NaN without one: then nothing may be called a tie) and ``verdict``
+    (:func:`stats.verdict` on the page-wide p). The CSVs are rewritten with these columns
+    added (the earlier ones kept); the paths rewritten."""
+    folder = Path(folder)
+    files = sorted(folder.glob("report_paired*.csv"))
+    tables = []
+    for path in files:
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            tables.append((path, list(reader.fieldnames or []), list(reader)))
+    def ident(r: dict[str, str]) -> tuple:  # one comparison, whichever side is the baseline (A − B is B − A)
+        sides = frozenset({(r.get("method", ""), r.get("hyperparameters", "")),
+                           (r.get("baseline", ""), r.get("baseline_hyperparameters", ""))})
+        return r.get("setting", ""), sides, r.get("metric", "")
+
+    unique: dict[tuple, float] = {}
+    for _, _, rows in tables:
+        for r in rows:
+            unique.setdefault(ident(r), float(r.get("ttest_p") or "nan"))
+    keys = list(unique)
+    adjusted = dict(zip(keys, stats.holm([unique[k] for k in keys])))
+    size = sum(not math.isnan(p) for p in unique.values())
+    for path, fields, rows in tables:
+        for r in rows:
+            diffs = [float(x) for x in (r.get("differences") or "").split()]
+            p_page = adjusted[ident(r)]
+            tost = stats.tost_p(diffs, margin) if margin else math.nan
+            r.update({"p_holm_page": p_page, "page_family_size": size, "tost_p": tost,
+                      "verdict": stats.verdict(len(diffs), p_page, tost),
+                      "significant": int(len(diffs) >= stats.MIN_SEEDS and p_page < stats.ALPHA)})
+        out = fields + [f for f in ("p_holm_page", "page_family_size", "tost_p", "verdict") if f not in fields]
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=out)
+            w.writeheader()
+            w.writerows(rows)
+    return files
+
+
+def paired_from_csv(rows: list[dict[str, str]]) -> list[Paired]:
+    """:class:`Paired` results read back from a page's paired CSV rows (after :func:`restat`:
+    the page-wide ``p_holm_page`` is the adjusted p, the family the page's)."""
+    def num(r: dict[str, str], key: str) -> float:
+        try:
+            return float(r.get(key) or "nan")
+        except ValueError:
+            return math.nan
+
+    out = []
+    for r in rows:
+        page = "p_holm_page" in r
+        out.append(Paired(
+            r["setting"], r["method"], r["hyperparameters"], r["baseline"], r["baseline_hyperparameters"], r["metric"],
+            [int(x) for x in (r.get("seeds") or "").split()], [float(x) for x in (r.get("differences") or "").split()],
+            num(r, "mean_difference"), num(r, "ttest_p"), num(r, "wilcoxon_p"), int(num(r, "seeds_better")),
+            int(num(r, "seeds_tied")), num(r, "ci95_low"), num(r, "ci95_high"), num(r, "effect_dz"),
+            num(r, "sign_test_p"), num(r, "p_holm_page" if page else "p_holm"),
+            int(num(r, "page_family_size" if page else "family_size")), r.get("on_edge") == "1",
+            tost_p=num(r, "tost_p"), family_name="page" if page else "setting"))
+    return out
+
+
+def render_paired(folder: str | Path) -> str:
+    """The paired-comparison tables of a results page, re-rendered from its stored
+    ``report_paired*.csv`` (run :func:`restat` first: page-wide Holm, verdicts), one table per
+    baseline and setting, each distinct comparison once."""
+    rows, seen = [], set()
+    for path in sorted(Path(folder).glob("report_paired*.csv")):
+        with open(path, newline="") as fh:
+            for r in csv.DictReader(fh):
+                key = tuple(r.get(k) for k in ("setting", "method", "hyperparameters", "baseline", "metric"))
+                if key not in seen:
+                    seen.add(key)
+                    rows.append(r)
+    results = paired_from_csv(rows)
+    lines: list[str] = []
+    for baseline in dict.fromkeys(p.baseline for p in results):
+        group = [p for p in results if p.baseline == baseline]
+        lines += paired_markdown(group, baseline, list(dict.fromkeys(p.setting for p in group)))
+    return "\n".join(lines).replace("\n## ", "\n### ") + "\n"
+
+
 def check_page(path: str | Path) -> list[str]:
-    """``PAGE:LINE: exploratory: SENTENCE`` for each sentence of a results page that claims
-    significance or a win on every seed without a corrected test (:func:`stats.check_wording`)."""
+    """``PAGE:LINE: unsupported (why): SENTENCE`` for each comparative sentence of a results page
+    that the numbers of its paired CSVs do not support (:func:`stats.wording_problems`)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--check-wording: no page {path}")
-    return [f"{path}:{no}: exploratory (no Holm-corrected test named): {sentence}"
-            for no, sentence in stats.check_wording(path.read_text())]
+    return [f"{path}:{no}: unsupported ({why}): {sentence}"
+            for no, sentence, why in stats.wording_problems(path.read_text(), page_rows(path))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -917,17 +1177,34 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"metrics of the paired comparison (default {','.join(PAIRED_METRICS)})")
     parser.add_argument("--mixed-weightings", action="store_true",
                         help="allow a table of rules of different weightings without FedAvg under both")
+    parser.add_argument("--objective", default=None, choices=("mean", "worst10"),
+                        help="select each grid point on the validation mean accuracy (default, or the sweep's "
+                             "[tuning] objective) or on its worst-10 %%")
     parser.add_argument("--check-wording", default=None, metavar="PAGE.md",
                         help="list the page's claims of significance / 'every seed' without a corrected test "
                              "(exit 1 when there is one); no report is made")
+    parser.add_argument("--restat", default=None, metavar="FOLDER",
+                        help="re-derive a page's statistics from its stored report_paired*.csv (page-wide Holm, "
+                             "TOST at --margin, verdict) without its runs, and render them to FOLDER/paired.md")
+    parser.add_argument("--margin", type=float, default=None,
+                        help="--restat: the equivalence margin (a fraction, 0.01 = 1 pp) declared before the runs")
     args = parser.parse_args(argv)
+    if args.restat:
+        files = restat(args.restat, args.margin)
+        if not files:
+            print(f"error: no report_paired*.csv in {args.restat}", file=sys.stderr)
+            return 2
+        (Path(args.restat) / "paired.md").write_text("# Paired comparisons (from the stored CSVs, page-wide Holm)\n"
+                                                   + render_paired(args.restat))
+        print("rewrote " + ", ".join(map(str, files)) + f" and {Path(args.restat) / 'paired.md'}")
+        return 0
     if args.check_wording:
         try:
             flagged = check_page(args.check_wording)
         except FileNotFoundError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print("\n".join(flagged) if flagged else f"{args.check_wording}: no uncorrected claim")
+        print("\n".join(flagged) if flagged else f"{args.check_wording}: no unsupported claim")
         return 1 if flagged else 0
     if not args.out:
         print("error: give a run or sweep folder (or --check-wording PAGE.md)", file=sys.stderr)
@@ -935,12 +1212,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         md, csv_path = report(args.out, args.target, args.all_points, args.baseline,
                               [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates,
-                              args.mixed_weightings)
+                              args.mixed_weightings, args.objective)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(md.read_text())
-    print(f"wrote {md} and {csv_path}" + (f" and {md.parent / 'report_paired.csv'}" if args.baseline else ""))
+    paired = md.parent / md.name.replace("report", "report_paired").replace(".md", ".csv")
+    print(f"wrote {md} and {csv_path}" + (f" and {paired}" if args.baseline else ""))
     return 0
 
 

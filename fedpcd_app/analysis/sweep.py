@@ -18,6 +18,8 @@ A sweep file (TOML)::
     fedpcd-tau = [0.01, 0.02]   # a list forms a grid (Cartesian product over list keys)
     [methods.by-setting."alpha0.1"] # optional: keys (or grids) for one setting only
     fedpcd-tau = 0.05
+    # tuned-from = "docs/results/..."  # optional: where an untuned entry's fixed values were selected;
+    #                                   # the report marks entries without it "untuned" beside tuned ones
 
 Tuning (optional; :mod:`fedpcd_app.analysis.tuning`)::
 
@@ -104,6 +106,7 @@ class RunSpec:
     grid: tuple[tuple[str, Scalar], ...]  # the grid point: (key, value) of every list-valued key
     seed: int
     overrides: dict[str, Scalar]  # everything except output-dir
+    tuned_from: str = ""  # the entry's `tuned-from`: where its fixed values were selected (else untuned)
 
     @property
     def variant(self) -> str:
@@ -115,7 +118,8 @@ class RunSpec:
 
     def labels(self) -> dict[str, Any]:
         return {"setting": self.setting, "method": self.method, "variant": self.variant,
-                "grid": dict(self.grid), "seed": self.seed, "overrides": self.overrides}
+                "grid": dict(self.grid), "seed": self.seed, "overrides": self.overrides,
+                **({"tuned_from": self.tuned_from} if self.tuned_from else {})}
 
 
 def _fmt(value: Scalar) -> str:
@@ -198,8 +202,10 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"
                              else f"key '{key}' is set by the sweep itself; use --out")
     runs = []
+    notes: dict[str, str] = {}  # method entry -> its tuned-from
     for setting, skeys in settings:
         skeys = _scalars(skeys, f"[[settings]] '{setting}'", allow_lists=False)
+        resolved = []  # (label, registered method, keys with the tuned ones as lists)
         for label, mkeys in methods:
             mkeys = dict(mkeys)
             per_setting = mkeys.pop("by-setting", {})
@@ -207,20 +213,30 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
                 raise SweepError(f"[[methods]] '{label}': 'by-setting' must be a table keyed by setting names "
                                  f"({', '.join(n for n, _ in settings)})")
             mkeys.update(per_setting.get(setting, {}))
+            tuned_from = mkeys.pop("tuned-from", "")
+            if not isinstance(tuned_from, str):
+                raise SweepError(f"[[methods]] '{label}': 'tuned-from' must be a string naming where its values were "
+                                 "selected, e.g. tuned-from = \"docs/results/fedpcd_ablation_digits (lr 0.3)\"")
+            notes[label] = tuned_from
             mkeys = _scalars(mkeys, f"[[methods]] '{label}'", allow_lists=True)
+            method = str(mkeys.get("method", skeys.get("method", base.get("method", APP["method"].default))))
             if tuning is not None:  # the declared search space, filled to the budget
-                method = str(mkeys.get("method", skeys.get("method", base.get("method", APP["method"].default))))
                 try:
                     mkeys = tuning_mod.entry_grid(label, method, mkeys, tuning)
                 except tuning_mod.TuningError as exc:
                     raise SweepError(str(exc)) from None
+            resolved.append((label, method, mkeys))
+        # [tuning]: reductions at every baseline lr, and the baselines' lr values (tuning.coverage_points)
+        extra = tuning_mod.coverage_points(resolved) if tuning is not None else {}
+        for label, _, mkeys in resolved:
             grid_keys = [k for k, v in mkeys.items() if isinstance(v, list)]
             fixed = {k: v for k, v in mkeys.items() if not isinstance(v, list)}
-            for point in itertools.product(*(mkeys[k] for k in grid_keys)):
-                grid = tuple(zip(grid_keys, point))
+            points = [tuple(zip(grid_keys, point)) for point in itertools.product(*(mkeys[k] for k in grid_keys))]
+            points += [tuple(point.items()) for point in extra.get(label, [])]
+            for grid in points:
                 for seed in seeds:
                     overrides = {**base, **skeys, **fixed, **dict(grid), "seed": seed}
-                    runs.append(RunSpec(setting, label, grid, seed, overrides))
+                    runs.append(RunSpec(setting, label, grid, seed, overrides, notes.get(label, "")))
     return Sweep(name, list(seeds), runs, dict(source), tuning)
 
 

@@ -25,7 +25,8 @@ No checkpoint is written for the diverged round: the latest one on disk is from 
 After the run, the final model is judged too (``Experiment.completeness``, ``complete: false``
 with the reason): :func:`collapse` (the final evaluation kept under a third of the best earlier
 one's gain over chance), :func:`norm_outside` (a norm outside 1e-3-1e3 x the initial model's)
-and :func:`at_chance` (20+ rounds and still at chance). The train-loss criterion above reads
+and :func:`at_chance` (20+ rounds and still at chance), on the validation split when the run has
+one (:func:`selection_acc`: these checks feed selection). The train-loss criterion above reads
 the losses *after* local training, which a poisoned model can keep below ln C; these read the
 global model's own evaluation. :class:`Interrupts` turns SIGINT/SIGTERM into
 :class:`RunInterrupted` at points where the run's state is whole.
@@ -110,6 +111,15 @@ def model_norm(arrays) -> float:
         if a.dtype.kind in "fc" and a.size:
             total += float(np.sum(np.square(a, dtype=np.float64)))
     return math.sqrt(total)
+
+
+def selection_acc(evaluation: dict[str, Any]) -> float | None:
+    """The mean accuracy the completeness checks read from an evaluation record: the validation
+    split's (``val_mean_acc``) when the run has one, else the test split's. A check that decides
+    whether a run counts in hyperparameter selection must not read the test split it reports on
+    (issue 42: test data leaked into selection through the collapse / at-chance rules)."""
+    val = evaluation.get("val_mean_acc")
+    return val if val is not None else evaluation.get("mean_acc")
 
 
 # -- a collapsed final model (server_app.Experiment.completeness) ------------------------------------

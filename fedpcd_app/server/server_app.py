@@ -495,7 +495,8 @@ class Experiment:
                       f"{self.watch.patience} was not reached before the run ended): the final model may have "
                       "diverged or been poisoned")
         out: dict[str, Any] = {}
-        evals = [(r["round"], r["eval"].get("mean_acc")) for r in self.history if "eval" in r]
+        # the validation split when the run has one (divergence.selection_acc): these checks decide selection
+        evals = [(r["round"], divergence.selection_acc(r["eval"])) for r in self.history if "eval" in r]
         if (collapsed := divergence.collapse(evals, self.classes)) is not None:
             out["collapsed"] = collapsed
             if reason is None:
@@ -509,7 +510,7 @@ class Experiment:
             reason = f"final model out of bounds: {why}"
         rounds = self.history[-1]["round"] if self.history else 0
         if reason is None and self.last_eval and (why := divergence.at_chance(
-                self.last_eval.get("mean_acc"), self.classes, rounds)) is not None:
+                divergence.selection_acc(self.last_eval), self.classes, rounds)) is not None:
             reason = f"at chance at round {rounds}: {why}"
         return {"complete": reason is None, "incomplete_reason": reason, **out}
 
