@@ -199,6 +199,7 @@ class FairStrategy(Strategy):
         self.spec: flat.FlatSpec | None = None
         self.expected: dict[int, int | None] = {}
         self.expected_eval: dict[int, int | None] = {}
+        self.sent_train = self.sent_eval = None  # (round, its requests): whose answers the replies must be
 
     # -- the method's part ------------------------------------------------------------------
     @property
@@ -309,7 +310,9 @@ class FairStrategy(Strategy):
         targets = (context.select(server_round, grid) if context.select is not None else requests.sample_nodes(
             grid, self.fraction_train, self.min_train_nodes, self.seed, "flower-sample", server_round))
         self.expected = dict(targets)
-        return requests.train_requests(self, server_round, arrays, config, targets, context)
+        msgs = requests.train_requests(self, server_round, arrays, config, targets, context)
+        self.sent_train = (server_round, msgs)  # their ids, once a grid pushed them: rounds.requests_sent
+        return msgs
 
     def train_outcome(self, server_round: int, replies: Iterable[Message],
                       context: RunContext | None = None) -> RoundOutcome:
@@ -353,12 +356,15 @@ class FairStrategy(Strategy):
         else:
             targets = requests.sample_nodes(grid, self.fraction_evaluate, 1, self.seed, "flower-evaluate", server_round)
         self.expected_eval = dict(targets)
-        return requests.evaluate_requests(self, server_round, self.evaluation_arrays(arrays), config, targets, context)
+        msgs = requests.evaluate_requests(self, server_round, self.evaluation_arrays(arrays), config, targets, context)
+        self.sent_eval = (server_round, msgs)
+        return msgs
 
     def evaluate_outcome(self, server_round: int, replies: Iterable[Message],
                          context: RunContext | None = None) -> EvaluationOutcome:
         """Every evaluation reply scored, or unscored with its reason (:func:`strategies.rounds.score_evaluation`)."""
-        return rounds.score_evaluation(self.expected_eval, replies, context or self.context)
+        return rounds.score_evaluation(self.expected_eval, replies, context or self.context,
+                                       server_round=server_round, sent=self.sent_eval)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Flower's: the test-size-weighted mean of the clients' scores."""
