@@ -64,8 +64,9 @@ def setup_logging() -> None:
 def _one_line_errors() -> tuple[type[BaseException], ...]:
     from client_app.data import DataError
     from fedcore.config import ConfigError
+    from fedpcd_app.server.faults import RunFailed
 
-    return (ConfigError, DataError, AggregationStopped)
+    return (ConfigError, DataError, AggregationStopped, RunFailed)
 
 
 class _OneLineReport(logging.Filter):
