@@ -26,6 +26,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fedpcd_app.server.logs import ONE_LINE_ERRORS, RunFailed
+
+__all__ = ["RunFailed", "ended_by", "incomplete_reason", "watch"]
+
 log = logging.getLogger("fedpcd")
 
 FAULT_SHARE = 0.5  # a round is faulty when errors + time-outs exceed this share of the clients asked
@@ -33,10 +37,6 @@ FAULT_WARN_ROUNDS = 2  # summary.json warns once this many rounds were faulty
 FAULT_LIMIT = 0.5  # a run with more than this share of its rounds faulty is incomplete ...
 FAULT_STREAK = 5  # ... and so is one whose last FAULT_STREAK rounds were all faulty
 NO_REPLY = "no reply (timeout or lost)"
-
-
-class RunFailed(RuntimeError):
-    """An exception ended the run; its message is the summary's ``incomplete_reason`` (one line)."""
 
 
 def is_fault(reason: str) -> bool:
@@ -96,7 +96,6 @@ def ended_by(exp, exc: BaseException) -> BaseException:
     ``exc``, or ``exc`` itself when the summary stood already)."""
     if getattr(exp, "finished", False):
         return exc
-    from fedpcd_app.server.logs import ONE_LINE_ERRORS
 
     done = exp.history[-1]["round"] if exp.history else 0
     line = f"failed at round {done + 1}: {type(exc).__name__}: {exc}".splitlines()[0]
