@@ -274,8 +274,9 @@ class ReplyTrust:
     replies only (docs/hostile.md, "Bounds a majority cannot move"): ``norms`` the median
     accepted update norm of each of the last :data:`TRUST_WINDOW` rounds, ``losses`` the same
     per loss metric a method reads, ``near_bound_rounds`` the rounds in which an accepted
-    update sat near the upper bound. Checkpointed (:meth:`as_dict`), so a resumed run keeps
-    its bounds."""
+    update sat near the upper bound, ``identities`` node → the client a node known by its node
+    id speaks for (recorded at its first valid reply; see the module docstring). Checkpointed
+    (:meth:`as_dict`), so a resumed run keeps its bounds."""
 
     norms: list[float] = dataclasses.field(default_factory=list)
     losses: dict[str, list[float]] = dataclasses.field(default_factory=dict)

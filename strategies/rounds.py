@@ -1,7 +1,10 @@
 """What a strategy gives back: a round's and an evaluation's outcome, returned, never stashed.
 
 :func:`check_round` splits a round's train replies into valid (sorted by client) and dropped
-with their reasons — malformed, out of bounds (:mod:`fedcore.replies`), refused by the method's
+with their reasons — another round's, a node's second, a claim of another client's identity
+(:func:`fedcore.replies.round_drops`: one reply per node per round, this round's only, as the
+client the server assigned; the round's requests as ``configure_train`` kept them,
+:func:`requests_sent`), malformed, out of bounds (:mod:`fedcore.replies`), refused by the method's
 ``check_reply`` / ``check_valid`` or its number checks (:func:`number_problems`), or missing —
 and never crashes. The method's ``aggregate_valid`` then returns an :class:`Aggregated` (the new
 model, its metrics, the replies it could not use after all, the wrappers' defence reports),
