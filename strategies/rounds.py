@@ -271,8 +271,8 @@ def _evaluated_client(reply: Message, expected: dict[int, int | None], identitie
         return want, None
     if node not in expected and asked_known:
         return reply_client(reply, expected, identities), "reply from a node that was not asked this evaluation"
-    if reply.has_error():
-        return identities.get(node, node), None  # check_eval_reply gives the reason
+    if reply.has_error() or (node in identities and reply_client(reply, {}, {}) == node):
+        return identities.get(node, node), None  # no claim: the recorded client (an error: its reason follows)
     claim = reply_client(reply, {}, {})
     reason = identity_problem(node, claim, identities, contested)
     return (identities.get(node, claim) if reason is not None else claim), reason

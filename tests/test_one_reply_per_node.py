@@ -209,3 +209,20 @@ def test_an_evaluation_counts_each_node_once_this_rounds_reply(tweak):
     else:
         assert dict(got.metrics) == dict(want.metrics) and 2 in got.unscored
     assert got.scores == want.scores
+
+
+def test_an_evaluation_reply_without_a_claim_scores_the_recorded_client():
+    strategy, grid = strategy_of("fedavg"), IdGrid()
+    arrays = ArrayRecord({k: scaled_from(a, 1.0) for k, a in tiny_template().items()})
+    with task_identity():
+        strategy.aggregate_train(1, [honest(r, strategy) for r in grid.push(
+            strategy.configure_train(1, arrays, ConfigRecord(), grid))])
+        reqs = grid.push(strategy.configure_evaluate(1, arrays, ConfigRecord(), grid))
+        replies = []
+        for r in reqs:  # a foreign ClientApp whose evaluate replies carry no partition-id
+            reply = eval_answer(r, 0.5)
+            metrics = dict(reply.content[keys.METRICS])
+            del metrics[keys.PARTITION_ID]
+            replies.append(Message(RecordDict({keys.METRICS: MetricRecord(metrics)}), reply_to=r))
+        outcome = strategy.evaluate_outcome(1, replies)
+    assert sorted(outcome.scores) == list(range(8)) and not outcome.unscored
