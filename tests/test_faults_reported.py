@@ -192,3 +192,24 @@ def test_a_crash_attack_on_18_of_20_clients_is_not_a_healthy_run(tmp_path):
     assert "attack 'crash'" in summary["incomplete_reason"]
     assert summary["num_dropped_replies"] == 3 * 18
     assert any("answered with an error" in w for w in summary["warnings"])
+
+
+@pytest.mark.slow
+def test_the_cli_reports_an_exception_inside_a_run_in_one_line(tmp_path, monkeypatch, capsys):
+    from fedpcd_app.runtime import simulate
+
+    original = Experiment.train_round
+
+    def train_round(self, server_round):
+        if server_round == 2:
+            raise MemoryError()
+        return original(self, server_round)
+
+    monkeypatch.setattr(Experiment, "train_round", train_round)
+    rc = simulate.main(["--workers", "0", "--run-config", f"num-clients=6 num-server-rounds=3 fraction-train=0.5 "
+                        f"figures='none' checkpoint-every=0 output-dir='{tmp_path}'"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err[-1] == "error: failed at round 2: MemoryError"
+    summary = read_summary(tmp_path)
+    assert summary["complete"] is False and summary["incomplete_reason"] == "failed at round 2: MemoryError"
+    assert not (tmp_path / LOCK).exists()

@@ -14,9 +14,10 @@ rounds' records alone, so a resumed run counts its earlier rounds too.
 
 **An exception inside a run** (:func:`ended_by`): whatever escapes the round loop (a grid that
 fails, ``MemoryError``, a bug) ends the run with ``summary.json`` written (``complete: false``,
-``incomplete_reason`` "failed at round N: <Exception>: <its first line>"), that one line logged,
-and :class:`RunFailed` raised from it (one of the errors Flower's log reports in one line,
-:mod:`fedpcd_app.server.logs`); the output folder's lock is released by ``Experiment.run``'s
+``incomplete_reason`` "failed at round N: <Exception>: <its first line>"), and
+:class:`RunFailed` raised from it with that line (one of the errors the ServerApp logs in one line
+and Flower's log ends with, :mod:`fedpcd_app.server.logs`; ``python -m fedpcd_app.simulate``
+prints it as ``error: ...``); the output folder's lock is released by ``Experiment.run``'s
 ``finally``. A run that already wrote its summary (a stopped aggregation) re-raises as it was.
 """
 
@@ -92,13 +93,14 @@ def incomplete_reason(history: list[dict[str, Any]]) -> str | None:
 
 def ended_by(exp, exc: BaseException) -> BaseException:
     """``exc`` escaped ``exp``'s round loop: the summary written with ``complete: false`` (unless
-    the run wrote it already), one line logged; returns what to raise (:class:`RunFailed` from
+    the run wrote it already); returns what to raise (:class:`RunFailed` from
     ``exc``, or ``exc`` itself when the summary stood already)."""
     if getattr(exp, "finished", False):
         return exc
 
     done = exp.history[-1]["round"] if exp.history else 0
-    line = f"failed at round {done + 1}: {type(exc).__name__}: {exc}".splitlines()[0]
+    text = str(exc).strip()
+    line = f"failed at round {done + 1}: {type(exc).__name__}{': ' + text if text else ''}".splitlines()[0]
     try:
         if exp.trained is not None and (not exp.history or exp.history[-1] is not exp.trained):
             exp.history.append(exp.trained)  # trained, then failed before its record was kept
@@ -107,5 +109,4 @@ def ended_by(exp, exc: BaseException) -> BaseException:
         exp.finish(line, report=False)
     except Exception as again:  # noqa: BLE001 - the summary is best effort; the line is not
         log.error("summary.json could not be written (%s: %s)", type(again).__name__, again)
-    log.error("the run %s", line)
     return exc if isinstance(exc, ONE_LINE_ERRORS) else RunFailed(line)
