@@ -220,8 +220,9 @@ def score_evaluation(expected: dict[int, int | None], replies: Iterable[Message]
     """Each evaluation reply's scores (a bad one leaves its client unscored, with the reason),
     and their test-size-weighted means. As for training (:func:`fedcore.replies.round_drops`):
     with ``sent`` (what ``configure_evaluate`` kept) of ``server_round``, a reply of another
-    evaluation or to another message, every copy of a node that answered twice, and a client
-    known by node id claiming another identity than the server recorded are unscored."""
+    evaluation or to another message, a node's replies after its first, and a client known by
+    node id claiming another identity than the server recorded are left out with their reasons
+    (a client whose first reply was scored stays scored)."""
     replies = list(replies)
     read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate", context.warned)
     group, ids = (requests_sent(sent, server_round, f"eval-{server_round}") if server_round is not None
