@@ -26,7 +26,15 @@ s = ``attack-scale``:
   the update norm catches it);
 * ``count-lie`` — reports ``num-examples`` = 10³⁰⁸ (a finite float64); the model is honest;
 * ``eval-lie`` — answers federated evaluation with accuracy 5.0 and loss −3
-  (:func:`attack_eval_mod`, on the ClientApp's evaluate handler); trains honestly.
+  (:func:`attack_eval_mod`, on the ClientApp's evaluate handler); trains honestly;
+* ``replay`` — trains honestly in the first round it is asked, then sends that first model
+  again (with its first reply's metrics' shape, this round's honest metrics) every later
+  round: kept in the node's ``context.state`` per partition, so it survives across rounds
+  wherever the node's state does (the local engine, a SuperNode);
+* ``crash`` — the train handler raises (the node answers with an error reply): the fault
+  the server reports (:mod:`fedpcd_app.server.faults`);
+* ``straggler`` — answers honestly after ``attack-delay`` seconds (a slow device): with a
+  ``round-timeout`` shorter than the delay its replies are dropped as "no reply".
 
 Everything else in the reply (metric names, example count, method records) is unchanged,
 so the server cannot tell an attacked reply by its shape.
@@ -46,7 +54,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedcore import flat, keys
 from fedcore.config import APP, ConfigError
@@ -54,10 +62,11 @@ from fedcore.params import MethodParams, hyper
 from fedcore.seeding import numpy_rng, torch_generator
 
 ATTACKS = ("none", "sign-flip", "scale", "gaussian", "label-flip", "free-rider", "loss-lie", "scale-down", "huge",
-           "count-lie", "eval-lie")
+           "count-lie", "eval-lie", "replay", "crash", "straggler")
 HUGE = 1e30  # huge: added to every coordinate
 COUNT_LIE = 1e308  # count-lie: the reported num-examples
 EVAL_LIE = (5.0, -3.0)  # eval-lie: the reported (accuracy, loss)
+REPLAY_STATE = "attack-replay"  # replay: the node's context.state record of a partition's first model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +80,7 @@ class Params(MethodParams):
     fraction: float = hyper(0.0, low=0.0, high=1.0, doc="or this fraction of the clients, drawn with the seed")
     scale: float = hyper(10.0, low=0.0, low_open=True, doc="s of sign-flip, scale and loss-lie")
     noise: float = hyper(1.0, low=0.0, low_open=True, doc="σ of gaussian")
+    delay: float = hyper(5.0, low=0.0, high=3600.0, doc="seconds a straggler waits before it answers")
 
     def check(self) -> None:
         if self.clients and self.fraction:
@@ -137,6 +147,13 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
         pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
     if p.kind in ("none", "eval-lie") or pid is None or int(pid) not in attacked_partitions(raw):
         return call_next(msg, context)
+    if p.kind == "crash":
+        raise RuntimeError(f"attack 'crash': partition {pid} raises in its train handler")
+    if p.kind == "straggler":
+        import time
+
+        time.sleep(p.delay)
+        return call_next(msg, context)
     if p.kind == "label-flip":
         from client_app import local_data
         from client_app.data import load_federated_data
@@ -159,6 +176,12 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
         return reply
     if p.kind == "count-lie":
         reply.content[keys.METRICS][keys.NUM_EXAMPLES] = COUNT_LIE
+        return reply
+    if p.kind == "replay":
+        first = f"{REPLAY_STATE}-{int(pid)}"
+        if first not in context.state:  # its first round: the honest model, kept
+            context.state[first] = ArrayRecord(dict(reply.content[keys.ARRAYS].items()))
+        reply.content[keys.ARRAYS] = context.state[first]
         return reply
     theta = flat.record_to_flat(msg.content[keys.ARRAYS], dtype=torch.float64)
     local = flat.record_to_flat(reply.content[keys.ARRAYS], dtype=torch.float64)

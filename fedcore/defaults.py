@@ -83,6 +83,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "attack-fraction": 0.0,
     "attack-scale": 10.0,
     "attack-noise": 1.0,
+    "attack-delay": 5.0,
     "dp": "none",
     "dp-noise-multiplier": 1.0,
     "dp-clipping-norm": 1.0,

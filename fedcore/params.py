@@ -197,6 +197,11 @@ class MethodParams:
     def check(self) -> None:
         """Checks across fields (one-line :class:`ConfigError`); none by default."""
 
+    def check_run(self, rounds: int, clients_per_round: int) -> None:
+        """Checks against what the run brings (one-line :class:`ConfigError`): a key that sizes
+        a buffer or a selection bounded by the run's ``rounds`` or the ``clients_per_round`` it
+        asks (FedFV's τ); none by default. The app calls it before the run."""
+
 
 def _kind(annotation: Any) -> type:
     """bool, int, float or str for a field's resolved annotation (``object``: no coercion)."""

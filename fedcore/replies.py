@@ -24,6 +24,28 @@ knows (:class:`ReplyLimits`), and a reply that fails is dropped with its reason:
 * **method values** — a strategy's ``check_reply`` (FedeRage's β in its box);
 * **scores** — :func:`check_eval_reply`: accuracy in [0, 1], loss finite and ≥ 0, ``num-test``
   a count bounded like ``num-examples`` (by the test size the server knows).
+
+Before any of these, **one reply per node per round, this round's only, from the client the
+server assigned** (:func:`round_drops`, :func:`identity_problem`; training and evaluation alike,
+for every strategy and any grid; docs/hostile.md, "One reply per node per round"):
+
+* **this round's** — a reply whose ``group_id`` is not the round's (train requests carry
+  ``str(round)``, evaluate requests ``f"eval-{round}"``) is dropped; where the request's message id
+  is known (a grid that assigns ids: Flower's, the local engine), a reply whose
+  ``reply_to_message_id`` is not the id of the request this round sent to its node is dropped too.
+  A reply built outside Flower's runtime carries no group id and its request no message id: then
+  the check that has nothing to compare is skipped;
+* **once** — a node that answers a round more than once counts once: its **first** reply of the
+  round (in the order the grid delivered them) is the one validated, every later one is dropped
+  ("second reply from node N"), whatever either holds; a copy can neither add weight nor replace
+  the first. Two nodes speaking for one client: the second is dropped;
+* **the server assigns identity** — a client asked by partition id is that partition (a reply
+  naming another is dropped). A client known by its node id only (Flower's own sampling, every
+  foreign app) is the ``partition-id`` its node reported in its first valid reply, else its node
+  id, recorded in :attr:`ReplyTrust.identities` (checkpointed): a later reply claiming another
+  client, or a claim that another node holds (or that two new nodes make in one round), is
+  dropped. A client served by a new node (a restarted SuperNode of a foreign app) is therefore
+  refused until the run restarts; the app's own runs ask by partition id and never meet this.
 """
 
 from __future__ import annotations
@@ -253,12 +275,14 @@ class ReplyTrust:
     replies only (docs/hostile.md, "Bounds a majority cannot move"): ``norms`` the median
     accepted update norm of each of the last :data:`TRUST_WINDOW` rounds, ``losses`` the same
     per loss metric a method reads, ``near_bound_rounds`` the rounds in which an accepted
-    update sat near the upper bound. Checkpointed (:meth:`as_dict`), so a resumed run keeps
-    its bounds."""
+    update sat near the upper bound, ``identities`` node → the client a node known by its node
+    id speaks for (recorded at its first valid reply; see the module docstring). Checkpointed
+    (:meth:`as_dict`), so a resumed run keeps its bounds."""
 
     norms: list[float] = dataclasses.field(default_factory=list)
     losses: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     near_bound_rounds: int = 0
+    identities: dict[int, int] = dataclasses.field(default_factory=dict)  # node → the client it speaks for
 
     def scale(self) -> float | None:
         """The trusted update norm: the median of the window's accepted medians (None before any)."""
@@ -279,7 +303,8 @@ class ReplyTrust:
 
     def as_dict(self) -> dict:
         return {"norms": list(self.norms), "losses": {k: list(v) for k, v in self.losses.items()},
-                "near_bound_rounds": int(self.near_bound_rounds)}
+                "near_bound_rounds": int(self.near_bound_rounds),
+                "identities": [[int(n), int(c)] for n, c in sorted(self.identities.items())]}
 
     @classmethod
     def from_dict(cls, raw) -> ReplyTrust:
@@ -287,7 +312,8 @@ class ReplyTrust:
         try:
             trust = cls([float(v) for v in raw["norms"]],
                         {str(k): [float(v) for v in vs] for k, vs in dict(raw["losses"]).items()},
-                        int(raw["near_bound_rounds"]))
+                        int(raw["near_bound_rounds"]),
+                        {int(n): int(c) for n, c in raw.get("identities", ())})
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint's reply trust is unreadable ({type(exc).__name__}: {exc})") from None
         if not all(math.isfinite(v) and v >= 0 for v in [*trust.norms, *(x for v in trust.losses.values() for x in v)]):
@@ -403,6 +429,8 @@ def validate_train_replies(
     check: Callable[[dict], str | None] | None = None,
     stats: dict | None = None,
     trust: ReplyTrust | None = None,
+    group: str | None = None,
+    sent: Mapping[int, str] | None = None,
 ) -> tuple[list, list[Dropped]]:
     """Split replies into (valid, dropped). ``expected`` maps node id → partition id sent
     (None: the client is known by its node id). ``limits`` bound the counts and the update
@@ -412,33 +440,137 @@ def validate_train_replies(
     ``median`` update norm and ``max_ratio`` (largest norm / median of the valid replies before
     the size rules), the ``reference``, ``upper`` and ``lower`` bounds and ``near_bound`` (accepted
     updates above :data:`NEAR_BOUND` × the upper bound) when the norms were measured. Any
-    exception while checking one reply drops that reply, with the exception as its reason."""
+    exception while checking one reply drops that reply, with the exception as its reason.
+    ``group`` (the round's group id) and ``sent`` (node → the id of the request sent to it) drop
+    the replies that are not this round's answers, a node's copies and the claims of an identity
+    that is not the node's (:func:`round_drops`; the module docstring); the identities of
+    clients known by node id are kept in ``trust.identities`` (this round's only without ``trust``)."""
     limits = limits if limits is not None else ReplyLimits()
     views = theta_views(theta, spec) if theta is not None else None
-    valid, dropped, seen, norms = [], [], set(), []
+    identities = trust.identities if trust is not None else {}
+    replies, dropped = round_drops(replies, expected, identities, group, sent)
+    contested = new_claims(replies, expected, identities)
+    valid, seen, norms = [], set(), []
     for msg in replies:
         pid, reason, norm = _check_one(msg, expected, seen, spec, required_metrics, required_records, limits,
-                                       views, check)
+                                       views, check, identities, contested)
         if reason is not None:
             dropped.append(Dropped(pid, int(msg.metadata.src_node_id), reason))
             continue
         seen.add(pid)
         valid.append(msg)
         norms.extend(norm)
-    if views is None or not valid:
-        return valid, dropped
-    out = _size_drops(norms, views, limits, trust, stats)
-    dropped += [Dropped(_client(valid[i], expected), int(valid[i].metadata.src_node_id), why)
-                for i, why in sorted(out.items())]
-    return [msg for i, msg in enumerate(valid) if i not in out], dropped
+    if views is not None and valid:
+        out = _size_drops(norms, views, limits, trust, stats)
+        dropped += [Dropped(_client(valid[i], expected, identities), int(valid[i].metadata.src_node_id), why)
+                    for i, why in sorted(out.items())]
+        valid = [msg for i, msg in enumerate(valid) if i not in out]
+    for msg in valid:  # the server records who a node known by its id speaks for, at its first valid reply
+        node = int(msg.metadata.src_node_id)
+        if expected.get(node) is None:
+            identities.setdefault(node, _client(msg, expected, identities))
+    return valid, dropped
+
+
+def _claim(msg) -> int | None:
+    """The partition id a reply claims (None: none, not a whole number, or an error reply)."""
+    try:
+        if msg.has_error():
+            return None
+        metrics = msg.content[keys.METRICS] if keys.METRICS in msg.content else None
+        pid = metrics.get(keys.PARTITION_ID) if metrics is not None else None
+    except Exception:  # noqa: BLE001 - an unreadable reply claims nothing (it is dropped for being unreadable)
+        return None
+    return int(pid) if _is_number(pid) and float(pid).is_integer() else None
+
+
+def reply_client(msg, expected: Mapping[int, int | None], identities: Mapping[int, int]) -> int:
+    """Who a reply is reported as: the partition its node was asked for, else the client the
+    server recorded for the node, else the partition it claims, else its node id."""
+    node = int(msg.metadata.src_node_id)
+    for who in (expected.get(node), identities.get(node), _claim(msg)):
+        if who is not None:
+            return who
+    return node
+
+
+def stale_reason(msg, group: str | None, sent_id: str | None) -> str | None:
+    """Why a reply is not an answer to the request this round sent to its node (None when it is):
+    its ``group_id`` is not ``group``, or (when the request's id ``sent_id`` is known) its
+    ``reply_to_message_id`` is not ``sent_id``. An empty group id (a reply built outside Flower's
+    runtime) is not compared."""
+    meta = msg.metadata
+    if group is not None and meta.group_id and meta.group_id != group:
+        return f"reply to group '{meta.group_id}', not this round's '{group}' (a reply of another round)"
+    if sent_id and meta.reply_to_message_id != sent_id:
+        return (f"answers message '{str(meta.reply_to_message_id)[:16]}', not the request this round sent to "
+                f"node {meta.src_node_id}")
+    return None
+
+
+def round_drops(replies: Iterable, expected: Mapping[int, int | None], identities: Mapping[int, int],
+                group: str | None = None, sent: Mapping[int, str] | None = None) -> tuple[list, list[Dropped]]:
+    """(the replies that answer this round once, the others dropped with their reasons): a reply
+    of another round or to another message (:func:`stale_reason`), then every reply of a node that
+    sent more than one of this round's: its first counts, the later ones are dropped."""
+    kept, dropped = [], []
+    for msg in replies:
+        try:
+            reason = stale_reason(msg, group, (sent or {}).get(int(msg.metadata.src_node_id)))
+        except Exception as exc:  # noqa: BLE001 - whatever a reply holds, it can only drop itself
+            reason = f"reply metadata unreadable ({type(exc).__name__})"
+        if reason is None:
+            kept.append(msg)
+        else:
+            dropped.append(Dropped(reply_client(msg, expected, identities), int(msg.metadata.src_node_id), reason))
+    once, first = [], set()
+    for msg in kept:
+        node = int(msg.metadata.src_node_id)
+        if node in first:
+            dropped.append(Dropped(reply_client(msg, expected, identities), node,
+                                   f"second reply from node {node} this round: its first one counts"))
+        else:
+            first.add(node)
+            once.append(msg)
+    return once, dropped
+
+
+def new_claims(replies: Iterable, expected: Mapping[int, int | None], identities: Mapping[int, int]) -> dict[int, int]:
+    """client → how many nodes known by node id and not yet recorded claim it this round."""
+    claims: dict[int, set[int]] = {}
+    for msg in replies:
+        node = int(msg.metadata.src_node_id)
+        if node in expected and expected[node] is None and node not in identities:
+            claim = _claim(msg)
+            claims.setdefault(node if claim is None else claim, set()).add(node)
+    return {client: len(nodes) for client, nodes in claims.items()}
+
+
+def identity_problem(node: int, claim: int, identities: Mapping[int, int], contested: Mapping[int, int]) -> str | None:
+    """Why node ``node`` (known by its node id) cannot speak for client ``claim`` (None when it
+    can): it recorded another client at its first valid reply, another node holds ``claim``, or
+    several new nodes claim it this round."""
+    held = identities.get(node)
+    if held is not None:
+        return None if held == claim else (f"claims client {claim}, but node {node} speaks for client {held} "
+                                           "(its first valid reply): an identity does not change")
+    owner = next((n for n, c in identities.items() if c == claim and n != node), None)
+    if owner is not None:
+        return f"claims client {claim}, which node {owner} speaks for"
+    if contested.get(claim, 0) > 1:
+        return f"{contested[claim]} nodes claim client {claim} this round: none of them is taken"
+    return None
 
 
 def _check_one(msg, expected: Mapping[int, int | None], seen: set, spec: FlatSpec, required_metrics: Iterable[str],
-               required_records: Iterable[str], limits: ReplyLimits, views,
-               check) -> tuple[int | None, str | None, list]:
+               required_records: Iterable[str], limits: ReplyLimits, views, check,
+               identities: Mapping[int, int] | None = None, contested: Mapping[int, int] | None = None
+               ) -> tuple[int | None, str | None, list]:
     """(client, why it is dropped or None, [its update norm]) of one reply: well-formed and within
     bounds (:func:`check_train_reply`; any exception drops it), from a node asked this round, for
-    the partition that node was asked for, once."""
+    the partition that node was asked for (or, known by its node id, the client the server
+    recorded for it: :func:`identity_problem`), once."""
+    identities = identities if identities is not None else {}
     node = int(msg.metadata.src_node_id)
     want = expected.get(node)
     norm: list = []
@@ -452,12 +584,19 @@ def _check_one(msg, expected: Mapping[int, int | None], seen: set, spec: FlatSpe
     if reason is None:
         if node not in expected:
             reason = "reply from a node that was not asked this round"
-        elif want is None:  # clients known by node id only
+        elif want is None:  # clients known by node id only: the server's record decides
+            if pid is None and msg.content[keys.METRICS].get(keys.PARTITION_ID) is not None:
+                reason = f"metric '{keys.PARTITION_ID}' is not a whole number"
             pid = node if pid is None else pid
+            reason = reason or identity_problem(node, pid, identities, contested or {})
+            if reason is not None:
+                pid = identities.get(node, pid)
         elif pid != want:
             reason = f"partition-id {pid} does not match the partition {want} of this node"
-        elif pid in seen:
+        if reason is None and pid in seen:
             reason = f"second reply for partition {pid}"
+    elif want is None and node in identities:
+        pid = identities[node]
     return (pid if pid is not None else want), reason, norm
 
 
@@ -474,13 +613,8 @@ def _size_drops(norms: list[float], views, limits: ReplyLimits, trust: ReplyTrus
     return out
 
 
-def _client(msg, expected: Mapping[int, int | None]) -> int:
-    node = int(msg.metadata.src_node_id)
-    want = expected.get(node)
-    if want is not None:
-        return want
-    pid = msg.content[keys.METRICS].get(keys.PARTITION_ID, node)
-    return int(pid) if _is_number(pid) and float(pid).is_integer() else node
+def _client(msg, expected: Mapping[int, int | None], identities: Mapping[int, int] | None = None) -> int:
+    return reply_client(msg, expected, identities or {})
 
 
 def check_eval_reply(msg, max_test: int | None = None, count_source: str = "max-num-examples"

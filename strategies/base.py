@@ -245,6 +245,7 @@ class FairStrategy(Strategy, metaclass=FlowerKeywords):
         self.expected_eval: dict[int, int | None] = {}
         # rounds in a row whose every reply was dropped for one reason (strategies.health)
         self.drop_streak = DropStreak()
+        self.sent_train = self.sent_eval = None  # (round, its requests): whose answers the replies must be
 
     # -- the method's part ------------------------------------------------------------------
     @property
@@ -392,7 +393,9 @@ class FairStrategy(Strategy, metaclass=FlowerKeywords):
             grid, self.fraction_train, max(1, self.min_train_nodes), self.seed, "flower-sample", server_round,
             min_available=self.min_available_nodes, timeout=self.node_wait_timeout, what="configure_train"))
         self.expected = dict(targets)
-        return requests.train_requests(self, server_round, arrays, config, targets, context)
+        msgs = requests.train_requests(self, server_round, arrays, config, targets, context)
+        self.sent_train = (server_round, msgs)  # their ids, once a grid pushed them: rounds.requests_sent
+        return msgs
 
     def train_outcome(self, server_round: int, replies: Iterable[Message],
                       context: RunContext | None = None) -> RoundOutcome:
@@ -450,12 +453,15 @@ class FairStrategy(Strategy, metaclass=FlowerKeywords):
                                             "flower-evaluate", server_round, min_available=self.min_available_nodes,
                                             timeout=self.node_wait_timeout, what="configure_evaluate")
         self.expected_eval = dict(targets)
-        return requests.evaluate_requests(self, server_round, self.evaluation_arrays(arrays), config, targets, context)
+        msgs = requests.evaluate_requests(self, server_round, self.evaluation_arrays(arrays), config, targets, context)
+        self.sent_eval = (server_round, msgs)
+        return msgs
 
     def evaluate_outcome(self, server_round: int, replies: Iterable[Message],
                          context: RunContext | None = None) -> EvaluationOutcome:
         """Every evaluation reply scored, or unscored with its reason (:func:`strategies.rounds.score_evaluation`)."""
-        return rounds.score_evaluation(self.expected_eval, replies, context or self.context)
+        return rounds.score_evaluation(self.expected_eval, replies, context or self.context,
+                                       server_round=server_round, sent=self.sent_eval)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Flower's: the clients' metrics aggregated as Flower does (``evaluate_metrics_aggr_fn``, by

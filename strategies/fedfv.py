@@ -33,7 +33,7 @@ import torch
 from flwr.app import MetricRecord
 
 from fedcore import keys
-from fedcore.config import Grid
+from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import FairStrategy
 from strategies.registry import register
@@ -52,6 +52,11 @@ class Params(MethodParams):
     tau: int = hyper(1, low=0, grid=Grid((0, 1, 3, 10), 0, 100),
                      doc="τ, the rounds of stored updates checked for external conflicts")
 
+    def check_run(self, rounds: int, clients_per_round: int) -> None:
+        if self.tau > rounds:
+            raise ConfigError(f"run-config key 'fedfv-tau' = {self.tau} exceeds num-server-rounds = {rounds}: no "
+                              f"stored update is older than the run; use at most {rounds}")
+
 
 @dataclasses.dataclass
 class State:
@@ -61,8 +66,10 @@ class State:
     update: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def by_age(self, server_round: int, tau: int, d: int, dtype) -> list[torch.Tensor]:
+        """The stored updates by age 1 … min(τ, server_round − 1): no update is older than the
+        run, so a τ beyond the rounds played sizes nothing (the external step skips empty ages)."""
         out = []
-        for k in range(1, tau + 1):
+        for k in range(1, min(tau, server_round - 1) + 1):
             rows = [self.update[p] for p, r in self.last_round.items() if r == server_round - k]
             out.append(torch.stack(rows) if rows else torch.empty(0, d, dtype=dtype))
         return out

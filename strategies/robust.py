@@ -13,9 +13,14 @@ models of a round and n_i their example counts:
   distance to its m − f − 2 nearest other models is smallest (f: assumed attackers).
 * MultiKrum (same paper): the n_i-weighted mean of the k models with the lowest such scores.
 * Bulyan (El Mhamdi et al., ICML 2018, arXiv:1802.07927): MultiKrum selects m − 2f models;
-  per coordinate, the mean of the m − 4f of them closest to their median. Needs m ≥ 4f + 3:
-  a run whose rounds are smaller stops before it starts; a round left with fewer replies
-  (drops) keeps the model and reports ``bulyan-skipped`` (Flower's behaviour).
+  per coordinate, the mean of the m − 4f of them closest to their median.
+
+**f against the clients a round brings.** Krum and MultiKrum need m > 2f + 2 replies when
+f > 0 (each score sums the m − f − 2 nearest neighbours of a model), Bulyan m ≥ 4f + 3; MultiKrum's k at
+most the clients a round asks. A run whose rounds ask fewer clients (``fraction-train`` ×
+``num-clients``, known when ``num_clients`` is given) is refused before it starts, in one line
+(:meth:`FlowerRobust.check_clients`); a round left with fewer valid replies (drops) keeps the
+model, reports ``<method>-skipped`` = 1 and logs a warning (:meth:`FlowerRobust.aggregate_valid`).
 
 None of them weights by data size except MultiKrum's final mean. With ``server-lr`` η_g set
 the step is θ_t − (η_g/η_l)·(θ_t − aggregate), as for FedAvg; 0 (the default) takes the
@@ -27,6 +32,7 @@ aggregate as it is. Krum, MultiKrum and Bulyan report the partitions they select
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -41,6 +47,8 @@ from strategies.base import FairStrategy
 from strategies.registry import register
 from strategies.rounds import Aggregated
 from strategies.updates import client_of
+
+log = logging.getLogger("fedpcd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +97,12 @@ def flower_copies(replies: list[Message]) -> list[Message]:
     return [_copy(r, common) for r in replies]
 
 
+def krum_min_replies(f: int) -> tuple[int, str]:
+    """Krum's and MultiKrum's m > 2f + 2 (f = 0 assumes no attacker: any round, as Flower's Krum
+    scores a model by its max(1, m − 2) nearest neighbours)."""
+    return (2 * f + 3, "2f + 3") if f > 0 else (1, "1")
+
+
 class FlowerRobust(FairStrategy):
     """A Flower robust-aggregation strategy behind the FairStrategy contract (see the module doc).
 
@@ -108,6 +122,32 @@ class FlowerRobust(FairStrategy):
     def params_changed(self) -> None:
         """The wrapped Flower strategy, built from the current ``params`` (again when one is set)."""
         self.inner = self.flower_class(train_metrics_aggr_fn=self._keep_chosen, **self.flower_arguments())
+        self.check_clients()
+
+    def min_replies(self) -> tuple[int, str]:
+        """(the fewest replies a round needs, the rule as a formula): 1 unless f says more."""
+        return 1, "1"
+
+    def clients_per_round(self) -> int | None:
+        """The clients a round asks (None when ``num_clients`` is unknown)."""
+        if self.num_clients is None:
+            return None
+        return min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
+
+    def check_clients(self) -> None:
+        """A one-line ConfigError when no round can ever bring :meth:`min_replies` replies."""
+        need, rule = self.min_replies()
+        per_round = self.clients_per_round()
+        if per_round is None or per_round >= need:
+            return
+        key = f"{self.Params.prefix}-num-malicious"
+        f = self.params.num_malicious
+        raise ConfigError(
+            f"run-config key '{key}' = {f} needs at least {rule} = {need} replies per round, but fraction-train "
+            f"x num-clients gives {per_round}: "
+            + ("lower it or raise fraction-train" if self.num_clients >= need else
+               f"a federation of {self.num_clients} clients is too small for {self.name or type(self).__name__}; "
+               f"use num-clients >= {need} or another robust method (e.g. method='fedmedian')"))
 
     def flower_arguments(self) -> dict[str, Any]:
         """The wrapped strategy's arguments: f (Flower's ``num_malicious_nodes``) where declared."""
@@ -124,11 +164,16 @@ class FlowerRobust(FairStrategy):
         return MetricRecord()
 
     def aggregate_valid(self, server_round, replies):
+        need, rule = self.min_replies()
+        if len(replies) < need:  # drops left too few: the model stays, said in the round and the log
+            log.warning("round %d: %s needs %s = %d valid replies, the round has %d: the model stays",
+                        server_round, self.name, rule, need, len(replies))
+            return Aggregated(None, MetricRecord({f"{self.name}-skipped": 1}))
         copies = flower_copies(replies)
         self.before_round(len(copies))
         self.inner.weighted_by_key = self.weighted_by_key
         new_arrays, _ = self.inner.aggregate_train(server_round, copies)
-        if new_arrays is None:  # Bulyan with fewer than 4f + 3 replies (Flower logs why)
+        if new_arrays is None:  # Flower declined the round (it logs why)
             return Aggregated(None, MetricRecord({f"{self.name}-skipped": 1}))
         theta = self.current_flat()
         # Flower's arithmetic is in the arrays' own dtype (float64 for a float64 model) or wider
@@ -171,6 +216,9 @@ class Krum(FlowerRobust):
     flower_names = {"num_malicious_nodes": "num_malicious"}
     reports_selection = True
 
+    def min_replies(self):
+        return krum_min_replies(self.params.num_malicious)
+
 
 @register("multikrum")
 class MultiKrum(FlowerRobust):
@@ -181,6 +229,16 @@ class MultiKrum(FlowerRobust):
     flower_names = {"num_malicious_nodes": "num_malicious", "num_nodes_to_select": "num_select"}
     reports_selection = True
     weights_replies = True  # the mean of the selected models is weighted (Flower's weighted_by_key)
+
+    def min_replies(self):
+        return krum_min_replies(self.params.num_malicious)
+
+    def check_clients(self):
+        super().check_clients()
+        k, per_round = self.params.num_select, self.clients_per_round()
+        if per_round is not None and k > per_round:
+            raise ConfigError(f"run-config key 'multikrum-num-select' = {k} exceeds the {per_round} clients a round "
+                              "asks (fraction-train x num-clients): use at most that, or 0 (m - f)")
 
     def before_round(self, num_replies):
         p = self.params
@@ -204,14 +262,6 @@ class Bulyan(FlowerRobust):
         # Flower's: the rule that selects the m − 2f replies (MultiKrum's by default)
         self.selection_rule = selection_rule or select_multikrum
         super().__init__(**kwargs)
-        f = self.params.num_malicious
-        if self.num_clients is not None:
-            per_round = max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients)))
-            if per_round < 4 * f + 3:
-                raise ConfigError(
-                    f"run-config key 'bulyan-num-malicious' = {f} needs at least 4f + 3 = {4 * f + 3} replies per "
-                    f"round, but fraction-train x num-clients gives {per_round}: "
-                    + ("lower it or raise fraction-train" if self.num_clients >= 4 * f + 3 else
-                       f"a federation of {self.num_clients} clients is too small for Bulyan; use num-clients >= "
-                       f"{4 * f + 3} or another robust method (e.g. method='krum' or 'fedmedian')")
-                )
+
+    def min_replies(self):
+        return 4 * self.params.num_malicious + 3, "4f + 3"

@@ -1,7 +1,10 @@
 """What a strategy gives back: a round's and an evaluation's outcome, returned, never stashed.
 
 :func:`check_round` splits a round's train replies into valid (sorted by client) and dropped
-with their reasons — malformed, out of bounds (:mod:`fedcore.replies`), refused by the method's
+with their reasons — another round's, a node's second, a claim of another client's identity
+(:func:`fedcore.replies.round_drops`: one reply per node per round, this round's only, as the
+client the server assigned; the round's requests as ``configure_train`` kept them,
+:func:`requests_sent`), malformed, out of bounds (:mod:`fedcore.replies`), refused by the method's
 ``check_reply`` / ``check_valid`` or its number checks (:func:`number_problems`), or missing —
 and never crashes. The method's ``aggregate_valid`` then returns an :class:`Aggregated` (the new
 model, its metrics, the replies it could not use after all, the wrappers' defence reports),
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +30,10 @@ from fedcore.replies import (
     check_eval_reply,
     check_loss_values,
     check_num_steps,
+    identity_problem,
+    new_claims,
+    reply_client,
+    round_drops,
     steps_asked,
     validate_train_replies,
 )
@@ -125,7 +131,7 @@ def check_round(strategy, server_round: int, replies: Iterable[Message], context
     replies = list(replies)
     read_aliases(replies, keys.TRAIN_ALIASES, "train", context.warned)
     _read_flower_names(strategy, replies, context.warned)
-    valid, dropped, norms = _validate(strategy, replies, context)
+    valid, dropped, norms = _validate(strategy, server_round, replies, context)
     bad = _number_drops(strategy, server_round, valid, context)
     dropped += [Dropped(client_of(valid[i]), int(valid[i].metadata.src_node_id), why) for i, why in sorted(bad.items())]
     valid = [r for i, r in enumerate(valid) if i not in bad]
@@ -141,7 +147,8 @@ def check_round(strategy, server_round: int, replies: Iterable[Message], context
     return RoundOutcome(valid, dropped, {"update_norms": norms} if norms else {})
 
 
-def _validate(strategy, replies: list[Message], context: RunContext) -> tuple[list, list[Dropped], dict]:
+def _validate(strategy, server_round: int, replies: list[Message],
+              context: RunContext) -> tuple[list, list[Dropped], dict]:
     """:func:`fedcore.replies.validate_train_replies` with what the strategy asked for: (valid,
     dropped, the update-norm statistics)."""
     # The app's own runs record every round's train loss (rounds.jsonl): its replies keep carrying
@@ -150,10 +157,23 @@ def _validate(strategy, replies: list[Message], context: RunContext) -> tuple[li
     required = (*strategy.required_metrics, *((keys.LOSS_BEFORE,) if strategy.want_loss_before else ()), *app,
                 *getattr(strategy, "weight_metrics", ()))
     norms: dict = {}
+    group, sent = requests_sent(getattr(strategy, "sent_train", None), server_round, str(server_round))
     valid, dropped = validate_train_replies(
         replies, strategy.expected, strategy.spec, required, strategy.required_records, limits=context.limits,
-        theta=strategy.current_arrays, check=strategy.check_reply, stats=norms, trust=context.trust)
+        theta=strategy.current_arrays, check=strategy.check_reply, stats=norms, trust=context.trust,
+        group=group, sent=sent)
     return valid, dropped, norms
+
+
+def requests_sent(sent: tuple[int, list[Message]] | None, server_round: int, group: str
+                  ) -> tuple[str | None, dict[int, str] | None]:
+    """(the round's group id, node → the id of the request sent to it) when ``sent`` (what
+    ``configure_train``/``configure_evaluate`` kept: (round, requests)) is this round's; else
+    (None, None): the requests are unknown (a caller that set ``expected`` by hand) and the
+    replies' round is not checked. A request's id is known once a grid pushed it (empty before)."""
+    if sent is None or sent[0] != server_round:
+        return None, None
+    return group, {int(m.metadata.dst_node_id): m.metadata.message_id for m in sent[1] if m.metadata.message_id}
 
 
 def _number_drops(strategy, server_round: int, valid: list[Message], context: RunContext) -> dict[int, str]:
@@ -228,25 +248,43 @@ def _read_flower_names(strategy, replies: list[Message], warned: set[str]) -> No
 
 
 # -- evaluation replies -----------------------------------------------------------------------
-def score_evaluation(expected: dict[int, int | None], replies: Iterable[Message],
-                     context: RunContext) -> EvaluationOutcome:
+def score_evaluation(expected: dict[int, int | None], replies: Iterable[Message], context: RunContext, *,
+                     server_round: int | None = None, sent: tuple[int, list[Message]] | None = None
+                     ) -> EvaluationOutcome:
     """Each evaluation reply's scores (a bad one leaves its client unscored, with the reason),
-    and their test-size-weighted means."""
+    and their test-size-weighted means. As for training (:func:`fedcore.replies.round_drops`):
+    with ``sent`` (what ``configure_evaluate`` kept) of ``server_round``, a reply of another
+    evaluation or to another message, a node's replies after its first, and a client known by
+    node id claiming another identity than the server recorded are left out with their reasons
+    (a client whose first reply was scored stays scored)."""
     replies = list(replies)
     read_aliases(replies, keys.EVALUATE_ALIASES, "evaluate", context.warned)
+    group, ids = (requests_sent(sent, server_round, f"eval-{server_round}") if server_round is not None
+                  else (None, None))
+    identities = context.trust.identities
+    replies, stale = round_drops(replies, expected, identities, group, ids)
     out = EvaluationOutcome()
+    for d in stale:
+        log.warning("evaluation reply of client %s dropped: %s", d.partition, d.reason)
+    contested = new_claims(replies, expected, identities)
     for reply in replies:
-        client = _evaluated_client(reply, expected)
-        score, reason = check_eval_reply(reply, context.limits.max_count(client, "test"),
-                                         context.limits.source(client, "test"))
+        client, reason = _evaluated_client(reply, expected, identities, contested, group is not None)
+        if reason is None and client in out.scores:
+            reason = f"second evaluation reply for client {client}"
+        if reason is None:
+            score, reason = check_eval_reply(reply, context.limits.max_count(client, "test"),
+                                             context.limits.source(client, "test"))
         if reason is not None:  # the client stays unscored, with its reason
             log.warning("evaluation reply of client %s dropped: %s", client, reason)
-            out.unscored[client] = reason
+            out.unscored.setdefault(client, reason)
             continue
         out.scores[client] = score
         metrics = reply.content[keys.METRICS]
         if keys.VAL_ACC in metrics:  # check_eval_reply checked both
             out.val[client] = (float(metrics[keys.VAL_ACC]), float(metrics[keys.VAL_LOSS]))
+    for d in stale:  # a client whose one reply of this evaluation was scored stays scored
+        if d.partition not in out.scores:
+            out.unscored.setdefault(d.partition, d.reason)
     if out.scores:
         n = np.array([s["num-test"] for s in out.scores.values()])
         out.metrics = MetricRecord({
@@ -257,14 +295,22 @@ def score_evaluation(expected: dict[int, int | None], replies: Iterable[Message]
     return out
 
 
-def _evaluated_client(reply: Message, expected: dict[int, int | None]) -> int:
-    """The partition the request named, else the one the reply reports, else the node."""
+def _evaluated_client(reply: Message, expected: dict[int, int | None], identities: dict[int, int],
+                      contested: dict[int, int], asked_known: bool = True) -> tuple[int, str | None]:
+    """(the client an evaluation reply scores, why it cannot): the partition the request named,
+    else the client the server recorded for the node, else the one the reply reports (when no
+    other node holds it), else the node."""
     node = int(reply.metadata.src_node_id)
     want = expected.get(node)
-    if want is None and not reply.has_error() and keys.METRICS in reply.content:
-        pid = reply.content[keys.METRICS].get(keys.PARTITION_ID, node)
-        want = int(pid) if isinstance(pid, (int, float)) and math.isfinite(pid) else node
-    return want if want is not None else node
+    if want is not None:
+        return want, None
+    if node not in expected and asked_known:
+        return reply_client(reply, expected, identities), "reply from a node that was not asked this evaluation"
+    if reply.has_error() or (node in identities and reply_client(reply, {}, {}) == node):
+        return identities.get(node, node), None  # no claim: the recorded client (an error: its reason follows)
+    claim = reply_client(reply, {}, {})
+    reason = identity_problem(node, claim, identities, contested)
+    return (identities.get(node, claim) if reason is not None else claim), reason
 
 
 def read_aliases(replies: list[Message], aliases: dict[str, str], kind: str, warned: set[str]) -> None:

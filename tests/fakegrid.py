@@ -72,8 +72,22 @@ class FakeGrid:
                                       MessageType.EVALUATE))
             else:
                 self.train_requests.append(msg)
-                out.extend(self.craft(msg, pid, node))
+                out.extend(answering(reply, msg) for reply in self.craft(msg, pid, node))
+                continue
+            answering(out[-1], msg)
         return out
+
+
+def answering(reply: Message, request: Message) -> Message:
+    """``reply`` (built by the helpers, outside Flower's runtime) as an answer to ``request``, as
+    a ClientApp's ``Message(..., reply_to=request)`` is: the request's group id, and its message id
+    as ``reply_to_message_id`` when the grid gave it one. A reply that already names a request
+    (a test's stale or misaddressed reply) is left as it is."""
+    meta = reply.metadata
+    if not meta.reply_to_message_id and not meta.group_id:
+        meta.group_id = request.metadata.group_id
+        meta.__dict__["_reply_to_message_id"] = request.metadata.message_id
+    return reply
 
 
 def flat_of(arrays: ArrayRecord) -> np.ndarray:

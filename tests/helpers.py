@@ -24,7 +24,7 @@ from fedcore import keys
 def _metadata(src_node_id: int, message_type: str = MessageType.TRAIN) -> Metadata:
     return Metadata(
         run_id=1, message_id=f"m{src_node_id}", src_node_id=src_node_id, dst_node_id=0,
-        reply_to_message_id="", group_id="1", created_at=time.time(), ttl=3600.0,
+        reply_to_message_id="", group_id="", created_at=time.time(), ttl=3600.0,
         message_type=message_type,
     )
 

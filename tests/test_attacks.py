@@ -216,3 +216,40 @@ def test_no_attack_keeps_the_summary_without_honest_metrics(tmp_path):
     summary = read_summary(tmp_path)
     assert summary["attack"] == "none" and summary["attacked_partitions"] == [] and "honest" not in summary
     assert torch.load(tmp_path / "final_model.pt", weights_only=True)  # the run finished as before
+
+
+def test_replay_sends_its_first_model_again_in_every_later_round():
+    cfg = config("replay")
+    model = initial_model(cfg)
+    with task_identity():
+        grid = ClientAppGrid(cfg.num_clients, client_app)  # one node-side state across the rounds
+        replies = {}
+        for server_round, shift in ((1, 0.0), (2, 0.05), (3, -0.05)):
+            arrays = ArrayRecord({k: v + shift for k, v in model.state_dict().items()})
+            requests = [Message(app_request(cfg, arrays, server_round=server_round).content, dst_node_id=1000 + pid,
+                                message_type=MessageType.TRAIN) for pid in (ATTACKED, HONEST)]
+            replies[server_round] = {pid: flat_of(r.content[keys.ARRAYS])
+                                     for pid, r in zip((ATTACKED, HONEST), grid.send_and_receive(requests))}
+    first = replies[1][ATTACKED]
+    assert np.array_equal(replies[2][ATTACKED], first) and np.array_equal(replies[3][ATTACKED], first)
+    assert not np.array_equal(replies[2][HONEST], replies[1][HONEST])  # an honest client follows the model
+
+
+def test_crash_raises_in_the_train_handler_and_the_node_answers_with_an_error():
+    cfg = config("crash")
+    with task_identity():
+        content = app_request(cfg, ArrayRecord(initial_model(cfg).state_dict())).content
+        request = Message(content, dst_node_id=1000 + ATTACKED, message_type=MessageType.TRAIN)
+        (reply,) = ClientAppGrid(cfg.num_clients, client_app).send_and_receive([request])
+    assert reply.has_error() and f"attack 'crash': partition {ATTACKED} raises" in reply.error.reason
+
+
+def test_straggler_waits_attack_delay_then_answers_honestly(monkeypatch):
+    import time
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    _, honest, attacked = pair("straggler")
+    assert slept == [config("straggler").params["attack-delay"]]
+    assert np.array_equal(flat_of(attacked.content[keys.ARRAYS]), flat_of(honest.content[keys.ARRAYS]))
+    assert metrics_of(attacked) == metrics_of(honest)

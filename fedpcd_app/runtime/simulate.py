@@ -43,6 +43,7 @@ from fedcore.config import ConfigError
 from fedpcd_app.runtime.flwr_run import Interrupted, add_ray_address_argument, check_output_dir
 from fedpcd_app.runtime.placement import PlacementError, select
 from fedpcd_app.server.checkpoint import OutputError
+from fedpcd_app.server.logs import AggregationStopped, RunFailed
 
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
@@ -269,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OutputError as exc:  # a full disk: one line, the last checkpoint intact
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (AggregationStopped, RunFailed) as exc:  # summary.json says so (complete: false): one line
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Interrupted):  # Ctrl-C: one line; the workers/the flwr run are stopped

@@ -61,7 +61,7 @@ def _check_method_keys(cfg: RunConfig) -> type[FairStrategy]:
     """The method's ``Params`` from its keys; another method's key set away from its default is
     refused unless ``allow-unused-keys``. Returns the method's class."""
     cls = registry.strategy_class(cfg.method)
-    cls.Params.from_run_config(cfg.params)
+    cls.Params.from_run_config(cfg.params).check_run(cfg.num_server_rounds, cfg.clients_per_round)
     if not cfg.allow_unused_keys:
         own = cls.Params.run_config_keys()
         for key, default in registry.method_keys().items():

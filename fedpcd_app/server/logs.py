@@ -13,6 +13,11 @@ class AggregationStopped(RuntimeError):
     """A strategy's aggregation raised and ``on-aggregation-error`` = stop (one-line message)."""
 
 
+class RunFailed(RuntimeError):
+    """An exception ended the run (:func:`fedpcd_app.server.faults.ended_by`); its message is the
+    summary's ``incomplete_reason`` (one line)."""
+
+
 class _MethodTag(logging.Formatter):
     """``HH:MM:SS [<method>] message``: the prefix names the run's method (set by
     :func:`set_log_method`; ``fedpcd``, the app's name, before a run has one)."""
@@ -65,7 +70,7 @@ def _one_line_errors() -> tuple[type[BaseException], ...]:
     from client_app.data import DataError
     from fedcore.config import ConfigError
 
-    return (ConfigError, DataError, AggregationStopped)
+    return (ConfigError, DataError, AggregationStopped, RunFailed)
 
 
 class _OneLineReport(logging.Filter):

@@ -38,7 +38,7 @@ from client_app import attacks, local_data
 from fedcore.config import ConfigError, RunConfig, resolve
 from fedcore.flat import spec_of
 from fedcore.replies import ReplyTrust
-from fedpcd_app.server import checkpoint, divergence, node_data, report_process, secagg
+from fedpcd_app.server import checkpoint, divergence, faults, node_data, report_process, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
 from fedpcd_app.server.exchange import PlainExchange, resolve_round_timeout
@@ -131,6 +131,11 @@ class Experiment:
             with divergence.signals_ignored():  # a second Ctrl-C does not cut the saving short
                 self.interrupted(exc)
             raise
+        except Exception as exc:  # a summary saying so, one line (fedpcd_app.server.faults)
+            failure = faults.ended_by(self, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         finally:
             self.writer.lock.release()  # on any exit (finish() has released it on a normal one)
             drawer, self.drawer = self.drawer, None
@@ -387,6 +392,7 @@ class Experiment:
         """The round's warnings (logged and kept for summary.json): an evaluation far below the
         previous one, and accepted updates near the size bound in several rounds."""
         r = record["round"]
+        faults.watch(self.history, record, self.warn)  # errors and time-outs of most clients
         if "eval" in record:
             earlier = [h for h in self.history if "eval" in h]
             now, before = record["eval"].get("mean_acc"), earlier[-1]["eval"].get("mean_acc") if earlier else None
@@ -489,6 +495,7 @@ class Experiment:
             pids = sorted({d["partition"] for d in bad_data if d.get("partition") is not None})
             reason = (f"partition(s) {pids} could not load their data ({len(bad_data)} dropped train repl(ies)), "
                       f"first: {bad_data[0]['reason']}")
+        reason = reason or faults.incomplete_reason(self.history)  # most clients failing (faults.py)
         streak = self.watch.refused_rounds
         if reason is None and streak:
             reason = (f"the last {streak} round(s) dropped every reply that arrived (diverge-patience = "
