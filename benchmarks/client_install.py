@@ -1,0 +1,252 @@
+"""The client-only install, built offline from an environment that holds every extra.
+
+A SuperNode installs the base set of pyproject.toml (``pip install "fedpcd-app[client]"``): flwr,
+torch, numpy, pyarrow, pillow and what they require. This module
+
+* resolves that set from the installed distributions' metadata (:func:`closure`: the
+  requirements of the base set, their requirements, ..., each with the extras asked for and the
+  markers of this platform), not from a hand-written list;
+* builds a virtualenv that holds that set alone (:func:`make_client_venv`: every distribution of
+  the set linked into its site-packages, the app's wheel installed by ``pip --no-deps
+  --no-index``), so that a server-side import fails there as it would on the device;
+* sizes it (:func:`install_size`: the bytes of the files each distribution's RECORD lists).
+
+``tests/test_client_install.py`` runs the ClientApp in that virtualenv; ``benchmarks/supernode.py``
+starts SuperNodes from it. Run it alone for the sizes::
+
+    python -m benchmarks.client_install [--resolver]
+
+(``--resolver`` also asks pip's resolver, against the package index, what ``fedpcd-app[client]``
+pulls: it needs the network.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import venv
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+# the packages a SuperNode must not have: the server's, the simulation's, the analysis', the hub's
+SERVER_SIDE = ("ray", "cvxpy", "clarabel", "scipy", "scikit-learn", "matplotlib", "tensorboard", "datasets",
+               "flwr-datasets", "huggingface-hub", "tqdm", "threadpoolctl", "torchvision")
+
+
+def project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def client_requirements() -> list[Requirement]:
+    """The base set and the ``client`` extra of pyproject.toml (the checkout's, not the installed
+    metadata's: an editable install made from another checkout may be older)."""
+    proj = project()
+    return [Requirement(r) for r in [*proj["dependencies"], *proj["optional-dependencies"].get("client", [])]]
+
+
+def extra_requirements(extra: str) -> list[Requirement]:
+    """An extra's requirements, its ``fedpcd-app[...]`` references to other extras expanded."""
+    proj = project()
+    out = []
+    for r in map(Requirement, proj["optional-dependencies"][extra]):
+        if canonicalize_name(r.name) == canonicalize_name(proj["name"]):
+            out.extend(x for e in sorted(r.extras) for x in extra_requirements(e))
+        else:
+            out.append(r)
+    return out
+
+
+def _applies(req: Requirement, extras: frozenset[str]) -> bool:
+    if req.marker is None:
+        return True
+    env = default_environment()
+    return any(req.marker.evaluate({**env, "extra": e}) for e in (extras or {""}))
+
+
+def closure(requirements: list[Requirement], skip: frozenset[str] = frozenset()) -> dict[str, md.Distribution]:
+    """Every installed distribution that ``requirements`` pull (name -> distribution), walking the
+    installed metadata (``Requires-Dist`` with the extras asked for, this platform's markers).
+    A required distribution that is not installed is an error (the environment is incomplete)."""
+    found: dict[str, md.Distribution] = {}
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [(r, frozenset()) for r in requirements]
+    while todo:
+        req, parent_extras = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in skip or not _applies(req, parent_extras):
+            continue
+        extras = frozenset(canonicalize_name(e) for e in req.extras)
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        try:
+            dist = found.get(name) or md.distribution(name)
+        except md.PackageNotFoundError:
+            raise RuntimeError(f"{req} is required but not installed in {sys.prefix}") from None
+        found[name] = dist
+        todo.extend((Requirement(r), extras) for r in (dist.requires or []))
+    return found
+
+
+def client_closure() -> dict[str, md.Distribution]:
+    return closure(client_requirements())
+
+
+def _top_level_entries(dist: md.Distribution, site: Path) -> set[str]:
+    """The first path component, inside ``site``, of every file the distribution's RECORD lists
+    (scripts installed to ../../bin are left out)."""
+    out = set()
+    for f in dist.files or []:
+        parts = Path(f).parts
+        if parts and parts[0] != ".." and (site / parts[0]).exists():
+            out.add(parts[0])
+    return out
+
+
+def _owners(site: Path) -> dict[str, set[str]]:
+    """Every top-level entry of ``site`` -> the distributions that own a file under it."""
+    owners: dict[str, set[str]] = {}
+    for dist in md.distributions(path=[str(site)]):
+        for entry in _top_level_entries(dist, site):
+            owners.setdefault(entry, set()).add(canonicalize_name(dist.metadata["Name"]))
+    return owners
+
+
+def link_distributions(dists: dict[str, md.Distribution], site: Path, dest: Path) -> None:
+    """Symlink into ``dest`` the top-level entries of ``site`` that the distributions own. An entry
+    shared with a distribution outside the set (a namespace folder) becomes a real folder whose
+    children are linked the same way, one level down."""
+    owners = _owners(site)
+    wanted = set(dists)
+    entries = {e for d in dists.values() for e in _top_level_entries(d, site)}
+    for entry in sorted(entries):
+        if owners.get(entry, set()) <= wanted:
+            (dest / entry).symlink_to(site / entry)
+            continue
+        # a namespace folder shared with others: link only the files the set's distributions list
+        for dist in dists.values():
+            for f in dist.files or []:
+                parts = Path(f).parts
+                if parts and parts[0] == entry:
+                    target = dest / Path(*parts)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if not target.exists():
+                        target.symlink_to(site / Path(*parts))
+
+
+def _console_scripts(dists: dict[str, md.Distribution], bindir: Path, python: Path) -> None:
+    """The console scripts of the set (flower-supernode, flwr-clientapp, ...), for ``python``."""
+    for dist in dists.values():
+        for ep in dist.entry_points:
+            if ep.group != "console_scripts":
+                continue
+            module, _, attr = ep.value.partition(":")
+            script = bindir / ep.name
+            script.write_text(f"#!{python}\nimport sys\nfrom {module} import {attr.split('.')[0]}\n"
+                              f"sys.exit({attr}())\n")
+            script.chmod(0o755)
+
+
+def make_client_venv(dest: Path, wheel: Path) -> Path:
+    """A virtualenv at ``dest`` holding the client set of this environment (linked) and ``wheel``
+    installed with ``pip --no-deps --no-index``; returns its python. Its sys.path holds nothing
+    else: no system site-packages, no .pth of this environment."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(dest)
+    python = dest / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True).stdout.strip())
+    dists = client_closure()
+    site = Path(sysconfig.get_paths()["purelib"])
+    link_distributions(dists, site, purelib)
+    _console_scripts(dists, dest / "bin", python)
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                           "--no-index", "--no-compile", "-q", str(wheel)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip install of {wheel.name} into {dest} failed:\n{done.stdout}\n{done.stderr}")
+    return python
+
+
+def build_wheel(dest: Path) -> Path:
+    """The app's wheel, built offline from the checkout (``pip wheel --no-build-isolation``: the
+    test extra's hatchling)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "-q", "-w", str(dest), str(ROOT)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip wheel failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    (wheel,) = dest.glob("fedpcd_app-*.whl")
+    return wheel
+
+
+def install_size(dists: dict[str, md.Distribution]) -> int:
+    """Bytes on disk of the files the distributions' RECORDs list (scripts in bin/ included)."""
+    total = 0
+    for dist in dists.values():
+        for f in dist.files or []:
+            try:
+                total += dist.locate_file(f).stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def sizes() -> dict[str, int]:
+    """Bytes: the client set; torch's share of it (what only torch pulls); the whole environment's
+    site-packages (every extra)."""
+    client = client_closure()
+    without_torch = closure([r for r in client_requirements() if canonicalize_name(r.name) != "torch"])
+    torch_share = {k: v for k, v in client.items() if k not in without_torch}
+    site = Path(sysconfig.get_paths()["purelib"])
+    full = sum(p.stat().st_size for p in site.rglob("*") if p.is_file() and not p.is_symlink())
+    return {"client": install_size(client), "torch_share": install_size(torch_share),
+            "client_without_torch": install_size(without_torch), "full_site_packages": full,
+            "client_distributions": len(client), "torch_share_distributions": len(torch_share)}
+
+
+def resolver_report(wheel: Path) -> list[str]:
+    """What pip's resolver installs for ``<wheel>[client]`` in an empty environment (the package
+    index's metadata: needs the network). Returns the distribution names."""
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+                           "--report", "-", f"fedpcd-app[client] @ {wheel.as_uri()}"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip's resolver failed:\n{done.stderr[-3000:]}")
+    report = json.loads(done.stdout)
+    return sorted(canonicalize_name(i["metadata"]["name"]) for i in report["install"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--resolver", action="store_true", help="also ask pip's resolver (package index: network)")
+    args = ap.parse_args(argv)
+    mib = 1024 * 1024
+    s = sizes()
+    print(f"client set: {s['client_distributions']} distributions, {s['client'] / mib:.0f} MiB; torch's share "
+          f"({s['torch_share_distributions']} distributions): {s['torch_share'] / mib:.0f} MiB; the rest: "
+          f"{s['client_without_torch'] / mib:.0f} MiB; this environment's site-packages (every extra): "
+          f"{s['full_site_packages'] / mib:.0f} MiB")
+    print("client set:", " ".join(sorted(client_closure())))
+    if args.resolver:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            names = resolver_report(build_wheel(Path(tmp)))
+        bad = sorted(set(names) & set(SERVER_SIDE))
+        print(f"pip's resolver, fedpcd-app[client]: {len(names)} distributions; server-side among them: "
+              f"{', '.join(bad) or 'none'}")
+        print("resolver:", " ".join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    sys.exit(main())
