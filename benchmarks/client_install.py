@@ -17,7 +17,8 @@ starts SuperNodes from it. Run it alone for the sizes::
     python -m benchmarks.client_install [--resolver]
 
 (``--resolver`` also asks pip's resolver, against the package index, what ``fedpcd-app[client]``
-pulls: it needs the network.)
+pulls; ``--platforms`` whether the index has binary wheels of that set for Linux x86_64 and
+aarch64, macOS arm64 and Windows on CPython 3.11 and 3.12: both need the network.)
 """
 
 from __future__ import annotations
@@ -224,9 +225,44 @@ def resolver_report(wheel: Path) -> list[str]:
     return sorted(canonicalize_name(i["metadata"]["name"]) for i in report["install"])
 
 
+# the targets whose binary wheels --platforms checks, as pip's platform tags: a given --platform is
+# taken literally (no older manylinux or macOS tag implied), so each target lists what its
+# installer would accept (glibc 2.17-2.28: e.g. Debian 11+, Ubuntu 20.04+; macOS 11-14)
+PLATFORMS = {
+    f"Linux {arch}": [f"manylinux_2_{v}_{arch}" for v in range(28, 16, -1)] + [f"manylinux2014_{arch}"]
+    for arch in ("x86_64", "aarch64")
+}
+PLATFORMS["macOS arm64"] = [f"macosx_{v}_0_{a}" for v in range(14, 10, -1) for a in ("arm64", "universal2")]
+PLATFORMS["Windows x86_64"] = ["win_amd64"]
+
+
+def binary_check(wheel: Path, platforms: list[str], python: str) -> tuple[bool, str]:
+    """Does the package index hold a binary wheel of every distribution ``<wheel>[client]``
+    resolves to on ``platforms`` (pip platform tags) for CPython ``python`` ("3.12")? pip's
+    resolver in dry-run (the index's metadata: needs the network). Caveat of pip: markers other
+    than the Python version are evaluated on this machine (Linux), so a non-Linux target also
+    resolves torch's Linux-only CUDA dependencies (reported, not a gap of that platform)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as target:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+                               "--only-binary=:all:", *(a for t in platforms for a in ("--platform", t)),
+                               "--python-version", python,
+                               "--implementation", "cp", "--target", target, "--report", "-",
+                               f"fedpcd-app[client] @ {wheel.as_uri()}"], capture_output=True, text=True)
+    if done.returncode != 0:
+        return False, (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+    report = json.loads(done.stdout)
+    names = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+    return True, f"{len(names)} distributions, torch {names.get('torch')}, flwr {names.get('flwr')}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--resolver", action="store_true", help="also ask pip's resolver (package index: network)")
+    ap.add_argument("--platforms", action="store_true",
+                    help="check binary wheels for Linux x86_64/aarch64, macOS arm64, Windows on CPython 3.11/3.12 "
+                         "(package index: network)")
     args = ap.parse_args(argv)
     mib = 1024 * 1024
     s = sizes()
@@ -244,6 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pip's resolver, fedpcd-app[client]: {len(names)} distributions; server-side among them: "
               f"{', '.join(bad) or 'none'}")
         print("resolver:", " ".join(names))
+    if args.platforms:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            wheel = build_wheel(Path(tmp))
+            for label, tag in PLATFORMS.items():
+                for python in ("3.11", "3.12"):
+                    ok, what = binary_check(wheel, tag, python)
+                    print(f"{label:<15} CPython {python}: {'wheels for all' if ok else 'MISSING'}: {what}", flush=True)
     return 0
 
 
