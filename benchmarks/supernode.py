@@ -11,10 +11,10 @@ What it does, for each model (the digits MLP, the CNN):
    (``taskset -c <cpu>``, one CPU per SuperNode) with ``OMP_NUM_THREADS=1``, and each dialling the
    SuperLink through its own byte-counting TCP relay (:class:`CountingRelay`);
 3. watches each SuperNode's process tree (the ``flower-supernode`` process, the SuperExec it
-   starts and the ClientApp process started per message) every 50 ms from ``/proc``: the sum of
-   their proportional resident memory (PSS: a page shared by n processes counts 1/n, so the
-   torch libraries two processes map count once, as a cgroup charges them) against
-   ``--memory-mib``. A SuperNode over the limit is stopped and says
+   starts and the ClientApp process started per message) every 50 ms from ``/proc``: their
+   resident memory with each page once, which ``/proc`` bounds (:func:`tree_memory`: at least
+   their private pages plus the largest one's shared pages, at most the sum of their resident
+   sets), the lower bound against ``--memory-mib``. A SuperNode over the limit is stopped and says
    so in one line (``SuperNode 1 (cnn): over 1024 MiB ...``), never killed silently;
 4. ``flwr run`` of this app against them (FedAvg, every node every round, federated evaluation
    every round), then reads each SuperNode's own log, time-stamped as it arrives: a round's
@@ -23,7 +23,7 @@ What it does, for each model (the digits MLP, the CNN):
    one per message, the app bundle, the data and the local epoch), the same for **evaluate**;
 
 and prints one row per SuperNode: the install size (the client set; torch's share apart), the
-peak RSS of its processes together and of its largest single process (the ClientApp), the mean
+peak resident memory of its processes together (the two bounds) and of the ClientApp process, the mean
 train and evaluate seconds per round, and the bytes it received and sent per round (the relay's
 counts between consecutive ``Sending: evaluate`` lines, rounds 2.. : a round's model down and up
 twice, its polls and heartbeats; TLS included).
@@ -115,9 +115,9 @@ class CountingRelay:
 
 
 def _status(pid: int) -> dict:
-    """The process's kind (:func:`_kind`), VmHWM (its peak resident set) and Pss (its resident
-    set with every page shared with n processes counted 1/n: summed over processes, each page
-    counts once, as a cgroup charges it), in bytes ({} once the process is gone)."""
+    """The process's kind (:func:`_kind`), VmHWM (its peak resident set), and from smaps_rollup
+    its resident bytes: Rss, Private (its pages alone) and Shared (pages some other process on
+    the machine maps too); {} but the kind once the process is gone."""
     out: dict = {"kind": _kind(pid)}
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -126,11 +126,23 @@ def _status(pid: int) -> dict:
                     out["VmHWM"] = int(line.split()[1]) * 1024
         with open(f"/proc/{pid}/smaps_rollup") as fh:
             for line in fh:
-                if line.startswith("Pss:"):
-                    out["Pss"] = int(line.split()[1]) * 1024
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty"):
+                    field = key.split("_")[0]
+                    out[field] = out.get(field, 0) + int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return out
+
+
+def tree_memory(stats: list[dict]) -> tuple[int, int]:
+    """Bounds on the resident bytes of a process tree with every page counted once: private pages
+    are each process's own, so the union of their pages is at least the private pages plus the
+    largest process's shared ones, and at most the sum of the resident sets (a page two of them
+    map counted twice). Pages shared with processes outside the tree (a library another job on
+    this machine has loaded) count in full, as on a device that runs this node alone."""
+    private = sum(s.get("Private", 0) for s in stats)
+    return private + max((s.get("Shared", 0) for s in stats), default=0), sum(s.get("Rss", 0) for s in stats)
 
 
 def _kind(pid: int) -> str:
@@ -154,7 +166,7 @@ class Node:
                  limit: int) -> None:
         self.index, self.model, self.proc, self.relay, self.log, self.limit = index, model, proc, relay, log, limit
         self.events: list[tuple[float, str, str, int, tuple[int, int]]] = []  # (t, verb, type, round, bytes)
-        self.peak_tree = self.peak_process = 0
+        self.peak_tree = self.peak_tree_upper = self.peak_process = 0  # bytes (tree: :func:`tree_memory`)
         self.peak_by_kind: dict[str, int] = {}  # supernode / superexec / clientapp -> its largest VmHWM
         self.over: str | None = None
         self._round = 0
@@ -186,14 +198,14 @@ class Node:
             return
         pids = [self.proc.pid, *descendants(self.proc.pid)]
         stats = [_status(p) for p in pids]
-        tree = sum(s.get("Pss", 0) for s in stats)
-        self.peak_tree = max(self.peak_tree, tree)
+        tree, upper = tree_memory(stats)
+        self.peak_tree, self.peak_tree_upper = max(self.peak_tree, tree), max(self.peak_tree_upper, upper)
         self.peak_process = max([self.peak_process, *(s.get("VmHWM", 0) for s in stats)])
         for st in stats:
             self.peak_by_kind[st["kind"]] = max(self.peak_by_kind.get(st["kind"], 0), st.get("VmHWM", 0))
         if tree > self.limit:
             self.over = (f"SuperNode {self.index} ({self.model}): over {self.limit / MIB:.0f} MiB "
-                         f"({tree / MIB:.0f} MiB resident, PSS, over its {len(pids)} processes): stopped")
+                         f"(at least {tree / MIB:.0f} MiB resident over its {len(pids)} processes): stopped")
             print(self.over, flush=True)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -273,7 +285,8 @@ def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: i
             steady = [ends[0]]
         result["nodes"].append({
             "node": n.index, "rounds_done": len(done), "over_limit": n.over,
-            "peak_pss_tree_mib": n.peak_tree / MIB, "peak_rss_process_mib": n.peak_process / MIB,
+            "peak_rss_tree_mib": n.peak_tree / MIB, "peak_rss_tree_upper_mib": n.peak_tree_upper / MIB,
+            "peak_rss_process_mib": n.peak_process / MIB,
             "peak_rss_by_process_mib": {k: v / MIB for k, v in n.peak_by_kind.items()},
             "train_s": _mean(per_round[r]["train_s"] for r in done),
             "evaluate_s": _mean(per_round[r]["evaluate_s"] for r in done),
@@ -328,16 +341,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model}: run {res['status']} in {res.get('run_s', float('nan')):.0f} s "
                   f"(model {res['model_bytes'] / 1024:.1f} KiB)", flush=True)
     print()
-    head = (f"{'model':<6}{'node':>5}{'install MiB (torch)':>21}{'peak PSS MiB':>14}{'ClientApp':>11}"
+    head = (f"{'model':<6}{'node':>5}{'install MiB (torch)':>21}{'peak RSS MiB':>17}{'ClientApp':>11}"
             f"{'train s':>9}{'eval s':>8}{'recv KiB/rd':>13}{'sent KiB/rd':>13}  limit")
     print(head)
     for res in results["models"]:
         for n in res["nodes"]:
+            clientapp = n["peak_rss_by_process_mib"].get("clientapp", float("nan"))
             print(f"{res['model']:<6}{n['node']:>5}{sizes['client'] / MIB:>12.0f} ({sizes['torch_share'] / MIB:>5.0f})"
-                  f"{n['peak_pss_tree_mib']:>14.0f}{n['peak_rss_by_process_mib'].get('clientapp', float('nan')):>11.0f}"
-                  f"{n['train_s']:>9.2f}"
-                  f"{n['evaluate_s']:>8.2f}{n['received_per_round'] / 1024:>13.1f}{n['sent_per_round'] / 1024:>13.1f}"
-                  f"  {'OVER' if n['over_limit'] else 'ok'}")
+                  f"{n['peak_rss_tree_mib']:>11.0f}-{n['peak_rss_tree_upper_mib']:<5.0f}{clientapp:>11.0f}"
+                  f"{n['train_s']:>9.2f}{n['evaluate_s']:>8.2f}{n['received_per_round'] / 1024:>13.1f}"
+                  f"{n['sent_per_round'] / 1024:>13.1f}  {'OVER' if n['over_limit'] else 'ok'}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
     over = [n for res in results["models"] for n in res["nodes"] if n["over_limit"]]
