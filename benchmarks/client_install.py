@@ -67,24 +67,27 @@ def extra_requirements(extra: str) -> list[Requirement]:
     return out
 
 
-def _applies(req: Requirement, extras: frozenset[str]) -> bool:
+def _applies(req: Requirement, extras: frozenset[str], target: dict | None = None) -> bool:
     if req.marker is None:
         return True
-    env = default_environment()
+    env = {**default_environment(), **(target or {})}
     return any(req.marker.evaluate({**env, "extra": e}) for e in (extras or {""}))
 
 
-def closure(requirements: list[Requirement], skip: frozenset[str] = frozenset()) -> dict[str, md.Distribution]:
+def closure(requirements: list[Requirement], skip: frozenset[str] = frozenset(), *, target: dict | None = None,
+            absent: set[str] | None = None) -> dict[str, md.Distribution]:
     """Every installed distribution that ``requirements`` pull (name -> distribution), walking the
-    installed metadata (``Requires-Dist`` with the extras asked for, this platform's markers).
-    A required distribution that is not installed is an error (the environment is incomplete)."""
+    installed metadata (``Requires-Dist`` with the extras asked for, this platform's markers, or
+    ``target``'s: e.g. ``{"sys_platform": "darwin", ...}``). A required distribution that is not
+    installed is an error (the environment is incomplete), or, given ``absent``, its name is
+    added there (another platform's requirement, e.g. colorama on Windows)."""
     found: dict[str, md.Distribution] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
     todo = [(r, frozenset()) for r in requirements]
     while todo:
         req, parent_extras = todo.pop()
         name = canonicalize_name(req.name)
-        if name in skip or not _applies(req, parent_extras):
+        if name in skip or not _applies(req, parent_extras, target):
             continue
         extras = frozenset(canonicalize_name(e) for e in req.extras)
         if (name, extras) in seen:
@@ -93,7 +96,10 @@ def closure(requirements: list[Requirement], skip: frozenset[str] = frozenset())
         try:
             dist = found.get(name) or md.distribution(name)
         except md.PackageNotFoundError:
-            raise RuntimeError(f"{req} is required but not installed in {sys.prefix}") from None
+            if absent is None:
+                raise RuntimeError(f"{req} is required but not installed in {sys.prefix}") from None
+            absent.add(name)
+            continue
         found[name] = dist
         todo.extend((Requirement(r), extras) for r in (dist.requires or []))
     return found
@@ -234,26 +240,49 @@ PLATFORMS = {
 }
 PLATFORMS["macOS arm64"] = [f"macosx_{v}_0_{a}" for v in range(14, 10, -1) for a in ("arm64", "universal2")]
 PLATFORMS["Windows x86_64"] = ["win_amd64"]
+# pip evaluates a requirement's markers on this machine (Linux) whatever --platform says: for the
+# other systems the set is walked here with their markers, then checked package by package
+MARKERS = {
+    "macOS arm64": {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64",
+                    "os_name": "posix"},
+    "Windows x86_64": {"sys_platform": "win32", "platform_system": "Windows", "platform_machine": "AMD64",
+                       "os_name": "nt"},
+}
 
 
-def binary_check(wheel: Path, platforms: list[str], python: str) -> tuple[bool, str]:
-    """Does the package index hold a binary wheel of every distribution ``<wheel>[client]``
-    resolves to on ``platforms`` (pip platform tags) for CPython ``python`` ("3.12")? pip's
-    resolver in dry-run (the index's metadata: needs the network). Caveat of pip: markers other
-    than the Python version are evaluated on this machine (Linux), so a non-Linux target also
-    resolves torch's Linux-only CUDA dependencies (reported, not a gap of that platform)."""
+def _dry_run(platforms: list[str], python: str, *, no_deps: bool, reqs: list[str]) -> tuple[bool, str, dict]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as target:
         done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
-                               "--only-binary=:all:", *(a for t in platforms for a in ("--platform", t)),
-                               "--python-version", python,
-                               "--implementation", "cp", "--target", target, "--report", "-",
-                               f"fedpcd-app[client] @ {wheel.as_uri()}"], capture_output=True, text=True)
+                               *(["--no-deps"] if no_deps else []), "--only-binary=:all:",
+                               *(a for t in platforms for a in ("--platform", t)), "--python-version", python,
+                               "--implementation", "cp", "--target", target, "--report", "-", *reqs],
+                              capture_output=True, text=True)
     if done.returncode != 0:
-        return False, (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+        return False, (done.stderr.strip().splitlines() or ["pip failed"])[-1], {}
     report = json.loads(done.stdout)
-    names = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+    return True, "", {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+
+
+def binary_check(wheel: Path, label: str, python: str) -> tuple[bool, str]:
+    """Does the package index hold a binary wheel (or a pure one) of every distribution
+    ``<wheel>[client]`` needs on platform ``label`` (:data:`PLATFORMS`) for CPython ``python``
+    ("3.12")? Linux: pip's resolver in dry-run from the wheel. macOS, Windows: the set walked
+    with that system's markers (:data:`MARKERS`; this environment's versions), then pip in
+    dry-run with ``--no-deps`` on exactly those pins (a requirement not installed here, e.g.
+    colorama, unpinned). Both read the index's metadata: they need the network."""
+    tags = PLATFORMS[label]
+    if label not in MARKERS:
+        ok, err, names = _dry_run(tags, python, no_deps=False, reqs=[f"fedpcd-app[client] @ {wheel.as_uri()}"])
+    else:
+        target = {**MARKERS[label], "python_version": python, "python_full_version": f"{python}.0"}
+        absent: set[str] = set()
+        dists = closure(client_requirements(), target=target, absent=absent)
+        reqs = [f"{n}=={d.version}" for n, d in sorted(dists.items())] + sorted(absent)
+        ok, err, names = _dry_run(tags, python, no_deps=True, reqs=reqs)
+    if not ok:
+        return False, err
     return True, f"{len(names)} distributions, torch {names.get('torch')}, flwr {names.get('flwr')}"
 
 
@@ -285,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
 
         with tempfile.TemporaryDirectory() as tmp:
             wheel = build_wheel(Path(tmp))
-            for label, tag in PLATFORMS.items():
+            for label in PLATFORMS:
                 for python in ("3.11", "3.12"):
-                    ok, what = binary_check(wheel, tag, python)
+                    ok, what = binary_check(wheel, label, python)
                     print(f"{label:<15} CPython {python}: {'wheels for all' if ok else 'MISSING'}: {what}", flush=True)
     return 0
 
