@@ -61,6 +61,24 @@ def test_each_extras_modules_come_from_that_extra():
             assert not dists & client, f"{module} is in the base set: it needs no extra"
 
 
+def test_client_app_and_fedcore_import_only_the_client_set():
+    """Every third-party import in client_app/ and fedcore/ (module level or inside a function)
+    comes from the base set, or from the hub extra behind ``extras.require("hub", ...)``: the
+    static half of the check the client-only virtualenv below makes at run time."""
+    from tests.test_packaging import imported_modules, third_party
+
+    owners = md.packages_distributions()
+    client = set(client_install.client_closure())
+    for package in ("client_app", "fedcore"):
+        for module in sorted(third_party(imported_modules(ROOT / package))):
+            dists = {canonicalize_name(d) for d in owners.get(module, [])}
+            if module in extras.MODULES["hub"]:
+                text = "\n".join(f.read_text() for f in (ROOT / package).rglob("*.py") if module in f.read_text())
+                assert 'extras.require("hub"' in text, f"{package} imports {module} without naming the hub extra"
+                continue
+            assert dists & client, f"{package} imports {module} ({sorted(dists)}), which the base set does not hold"
+
+
 def test_require_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setitem(extras.MODULES, "server", ("json", "no_such_module_fedpcd"))
     assert extras.missing("server") == ["no_such_module_fedpcd"]
