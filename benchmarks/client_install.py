@@ -7,8 +7,9 @@ torch, numpy, pyarrow, pillow and what they require. This module
   requirements of the base set, their requirements, ..., each with the extras asked for and the
   markers of this platform), not from a hand-written list;
 * builds a virtualenv that holds that set alone (:func:`make_client_venv`: every distribution of
-  the set linked into its site-packages, the app's wheel installed by ``pip --no-deps
-  --no-index``), so that a server-side import fails there as it would on the device;
+  the set linked into its site-packages, then ``pip install --no-index "fedpcd-app[client] @
+  <wheel>"``, whose resolver finds every requirement already there or fails), so that a
+  server-side import fails there as it would on the device;
 * sizes it (:func:`install_size`: the bytes of the files each distribution's RECORD lists).
 
 ``tests/test_client_install.py`` runs the ClientApp in that virtualenv; ``benchmarks/supernode.py``
@@ -166,7 +167,8 @@ def _console_scripts(dists: dict[str, md.Distribution], bindir: Path, python: Pa
 
 def make_client_venv(dest: Path, wheel: Path) -> Path:
     """A virtualenv at ``dest`` holding the client set of this environment (linked) and ``wheel``
-    installed with ``pip --no-deps --no-index``; returns its python. Its sys.path holds nothing
+    installed with its client extra by ``pip --no-index`` (the resolver sees the linked set);
+    returns its python. Its sys.path holds nothing
     else: no system site-packages, no .pth of this environment."""
     venv.EnvBuilder(with_pip=False, symlinks=True).create(dest)
     python = dest / "bin" / "python"
@@ -176,8 +178,11 @@ def make_client_venv(dest: Path, wheel: Path) -> Path:
     site = Path(sysconfig.get_paths()["purelib"])
     link_distributions(dists, site, purelib)
     _console_scripts(dists, dest / "bin", python)
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                           "--no-index", "--no-compile", "-q", str(wheel)], capture_output=True, text=True)
+    # pip's resolver checks the client extra's requirements against what is linked (no index, no
+    # download: a requirement the set lacks, or a version that does not match, fails here)
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
+                           "--no-compile", "-q", f"fedpcd-app[client] @ {wheel.as_uri()}"],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"pip install of {wheel.name} into {dest} failed:\n{done.stdout}\n{done.stderr}")
     return python

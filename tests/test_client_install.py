@@ -93,14 +93,27 @@ def test_require_is_one_line_naming_the_extra(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def client_venv(tmp_path_factory):
+def wheel(tmp_path_factory):
     try:
         import hatchling  # noqa: F401
     except ImportError:
         pytest.fail("hatchling is not installed: pip install -e '.[all,test]' (the test extra holds it)")
-    folder = tmp_path_factory.mktemp("client-install")
-    wheel = client_install.build_wheel(folder / "dist")
-    return client_install.make_client_venv(folder / "venv", wheel)
+    return client_install.build_wheel(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory, wheel):
+    return client_install.make_client_venv(tmp_path_factory.mktemp("client-install") / "venv", wheel)
+
+
+@pytest.mark.slow
+def test_pip_refuses_the_wheel_where_a_client_requirement_is_missing(tmp_path, wheel, monkeypatch):
+    """The install into the virtualenv goes through pip's resolver with the client extra (no
+    index): a set that lacks one of the requirements (pillow here) is refused, naming it."""
+    full = client_install.client_closure()
+    monkeypatch.setattr(client_install, "client_closure", lambda: {k: v for k, v in full.items() if k != "pillow"})
+    with pytest.raises(RuntimeError, match="(?i)pillow"):
+        client_install.make_client_venv(tmp_path / "venv", wheel)
 
 
 def _env() -> dict:
