@@ -3,7 +3,11 @@ outside scripts). The code is :mod:`fedpcd_app.analysis.figures`."""
 
 import sys
 
-from fedpcd_app.analysis.figures import main
+from fedcore import extras
+
+extras.require("analysis", "python -m fedpcd_app.figures", exit=__name__ == "__main__")
+
+from fedpcd_app.analysis.figures import main  # noqa: E402 - after the check: it imports the extra's packages
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,11 @@ outside scripts). The code is :mod:`fedpcd_app.runtime.simulate`."""
 import os
 import sys
 
-from fedpcd_app.runtime.simulate import main
+from fedcore import extras
+
+extras.require("server", "python -m fedpcd_app.simulate", exit=__name__ == "__main__")
+
+from fedpcd_app.runtime.simulate import main  # noqa: E402 - after the check: it imports the extra's packages
 
 if __name__ == "__main__":
     code = main()

@@ -100,10 +100,12 @@ def test_fedpcd_app_top_level_holds_only_the_entry_points():
     assert top == ENTRY_POINTS, f"modules at fedpcd_app's top level that belong in a job: {sorted(top - ENTRY_POINTS)}"
     subpackages = {module_name(p.parent) for p in (ROOT / "fedpcd_app").glob("*/__init__.py")}
     assert subpackages == set(LAYERS)
-    for mod in ENTRY_POINTS - {"fedpcd_app"}:  # a shim: it imports its target and nothing else of the project
+    # a shim: it imports its target and nothing else of the project but the check that the install
+    # holds the extra the target needs (fedcore.extras: one line naming it, docs/deployment.md)
+    for mod in ENTRY_POINTS - {"fedpcd_app"}:
         path = ROOT / (mod.replace(".", "/") + ".py")
-        assert len(path.read_text().splitlines()) <= 15, f"{path.name} is an entry-point shim: keep the code in a job"
-        deps = graph()[mod]
+        assert len(path.read_text().splitlines()) <= 18, f"{path.name} is an entry-point shim: keep the code in a job"
+        deps = graph()[mod] - {"fedcore", "fedcore.extras"}
         assert len(deps) == 1 and layer_of(next(iter(deps))) is not None, (mod, deps)
 
 

@@ -134,21 +134,24 @@ def test_digits_federated_data_splits():
     assert counts.shape == (8, 10) and counts.sum() == n_pool
 
 
-def test_digits_are_scikit_learns_without_its_import(monkeypatch):
-    """dataset='digits' reads scikit-learn's bundled file as load_digits reads it (the same bytes),
-    and falls back to load_digits where the file is not found."""
+def test_digits_are_scikit_learns_without_it(monkeypatch, tmp_path):
+    """dataset='digits' reads the copy shipped in client_app/data/digits.json (a SuperNode needs no
+    scikit-learn): the numbers load_digits gives, bit for bit; a damaged copy is one clear line."""
     from sklearn.datasets import load_digits
 
     from client_app.data import builtin
 
     bunch = load_digits()
     want_x, want_y = bunch.images.astype(np.float32)[:, None, :, :] / 16.0, bunch.target.astype(np.int64)
-    assert builtin.digits_file() is not None
-    for found in (builtin.digits_file, lambda: None):
-        monkeypatch.setattr(builtin, "digits_file", found)
-        (x, y, test), _ = builtin.digits()
-        assert x.dtype == want_x.dtype and x.tobytes() == want_x.tobytes() and np.array_equal(y, want_y)
-        assert y.dtype == np.int64 and test is None
+    (x, y, test), _ = builtin.digits()
+    assert x.dtype == want_x.dtype and x.tobytes() == want_x.tobytes() and np.array_equal(y, want_y)
+    assert y.dtype == np.int64 and test is None
+    damaged = tmp_path / "digits.json"
+    damaged.write_text(builtin.DIGITS_FILE.read_text().replace('"0000', '"zzzz', 1))
+    for path in (damaged, tmp_path / "absent.json"):
+        monkeypatch.setattr(builtin, "DIGITS_FILE", path)
+        with pytest.raises(DataError, match="missing or damaged.*reinstall"):
+            builtin.digits()
 
 
 def test_too_many_clients_is_a_clear_error():

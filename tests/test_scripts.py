@@ -263,7 +263,7 @@ def test_setup_says_each_step(tmp_path):
     steps = [line for line in first.stderr.splitlines() if line.startswith("setup: ")]
     assert [s.split()[1] for s in steps] == ["creating", "installing", "done:"], first.stderr
     assert "Python 3.fake" in steps[0] and "pip -q" in steps[1]
-    assert (tmp_path / "pip.log").read_text().split() == ["-m", "pip", "install", "-q", "-e", ".[test]"]
+    assert (tmp_path / "pip.log").read_text().split() == ["-m", "pip", "install", "-q", "-e", ".[all,test]"]
     second = setup()
     assert second.returncode == 0 and "up to date" in second.stderr, second.stderr
     assert len((tmp_path / "pip.log").read_text().splitlines()) == 1  # nothing installed again

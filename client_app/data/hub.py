@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from client_app.data.base import WRITER_COLUMN, Arrays, DataError, images_to_nchw
+from fedcore import extras
 from fedcore.config import RunConfig
 
 HUB_NAMES = {
@@ -26,6 +27,7 @@ def load_hub(cfg: RunConfig):
     for the cache, ``HF_ENDPOINT`` for a mirror and the usual proxy variables for the
     network; any failure is one line that points to ``dataset-path``."""
     name, image_col, label_col = HUB_NAMES[cfg.dataset]
+    extras.require("hub", f"dataset='{cfg.dataset}' (the Hugging Face hub)", error=DataError)
     from flwr_datasets import FederatedDataset
     from flwr_datasets.partitioner import IidPartitioner
 

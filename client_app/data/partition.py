@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from client_app.data.base import WRITER_COLUMN, WRITER_MAX_EXAMPLES, DataError
+from fedcore import extras
 from fedcore.config import RunConfig
 from fedcore.seeding import derive_seed, numpy_rng
 
@@ -109,6 +110,7 @@ def flwr_dirichlet(labels: np.ndarray, n: int, alpha: float, min_size: int, seed
 def _flwr_pathological(labels: np.ndarray, cfg: RunConfig, seed: int) -> list[np.ndarray]:
     """flwr-datasets' ``PathologicalPartitioner`` over the pool: the first class of client i is
     i mod C (every class used when N >= C), the rest random."""
+    extras.require("hub", "partitioner='pathological' (flwr-datasets)", error=DataError)
     from datasets import Dataset
     from flwr_datasets.partitioner import PathologicalPartitioner
 

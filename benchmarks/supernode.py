@@ -1,0 +1,362 @@
+"""SuperNodes as an edge device runs them: the client-only install, 1 CPU and 1 GiB each.
+
+    python -m benchmarks.supernode [--nodes 2] [--rounds 3] [--models mlp,cnn] [--memory-mib 1024] [--json OUT]
+
+What it does, for each model (the digits MLP, the CNN):
+
+1. builds the app's wheel and a virtualenv holding it and the base (client) set alone
+   (:mod:`benchmarks.client_install`: the set resolved from the installed metadata), once;
+2. starts a TLS SuperLink on 127.0.0.1 (``tests/deployment.py``'s ``LocalFederation``, from this
+   environment) and ``--nodes`` SuperNodes **from the client virtualenv**, each pinned to one CPU
+   (``taskset -c <cpu>``, one CPU per SuperNode) with ``OMP_NUM_THREADS=1``, and each dialling the
+   SuperLink through its own byte-counting TCP relay (:class:`CountingRelay`);
+3. watches each SuperNode's process tree (the ``flower-supernode`` process, the SuperExec it
+   starts and the ClientApp process started per message) every 50 ms from ``/proc``: their
+   resident memory with each page once, which ``/proc`` bounds (:func:`tree_memory`: at least
+   their private pages plus the largest one's shared pages, at most the sum of their resident
+   sets), the lower bound against ``--memory-mib``. A SuperNode over the limit is stopped and says
+   so in one line (``SuperNode 1 (cnn): over 1024 MiB ...``), never killed silently;
+4. ``flwr run`` of this app against them (FedAvg, every node every round, federated evaluation
+   every round), then reads each SuperNode's own log, time-stamped as it arrives: a round's
+   **train** seconds are from the node's ``Received successfully`` of the train message (it is
+   downloaded) to its ``Sending: train message`` (the ClientApp process's start: Flower starts
+   one per message, the app bundle, the data and the local epoch), the same for **evaluate**;
+
+and prints one row per SuperNode: the install size (the client set; torch's share apart), the
+peak resident memory of its processes together (the two bounds) and of the ClientApp process, the mean
+train and evaluate seconds per round, and the bytes it received and sent per round (the relay's
+counts between consecutive ``Sending: evaluate`` lines, rounds 2.. : a round's model down and up
+twice, its polls and heartbeats; TLS included).
+
+Why ``taskset`` and a watchdog, not a cgroup: here the cgroups are v1 and belong to the machine's
+own process manager (``systemd-run --scope -p MemoryMax=`` has no bus), and ``prlimit --as`` caps
+the address space, not memory: importing torch maps ~3.3 GB of address space for ~0.55 GB resident
+(measured), so a 1 GiB ``RLIMIT_AS`` fails every ClientApp at import. On a device, a cgroup
+(``systemd-run --scope -p MemoryMax=1G -p AllowedCPUs=0 flower-supernode ...``) is the real limit.
+Linux only (``/proc``, ``taskset``). On a machine shared with other jobs the seconds move with the
+load; the bytes and the RSS do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks import client_install
+from fedpcd_app.runtime.flwr_run import descendants
+from tests.deployment import LocalFederation, free_port
+
+MIB = 1024 * 1024
+EVENT = re.compile(r"(Receiving|Sending): (\w+) message|(Received) successfully")
+ROUND = re.compile(r"\[RUN \d+, ROUND (?:eval-)?(\d+)\]")  # a federated evaluation's group id is eval-<round>
+
+
+class CountingRelay:
+    """A TCP relay on 127.0.0.1 to ``port`` that counts the bytes each way: ``down`` (to the
+    SuperNode, i.e. received by it) and ``up`` (sent by it)."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.down = self.up = 0
+        self._lock = threading.Lock()
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return self.down, self.up
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, "down"), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, way: str) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+                with self._lock:
+                    setattr(self, way, getattr(self, way) + len(data))
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            src.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _status(pid: int) -> dict:
+    """The process's kind (:func:`_kind`), VmHWM (its peak resident set), and from smaps_rollup
+    its resident bytes: Rss, Private (its pages alone) and Shared (pages some other process on
+    the machine maps too); {} but the kind once the process is gone."""
+    out: dict = {"kind": _kind(pid)}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    out["VmHWM"] = int(line.split()[1]) * 1024
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty"):
+                    field = key.split("_")[0]
+                    out[field] = out.get(field, 0) + int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def tree_memory(stats: list[dict]) -> tuple[int, int]:
+    """Bounds on the resident bytes of a process tree with every page counted once: private pages
+    are each process's own, so the union of their pages is at least the private pages plus the
+    largest process's shared ones, and at most the sum of the resident sets (a page two of them
+    map counted twice). Pages shared with processes outside the tree (a library another job on
+    this machine has loaded) count in full, as on a device that runs this node alone."""
+    private = sum(s.get("Private", 0) for s in stats)
+    return private + max((s.get("Shared", 0) for s in stats), default=0), sum(s.get("Rss", 0) for s in stats)
+
+
+def _kind(pid: int) -> str:
+    """supernode, superexec, clientapp or other, from the process's command line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = fh.read().decode(errors="replace")
+    except OSError:
+        return "other"
+    for name, kind in (("flwr-clientapp", "clientapp"), ("flower-superexec", "superexec"),
+                       ("flower-supernode", "supernode")):
+        if name in cmd:
+            return kind
+    return "other"
+
+
+class Node:
+    """One SuperNode: its process, its relay, its time-stamped log events and its memory watch."""
+
+    def __init__(self, index: int, model: str, proc: subprocess.Popen, relay: CountingRelay, log: Path,
+                 limit: int) -> None:
+        self.index, self.model, self.proc, self.relay, self.log, self.limit = index, model, proc, relay, log, limit
+        self.events: list[tuple[float, str, str, int, tuple[int, int]]] = []  # (t, verb, type, round, bytes)
+        self.peak_tree = self.peak_tree_upper = self.peak_process = 0  # bytes (tree: :func:`tree_memory`)
+        self.peak_by_kind: dict[str, int] = {}  # supernode / superexec / clientapp -> its largest VmHWM
+        self.over: str | None = None
+        self._round = 0
+        if proc.stdout is not None:
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        with open(self.log, "w") as out:
+            for line in self.proc.stdout:  # the node's log, time-stamped as it arrives
+                now = time.monotonic()
+                out.write(f"{now:.3f} {line}")
+                out.flush()
+                self.feed(line, now)
+
+    def feed(self, line: str, now: float) -> None:
+        """One line of the node's log, read at ``now``."""
+        if m := ROUND.search(line):
+            self._round = int(m.group(1))
+        elif m := EVENT.search(line):
+            if m.group(3):  # "Received successfully": the message of the last "Receiving" line is in
+                kind = next((e[2] for e in reversed(self.events) if e[1] == "Receiving"), "?")
+                self.events.append((now, "Received", kind, self._round, self.relay.counts()))
+            else:
+                self.events.append((now, m.group(1), m.group(2), self._round, self.relay.counts()))
+
+    def watch(self) -> None:
+        """One look at the process tree's memory; stop the node, in one line, over the limit."""
+        if self.proc.poll() is not None or self.over:
+            return
+        pids = [self.proc.pid, *descendants(self.proc.pid)]
+        stats = [_status(p) for p in pids]
+        tree, upper = tree_memory(stats)
+        self.peak_tree, self.peak_tree_upper = max(self.peak_tree, tree), max(self.peak_tree_upper, upper)
+        self.peak_process = max([self.peak_process, *(s.get("VmHWM", 0) for s in stats)])
+        for st in stats:
+            self.peak_by_kind[st["kind"]] = max(self.peak_by_kind.get(st["kind"], 0), st.get("VmHWM", 0))
+        if tree > self.limit:
+            self.over = (f"SuperNode {self.index} ({self.model}): over {self.limit / MIB:.0f} MiB "
+                         f"(at least {tree / MIB:.0f} MiB resident over its {len(pids)} processes): stopped")
+            print(self.over, flush=True)
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def rounds(self) -> dict[int, dict]:
+        """Per round: train and evaluate seconds (the message downloaded, ``Received successfully``,
+        to the reply's ``Sending`` line), and the relay's bytes at the ``Sending: evaluate`` line."""
+        out: dict[int, dict] = {}
+        open_: dict[tuple[str, int], float] = {}
+        for t, verb, kind, rnd, counts in self.events:
+            if verb == "Received":  # downloaded: the node's work starts
+                open_[(kind, rnd)] = t
+            elif (kind, rnd) in open_:
+                row = out.setdefault(rnd, {})
+                row[f"{kind}_s"] = t - open_.pop((kind, rnd))
+                if kind == "evaluate":
+                    row["bytes_at_end"] = counts
+        return out
+
+
+def start_node(fed: LocalFederation, venv_bin: Path, index: int, nodes: int, cpu: int, model: str,
+               limit: int) -> Node:
+    relay = CountingRelay(fed.port)
+    env = {**fed.env, "PATH": f"{venv_bin}:{os.environ['PATH']}", "PYTHONPATH": "", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1",
+           "VIRTUAL_ENV": str(venv_bin.parent)}
+    cmd = ["taskset", "-c", str(cpu), str(venv_bin / "flower-supernode"), "--root-certificates",
+           str(fed.certs["ca.crt"]), "--superlink", f"127.0.0.1:{relay.port}", "--port", str(free_port()),
+           "--node-config", f"partition-id={index} num-partitions={nodes}"]
+    proc = subprocess.Popen(cmd, env=env, cwd=fed.folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    log = fed.folder / f"supernode{index}.log"
+    fed.procs.append((proc, log))  # stopped by the federation's teardown (its process group)
+    return Node(index, model, proc, relay, log, limit)
+
+
+def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: int, limit: int) -> dict:
+    cpus = sorted(os.sched_getaffinity(0))
+    out_dir = folder / "out"
+    result: dict = {"model": model, "nodes": []}
+    with LocalFederation(folder) as fed:
+        fed.start_superlink()
+        members = [start_node(fed, venv_python.parent, i, nodes, cpus[i % len(cpus)], model, limit)
+                   for i in range(nodes)]
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                for n in members:
+                    n.watch()
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            fed.wait_registered(nodes)
+            t0 = time.monotonic()
+            run = fed.flwr_run(f"method='fedavg' model='{model}' num-clients={nodes} fraction-train=1.0 "
+                               f"num-server-rounds={rounds} eval-every=1 eval-mode='federated' "
+                               f"checkpoint-every=0 figures='none' output-dir='{out_dir}'", timeout=900)
+            result["run_s"] = time.monotonic() - t0
+            runs = fed.runs()
+            result["status"] = runs[0]["status"] if runs else f"no run ({run.stdout[-500:]} {run.stderr[-500:]})"
+        finally:
+            stop.set()
+            watcher.join()
+            for n in members:
+                n.relay.close()
+    for n in members:
+        per_round = n.rounds()
+        done = sorted(r for r, row in per_round.items() if "train_s" in row and "evaluate_s" in row)
+        ends = [per_round[r]["bytes_at_end"] for r in done]
+        steady = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(ends, ends[1:])]  # rounds 2..: one round each
+        if not steady and ends:
+            steady = [ends[0]]
+        result["nodes"].append({
+            "node": n.index, "rounds_done": len(done), "over_limit": n.over,
+            "peak_rss_tree_mib": n.peak_tree / MIB, "peak_rss_tree_upper_mib": n.peak_tree_upper / MIB,
+            "peak_rss_process_mib": n.peak_process / MIB,
+            "peak_rss_by_process_mib": {k: v / MIB for k, v in n.peak_by_kind.items()},
+            "train_s": _mean(per_round[r]["train_s"] for r in done),
+            "evaluate_s": _mean(per_round[r]["evaluate_s"] for r in done),
+            "received_per_round": _mean(s[0] for s in steady), "sent_per_round": _mean(s[1] for s in steady),
+            "per_round": {r: {k: v for k, v in per_round[r].items() if k != "bytes_at_end"} for r in done},
+        })
+    return result
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def model_bytes(model: str) -> int:
+    """The model's float32 weights (what one ArrayRecord carries), for scale."""
+    from client_app.models import initial_model
+    from fedcore.config import load_config
+
+    return sum(t.numel() * t.element_size() for t in initial_model(load_config({"model": model})).state_dict()
+               .values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--memory-mib", type=int, default=1024)
+    ap.add_argument("--json", type=Path, help="write the results here too")
+    args = ap.parse_args(argv)
+    limit = args.memory_mib * MIB
+    sizes = client_install.sizes()
+    print(f"client install: {sizes['client'] / MIB:.0f} MiB ({sizes['client_distributions']} distributions), of "
+          f"which torch's share {sizes['torch_share'] / MIB:.0f} MiB and the rest "
+          f"{sizes['client_without_torch'] / MIB:.0f} MiB; this environment (every extra): "
+          f"{sizes['full_site_packages'] / MIB:.0f} MiB", flush=True)
+    results = {"sizes": sizes, "nodes": args.nodes, "rounds": args.rounds, "memory_mib": args.memory_mib,
+               "cpus_per_node": 1, "models": []}
+    with tempfile.TemporaryDirectory(prefix="fedpcd-supernode-") as tmp:
+        tmp = Path(tmp)
+        t = time.monotonic()
+        wheel = client_install.build_wheel(tmp / "dist")
+        python = client_install.make_client_venv(tmp / "venv", wheel)
+        print(f"client virtualenv ready ({time.monotonic() - t:.0f} s): {python.parent.parent}", flush=True)
+        for model in args.models.split(","):
+            folder = tmp / model
+            folder.mkdir()
+            res = run_model(folder, python, model, args.nodes, args.rounds, limit)
+            res["model_bytes"] = model_bytes(model)
+            results["models"].append(res)
+            print(f"{model}: run {res['status']} in {res.get('run_s', float('nan')):.0f} s "
+                  f"(model {res['model_bytes'] / 1024:.1f} KiB)", flush=True)
+    print()
+    head = (f"{'model':<6}{'node':>5}{'install MiB (torch)':>21}{'peak RSS MiB':>17}{'ClientApp':>11}"
+            f"{'train s':>9}{'eval s':>8}{'recv KiB/rd':>13}{'sent KiB/rd':>13}  limit")
+    print(head)
+    for res in results["models"]:
+        for n in res["nodes"]:
+            clientapp = n["peak_rss_by_process_mib"].get("clientapp", float("nan"))
+            print(f"{res['model']:<6}{n['node']:>5}{sizes['client'] / MIB:>12.0f} ({sizes['torch_share'] / MIB:>5.0f})"
+                  f"{n['peak_rss_tree_mib']:>11.0f}-{n['peak_rss_tree_upper_mib']:<5.0f}{clientapp:>11.0f}"
+                  f"{n['train_s']:>9.2f}{n['evaluate_s']:>8.2f}{n['received_per_round'] / 1024:>13.1f}"
+                  f"{n['sent_per_round'] / 1024:>13.1f}  {'OVER' if n['over_limit'] else 'ok'}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    over = [n for res in results["models"] for n in res["nodes"] if n["over_limit"]]
+    failed = [res for res in results["models"] if res["status"] != "finished:completed"]
+    return 1 if over or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

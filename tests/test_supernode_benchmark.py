@@ -1,0 +1,142 @@
+"""benchmarks/supernode.py: its byte-counting relay, its reading of a SuperNode's log and its
+memory watch (one line, never a silent kill), each on real sockets and processes; and the whole
+benchmark once (a SuperLink and a SuperNode from the client-only install, one round)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from benchmarks import supernode
+from benchmarks.supernode import MIB, CountingRelay, Node
+
+
+def _echo_server() -> tuple[socket.socket, int]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def test_the_relay_counts_every_byte_each_way():
+    srv, port = _echo_server()
+    relay = CountingRelay(port)
+    payload = bytes(range(256)) * 1000  # 256 000 bytes
+    with socket.create_connection(("127.0.0.1", relay.port)) as c:
+        c.sendall(payload)
+        got = b""
+        while len(got) < len(payload):
+            got += c.recv(65536)
+    assert got == payload
+    end = time.monotonic() + 10
+    while relay.counts() != (len(payload), len(payload)) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert relay.counts() == (len(payload), len(payload))  # (down to the node, up from it)
+    relay.close()
+    srv.close()
+
+
+LOG = """\
+INFO :      [RUN 7, ROUND 1]
+INFO :      Receiving: train message (ID: a)
+INFO :      Received successfully
+INFO :      Start `flwr-clientapp` process
+INFO :      [RUN 7, ROUND 1]
+INFO :      Sending: train message (ID: b)
+INFO :      [RUN 7, ROUND eval-1]
+INFO :      Receiving: evaluate message (ID: c)
+INFO :      Received successfully
+INFO :      [RUN 7, ROUND eval-1]
+INFO :      Sending: evaluate message (ID: d)
+INFO :      [RUN 7, ROUND 2]
+INFO :      Receiving: train message (ID: e)
+INFO :      Received successfully
+INFO :      Sending: train message (ID: f)
+"""
+
+
+def _printer(script: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+class _Idle:
+    stdout = None
+
+
+def test_a_nodes_log_gives_each_rounds_train_and_evaluate_seconds(tmp_path):
+    """Work seconds run from 'Received successfully' (the message is downloaded) to the reply's
+    'Sending' line, per round (a federated evaluation's group id is eval-<round>); a round whose
+    evaluation never came (round 2 here) has its train seconds only; the bytes are the relay's
+    at the evaluation's 'Sending' line."""
+    srv, port = _echo_server()
+    relay = CountingRelay(port)
+    node = Node(0, "mlp", _Idle(), relay, tmp_path / "n.log", limit=1 << 40)
+    for i, line in enumerate(LOG.splitlines()):
+        if i == 9:
+            relay.down, relay.up = 5000, 700
+        node.feed(line, now=100.0 + i)
+    rounds = node.rounds()
+    # train 1: received at line 2, sent at line 5; evaluate 1: lines 8 -> 10; train 2: lines 13 -> 14
+    assert rounds == {1: {"train_s": 3.0, "evaluate_s": 2.0, "bytes_at_end": (5000, 700)}, 2: {"train_s": 1.0}}
+    relay.close()
+    srv.close()
+
+
+def test_the_tree_memory_bounds_count_private_pages_once_and_shared_pages_at_most_twice():
+    a = {"Rss": 500, "Private": 300, "Shared": 200}
+    b = {"Rss": 150, "Private": 100, "Shared": 50}
+    assert supernode.tree_memory([a, b]) == (300 + 100 + 200, 650)
+    assert supernode.tree_memory([{}]) == (0, 0) and supernode.tree_memory([]) == (0, 0)
+
+
+def test_a_node_over_its_memory_limit_is_stopped_with_one_line(tmp_path, capsys):
+    """A process tree holding 300 MiB against a 128 MiB limit: stopped, and one line says which
+    node, the limit and the memory it held."""
+    srv, port = _echo_server()
+    script = ("import time\nb = bytearray(300 * 1024 * 1024)\nb[::4096] = b'x' * len(b[::4096])\n"
+              "print('held', flush=True)\ntime.sleep(60)\n")
+    proc = _printer(script)
+    node = Node(3, "cnn", proc, CountingRelay(port), tmp_path / "n.log", limit=128 * MIB)
+    end = time.monotonic() + 30
+    while node.over is None and time.monotonic() < end:
+        node.watch()
+        time.sleep(0.05)
+    assert proc.wait(timeout=10) != 0  # stopped
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SuperNode 3")]
+    assert lines == [node.over] and "(cnn): over 128 MiB" in node.over and "stopped" in node.over
+    assert node.peak_tree_upper >= node.peak_tree > 128 * MIB
+    srv.close()
+
+
+@pytest.mark.deployment
+@pytest.mark.slow
+def test_the_benchmark_runs_a_round_on_a_client_only_supernode(tmp_path, capsys):
+    """A watch at 4 GiB: with PyPI's CUDA torch a SuperNode holds more than 1 GiB (the stop at
+    the limit is the test above's)."""
+    out = tmp_path / "bench.json"
+    code = supernode.main(["--nodes", "1", "--rounds", "1", "--models", "mlp", "--memory-mib", "4096",
+                           "--json", str(out)])
+    res = json.loads(out.read_text())
+    (model,) = res["models"]
+    assert code == 0 and model["status"] == "finished:completed", capsys.readouterr().out[-3000:]
+    (node,) = model["nodes"]
+    assert node["rounds_done"] == 1 and node["over_limit"] is None
+    assert node["train_s"] > 0 and node["evaluate_s"] > 0
+    assert node["received_per_round"] > model["model_bytes"] and node["sent_per_round"] > model["model_bytes"]
+    assert 0 < node["peak_rss_tree_mib"] <= node["peak_rss_tree_upper_mib"]
+    assert res["sizes"]["client"] < res["sizes"]["full_site_packages"]
