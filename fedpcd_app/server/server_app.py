@@ -436,6 +436,7 @@ class Experiment:
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
             "gpus": visible_gpus(),  # physical ids of the GPUs this run's process could use ([] on the CPU)
+            **_execution(self.grid),  # the local engine's rows-or-loop and threads (fedpcd_app.runtime.execution)
         }
         self.writer.summary(summary)
         self.writer.close()
@@ -514,6 +515,12 @@ class Experiment:
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None:
             out["privacy"] = dp.describe()
         return out
+
+
+def _execution(grid) -> dict[str, Any]:
+    """``{"execution": ...}``: how the grid's engine computed the run, when it says (the local engine)."""
+    found = getattr(grid, "execution", None) or getattr(getattr(grid, "inner", None), "execution", None)
+    return {"execution": dict(found)} if isinstance(found, Mapping) else {}
 
 
 def _no_evaluation(num_clients: int) -> dict[str, Any]:
