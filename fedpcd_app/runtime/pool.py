@@ -46,6 +46,7 @@ def usable_cores() -> int:
 
 
 BEGIN_RUN = "begin-run"  # a control message: (BEGIN_RUN, run_config), then the driver's fds 1 and 2
+REPLY, DONE = "reply", "done"  # a worker's messages: (REPLY, message id, reply, context), (DONE, the task's ids)
 
 
 def _generators() -> tuple:
@@ -140,8 +141,15 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
                 warm(task[1])
                 continue
             mids, messages, contexts = task
-            replies = deliver_many(app, list(zip(messages, contexts)), batch)
-            conn.send((mids, replies, contexts))
+            sending = threading.Lock()  # replies come from the batch's threads
+
+            def sent(i: int, reply, mids=mids, contexts=contexts, sending=sending) -> None:
+                with sending:  # each reply as soon as it is ready: a slow client holds back no other
+                    conn.send((REPLY, mids[i], reply, contexts[i]))
+
+            deliver_many(app, list(zip(messages, contexts)), batch, on_reply=sent)
+            with sending:
+                conn.send((DONE, mids))
 
 
 @contextlib.contextmanager
@@ -174,6 +182,7 @@ class _Worker:
         child.close()
         _give_output(self.conn, self.process.pid)
         self.busy: list[str] | None = None  # the message ids it is working on
+        self.left: set[str] = set()  # of those, the ones whose reply has not come
 
 
 def _start_method(preload: list[str]):
@@ -317,6 +326,7 @@ class WorkerPool:
                     self.pending.insert(0, task)
                     continue
                 w.busy = task[0]  # the task's message ids
+                w.left = set(task[0])  # those not answered yet
 
     def wait(self, timeout: float | None) -> None:
         """Collect the results that arrive within ``timeout`` s, then hand out pending tasks."""
@@ -331,21 +341,25 @@ class WorkerPool:
             if w.conn not in ready and w.process.sentinel not in ready:
                 continue
             try:
-                mids, replies, contexts = w.conn.recv()
+                self._read(w)
             except (EOFError, OSError):  # it died (its pipe closed) before replying
                 w.process.join(1.0)
                 log.error("local engine: worker %d (pid %d) died with exit code %s",
                           self.workers.index(w), w.process.pid, w.process.exitcode)
-                mids = w.busy  # the grid turns them into error replies
-                replies, contexts = [None] * len(mids), [None] * len(mids)
-            for mid, reply, context in zip(mids, replies, contexts):
-                self.done[mid] = (reply, context)
-            w.busy = None
+                for mid in w.left:  # the grid turns them into error replies
+                    self.done[mid] = (None, None)
+                w.busy = None
         self._dispatch()
 
     def idle(self) -> bool:
         """Every worker alive with nothing to do (nothing pending): fit to serve another run."""
         self._ready()
+        try:
+            for w in self.workers:  # every reply in: its task's end follows at once
+                if w.busy is not None and not w.left and w.process.is_alive() and w.conn.poll(5.0):
+                    self._read(w)
+        except (EOFError, OSError):  # one died: not to be reused
+            return False
         self.done.clear()
         return (not self.pending and bool(self.workers)
                 and all(w.busy is None and w.process.is_alive() for w in self.workers))
@@ -370,6 +384,17 @@ class WorkerPool:
             return f"local engine: {self.size} new worker process(es)"
         pids = ", ".join(str(w.process.pid) for w in self.workers)
         return f"local engine: {self.size} worker(s) (pids {pids}) reused for this run (run {self.runs} of this pool)"
+
+    def _read(self, w: _Worker) -> None:
+        """Everything ``w`` has sent so far: each reply (as soon as it was ready), then its task's end."""
+        while w.busy is not None and w.conn.poll():
+            kind, *body = w.conn.recv()
+            if kind == REPLY:
+                mid, reply, context = body
+                self.done[mid] = (reply, context)
+                w.left.discard(mid)
+            else:  # DONE: the task is over, the worker free
+                w.busy = None
 
     def close(self) -> None:
         """Stop the workers: ask, then SIGTERM, then SIGKILL, each by its PID."""
