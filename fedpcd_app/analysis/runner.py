@@ -79,6 +79,9 @@ def reset_state(initial: Mapping[str, Any]) -> None:
         lg.setLevel(level)
         lg.handlers[:], lg.filters[:] = handlers, filters
         lg.propagate, lg.disabled = propagate, disabled
+    from client_app.vectorised import forget_notices
+
+    forget_notices()  # the rows' once-per-run notices: said again in the next run's log
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -189,10 +189,15 @@ def auto_workers(cfg, cores: int) -> int:
 
 
 def load_client_data(run_config: Mapping[str, Any]) -> None:
-    """A worker's warm-up: its data, loaded while the server starts (the ClientApp would load
-    it on its first message; either way once per process)."""
+    """A worker's warm-up at the start of each run it serves: its data, loaded while the server
+    starts (the ClientApp would load it on its first message; either way once per data setting
+    and process), and the notices said once per run forgotten (a reused worker says them in the
+    new run's log as a new one would)."""
     from client_app.data import load_federated_data
+    from client_app.vectorised import forget_notices
     from fedcore.config import parse_run_config
+
+    forget_notices()
 
     load_federated_data(parse_run_config(run_config))
 
