@@ -12,8 +12,9 @@
 each engine of ``--engines`` (``local``: this project's engine, ``--workers`` worker processes;
 ``ray``: ``flwr run`` on Flower's Ray engine, ``--num-cpus``/``--ray-num-gpus`` per actor;
 ``vectorised``: the local engine with ``client-execution = 'vectorised'``, each process's clients
-of a round trained at once — :mod:`client_app.vectorised`; ``local`` and ``ray`` run the
-per-client loop, ``client-execution = 'loop'``), and
+of a round trained at once — :mod:`client_app.vectorised`; ``default``: the local engine at the
+run config's default ``client-execution = 'auto'``, the path :mod:`fedpcd_app.runtime.execution`
+chooses; ``local`` and ``ray`` run the per-client loop, ``client-execution = 'loop'``), and
 the per-round times are read from its ``rounds.jsonl`` (the server's ``round_seconds`` [+
 ``eval_seconds``]; round 1 carries the engine's start-up and is excluded). Then, in this
 process, the floor replays the very same rounds on ``--device``: for each sampled client of
@@ -129,9 +130,10 @@ def settings(args, data_dir: Path) -> dict[str, dict]:
                       "fraction-train": 1.0, "batch-size": 10, "lr": 0.05},
     }
 
-
-ENGINES = ("local", "ray", "vectorised")
-EXECUTION = {"local": "loop", "ray": "loop", "vectorised": "vectorised"}  # each engine's client-execution
+ENGINES = ("local", "ray", "vectorised", "default")
+# each engine's client-execution; "default": the local engine as a user runs it (client-execution
+# 'auto': rows or the loop, and the threads, by fedpcd_app.runtime.execution's rule)
+EXECUTION = {"local": "loop", "ray": "loop", "vectorised": "vectorised", "default": "auto"}
 
 
 def round_seconds(rec: dict) -> tuple[float, float]:
@@ -620,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settings", default="cnn,digits",
                    help="comma list of: cnn, digits, synthetic ('' = end to end only)")
     p.add_argument("--engines", default="local,ray",
-                   help="comma list of: local, ray, vectorised (the first one feeds the floor)")
+                   help="comma list of: local, ray, vectorised, default (the first one feeds the floor)")
     p.add_argument("--workers", type=int, default=None,
                    help="local and vectorised engines' workers (default: --workers auto, as simulate decides)")
     p.add_argument("--num-cpus", type=float, default=1.0, help="ray engine: client-resources-num-cpus")

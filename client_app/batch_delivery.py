@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from client_app.methods import TrainJob, TrainOutcome
@@ -19,6 +20,11 @@ from client_app.vectorised import EXECUTION_KEY, Entry, run_entries
 from fedcore.config import APP
 
 _local = threading.local()
+# A message's thread that has not reached its training step GRACE_S after the batch's latest
+# arrival does not hold the others back: the jobs waiting then train (a straggler, e.g. a node
+# slow before it trains, trains with whoever comes after it). On the CPU a row's numbers do not
+# depend on the rows beside it (client_app/vectorised.py), so this changes no result there.
+GRACE_S = 0.5
 
 
 class _Collector:
@@ -30,31 +36,40 @@ class _Collector:
         self.cv = threading.Condition()
         self.waiting: list[Entry] = []
         self.finished = 0
+        self.trained = 0  # entries trained, their threads not yet finished
+        self.arrived = time.monotonic()  # the latest arrival (GRACE_S)
 
-    def _maybe_run(self) -> None:  # with self.cv held
-        if self.waiting and len(self.waiting) + self.finished == self.n:
+    def _maybe_run(self, late: bool = False) -> None:  # with self.cv held
+        """Train the waiting jobs once every other thread waits or is done (or, ``late``, once
+        those that have not come are GRACE_S behind the latest arrival)."""
+        if self.waiting and (late or len(self.waiting) + self.finished + self.trained == self.n):
             entries, self.waiting = self.waiting, []
             try:
                 run_entries(entries, self.mode)
             finally:
                 for e in entries:
                     e.done = True
+                self.trained += len(entries)
                 self.cv.notify_all()
 
     def submit(self, method, job: TrainJob) -> TrainOutcome:
         entry = Entry(method, job)
         with self.cv:
             self.waiting.append(entry)
+            self.arrived = time.monotonic()
             self._maybe_run()
             while not entry.done:
-                self.cv.wait()
+                self.cv.wait(GRACE_S)
+                if not entry.done and time.monotonic() - self.arrived >= GRACE_S:
+                    self._maybe_run(late=True)
         if entry.error is not None:
             raise entry.error
         return entry.outcome
 
-    def leave(self) -> None:
+    def leave(self, trained: int) -> None:
         with self.cv:
             self.finished += 1
+            self.trained -= trained
             self._maybe_run()
 
 
@@ -64,6 +79,7 @@ def train(method, job: TrainJob, mode: str) -> TrainOutcome:
     rows for this one job when ``client-execution = 'vectorised'``; else the routine."""
     collector: _Collector | None = getattr(_local, "collector", None)
     if collector is not None and mode != "loop":
+        _local.trained += 1  # counted among the collector's trained until this thread leaves
         return collector.submit(method, job)
     if mode == "vectorised":
         entry = Entry(method, job)
@@ -123,10 +139,11 @@ def wants_batch(message) -> bool:
     return message.metadata.message_type == "train" and message_mode(message) != "loop"
 
 
-def deliver_batch(app, items: Sequence[tuple], deliver: Callable) -> list:
+def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Callable | None = None) -> list:
     """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
     context)``, their training done together (see the module's docstring). In order. One
-    message too goes through the collector: under ``auto`` it trains as the rows would."""
+    message too goes through the collector: under ``auto`` it trains as the rows would.
+    ``on_reply(i, reply)``: called from message i's thread as soon as its reply is ready."""
     if not items:
         return []
     collector = _Collector(len(items), message_mode(items[0][0]))
@@ -134,14 +151,18 @@ def deliver_batch(app, items: Sequence[tuple], deliver: Callable) -> list:
 
     def work(i: int) -> None:
         _local.collector = collector
+        _local.trained = 0
         try:
             replies[i] = deliver(app, *items[i])
         finally:
             _local.collector = None
-            collector.leave()
+            collector.leave(_local.trained)
+        if on_reply is not None:
+            on_reply(i, replies[i])
 
     _THREADS.run_all([lambda i=i: work(i) for i in range(len(items))])
     return replies
 
 
 deliver_batch.wants = wants_batch
+deliver_batch.streams = True  # takes on_reply (fedpcd_app.runtime.node.deliver_many)

@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 
 from fedcore import keys
 from fedcore.replies import (
+    NEAR_BOUND,
     NEAR_BOUND_WARN_ROUNDS,
     Dropped,
     check_eval_reply,
@@ -209,15 +210,20 @@ def number_problems(strategy, server_round: int, replies: list[Message], context
 
 
 def _count_near_bound(server_round: int, norms: dict, context: RunContext) -> None:
-    """Rounds whose accepted updates came near the size bound: counted (``near_bound_rounds`` in
-    the round's ``update_norms``), warned once they are :data:`NEAR_BOUND_WARN_ROUNDS`."""
+    """Rounds whose accepted updates came near the size bound: counted in the run's one counter,
+    ``context.trust.near_bound_rounds`` (checkpointed with the trust; ``near_bound_rounds`` in the
+    round's ``update_norms``), and warned once, in the round they reach
+    :data:`NEAR_BOUND_WARN_ROUNDS`: logged, and the same line in ``update_norms["warning"]`` (the
+    app's summary.json ``warnings`` takes it from there)."""
     if norms.get("near_bound"):
         context.trust.near_bound_rounds += 1
         n = context.trust.near_bound_rounds
-        if n >= NEAR_BOUND_WARN_ROUNDS:
-            log.warning("round %d: %d accepted update(s) within 4x of the size bound (%d rounds so far): "
-                        "poisoning under the bound looks like this (update_norms in rounds.jsonl)",
-                        server_round, norms["near_bound"], n)
+        if n == NEAR_BOUND_WARN_ROUNDS:
+            text = (f"round {server_round}: in {n} rounds accepted updates were within {1 / NEAR_BOUND:g}x of the size "
+                    f"bound (max-update-ratio; latest round: {norms['near_bound']} update(s)): updates under the "
+                    "bound may be poisoning the model (update_norms in rounds.jsonl)")
+            log.warning("%s", text)
+            norms["warning"] = text
     if norms:
         norms["near_bound_rounds"] = context.trust.near_bound_rounds
 

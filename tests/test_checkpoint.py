@@ -291,3 +291,101 @@ def test_a_restored_checkpoint_is_checked_before_use_key_or_not(tmp_path, caplog
     with pytest.raises(ValueError, match=re.escape(what)):
         checkpoint.load(path)
     assert checkpoint.latest(tmp_path).round == 2 and what in caplog.text
+
+
+# -- the run state whole: warnings, divergence streaks, near-bound count (run_state.RunState) ---------------
+def _untimed(record):
+    """A record without its wall-clock figures (``*_seconds``, at any depth)."""
+    if isinstance(record, dict):
+        return {k: _untimed(v) for k, v in record.items() if not k.endswith("seconds")}
+    return record
+
+
+def _near_bound_run(out: Path, *, stop_at: int | None = None, **kw):
+    """A 6-round FedAvg run on the fake grid whose client 0 sends 50x the honest update every round
+    (under the size bound, near it: a warning in round 3); ``stop_at``: Ctrl-C while round
+    ``stop_at`` waits for its replies (the run checkpoints the rounds done and stops)."""
+    from fedpcd_app.server.server_app import Experiment
+    from tests.fakegrid import FakeGrid, honest_reply, scaled
+
+    cfg = fedavg_config(out, **{"fraction-train": 1.0, "num-server-rounds": 6, **kw})
+    holder = {}
+
+    def craft(req, pid, node):
+        if stop_at is not None and int(req.metadata.group_id) == stop_at:
+            raise KeyboardInterrupt
+        reply = honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)
+        if pid == 0:  # theta + 50 (0.99 theta - theta)
+            from fedcore import keys
+
+            reply.content[keys.ARRAYS] = scaled(req.content[keys.ARRAYS], 0.5)
+        return [reply]
+
+    with task_identity():
+        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
+        try:
+            exp.run()
+        except KeyboardInterrupt:
+            pass
+    return exp
+
+
+def _without(d: dict, *names: str) -> dict:
+    return {k: v for k, v in d.items() if k not in names}
+
+
+def test_a_run_interrupted_and_resumed_ends_as_the_uninterrupted_run_warnings_included(tmp_path):
+    # Prepare: the uninterrupted run; its warnings come from rounds before the resume point
+    full = _near_bound_run(tmp_path / "full")
+    want = read_summary(full.writer.dir)
+    assert any("within 4x" in w and w.startswith("round 3:") for w in want["warnings"]), want["warnings"]
+    # Execute: the same run, Ctrl-C in round 5 (rounds 1-4 checkpointed), resumed into its folder
+    cut = _near_bound_run(tmp_path / "cut", stop_at=5)
+    assert read_summary(cut.writer.dir)["incomplete_reason"].startswith("interrupted at round 5")
+    assert cut.state.round == 4 and cut.watch.counts is cut.state.watch and cut.context.trust is cut.state.trust
+    resumed = _near_bound_run(tmp_path / "cut", **{"resume-from": str(tmp_path / "cut")})
+    # Assert: summary.json whole (but where it was written), rounds.jsonl, the model's bytes
+    got = read_summary(resumed.writer.dir)
+    assert _without(got, "output_dir", "config") == _without(want, "output_dir", "config")
+    assert _without(got["config"], "output-dir", "resume-from") == _without(want["config"], "output-dir",
+                                                                            "resume-from")
+    assert [_untimed(r) for r in read_rounds(resumed.writer.dir)] == [_untimed(r) for r in read_rounds(full.writer.dir)]
+    assert (resumed.writer.dir / "final_model.pt").read_bytes() == (full.writer.dir / "final_model.pt").read_bytes()
+    # the state carried on: the one near-bound counter and the divergence streaks
+    assert resumed.state.trust.near_bound_rounds == full.state.trust.near_bound_rounds == 6
+    assert resumed.state.watch == full.state.watch
+
+
+def test_every_field_of_the_run_state_is_in_the_checkpoint(tmp_path):
+    import dataclasses
+
+    from fedpcd_app.server.run_state import CHECKPOINT_FIELDS, RunState
+
+    exp = _near_bound_run(tmp_path / "r")
+    ckpt = checkpoint.latest(exp.writer.dir)
+    assert set(CHECKPOINT_FIELDS) == {f.name for f in dataclasses.fields(RunState)}
+    assert set(CHECKPOINT_FIELDS.values()) <= {f.name for f in dataclasses.fields(checkpoint.Checkpoint)}
+    back = RunState.restored(ckpt)
+    assert back.warnings == exp.state.warnings and back.watch == exp.state.watch and back.round == 6
+    assert back.trust == exp.state.trust and back.history == exp.state.history
+
+
+def test_a_checkpoint_of_format_2_is_read_through_its_one_conversion(tmp_path, caplog):
+    import hashlib
+
+    import torch
+
+    # Prepare: a checkpoint as format 2 wrote it (no warnings, no divergence counts)
+    full = _near_bound_run(tmp_path / "full")
+    path = checkpoint.path_for(full.writer.dir, 4)
+    raw = torch.load(path, weights_only=True)
+    raw = {k: v for k, v in raw.items() if k not in ("warnings", "watch")} | {"format": 2}
+    torch.save(raw, path)
+    checkpoint.checksum_path(path).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    checkpoint.path_for(full.writer.dir, 6).unlink()
+    # Execute / Assert: it loads, the log says what it lacks, a resume continues it
+    ckpt = checkpoint.load(path)
+    assert ckpt.round == 4 and ckpt.warnings == [] and ckpt.watch["refused_rounds"] == 0
+    assert "earlier format 2" in caplog.text
+    resumed = _near_bound_run(tmp_path / "r", **{"resume-from": str(full.writer.dir)})
+    assert [r["round"] for r in read_rounds(resumed.writer.dir)] == [1, 2, 3, 4, 5, 6]

@@ -308,3 +308,38 @@ def test_a_node_copy_is_as_deep_as_a_deep_copy_where_a_client_can_write():
     assert list(msg.content["arrays"].keys()) == ["w"]
     np.testing.assert_array_equal(msg.content["arrays"]["w"].numpy(), np.arange(4, dtype=np.float32))
     assert msg.metadata.group_id == "4"
+
+
+# -- a straggler costs only itself ---------------------------------------------------------------
+@pytest.mark.slow
+def test_a_straggler_on_two_workers_drops_itself_alone_every_round(tmp_path):
+    """--workers 2, round-timeout 2 s, partition 0 taking 3 s from round 2: each round drops
+    partition 0 alone. The clients batched with it on its worker train without it and reply
+    as soon as they are done; a share queued behind the straggler's worker goes to the free one."""
+    from fedpcd_app.runtime import execution, pool
+    from fedpcd_app.runtime.grid import run_local
+    from fedpcd_app.runtime.simulate import CLIENT_BATCH, client_preload
+    from fedpcd_app.server.config import load_setup
+    from fedpcd_app.server.results import read_rounds
+    from fedpcd_app.server.server_app import make_server_app
+    from tests import straggler_app
+
+    def run(name, **over):
+        setup = load_setup({**SMALL, "fraction-train": 1.0, "figures": "none", "checkpoint-every": 0,
+                            "output-dir": str(tmp_path / name), **over})
+        with execution.applied(execution.choose(setup.cfg, setup.model)):
+            run_local(make_server_app(setup), "tests.straggler_app:app", setup.cfg.num_clients, workers=2,
+                      run_config=setup.raw, preload=client_preload(setup.cfg), batch=CLIENT_BATCH)
+        return read_rounds(tmp_path / name)
+
+    pool.keep_workers()  # the workers started (and warm) before the timed run: its round 1 is not their start-up
+    try:
+        run("warm", **{"num-server-rounds": 1})
+        rounds = run("timed", **{"num-server-rounds": 4, "round-timeout": 2.0})
+    finally:
+        pool.keep_workers(False)
+    assert [r["num_dropped"] for r in rounds] == [0, 1, 1, 1]
+    for r in rounds[1:]:
+        (drop,) = r["dropped"]
+        assert drop["partition"] == straggler_app.SLOW_PARTITION and drop["reason"].startswith("no reply")
+        assert r["num_replies"] == SMALL["num-clients"] - 1

@@ -206,21 +206,23 @@ def test_a_final_model_far_outside_the_initial_norm_is_incomplete(tmp_path):
     assert "x the initial model's" in s["incomplete_reason"]
 
 
-def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tmp_path, monkeypatch):
-    from fedpcd_app.server.server_app import Experiment
-    from tests.helpers import fedavg_config, run_honest
+def test_accepted_updates_near_the_size_bound_in_several_rounds_are_a_warning(tmp_path, caplog):
+    """One counter (the reply trust's), one warning: in summary.json and the log, once."""
+    from fedcore import keys
+    from tests.fakegrid import honest_reply, scaled
+    from tests.helpers import fedavg_config, run_on_fake_grid
 
-    real = Experiment.train_round
+    def reply(req, pid, node, run):
+        out = honest_reply(req, pid, node, run)
+        if pid == 0:  # 50x the honest update every round: under the size bound, near it
+            out.content[keys.ARRAYS] = scaled(req.content[keys.ARRAYS], 0.5)
+        return [out]
 
-    def train_round(self, server_round):
-        record = real(self, server_round)
-        record["update_norms"] = {"median": 1.0, "max_ratio": 90.0, "near_bound": 1}  # one kept, near the bound
-        return record
-
-    monkeypatch.setattr(Experiment, "train_round", train_round)
-    run_honest(fedavg_config(tmp_path / "run"))
+    run_on_fake_grid(fedavg_config(tmp_path / "run", **{"fraction-train": 1.0, "num-server-rounds": 5}), reply)
     s = read_summary(tmp_path / "run")
-    assert any("max-update-ratio" in w and "in 3 rounds" in w for w in s["warnings"]), s["warnings"]
+    near = [w for w in s["warnings"] if "max-update-ratio" in w]
+    assert len(near) == 1 and near[0].startswith("round 3: in 3 rounds"), s["warnings"]
+    assert sum("max-update-ratio" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_huge_updates_that_were_dropped_are_no_near_bound_warning(tmp_path, monkeypatch):

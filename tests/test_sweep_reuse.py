@@ -90,6 +90,30 @@ def test_a_run_in_a_reused_process_equals_it_in_a_fresh_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_runs_after_others_reuse_the_workers_and_give_the_fresh_process_bytes(tmp_path):
+    """--workers 2: the second run of a process takes over the first run's worker processes (no
+    forkserver, no workers started again: the gap between a sweep's runs) and still gives the
+    bytes of the same run in a fresh process; each run's log holds its own output."""
+    engine = {"workers": 2}
+    reused = RunProcess(os.environ)
+    try:
+        other = _folder(tmp_path, "other")
+        reused.run({**BASE, "method": "fedprox", "fedprox-mu": 0.1, "lr": 0.05, "seed": 1}, other, engine)
+        after = _folder(tmp_path, "after")
+        reused.run(TARGET, after, engine)
+        assert reused.started == 1
+    finally:
+        reused.close()
+    fresh = _folder(tmp_path, "fresh")
+    RunProcess(os.environ, reuse=False).run(TARGET, fresh, engine)
+    got, want = _numbers(after), _numbers(fresh)
+    assert got[0] == want[0] and got[1] == want[1] and got[2] == want[2] and got[3] == want[3]
+    log, first = (after / runner.LOG_FILE).read_text(), (other / runner.LOG_FILE).read_text()
+    assert "reused for this run (run 2 of this pool)" in log and "reused" not in first
+    assert "round    2/2" in log and "fedprox" not in log and "fedavg" not in first
+
+
+@pytest.mark.slow
 def test_sweep_overhead_benchmark_smoke():
     import subprocess
     import sys

@@ -17,10 +17,15 @@ thread count and default generator, the loggers (levels, handlers), the memory a
 (``gc``, CUDA's cache).
 What stays is what cannot change a result: imported modules, the data of the last data setting
 (:func:`client_app.data.load_federated_data` caches it by its data keys), parsed configs and
-models overwritten from every message. The local engine's forkserver (its workers' parent) ends
-with each run: it keeps the stdout/stderr it was started with, the run's log.
+models overwritten from every message. The local engine's workers (``--workers`` > 0) and their
+forkserver live as long as this process too (:func:`fedpcd_app.runtime.pool.keep_workers`): the
+next run with the same engine settings takes them over, each worker put back as a fresh one
+starts a run (its output to the new run's log, its random generators and threads reset, its
+data warm-up run); a run that left a worker busy or dead, or a run of other engine settings
+(worker count, GPUs), starts new workers (from the same forkserver).
 ``tests/test_sweep_reuse.py`` checks that a run done after another in one process equals the
-same run in a fresh process, summary and model bytes.
+same run in a fresh process, summary and model bytes, with the clients in the run's process and
+in reused workers.
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ def reset_state(initial: Mapping[str, Any]) -> None:
         lg.setLevel(level)
         lg.handlers[:], lg.filters[:] = handlers, filters
         lg.propagate, lg.disabled = propagate, disabled
+    from client_app.vectorised import forget_notices
+
+    forget_notices()  # the rows' once-per-run notices: said again in the next run's log
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
@@ -82,7 +90,6 @@ def reset_state(initial: Mapping[str, Any]) -> None:
 def run_one(overrides: Mapping[str, Any], folder: str, engine: Mapping[str, Any] | None = None) -> str:
     """One run, its output (and its engine's) to ``<folder>/run.log``; the report and figures are
     the sweep's (drawn once, over all its runs, at its end)."""
-    from fedpcd_app.runtime.pool import stop_forkserver
     from fedpcd_app.runtime.simulate import simulate
     from fedpcd_app.server.checkpoint import rounds_in
 
@@ -95,10 +102,6 @@ def run_one(overrides: Mapping[str, Any], folder: str, engine: Mapping[str, Any]
         except BaseException:
             traceback.print_exc(file=log)
             raise
-        finally:
-            # The local engine's workers fork from a forkserver that keeps the stdout/stderr it was
-            # started with: this run's log. Stopped with the run, the next run's workers write to theirs.
-            stop_forkserver()
 
 
 def was_interrupted(folder: Path) -> bool:
@@ -169,7 +172,9 @@ def main() -> None:
     sys.stdin = open(os.devnull)  # this process's stdin until it ends
     import fedpcd_app.runtime.simulate  # noqa: F401 - torch, flwr and the app: once, before the first run
     import fedpcd_app.server.server_app  # noqa: F401
+    from fedpcd_app.runtime.pool import keep_workers
 
+    keep_workers()  # the local engine's workers serve run after run (the module docstring)
     serve(requests, replies)
     sys.stderr.flush()
     os._exit(0)  # skip torch's slow interpreter teardown: nothing is left to write

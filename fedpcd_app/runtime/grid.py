@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import random
 import time
 import weakref
@@ -38,16 +39,17 @@ from fedpcd_app.runtime.flower_internals import (
     task_identity,
 )
 from fedpcd_app.runtime.node import deliver, deliver_many, load_batch, load_client_app
-from fedpcd_app.runtime.pool import WorkerPool
+from fedpcd_app.runtime.pool import WorkerPool, open_pool, release_pool
 
 CLIENT_APP_CRASHED = 8  # flwr.common.constant.ErrorCode.CLIENT_APP_CRASHED: the worker process died
 NODE_UNAVAILABLE = 5  # ErrorCode.NODE_UNAVAILABLE: no such node in this federation
+log = logging.getLogger("fedpcd")
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"  # Flower's node-config keys
 
 
 def _close_pool(pool: WorkerPool | None) -> None:
     if pool is not None:
-        pool.close()
+        release_pool(pool)  # closed, or kept for the next run of this process (pool.keep_workers)
 
 
 class LocalGrid(Grid):
@@ -67,6 +69,7 @@ class LocalGrid(Grid):
     # what the ServerApp reads off a grid (it imports nothing of the runtime):
     is_simulation = True  # fedpcd_app.server.exchange.is_simulation: simulated nodes
     nodes_fixed = True  # every node exists once the grid is built (fedpcd_app.server.server_app.routed)
+    execution: dict[str, Any] | None = None  # how the run computes (fedpcd_app.runtime.execution), when known
 
     def __init__(self, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
                  run_config: Mapping[str, Any] | None = None, run_id: int = LOCAL_RUN_ID,
@@ -95,6 +98,7 @@ class LocalGrid(Grid):
         self._tasks: dict[str, Message] = {}  # sent to the pool, not yet answered
         self._abandoned: set[str] = set()  # timed out: a late reply is dropped (its context kept)
         self.pool: WorkerPool | None = None
+        self._said = False  # the pool described in the run's log
         self.app: ClientApp | None = None
         self.workers = workers
         self.batch = load_batch(batch)
@@ -104,8 +108,8 @@ class LocalGrid(Grid):
             if not isinstance(client_app, str):
                 raise TypeError("worker processes load the ClientApp themselves: give it as "
                                 "'module:attribute' (e.g. 'client_app.client_app:app'), or use workers=0")
-            self.pool = WorkerPool(client_app, workers, threads=threads, gpus=gpus, warmup=warmup,
-                              run_config=self.run_config, run_id=run_id, preload=list(preload), batch=batch)
+            self.pool = open_pool(client_app, workers, threads=threads, gpus=gpus, warmup=warmup,
+                                  run_config=self.run_config, run_id=run_id, preload=list(preload), batch=batch)
         self._finalizer = weakref.finalize(self, _close_pool, self.pool)
 
     # -- lifecycle
@@ -138,6 +142,9 @@ class LocalGrid(Grid):
         return self.batch is not None and (wants is None or bool(wants(message)))
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        if self.pool is not None and not self._said:  # once the run's logging is set up: its first push
+            self._said = True
+            log.info("%s", self.pool.describe())
         ids = []
         grouped: list[tuple[str, Message]] = []  # for the pool: handed out together below
         for message in messages:
@@ -231,13 +238,17 @@ class LocalGrid(Grid):
 def run_local(server_app: ServerApp, client_app: ClientApp | str, num_nodes: int, *, workers: int = 0,
               run_config: Mapping[str, Any] | None = None, warmup: str | None = None,
               preload: Iterable[str] = (), gpus: int | None = None, run_id: int = LOCAL_RUN_ID,
-              node_configs: Sequence[Mapping[str, Any]] | None = None, batch: str | None = None) -> None:
+              node_configs: Sequence[Mapping[str, Any]] | None = None, batch: str | None = None,
+              execution: Mapping[str, Any] | None = None) -> None:
     """Run a ServerApp against ``num_nodes`` nodes of ``client_app`` on a :class:`LocalGrid`
-    (``node_configs``: see there); the workers are stopped when it returns (or raises)."""
+    (``node_configs``: see there); the workers are stopped when it returns (or raises).
+    ``execution``: how the run computes (:mod:`fedpcd_app.runtime.execution`), the grid's
+    ``execution`` attribute (the app's summary.json records it)."""
     run_config = dict(run_config or {})
     with task_identity(run_id=run_id), LocalGrid(client_app, num_nodes, workers=workers, run_config=run_config,
                                                  run_id=run_id, warmup=warmup, preload=preload, gpus=gpus,
                                                  node_configs=node_configs, batch=batch) as grid:
+        grid.execution = dict(execution) if execution is not None else None
         context = Context(run_id=run_id, node_id=SERVER_NODE_ID, node_config={}, state=RecordDict(),
                           run_config=run_config)
         server_app(grid, context)

@@ -77,12 +77,24 @@ def deliver(app: ClientApp, message: Message, context: Context) -> Message:
 
 
 def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch=None,
-                 one=deliver) -> list[Message]:
+                 one=deliver, on_reply=None) -> list[Message]:
     """Replies to several (message, node context) pairs: through the ``batch`` hook when one
     is given (``batch(app, items, one)``: e.g. :func:`client_app.batch_delivery.deliver_batch`,
     which trains the clients together; also for a single message: a worker's share of a round
     may be one, and it must train as the round's other clients do), else one by one
-    (``one(app, message, context)``)."""
+    (``one(app, message, context)``). ``on_reply(i, reply)``: called as each reply is ready
+    (as soon as it is, where the hook says ``streams = True`` and takes ``on_reply``; else once the
+    hook returns), so that a slow client does not hold back the replies of the others."""
     if batch is not None and items:
-        return list(batch(app, items, one))
-    return [one(app, m, c) for m, c in items]
+        if on_reply is not None and getattr(batch, "streams", False):
+            return list(batch(app, items, one, on_reply=on_reply))
+        replies = list(batch(app, items, one))
+        for i, reply in enumerate(replies if on_reply is not None else ()):
+            on_reply(i, reply)
+        return replies
+    replies = []
+    for i, (m, c) in enumerate(items):
+        replies.append(one(app, m, c))
+        if on_reply is not None:
+            on_reply(i, replies[-1])
+    return replies

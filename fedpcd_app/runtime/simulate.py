@@ -95,6 +95,7 @@ def simulate(
 
 # -- local engine --------------------------------------------------------------------------------
 def _simulate_local(overrides, workers: int | None) -> Path:
+    from fedpcd_app.runtime import execution
     from fedpcd_app.runtime.grid import run_local
     from fedpcd_app.runtime.pool import usable_cores
     from fedpcd_app.server.config import load_setup
@@ -103,9 +104,11 @@ def _simulate_local(overrides, workers: int | None) -> Path:
     _check_output_dir_first(overrides)  # before any data is loaded or model built
     setup = load_setup(overrides)  # every key checked, strategy and model built, once
     workers = auto_workers(setup.cfg, usable_cores()) if workers is None else workers
-    run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
-              run_config=setup.raw, warmup="fedpcd_app.runtime.simulate:load_client_data" if workers else None,
-              preload=client_preload(setup.cfg), batch=CLIENT_BATCH)
+    choice = execution.choose(setup.cfg, setup.model)  # rows or loop, threads: by the settings (execution.py)
+    with execution.applied(choice):
+        run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
+                  run_config=setup.raw, warmup="fedpcd_app.runtime.simulate:load_client_data" if workers else None,
+                  preload=client_preload(setup.cfg), batch=CLIENT_BATCH, execution=choice)
     return Path(setup.cfg.output_dir).resolve()
 
 
@@ -187,10 +190,15 @@ def auto_workers(cfg, cores: int) -> int:
 
 
 def load_client_data(run_config: Mapping[str, Any]) -> None:
-    """A worker's warm-up: its data, loaded while the server starts (the ClientApp would load
-    it on its first message; either way once per process)."""
+    """A worker's warm-up at the start of each run it serves: its data, loaded while the server
+    starts (the ClientApp would load it on its first message; either way once per data setting
+    and process), and the notices said once per run forgotten (a reused worker says them in the
+    new run's log as a new one would)."""
     from client_app.data import load_federated_data
+    from client_app.vectorised import forget_notices
     from fedcore.config import parse_run_config
+
+    forget_notices()
 
     load_federated_data(parse_run_config(run_config))
 

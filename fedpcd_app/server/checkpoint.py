@@ -10,8 +10,10 @@ Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
   (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
 * with ``eval-averaged-iterate``, the running average θ̄_t of the global models and its count
   (:class:`fedpcd_app.server.evaluation.IterateAverage`; a resume with the other value is refused),
-* the round t, ``times_sampled`` per partition and the metric history (every
-  rounds.jsonl record so far, plus the last evaluation),
+* the run's state whole (:class:`fedpcd_app.server.run_state.RunState`): the round t,
+  ``times_sampled`` per partition, the metric history (every rounds.jsonl record so far, plus
+  the last evaluation), the size bound's trusted scale and near-bound count (``reply_trust``),
+  the warnings written so far and the divergence watch's streaks (``watch``),
 * the method, seed, number of clients and the model's array spec, checked on resume,
 * the run's full config: on resume every training and data key (all but the operational
   ones of :data:`NOT_COMPARED`) must equal this run's, unless ``resume-allow-changes``
@@ -59,6 +61,11 @@ checkpoint: SCAFFOLD's strategy mirrors the client control variates c_i on the s
 re-sends them after a resume; Ditto's personal models are lost on resume (each client
 restarts its personal model from the global one), because they exist only on the nodes.
 
+**Earlier files.** A checkpoint of format 2 (no ``warnings``, no ``watch``) is read through
+one conversion, :func:`from_format_2`: the resumed run starts its warnings and divergence
+streaks anew (a warning in the log says so); one without ``config`` or ``reply_trust`` (older
+still) is refused in one line.
+
 Checkpoints hold only dicts, lists, tensors and scalars: ``torch.load(path, weights_only=True)``
 reads one (:func:`load` rebuilds the objects).
 """
@@ -101,7 +108,8 @@ NOT_COMPARED = frozenset({
 })
 # Keys no resume-allow-changes can free: the checkpoint's model and client ids depend on them.
 FIXED = ("method", "seed", "num-clients")
-FORMAT = 2  # 2: a weights_only tree (fedcore.state), the method's params
+FORMAT = 3  # 2: a weights_only tree (fedcore.state), the method's params; 3: + warnings, watch (the run state whole)
+FRESH_WATCH = {"refused_rounds": 0, "bad_loss_rounds": 0, "best_loss": math.inf}  # divergence.WatchCounts()
 _NAME = re.compile(r"^round-(\d{6})\.pt$")
 
 
@@ -124,7 +132,9 @@ class Checkpoint:
     averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.server.evaluation)
     # the trusted update scale and loss medians (fedcore.replies.ReplyTrust.as_dict)
     reply_trust: dict[str, Any] = dataclasses.field(default_factory=dict)
-
+    warnings: list[str] = dataclasses.field(default_factory=list)  # summary.json's, so far
+    # the divergence watch's streaks (fedpcd_app.server.divergence.WatchCounts.as_dict)
+    watch: dict[str, Any] = dataclasses.field(default_factory=lambda: dict(FRESH_WATCH))
 
     def to_dict(self) -> dict[str, Any]:
         """A tree of dicts, lists, tensors and scalars (``torch.load(weights_only=True)`` reads it)."""
@@ -335,6 +345,8 @@ def load(path: str | Path) -> Checkpoint:
 
     verify(path)
     raw = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(raw, dict) and raw.get("format") == 2:
+        raw = from_format_2(raw, path)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
     ckpt = Checkpoint(**{f.name: from_tree(raw[f.name]) for f in dataclasses.fields(Checkpoint)
@@ -346,6 +358,15 @@ def load(path: str | Path) -> Checkpoint:
                          "it cannot be resumed; start a new run")
     check_restored(ckpt, path)
     return ckpt
+
+
+def from_format_2(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A checkpoint of format 2 (before the run state was saved whole) as format 3: the one
+    conversion an earlier file goes through. Format 2 lacks the run's warnings and the divergence
+    watch's streaks: the resumed run starts them anew (said in the log), everything else is as saved."""
+    log.warning("%s is a checkpoint of the earlier format 2: it holds no warnings and no divergence counts; the "
+                "resumed run starts them anew (its other state is restored as saved)", path)
+    return {**raw, "format": FORMAT, "warnings": [], "watch": dict(FRESH_WATCH)}
 
 
 def latest(folder: str | Path) -> Checkpoint:

@@ -34,6 +34,7 @@ global model's own evaluation. :class:`Interrupts` turns SIGINT/SIGTERM into
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -63,43 +64,73 @@ def is_finite(arrays) -> bool:
     return True
 
 
-class Watch:
-    """Counts the rounds of criteria 2 and 3 (see the module docstring)."""
+@dataclasses.dataclass
+class WatchCounts:
+    """What :class:`Watch` carries from round to round (part of the run's state,
+    :class:`fedpcd_app.server.run_state.RunState`, checkpointed with it): the current streaks of
+    criteria 2 and 3 and the best median train loss so far."""
 
-    def __init__(self, cfg: RunConfig, classes: int) -> None:
+    refused_rounds: int = 0
+    bad_loss_rounds: int = 0
+    best_loss: float = math.inf
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"refused_rounds": int(self.refused_rounds), "bad_loss_rounds": int(self.bad_loss_rounds),
+                "best_loss": float(self.best_loss)}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> WatchCounts:
+        """Rebuilt from :meth:`as_dict` (a checkpoint); anything else is a one-line ValueError."""
+        try:
+            counts = cls(int(raw["refused_rounds"]), int(raw["bad_loss_rounds"]), float(raw["best_loss"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint's divergence counts are unreadable ({type(exc).__name__}: {exc})") from None
+        if counts.refused_rounds < 0 or counts.bad_loss_rounds < 0 or math.isnan(counts.best_loss):
+            raise ValueError("checkpoint's divergence counts hold a negative count or a NaN loss")
+        return counts
+
+
+class Watch:
+    """Counts the rounds of criteria 2 and 3 (see the module docstring) in ``counts`` (the run
+    state's: a resumed run continues its streaks)."""
+
+    def __init__(self, cfg: RunConfig, classes: int, counts: WatchCounts | None = None) -> None:
         self.patience = cfg.diverge_patience
         self.chance = math.log(classes) if classes >= 2 else None
-        self.refused_rounds = 0
-        self.bad_loss_rounds = 0
-        self.best_loss = math.inf
+        self.counts = counts if counts is not None else WatchCounts()
+
+    @property
+    def refused_rounds(self) -> int:
+        return self.counts.refused_rounds
 
     def observe(self, record: dict[str, Any], valid: Iterable) -> str | None:
         """After a round's aggregation: why the run diverged, or None."""
+        c = self.counts
         if record.get("diverged"):
             return record["diverged"]
         if not self.patience:
             return None
         arrived = [d for d in record.get("dropped", ()) if not str(d.get("reason", "")).startswith(NO_REPLY)]
         if record.get("num_replies", 0) == 0 and arrived:
-            self.refused_rounds += 1
+            c.refused_rounds += 1
         elif record.get("num_replies", 0) > 0:
-            self.refused_rounds = 0
-        if self.refused_rounds >= self.patience:
-            return f"every reply was dropped in {self.refused_rounds} consecutive rounds"
+            c.refused_rounds = 0
+        if c.refused_rounds >= self.patience:
+            return f"every reply was dropped in {c.refused_rounds} consecutive rounds"
         losses = [float(r.content[keys.METRICS][keys.TRAIN_LOSS]) for r in valid
                   if keys.TRAIN_LOSS in r.content[keys.METRICS]]
         if losses:
             median = float(np.median(losses))
             bad = not math.isfinite(median) or (
-                self.chance is not None and median >= self.chance and median >= self.best_loss)
+                self.chance is not None and median >= self.chance and median >= c.best_loss)
             if math.isfinite(median):
-                self.best_loss = min(self.best_loss, median)
-            self.bad_loss_rounds = self.bad_loss_rounds + 1 if bad else 0
-            if self.bad_loss_rounds >= self.patience:
+                c.best_loss = min(c.best_loss, median)
+            c.bad_loss_rounds = c.bad_loss_rounds + 1 if bad else 0
+            if c.bad_loss_rounds >= self.patience:
                 what = "non-finite" if not math.isfinite(median) else (
                     f"at chance level or worse (median {median:.4g} >= ln({round(math.exp(self.chance))}) = "
                     f"{self.chance:.4g}) without progress")
-                return f"the train loss was {what} for {self.bad_loss_rounds} consecutive rounds"
+                return f"the train loss was {what} for {c.bad_loss_rounds} consecutive rounds"
         return None
 
 

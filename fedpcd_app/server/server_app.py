@@ -31,13 +31,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from client_app import attacks, local_data
 from fedcore.config import ConfigError, RunConfig, resolve
 from fedcore.flat import spec_of
-from fedcore.replies import ReplyTrust
 from fedpcd_app.server import checkpoint, divergence, faults, node_data, report_process, secagg
 from fedpcd_app.server.config import Setup, check, validate
 from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
@@ -52,6 +51,7 @@ from fedpcd_app.server.membership import (
     wait_for_stable_nodes,
 )
 from fedpcd_app.server.results import ResultsWriter, write_json_atomic
+from fedpcd_app.server.run_state import RunState, held
 from fedpcd_app.server.tracking import tracker_for
 from strategies.health import NoTrainingError
 from strategies.privacy import CentralDP
@@ -65,7 +65,15 @@ log = logging.getLogger("fedpcd")
 
 class Experiment:
     """One federated run on a Grid: ``run()`` does everything; the round and the evaluation
-    are methods so that tests and the checkpoint logic can drive them one by one."""
+    are methods so that tests and the checkpoint logic can drive them one by one. What the run
+    carries from round to round is one :class:`~fedpcd_app.server.run_state.RunState`
+    (``self.state``, checkpointed whole); the attributes below read and write it."""
+
+    arrays = held("arrays")
+    times_sampled = held("times_sampled")
+    history = held("history")
+    last_eval = held("last_eval")
+    warnings = held("warnings")
 
     def __init__(self, grid: Grid, setup: Setup | RunConfig, membership: Membership | None = None) -> None:
         if isinstance(setup, RunConfig):
@@ -85,24 +93,22 @@ class Experiment:
         self.membership_given = membership is not None  # discovered already (run_experiment)
         self.membership = membership if membership is not None else Membership(self.cfg)
         self.membership.cfg = self.cfg
-        self.arrays = ArrayRecord(setup.model.state_dict())
+        self.state = RunState.new(ArrayRecord(setup.model.state_dict()), self.cfg.num_clients)
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
         # What the strategy's calls are given: the seeded sampler over partition ids, the run config
         # sent with every request, counts bounded by the partitions' sizes the server knows.
         self.context = RunContext(select=self.membership.select, run_config=self.cfg.as_dict(),
-                                  limits=reply_limits(self.cfg, self.evaluator.data, self.membership))
-        self.times_sampled = np.zeros(self.cfg.num_clients, dtype=np.int64)
-        self.history: list[dict[str, Any]] = []
-        self.last_eval: dict[str, Any] = {}
+                                  limits=reply_limits(self.cfg, self.evaluator.data, self.membership),
+                                  trust=self.state.trust)
         self.stop_on_error = self.cfg.on_aggregation_error == "stop"
         self.aggregation_exception: Exception | None = None
-        self.start_round = 1
         self.classes = divergence.num_classes(setup.model)
-        self.watch = divergence.Watch(self.cfg, self.classes)
+        self.watch = divergence.Watch(self.cfg, self.classes, self.state.watch)
         self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
         self.initial_norm = divergence.model_norm(self.arrays)  # the collapse check's reference (completeness)
         if setup.cfg.resume_from:  # every check and the whole restore before any file is opened for writing
             self.resume(setup.cfg.resume_from)
+        self.start_round = self.state.start_round  # the loop's first round
         self.writer = ResultsWriter(self.cfg, history=self.history)
         if setup.cfg.resume_from:
             setup_logging()
@@ -113,8 +119,6 @@ class Experiment:
                          if secagg.enabled(self.cfg) else PlainExchange(self.strategy, self.context,
                                                                          self.cfg.round_timeout or None))
         self.replies_in = 0.0  # when the latest round's replies were in (waiting())
-        self.warnings: list[str] = []  # summary.json "warnings" (each also logged when it happens)
-        self.near_bound_rounds = 0
         self.signals = divergence.Interrupts()
         self.trained: dict[str, Any] | None = None  # the round trained but not yet recorded (an interrupt)
         self.finished = False  # finish() wrote the summary
@@ -169,6 +173,7 @@ class Experiment:
             with self.signals.deferred():
                 self.watch_round(record)
                 self.history.append(record)
+                self.state.round = server_round
                 self.trained = None
                 self.writer.round(record)
                 if self.tracker is not None:
@@ -197,6 +202,7 @@ class Experiment:
             return
         if self.trained is not None:  # trained; only its evaluation (or bookkeeping) was cut
             self.history.append(self.trained)
+            self.state.round = self.trained["round"]
             self.writer.round(self.trained)
             self.trained = None
         elif self.sampled_before is not None:  # cut while waiting for replies: that round never happened
@@ -323,14 +329,12 @@ class Experiment:
 
     def save_checkpoint(self, server_round: int) -> None:
         ckpt = checkpoint.Checkpoint(
-            round=server_round, method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
-            arrays={k: v.numpy() for k, v in self.arrays.items()}, strategy=self.strategy.state,
-            params=self.strategy.params.to_run_config(),
-            times_sampled=self.times_sampled.copy(), history=list(self.history), last_eval=dict(self.last_eval),
+            **{**self.state.saved(), "round": server_round},  # the run state whole (run_state.RunState)
+            method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
+            strategy=self.strategy.state, params=self.strategy.params.to_run_config(),
             privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
             config=self.cfg.as_dict(),
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
-            reply_trust=self.context.trust.as_dict(),
         )
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.cfg.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
@@ -350,7 +354,8 @@ class Experiment:
                 f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
             )
         checkpoint.check_config(ckpt, self.cfg.as_dict(), allow)
-        self.arrays = ArrayRecord({k: Array(v) for k, v in ckpt.arrays.items()})
+        self.state = RunState.restored(ckpt)  # the model, counts, history, trust, warnings, watch, round
+        self.context.trust, self.watch.counts = self.state.trust, self.state.watch
         if (ckpt.averaged_iterate is not None) != (self.evaluator.average is not None):
             raise ConfigError(f"run-config key 'eval-averaged-iterate' = {self.evaluator.averaged} but the checkpoint "
                               f"of round {ckpt.round} in {folder} was written with the other value: resume with "
@@ -358,14 +363,9 @@ class Experiment:
         if self.evaluator.average is not None:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
         self.strategy.state = ckpt.strategy
-        self.context.trust = ReplyTrust.from_dict(ckpt.reply_trust)  # the size bounds continue from the trusted scale
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
             dp.dp_state = ckpt.privacy  # the adaptive clipping norm
         self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
-        self.times_sampled = np.asarray(ckpt.times_sampled, dtype=np.int64).copy()
-        self.history = list(ckpt.history)
-        self.last_eval = dict(ckpt.last_eval)
-        self.start_round = ckpt.round + 1
 
     # -- results ---------------------------------------------------------------------------------
     def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
@@ -399,17 +399,10 @@ class Experiment:
             if now is not None and before is not None and before - now >= divergence.SUDDEN_DROP:
                 self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
                           f"{now:.4f}")
-        from fedcore.replies import NEAR_BOUND, NEAR_BOUND_WARN_ROUNDS
-
-        # Accepted updates near the size bound (fedcore.replies counts them among the replies it
-        # kept: a dropped huge update is no warning), in several rounds: poisoning under the bound.
-        near = (record.get("update_norms") or {}).get("near_bound")
-        if isinstance(near, int) and near > 0:
-            self.near_bound_rounds += 1
-            if self.near_bound_rounds == NEAR_BOUND_WARN_ROUNDS:
-                self.warn(f"round {r}: in {self.near_bound_rounds} rounds accepted updates were above "
-                          f"{NEAR_BOUND:g} x the size bound (max-update-ratio; latest round: {near}): updates "
-                          "under the bound may be poisoning the model")
+        # Accepted updates near the size bound in several rounds (poisoning under the bound): counted
+        # once, in the reply trust (strategies.rounds), whose one warning the round's update_norms carry.
+        if (text := (record.get("update_norms") or {}).get("warning")) and text not in self.warnings:
+            self.warnings.append(text)  # logged where it was made
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)
@@ -453,6 +446,7 @@ class Experiment:
             "config": cfg.as_dict(),
             "output_dir": str(self.writer.dir),
             "gpus": visible_gpus(),  # physical ids of the GPUs this run's process could use ([] on the CPU)
+            **_execution(self.grid),  # the local engine's rows-or-loop and threads (fedpcd_app.runtime.execution)
         }
         self.writer.summary(summary)
         self.writer.close()
@@ -533,6 +527,12 @@ class Experiment:
         if (dp := find_wrapper(self.strategy, CentralDP)) is not None:
             out["privacy"] = dp.describe()
         return out
+
+
+def _execution(grid) -> dict[str, Any]:
+    """``{"execution": ...}``: how the grid's engine computed the run, when it says (the local engine)."""
+    found = getattr(grid, "execution", None) or getattr(getattr(grid, "inner", None), "execution", None)
+    return {"execution": dict(found)} if isinstance(found, Mapping) else {}
 
 
 def _no_evaluation(num_clients: int) -> dict[str, Any]:

@@ -1,0 +1,67 @@
+"""How the local engine computes a run: its clients batched (rows) or one by one, and the
+run process's torch intra-op threads, chosen by a rule on the run's settings alone.
+
+The rule reads the model's size and the device, never the machine's load at the moment, so
+the same settings always take the same path (and the same seed gives the same bytes whenever
+the same path runs):
+
+* **threads**: on the CPU, a model under :data:`SMALL_MODEL` parameters runs the run's process
+  (the server's aggregation, validation and evaluation) on one intra-op thread. Its operations
+  last microseconds; on two threads each wakes an OpenMP/MKL team that slept while the clients
+  trained (measured: a 1 x 5 by 5 x 14,430 product takes 47 us back to back, 4.0 ms after a
+  10 ms pause), which made the digits round 2-7x slower than on one thread, most of it spinning
+  (docs/performance.md, "Batched clients only where they pay"). The clients already train on
+  one thread (:data:`fedpcd_app.runtime.node.CLIENT_THREADS`), so everything then runs on one.
+  A larger model, or a GPU, keeps torch's own count.
+* **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
+  :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
+  there), else one by one; ``loop`` and ``vectorised`` as they say.
+
+:func:`choose` gives the choice; :func:`applied` sets the threads for the run. The local engine
+records the choice in ``summary.json`` (``execution``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+SMALL_MODEL = 1 << 20  # parameters: under it, one intra-op thread on the CPU (see the module docstring)
+
+
+def choose(cfg, model) -> dict[str, Any]:
+    """The run's path: ``device``, ``parameters``, ``clients`` (``rows`` or ``loop``, for
+    ``client-execution``), ``threads`` (the run process's intra-op threads) and ``rule``."""
+    import torch
+
+    from client_app.vectorised import AUTO_MODELS
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = sum(p.numel() for p in model.parameters())
+    mode = cfg.client_execution
+    if mode == "auto":
+        clients = "rows" if cfg.model in AUTO_MODELS.get(device, ()) else "loop"
+    else:
+        clients = "rows" if mode == "vectorised" else "loop"
+    small = device == "cpu" and size < SMALL_MODEL
+    return {"device": device, "parameters": int(size), "client_execution": mode, "clients": clients,
+            "threads": 1 if small else torch.get_num_threads(),
+            "rule": (f"{'one thread: a model under' if small else 'torch threads: not a CPU model under'} "
+                     f"{SMALL_MODEL} parameters; clients as rows where client-execution='auto' names the model "
+                     f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'})")}
+
+
+@contextlib.contextmanager
+def applied(choice: dict[str, Any]) -> Iterator[None]:
+    """The run's intra-op threads set for the block, then put back."""
+    import torch
+
+    old = torch.get_num_threads()
+    if choice["threads"] != old:
+        torch.set_num_threads(choice["threads"])
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)

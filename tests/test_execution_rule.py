@@ -1,0 +1,44 @@
+"""The local engine's rows-or-loop and thread choice: a rule on the run's settings (model size,
+device), recorded in summary.json (fedpcd_app.runtime.execution)."""
+
+import json
+
+import pytest
+import torch
+
+from fedcore.config import load_config
+from fedpcd_app.runtime import execution
+
+
+def test_a_small_cpu_model_runs_on_one_thread_and_a_large_one_keeps_torchs(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = load_config({"dataset": "digits", "model": "mlp"})
+    small = execution.choose(cfg, torch.nn.Linear(64, 10))
+    large = execution.choose(cfg, torch.nn.Linear(1024, 1024 + 1))  # 1,050,625 parameters
+    assert small["device"] == "cpu" and small["threads"] == 1 and small["clients"] == "rows"
+    assert large["threads"] == torch.get_num_threads() and large["parameters"] >= execution.SMALL_MODEL
+    loop = execution.choose(load_config({"dataset": "digits", "model": "mlp", "client-execution": "loop"}),
+                            torch.nn.Linear(64, 10))
+    assert loop["clients"] == "loop" and loop["threads"] == 1
+    # the same settings, the same choice (nothing of the moment enters it)
+    assert execution.choose(cfg, torch.nn.Linear(64, 10)) == small
+
+
+def test_applied_sets_the_threads_for_the_run_and_puts_them_back():
+    before = torch.get_num_threads()
+    with execution.applied({"threads": 1}):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's choice")
+def test_the_local_engine_records_its_choice_and_restores_the_threads(tmp_path):
+    from fedpcd_app.runtime.simulate import simulate
+
+    before = torch.get_num_threads()
+    out = simulate({"dataset": "digits", "model": "mlp", "num-clients": 4, "num-server-rounds": 1,
+                    "figures": "none", "output-dir": str(tmp_path / "r")}, workers=0)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["execution"]["threads"] == 1 and summary["execution"]["clients"] == "rows"
+    assert summary["execution"]["device"] == "cpu" and summary["execution"]["parameters"] < execution.SMALL_MODEL
+    assert torch.get_num_threads() == before
