@@ -131,3 +131,32 @@ def test_the_apps_run_ends_failed_when_nothing_trains(tmp_path):
     assert "federage-beta" in summary["incomplete_reason"] and "NoTrainingError" in summary["incomplete_reason"]
     rounds = [json.loads(line) for line in (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()]
     assert len(rounds) == DROP_STREAK_LIMIT
+
+
+FAMILIES = {  # one per method family: Flower's like-named, FedPCD, CRAFT, a method with a client piece
+    "fedavg": lambda: strategies.FedAvg(fraction_train=0.5),
+    "fedpcd": lambda: strategies.FedPCD(fraction_train=0.5, tau=0.05, history=5),
+    "craft": lambda: strategies.Craft(fraction_train=0.5, step=0.5),
+    "federage": lambda: strategies.FedeRage(fraction_train=0.5, alpha=0.3, gamma=0.3),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_through_flowers_simulation_engine(name):
+    """``flwr.simulation.run_simulation`` (Ray) with 8 quickstart SuperNodes; FedeRage's clients
+    use its documented piece (examples/client_federage.py), the others Flower's quickstart as is."""
+    from flwr.simulation import run_simulation
+
+    from examples import quickstart
+
+    client = quickstart.plain_client
+    if name == "federage":
+        from examples.client_federage import client
+    server = quickstart.server_app(name, FAMILIES[name], rounds=3)
+    run_simulation(server_app=server, client_app=client, num_supernodes=8,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    result = quickstart.RESULTS.pop(name)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    accs = [float(m["accuracy"]) for _, m in sorted(result.evaluate_metrics_clientapp.items())]
+    assert accs[-1] > 0.3, accs  # chance is 0.1
