@@ -24,8 +24,13 @@ from tests.conformance import ChangingGrid, net, quickstart_app, run_start
 
 CLASSES = [getattr(strategies, n) for n in strategies.__all__ if isinstance(getattr(strategies, n), type)
            and issubclass(getattr(strategies, n), strategies.FairStrategy) and n != "FairStrategy"]
-NEEDS_PIECE = {c.__name__ for c in CLASSES if c.required_metrics or c.required_records}
+# what Flower's quickstart client does not send: train-loss it sends as train_loss (read under its
+# name), and a field the strategy reads under a Flower name (q-FFL: QFedAvg's train_loss_key)
+NEEDS_PIECE = {c.__name__ for c in CLASSES
+               if set(c.required_metrics) - {"train-loss"} - set(c().metric_fallbacks if hasattr(c, "metric_fallbacks")
+                                                                  else ()) or c.required_records}
 PLAIN = [c for c in CLASSES if c.__name__ not in NEEDS_PIECE]
+WAIT = 60.0  # node_wait_timeout: a test that would wait for nodes that never come fails instead of hanging
 
 
 def _flat(arrays) -> np.ndarray:
@@ -46,7 +51,8 @@ def test_a_plain_sgd_method_trains_quickstart_clients(cls, nodes, caplog):
     if cls is strategies.Bulyan and nodes < 7:
         pytest.skip("Bulyan needs 4f + 3 = 7 replies a round (f = 1): tests/test_defences.py")
     caplog.set_level(logging.WARNING, logger="fedpcd")
-    strategy = cls(fraction_train=0.5, min_available_nodes=1, min_train_nodes=1)
+    strategy = cls(fraction_train=0.5, min_available_nodes=1, min_train_nodes=1, min_evaluate_nodes=1,
+                   node_wait_timeout=WAIT)
     grid = ChangingGrid(quickstart_app(), nodes)
     result = run_start(strategy, grid, num_rounds=3)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
@@ -59,7 +65,8 @@ def test_a_plain_sgd_method_trains_quickstart_clients(cls, nodes, caplog):
 @pytest.mark.parametrize("cls", PLAIN, ids=lambda c: c.__name__)
 def test_two_hundred_nodes(cls, caplog):
     caplog.set_level(logging.WARNING, logger="fedpcd")
-    result = run_start(cls(fraction_train=0.25), ChangingGrid(quickstart_app(), 200), num_rounds=2)
+    result = run_start(cls(fraction_train=0.25, node_wait_timeout=WAIT), ChangingGrid(quickstart_app(), 200),
+                       num_rounds=2)
     assert sorted(result.train_metrics_clientapp) == [1, 2]
     assert not _drops(caplog)
 
@@ -67,7 +74,7 @@ def test_two_hundred_nodes(cls, caplog):
 @pytest.mark.parametrize("cls", [c for c in CLASSES if c.__name__ in NEEDS_PIECE], ids=lambda c: c.__name__)
 def test_a_method_whose_clients_miss_its_field_ends_the_run_and_names_the_piece(cls, caplog):
     caplog.set_level(logging.ERROR, logger="fedpcd")
-    strategy = cls(fraction_train=0.5)
+    strategy = cls(fraction_train=0.5, node_wait_timeout=WAIT)
     with pytest.raises(NoTrainingError) as err:
         run_start(strategy, ChangingGrid(quickstart_app(), 7), num_rounds=DROP_STREAK_LIMIT + 2)
     field = (cls.required_records or cls.required_metrics)[0]
@@ -79,19 +86,21 @@ def test_a_method_whose_clients_miss_its_field_ends_the_run_and_names_the_piece(
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 def test_every_client_crashing_ends_the_run(cls):
     with pytest.raises(NoTrainingError, match="error reply"):
-        run_start(cls(fraction_train=1.0), ChangingGrid(quickstart_app(fail=frozenset(range(5))), 5),
-                  num_rounds=DROP_STREAK_LIMIT + 1)
+        run_start(cls(fraction_train=1.0, node_wait_timeout=WAIT),
+                  ChangingGrid(quickstart_app(fail=frozenset(range(5))), 5), num_rounds=DROP_STREAK_LIMIT + 1)
 
 
 @pytest.mark.parametrize("cls", PLAIN, ids=lambda c: c.__name__)
 def test_nodes_that_connect_late_are_waited_for(cls, caplog):
     """Flower's ``min_available_nodes`` (default 2): no round runs before the nodes are there."""
     caplog.set_level(logging.INFO)
-    grid = ChangingGrid(quickstart_app(), 6, join={p: 2 for p in range(6)})  # seen from the 2nd look on
-    result = run_start(cls(fraction_train=0.5), grid, num_rounds=2)
+    grid = ChangingGrid(quickstart_app(), 6, join={p: 3 for p in range(6)})  # seen from the 3rd look on
+    result = run_start(cls(fraction_train=0.5, node_wait_timeout=WAIT), grid, num_rounds=2)
     assert sorted(result.train_metrics_clientapp) == [1, 2]
     trained = [m for m in grid.requests if m.metadata.message_type == "train"]
-    assert len(trained) == 2 * 3
+    # Flower sizes a round before it waits: round 1 saw no node, so it asks min_train_nodes = 2 (as
+    # Flower's FedAvg does on this grid), round 2 int(0.5 · 6) = 3
+    assert [int(m.metadata.group_id) for m in trained] == [1, 1, 2, 2, 2]
     assert any("Waiting for nodes to connect" in r.getMessage() for r in caplog.records)
 
 
@@ -99,7 +108,8 @@ def test_nodes_that_connect_late_are_waited_for(cls, caplog):
 def test_nodes_that_leave_and_replies_that_fail_cost_only_themselves(cls, caplog):
     caplog.set_level(logging.WARNING, logger="fedpcd")
     grid = ChangingGrid(quickstart_app(fail=frozenset({3})), 8, leave={5: 2, 6: 3})
-    result = run_start(cls(fraction_train=1.0, min_available_nodes=1, min_train_nodes=1), grid, num_rounds=4)
+    result = run_start(cls(fraction_train=1.0, min_available_nodes=1, min_train_nodes=1, min_evaluate_nodes=1,
+                           node_wait_timeout=WAIT), grid, num_rounds=4)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4]
     assert not np.array_equal(_flat(result.arrays), _initial())
     drops = _drops(caplog)
