@@ -171,7 +171,7 @@ def test_simulation_benchmark_vectorised_engine_rows_have_the_contract_fields():
 
     from benchmarks import simulation
 
-    assert simulation.EXECUTION == {"local": "loop", "ray": "loop", "vectorised": "vectorised"}
+    assert simulation.EXECUTION == {"local": "loop", "ray": "loop", "vectorised": "vectorised", "default": "auto"}
     rounds = [{"round": r, "round_seconds": 0.2, "train_seconds": 0.2, "train_loss": 1.0 / r,
                **({"eval": {"eval_seconds": 0.1}} if r % 3 == 0 else {})} for r in range(1, 7)]
     floor = [{"round": r, "work": 0.1, "eval": 0.05 if r % 3 == 0 else 0.0, "model_gap": 0.0,
