@@ -116,6 +116,7 @@ class ChangingGrid(LocalGrid):
         self.gone: dict[int, Context] = {}
         self.server_round = 0
         self.requests: list[Message] = []
+        self.pushed_at: list[int] = []
 
     def present(self) -> list[int]:
         return [n for n, p in self.pid_of.items() if n in self.contexts and self.join.get(p, 0) <= self.calls]
@@ -133,6 +134,7 @@ class ChangingGrid(LocalGrid):
                 if node in self.contexts and self.leave.get(pid, 10**9) <= self.server_round:
                     self.gone[node] = self.contexts.pop(node)
         self.requests += messages
+        self.pushed_at += [self.calls] * len(messages)  # how many looks at the nodes came before each
         return super().push_messages(messages)
 
 
