@@ -98,19 +98,34 @@ def test_a_refused_round_followed_by_replies_stays_complete(tmp_path):
     assert summary["complete"] is True
 
 
-def test_patience_zero_keeps_such_a_run_going(tmp_path):
+def _nothing_trains(tmp_path, cfg, craft) -> dict:
+    """A run whose every reply is dropped: it ends as 'nothing trained' (strategies.health) after
+    DROP_STREAK_LIMIT rounds, complete: false, and never as a divergence."""
+    import json
+
+    from fedpcd_app.server.logs import AggregationStopped
+    from strategies.health import DROP_STREAK_LIMIT
+
+    with pytest.raises(AggregationStopped, match="NoTrainingError"):
+        _run(cfg, craft)
+    assert len(read_rounds(tmp_path)) == DROP_STREAK_LIMIT
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["complete"] is False and "NoTrainingError" in summary["incomplete_reason"]
+    return summary
+
+
+def test_patience_zero_never_calls_such_a_run_diverged(tmp_path):
     def craft(m, pid, node):
         return [train_reply(m.content[keys.ARRAYS], pid, node_id=node, num_examples=20, train_loss=float("nan"))]
 
-    _, summary = _run(_config(tmp_path, **{"diverge-patience": 0}), craft)
-    assert len(read_rounds(tmp_path)) == 10
+    summary = _nothing_trains(tmp_path, _config(tmp_path, **{"diverge-patience": 0}), craft)
     assert not str(summary["incomplete_reason"] or "").startswith("diverged")
 
 
 def test_timeouts_alone_are_not_a_divergence(tmp_path):
-    _, summary = _run(_config(tmp_path, **{"diverge-patience": 2, "round-timeout": 1.0}), lambda m, pid, node: [])
-    assert len(read_rounds(tmp_path)) == 10  # every reply lost: a federation problem, not divergence
-    assert not str(summary["incomplete_reason"] or "").startswith("diverged")
+    summary = _nothing_trains(tmp_path, _config(tmp_path, **{"diverge-patience": 2, "round-timeout": 1.0}),
+                              lambda m, pid, node: [])
+    assert not str(summary["incomplete_reason"] or "").startswith("diverged")  # a federation problem
 
 
 def _loss_run(tmp_path, losses, patience=3):
