@@ -213,3 +213,18 @@ def test_the_cli_reports_an_exception_inside_a_run_in_one_line(tmp_path, monkeyp
     summary = read_summary(tmp_path)
     assert summary["complete"] is False and summary["incomplete_reason"] == "failed at round 2: MemoryError"
     assert not (tmp_path / LOCK).exists()
+
+
+def test_an_error_raised_while_an_interrupt_unwinds_is_the_interrupt():
+    """A sweep's run process got SIGINT while a lock was held: 'release unlocked lock' escaped in
+    its place, and the run's summary said 'failed', not 'interrupted' (resumable)."""
+    from fedpcd_app.server import faults
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")  # noqa: B904 - raised as the interrupt unwinds
+    except RuntimeError as exc:
+        assert isinstance(faults.interrupt_behind(exc), KeyboardInterrupt)
+    assert faults.interrupt_behind(RuntimeError("plain")) is None

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fedpcd_app.server.checkpoint import OutputError
 from fedpcd_app.server.logs import ONE_LINE_ERRORS, RunFailed
 
 __all__ = ["RunFailed", "ended_by", "incomplete_reason", "watch"]
@@ -91,6 +92,20 @@ def incomplete_reason(history: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (SIGINT, or SIGTERM as one) that ``exc`` was raised while handling, if
+    any: e.g. a lock released twice as the interrupt unwound a ``with`` block. Such a run was
+    interrupted, not failed."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__context__
+    return None
+
+
 def ended_by(exp, exc: BaseException) -> BaseException:
     """``exc`` escaped ``exp``'s round loop: the summary written with ``complete: false`` (unless
     the run wrote it already); returns what to raise (:class:`RunFailed` from
@@ -109,4 +124,5 @@ def ended_by(exp, exc: BaseException) -> BaseException:
         exp.finish(line, report=False)
     except Exception as again:  # noqa: BLE001 - the summary is best effort; the line is not
         log.error("summary.json could not be written (%s: %s)", type(again).__name__, again)
-    return exc if isinstance(exc, ONE_LINE_ERRORS) else RunFailed(line)
+    # an error that is its own one line (a config, data or output error) is raised as it is
+    return exc if isinstance(exc, (*ONE_LINE_ERRORS, OutputError)) else RunFailed(line)

@@ -136,6 +136,11 @@ class Experiment:
                 self.interrupted(exc)
             raise
         except Exception as exc:  # a summary saying so, one line (fedpcd_app.server.faults)
+            interrupt = faults.interrupt_behind(exc)
+            if interrupt is not None:  # raised while a SIGINT/SIGTERM unwound the round: the interrupt
+                with divergence.signals_ignored():
+                    self.interrupted(interrupt)
+                raise interrupt from exc
             failure = faults.ended_by(self, exc)
             if failure is exc:
                 raise
