@@ -443,14 +443,13 @@ def grid_edges(grid: dict[str, Any], grids: list[dict[str, Any]], method: str = 
     (among ``grids`` with the other keys equal), as ``key=value (largest tried)``; ``, at its
     declared bound`` when the value is the bound of ``method``'s declared space
     (:func:`fedpcd_app.analysis.tuning.space_of`: the sweep cannot extend it further)."""
-    from fedpcd_app.analysis.tuning import space_of
+    from fedpcd_app.analysis.tuning import space_of, values_along
 
     out = []
     for key, value in grid.items():
         if not _numeric(value):
             continue
-        line = {g[key] for g in grids if key in g and _numeric(g[key])
-                and all(g.get(k) == v for k, v in grid.items() if k != key)}
+        line = values_along(grid, grids, key)
         if len(line) >= 2 and value in (min(line), max(line)):
             space = space_of(method, key)
             top = value == max(line)

@@ -352,6 +352,12 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def values_along(grid: Mapping[str, Any], grids: list[Mapping[str, Any]], key: str) -> set:
+    """The numeric values of ``key`` tried on ``grid``'s line: the grids whose other keys equal its."""
+    return {g[key] for g in grids if key in g and _numeric(g[key])
+            and all(g.get(k) == v for k, v in grid.items() if k != key)}
+
+
 def edge_keys(grid: Mapping[str, Any], grids: list[Mapping[str, Any]]) -> list[str]:
     """The numeric keys along which ``grid`` is the smallest or largest value tried (the other
     keys equal, at least two values on that line)."""
@@ -359,8 +365,7 @@ def edge_keys(grid: Mapping[str, Any], grids: list[Mapping[str, Any]]) -> list[s
     for key, value in grid.items():
         if not _numeric(value):
             continue
-        line = {g[key] for g in grids if key in g and _numeric(g[key])
-                and all(g.get(k) == v for k, v in grid.items() if k != key)}
+        line = values_along(grid, grids, key)
         if len(line) >= 2 and value in (min(line), max(line)):
             out.append(key)
     return out
