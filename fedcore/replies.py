@@ -51,6 +51,7 @@ for every strategy and any grid; docs/hostile.md, "One reply per node per round"
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 
@@ -151,13 +152,24 @@ def _check_arrays(record, spec: FlatSpec, what: str, theta: Mapping[str, np.ndar
             reason = f"cannot be decoded ({type(exc).__name__})"
         if reason is not None:
             return f"{what}: array '{key}' {reason}", math.nan
-        if view.size and not np.isfinite(view).all():
-            return f"{what}: array '{key}' holds NaN or Inf", math.nan
         if theta is not None and view.size:
             diff = view.reshape(-1).astype(np.float64)
             diff -= theta[key]
-            sq += float(np.dot(diff, diff))
+            part = float(np.dot(diff, diff))
+            # a NaN or an Inf in the array makes the sum NaN or Inf: the array's own pass over
+            # its values only then (same reasons, same norms as the check before the sum)
+            if not math.isfinite(part) and not np.isfinite(view).all():
+                return f"{what}: array '{key}' holds NaN or Inf", math.nan
+            sq += part
+        elif view.size and not np.isfinite(view).all():
+            return f"{what}: array '{key}' holds NaN or Inf", math.nan
     return None, (math.sqrt(sq) if theta is not None else math.nan)
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, worked out once per dtype (numpy formats it anew on every call)."""
+    return str(dtype)
 
 
 def payload_error(arr, shape: tuple[int, ...], dtype: str) -> str | None:
@@ -172,9 +184,9 @@ def payload_error(arr, shape: tuple[int, ...], dtype: str) -> str | None:
     got_shape, fortran, got_dtype, offset = _npy_header(data)
     if tuple(got_shape) != tuple(shape):
         return f"bytes hold shape {tuple(got_shape)}, its metadata says {tuple(shape)}"
-    if str(got_dtype) != dtype or got_dtype.hasobject:
+    if _dtype_name(got_dtype) != dtype or got_dtype.hasobject:
         return f"bytes hold dtype {got_dtype}, its metadata says {dtype}"
-    want = offset + int(np.prod(shape, dtype=np.int64)) * got_dtype.itemsize
+    want = offset + math.prod(int(n) for n in shape) * got_dtype.itemsize
     if len(data) != want:
         return f"holds {len(data)} bytes, its shape {tuple(shape)} and dtype {dtype} need {want}"
     return None

@@ -12,7 +12,11 @@ the same path runs):
   10 ms pause), which made the digits round 2-7x slower than on one thread, most of it spinning
   (docs/performance.md, "Batched clients only where they pay"). The clients already train on
   one thread (:data:`fedpcd_app.runtime.node.CLIENT_THREADS`), so everything then runs on one.
-  A larger model, or a GPU, keeps torch's own count.
+  A larger model, or a GPU, keeps torch's own count. numpy's BLAS (OpenBLAS: the server's
+  reply validation takes each update's norm with ``np.dot``) runs on one thread too
+  (``threadpoolctl``, where installed: ``blas_threads``): its team woke for every reply's
+  51k-element dot product, 4.4 ms each after a 1 ms pause against 0.06 ms on one thread, which
+  made the digits round's reply validation 25 ms of its ~50 at two threads.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
   :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
   there), else one by one; ``loop`` and ``vectorised`` as they say.
@@ -30,9 +34,17 @@ from typing import Any
 SMALL_MODEL = 1 << 20  # parameters: under it, one intra-op thread on the CPU (see the module docstring)
 
 
+def _blas_limit_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("threadpoolctl") is not None
+
+
 def choose(cfg, model) -> dict[str, Any]:
     """The run's path: ``device``, ``parameters``, ``clients`` (``rows`` or ``loop``, for
-    ``client-execution``), ``threads`` (the run process's intra-op threads) and ``rule``."""
+    ``client-execution``), ``threads`` (the run process's intra-op threads), ``blas_threads``
+    (numpy's BLAS: 1 with ``threads``, None = its own count, also without ``threadpoolctl``)
+    and ``rule``."""
     import torch
 
     from client_app.vectorised import AUTO_MODELS
@@ -47,21 +59,29 @@ def choose(cfg, model) -> dict[str, Any]:
     small = device == "cpu" and size < SMALL_MODEL
     return {"device": device, "parameters": int(size), "client_execution": mode, "clients": clients,
             "threads": 1 if small else torch.get_num_threads(),
-            "rule": (f"{'one thread: a model under' if small else 'torch threads: not a CPU model under'} "
+            "blas_threads": 1 if small and _blas_limit_available() else None,
+            "rule": (f"{'one thread (torch and numpy BLAS): a model under' if small else 'torch threads: not a CPU model under'} "
                      f"{SMALL_MODEL} parameters; clients as rows where client-execution='auto' names the model "
                      f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'})")}
 
 
 @contextlib.contextmanager
 def applied(choice: dict[str, Any]) -> Iterator[None]:
-    """The run's intra-op threads set for the block, then put back."""
+    """The run's intra-op threads (and numpy's BLAS threads, ``blas_threads``) set for the block,
+    then put back."""
     import torch
 
     old = torch.get_num_threads()
     if choice["threads"] != old:
         torch.set_num_threads(choice["threads"])
+    blas = contextlib.nullcontext()
+    if choice.get("blas_threads"):
+        from threadpoolctl import threadpool_limits
+
+        blas = threadpool_limits(limits=choice["blas_threads"], user_api="blas")
     try:
-        yield
+        with blas:
+            yield
     finally:
         if torch.get_num_threads() != old:
             torch.set_num_threads(old)

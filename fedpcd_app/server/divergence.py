@@ -57,8 +57,11 @@ def num_classes(model: torch.nn.Module) -> int:
 
 def is_finite(arrays) -> bool:
     """Every array of an ArrayRecord (or a mapping of numpy arrays) finite."""
+    from fedcore.flat import array_view
+
     for value in arrays.values():
-        a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        # a Flower Array read in place (its .npy header parsed once per shape), not np.load's copy
+        a = array_view(value) if hasattr(value, "numpy") else np.asarray(value)
         if a.dtype.kind in "fc" and a.size and not np.isfinite(a).all():
             return False
     return True
@@ -137,8 +140,11 @@ class Watch:
 def model_norm(arrays) -> float:
     """The global model's L2 norm over its float arrays (an ArrayRecord or a mapping of arrays)."""
     total = 0.0
+    from fedcore.flat import array_view
+
     for value in arrays.values():
-        a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        # a Flower Array read in place (its .npy header parsed once per shape), not np.load's copy
+        a = array_view(value) if hasattr(value, "numpy") else np.asarray(value)
         if a.dtype.kind in "fc" and a.size:
             total += float(np.sum(np.square(a, dtype=np.float64)))
     return math.sqrt(total)
