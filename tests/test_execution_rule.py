@@ -62,3 +62,26 @@ def test_a_small_cpu_model_also_runs_numpys_blas_on_one_thread(monkeypatch):
     with execution.applied(small):
         assert set(blas_threads()) <= {1}
     assert blas_threads() == before
+
+
+def test_a_run_keeps_what_existed_before_it_out_of_the_collectors_sight_then_hands_it_back():
+    """execution.heap_frozen: the objects alive when a run starts (the imports, its data) are not
+    walked by the collections during the run (gc.freeze), and are handed back after it
+    (gc.unfreeze), unless the caller had frozen its own (a sweep's run process), which stay."""
+    import gc
+
+    gc.unfreeze()
+    before = object.__new__(type("Marker", (), {}))  # a gc-tracked object alive before the run
+    assert gc.get_freeze_count() == 0
+    with execution.heap_frozen():
+        assert gc.get_freeze_count() > 0
+        assert not any(o is before for o in gc.get_objects())  # frozen: out of every generation
+    assert gc.get_freeze_count() == 0 and any(o is before for o in gc.get_objects())
+    gc.freeze()  # a caller that froze its own (fedpcd_app.analysis.runner.main)
+    try:
+        with execution.heap_frozen():
+            pass
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+

@@ -105,7 +105,7 @@ def _simulate_local(overrides, workers: int | None) -> Path:
     setup = load_setup(overrides)  # every key checked, strategy and model built, once
     workers = auto_workers(setup.cfg, usable_cores()) if workers is None else workers
     choice = execution.choose(setup.cfg, setup.model)  # rows or loop, threads: by the settings (execution.py)
-    with execution.applied(choice):
+    with execution.applied(choice), execution.heap_frozen():
         run_local(make_server_app(setup), CLIENT_APP, setup.cfg.num_clients, workers=workers,
                   run_config=setup.raw, warmup="fedpcd_app.runtime.simulate:load_client_data" if workers else None,
                   preload=client_preload(setup.cfg), batch=CLIENT_BATCH, execution=choice)
