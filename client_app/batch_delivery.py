@@ -10,13 +10,14 @@ train messages it gives one worker (or the process) in a round.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from client_app.methods import TrainJob, TrainOutcome
-from client_app.vectorised import EXECUTION_KEY, Entry, run_entries
+from client_app.vectorised import AUTO_MODELS, EXECUTION_KEY, Entry, auto_rows, run_entries
 from fedcore.config import APP
 
 _local = threading.local()
@@ -128,15 +129,37 @@ def message_mode(message) -> str:
         run = message.content["run-config"]
     except (KeyError, AttributeError):
         return "loop"
-    mode = str(dict(run.items()).get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
+    mode = str(run.get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
     return mode if mode in APP[EXECUTION_KEY].choices else "loop"
+
+
+@functools.lru_cache(maxsize=8)
+def _auto_may_batch(items: tuple) -> bool:
+    """Whether a run (its run-config record's items) under ``client-execution = 'auto'`` may
+    train rows on some device kind (:func:`client_app.vectorised.auto_rows`: its model and
+    clients per round); a run config that does not parse: yes (the ClientApp says what is wrong)."""
+    from fedcore.config import parse_run_config
+
+    try:
+        cfg = parse_run_config(dict(items))
+    except Exception:  # noqa: BLE001 - the ClientApp reports it, as for any request
+        return True
+    return any(auto_rows(cfg.model, kind, cfg.clients_per_round) for kind in AUTO_MODELS)
 
 
 def wants_batch(message) -> bool:
     """Whether the local engine should hand this request to :func:`deliver_batch` with the
-    round's other train requests (a train request of a run whose ``client-execution`` is not
-    ``loop``)."""
-    return message.metadata.message_type == "train" and message_mode(message) != "loop"
+    round's other train requests: a train request of a run whose ``client-execution`` is
+    ``vectorised``, or ``auto`` where the run's settings may take rows. A run that ``auto``
+    puts on the loop (the digits default: 5 clients per round) is delivered one message at a
+    time, as ``loop`` is: no thread per message handing its job over (the same numbers: its
+    clients train on the loop either way)."""
+    if message.metadata.message_type != "train":
+        return False
+    mode = message_mode(message)
+    if mode == "auto":
+        return _auto_may_batch(tuple(sorted(message.content["run-config"].items())))
+    return mode != "loop"
 
 
 def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Callable | None = None) -> list:

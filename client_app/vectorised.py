@@ -40,7 +40,8 @@ method without a row form), the per-client routine runs, and the reason is logge
 
 ``client-execution`` (run config): ``loop`` = always the per-client path; ``vectorised`` =
 rows wherever covered (even one client, e.g. in a Ray actor, which receives one message at a
-time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`) for the train
+time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`, from
+:data:`AUTO_MIN_CLIENTS` clients per round: :func:`auto_rows`) for the train
 requests the local engine hands a process (:func:`client_app.batch_delivery.deliver_batch`:
 the round in process, or a worker's share of it, one client included), else the loop (a
 request that arrives alone, as in a Ray actor or on a SuperNode, trains on the loop). Whether a
@@ -90,6 +91,12 @@ EXECUTION_KEY = "client-execution"
 # clients or more; CUDA: at 10, 50 and 100 clients per round, bash benchmarks/gpu_check.sh
 # OUT rows; none measured yet). docs/performance.md §7 and §4 "Rows on the GPU" hold the figures.
 AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
+# ... from this many clients per round (the run's: num-clients × fraction-train, never a process's
+# share of a round, so that the worker count does not choose). On the CPU the digits MLP's rows
+# lost to the loop below it, in the CPU time of a round in process (2026-12-03: 5 clients per
+# round, 15.4 vs 13.6 ms; 10: 23.6 vs 17.9; 20: 37.8 vs 44.0; 40: 73.5 vs 79.4; each message's
+# thread handing over its job costs more than a few rows' batching saves). docs/performance.md §10.
+AUTO_MIN_CLIENTS = {"cpu": 20, "cuda": 1}
 
 _SAID: set[str] = set()
 
@@ -564,13 +571,23 @@ class Entry:
     generator_state: torch.Tensor | None = None  # before plan() drew the batches (for a fallback)
 
 
+def auto_rows(model: str | None, device: str, clients_per_round: int | None) -> bool:
+    """Rows under ``client-execution = 'auto'``: a model :data:`AUTO_MODELS` names for the device
+    kind, in a run of at least :data:`AUTO_MIN_CLIENTS` clients per round (None: not known, the
+    model decides). The one rule, for the ClientApp (:func:`auto_picks`) and for the run's record
+    (:func:`fedpcd_app.runtime.execution.choose`)."""
+    if model not in AUTO_MODELS.get(device, ()):
+        return False
+    return clients_per_round is None or clients_per_round >= AUTO_MIN_CLIENTS.get(device, 1)
+
+
 def auto_picks(job: TrainJob) -> bool:
     """``auto`` under the local engine's batch (:func:`client_app.batch_delivery.deliver_batch`):
-    rows for the measured-faster models, however many clients the batch holds (a worker's share
-    of a round may be one client: the loop there would give other numbers than the rows in
-    process)."""
-    name = getattr(job.cfg, "model", None)
-    return name in AUTO_MODELS.get(row_forward.device_kind(job.model), ())
+    rows by :func:`auto_rows` on the run's settings, however many clients the batch holds (a
+    worker's share of a round may be one client: the loop there would give other numbers than
+    the rows in process)."""
+    return auto_rows(getattr(job.cfg, "model", None), row_forward.device_kind(job.model),
+                     getattr(job.cfg, "clients_per_round", None))
 
 
 def run_entries(entries: Sequence[Entry], mode: str) -> None:

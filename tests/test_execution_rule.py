@@ -15,7 +15,10 @@ def test_a_small_cpu_model_runs_on_one_thread_and_a_large_one_keeps_torchs(monke
     cfg = load_config({"dataset": "digits", "model": "mlp"})
     small = execution.choose(cfg, torch.nn.Linear(64, 10))
     large = execution.choose(cfg, torch.nn.Linear(1024, 1024 + 1))  # 1,050,625 parameters
-    assert small["device"] == "cpu" and small["threads"] == 1 and small["clients"] == "rows"
+    # the digits default: 5 clients per round, under vectorised.AUTO_MIN_CLIENTS: the loop
+    assert small["device"] == "cpu" and small["threads"] == 1 and small["clients"] == "loop"
+    many = load_config({"dataset": "digits", "model": "mlp", "num-clients": 40, "fraction-train": 0.5})
+    assert execution.choose(many, torch.nn.Linear(64, 10))["clients"] == "rows"
     assert large["threads"] == torch.get_num_threads() and large["parameters"] >= execution.SMALL_MODEL
     loop = execution.choose(load_config({"dataset": "digits", "model": "mlp", "client-execution": "loop"}),
                             torch.nn.Linear(64, 10))
@@ -39,7 +42,7 @@ def test_the_local_engine_records_its_choice_and_restores_the_threads(tmp_path):
     out = simulate({"dataset": "digits", "model": "mlp", "num-clients": 4, "num-server-rounds": 1,
                     "figures": "none", "output-dir": str(tmp_path / "r")}, workers=0)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["execution"]["threads"] == 1 and summary["execution"]["clients"] == "rows"
+    assert summary["execution"]["threads"] == 1 and summary["execution"]["clients"] == "loop"
     assert summary["execution"]["device"] == "cpu" and summary["execution"]["parameters"] < execution.SMALL_MODEL
     assert torch.get_num_threads() == before
 
@@ -85,3 +88,26 @@ def test_a_run_keeps_what_existed_before_it_out_of_the_collectors_sight_then_han
     finally:
         gc.unfreeze()
 
+
+
+def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
+    """client_app.batch_delivery.wants_batch: under 'auto', a run that the rule puts on the loop
+    (the digits default, 5 clients per round) is delivered one message at a time, as 'loop' is;
+    20 clients per round (rows on the CPU) and 'vectorised' go through the batch."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.common import MessageType
+
+    from client_app.batch_delivery import wants_batch
+    from fedcore.config import resolve
+    from fedpcd_app.runtime.flower_internals import task_identity
+
+    def request(kind=MessageType.TRAIN, **over):
+        run = ConfigRecord(resolve({"dataset": "digits", "model": "mlp", **over}))
+        return Message(RecordDict({"run-config": run}), dst_node_id=5, message_type=kind)
+
+    with task_identity():
+        assert not wants_batch(request())  # auto, 5 clients per round: the loop
+        assert wants_batch(request(**{"num-clients": 40, "fraction-train": 0.5}))
+        assert wants_batch(request(**{"client-execution": "vectorised"}))
+        assert not wants_batch(request(**{"client-execution": "loop", "num-clients": 40, "fraction-train": 0.5}))
+        assert not wants_batch(request(MessageType.EVALUATE, **{"client-execution": "vectorised"}))

@@ -18,8 +18,10 @@ the same path runs):
   51k-element dot product, 4.4 ms each after a 1 ms pause against 0.06 ms on one thread, which
   made the digits round's reply validation 25 ms of its ~50 at two threads.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
-  :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
-  there), else one by one; ``loop`` and ``vectorised`` as they say.
+  :data:`client_app.vectorised.AUTO_MODELS` names for the device, in runs of at least
+  :data:`~client_app.vectorised.AUTO_MIN_CLIENTS` clients per round (measured faster than the
+  loop there: :func:`client_app.vectorised.auto_rows`), else one by one; ``loop`` and
+  ``vectorised`` as they say. The digits default (5 clients per round) trains on the loop.
 
 :func:`choose` gives the choice; :func:`applied` sets the threads for the run. The local engine
 records the choice in ``summary.json`` (``execution``).
@@ -47,13 +49,13 @@ def choose(cfg, model) -> dict[str, Any]:
     and ``rule``."""
     import torch
 
-    from client_app.vectorised import AUTO_MODELS
+    from client_app.vectorised import AUTO_MIN_CLIENTS, AUTO_MODELS, auto_rows
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = sum(p.numel() for p in model.parameters())
     mode = cfg.client_execution
     if mode == "auto":
-        clients = "rows" if cfg.model in AUTO_MODELS.get(device, ()) else "loop"
+        clients = "rows" if auto_rows(cfg.model, device, cfg.clients_per_round) else "loop"
     else:
         clients = "rows" if mode == "vectorised" else "loop"
     small = device == "cpu" and size < SMALL_MODEL
@@ -63,7 +65,8 @@ def choose(cfg, model) -> dict[str, Any]:
             "blas_threads": 1 if small and _blas_limit_available() else None,
             "rule": (f"{threads} "
                      f"{SMALL_MODEL} parameters; clients as rows where client-execution='auto' names the model "
-                     f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'})")}
+                     f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'}) and the run has at "
+                     f"least {AUTO_MIN_CLIENTS.get(device, 1)} clients per round, else the per-client loop")}
 
 
 @contextlib.contextmanager
