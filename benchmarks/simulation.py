@@ -321,7 +321,11 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
     overrides = {**overrides, "num-server-rounds": args.rounds, "eval-every": args.eval_every,
                  "seed": args.seed, "client-loss-before": args.loss_before,
                  # every round's global model on disk: the floor starts each round from it
-                 "checkpoint-every": 1, "checkpoint-keep": args.rounds}
+                 "checkpoint-every": 1, "checkpoint-keep": args.rounds,
+                 # no end-of-run figures: their drawing process (fedpcd_app/server/report_process.py,
+                 # ~4 s of CPU) ran beside the next engine's rounds and inflated them (every engine
+                 # after the first measured ~10 ms a digits round of waiting beyond its CPU time)
+                 "figures": "none"}
     runs = {e: run_app(overrides, args, workdir / f"run-{name}-{e}", e) for e in args.engines}
     first = runs[args.engines[0]][0]
     rounds0 = read_rounds(first)

@@ -136,24 +136,23 @@ def message_mode(message) -> str:
 @functools.lru_cache(maxsize=8)
 def _auto_may_batch(items: tuple) -> bool:
     """Whether a run (its run-config record's items) under ``client-execution = 'auto'`` may
-    train rows on some device kind (:func:`client_app.vectorised.auto_rows`: its model and
-    clients per round); a run config that does not parse: yes (the ClientApp says what is wrong)."""
+    train rows on some device kind (:func:`client_app.vectorised.auto_rows`: its model); a run
+    config that does not parse: yes (the ClientApp says what is wrong)."""
     from fedcore.config import parse_run_config
 
     try:
         cfg = parse_run_config(dict(items))
     except Exception:  # noqa: BLE001 - the ClientApp reports it, as for any request
         return True
-    return any(auto_rows(cfg.model, kind, cfg.clients_per_round) for kind in AUTO_MODELS)
+    return any(auto_rows(cfg.model, kind) for kind in AUTO_MODELS)
 
 
 def wants_batch(message) -> bool:
     """Whether the local engine should hand this request to :func:`deliver_batch` with the
     round's other train requests: a train request of a run whose ``client-execution`` is
-    ``vectorised``, or ``auto`` where the run's settings may take rows. A run that ``auto``
-    puts on the loop (the digits default: 5 clients per round) is delivered one message at a
-    time, as ``loop`` is: no thread per message handing its job over (the same numbers: its
-    clients train on the loop either way)."""
+    ``vectorised``, or ``auto`` where the run's model may take rows. A run that ``auto`` puts on
+    the loop (the digits MLP) is delivered one message at a time, as ``loop`` is: no thread per
+    message handing its job over (the same numbers: its clients train on the loop either way)."""
     if message.metadata.message_type != "train":
         return False
     mode = message_mode(message)

@@ -40,8 +40,7 @@ method without a row form), the per-client routine runs, and the reason is logge
 
 ``client-execution`` (run config): ``loop`` = always the per-client path; ``vectorised`` =
 rows wherever covered (even one client, e.g. in a Ray actor, which receives one message at a
-time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`, from
-:data:`AUTO_MIN_CLIENTS` clients per round: :func:`auto_rows`) for the train
+time); ``auto`` = rows where covered and measured faster (:data:`AUTO_MODELS`: :func:`auto_rows`) for the train
 requests the local engine hands a process (:func:`client_app.batch_delivery.deliver_batch`:
 the round in process, or a worker's share of it, one client included), else the loop (a
 request that arrives alone, as in a Ray actor or on a SuperNode, trains on the loop). Whether a
@@ -87,16 +86,14 @@ log = logging.getLogger("fedpcd")
 
 EXECUTION_KEY = "client-execution"
 # client-execution = 'auto' trains these models as rows, per device kind (device_kind): where
-# benchmarks/simulation.py measured the rows' round faster than the loop's (the CPU: with two
-# clients or more; CUDA: at 10, 50 and 100 clients per round, bash benchmarks/gpu_check.sh
-# OUT rows; none measured yet). docs/performance.md §7 and §4 "Rows on the GPU" hold the figures.
-AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
-# ... from this many clients per round (the run's: num-clients × fraction-train, never a process's
-# share of a round, so that the worker count does not choose). On the CPU the digits MLP's rows
-# lost to the loop below it, in the CPU time of a round in process (2026-12-03: 5 clients per
-# round, 15.4 vs 13.6 ms; 10: 23.6 vs 17.9; 20: 37.8 vs 44.0; 40: 73.5 vs 79.4; each message's
-# thread handing over its job costs more than a few rows' batching saves). docs/performance.md §10.
-AUTO_MIN_CLIENTS = {"cpu": 20, "cuda": 1}
+# benchmarks/simulation.py measured the rows' round faster than the loop's, in process (the CPU,
+# 2026-12-03, the figures-free runs: Synthetic's logreg at 10 and 100 clients per round, 0.69 and
+# 0.40 of the plain loop's CPU time against the loop's 1.15; not the digits MLP, whose rows cost
+# as much CPU as the loop or more at 5, 10, 20 and 40 clients per round: its steps are matmuls,
+# not per-op overhead a batch would share; craft-mlp, its larger kin, by the same measure; CUDA:
+# at 10, 50 and 100 clients per round, bash benchmarks/gpu_check.sh OUT rows; none measured yet).
+# docs/performance.md §10 and §4 "Rows on the GPU" hold the figures.
+AUTO_MODELS = {"cpu": ("logreg",), "cuda": ()}
 
 _SAID: set[str] = set()
 
@@ -571,23 +568,20 @@ class Entry:
     generator_state: torch.Tensor | None = None  # before plan() drew the batches (for a fallback)
 
 
-def auto_rows(model: str | None, device: str, clients_per_round: int | None) -> bool:
+def auto_rows(model: str | None, device: str) -> bool:
     """Rows under ``client-execution = 'auto'``: a model :data:`AUTO_MODELS` names for the device
-    kind, in a run of at least :data:`AUTO_MIN_CLIENTS` clients per round (None: not known, the
-    model decides). The one rule, for the ClientApp (:func:`auto_picks`) and for the run's record
+    kind. The one rule, for the ClientApp (:func:`auto_picks`), the engine's batch
+    (:func:`client_app.batch_delivery.wants_batch`) and the run's record
     (:func:`fedpcd_app.runtime.execution.choose`)."""
-    if model not in AUTO_MODELS.get(device, ()):
-        return False
-    return clients_per_round is None or clients_per_round >= AUTO_MIN_CLIENTS.get(device, 1)
+    return model in AUTO_MODELS.get(device, ())
 
 
 def auto_picks(job: TrainJob) -> bool:
     """``auto`` under the local engine's batch (:func:`client_app.batch_delivery.deliver_batch`):
-    rows by :func:`auto_rows` on the run's settings, however many clients the batch holds (a
+    rows by :func:`auto_rows` on the run's model, however many clients the batch holds (a
     worker's share of a round may be one client: the loop there would give other numbers than
     the rows in process)."""
-    return auto_rows(getattr(job.cfg, "model", None), row_forward.device_kind(job.model),
-                     getattr(job.cfg, "clients_per_round", None))
+    return auto_rows(getattr(job.cfg, "model", None), row_forward.device_kind(job.model))
 
 
 def run_entries(entries: Sequence[Entry], mode: str) -> None:

@@ -15,10 +15,10 @@ def test_a_small_cpu_model_runs_on_one_thread_and_a_large_one_keeps_torchs(monke
     cfg = load_config({"dataset": "digits", "model": "mlp"})
     small = execution.choose(cfg, torch.nn.Linear(64, 10))
     large = execution.choose(cfg, torch.nn.Linear(1024, 1024 + 1))  # 1,050,625 parameters
-    # the digits default: 5 clients per round, under vectorised.AUTO_MIN_CLIENTS: the loop
+    # the digits MLP: the loop (its rows measured no faster on the CPU); Synthetic's logreg: rows
     assert small["device"] == "cpu" and small["threads"] == 1 and small["clients"] == "loop"
-    many = load_config({"dataset": "digits", "model": "mlp", "num-clients": 40, "fraction-train": 0.5})
-    assert execution.choose(many, torch.nn.Linear(64, 10))["clients"] == "rows"
+    logreg = load_config({"dataset": "synthetic", "partitioner": "natural", "model": "logreg"})
+    assert execution.choose(logreg, torch.nn.Linear(60, 10))["clients"] == "rows"
     assert large["threads"] == torch.get_num_threads() and large["parameters"] >= execution.SMALL_MODEL
     loop = execution.choose(load_config({"dataset": "digits", "model": "mlp", "client-execution": "loop"}),
                             torch.nn.Linear(64, 10))
@@ -92,8 +92,8 @@ def test_a_run_keeps_what_existed_before_it_out_of_the_collectors_sight_then_han
 
 def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
     """client_app.batch_delivery.wants_batch: under 'auto', a run that the rule puts on the loop
-    (the digits default, 5 clients per round) is delivered one message at a time, as 'loop' is;
-    20 clients per round (rows on the CPU) and 'vectorised' go through the batch."""
+    (the digits MLP) is delivered one message at a time, as 'loop' is; a logreg run (rows on the
+    CPU) and 'vectorised' go through the batch."""
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.common import MessageType
 
@@ -105,9 +105,10 @@ def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
         run = ConfigRecord(resolve({"dataset": "digits", "model": "mlp", **over}))
         return Message(RecordDict({"run-config": run}), dst_node_id=5, message_type=kind)
 
+    logreg = {"dataset": "synthetic", "partitioner": "natural", "model": "logreg"}
     with task_identity():
-        assert not wants_batch(request())  # auto, 5 clients per round: the loop
-        assert wants_batch(request(**{"num-clients": 40, "fraction-train": 0.5}))
+        assert not wants_batch(request())  # auto, the digits MLP: the loop
+        assert wants_batch(request(**logreg))
         assert wants_batch(request(**{"client-execution": "vectorised"}))
-        assert not wants_batch(request(**{"client-execution": "loop", "num-clients": 40, "fraction-train": 0.5}))
+        assert not wants_batch(request(**{"client-execution": "loop", **logreg}))
         assert not wants_batch(request(MessageType.EVALUATE, **{"client-execution": "vectorised"}))

@@ -18,10 +18,10 @@ the same path runs):
   51k-element dot product, 4.4 ms each after a 1 ms pause against 0.06 ms on one thread, which
   made the digits round's reply validation 25 ms of its ~50 at two threads.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
-  :data:`client_app.vectorised.AUTO_MODELS` names for the device, in runs of at least
-  :data:`~client_app.vectorised.AUTO_MIN_CLIENTS` clients per round (measured faster than the
-  loop there: :func:`client_app.vectorised.auto_rows`), else one by one; ``loop`` and
-  ``vectorised`` as they say. The digits default (5 clients per round) trains on the loop.
+  :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
+  there: on the CPU Synthetic's ``logreg``, not the digits MLP), else one by one, each message
+  delivered on its own (:func:`client_app.batch_delivery.wants_batch`); ``loop`` and
+  ``vectorised`` as they say.
 
 :func:`choose` gives the choice; :func:`applied` sets the threads for the run. The local engine
 records the choice in ``summary.json`` (``execution``).
@@ -49,13 +49,13 @@ def choose(cfg, model) -> dict[str, Any]:
     and ``rule``."""
     import torch
 
-    from client_app.vectorised import AUTO_MIN_CLIENTS, AUTO_MODELS, auto_rows
+    from client_app.vectorised import AUTO_MODELS, auto_rows
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = sum(p.numel() for p in model.parameters())
     mode = cfg.client_execution
     if mode == "auto":
-        clients = "rows" if auto_rows(cfg.model, device, cfg.clients_per_round) else "loop"
+        clients = "rows" if auto_rows(cfg.model, device) else "loop"
     else:
         clients = "rows" if mode == "vectorised" else "loop"
     small = device == "cpu" and size < SMALL_MODEL
@@ -65,8 +65,8 @@ def choose(cfg, model) -> dict[str, Any]:
             "blas_threads": 1 if small and _blas_limit_available() else None,
             "rule": (f"{threads} "
                      f"{SMALL_MODEL} parameters; clients as rows where client-execution='auto' names the model "
-                     f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'}) and the run has at "
-                     f"least {AUTO_MIN_CLIENTS.get(device, 1)} clients per round, else the per-client loop")}
+                     f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'}), else the per-client "
+                     "loop")}
 
 
 @contextlib.contextmanager
