@@ -151,8 +151,9 @@ def wants_batch(message) -> bool:
     """Whether the local engine should hand this request to :func:`deliver_batch` with the
     round's other train requests: a train request of a run whose ``client-execution`` is
     ``vectorised``, or ``auto`` where the run's model may take rows. A run that ``auto`` puts on
-    the loop (the digits MLP) is delivered one message at a time, as ``loop`` is: no thread per
-    message handing its job over (the same numbers: its clients train on the loop either way)."""
+    the loop (e.g. a CNN on the CPU) is delivered one message at a time, as ``loop`` is: no
+    thread per message handing its job over (the same numbers: its clients train on the loop
+    either way)."""
     if message.metadata.message_type != "train":
         return False
     mode = message_mode(message)

@@ -15,10 +15,9 @@ def test_a_small_cpu_model_runs_on_one_thread_and_a_large_one_keeps_torchs(monke
     cfg = load_config({"dataset": "digits", "model": "mlp"})
     small = execution.choose(cfg, torch.nn.Linear(64, 10))
     large = execution.choose(cfg, torch.nn.Linear(1024, 1024 + 1))  # 1,050,625 parameters
-    # the digits MLP: the loop (its rows measured no faster on the CPU); Synthetic's logreg: rows
-    assert small["device"] == "cpu" and small["threads"] == 1 and small["clients"] == "loop"
-    logreg = load_config({"dataset": "synthetic", "partitioner": "natural", "model": "logreg"})
-    assert execution.choose(logreg, torch.nn.Linear(60, 10))["clients"] == "rows"
+    assert small["device"] == "cpu" and small["threads"] == 1 and small["clients"] == "rows"
+    cnn = load_config({"dataset": "digits", "model": "cnn"})  # no row form measured faster: the loop
+    assert execution.choose(cnn, torch.nn.Linear(64, 10))["clients"] == "loop"
     assert large["threads"] == torch.get_num_threads() and large["parameters"] >= execution.SMALL_MODEL
     loop = execution.choose(load_config({"dataset": "digits", "model": "mlp", "client-execution": "loop"}),
                             torch.nn.Linear(64, 10))
@@ -42,7 +41,7 @@ def test_the_local_engine_records_its_choice_and_restores_the_threads(tmp_path):
     out = simulate({"dataset": "digits", "model": "mlp", "num-clients": 4, "num-server-rounds": 1,
                     "figures": "none", "output-dir": str(tmp_path / "r")}, workers=0)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["execution"]["threads"] == 1 and summary["execution"]["clients"] == "loop"
+    assert summary["execution"]["threads"] == 1 and summary["execution"]["clients"] == "rows"
     assert summary["execution"]["device"] == "cpu" and summary["execution"]["parameters"] < execution.SMALL_MODEL
     assert torch.get_num_threads() == before
 
@@ -92,8 +91,8 @@ def test_a_run_keeps_what_existed_before_it_out_of_the_collectors_sight_then_han
 
 def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
     """client_app.batch_delivery.wants_batch: under 'auto', a run that the rule puts on the loop
-    (the digits MLP) is delivered one message at a time, as 'loop' is; a logreg run (rows on the
-    CPU) and 'vectorised' go through the batch."""
+    (a CNN on the CPU) is delivered one message at a time, as 'loop' is, not through a thread per
+    message; the digits MLP (rows on the CPU) and 'vectorised' go through the batch."""
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.common import MessageType
 
@@ -105,10 +104,9 @@ def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
         run = ConfigRecord(resolve({"dataset": "digits", "model": "mlp", **over}))
         return Message(RecordDict({"run-config": run}), dst_node_id=5, message_type=kind)
 
-    logreg = {"dataset": "synthetic", "partitioner": "natural", "model": "logreg"}
     with task_identity():
-        assert not wants_batch(request())  # auto, the digits MLP: the loop
-        assert wants_batch(request(**logreg))
-        assert wants_batch(request(**{"client-execution": "vectorised"}))
-        assert not wants_batch(request(**{"client-execution": "loop", **logreg}))
+        assert wants_batch(request())  # auto, the digits MLP: rows
+        assert not wants_batch(request(model="cnn"))  # auto, a CNN on the CPU: the loop, one at a time
+        assert wants_batch(request(model="cnn", **{"client-execution": "vectorised"}))
+        assert not wants_batch(request(**{"client-execution": "loop"}))
         assert not wants_batch(request(MessageType.EVALUATE, **{"client-execution": "vectorised"}))

@@ -19,9 +19,9 @@ the same path runs):
   made the digits round's reply validation 25 ms of its ~50 at two threads.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
   :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
-  there: on the CPU Synthetic's ``logreg``, not the digits MLP), else one by one, each message
-  delivered on its own (:func:`client_app.batch_delivery.wants_batch`); ``loop`` and
-  ``vectorised`` as they say.
+  there, or as fast: on the CPU the MLPs and ``logreg``), else one by one, each message
+  delivered on its own (:func:`client_app.batch_delivery.wants_batch`: no thread per message);
+  ``loop`` and ``vectorised`` as they say.
 
 :func:`choose` gives the choice; :func:`applied` sets the threads for the run. The local engine
 records the choice in ``summary.json`` (``execution``).
