@@ -69,7 +69,8 @@ def test_a_small_cpu_model_also_runs_numpys_blas_on_one_thread(monkeypatch):
 def test_a_run_keeps_what_existed_before_it_out_of_the_collectors_sight_then_hands_it_back():
     """execution.heap_frozen: the objects alive when a run starts (the imports, its data) are not
     walked by the collections during the run (gc.freeze), and are handed back after it
-    (gc.unfreeze), unless the caller had frozen its own (a sweep's run process), which stay."""
+    (gc.unfreeze); where the caller had frozen its own (a sweep's run process) those stay frozen
+    and nothing of the run is added (it would never be handed back)."""
     import gc
 
     gc.unfreeze()
@@ -81,9 +82,11 @@ def test_a_run_keeps_what_existed_before_it_out_of_the_collectors_sight_then_han
     assert gc.get_freeze_count() == 0 and any(o is before for o in gc.get_objects())
     gc.freeze()  # a caller that froze its own (fedpcd_app.analysis.runner.main)
     try:
+        frozen = gc.get_freeze_count()
         with execution.heap_frozen():
-            pass
-        assert gc.get_freeze_count() > 0
+            made = object.__new__(type("Made", (), {}))  # noqa: F841 - made during the run
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
 

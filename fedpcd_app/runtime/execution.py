@@ -95,17 +95,19 @@ def applied(choice: dict[str, Any]) -> Iterator[None]:
 def heap_frozen() -> Iterator[None]:
     """What exists when the run starts (the imports: torch, flwr, the app, ~216k objects; the
     run's data and model) out of the cyclic collector's sight for the block (``gc.freeze``), then
-    handed back (``gc.unfreeze``) unless the caller had frozen its own already (a sweep's run
-    process, :func:`fedpcd_app.analysis.runner.main`: what a run starts with is then reachable
-    and stays frozen). A collection during a run walks only what the run made: the oldest
-    generation's collections walked every imported object, 1.9 ms a digits round on average
-    (27 collections in 99 rounds). Results do not depend on when garbage is collected."""
+    handed back (``gc.unfreeze``): a collection during a run walks only what the run made (the
+    oldest generation's collections walked every imported object, 1.9 ms a digits round on
+    average: 27 collections in 99 rounds). Where the caller froze its own already (a sweep's run
+    process, :func:`fedpcd_app.analysis.runner.main`, froze its imports) nothing more is frozen: a
+    run's setup frozen there would never be handed back, and whatever of it formed a cycle would
+    outlive the run. Results do not depend on when garbage is collected."""
     import gc
 
-    caller_froze = gc.get_freeze_count() > 0
+    if gc.get_freeze_count() > 0:
+        yield
+        return
     gc.freeze()
     try:
         yield
     finally:
-        if not caller_froze:
-            gc.unfreeze()
+        gc.unfreeze()
