@@ -58,3 +58,43 @@ def test_the_mending_keeps_what_it_does_not_need_to_touch():
     assert "``literal |x|``" in out and "| a | b |" in out and "    |S_t| stays" in out
     assert mended("Set size |S_t| here") == "Set size \\|S_t\\| here"
     assert mended("Hyperparameters\n----------\nx").splitlines()[1] == "-" * len("Hyperparameters")
+
+
+def autodoc_targets() -> list[tuple[str, bool]]:
+    """(module, with members) of every ``.. automodule::`` in the site's pages."""
+    import re
+
+    out = []
+    for page in sorted((ROOT / "docs").glob("**/*.md")):
+        for m in re.finditer(r"^\.\. automodule:: (\S+)\n((?:   :\S+:.*\n)*)", page.read_text(), re.M):
+            out.append((m.group(1), ":members:" in m.group(2)))
+    return out
+
+
+def test_every_docstring_the_site_renders_reads_as_rst_once_mended():
+    """The module docstrings of the method and API pages, and the members' docstrings autodoc
+    shows (public, defined in the module, with a docstring): a docstring edit that docutils cannot
+    read fails here, before the site's build."""
+    import importlib
+
+    seen, bad = set(), {}
+    targets = autodoc_targets()
+    assert len(targets) > 40  # the API reference and the method pages
+    for name, members in targets:
+        module = importlib.import_module(name)
+        docs = {name: module.__doc__ or ""}
+        if members:
+            for attr, obj in vars(module).items():
+                if attr.startswith("_") or getattr(obj, "__module__", None) != name or not obj.__doc__:
+                    continue
+                docs[f"{name}.{attr}"] = obj.__doc__
+                if inspect.isclass(obj):
+                    docs |= {f"{name}.{attr}.{k}": v.__doc__ for k, v in vars(obj).items()
+                             if not k.startswith("_") and callable(v) and getattr(v, "__doc__", None)}
+        for what, doc in docs.items():
+            if what not in seen and doc.strip():
+                seen.add(what)
+                found = problems(mended(doc))
+                if found:
+                    bad[what] = found
+    assert not bad, bad
