@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install this app with its pinned dependencies, every extra
-# (.[all,test]: the server, the simulation, the analysis, hub data and the tests; a SuperNode
-# needs only the base set, docs/deployment.md)
+# (.[all,test,docs]: the server, the simulation, the analysis, hub data, the tests and the
+# documentation site's tools; a SuperNode needs only the base set, docs/deployment.md)
 # (FEDPCD_VENV=<venv>: use that environment as is instead). Each step is one line on stderr
 # (the first install takes minutes); pip's own progress shows when stdout is a terminal, and
 # pip stays quiet (-q) otherwise (CI logs).
@@ -33,7 +33,7 @@ if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
     say "installing the app and its pinned dependencies into .venv (torch, flwr, ray: a few minutes the first time; pip -q)"
   fi
   # (the filter drops pip's notes about this machine's local package mirrors; stdout stays pip's own)
-  .venv/bin/python -m pip install "${quiet[@]}" -e ".[all,test]" 2> >(grep -v "^WARNING: Location" >&2 || true)
+  .venv/bin/python -m pip install "${quiet[@]}" -e ".[all,test,docs]" 2> >(grep -v "^WARNING: Location" >&2 || true)
   cp pyproject.toml "$stamp"
   say "done: .venv is ready"
 else

@@ -1,7 +1,7 @@
 """Adding a server-side method is two hand-written files, its module and its test: in a copy of
 the checkout, a toy method and its test are added, the one command (scripts/generate.py)
-regenerates pyproject.toml's table, fedcore/defaults.py and README's methods tables, and the
-consistency tests (keys, README, signatures, registry) pass with no other file edited. The
+regenerates pyproject.toml's table, fedcore/defaults.py and the docs' methods tables, and the
+consistency tests (keys, docs tables, signatures, registry) pass with no other file edited. The
 golden harness's entry for it is recorded by ``python -m tests.golden.record <name>``, which
 its missing-entry message says.
 
@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ("fedcore", "strategies", "client_app", "fedpcd_app", "tests", "scripts", "pyproject.toml", "README.md")
-GENERATED = {"pyproject.toml", "fedcore/defaults.py", "README.md"}
-# the tests that hold the declarations, the generated files, the README and the registry together
+COPIED = ("fedcore", "strategies", "client_app", "fedpcd_app", "tests", "scripts", "pyproject.toml", "README.md",
+          "docs")
+GENERATED = {"pyproject.toml", "fedcore/defaults.py", "docs/methods/index.md"}
+# the tests that hold the declarations, the generated files, the docs' tables and the registry together
 CONSISTENCY = [f"tests/test_config.py::{t}" for t in (
     "test_the_generated_files_are_current", "test_the_shipped_defaults_are_pyprojects_table",
     "test_pyproject_keys_are_exactly_the_declared_ones", "test_no_read_site_restates_an_app_key",
@@ -31,7 +32,7 @@ CONSISTENCY = [f"tests/test_config.py::{t}" for t in (
 TOY = '''"""ToyAvg: FedAvg whose server reports how far the model moved, a toy method for the tests.
 
 Everything beyond this module is generated from it: its run-config key, pyproject.toml's line,
-the defaults the package ships, its README rows and its signature and help().
+the defaults the package ships, its rows in the docs' methods tables and its signature and help().
 """
 
 from __future__ import annotations
@@ -112,5 +113,6 @@ def test_a_new_method_is_its_module_and_its_test(tmp_path):
     assert changed & GENERATED == GENERATED
     pyproject = (tmp_path / "pyproject.toml").read_text()
     assert "toyavg-damping = 0.0" in pyproject and "the share of the step left out" in pyproject
-    assert "| `toyavg` | ToyAvg: FedAvg whose server reports" in (tmp_path / "README.md").read_text()
+    methods_page = (tmp_path / "docs" / "methods" / "index.md").read_text()
+    assert "| `toyavg` | ToyAvg: FedAvg whose server reports" in methods_page
     assert "python -m tests.golden.record toyavg" in golden.stdout, golden.stdout[-2000:]

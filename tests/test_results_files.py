@@ -1,5 +1,5 @@
 """What a run leaves to take away: final_model.pt (a plain state_dict) and checkpoints, both
-readable with torch.load(weights_only=True); the README's loading snippet scores the model."""
+readable with torch.load(weights_only=True); docs/running.md's loading snippet scores the model."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fedcore.config import load_config
 from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import ClientAppGrid, task_identity
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RUNNING = Path(__file__).resolve().parent.parent / "docs" / "running.md"
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +39,12 @@ def test_final_model_and_checkpoints_load_with_weights_only(run_dir):
 
 
 @pytest.mark.slow
-def test_the_readme_snippet_scores_the_final_model_as_the_run_did(run_dir):
-    block = re.search(r"```python\n( *import torch\n *from client_app.data.*?) *```", README.read_text(), re.S)
+def test_the_docs_snippet_scores_the_final_model_as_the_run_did(run_dir):
+    block = re.search(r"```python\n(import json\n.*?final_model\.pt.*?)```", RUNNING.read_text(), re.S)
     snippet = textwrap.dedent(block.group(1))
-    code = snippet.replace('"outputs/fedpcd/seed0-..."', repr(str(run_dir))).replace("print(", "result = (")
+    made = re.search(r"^run = simulate\(.*$", snippet, re.M).group(0)  # the run it makes: this module's instead
+    code = snippet.replace(made, f"run = Path({str(run_dir)!r})").replace("print(", "result = (")
     scope: dict = {}
-    exec(compile(code, "README snippet", "exec"), scope)  # noqa: S102 - the README's own example
+    exec(compile("from pathlib import Path\n" + code, "docs snippet", "exec"), scope)  # noqa: S102 - the docs' own example
     summary = json.loads((run_dir / "summary.json").read_text())
     assert scope["result"][0] == pytest.approx(summary["central_acc"], abs=1e-9)

@@ -263,7 +263,13 @@ def test_setup_says_each_step(tmp_path):
     steps = [line for line in first.stderr.splitlines() if line.startswith("setup: ")]
     assert [s.split()[1] for s in steps] == ["creating", "installing", "done:"], first.stderr
     assert "Python 3.fake" in steps[0] and "pip -q" in steps[1]
-    assert (tmp_path / "pip.log").read_text().split() == ["-m", "pip", "install", "-q", "-e", ".[all,test]"]
+    assert (tmp_path / "pip.log").read_text().split() == ["-m", "pip", "install", "-q", "-e", ".[all,test,docs]"]
     second = setup()
     assert second.returncode == 0 and "up to date" in second.stderr, second.stderr
     assert len((tmp_path / "pip.log").read_text().splitlines()) == 1  # nothing installed again
+
+
+def test_setup_installs_the_docs_extra_and_ci_builds_the_site_with_warnings_as_errors():
+    assert '".[all,test,docs]"' in (ROOT / "scripts" / "setup.sh").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/test.sh" in ci and re.search(r"-m sphinx -W --keep-going .*docs build/docs/html", ci)
