@@ -296,3 +296,21 @@ def test_page_frontier_option_writes_frontier_png_from_report_csv(tmp_path):
     assert figures.main([str(tmp_path), "--page", "--frontier"]) == 0
     assert _is_png_with_content(tmp_path / "frontier.png")
     assert figures.main([str(tmp_path), "--frontier"]) == 2
+
+
+def test_page_forest_keeps_the_worst10_selection_apart(tmp_path, drawn):
+    # the same comparison label under two selections (different grid points) never shares one forest
+    head = "setting,method,hyperparameters,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm\n"
+    (tmp_path / "report_paired_vs_fedavg.csv").write_text(
+        head + "s,fedpcd,lr=0.1,fedavg,mean_acc,10,0.02,0.01,0.03,0.01\n")
+    (tmp_path / "report_paired_worst10_vs_fedavg.csv").write_text(
+        head + "s,fedpcd,lr=0.3,fedavg,mean_acc,10,-0.05,-0.08,-0.02,0.02\n"
+        "s,ditto,lr=0.3,fedavg,mean_acc,10,0.1,0.0,0.2,0.3\n")
+    names = [p.name for p in figures.page_figures(tmp_path)]
+    assert names == ["forest.png", "forest_worst10.png"]
+
+    def drawn_means(fig):
+        return sorted(round(line.get_xdata()[0], 6) for line in fig.axes[0].lines if line.get_marker() == "o")
+
+    assert drawn_means(drawn["forest.png"]) == [2.0]
+    assert drawn_means(drawn["forest_worst10.png"]) == [-5.0, 10.0]

@@ -40,7 +40,8 @@ FedAvg entry, else the first method).
   and class, from ``client_app.data.FederatedData.label_counts``), for the first seed;
   skipped with a note when the dataset cannot be loaded here.
 * ``forest.png`` — every paired difference of the report's ``report_paired*.csv`` with its
-  95 % interval, significant ones (Holm, ≥ 5 seeds) filled (:func:`forest`).
+  95 % interval, significant ones (Holm, ≥ 5 seeds) filled (:func:`forest`); the worst-10 %
+  selection's (``report_paired_worst10*.csv``) in ``forest_worst10.png``.
 * ``pareto.png`` — per method, every configuration's validation (mean, worst-10 %) from
   ``report.csv``, the Pareto front joined, the selection ringed (:func:`pareto`). Both are
   drawn from the CSVs alone: ``--page`` redraws them for a results page without its runs.
@@ -763,19 +764,22 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
 
 
 def page_figures(folder: str | Path, dest: str | Path | None = None, frontier: bool = False) -> list[Path]:
-    """``forest.png`` (paired differences of every ``report_paired*.csv``) and ``pareto.png``
-    (``report.csv``'s configurations) of a results page's folder, from its CSVs alone (into
-    ``dest``, default the folder); with ``frontier``, ``frontier.png`` too
-    (:func:`configurations_frontier`)."""
+    """``forest.png`` (paired differences of every ``report_paired*.csv``; those of the
+    worst-10 % selection, ``report_paired_worst10*.csv``, apart in ``forest_worst10.png``, so that
+    one comparison label never stands for two selections) and ``pareto.png`` (``report.csv``'s
+    configurations) of a results page's folder, from its CSVs alone (into ``dest``, default the
+    folder); with ``frontier``, ``frontier.png`` too (:func:`configurations_frontier`)."""
     folder = Path(folder)
     dest = Path(dest) if dest else folder
-    paired: list[dict[str, str]] = []
+    paired: dict[str, list[dict[str, str]]] = {"forest.png": [], "forest_worst10.png": []}
     for p in sorted(folder.glob("report_paired*.csv")):
         with open(p, newline="") as fh:
-            paired += list(csv.DictReader(fh))
+            paired["forest_worst10.png" if p.name.startswith("report_paired_worst10") else "forest.png"] += list(
+                csv.DictReader(fh))
     written = []
-    if paired and (f := forest(paired, dest / "forest.png")) is not None:
-        written.append(f)
+    for name, rows_of in paired.items():
+        if rows_of and (f := forest(rows_of, dest / name)) is not None:
+            written.append(f)
     if (folder / "report.csv").is_file():
         with open(folder / "report.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
