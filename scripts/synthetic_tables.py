@@ -249,33 +249,22 @@ def write_csv(rows: list[dict], path: Path) -> None:
                        + [f10, va, r["weighting"], int(r["chosen"]), int(bool(r["edge"])), "; ".join(r["edge"])])
 
 
-def frontier(rows: list[dict], path: Path, title: str) -> None:
-    """Mean client accuracy against worst-10 %: each chosen row's seed mean with bars over seeds."""
-    import matplotlib
+def frontier(rows: list[dict], path: Path) -> None:
+    """Mean client accuracy against worst-10 % of every configuration (``build``'s rows), the
+    chosen ones bold with ±1 std bars over the seeds, the Pareto fronts marked:
+    ``fedpcd_app.analysis.figures.configurations_frontier`` on the rows as ``report.csv`` has them."""
+    from fedpcd_app.analysis.figures import configurations_frontier
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 5), squeeze=False)
-    markers = "os^vD<>pP*hX"
-    for ax, setting in zip(axes[0], settings):
-        chosen = [r for r in rows if r["setting"] == setting and (r["chosen"] or not r["selected_on"])
-                  and not r["diverged"]]
-        for i, r in enumerate(chosen):
-            x, y = np.asarray(r["stats"]["average"]), np.asarray(r["stats"]["worst10"])
-            ax.errorbar(x.mean(), y.mean(), xerr=[[x.mean() - x.min()], [x.max() - x.mean()]],
-                        yerr=[[y.mean() - y.min()], [y.max() - y.mean()]], fmt=markers[i % len(markers)],
-                        capsize=3, label=r["method"] + ("" if r["variant"] == "base" else f" [{r['variant']}]"))
-        ax.set_xlabel("mean client accuracy (%)")
-        ax.set_ylabel("worst-10 % client accuracy (%)")
-        ax.set_title(f"{title}: {setting}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
-    fig.text(0.5, 0.005, "seed mean; bars span the seeds' range; up and right is better", ha="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    table = []
+    for r in rows:
+        cells = {}
+        for key, stat in (("mean_acc", "average"), ("worst10_acc", "worst10")):
+            v = np.asarray(r["stats"][stat], dtype=np.float64) / 100
+            cells[f"{key}_mean"] = str(v.mean()) if v.size else ""
+            cells[f"{key}_std"] = str(v.std(ddof=1)) if v.size > 1 else ""
+        table.append({"setting": r["setting"], "method": r["method"], "hyperparameters": r["variant"],
+                      "selected": str(int(r["chosen"] or not r["selected_on"])), **cells})
+    configurations_frontier(table, path)
 
 
 def qffl_diagnostics(rows: list[dict], q0: str, q1: str) -> str:
@@ -366,7 +355,7 @@ def main(argv=None) -> int:
     ap.add_argument("--all", dest="all_points", action="store_true", help="every grid point, not only the chosen one")
     ap.add_argument("--paper", choices=("qffl",), default=None, help="add the paper's row beside ours")
     ap.add_argument("--csv", default="", help="also write the table as CSV")
-    ap.add_argument("--frontier", default="", help="write the mean vs worst-10 %% frontier (PNG)")
+    ap.add_argument("--frontier", default="", help="write the mean vs worst-10 %% frontier, every configuration (PNG)")
     ap.add_argument("--curves", default="", help="write the accuracy curves of the chosen rows (PNG)")
     ap.add_argument("--qffl-diagnostics", default="", metavar="Q0,Q1",
                     help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
@@ -385,8 +374,8 @@ def main(argv=None) -> int:
         curves_figure(rows, Path(args.curves), Path(args.out).name)
     if args.csv:  # every configuration, selected marking the chosen ones
         write_csv(every, Path(args.csv))
-    if args.frontier:
-        frontier(rows, Path(args.frontier), Path(args.out).name)
+    if args.frontier:  # every configuration, the chosen ones bold
+        frontier(every, Path(args.frontier))
     return 0
 
 

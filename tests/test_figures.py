@@ -230,3 +230,87 @@ def test_frontier_colours_do_not_repeat_for_many_methods():
     for n in (3, 14, 25):
         colours = [to_rgba(c) for c in figures.distinct_colours(n)]
         assert len(set(colours)) == n
+
+
+def _frontier_rows(n_methods=14, per_method=3):
+    """report.csv rows: ``n_methods`` entries × ``per_method`` configurations (the middle one
+    selected) and one unscored configuration (empty numbers)."""
+    rows = []
+    for m in range(n_methods):
+        for k in range(per_method):
+            rows.append({"setting": "s", "method": f"m{m}", "hyperparameters": f"lr={k}", "selected": str(int(k == 1)),
+                         "mean_acc_mean": str(0.5 + 0.02 * m + 0.01 * k), "mean_acc_std": "0.01",
+                         "worst10_acc_mean": str(0.2 + 0.01 * ((m * 7 + k * 3) % 11)), "worst10_acc_std": "0.02"})
+    rows.append({"setting": "s", "method": "m0", "hyperparameters": "lr=9", "selected": "0", "mean_acc_mean": "",
+                 "mean_acc_std": "", "worst10_acc_mean": "", "worst10_acc_std": ""})
+    return rows
+
+
+def test_configurations_frontier_styles_every_method_apart_and_draws_every_configuration(tmp_path, drawn):
+    from matplotlib.colors import to_rgba
+
+    rows = _frontier_rows()
+    figures.configurations_frontier(rows, tmp_path / "frontier.png")
+    fig = drawn["frontier.png"]
+    ax_all, ax_zoom = fig.axes[:2]
+    # every scored configuration drawn (faint), once per method in the method's colour and marker
+    faint = [c for c in ax_all.collections if c.get_offsets().shape[0] and c.get_alpha() is not None
+             and c.get_alpha() < 0.5]
+    assert sum(c.get_offsets().shape[0] for c in faint) == 14 * 3
+    assert {tuple(np.round(p, 6)) for c in faint for p in c.get_offsets()} == {
+        (round(100 * float(r["mean_acc_mean"]), 6), round(100 * float(r["worst10_acc_mean"]), 6))
+        for r in rows if r["mean_acc_mean"]}
+    assert "1 unscored" in ax_all.get_title()
+    # the 14 selections bold: one errorbar each, and one legend entry per method, no style repeated
+    assert len(ax_all.containers) == 14 and len(ax_zoom.containers) == 14
+    legend = ax_zoom.get_legend()
+    entries = [h for h in legend.legend_handles if h.get_linestyle() == "None"]  # the methods; the fronts are lines
+    styles = [(to_rgba(h.get_color()), h.get_marker()) for h in entries]
+    assert len(styles) == 14 and len(set(styles)) == 14
+    assert len({c for c, _ in styles}) == 14  # no colour shared
+    assert [t.get_text() for t in legend.get_texts()][:14] == [f"m{m} [lr=1]" for m in range(14)]
+    # the legend lies outside both axes: it covers no data
+    renderer = fig.canvas.get_renderer()
+    box = legend.get_window_extent(renderer)
+    for ax in (ax_all, ax_zoom):
+        assert not box.overlaps(ax.get_window_extent(renderer))
+    # the Pareto fronts: every configuration's and the selections', each the non-dominated points
+    pts = [(100 * float(r["mean_acc_mean"]), 100 * float(r["worst10_acc_mean"])) for r in rows if r["mean_acc_mean"]]
+    sel = [(100 * float(r["mean_acc_mean"]), 100 * float(r["worst10_acc_mean"])) for r in rows if r["selected"] == "1"]
+    fronts = [sorted(map(tuple, np.round(line.get_xydata(), 6))) for line in ax_all.lines
+              if line.get_linestyle() in (":", "-") and line.get_marker() == "o"]
+    expect = [sorted(tuple(np.round(p, 6)) for p in (xs[i] for i in figures.pareto_front(xs))) for xs in (pts, sel)]
+    assert fronts == expect
+
+
+def test_page_frontier_option_writes_frontier_png_from_report_csv(tmp_path):
+    import csv as csv_mod
+
+    rows = _frontier_rows(3, 2)
+    with open(tmp_path / "report.csv", "w", newline="") as fh:
+        w = csv_mod.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert figures.main([str(tmp_path), "--page"]) == 0
+    assert not (tmp_path / "frontier.png").exists()  # only on request: the other pages keep their files
+    assert figures.main([str(tmp_path), "--page", "--frontier"]) == 0
+    assert _is_png_with_content(tmp_path / "frontier.png")
+    assert figures.main([str(tmp_path), "--frontier"]) == 2
+
+
+def test_page_forest_keeps_the_worst10_selection_apart(tmp_path, drawn):
+    # the same comparison label under two selections (different grid points) never shares one forest
+    head = "setting,method,hyperparameters,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm\n"
+    (tmp_path / "report_paired_vs_fedavg.csv").write_text(
+        head + "s,fedpcd,lr=0.1,fedavg,mean_acc,10,0.02,0.01,0.03,0.01\n")
+    (tmp_path / "report_paired_worst10_vs_fedavg.csv").write_text(
+        head + "s,fedpcd,lr=0.3,fedavg,mean_acc,10,-0.05,-0.08,-0.02,0.02\n"
+        "s,ditto,lr=0.3,fedavg,mean_acc,10,0.1,0.0,0.2,0.3\n")
+    names = [p.name for p in figures.page_figures(tmp_path)]
+    assert names == ["forest.png", "forest_worst10.png"]
+
+    def drawn_means(fig):
+        return sorted(round(line.get_xdata()[0], 6) for line in fig.axes[0].lines if line.get_marker() == "o")
+
+    assert drawn_means(drawn["forest.png"]) == [2.0]
+    assert drawn_means(drawn["forest_worst10.png"]) == [-5.0, 10.0]

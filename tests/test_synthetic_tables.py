@@ -163,3 +163,22 @@ def test_mixed_weightings_without_both_fedavgs_are_refused(tmp_path):
                                          "fedavg-weighting = 'uniform'"):
         tables.main([str(tmp_path)])
     assert tables.main([str(tmp_path), "--mixed-weightings"]) == 0
+
+
+def test_frontier_draws_every_configuration_with_the_chosen_one_selected(tmp_path, monkeypatch):
+    # the page's frontier.png: every grid point (not only the chosen one), chosen = selected, a diverged point unscored
+    from fedpcd_app.analysis import figures
+
+    for seed in (0, 1):
+        make_run(tmp_path, "fedavg", "lr=0.01", seed, [0.5, 0.6, 0.7], val=0.6)
+        make_run(tmp_path, "fedavg", "lr=0.03", seed, [0.6, 0.7, 0.8 + 0.1 * seed], val=0.8)
+        make_run(tmp_path, "fedavg", "lr=0.1", seed, [0.9, 0.9, 0.9], val=0.95, train_loss=math.inf if seed else 0.5)
+    seen = {}
+    monkeypatch.setattr(figures, "configurations_frontier", lambda rows, path: seen.update(rows=rows, path=path))
+    assert tables.main([str(tmp_path), "--frontier", str(tmp_path / "f.png")]) == 0
+    rows = {r["hyperparameters"]: r for r in seen["rows"]}
+    assert set(rows) == {"lr=0.01", "lr=0.03", "lr=0.1"} and seen["path"] == tmp_path / "f.png"
+    assert [rows[k]["selected"] for k in ("lr=0.01", "lr=0.03", "lr=0.1")] == ["0", "1", "0"]
+    assert float(rows["lr=0.03"]["mean_acc_mean"]) == pytest.approx(np.mean([0.7, 0.7333333333]))
+    assert float(rows["lr=0.03"]["worst10_acc_std"]) == pytest.approx(0.0)  # worst 10 % of 3 clients: 0.6 both seeds
+    assert rows["lr=0.1"]["mean_acc_mean"] == ""  # diverged seed: not scored, not drawn

@@ -40,10 +40,15 @@ FedAvg entry, else the first method).
   and class, from ``client_app.data.FederatedData.label_counts``), for the first seed;
   skipped with a note when the dataset cannot be loaded here.
 * ``forest.png`` — every paired difference of the report's ``report_paired*.csv`` with its
-  95 % interval, significant ones (Holm, ≥ 5 seeds) filled (:func:`forest`).
+  95 % interval, significant ones (Holm, ≥ 5 seeds) filled (:func:`forest`); the worst-10 %
+  selection's (``report_paired_worst10*.csv``) in ``forest_worst10.png``.
 * ``pareto.png`` — per method, every configuration's validation (mean, worst-10 %) from
   ``report.csv``, the Pareto front joined, the selection ringed (:func:`pareto`). Both are
   drawn from the CSVs alone: ``--page`` redraws them for a results page without its runs.
+* ``frontier.png`` (``--page --frontier``) — every configuration of ``report.csv`` on one axis,
+  mean against worst-10 % on the test split: a colour and marker per method entry, the
+  configurations faint, the selections bold, the Pareto fronts joined, the legend outside
+  (:func:`configurations_frontier`).
 * ``<setting>_availability.png`` — when a run folder holds ``availability.json``
   (``{"probabilities": [...]}``, each client's per-round inclusion probability): that
   probability and, from ``clients.csv``, the fraction of rounds the client was actually
@@ -251,8 +256,11 @@ def distinct_colours(n: int) -> list:
     (a frontier of 14 methods drew two blues, two oranges, ... with the cycle), then hsv."""
     if n <= 10:
         return [f"C{i}" for i in range(n)]
-    cmap = plt.get_cmap("tab20" if n <= 20 else "hsv")
-    return [cmap(i if n <= 20 else i / n) for i in range(n)]
+    if n <= 20:  # tab20's ten dark shades first, then the light ones: the first ten keep the cycle's hues
+        cmap = plt.get_cmap("tab20")
+        return [cmap(2 * i if i < 10 else 2 * (i - 10) + 1) for i in range(n)]
+    cmap = plt.get_cmap("hsv")
+    return [cmap(i / n) for i in range(n)]
 
 
 def frontier(chosen: dict[str, list[Run]], setting: str, path: Path) -> Path:
@@ -672,23 +680,112 @@ def pareto(rows: list[dict[str, str]], path: Path, setting: str | None = None) -
     return save_figure(fig, path)
 
 
-def page_figures(folder: str | Path, dest: str | Path | None = None) -> list[Path]:
-    """``forest.png`` (paired differences of every ``report_paired*.csv``) and ``pareto.png``
-    (``report.csv``'s configurations) of a results page's folder, from its CSVs alone (into
-    ``dest``, default the folder)."""
+FRONT_ALL = dict(ls=":", color="0.3", lw=1.3, marker="o", ms=12, mfc="none", mec="0.3")
+FRONT_SELECTED = dict(ls="-", color="k", lw=1.5, marker="o", ms=16, mfc="none", mec="k")
+
+
+def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str = "test") -> Path | None:
+    """``frontier.png`` of a page: mean client accuracy against worst-10 % for every
+    configuration of ``report.csv`` (``rows``), each method entry in its own colour and marker
+    (:func:`distinct_colours`, :data:`MARKERS`), its configurations drawn faint and its selected
+    one (``selected`` = 1) bold with ±1 std bars over the seeds (the ``*_std`` columns); the
+    Pareto front of every configuration (dotted) and of the selected ones (solid) joined; the
+    legend outside the axes. Per setting two panels: every configuration, and the same zoomed
+    on the selections. ``split``: ``test`` (the reported ``mean_acc_mean`` /
+    ``worst10_acc_mean``) or ``validation`` (the ``val_*`` columns). Rows without both numbers
+    (an unscored configuration) are counted in the title. None when no row has them."""
+    kx, ky = ("val_mean_acc", "val_worst10_acc") if split == "validation" else ("mean_acc", "worst10_acc")
+
+    def xy(r):
+        x, y = 100 * _float(r.get(f"{kx}_mean")), 100 * _float(r.get(f"{ky}_mean"))
+        return None if np.isnan(x) or np.isnan(y) else (x, y)
+
+    settings = list(dict.fromkeys(r.get("setting", "") for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows if xy(r) is not None))
+    if not methods:
+        return None
+    colours = distinct_colours(len(methods))
+    style = {m: (colours[i], MARKERS[i % len(MARKERS)]) for i, m in enumerate(methods)}
+    fig, axes = plt.subplots(len(settings), 2, figsize=(13, 5.2 * len(settings)), squeeze=False)
+    handles: dict[str, Line2D] = {}
+    for (ax_all, ax_zoom), setting in zip(axes, settings):
+        here = [r for r in rows if r.get("setting", "") == setting]
+        points = [(r, xy(r)) for r in here if xy(r) is not None]
+        selected = [(r, p) for r, p in points if r.get("selected") == "1"]
+        for ax in (ax_all, ax_zoom):
+            for method in methods:
+                colour, marker = style[method]
+                mine = [p for r, p in points if r["method"] == method]
+                if mine:
+                    ax.scatter([x for x, _ in mine], [y for _, y in mine], s=24, marker=marker, color=colour,
+                               alpha=0.35, lw=0, zorder=2)
+            for r, (x, y) in selected:
+                colour, marker = style[r["method"]]
+                sx, sy = (100 * _float(r.get(f"{k}_std")) for k in (kx, ky))
+                ax.errorbar(x, y, xerr=None if np.isnan(sx) else sx, yerr=None if np.isnan(sy) else sy, fmt=marker,
+                            ms=9, color=colour, mec="k", mew=0.8, elinewidth=0.9, ecolor=colour, alpha=0.95,
+                            capsize=2.5, zorder=4)
+            for pts, spec in (([p for _, p in points], FRONT_ALL), ([p for _, p in selected], FRONT_SELECTED)):
+                if pts:
+                    front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
+                    ax.plot([x for x, _ in front], [y for _, y in front], zorder=5, **spec)
+            ax.grid(alpha=0.3)
+            ax.set_xlabel(f"mean client accuracy ā (%), {split} split")
+            ax.set_ylabel(f"worst-10 % client accuracy (%), {split} split")
+        missing = len(here) - len(points)
+        ax_all.set_title((f"{setting}: " if setting else "") + f"every configuration ({len(points)}"
+                         + (f"; {missing} unscored, not drawn" if missing else "") + ")", fontsize=10)
+        if selected:
+            sx = [p[0] for _, p in selected]
+            sy = [p[1] for _, p in selected]
+            pad_x, pad_y = max(0.5, 0.25 * np.ptp(sx)), max(1.0, 0.25 * np.ptp(sy))
+            ax_zoom.set_xlim(min(sx) - pad_x, max(sx) + pad_x)
+            ax_zoom.set_ylim(min(sy) - pad_y, max(sy) + pad_y)
+        ax_zoom.set_title(f"zoomed on the {len(selected)} selections (bars: ±1 std over the seeds)", fontsize=10)
+    for r in rows:
+        if r["method"] in style and r.get("selected") == "1" and xy(r) is not None:
+            colour, marker = style[r["method"]]
+            hyper = r.get("hyperparameters", "")
+            handles.setdefault(r["method"], Line2D([], [], ls="", marker=marker, ms=8, color=colour, mec="k", mew=0.8,
+                                                   label=r["method"] + (f" [{hyper}]" if hyper and hyper != "base"
+                                                                        else "")))
+    for method in methods:
+        colour, marker = style[method]
+        handles.setdefault(method, Line2D([], [], ls="", marker=marker, ms=8, color=colour, alpha=0.4,
+                                          label=f"{method} (no selection)"))
+    handles["front all"] = Line2D([], [], label="Pareto front, every configuration (ringed)", **FRONT_ALL)
+    handles["front sel"] = Line2D([], [], label="Pareto front, the selections (ringed)", **FRONT_SELECTED)
+    axes[0][1].legend(handles=list(handles.values()), fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                      frameon=False)
+    fig.suptitle("mean over seeds per configuration: faint = every configuration tried, bold = the selected one of "
+                 "each method entry; up and right is better", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def page_figures(folder: str | Path, dest: str | Path | None = None, frontier: bool = False) -> list[Path]:
+    """``forest.png`` (paired differences of every ``report_paired*.csv``; those of the
+    worst-10 % selection, ``report_paired_worst10*.csv``, apart in ``forest_worst10.png``, so that
+    one comparison label never stands for two selections) and ``pareto.png`` (``report.csv``'s
+    configurations) of a results page's folder, from its CSVs alone (into ``dest``, default the
+    folder); with ``frontier``, ``frontier.png`` too (:func:`configurations_frontier`)."""
     folder = Path(folder)
     dest = Path(dest) if dest else folder
-    paired: list[dict[str, str]] = []
+    paired: dict[str, list[dict[str, str]]] = {"forest.png": [], "forest_worst10.png": []}
     for p in sorted(folder.glob("report_paired*.csv")):
         with open(p, newline="") as fh:
-            paired += list(csv.DictReader(fh))
+            paired["forest_worst10.png" if p.name.startswith("report_paired_worst10") else "forest.png"] += list(
+                csv.DictReader(fh))
     written = []
-    if paired and (f := forest(paired, dest / "forest.png")) is not None:
-        written.append(f)
+    for name, rows_of in paired.items():
+        if rows_of and (f := forest(rows_of, dest / name)) is not None:
+            written.append(f)
     if (folder / "report.csv").is_file():
         with open(folder / "report.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
         if (f := pareto(rows, dest / "pareto.png")) is not None:
+            written.append(f)
+        if frontier and (f := configurations_frontier(rows, dest / "frontier.png")) is not None:
             written.append(f)
     return written
 
@@ -749,9 +846,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default="", help="comma-separated method entries to draw, in this order")
     parser.add_argument("--page", action="store_true",
                         help="draw forest.png and pareto.png from the folder's report CSVs alone (a results page)")
+    parser.add_argument("--frontier", action="store_true",
+                        help="with --page: also frontier.png, every configuration of report.csv, mean vs worst-10 %%")
     args = parser.parse_args(argv)
+    if args.frontier and not args.page:
+        print("error: --frontier draws from a page's report.csv: add --page", file=sys.stderr)
+        return 2
     if args.page:
-        paths = page_figures(args.out, args.fig_dir or None)
+        paths = page_figures(args.out, args.fig_dir or None, frontier=args.frontier)
         if not paths:
             print(f"error: no report.csv or report_paired*.csv in {args.out}", file=sys.stderr)
             return 2
