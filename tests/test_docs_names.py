@@ -383,6 +383,21 @@ def default_problems(doc: db.Doc) -> list[str]:
     return problems
 
 
+def shell_block_problems(doc: db.Doc) -> list[str]:
+    """The commands of every shell block, run or skipped: their flags and run-config keys
+    (a block the snippet test skips for a GPU or a cluster is still checked here)."""
+    problems: list[str] = []
+    for b in doc.blocks:
+        if b.kind != "shell":
+            continue
+        logical = re.sub(r"\\\n\s*", " ", b.text)
+        for k, line in enumerate(logical.splitlines()):
+            code = re.split(r"(?:^|\s)#", line, maxsplit=1)[0]
+            if CMD.search(code):
+                check_command_span(code, f"{b.id} (block line {k + 1})", problems)
+    return problems
+
+
 def sweep_block_problems(doc: db.Doc) -> list[str]:
     from fedpcd_app.analysis import sweep
 
@@ -414,7 +429,7 @@ def sweep_block_problems(doc: db.Doc) -> list[str]:
 
 @pytest.mark.parametrize("doc", DOCS, ids=[db.rel(d.path) for d in DOCS])
 def test_every_named_key_flag_and_attribute_exists(doc):
-    problems = span_problems(doc) + default_problems(doc) + sweep_block_problems(doc)
+    problems = span_problems(doc) + default_problems(doc) + shell_block_problems(doc) + sweep_block_problems(doc)
     assert not problems, "names in the docs that do not exist:\n" + "\n".join(problems)
 
 
@@ -470,3 +485,14 @@ def test_a_planted_sweep_file_with_an_unknown_tuning_key_fails(tmp_path):
     problems = sweep_block_problems(doc)
     assert len(problems) == 1 and "budgett" in problems[0]
 
+
+
+def test_a_skipped_shell_block_is_still_checked_for_names(tmp_path):
+    doc = _planted(tmp_path, "<!-- skip-test: cluster: needs a SuperLink -->\n```bash\n"
+                             "flower-supernode --superlink host:9092 \\\n"
+                             "    --node-confg \"partition-id=0\"  # one node\n"
+                             "python -m fedpcd_app.simulate --engine ray \\\n"
+                             "    --run-config \"num-clients=4 num-clientz=2\"\n```\n")
+    problems = shell_block_problems(doc)
+    assert len(problems) == 2, problems
+    assert "`flower-supernode` has no flag --node-confg" in problems[0] and "`num-clientz`" in problems[1]
