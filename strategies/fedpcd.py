@@ -16,7 +16,8 @@ with p_i = n_i/Σ_j n_j, g̃_0 = ḡ/(‖ḡ‖ + ε) and each constraint direct
 (``fedpcd-normalize``: or by the square root of a bias-corrected EMA of ‖g_j‖², or raw), the
 round's clients and the cached ones of the last H rounds (``fedpcd-history``), b_j = τ‖c̃_j‖².
 The QP is solved in its dual over the m' constraint multipliers (Gram matrix Q = C Cᵀ), never in R^d:
-  μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),  d̃* = g̃_0 + Cᵀμ*.
+
+    μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),   d̃* = g̃_0 + Cᵀμ*.
 
 :meth:`FedPCD.aggregate_valid` is Algorithm 1 as a chain of the pure steps below, each
 returning its result and its metrics: :func:`drop_non_finite` → :func:`primary_direction`

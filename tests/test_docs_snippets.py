@@ -53,7 +53,8 @@ COMMAND = re.compile(r"^\s*(?:\$\s+)?(?:python3?\s+(?:-m\s+)?[\w./-]+|bash\s+\S+
 
 
 def _code_lines(text: str) -> str:
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    """The shell text without its comments (a ``#`` at a line's start or after a space)."""
+    return "\n".join(re.split(r"(?:^|\s)#", line, maxsplit=1)[0] for line in text.splitlines())
 
 
 def installs(text: str, root: Path = ROOT, seen: frozenset[str] = frozenset()) -> str | None:
@@ -279,6 +280,7 @@ def test_an_installing_block_is_recognised_through_the_scripts_it_calls():
     assert installs("bash scripts/run_default.sh", PROJECT_ROOT) == "scripts/run_default.sh (it installs packages)"
     assert installs("FEDPCD_VENV=/opt/venv bash scripts/test.sh", PROJECT_ROOT) is None
     assert installs("python -m fedpcd_app.simulate --workers 0", PROJECT_ROOT) is None
+    assert installs("export X=1   # no `uv sync` at run time", PROJECT_ROOT) is None
 
 
 def test_a_failing_block_fails_with_its_output(tmp_path):
