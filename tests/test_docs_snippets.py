@@ -231,6 +231,7 @@ def scratch():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow  # a block may run a whole simulation (the library's example apps)
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in USAGE])
 def test_usage_block_runs(block, checkout, scratch):
     problems = install_problems(block)
