@@ -222,6 +222,16 @@ def install_problems(block: db.Block) -> list[str]:
     return problems
 
 
+ABSOLUTE_OUTPUT = re.compile(r"(?:output-dir|resume-from|--out|-w|--temp-dir)\s*[= ]\s*['\"]?(/[^\s'\"]*)")
+
+
+def outside_writes(block: db.Block) -> list[str]:
+    """An output folder given as an absolute path would be written outside the block's copy of
+    the checkout: the block is not run (a relative path, or a skip marker)."""
+    return [f"{block.id}: writes to {m.group(1)}, outside the folder the test runs it in: give a relative path "
+            "(or mark the block)" for m in ABSOLUTE_OUTPUT.finditer(_code_lines(block.text))]
+
+
 @pytest.fixture
 def scratch():
     """A short folder for a block's outputs, FLWR_HOME and TMPDIR (Ray's socket paths must stay
@@ -238,6 +248,8 @@ def test_usage_block_runs(block, checkout, scratch):
     assert not problems, "\n".join(problems)
     if (skip := db.skip_of(block)) is not None:
         pytest.skip(f"{skip[0]}: {skip[1]}")
+    problems = outside_writes(block)
+    assert not problems, "\n".join(problems)
     code, out = run_block(block, checkout, scratch)
     tail = "\n".join(out.splitlines()[-40:])
     assert code is not None, (f"{block.id} ran past {TIMEOUT:.0f} s: shrink it, or mark it "
@@ -299,3 +311,10 @@ def test_an_offline_section_whose_block_installs_fails(tmp_path):
     offline, marked = (install_problems(b) for b in doc.blocks)
     assert len(offline) == 2 and "says offline" in offline[0] and "mark it" in offline[1]
     assert marked == []
+
+
+def test_a_block_writing_to_an_absolute_folder_is_not_run(tmp_path):
+    doc = _planted(tmp_path, "```bash\npython -m fedpcd_app.simulate --run-config \"output-dir='/runs/a'\"\n"
+                             "python -m fedpcd_app.sweep x.toml --out outputs/x  # relative: fine\n```\n")
+    problems = outside_writes(doc.blocks[0])
+    assert len(problems) == 1 and "/runs/a" in problems[0]
