@@ -17,7 +17,8 @@ parameters and average badly across non-IID clients).
   their ``tf.layers.dense`` (their L2 regulariser is never added to the loss they minimise).
   Any input shape (60 features for Synthetic, 64 for 8×8 digits).
 
-The CRAFT authors' models (their ``fed/nets.py``; ``../shared/spec/ALGORITHMS.md``), rebuilt
+The CRAFT authors' models (their released code, ``tum-pbs/CRAFT``, ``fed/nets.py``; paper:
+Z. Wang, Q. Liu et al., *CRAFT: Conflict-Resolved Aggregation for Federated Training*, 2026), rebuilt
 under their own names so that the models above keep their numbers:
 
 * ``craft-mlp``: flatten → 200 → 200 → classes, ReLU (their FEMNIST MLP).

@@ -1,5 +1,9 @@
 """CRAFT: closed-form, conflict-resolved aggregation, layer by layer (paper 002_*).
 
+Paper: Z. Wang, Q. Liu et al. (code ``tum-pbs/CRAFT``), *CRAFT:
+Conflict-Resolved Aggregation for Federated Training*, 2026 (the text this project works from
+names no venue).
+
 ``tests/test_algorithms.py`` checks this module against the round as the paper writes it
 (per group, ``torch.linalg.pinv`` as the authors call it: ``tests/oracles.py``).
 

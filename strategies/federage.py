@@ -1,5 +1,8 @@
 """FedeRage (paper 003, Algorithm 2): agnostic averaging of (θ, β) under unknown availability.
 
+Paper: S. A. (Herlock) Rahimi and D. Kalogerias, *FedeRage: Provably Convergent Agnostic Federated
+Learning under General Client Drift*, arXiv:2609.21057, 2026.
+
 The risk aversion lives in the client (``client_app.methods.federage``: CVaR-weighted local
 steps and a per-client quantile estimate β). The server only averages what arrives,
 uniformly — (θ̂, β̂) = (1/|S_t|) Σ_{i∈S_t} (θ_i, β_i), not by data size — and broadcasts β̂

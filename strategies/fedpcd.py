@@ -1,15 +1,23 @@
 """FedPCD: priority-constrained aggregation with a server-side history cache.
 
-Papers ``000_*``/``001_*`` (FedPCD, Algorithm 1) and ``../shared/spec/ALGORITHMS.md``.
+Paper: *FedPCD: Priority-Constrained Federated Aggregation* (2026; American University of Sharjah —
+the text this project works from names neither authors nor venue), Algorithm 1, which carries the
+single-machine priority-constrained descent (PCD) of D. Varam and Alhajri (2026) to federated
+aggregation; its one-page summary states the same claims.
+
 Per round the server takes the FedAvg pseudo-gradient ḡ = Σ p_i g_i (g_i = Δ_i/η_l) as the
 primary direction and finds the direction closest to it that makes progress τ on every
 client direction it knows about (current participants and a cache of recent ones):
 
     d̃* = argmin_d ½‖d − g̃_0‖²  s.t.  c̃_jᵀ d ≥ τ‖c̃_j‖²,   d_t = ‖ḡ‖ d̃*/‖d̃*‖,
-    θ_{t+1} = θ_t − η_g d_t.
+    θ_{t+1} = θ_t − η_g d_t,
 
-The QP is solved in its dual over the m' constraint multipliers (Gram matrix Q = C Cᵀ),
-never in R^d:  μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),  d̃* = g̃_0 + Cᵀμ*.
+with p_i = n_i/Σ_j n_j, g̃_0 = ḡ/(‖ḡ‖ + ε) and each constraint direction c̃_j = g_j/(‖g_j‖ + ε)
+(``fedpcd-normalize``: or by the square root of a bias-corrected EMA of ‖g_j‖², or raw), the
+round's clients and the cached ones of the last H rounds (``fedpcd-history``), b_j = τ‖c̃_j‖².
+The QP is solved in its dual over the m' constraint multipliers (Gram matrix Q = C Cᵀ), never in R^d:
+
+    μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b),   d̃* = g̃_0 + Cᵀμ*.
 
 :meth:`FedPCD.aggregate_valid` is Algorithm 1 as a chain of the pure steps below, each
 returning its result and its metrics: :func:`drop_non_finite` → :func:`primary_direction`

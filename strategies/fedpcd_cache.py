@@ -1,6 +1,9 @@
 """FedPCD's server-side history cache with an incrementally maintained Gram matrix.
 
-Paper ``000_*`` §3 (history window H) and ``../shared/spec/ALGORITHMS.md`` step 3/4/6.
+The history of *FedPCD: Priority-Constrained Federated Aggregation* (2026; §3, window H;
+full reference in :mod:`strategies.fedpcd`): every client seen in the last H rounds stays a
+constraint c̃_jᵀ d ≥ τ‖c̃_j‖² of round t's program, with its latest direction; the Gram matrix
+Q = C Cᵀ of the constraints feeds the dual μ* = argmin_{μ≥0} ½ μᵀQμ + μᵀ(C g̃_0 − b).
 Each entry is a client's latest *constraint direction* c̃_i (its pseudo-gradient after
 the run's normalisation), keyed by partition id and stamped with the round it was seen:
 

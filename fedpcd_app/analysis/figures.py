@@ -838,7 +838,7 @@ def make_figures(out: str | Path, fig_dir: str | Path | None = None, baseline: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpcd_app.figures", description=__doc__.splitlines()[0])
     parser.add_argument("out", help="a run folder, a sweep output folder or any folder holding runs")
     parser.add_argument("--out", dest="fig_dir", default="", help="figure folder (default: <folder>/figures)")
     parser.add_argument("--baseline", default=None, metavar="METHOD",

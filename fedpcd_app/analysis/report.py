@@ -1162,7 +1162,7 @@ def check_page(path: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpcd_app.report", description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="a run folder, a sweep output folder or any folder holding runs")
     parser.add_argument("--target", type=float, default=None,
                         help="target accuracy (fraction) for the rounds column (default: FedAvg's final mean)")

@@ -124,7 +124,7 @@ def figure(path: Path, settings: list[str], methods: list[str], cells) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpcd_app.robustness", description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="a sweep output folder whose settings are attacks")
     parser.add_argument("--out", default="", help="where robustness.md/.csv/.png go (default: the folder)")
     parser.add_argument("--placeholder", action="append", default=[], metavar="LABEL",

@@ -531,7 +531,7 @@ def _collect(dispatch: _Dispatch, count: int, bar, out: Path) -> list[tuple[RunS
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpcd_app.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("sweep", help="sweep file (TOML), e.g. run_configs/sweeps/fedpcd_ablation_digits.toml")
     parser.add_argument("--jobs", type=int, default=None,
                         help="parallel runs (one process each, reused from run to run; default 1, or as many as "

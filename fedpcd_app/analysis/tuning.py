@@ -17,8 +17,8 @@ A sweep file opts in with a ``[tuning]`` table (see :mod:`fedpcd_app.analysis.sw
     fedpcd-tau = [0.01, 0.02]
 
 Search space of a method entry (:func:`entry_grid`): the declared space of its registered
-method (the ``grid`` of its ``Params`` fields, the papers' grids: shared/spec/ALGORITHMS.md,
-the FedPCD paper's Table 2 grid for τ) plus ``lr`` (the app key's ``grid``, always tuned); a
+method (the ``grid`` of its ``Params`` fields: the grids of each method's paper, named in its
+module docstring; the FedPCD paper's Table 2 grid for τ) plus ``lr`` (the app key's ``grid``, always tuned); a
 key the entry sets to a scalar is fixed (not tuned), a key it sets to a list, or that
 ``[tuning.grids.<entry>]`` lists, is tuned over those values. The product must not exceed the
 budget (one-line error naming the entry and its sizes); below it, the lr grid is extended

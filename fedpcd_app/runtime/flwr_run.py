@@ -252,9 +252,19 @@ def prepare(run_configs: list[str]) -> dict[str, Any]:
 
     raw = resolve(parse_overrides(ov.render(ov.compose(*run_configs))))
     cfg = check(raw)
+    check_local_data(cfg)
     raw["output-dir"] = str(Path(raw["output-dir"] or default_output_dir(cfg)).resolve())
     check_output_dir(raw["output-dir"])
     return raw
+
+
+def check_local_data(cfg) -> None:
+    """A local ``dataset-path`` loaded once before anything starts: a missing folder or bad data
+    is one line (DataError) here, not a failed run behind a SuperLink and Ray."""
+    if cfg.dataset_path:
+        from client_app.data import load_federated_data
+
+        load_federated_data(cfg)
 
 
 def check_output_dir(path: str | os.PathLike) -> None:
@@ -416,7 +426,7 @@ def add_ray_address_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpcd_app.flwr_run", description=__doc__.splitlines()[0])
     parser.add_argument("--run-config", action="append", default=[],
                         help="key=value overrides (strings in inner quotes) or a TOML file; repeatable")
     parser.add_argument("--federation-config", action="append", default=[],

@@ -40,7 +40,7 @@ from typing import Any
 
 from client_app.data import DataError
 from fedcore.config import ConfigError
-from fedpcd_app.runtime.flwr_run import Interrupted, add_ray_address_argument, check_output_dir
+from fedpcd_app.runtime.flwr_run import Interrupted, add_ray_address_argument, check_local_data, check_output_dir
 from fedpcd_app.runtime.placement import PlacementError, select
 from fedpcd_app.server.checkpoint import OutputError
 from fedpcd_app.server.logs import AggregationStopped, RunFailed
@@ -216,10 +216,7 @@ def _simulate_ray(overrides, *, num_cpus: float, num_gpus: float, ray_address: s
         overrides = parse_overrides(overrides)
     raw = resolve(overrides)
     cfg = check(raw)  # every key checked, nothing built or loaded: the run loads what it uses
-    if cfg.dataset_path:  # ...except a local folder: bad data is one line here, not a failed run behind Ray
-        from client_app.data import load_federated_data
-
-        load_federated_data(cfg)
+    check_local_data(cfg)  # ...except a local folder: bad data is one line here, not a failed run behind Ray
     # The ServerApp runs from an installed copy of the app (another working directory).
     raw["output-dir"] = str(Path(raw["output-dir"] or default_output_dir(cfg)).resolve())
     check_output_dir(raw["output-dir"])
@@ -260,7 +257,7 @@ def _workers_arg(text: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedpcd_app.simulate", description=__doc__.splitlines()[0])
     parser.add_argument("--run-config", default="", help="flwr-style overrides or a TOML file")
     add_engine_arguments(parser)
     parser.add_argument("--gpus", default=None, metavar="IDS",

@@ -388,6 +388,15 @@ def latest(folder: str | Path) -> Checkpoint:
     )
 
 
+def check_rounds_left(folder: str | Path, checkpoint_round: int, num_server_rounds: int) -> None:
+    """ConfigError (one line) when the checkpoint of ``checkpoint_round`` leaves no round to run."""
+    if checkpoint_round >= num_server_rounds:
+        raise ConfigError(
+            f"run-config key 'num-server-rounds' = {num_server_rounds}: the checkpoint in "
+            f"{folder} is already at round {checkpoint_round}; set num-server-rounds above {checkpoint_round}"
+        )
+
+
 def allowed_changes(value: Any) -> set[str]:
     """``resume-allow-changes``: the listed keys (comma-separated)."""
     return {k.strip() for k in str(value or "").split(",") if k.strip()}

@@ -89,10 +89,15 @@ def _check_resume(cfg: RunConfig) -> None:
     if not Path(cfg.resume_from).is_dir():
         raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}' is not a folder: "
                           "give the output-dir of an earlier run with checkpoint-every > 0")
-    if not checkpoint.rounds_in(cfg.resume_from):
+    found = checkpoint.rounds_in(cfg.resume_from)
+    if not found:
         raise ConfigError(f"run-config key 'resume-from' = '{cfg.resume_from}': no checkpoint in "
                           f"{checkpoint.checkpoint_dir(cfg.resume_from)}; give the output-dir of a run "
                           "with checkpoint-every > 0")
+    if found[-1] >= cfg.num_server_rounds:  # a finished run: refused here, before a SuperLink or Ray starts
+        # the round resumed from is the newest checkpoint that loads (a damaged newest one falls back)
+        checkpoint.check_rounds_left(cfg.resume_from, checkpoint.latest(cfg.resume_from).round,
+                                     cfg.num_server_rounds)
 
 
 def _check_defences(cfg: RunConfig, cls: type[FairStrategy]) -> None:

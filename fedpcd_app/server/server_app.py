@@ -353,11 +353,7 @@ class Experiment:
         checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
                                     {k: v.numpy() for k, v in self.arrays.items()},
                                     self.strategy.params.to_run_config(), allow)
-        if ckpt.round >= self.cfg.num_server_rounds:
-            raise ConfigError(
-                f"run-config key 'num-server-rounds' = {self.cfg.num_server_rounds}: the checkpoint in "
-                f"{folder} is already at round {ckpt.round}; set num-server-rounds above {ckpt.round}"
-            )
+        checkpoint.check_rounds_left(folder, ckpt.round, self.cfg.num_server_rounds)
         checkpoint.check_config(ckpt, self.cfg.as_dict(), allow)
         self.state = RunState.restored(ckpt)  # the model, counts, history, trust, warnings, watch, round
         self.context.trust, self.watch.counts = self.state.trust, self.state.watch
