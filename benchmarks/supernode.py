@@ -358,5 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if over or failed else 0
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 if __name__ == "__main__":
+    # SIGTERM unwinds like Ctrl-C: the local federation's SuperLink and SuperNodes, which run in
+    # sessions of their own, are stopped on the way out instead of being left running.
+    signal.signal(signal.SIGTERM, _interrupt)
     sys.exit(main())

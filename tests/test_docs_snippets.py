@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -194,14 +195,33 @@ def run_block(block: db.Block, copy: Path, scratch: Path, timeout: float = TIMEO
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_session(proc.pid)
         out, _ = proc.communicate()
         return None, out
     finally:
+        stop_session(proc.pid)  # whatever the block left running in its session
+
+
+def stop_session(pgid: int, grace: float = 20.0) -> None:
+    """SIGTERM the block's process group, give its programs ``grace`` seconds to stop what they
+    started in sessions of their own (scripts/flwr_run.sh's SuperLink, benchmarks/supernode.py's
+    SuperNodes: both stop them on SIGTERM; a SIGKILL first left them running), then SIGKILL what
+    remains of the group."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever the block left running in its session
+            os.killpg(pgid, 0)
         except ProcessLookupError:
-            pass
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def install_problems(block: db.Block) -> list[str]:
@@ -321,3 +341,24 @@ def test_a_block_writing_to_an_absolute_folder_is_not_run(tmp_path):
                              "python -m fedpcd_app.sweep x.toml \\\n    --out /tmp/x --dry-run\n```\n")
     problems = outside_writes(doc.blocks[0])
     assert len(problems) == 1 and "/runs/a" in problems[0]
+
+
+def test_a_timed_out_block_lets_its_programs_stop_what_they_started(tmp_path):
+    """A block's program that started a server in a session of its own (as scripts/flwr_run.sh and
+    benchmarks/supernode.py do) and stops it on SIGTERM gets to: a SIGKILL of the block's group
+    alone left such servers running after the test."""
+    pidfile = tmp_path / "server.pid"
+    program = (
+        "import signal, subprocess, sys, time\n"
+        "server = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(server.pid))\n"
+        "def stop(*_):\n"
+        "    server.kill(); server.wait(); sys.exit(1)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(600)\n")
+    doc = _planted(tmp_path, f"```python\n{program}```\n")
+    code, _ = run_block(doc.blocks[0], tmp_path, tmp_path / "scratch", timeout=5)
+    assert code is None  # timed out
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
