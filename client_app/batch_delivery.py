@@ -158,7 +158,11 @@ def wants_batch(message) -> bool:
         return False
     mode = message_mode(message)
     if mode == "auto":
-        return _auto_may_batch(tuple(sorted(message.content["run-config"].items())))
+        try:
+            items = tuple(sorted(message.content["run-config"].items()))
+            return _auto_may_batch(items)
+        except TypeError:  # a value a run config cannot hold (a list): the ClientApp says what is wrong
+            return True
     return mode != "loop"
 
 

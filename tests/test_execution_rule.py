@@ -113,3 +113,5 @@ def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
         assert wants_batch(request(model="cnn", **{"client-execution": "vectorised"}))
         assert not wants_batch(request(**{"client-execution": "loop"}))
         assert not wants_batch(request(MessageType.EVALUATE, **{"client-execution": "vectorised"}))
+        # a stranger's run config holding a list (a ConfigRecord may; a run config may not) is no crash
+        assert wants_batch(request(**{"lr": [0.1, 0.2]}))
