@@ -651,3 +651,17 @@ def test_craft_cifar_presets_use_the_authors_default_partition():
     sweep = tomllib.loads((root / "sweeps" / "craft_table1.toml").read_text())
     cifar = next(s for s in sweep["settings"] if s["dataset"] == "cifar10")
     assert cifar["partitioner"] == "dirichlet-unbalanced" and sweep["base"]["min-partition-size"] == 20
+
+
+def test_the_data_cache_key_reads_the_data_keys_of_the_whole_config():
+    """data_cache_key reads the data keys field by field: the values cfg.as_dict() holds for them."""
+    from client_app.data import DATA_KEYS, data_cache_key
+    from fedcore.config import load_config
+
+    for overrides in ({}, {"dataset": "synthetic", "partitioner": "natural", "model": "logreg",
+                           "synthetic-alpha": 0.5, "user-resplit": True, "val-fraction": 0.15},
+                      {"num-clients": 7, "seed": 3, "dirichlet-alpha": 0.1, "central-test-fraction": 0.2}):
+        cfg = load_config(overrides)
+        flat = cfg.as_dict()
+        assert data_cache_key(cfg) == tuple(flat.get(k) for k in DATA_KEYS)
+        assert data_cache_key(cfg) != data_cache_key(cfg.replace(seed=cfg.seed + 1))
