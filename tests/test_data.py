@@ -659,7 +659,7 @@ def test_the_data_cache_key_reads_the_data_keys_of_the_whole_config():
     from fedcore.config import load_config
 
     for overrides in ({}, {"dataset": "synthetic", "partitioner": "natural", "model": "logreg",
-                           "synthetic-alpha": 0.5, "user-resplit": True, "val-fraction": 0.15},
+                           "synthetic-alpha": 0.5, "user-resplit": True},
                       {"num-clients": 7, "seed": 3, "dirichlet-alpha": 0.1, "central-test-fraction": 0.2}):
         cfg = load_config(overrides)
         flat = cfg.as_dict()
