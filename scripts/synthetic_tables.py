@@ -2,6 +2,7 @@
 from finished sweep runs, in the q-FFL paper's statistics.
 
     python scripts/synthetic_tables.py <sweep-out> [--paper qffl] [--frontier FIG.png] [--csv OUT.csv]
+                                       [--objective mean|worst10]
 
 Runs are found and labelled as by ``fedpcd_app.analysis.report`` (``load_runs``). Per run it reads
 ``summary.json`` (and ``rounds.jsonl`` for the divergence check) and computes the q-FFL
@@ -10,25 +11,32 @@ authors' ``plot_fairness.py`` does: average (unweighted mean over clients), wors
 best 10 % (mean of the ⌊0.1 N⌋ lowest / highest), variance ``np.var(acc) · 10⁴`` (population
 variance, in %²). Over seeds: mean ± sample std.
 
-Divergence. A run is *diverged* when the run itself says it did not finish normally
-(``complete: false`` in ``summary.json``, with its ``incomplete_reason``: what
-``fedpcd_app.analysis.report`` excludes, so both tools select the same grid points), when a
-training or evaluation loss it recorded is not finite,
-or when its evaluated mean client loss stays at or above its first evaluation's for the last
-``K`` = 5 evaluations while its mean client accuracy is no higher than at the first evaluation
-(training made the model no better than where it started: a model whose accuracy rose while its
-mean loss grew is over-confident on the clients it gets wrong, not diverged; FedAvg's 1,000-round
-Synthetic runs do that), or when its
-final mean client accuracy is at or below chance (1/C, C = 10 classes). A diverged run is
-listed with the reason and never scored: a grid point with a diverged seed is not eligible
-for selection and its row shows ``diverged (k/n)`` instead of numbers.
+Selection: the report's, by the sweep's declared rules (issue 42). Per setting and method entry,
+the grid point is chosen by ``fedpcd_app.analysis.report.best_variant`` under the ``[tuning]``
+rules the sweep declared (``report.rules_of``: :class:`fedpcd_app.analysis.tuning.Rules`, scored
+by ``tuning.point_scores`` and ``tuning.choose``), so the ``selected`` column of the CSV equals
+``report.csv``'s on the same sweep: a seed *failed* when the run says it did not finish normally
+(``complete: false``, its ``incomplete_reason``: the server's completeness checks, which read the
+validation split, ``fedpcd_app.server.divergence.selection_acc``); a grid point is *unstable*
+(never selected, its row ``diverged (k/n)`` or ``incomplete (k/n)`` without numbers) only when the
+declared rule says so (``unstable = "majority"``: more than half of its seeds failed); a failed
+seed of any other point counts at its last validation evaluation (``failed-seed-score``) and is
+listed under the table; the objective is the declared one (``objective``; ``--objective`` replaces
+it, as ``report --objective``), on the validation split (the test split only when the runs have
+none); an exact tie goes to the point on fewer grid edges (toward the interior). The test split is
+read for the reported numbers only.
 
-Selection. Per setting and method entry, the eligible grid point with the best mean over
-seeds of the validation mean accuracy (``val_mean_acc``; the test mean with a warning when
-the runs have no validation split), as ``fedpcd_app.analysis.report``.
+Flags on the reported numbers. :func:`divergence` also checks what the run reports on the test
+split: a training or evaluation loss that is not finite; an evaluated mean client loss at or above
+its first evaluation's for the last ``K`` = 5 evaluations while the mean client accuracy is no
+higher than at the first (training made the model no better than where it started: a model whose
+accuracy rose while its mean loss grew is over-confident on the clients it gets wrong, not
+diverged; FedAvg's 1,000-round Synthetic runs do that); a final mean client accuracy at or below
+chance (1/C, C = 10 classes). These flags are listed under the table (and counted in the CSV's
+``flagged``); they never feed selection, which must not read the test split.
 
 Every configuration. ``build`` returns every grid point of every method entry (``shown``
-marks the chosen one, or the first when every point diverged): the CSV (``--csv``) always
+marks the chosen one; when every point is unstable, the first, as the report): the CSV (``--csv``) always
 holds them all with a ``selected`` column; the markdown shows the chosen rows unless ``--all``.
 Each row has its method's ``weighting`` (``strategies.registry.weighting_of``) and
 ``on_edge`` (its grid point is the smallest or largest value tried in a numeric key, as in
@@ -56,7 +64,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpcd_app.analysis.report import Run, grid_edges, load_runs, ordered, sweep_order  # noqa: E402
+from fedpcd_app.analysis.report import (  # noqa: E402
+    Run,
+    best_variant,
+    grid_edges,
+    load_runs,
+    ordered,
+    rules_of,
+    selection_split,
+    sweep_order,
+)
 
 NUM_CLASSES = 10
 STALL_EVALS = 5
@@ -76,7 +93,9 @@ def paper_stats(acc) -> dict[str, float]:
 
 
 def divergence(run: Run) -> str:
-    """Why the run diverged ("" when it did not): see the module doc."""
+    """Why the run failed or is flagged ("" when neither): its own ``incomplete_reason`` (a failed
+    seed, by the server's checks on the validation split), else this script's checks of the test
+    split (flags on the reported numbers, never read by selection): see the module doc."""
     s = run.summary
     if run.incomplete:
         return run.incomplete
@@ -125,20 +144,23 @@ def group_runs(runs: list[Run], order) -> dict[str, dict[str, dict[str, list[Run
     return out
 
 
-def select(variants: dict[str, list[Run]], diverged: dict[Path, str]) -> tuple[str | None, str]:
-    """(chosen grid point or None when every point diverged somewhere, the split used)."""
-    eligible = {v: rs for v, rs in variants.items() if not any(diverged[r.folder] for r in rs)}
-    if not eligible:
-        return None, ""
-    has_val = all(r.summary.get("val_mean_acc") is not None for rs in eligible.values() for r in rs)
-    key = "val_mean_acc" if has_val else "mean_acc"
-    best = max(eligible, key=lambda v: float(np.mean([r.summary[key] for r in eligible[v]])))
-    return best, "validation" if has_val else "test"
+def select(candidates: list[Run], rules) -> tuple[str, str]:
+    """(the chosen grid point, the split it was selected on) of one method entry's runs
+    (``candidates``, in the order ``load_runs`` gives them): the report's selection
+    (``report.best_variant`` under the sweep's ``rules``; see the module doc)."""
+    import warnings
+
+    with warnings.catch_warnings():  # the no-validation warning is the report's to give
+        warnings.simplefilter("ignore")
+        chosen, _ = best_variant(candidates, rules)
+    return chosen, selection_split(candidates)
 
 
-def build(out: Path, all_points: bool = True) -> tuple[list[dict], dict[Path, str], str]:
-    """(every grid point's row, run folder → divergence reason, the scored iterate); a row's
-    ``shown`` is true for the chosen grid point (every point with ``all_points``)."""
+def build(out: Path, all_points: bool = True,
+          objective: str | None = None) -> tuple[list[dict], dict[Path, str], str]:
+    """(every grid point's row, run folder → failure or flag reason, the scored iterate); a row's
+    ``shown`` is true for the chosen grid point (every point with ``all_points``). ``objective``
+    replaces the sweep's declared selection objective (``mean`` / ``worst10``)."""
     runs = load_runs(out)
     if not runs:
         raise SystemExit(f"error: no finished run (summary.json) at or below {out}")
@@ -147,33 +169,43 @@ def build(out: Path, all_points: bool = True) -> tuple[list[dict], dict[Path, st
         raise SystemExit(f"error: the runs under {out} were scored on different iterates "
                          f"({', '.join(sorted(iterates))}); "
                          "put runs scored on one iterate in one table (eval-averaged-iterate)")
+    rules = rules_of(out, objective)
     diverged = {r.folder: divergence(r) for r in runs}
     rows = []
     for setting, methods in group_runs(runs, sweep_order(out)).items():
         for method, variants in methods.items():
-            chosen, split = select(variants, diverged)
+            chosen, split = select([r for r in runs if r.setting == setting and r.method == method], rules)
             grids = [rs[0].grid for rs in variants.values()]
             for variant, rs in variants.items():
-                shown = all_points or variant == chosen or (chosen is None and variant == next(iter(variants)))
-                bad = [r for r in rs if diverged[r.folder]]
-                stats = [paper_stats(r.summary["client_acc"]) for r in rs if not diverged[r.folder]]
+                failed = [r for r in rs if r.incomplete]  # the seeds the sweep's rules count as failed
+                unstable = rules.is_unstable(len(failed), len(rs))
+                scored = [] if unstable else rs  # a failed seed of a stable point: its recorded (last) numbers
+
+                def values(key, scored=scored):
+                    return [100 * r.summary[key] for r in scored if _finite(r.summary.get(key))]
+
+                stats = [paper_stats(r.summary["client_acc"]) for r in scored if r.summary.get("client_acc")]
                 rows.append({
                     "setting": setting, "method": method, "variant": variant, "chosen": variant == chosen,
                     "selected_on": split if len(variants) > 1 else "", "seeds": [r.seed for r in rs],
-                    "shown": shown, "weighting": "/".join(sorted({r.weighting for r in rs})),
+                    "shown": all_points or variant == chosen, "weighting": "/".join(sorted({r.weighting for r in rs})),
                     "edge": (grid_edges(rs[0].grid, grids, str(rs[0].summary.get("method", "")))
                              if len(grids) > 1 else []),
-                    "diverged": len(bad), "diverged_reasons": sorted({diverged[r.folder] for r in bad}),
-                    "stats": {k: [s[k] for s in stats] for k in STATS} if not bad else {k: [] for k in STATS},
-                    "val_average": [100 * r.summary["val_mean_acc"] for r in rs
-                                    if r.summary.get("val_mean_acc") is not None and not diverged[r.folder]],
-                    "final10_average": [100 * r.summary["final10_mean_acc"] for r in rs
-                                        if r.summary.get("final10_mean_acc") is not None and not diverged[r.folder]],
-                    "final10_worst10": [100 * r.summary["final10_worst10_acc"] for r in rs
-                                        if r.summary.get("final10_worst10_acc") is not None and not diverged[r.folder]],
+                    "diverged": len(failed), "diverged_reasons": sorted({r.incomplete for r in failed}),
+                    "unstable": unstable, "objective": rules.objective,
+                    "flagged": len([r for r in rs if diverged[r.folder] and not r.incomplete]),
+                    "flagged_reasons": sorted({diverged[r.folder] for r in rs if diverged[r.folder]
+                                               and not r.incomplete}),
+                    "stats": {k: [s[k] for s in stats] for k in STATS},
+                    "val_average": values("val_mean_acc"), "val_worst10": values("val_worst10_acc"),
+                    "final10_average": values("final10_mean_acc"), "final10_worst10": values("final10_worst10_acc"),
                     "runs": rs,
                 })
     return rows, diverged, iterates.pop()
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_weightings(rows: list[dict]) -> None:
@@ -204,8 +236,9 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
             hyper = (r["variant"].replace(",", ", ") + (" ★" if r["chosen"] and r["selected_on"] else "")
                      + (" ⚠ edge" if r["chosen"] and r["edge"] else ""))
             n = len(r["seeds"])
-            if r["diverged"]:
-                cells = [f"diverged ({r['diverged']}/{n})"] + ["—"] * (len(STATS) + 2)
+            if r["unstable"]:
+                word = "diverged" if any("diverg" in x for x in r["diverged_reasons"]) else "incomplete"
+                cells = [f"{word} ({r['diverged']}/{n})"] + ["—"] * (len(STATS) + 2)
             else:
                 cells = [fmt(r["stats"][k], 0 if k == "variance" else 2) for k in STATS]
                 cells += [fmt(r["final10_average"]), fmt(r["final10_worst10"]), fmt(r["val_average"])]
@@ -214,10 +247,20 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
                 ref = paper.get(r["method"])
                 p = " " + (" / ".join(f"{ref[k]:g}" for k in STATS) if ref else "not retrieved") + " |"
             lines.append(f"| {r['method']} | {r['weighting']} | {hyper} | {n} | " + " | ".join(cells) + " |" + p)
-        reasons = [(r["method"], r["variant"], x) for r in rows if r["setting"] == setting
-                   for x in r["diverged_reasons"]]
-        if reasons:
-            lines += ["", "Diverged (never scored): " + "; ".join(f"{m} [{v}]: {x}" for m, v, x in reasons)]
+        group = [r for r in rows if r["setting"] == setting]
+        unstable = [(r["method"], r["variant"], x) for r in group if r["unstable"] for x in r["diverged_reasons"]]
+        if unstable:
+            lines += ["", "Unstable (a majority of the seeds failed, by the sweep's rule; never scored): "
+                      + "; ".join(f"{m} [{v}]: {x}" for m, v, x in unstable)]
+        counted = [(r["method"], r["variant"], r["diverged"], len(r["seeds"]), x) for r in group
+                   if r["diverged"] and not r["unstable"] for x in r["diverged_reasons"]]
+        if counted:
+            lines += ["", "Failed seeds counted at their last evaluation (a minority of their grid point's seeds): "
+                      + "; ".join(f"{m} [{v}] ({k}/{n}): {x}" for m, v, k, n, x in counted)]
+        flagged = [(r["method"], r["variant"], x) for r in group for x in r["flagged_reasons"]]
+        if flagged:
+            lines += ["", "Flagged on the test split (the reported numbers; selection does not read them): "
+                      + "; ".join(f"{m} [{v}]: {x}" for m, v, x in flagged)]
         edges = [r for r in rows if r["setting"] == setting and r["chosen"] and r["edge"]]
         if edges:
             where = "; ".join(f"{r['method']}: {', '.join(r['edge'])}" for r in edges)
@@ -225,8 +268,11 @@ def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] 
                           f"is claimed from them): {where}"]
         sel = {r["selected_on"] for r in rows if r["setting"] == setting} - {""}
         if sel:
-            lines += ["", f"★ = grid point selected on the {' / '.join(sorted(sel))} split (best mean over seeds "
-                          "among the grid points with no diverged seed)."]
+            objective = {r["objective"] for r in rows if r["setting"] == setting}.pop()
+            what = "mean accuracy" if objective == "mean" else "worst-10 % accuracy"
+            lines += ["", f"★ = grid point selected on the {' / '.join(sorted(sel))} split: best mean over seeds of "
+                          f"the {what} among the grid points that are not unstable (a failed seed counted at its "
+                          "last evaluation), an exact tie to the interior: the report's selection."]
         lines.append("")
     return "\n".join(lines)
 
@@ -236,7 +282,8 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.writer(fh)
         w.writerow(["setting", "method", "hyperparameters", "chosen", "selected_on", "seeds", "diverged"]
                    + [f"{k}_{s}" for k in STATS for s in ("mean", "std")]
-                   + ["final10_average_mean", "val_average_mean", "weighting", "selected", "on_edge", "edge"])
+                   + ["final10_average_mean", "val_average_mean", "weighting", "selected", "on_edge", "edge",
+                      "unstable", "objective", "flagged", "val_worst10_mean"])
         for r in rows:
             vals = []
             for k in STATS:
@@ -246,7 +293,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
             va = np.mean(r["val_average"]) if r["val_average"] else ""
             w.writerow([r["setting"], r["method"], r["variant"], int(r["chosen"]), r["selected_on"],
                         " ".join(map(str, r["seeds"])), r["diverged"]] + vals
-                       + [f10, va, r["weighting"], int(r["chosen"]), int(bool(r["edge"])), "; ".join(r["edge"])])
+                       + [f10, va, r["weighting"], int(r["chosen"]), int(bool(r["edge"])), "; ".join(r["edge"]),
+                          int(r["unstable"]), r["objective"], r["flagged"],
+                          np.mean(r["val_worst10"]) if r["val_worst10"] else ""])
 
 
 def frontier(rows: list[dict], path: Path) -> None:
@@ -330,7 +379,7 @@ def curves_figure(rows: list[dict], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:
-        if r["diverged"] or not (r["chosen"] or not r["selected_on"]):
+        if r["unstable"] or not (r["chosen"] or not r["selected_on"]):
             continue
         for ax, key in zip(axes, ("mean_acc", "worst10_acc")):
             curves = [x.eval_curve(key) for x in r["runs"]]
@@ -359,10 +408,12 @@ def main(argv=None) -> int:
     ap.add_argument("--curves", default="", help="write the accuracy curves of the chosen rows (PNG)")
     ap.add_argument("--qffl-diagnostics", default="", metavar="Q0,Q1",
                     help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
+    ap.add_argument("--objective", choices=("mean", "worst10"), default=None,
+                    help="select on the validation mean (default: the sweep's [tuning] objective) or its worst-10 %%")
     ap.add_argument("--mixed-weightings", action="store_true",
                     help="allow a table of rules of different weightings without FedAvg under both")
     args = ap.parse_args(argv)
-    every, _, iterate = build(Path(args.out), args.all_points)
+    every, _, iterate = build(Path(args.out), args.all_points, args.objective)
     if not args.mixed_weightings:
         check_weightings(every)
     rows = [r for r in every if r["shown"]]

@@ -56,14 +56,22 @@ def test_budgets_that_cannot_be_met_are_refused_in_one_line(budget, methods, nee
 
 @pytest.mark.parametrize("table,needle", [({"budget": 0}, "'budget' must be"), ({"budget": 2, "x": 1}, "unknown key"),
                                           ({"budget": 2, "extend-edges": "yes"}, "extend-edges"),
-                                          ({"budget": 2, "grids": {"nope": {"lr": [0.1]}}}, "method entry names")])
+                                          ({"budget": 2, "grids": {"nope": {"lr": [0.1]}}}, "method entry names"),
+                                          ({"budget": 2, "extend-objectives": "worst10"}, "extend-objectives"),
+                                          ({"budget": 2, "extend-objectives": []}, "extend-objectives"),
+                                          ({"budget": 2, "extend-objectives": ["mean", "median"]}, "among mean"),
+                                          ({"budget": 2, "extend-objectives": ["mean", "mean"]}, "distinct")])
 def test_malformed_tuning_tables(table, needle):
     with pytest.raises(sweep_mod.SweepError, match=needle):
         sweep_mod.parse_sweep({"name": "t", "tuning": table, "methods": [{"name": "fedavg", "method": "fedavg"}]})
+    with pytest.raises(sweep_mod.SweepError) as err:
+        sweep_mod.parse_sweep({"name": "t", "tuning": table, "methods": [{"name": "fedavg", "method": "fedavg"}]})
+    assert "\n" not in str(err.value)
 
 
-def finish(sw, out, score, val=True):
-    """Write summary.json for every unfinished run: its score a function of the grid point."""
+def finish(sw, out, score, val=True, worst=None):
+    """Write summary.json for every unfinished run: its score a function of the grid point
+    (``worst``: its validation worst-10 % too)."""
     n = 0
     for run in sw.runs:
         folder = run.folder(out)
@@ -72,6 +80,8 @@ def finish(sw, out, score, val=True):
         folder.mkdir(parents=True, exist_ok=True)
         s = score(dict(run.grid)) + 0.001 * run.seed
         summary = {"mean_acc": s - 0.01, **({"val_mean_acc": s} if val else {}), "complete": True}
+        if worst is not None:
+            summary.update(worst10_acc=worst(dict(run.grid)) - 0.01, val_worst10_acc=worst(dict(run.grid)))
         (folder / "summary.json").write_text(json.dumps(summary))
         n += 1
     return n
@@ -199,6 +209,62 @@ def test_both_neighbours_of_every_tuned_key_are_run_at_the_selection(tmp_path):
                           (("federage-alpha", 0.1), ("federage-gamma", 0.2)),
                           (("federage-alpha", 0.05), ("federage-gamma", 0.1)),
                           (("federage-alpha", 0.05), ("federage-gamma", 0.3))])
+
+
+def test_the_worst10_selection_is_extended_when_listed_in_extend_objectives(tmp_path):
+    # the fairness page's case: the mean selection (lr 0.03) is interior, the worst-10 % one (lr 0.1) is on the
+    # edge; extensions followed the declared objective alone, so the worst-10 % selection stayed on its edge
+    mean_peak, worst_peak = peak_at(0.03), peak_at(0.3)
+    declared = make_sweep(budget=4)
+    assert declared.tuning.objectives == ("mean",)
+    finish(declared, tmp_path, mean_peak, worst=worst_peak)
+    assert tuning.extensions(declared, tmp_path) == []
+    both = make_sweep(budget=4, **{"extend-objectives": ["mean", "worst10"]})
+    assert both.tuning.objectives == ("mean", "worst10") and both.tuning.rules.objective == "mean"
+    assert dict(tuning.selected_points(both, tmp_path, "worst10")[("default", "fedavg")][0])["lr"] == 0.1
+    new = tuning.extensions(both, tmp_path)
+    assert sorted({dict(r.grid)["lr"] for r in new}) == [0.333] and {r.seed for r in new} == {0, 1}
+
+    def run_pass():
+        finish(both, tmp_path, mean_peak, worst=worst_peak)
+        return []
+
+    assert tuning.extend_edges(both, tmp_path, run_pass, log=lambda _: None) == []
+    # 0.333 best on worst-10 % and on the edge: 1.11 clamped to lr's bound 1.0; then both selections are interior
+    assert sorted({dict(g)["lr"] for g in configs(both, "fedavg")}) == [0.003, 0.01, 0.03, 0.1, 0.333, 1.0]
+    assert dict(tuning.selected_points(both, tmp_path, "worst10")[("default", "fedavg")][0])["lr"] == 0.333
+    assert dict(tuning.selected_points(both, tmp_path)[("default", "fedavg")][0])["lr"] == 0.03  # declared: mean
+
+
+def test_the_worst10_selections_missing_neighbour_is_added(tmp_path):
+    # two tuned keys; the worst-10 % selection (tau 0.05, lr 0.1) lacks neighbours tried elsewhere (lr 0.3 and
+    # tau 0.02, both run only at the extra point): they are added at the selection, and tau (on its edge) is
+    # extended one geometric step beyond
+    def sweep(**keys):
+        sw = make_sweep(budget=4, methods=[{"name": "p", "method": "fedpcd", "fedpcd-tau": [0.01, 0.05],
+                                            "lr": [0.03, 0.1]}], **keys)
+        extra = [r for r in sw.runs if r.seed == 0][0]
+        sw.runs.extend(dataclasses.replace(extra, grid=(("fedpcd-tau", 0.02), ("lr", 0.3)), seed=s,
+                                           overrides={**extra.overrides, "fedpcd-tau": 0.02, "lr": 0.3})
+                       for s in (0, 1))
+        return sw
+
+    def mean(g):  # best at tau 0.01, lr 0.03: its own extensions elsewhere
+        return 0.9 - abs(g["fedpcd-tau"] - 0.01) - abs(g["lr"] - 0.03)
+
+    def worst(g):
+        return 0.5 - abs(g["fedpcd-tau"] - 0.05) - abs(g["lr"] - 0.1)
+
+    declared = sweep()
+    finish(declared, tmp_path, mean, worst=worst)
+    only_mean = {r.grid for r in tuning.extensions(declared, tmp_path)}
+    both = {r.grid for r in tuning.extensions(sweep(**{"extend-objectives": ["mean", "worst10"]}), tmp_path)}
+    assert sorted(both - only_mean) == sorted([(("fedpcd-tau", 0.05), ("lr", 0.3)),
+                                               (("fedpcd-tau", 0.02), ("lr", 0.1)),
+                                               (("fedpcd-tau", 0.125), ("lr", 0.1))])
+    assert only_mean <= both
+    worst_only = {r.grid for r in tuning.extensions(sweep(**{"extend-objectives": ["worst10"]}), tmp_path)}
+    assert worst_only == both - only_mean | (worst_only & only_mean)
 
 
 def test_extend_edges_is_off_without_tuning_or_when_disabled(tmp_path):

@@ -27,6 +27,7 @@ Tuning (optional; :mod:`fedpcd_app.analysis.tuning`)::
     budget = 8                  # configurations per method entry and seed, equal for all
     extend-edges = true         # extend a grid whose selected value is on its edge
     max-extensions = 4          # extension passes at most
+    extend-objectives = ["mean", "worst10"]  # selections extended (default: [objective] alone)
     fedavg-both-weightings = true  # add FedAvg under a missing weighting (default true)
     [tuning.grids.fedpcd]       # optional: an entry's own grid over its declared space
     fedpcd-tau = [0.01, 0.02]

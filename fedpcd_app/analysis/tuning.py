@@ -11,6 +11,7 @@ A sweep file opts in with a ``[tuning]`` table (see :mod:`fedpcd_app.analysis.sw
     unstable = "majority"   # a grid point is unstable when more than half its seeds failed ("any": one)
     failed-seed-score = "last"  # a failed seed counts at its last evaluation ("zero": at 0)
     objective = "mean"      # selection on the validation mean accuracy ("worst10": its worst-10 %)
+    extend-objectives = ["mean", "worst10"]  # the selections extended (default: [objective] alone)
     equivalence-margin = 0.01  # the TOST margin of "equivalent" (report), a fraction
     holm-family = "page"    # the Holm family of the report ("setting": per table)
     [tuning.grids.fedpcd]   # optional: a method entry's own grid, over its declared space
@@ -47,8 +48,11 @@ majority of failed seeds by default); a failed seed counts at its last evaluatio
 goes to the point on fewer grid edges (:func:`choose`).
 
 Neighbourhood and edges (:func:`edge_steps`, :func:`extensions`). For each tuned numeric key of a
-selection, both neighbours of its value (the nearest values tried anywhere for that key) are
-added at the selection's other values when missing; at the edge of the values tried, one point
+selection (the selection under each objective of ``extend-objectives``: by default the declared
+``objective`` alone; a fairness page that also reports the worst-10 % selection lists
+``["mean", "worst10"]`` so that both selections are interior and bracketed), both neighbours
+of its value (the nearest values tried anywhere for that key) are added at the selection's
+other values when missing; at the edge of the values tried, one point
 one geometric step beyond (the ratio to its neighbour; clamped to the key's declared bound; a
 key at its bound is not extended). The sweep runs the new points (every seed) and repeats until
 nothing is added or ``max-extensions`` passes are done. The added points follow from the finished
@@ -135,6 +139,13 @@ class Tuning:
     rules: Rules = Rules()
     equivalence_margin: float | None = None  # TOST margin of "equivalent" (a fraction: 0.01 = 1 pp)
     holm_family: str = "page"
+    extend_objectives: tuple[str, ...] = ()  # the selections whose edges/neighbours are extended; () = objective
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """The objectives whose selections are extended (``extend-objectives``; the declared
+        ``objective`` alone by default)."""
+        return self.extend_objectives or (self.rules.objective,)
 
 
 class TuningError(ValueError):
@@ -151,7 +162,7 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
     if not isinstance(table, dict):
         raise _error("'tuning' must be a table ([tuning] budget = N, extend-edges = true)")
     known = ("budget", "extend-edges", "max-extensions", "grids", "fedavg-both-weightings", "unstable",
-             "failed-seed-score", "objective", "equivalence-margin", "holm-family")
+             "failed-seed-score", "objective", "equivalence-margin", "holm-family", "extend-objectives")
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise _error(f"[tuning]: unknown key(s) {', '.join(unknown)}: it has {', '.join(known)}")
@@ -185,8 +196,13 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
         raise _error("[tuning]: 'equivalence-margin' must be a number > 0 (a fraction: 0.01 = 1 pp), "
                      "e.g. equivalence-margin = 0.01")
     rules = Rules(words["unstable"], words["failed-seed-score"], words["objective"])
+    targets = table.get("extend-objectives", [rules.objective])
+    if (not isinstance(targets, list) or not targets or any(t not in OBJECTIVES for t in targets)
+            or len(set(targets)) != len(targets)):
+        raise _error(f"[tuning]: 'extend-objectives' = {targets!r} must be a non-empty list of distinct objectives "
+                     f"among {', '.join(OBJECTIVES)}, e.g. extend-objectives = [\"mean\", \"worst10\"]")
     return Tuning(budget, extend, most, grids, both, rules, None if margin is None else float(margin),
-                  words["holm-family"])
+                  words["holm-family"], tuple(targets))
 
 
 def fedavg_baselines(entries: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any],
@@ -396,10 +412,14 @@ def point_scores(summaries: Mapping[Any, list[dict[str, Any]]], rules: Rules) ->
     return out, "validation" if validation else "test"
 
 
-def selected_points(sweep, out: Path) -> dict[tuple[str, str], tuple[tuple, dict[tuple, list]]]:
+def selected_points(sweep, out: Path,
+                    objective: str | None = None) -> dict[tuple[str, str], tuple[tuple, dict[tuple, list]]]:
     """(setting, method entry) → (selected grid point, grid point → its RunSpecs), among the
-    grid points whose seeds all finished, by the sweep's :class:`Rules` (see the module doc)."""
+    grid points whose seeds all finished, by the sweep's :class:`Rules` (see the module doc);
+    ``objective`` replaces the declared one (``mean`` / ``worst10``)."""
     rules = getattr(getattr(sweep, "tuning", None), "rules", None) or Rules()
+    if objective is not None:
+        rules = dataclasses.replace(rules, objective=objective)
     groups: dict[tuple[str, str], dict[tuple, list]] = {}
     for run in sweep.runs:
         groups.setdefault((run.setting, run.method), {}).setdefault(run.grid, []).append(run)
@@ -455,11 +475,15 @@ def edge_steps(method: str, best: tuple, points: Mapping[tuple, Any]) -> list[tu
 
 
 def extensions(sweep, out: Path) -> list:
-    """The RunSpecs (every seed) that extend a selection lying on an extendable grid edge,
-    and are not in the sweep yet."""
+    """The RunSpecs (every seed) that extend a selection lying on an extendable grid edge or
+    lacking a neighbour, and are not in the sweep yet: the selections under each objective of
+    ``[tuning] extend-objectives`` (the declared ``objective`` alone by default)."""
     have = {(r.setting, r.method, r.grid, r.seed) for r in sweep.runs}
+    tuning = getattr(sweep, "tuning", None)
+    objectives = tuning.objectives if tuning is not None else (Rules().objective,)
+    selections = [item for objective in objectives for item in selected_points(sweep, out, objective).items()]
     new = []
-    for (setting, label), (best, points) in selected_points(sweep, out).items():
+    for (setting, label), (best, points) in selections:
         template = points[best]
         method = str(template[0].overrides.get("method", APP["method"].default))
         for key, value in edge_steps(method, best, points):
