@@ -54,6 +54,12 @@ ALLOWED: dict[str, str] = {
 }
 
 
+# Folders runs write (git-ignored): a path in them names what a command makes, not a file of the
+# repository, whether or not this checkout has run that command (a sweep's outputs/ without
+# outputs/default/ is a checkout like any other).
+PRODUCED = {"outputs", "build", ".venv"}
+
+
 # -- what exists ----------------------------------------------------------------------------------------------
 
 class _Parsed(Exception):
@@ -342,7 +348,7 @@ def span_problems(doc: db.Doc) -> list[str]:
         elif re.fullmatch(rf"(?:{'|'.join(PACKAGES)})(?:\.\w+)+(?::\w+)?(?:\(\))?", span) and not resolves(span):
             problems.append(f"{where}: {span} does not import")
         elif re.fullmatch(r"\w[\w.-]*(?:/[\w.*-]+)+/?", span) and (ROOT / span.split("/")[0]).is_dir() \
-                and "*" not in span and not (ROOT / span).exists():
+                and span.split("/")[0] not in PRODUCED and "*" not in span and not (ROOT / span).exists():
             problems.append(f"{where}: {span} is not in the repository")
     return problems
 
