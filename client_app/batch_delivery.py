@@ -30,7 +30,8 @@ GRACE_S = 0.5
 # (its message before and after the training step) and gives it up while it waits for the rows, so
 # that the threads do not all contend for the GIL at once (each torch call releases the GIL, and a
 # thread waiting for it then takes it: a switch per torch call). One turn at a time measured ~10 %
-# less CPU a default digits round (docs/performance.md §10). A thread that does not get the turn
+# less CPU a default digits round with two sweeps beside it, no difference on a less loaded CPU
+# (docs/performance.md §10). A thread that does not get the turn
 # within TURN_WAIT_S runs without it (a message slow before its training, e.g. a sleeping client,
 # never holds the others back): the turn orders work, it guards nothing, and no number depends on it.
 TURN_WAIT_S = 0.05
