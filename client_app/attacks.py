@@ -140,11 +140,14 @@ def _run_attack(items: tuple) -> tuple[dict, Params, bool]:
     return raw, Params.from_run_config(raw), APP["client-data"].read(raw) == "node"
 
 
-def attack_mod(msg: Message, context: Context, call_next) -> Message:
-    """ClientApp train mod: the run's attack on an attacked partition, else a pass-through."""
+def _attack_of(msg: Message, context: Context) -> tuple[dict, Params, Any] | None:
+    """(the run config, its attack settings, the partition) where this train request's partition
+    attacks; None where :func:`attack_mod` passes the request through."""
     if keys.RUN_CONFIG not in msg.content:  # a foreign ServerApp: no attack settings
-        return call_next(msg, context)
+        return None
     raw, p, node_mode = _run_attack(tuple(sorted(msg.content[keys.RUN_CONFIG].items())))
+    if p.kind in ("none", "eval-lie"):
+        return None
     config = msg.content[keys.CONFIG]
     # the partition the request is for (a routed simulation node serves several; see
     # client_app.client_app.served_partition); a node with its own data: its own partition
@@ -152,8 +155,24 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
         pid = config[keys.PARTITION_ID]
     else:
         pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
-    if p.kind in ("none", "eval-lie") or pid is None or int(pid) not in attacked_partitions(raw):
+    if pid is None or int(pid) not in attacked_partitions(raw):
+        return None
+    return raw, p, pid
+
+
+def passes_through(msg: Message, context: Context) -> bool:
+    """Whether :func:`attack_mod` hands this train request to the handler unchanged and returns
+    its reply unchanged (no attack on its partition)."""
+    return _attack_of(msg, context) is None
+
+
+def attack_mod(msg: Message, context: Context, call_next) -> Message:
+    """ClientApp train mod: the run's attack on an attacked partition, else a pass-through."""
+    attack = _attack_of(msg, context)
+    if attack is None:
         return call_next(msg, context)
+    raw, p, pid = attack
+    config = msg.content[keys.CONFIG]
     if p.kind == "crash":
         raise RuntimeError(f"attack 'crash': partition {pid} raises in its train handler")
     if p.kind == "straggler":

@@ -10,14 +10,16 @@ train messages it gives one worker (or the process) in a round.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from client_app.methods import TrainJob, TrainOutcome
-from client_app.vectorised import AUTO_MODELS, EXECUTION_KEY, Entry, auto_rows, run_entries
+from client_app.vectorised import AUTO_MODELS, EXECUTION_KEY, Entry, auto_rows, execution_mode, run_entries
 from fedcore.config import APP
 
 _local = threading.local()
@@ -147,6 +149,83 @@ class _Threads:
 _THREADS = _Threads()
 
 
+@dataclasses.dataclass(frozen=True)
+class Phases:
+    """A ClientApp's train handler in two halves around its training step: ``stage(message,
+    context)`` -> a call with ``method`` and ``job`` (everything before the step), ``finish(call,
+    outcome)`` -> the reply; ``plain(message, context)``: whether the handler's mods leave the
+    message and its reply as they are (only then may the halves run without the mods)."""
+
+    stage: Callable
+    finish: Callable
+    plain: Callable
+
+
+_PHASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register_phases(app, *, stage: Callable, finish: Callable, plain: Callable) -> None:
+    """Declare ``app``'s train handler as the two halves ``stage`` and ``finish`` (:class:`Phases`):
+    :func:`deliver_batch` then runs a batch whose mods all pass through in the caller's thread,
+    stage by stage, the batch's jobs trained together, reply by reply."""
+    _PHASES[app] = Phases(stage, finish, plain)
+
+
+def model_slot():
+    """Which of a process's model objects a message's model is (client_app.client_app.model_for):
+    its batch position in :func:`_deliver_phased`, else its thread (one per message of a threaded
+    batch): every message of a batch trains its own object."""
+    slot = getattr(_local, "slot", None)
+    return ("slot", slot) if slot is not None else threading.get_ident()
+
+
+def _is_train(message) -> bool:
+    return message.metadata.message_type == "train"
+
+
+def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail: Callable,
+                    on_reply: Callable | None) -> list:
+    """:func:`deliver_batch` in the caller's thread: each train request staged in turn (an
+    exception: its error reply, ``fail``; another message: delivered whole, ``one(message,
+    context)``), the staged jobs trained together (:func:`client_app.vectorised.run_entries`; a
+    request of ``client-execution = 'loop'`` trains at its turn, as :func:`train` trains it), then
+    each reply finished, ``on_reply`` called as it is ready."""
+    replies: list = [None] * len(items)
+    staged: dict[int, tuple] = {}
+    mode = message_mode(items[0][0])
+
+    def done(i: int, reply) -> None:
+        replies[i] = reply
+        if on_reply is not None:
+            on_reply(i, reply)
+
+    for i, (message, context) in enumerate(items):
+        if not _is_train(message):
+            done(i, one(message, context))
+            continue
+        _local.slot = i
+        try:
+            call = phases.stage(message, context)
+            if execution_mode(call.job.cfg) == "loop":
+                done(i, phases.finish(call, call.method.train(call.job)))
+                continue
+            staged[i] = (call, Entry(call.method, call.job))
+        except Exception as exc:  # noqa: BLE001 - as deliver: the ClientApp's error reply
+            done(i, fail(message, exc))
+        finally:
+            _local.slot = None
+    run_entries([entry for _, entry in staged.values()], mode)
+    for i, (call, entry) in staged.items():
+        try:
+            if entry.error is not None:
+                raise entry.error
+            reply = phases.finish(call, entry.outcome)
+        except Exception as exc:  # noqa: BLE001
+            reply = fail(items[i][0], exc)
+        done(i, reply)
+    return replies
+
+
 def message_mode(message) -> str:
     """The run's ``client-execution`` as the request carries it (``loop`` for a foreign request)."""
     try:
@@ -190,13 +269,21 @@ def wants_batch(message) -> bool:
     return mode != "loop"
 
 
-def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Callable | None = None) -> list:
+def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Callable | None = None,
+                  fail: Callable | None = None) -> list:
     """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
     context)``, their training done together (see the module's docstring). In order. One
     message too goes through the collector: under ``auto`` it trains as the rows would.
-    ``on_reply(i, reply)``: called from message i's thread as soon as its reply is ready."""
+    ``on_reply(i, reply)``: called from message i's thread as soon as its reply is ready.
+    ``fail(message, exception)``: the error reply ``deliver`` gives for a ClientApp that raised;
+    given (``deliver`` is the plain delivery), an app whose phases are registered
+    (:func:`register_phases`) and whose mods pass every message through runs in the caller's
+    thread instead (:func:`_deliver_phased`): the same replies, no thread per message."""
     if not items:
         return []
+    phases = _PHASES.get(app) if fail is not None else None
+    if phases is not None and all(not _is_train(m) or phases.plain(m, c) for m, c in items):
+        return _deliver_phased(phases, items, lambda m, c: deliver(app, m, c), fail, on_reply)
     collector = _Collector(len(items), message_mode(items[0][0]))
     replies: list = [None] * len(items)
 
@@ -219,3 +306,4 @@ def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Call
 
 deliver_batch.wants = wants_batch
 deliver_batch.streams = True  # takes on_reply (fedpcd_app.runtime.node.deliver_many)
+deliver_batch.direct = True  # takes fail: may run a registered app's phases in the caller's thread

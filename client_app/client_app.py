@@ -14,8 +14,8 @@ by ``data-path`` in its node config instead (:mod:`client_app.local_data`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import threading
 import warnings
 from collections.abc import Mapping, MutableMapping
 
@@ -25,9 +25,11 @@ from flwr.clientapp import ClientApp
 
 from client_app import batch_delivery, local_data, vectorised
 from client_app.attacks import attack_eval_mod, attack_mod
+from client_app.attacks import passes_through as attack_passes_through
 from client_app.data import CropFlip, FederatedData, batch_augmentation, load_federated_data
-from client_app.methods import LocalTraining, TrainJob, get_client_method
+from client_app.methods import ClientMethod, LocalTraining, TrainJob, TrainOutcome, get_client_method
 from client_app.models import build_model, input_spec
+from client_app.secagg import requested as secagg_requested
 from client_app.secagg import secure_aggregation_mod
 from client_app.training import device, evaluate
 from fedcore import flat, keys
@@ -117,13 +119,13 @@ def model_for(cfg: RunConfig, arrays: ArrayRecord, data: FederatedData | None = 
         data = data if data is not None else load_federated_data(cfg)
         shape, classes = data.input_shape, data.num_classes
     dev = device()
-    key = (cfg.model, tuple(shape), classes, str(dev), threading.get_ident())
+    key = (cfg.model, tuple(shape), classes, str(dev), batch_delivery.model_slot())
     model = _MODELS.get(key)
     if model is None:
         model = build_model(cfg.model, shape, classes).to(dev)
         for old in [k for k in _MODELS if k[:4] != key[:4]]:  # a new run drops the old run's models
             del _MODELS[old]
-        _MODELS[key] = model  # one per thread (client_app.batch_delivery trains a round's clients in threads)
+        _MODELS[key] = model  # one per thread, or per message of a batch (client_app.batch_delivery.model_slot)
     load_arrays(model, arrays)
     model.zero_grad(set_to_none=True)
     return model
@@ -188,6 +190,27 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
             return train_reply(msg, context, net, x, y, LocalTraining(local_epochs=1, batch_size=32),
                                partition_id=context.node_config["partition-id"])
     """
+    call = prepare_train(msg, context, model, x, y, settings, partition_id=partition_id, seed=seed, augment=augment)
+    # the routine, or this client's rows with the round's other clients (client-execution)
+    return reply_to_train(call, batch_delivery.train(call.method, call.job, vectorised.execution_mode(settings)))
+
+
+@dataclasses.dataclass
+class TrainCall:
+    """A train request up to its training step (:func:`prepare_train`): the job, its routine,
+    and what its reply needs after (:func:`reply_to_train`)."""
+
+    msg: Message
+    method: ClientMethod
+    job: TrainJob
+    loss_before: float | None
+
+
+def prepare_train(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  settings: LocalTraining, *, partition_id: int | None = None, seed: int = 0,
+                  augment=None) -> TrainCall:
+    """:func:`train_reply` up to the training step (same arguments): the request read, the seeds
+    set, ``loss-before`` scored, the job built."""
     config = dict(msg.content[keys.CONFIG])
     pid = partition_id if partition_id is not None else node_partition(context, config)
     server_round = int(config[keys.SERVER_ROUND])
@@ -206,20 +229,25 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
         request=msg.content, state=PartitionState(context.state, pid), config=config, augment=augment,
         train_seed=train_seed,
     )
-    # the routine, or this client's rows with the round's other clients (client-execution)
-    outcome = batch_delivery.train(method, job, vectorised.execution_mode(settings))
+    return TrainCall(msg=msg, method=method, job=job, loss_before=loss_before)
+
+
+def reply_to_train(call: TrainCall, outcome: TrainOutcome) -> Message:
+    """The train reply of a prepared request (:func:`prepare_train`) once its job trained:
+    the model's weights, the metrics, the method's records."""
+    job = call.job
     metrics = {
-        keys.NUM_EXAMPLES: int(len(y)),
+        keys.NUM_EXAMPLES: int(len(job.y)),
         keys.TRAIN_LOSS: float(outcome.train_loss),
-        keys.PARTITION_ID: pid,
+        keys.PARTITION_ID: job.partition_id,
         keys.NUM_STEPS: int(outcome.num_steps),
     }
-    if loss_before is not None:
-        metrics[keys.LOSS_BEFORE] = float(loss_before)
+    if call.loss_before is not None:
+        metrics[keys.LOSS_BEFORE] = float(call.loss_before)
     metrics.update({k: _scalar(v) for k, v in outcome.metrics.items()})
-    content = RecordDict({keys.ARRAYS: flat.state_to_record(model.state_dict()), keys.METRICS: MetricRecord(metrics),
-                          **outcome.records})
-    return Message(content=content, reply_to=msg)
+    content = RecordDict({keys.ARRAYS: flat.state_to_record(job.model.state_dict()),
+                          keys.METRICS: MetricRecord(metrics), **outcome.records})
+    return Message(content=content, reply_to=call.msg)
 
 
 def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -251,6 +279,13 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 # attacked reply is masked like an honest one.
 @app.train(mods=[secure_aggregation_mod, attack_mod])
 def train(msg: Message, context: Context) -> Message:
+    call = stage_train(msg, context)
+    return reply_to_train(call, batch_delivery.train(call.method, call.job, vectorised.execution_mode(call.job.cfg)))
+
+
+def stage_train(msg: Message, context: Context) -> TrainCall:
+    """This ClientApp's train handler up to the training step: the request's partition, data and
+    model (holding the received weights), then :func:`prepare_train`."""
     cfg, config = request_config(msg)
     pid = served_partition(context, config, cfg)
     data = None
@@ -265,7 +300,17 @@ def train(msg: Message, context: Context) -> Message:
     # (model construction draws from it; the batch order has its own generator).
     seed_torch(derive_seed(cfg.seed, "client-init", pid, int(config[keys.SERVER_ROUND])))
     model = model_for(cfg, msg.content[keys.ARRAYS], data)
-    return train_reply(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
+    return prepare_train(msg, context, model, x, y, cfg, partition_id=pid, seed=cfg.seed, augment=augment)
+
+
+def passes_mods(msg: Message, context: Context) -> bool:
+    """Whether the train handler's mods leave this request and its reply as they are (no SecAgg+,
+    no attack on its partition): the local engine may then run :func:`stage_train`, the batch's
+    training and :func:`reply_to_train` itself (:mod:`client_app.batch_delivery`)."""
+    return not secagg_requested(msg) and attack_passes_through(msg, context)
+
+
+batch_delivery.register_phases(app, stage=stage_train, finish=reply_to_train, plain=passes_mods)
 
 
 @app.evaluate(mods=[attack_eval_mod])  # eval-lie (client_app.attacks); else a pass-through

@@ -14,12 +14,19 @@ from flwr.app import Context, Message
 from fedcore import keys
 
 
+def requested(msg: Message) -> bool:
+    """Whether the request carries SecAgg+'s stage config (else :func:`secure_aggregation_mod`
+    passes it through)."""
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+
+    return RECORD_KEY_CONFIGS in msg.content.config_records
+
+
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next) -> Message:
     """ClientApp train mod: SecAgg+ for requests that carry its stage config, else a no-op."""
     from flwr.client.mod import secaggplus_mod
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+    if not requested(msg):
         return call_next(msg, ctxt)
     return secaggplus_mod(msg, ctxt, lambda m, c: as_fitres(m, call_next(m, c)))
 

@@ -70,10 +70,15 @@ def deliver(app: ClientApp, message: Message, context: Context) -> Message:
         with client_threads():
             reply = app(message, context)
     except Exception as exc:  # noqa: BLE001 - a SuperNode reports a failed ClientApp, the run goes on
-        log.error("ClientApp failed on node %s (%s): %s", message.metadata.dst_node_id,
-                  message.metadata.message_type, traceback.format_exc().rstrip())
-        reply = Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
+        reply = failed(message, exc)
     return reply
+
+
+def failed(message: Message, exc: BaseException) -> Message:
+    """The error reply to a message whose ClientApp raised ``exc`` (logged with its traceback)."""
+    log.error("ClientApp failed on node %s (%s): %s", message.metadata.dst_node_id, message.metadata.message_type,
+              "".join(traceback.format_exception(exc)).rstrip())
+    return Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
 
 
 def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch=None,
@@ -84,11 +89,19 @@ def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch
     may be one, and it must train as the round's other clients do), else one by one
     (``one(app, message, context)``). ``on_reply(i, reply)``: called as each reply is ready
     (as soon as it is, where the hook says ``streams = True`` and takes ``on_reply``; else once the
-    hook returns), so that a slow client does not hold back the replies of the others."""
+    hook returns), so that a slow client does not hold back the replies of the others. Where ``one``
+    is :func:`deliver` itself and the hook says ``direct = True``, the hook also gets ``fail`` (the
+    error reply :func:`deliver` makes) and may deliver in this thread."""
     if batch is not None and items:
-        if on_reply is not None and getattr(batch, "streams", False):
-            return list(batch(app, items, one, on_reply=on_reply))
-        replies = list(batch(app, items, one))
+        kw = {}
+        if one is deliver and getattr(batch, "direct", False):
+            # the plain delivery: the hook may run the app's halves in this thread (its error replies
+            # as deliver's, ``failed``; this thread computing on CLIENT_THREADS threads, as deliver's)
+            kw["fail"] = failed
+        with client_threads() if kw else contextlib.nullcontext():
+            if on_reply is not None and getattr(batch, "streams", False):
+                return list(batch(app, items, one, on_reply=on_reply, **kw))
+            replies = list(batch(app, items, one, **kw))
         for i, reply in enumerate(replies if on_reply is not None else ()):
             on_reply(i, reply)
         return replies
