@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+import weakref
 from collections.abc import Mapping, MutableMapping
 
 import torch
@@ -101,12 +102,31 @@ def request_config(msg: Message) -> tuple[RunConfig, dict]:
     return _parse(tuple(sorted(run.items()))), dict(msg.content[keys.CONFIG])
 
 
-# One model object per (architecture, input shape, classes, device, thread), reused across
-# the messages a process handles: every parameter and buffer is overwritten from the
+# One model object per (architecture, input shape, classes, device, thread or batch slot), reused
+# across the messages a process handles: every parameter and buffer is overwritten from the
 # received ArrayRecord, so a reused model equals a fresh one (ResNet-18 construction is
 # ~80 ms per message on a CPU, the CNN's ~2-6 ms). Training mutates it; the reply is
-# copied out of it (``flat.state_to_record(model.state_dict())``) before the next message.
-_MODELS: dict[tuple, torch.nn.Module] = {}
+# copied out of it (``flat.state_to_record``) before the next message.
+_MODELS: dict[tuple, _Held] = {}
+# model -> its _Held's state (state_of); not the _Held itself, which holds the model: the entry
+# goes with the model once _MODELS drops it
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """One of the process's model objects and its parameters' and buffers' objects by name, read
+    once (``state_dict(keep_vars=True)``): the module walk of ``state_dict()`` and ``zero_grad()``
+    cost a small model's message more than its weights' copy. Training writes the same objects in
+    place (the optimizers, the rows' ``load_params``), so what is read once stays what a walk reads."""
+
+    model: torch.nn.Module
+    state: dict[str, torch.Tensor]
+    params: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> _Held:
+        return cls(model, model.state_dict(keep_vars=True), list(model.parameters()))
 
 
 def model_for(cfg: RunConfig, arrays: ArrayRecord, data: FederatedData | None = None) -> torch.nn.Module:
@@ -120,15 +140,24 @@ def model_for(cfg: RunConfig, arrays: ArrayRecord, data: FederatedData | None = 
         shape, classes = data.input_shape, data.num_classes
     dev = device()
     key = (cfg.model, tuple(shape), classes, str(dev), batch_delivery.model_slot())
-    model = _MODELS.get(key)
-    if model is None:
+    held = _MODELS.get(key)
+    if held is None:
         model = build_model(cfg.model, shape, classes).to(dev)
         for old in [k for k in _MODELS if k[:4] != key[:4]]:  # a new run drops the old run's models
             del _MODELS[old]
-        _MODELS[key] = model  # one per thread, or per message of a batch (client_app.batch_delivery.model_slot)
-    load_arrays(model, arrays)
-    model.zero_grad(set_to_none=True)
-    return model
+        held = _MODELS[key] = _Held.of(model)  # one per thread, or per message of a batch (model_slot)
+        _STATES[model] = held.state
+    _load_state(held.state, arrays)
+    for p in held.params:  # model.zero_grad(set_to_none=True)
+        p.grad = None
+    return held.model
+
+
+def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()``'s names and tensors (the parameter objects themselves for a model of
+    :func:`model_for`'s: read them detached)."""
+    state = _STATES.get(model)
+    return state if state is not None else model.state_dict()
 
 
 @torch.no_grad()
@@ -136,7 +165,12 @@ def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
     """``model.load_state_dict(arrays.to_torch_state_dict(), strict=True)`` with one copy
     per tensor instead of three (the bytes are read in place and copied straight to the
     model's device): a third of a CNN message's client overhead."""
-    state = model.state_dict()
+    _load_state(model.state_dict(), arrays)
+
+
+@torch.no_grad()
+def _load_state(state: Mapping[str, torch.Tensor], arrays: ArrayRecord) -> None:
+    """:func:`load_arrays` into a model's ``state`` (its ``state_dict()``, or its tensors by name)."""
     if list(state) != list(arrays.keys()):
         raise ValueError(
             f"the received model's keys {list(arrays.keys())[:4]}... do not match the run's model "
@@ -245,7 +279,7 @@ def reply_to_train(call: TrainCall, outcome: TrainOutcome) -> Message:
     if call.loss_before is not None:
         metrics[keys.LOSS_BEFORE] = float(call.loss_before)
     metrics.update({k: _scalar(v) for k, v in outcome.metrics.items()})
-    content = RecordDict({keys.ARRAYS: flat.state_to_record(job.model.state_dict()),
+    content = RecordDict({keys.ARRAYS: flat.state_to_record(state_of(job.model)),
                           keys.METRICS: MetricRecord(metrics), **outcome.records})
     return Message(content=content, reply_to=call.msg)
 

@@ -149,3 +149,32 @@ def test_a_grid_that_wraps_each_delivery_keeps_its_wrapper(monkeypatch):
         items = _round(cfg)
         replies = grid.deliver_many([(m, grid.contexts[nid]) for (m, _), nid in zip(items, grid.get_node_ids())])
     assert len(seen) == NODES and not any(r.has_error() for r in replies)
+
+
+def test_a_reused_model_takes_the_received_weights_even_after_its_parameters_data_was_rebound():
+    """model_for reads the model's parameter objects once (state_of): a parameter whose ``.data``
+    a routine rebinds still receives the next message's weights, and the reply reads them."""
+    import torch
+    from flwr.app import ArrayRecord
+
+    import client_app.client_app as ca
+    from client_app.data import load_federated_data
+    from client_app.models import build_model
+
+    cfg = _cfg()
+    data = load_federated_data(cfg)
+    torch.manual_seed(1)
+    first = ArrayRecord(build_model(cfg.model, data.input_shape, data.num_classes).state_dict())
+    torch.manual_seed(2)
+    second = build_model(cfg.model, data.input_shape, data.num_classes).state_dict()
+    model = ca.model_for(cfg, first, data)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = torch.zeros_like(p)  # a new tensor under the same Parameter
+    again = ca.model_for(cfg, ArrayRecord(second), data)
+    assert again is model
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, second[name]), name
+    assert {k: v.detach().clone() for k, v in ca.state_of(model).items()}.keys() == second.keys()
+    for name, tensor in ca.state_of(model).items():
+        assert torch.equal(tensor.detach(), second[name]), name
