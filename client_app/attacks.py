@@ -145,7 +145,7 @@ def _attack_of(msg: Message, context: Context) -> tuple[dict, Params, Any] | Non
     attacks; None where :func:`attack_mod` passes the request through."""
     if keys.RUN_CONFIG not in msg.content:  # a foreign ServerApp: no attack settings
         return None
-    raw, p, node_mode = _run_attack(tuple(sorted(msg.content[keys.RUN_CONFIG].items())))
+    raw, p, node_mode = _run_attack(tuple(msg.content[keys.RUN_CONFIG].items()))
     if p.kind in ("none", "eval-lie"):
         return None
     config = msg.content[keys.CONFIG]
@@ -232,7 +232,7 @@ def attack_eval_mod(msg: Message, context: Context, call_next) -> Message:
     reply = call_next(msg, context)
     if keys.RUN_CONFIG not in msg.content or reply.has_error():
         return reply
-    raw, p, _ = _run_attack(tuple(sorted(msg.content[keys.RUN_CONFIG].items())))
+    raw, p, _ = _run_attack(tuple(msg.content[keys.RUN_CONFIG].items()))
     if p.kind != "eval-lie":
         return reply
     config = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else {}

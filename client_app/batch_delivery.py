@@ -262,7 +262,7 @@ def wants_batch(message) -> bool:
     mode = message_mode(message)
     if mode == "auto":
         try:
-            items = tuple(sorted(message.content["run-config"].items()))
+            items = tuple(message.content["run-config"].items())  # in the record's order: a run's messages share it
             return _auto_may_batch(items)
         except TypeError:  # a value a run config cannot hold (a list): the ClientApp says what is wrong
             return True

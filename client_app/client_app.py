@@ -99,7 +99,7 @@ def request_config(msg: Message) -> tuple[RunConfig, dict]:
         raise ValueError(f"the request has no '{keys.RUN_CONFIG}' record: this ClientApp serves this app's "
                          "ServerApp; a foreign ServerApp's ClientApp calls train_reply() instead")
     run = msg.content[keys.RUN_CONFIG]
-    return _parse(tuple(sorted(run.items()))), dict(msg.content[keys.CONFIG])
+    return _parse(tuple(run.items())), dict(msg.content[keys.CONFIG])  # the items in the record's order, one per run
 
 
 # One model object per (architecture, input shape, classes, device, thread or batch slot), reused
