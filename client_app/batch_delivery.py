@@ -1,11 +1,22 @@
 """One process's many messages: a round's train requests delivered together, their training as rows.
 
-:func:`deliver_batch` runs each message of a batch through the unchanged ClientApp (mods
-included: attacks, secure aggregation) in a thread of its own; when a thread reaches the
-training step it hands its job to the batch's :class:`_Collector` and waits (:func:`train`);
-once every thread waits or has finished, the collector trains the waiting jobs together
-(:func:`client_app.vectorised.run_entries`) and wakes them. The local engine calls it with the
-train messages it gives one worker (or the process) in a round.
+:func:`deliver_batch` has two ways to reach the training step of every message before training
+them together (:func:`client_app.vectorised.run_entries`):
+
+* **in the caller's thread** (:func:`_deliver_phased`), for a ClientApp that declares its train
+  handler as two halves around the training step (:func:`register_phases`: this app's
+  ``stage_train`` and ``reply_to_train``), when its mods pass every message of the batch through
+  (no attacked partition, no SecAgg+) and the engine delivers plainly (it passes ``fail``): each
+  message staged in turn, the jobs trained, each reply finished. No thread per message, no
+  hand-over: a default digits round's client side costs ~3.5 ms of CPU less than through threads.
+* **in a thread per message** otherwise: each message runs through the unchanged ClientApp (mods
+  included: attacks, secure aggregation, a foreign ClientApp calling ``train_reply``); when a
+  thread reaches the training step it hands its job to the batch's :class:`_Collector` and waits
+  (:func:`train`); once every thread waits or has finished, the collector trains the waiting
+  jobs together and wakes them.
+
+Both give the same replies and node states (``tests/test_phased_batch.py``). The local engine
+calls it with the train messages it gives one worker (or the process) in a round.
 """
 
 from __future__ import annotations
