@@ -81,6 +81,7 @@ class ModelInfo:
     uncovered: str | None  # why it has no row form, or None
     has_dropout: bool
     has_norms: bool  # a BatchNorm (batches of one example are the loop's)
+    device: torch.device  # where its parameters are
 
 
 _INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -90,10 +91,11 @@ def model_info(model: nn.Module) -> ModelInfo:
     """(cached per model object: the ClientApp reuses its model objects across messages)"""
     info = _INFO.get(model)
     if info is None:
-        dev = str(next(model.parameters()).device)
-        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), dev),
+        dev = next(model.parameters()).device
+        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+                                 str(dev)),
                          uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)),
-                         has_norms=bool(norm_modules(model)))
+                         has_norms=bool(norm_modules(model)), device=dev)
         _INFO[model] = info
     return info
 

@@ -477,12 +477,14 @@ def _results(batches: _Batches, layout: _Layout, state: _Trained) -> list[RowRes
 
 
 # -- jobs → rows: each method's row form -----------------------------------------------------------
-def job_batches(job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def job_batches(job: TrainJob, dev: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          list[torch.Tensor]]:
     """The job's (x, y, per-step indices) drawn exactly as :func:`local_sgd` draws them (the
     generator's batch draws and the augmentation's draws in the same order). An augmentation
     with ``draw``/``apply`` (:class:`client_app.data.augment.CropFlip`) has its steps' draws
-    taken in that order and applied to all of them at once; another is called step by step."""
-    dev = next(job.model.parameters()).device
+    taken in that order and applied to all of them at once; another is called step by step.
+    ``dev``: the model's device (None: looked up)."""
+    dev = dev if dev is not None else next(job.model.parameters()).device
     x, y = job.x.to(dev), job.y.to(dev)
     cfg = job.cfg
     n = len(y)
@@ -559,10 +561,12 @@ def _fused_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: 
 
 def plain_row(job: TrainJob) -> Row:
     """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise)."""
-    x, y, steps = job_batches(job)
-    noise = dropout_noise(job, steps, forward_for(job.model)) if model_info(job.model).has_dropout else None
+    info = model_info(job.model)
+    x, y, steps = job_batches(job, info.device)
+    noise = dropout_noise(job, steps, forward_for(job.model)) if info.has_dropout else None
+    # a covered model's only buffers are its BatchNorms' (covers_model): without one it has none
     return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
-               buffers=buffers_of(job.model))
+               buffers=buffers_of(job.model) if info.has_norms else None)
 
 
 @dataclasses.dataclass

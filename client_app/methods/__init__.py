@@ -189,8 +189,9 @@ def load_params(model: nn.Module, params: list[torch.Tensor], buffers: list[torc
     """A row's result (its parameters, and its buffers where it has them) into the model."""
     for p, v in zip(model.parameters(), params):
         p.copy_(v)
-    for b, v in zip(model.buffers(), buffers or ()):
-        b.copy_(v)
+    if buffers:
+        for b, v in zip(model.buffers(), buffers):
+            b.copy_(v)
 
 
 # -- the registry ----------------------------------------------------------------------------------
