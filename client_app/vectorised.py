@@ -337,7 +337,7 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
     differ (Synthetic's are lognormal: 45 to 5,353 examples) costs the longest client's steps
     on fewer and fewer rows, not every row padded to the longest."""
     forward = forward_for(model)
-    dev = next(model.parameters()).device
+    dev = model_info(model).device
     order = sorted(range(len(rows)), key=lambda b: -len(rows[b].steps))  # stable: ties keep their order
     ordered = [rows[b] for b in order]
     if not ordered[0].steps:  # no row has a batch: every row keeps its start
@@ -357,7 +357,8 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
 def _train_steps(forward: Forward, batches: _Batches, layout: _Layout, state: _Trained, group: Group) -> None:
     """The steps: each one batch's gradient of every row still training, the methods' terms, the
     carried scalars' step and the SGD update (rows without a batch at that step are kept)."""
-    by_hand = not forward.drops and forward.is_chain(layout.views(state.params[:1]), batches.X[batches.packed[:1]])
+    by_hand = not forward.drops and (forward.chain if forward.chain is not None else
+                                     forward.is_chain(layout.views(state.params[:1]), batches.X[batches.packed[:1]]))
     # plain SGD (no term, momentum or weight decay): each parameter's gradient updates its own
     # columns of the rows with the same elementwise operations, no (rows, D) gradient laid out
     flat = not PER_PARAMETER_UPDATE or bool(state.terms or group.momentum or group.weight_decay)
