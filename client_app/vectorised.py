@@ -560,13 +560,14 @@ def _fused_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: 
         gen.set_state(saved)
 
 
-def plain_row(job: TrainJob) -> Row:
-    """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise)."""
+def plain_row(job: TrainJob, parameters: Sequence[torch.Tensor] | None = None) -> Row:
+    """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise).
+    ``parameters``: ``list(job.model.parameters())`` where the caller holds it."""
     info = model_info(job.model)
     x, y, steps = job_batches(job, info.device)
     noise = dropout_noise(job, steps, forward_for(job.model)) if info.has_dropout else None
     # a covered model's only buffers are its BatchNorms' (covers_model): without one it has none
-    return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
+    return Row(init=params_of(job.model, parameters), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
                buffers=buffers_of(job.model) if info.has_norms else None)
 
 
@@ -587,19 +588,21 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
         raise NotCovered(info.uncovered)
     if method.rows is None:
         raise NotCovered(f"client method {method.name!r} has no row form")
-    base = plain_row(job)
+    parameters = list(job.model.parameters())  # listed once: the row's start, then its result loaded into them
+    base = plain_row(job, parameters)
     if info.has_norms and any(len(idx) < 2 for idx in base.steps):
         raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
     form = method.rows(job, base)
     batch = max((len(i) for r in form.rows for i in r.steps), default=1)
     group = Group(batch=batch, momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay),
                   loss=form.loss)
-    return Plan(form.rows, group, functools.partial(_finish, job, form))
+    return Plan(form.rows, group, functools.partial(_finish, job, form, parameters))
 
 
-def _finish(job: TrainJob, form: RowForm, results: list[RowResult]) -> TrainOutcome:
-    """The first row's result into the job's model and the outcome; the method's extras."""
-    load_params(job.model, results[0].params, results[0].buffers)
+def _finish(job: TrainJob, form: RowForm, parameters: Sequence[torch.Tensor], results: list[RowResult]) -> TrainOutcome:
+    """The first row's result into the job's model (its ``parameters`` as plan() listed them, in the
+    same run_entries call) and the outcome; the method's extras."""
+    load_params(job.model, results[0].params, results[0].buffers, parameters=parameters)
     outcome = TrainOutcome(num_steps=results[0].num_steps, train_loss=results[0].train_loss)
     if form.finish is not None:
         form.finish(results, outcome)
