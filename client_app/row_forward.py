@@ -273,7 +273,10 @@ class Forward:
                 part.append(dz.sum(1))
             grads[:0] = part
             if i:
-                dz = torch.bmm(dz, params[at]) * (pre[i - 1] > 0)
+                # the ReLU's derivative, 1.0 / 0.0 written straight in the gradient's dtype (what the
+                # bool mask promotes to: the same product, without the promotion's copy)
+                keep = torch.gt(pre[i - 1], 0, out=torch.empty_like(pre[i - 1]))
+                dz = torch.bmm(dz, params[at]).mul_(keep)
         return ce, grads
 
     def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor],
