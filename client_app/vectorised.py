@@ -167,12 +167,14 @@ class _Batches:
         steps = [len(r.steps) for r in rows]
         S, B = steps[0], len(rows)
         X, Y, offsets = _pool(rows, dev)
-        width = [sum(1 for n_ in steps if n_ > k) for k in range(S)] if B > 1 else [B] * S  # the prefix per step
+        # the prefix per step: the rows with more than k steps (B minus those with at most k)
+        width = (B - np.cumsum(np.bincount(steps, minlength=S))[:S]).tolist()
         start = [0]
         for m_ in width:
             start.append(start[-1] + m_)
         index, weight, lens, row_of = _scatter(rows, offsets, steps, start, bs)
-        full = [bool(lens[a:b].all()) for a, b in zip(start[:-1], start[1:])]  # every row of the prefix takes a step
+        every = lens.tolist()
+        full = [all(every[a:b]) for a, b in zip(start[:-1], start[1:])]  # every row of the prefix takes a step
         packed = torch.from_numpy(index).to(dev)  # (pairs, bs)
         weight_t = torch.from_numpy(weight).to(dev)
         counts = torch.from_numpy(lens.astype(np.float32)).to(dev)  # (pairs,) real examples per pair
@@ -200,7 +202,7 @@ def _pool(rows: Sequence[Row], dev: torch.device) -> tuple[torch.Tensor, torch.T
             sources[id(r.x)] = off
             xs.append(r.x.to(dev))
             ys.append(r.y.to(dev))
-            off += len(r.y)
+            off += r.y.shape[0]
         offsets.append(sources[id(r.x)])
     return torch.cat(xs), torch.cat(ys), offsets
 
@@ -222,7 +224,7 @@ def _scatter(rows: Sequence[Row], offsets: list[int], steps: list[int], start: l
         row = np.repeat(np.arange(len(rows), dtype=np.int64), n_steps)  # each (row, step)'s row
         step = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(n_steps) - n_steps, n_steps)
         pair = np.asarray(start[:-1], dtype=np.int64)[step] + row
-        each = np.fromiter((len(i) for i in idxs), dtype=np.int64, count=len(idxs))
+        each = np.asarray([i.shape[0] for i in idxs], dtype=np.int64)
         lens[pair] = each
         row_of[pair] = row
         flat = torch.cat(idxs).cpu().numpy()  # every index, in the same order
