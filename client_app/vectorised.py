@@ -490,7 +490,7 @@ def job_batches(job: TrainJob, dev: torch.device | None = None) -> tuple[torch.T
     dev = dev if dev is not None else next(job.model.parameters()).device
     x, y = job.x.to(dev), job.y.to(dev)
     cfg = job.cfg
-    n = len(y)
+    n = y.shape[0]
     batches = (sampled_batches(n, cfg.batch_size, cfg.local_steps, job.generator) if cfg.local_steps > 0
                else batch_indices(n, cfg.batch_size, cfg.local_epochs, job.generator))
     if job.augment is None:
@@ -595,7 +595,7 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
     if info.has_norms and any(len(idx) < 2 for idx in base.steps):
         raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
     form = method.rows(job, base)
-    batch = max((len(i) for r in form.rows for i in r.steps), default=1)
+    batch = max((i.shape[0] for r in form.rows for i in r.steps), default=1)
     group = Group(batch=batch, momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay),
                   loss=form.loss)
     return Plan(form.rows, group, functools.partial(_finish, job, form, parameters))
