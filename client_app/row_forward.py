@@ -81,6 +81,7 @@ class ModelInfo:
     uncovered: str | None  # why it has no row form, or None
     has_dropout: bool
     has_norms: bool  # a BatchNorm (batches of one example are the loop's)
+    device: torch.device  # where its parameters are
 
 
 _INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -90,10 +91,11 @@ def model_info(model: nn.Module) -> ModelInfo:
     """(cached per model object: the ClientApp reuses its model objects across messages)"""
     info = _INFO.get(model)
     if info is None:
-        dev = str(next(model.parameters()).device)
-        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()), dev),
+        dev = next(model.parameters()).device
+        info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
+                                 str(dev)),
                          uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)),
-                         has_norms=bool(norm_modules(model)))
+                         has_norms=bool(norm_modules(model)), device=dev)
         _INFO[model] = info
     return info
 
@@ -233,7 +235,16 @@ class Forward:
                    coefficient: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The chain's per-example cross-entropy (rows, batch) and the gradient of
         Σ coefficient(ce)·ce with respect to every row's parameters, as one (rows, D) tensor in
-        parameter order, by hand (softmax − one-hot, then the matmuls' transposes): the
+        parameter order (:meth:`chain_grads`, laid out flat)."""
+        ce, grads = self.chain_grads(params, x, y, coefficient)
+        return ce, torch.cat(grads, 1)
+
+    @torch.no_grad()
+    def chain_grads(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                    coefficient: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The chain's per-example cross-entropy (rows, batch) and the gradient of
+        Σ coefficient(ce)·ce with respect to every row's parameters, (rows, numel) per parameter
+        in parameter order, by hand (softmax − one-hot, then the matmuls' transposes): the
         backward autograd would run, without its per-operation bookkeeping."""
         h = x.reshape(x.shape[0], x.shape[1], -1)
         inputs, pre = [], []
@@ -254,16 +265,19 @@ class Forward:
         dz.scatter_add_(2, at_y, torch.full_like(ce, -1.0).unsqueeze(2))
         dz.mul_(c.unsqueeze(2))
         grads: list[torch.Tensor] = []
+        rows = dz.shape[0]
         for i in range(len(self.layers) - 1, -1, -1):
             at -= 2 if self.layers[i] else 1
-            rows = dz.shape[0]
             part = [torch.bmm(dz.transpose(1, 2), inputs[i]).reshape(rows, -1)]
             if self.layers[i]:
                 part.append(dz.sum(1))
             grads[:0] = part
             if i:
-                dz = torch.bmm(dz, params[at]) * (pre[i - 1] > 0)
-        return ce, torch.cat(grads, 1)
+                # the ReLU's derivative, 1.0 / 0.0 written straight in the gradient's dtype (what the
+                # bool mask promotes to: the same product, without the promotion's copy)
+                keep = torch.gt(pre[i - 1], 0, out=torch.empty_like(pre[i - 1]))
+                dz = torch.bmm(dz, params[at]).mul_(keep)
+        return ce, grads
 
     def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor],
                  real: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:

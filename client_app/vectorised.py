@@ -59,6 +59,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -133,26 +134,31 @@ class Group:
     loss: RowLoss | None = None  # how the rows weight their examples' losses (None: the plain mean)
 
 
-_GATHER_BYTES = 256 * 2**20  # a round's batches gathered up front up to this size, else step by step
+_GATHER_BYTES = 256 * 2**20
+# plain SGD's update parameter by parameter (False: through the flat (rows, D) gradient, as the
+# methods' terms, momentum and weight decay take it; the same bits: tests/test_vectorised.py)
+PER_PARAMETER_UPDATE = True  # a round's batches gathered up front up to this size, else step by step
 
 
 @dataclasses.dataclass
 class _Batches:
     """Every (step, row)'s batch of the rows (ordered by their number of steps, most first), packed
     step by step: step k trains rows 0..width[k]−1, its (row, example) pairs at start[k]:start[k+1]
-    of ``packed`` (indices into the pooled X / Y), each row's batch padded to ``bs`` examples."""
+    of ``packed`` (indices into the pooled X / Y), each row's batch padded to ``bs`` examples; the
+    per-pair tensors (``weight``, ``per_row``, ``active``) are laid out the same way."""
 
     X: torch.Tensor
     steps: list[int]  # each row's number of steps
     width: list[int]  # per step: the rows still training
     start: list[int]  # per step: where its pairs start (one more entry: the end)
     full: list[bool]  # per step: every row of the prefix has a batch
-    active: torch.Tensor  # (S, B) which rows have a batch at each step
-    weight: torch.Tensor  # (S, B, bs) 1 for an example, 0 for padding
-    per_row: torch.Tensor  # (S, B, 1) real examples (at least 1)
+    active: torch.Tensor  # (pairs,) which pairs have a batch
+    weight: torch.Tensor  # (pairs, bs) 1 for an example, 0 for padding
+    per_row: torch.Tensor  # (pairs, 1) real examples (at least 1)
     packed: torch.Tensor  # (pairs, bs)
     labels: torch.Tensor  # (pairs, bs)
     per_example: torch.Tensor  # (pairs, bs) d(mean batch loss)/d(example loss)
+    row_of: torch.Tensor  # (pairs,) each pair's row
     gathered: torch.Tensor | None  # X[packed], where that fits in _GATHER_BYTES
     noise: list[torch.Tensor]  # per dropout module: (S, B, bs, *features)
 
@@ -161,20 +167,22 @@ class _Batches:
         steps = [len(r.steps) for r in rows]
         S, B = steps[0], len(rows)
         X, Y, offsets = _pool(rows, dev)
-        index, weight = _scatter(rows, offsets, S, bs, dev)
-        counts = weight.sum(2)  # (S, B) real examples per step
-        active = counts > 0  # (S, B)
-        width = [sum(1 for n_ in steps if n_ > k) for k in range(S)] if B > 1 else [B] * S  # the prefix per step
-        full = [bool(active[k, :width[k]].all()) for k in range(S)]  # every row of the prefix takes a step
-        per_row = counts.clamp_min(1.0)[..., None]  # (S, B, 1)
+        # the prefix per step: the rows with more than k steps (B minus those with at most k)
+        width = (B - np.cumsum(np.bincount(steps, minlength=S))[:S]).tolist()
         start = [0]
         for m_ in width:
             start.append(start[-1] + m_)
-        packed = torch.cat([index[k, :width[k]] for k in range(S)])  # (pairs, bs)
-        per_example = torch.cat([weight[k, :width[k]] / per_row[k, :width[k]] for k in range(S)])
+        index, weight, lens, row_of = _scatter(rows, offsets, steps, start, bs)
+        every = lens.tolist()
+        full = [all(every[a:b]) for a, b in zip(start[:-1], start[1:])]  # every row of the prefix takes a step
+        packed = torch.from_numpy(index).to(dev)  # (pairs, bs)
+        weight_t = torch.from_numpy(weight).to(dev)
+        counts = torch.from_numpy(lens.astype(np.float32)).to(dev)  # (pairs,) real examples per pair
+        per_row = counts.clamp_min(1.0)[:, None]  # (pairs, 1)
         gathered = X[packed] if packed.numel() * X[:1].numel() * X.element_size() <= _GATHER_BYTES else None
-        return cls(X=X, steps=steps, width=width, start=start, full=full, active=active, weight=weight,
-                   per_row=per_row, packed=packed, labels=Y[packed], per_example=per_example, gathered=gathered,
+        return cls(X=X, steps=steps, width=width, start=start, full=full, active=counts > 0, weight=weight_t,
+                   per_row=per_row, packed=packed, labels=Y[packed], per_example=weight_t / per_row,
+                   row_of=torch.from_numpy(row_of).to(dev), gathered=gathered,
                    noise=_noise(rows, forward, X, S, bs, dev))
 
     def inputs(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,30 +202,36 @@ def _pool(rows: Sequence[Row], dev: torch.device) -> tuple[torch.Tensor, torch.T
             sources[id(r.x)] = off
             xs.append(r.x.to(dev))
             ys.append(r.y.to(dev))
-            off += len(r.y)
+            off += r.y.shape[0]
         offsets.append(sources[id(r.x)])
     return torch.cat(xs), torch.cat(ys), offsets
 
 
-def _scatter(rows: Sequence[Row], offsets: list[int], S: int, bs: int,
-             dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every (row, step)'s batch scattered into (S, B, bs) index (into the pool) and weight (1 for
-    an example, 0 for padding) tensors in one go."""
-    lens = [len(i) for r in rows for i in r.steps]
-    index = torch.zeros(S, len(rows), bs, dtype=torch.long, device=dev)
-    weight = torch.zeros(S, len(rows), bs, device=dev)
-    if lens:
-        step_of = [k for r in rows for k in range(len(r.steps))]
-        row_of = [b for b, r in enumerate(rows) for _ in r.steps]
-        lens_t = torch.tensor(lens, device=dev)
-        flat_step = torch.repeat_interleave(torch.tensor(step_of, device=dev), lens_t)
-        flat_row = torch.repeat_interleave(torch.tensor(row_of, device=dev), lens_t)
-        pos = torch.arange(int(lens_t.sum()), device=dev) - torch.repeat_interleave(torch.cumsum(lens_t, 0) - lens_t,
-                                                                                  lens_t)
-        shift = torch.repeat_interleave(torch.tensor([offsets[b] for b in row_of], device=dev), lens_t)
-        index[flat_step, flat_row, pos] = torch.cat([i.to(dev) for r in rows for i in r.steps]) + shift
-        weight[flat_step, flat_row, pos] = 1.0
-    return index, weight
+def _scatter(rows: Sequence[Row], offsets: list[int], steps: list[int], start: list[int],
+             bs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every (step, row) pair's batch scattered into (pairs, bs) index (into the pool) and weight (1
+    for an example, 0 for padding) arrays in one go (on the host: a few array operations whatever
+    the number of pairs), with each pair's number of examples and its row. Pair (k, b) is
+    start[k] + b: the rows are ordered by their number of steps, so step k's rows are a prefix."""
+    idxs = [i for r in rows for i in r.steps]  # row by row, step by step
+    pairs = start[-1]
+    index = np.zeros((pairs, bs), dtype=np.int64)
+    weight = np.zeros((pairs, bs), dtype=np.float32)
+    lens = np.zeros(pairs, dtype=np.int64)
+    row_of = np.zeros(pairs, dtype=np.int64)
+    if idxs:
+        n_steps = np.asarray(steps, dtype=np.int64)
+        row = np.repeat(np.arange(len(rows), dtype=np.int64), n_steps)  # each (row, step)'s row
+        step = np.arange(len(row), dtype=np.int64) - np.repeat(np.cumsum(n_steps) - n_steps, n_steps)
+        pair = np.asarray(start[:-1], dtype=np.int64)[step] + row
+        each = np.asarray([i.shape[0] for i in idxs], dtype=np.int64)
+        lens[pair] = each
+        row_of[pair] = row
+        flat = torch.cat(idxs).cpu().numpy()  # every index, in the same order
+        at = np.repeat(pair * bs - (np.cumsum(each) - each), each) + np.arange(len(flat), dtype=np.int64)
+        index.reshape(-1)[at] = flat + np.repeat(np.asarray(offsets, dtype=np.int64)[row], each)
+        weight.reshape(-1)[at] = 1.0
+    return index, weight, lens, row_of
 
 
 def _noise(rows: Sequence[Row], forward: Forward, X: torch.Tensor, S: int, bs: int,
@@ -250,6 +264,10 @@ class _Layout:
     def views(self, p: torch.Tensor) -> list[torch.Tensor]:
         return [p[:, a:b].view(p.shape[0], *shape) for a, b, shape in zip(self.cuts[:-1], self.cuts[1:], self.shapes)]
 
+    def columns(self, p: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's (rows, numel) columns of the rows' (rows, D) tensor."""
+        return [p[:, a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:])]
+
     def unflat(self, row: torch.Tensor) -> list[torch.Tensor]:
         return [row[a:b].view(shape) for a, b, shape in zip(self.cuts[:-1], self.cuts[1:], self.shapes)]
 
@@ -268,8 +286,8 @@ class _Trained:
 
     @classmethod
     def start(cls, rows: Sequence[Row], layout: _Layout, pairs: int) -> _Trained:
-        params = torch.stack([layout.flat(r.init) for r in rows])
-        dev = params.device
+        dev = layout.dev
+        params = torch.cat([t.reshape(-1).to(dev) for r in rows for t in r.init]).view(len(rows), -1)
         count = {len(r.buffers or ()) for r in rows}
         if len(count) > 1:
             raise ValueError("rows with and without the model's buffers cannot train together")
@@ -321,7 +339,7 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
     differ (Synthetic's are lognormal: 45 to 5,353 examples) costs the longest client's steps
     on fewer and fewer rows, not every row padded to the longest."""
     forward = forward_for(model)
-    dev = next(model.parameters()).device
+    dev = model_info(model).device
     order = sorted(range(len(rows)), key=lambda b: -len(rows[b].steps))  # stable: ties keep their order
     ordered = [rows[b] for b in order]
     if not ordered[0].steps:  # no row has a batch: every row keeps its start
@@ -341,42 +359,55 @@ def train_rows(model: nn.Module, rows: Sequence[Row], group: Group) -> list[RowR
 def _train_steps(forward: Forward, batches: _Batches, layout: _Layout, state: _Trained, group: Group) -> None:
     """The steps: each one batch's gradient of every row still training, the methods' terms, the
     carried scalars' step and the SGD update (rows without a batch at that step are kept)."""
-    by_hand = not forward.drops and forward.is_chain(layout.views(state.params[:1]), batches.X[batches.packed[:1]])
+    by_hand = not forward.drops and (forward.chain if forward.chain is not None else
+                                     forward.is_chain(layout.views(state.params[:1]), batches.X[batches.packed[:1]]))
+    # plain SGD (no term, momentum or weight decay): each parameter's gradient updates its own
+    # columns of the rows with the same elementwise operations, no (rows, D) gradient laid out
+    flat = not PER_PARAMETER_UPDATE or bool(state.terms or group.momentum or group.weight_decay)
+    widths: dict[int, tuple] = {}  # per number of rows m: the views of rows 0..m-1 (the params never move)
     for k, m in enumerate(batches.width):  # rows 0..m-1 still train
         a, b = batches.start[k], batches.start[k + 1]
-        act = None if batches.full[k] else batches.active[k, :m]
-        p = state.params[:m]
-        coefficient = _Coefficient(group.loss, batches.per_example[a:b], batches.weight[k, :m],
-                                   batches.per_row[k, :m], state.carried[:m])
+        at_m = widths.get(m)
+        if at_m is None:
+            p = state.params[:m]
+            at_m = widths[m] = (p, layout.views(p), layout.columns(p), state.carried[:m], state.lr[:m])
+        p, views, columns, carried, lr = at_m
+        act = None if batches.full[k] else batches.active[a:b]
+        coefficient = _Coefficient(group.loss, batches.per_example[a:b], batches.weight[a:b], batches.per_row[a:b],
+                                   carried)
         xb, yb = batches.inputs(k)
         if by_hand:
-            _, g = forward.chain_step(layout.views(p), xb, yb, coefficient)
+            _, grads = forward.chain_grads(views, xb, yb, coefficient)
         else:
-            g, stats = _autograd_step(forward, layout.views(p), xb, yb, [z[k, :m] for z in batches.noise],
-                                      batches.weight[k, :m], coefficient)
+            grads, stats = _autograd_step(forward, views, xb, yb, [z[k, :m] for z in batches.noise],
+                                          batches.weight[a:b], coefficient)
             _update_running(forward, state, stats, m, act)
         state.losses[a:b] = coefficient.plain  # 0 for a row of the prefix without a batch at this step
         if group.loss is not None:
-            moved = group.loss.step(state.carried[:m], coefficient.grad)
-            state.carried[:m] = moved if act is None else torch.where(act, moved, state.carried[:m])
+            moved = group.loss.step(carried, coefficient.grad)
+            state.carried[:m] = moved if act is None else torch.where(act, moved, carried)
         with torch.no_grad():
-            for add in state.terms:
-                g = add(g, p, m)
-            _sgd_update(state, g, m, act, group)
+            if flat:
+                g = torch.cat(grads, 1)
+                for add in state.terms:
+                    g = add(g, p, m)
+                _sgd_update(state, g, m, act, group)
+            else:
+                _plain_update(columns, lr, grads, act)
 
 
 def _autograd_step(forward: Forward, views: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor,
                    noise: list[torch.Tensor], real: torch.Tensor,
-                   coefficient: _Coefficient) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The rows' gradients (rows, D) of Σ coefficient(ce)·ce by autograd through the forward,
-    and the forward's BatchNorm statistics."""
+                   coefficient: _Coefficient) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The rows' gradients of Σ coefficient(ce)·ce by autograd through the forward, (rows, numel)
+    per parameter, and the forward's BatchNorm statistics."""
     m, bs = yb.shape
     # one leaf per parameter (views of the flat rows): their gradients are cut apart, not summed
     leaves = [v.detach().requires_grad_(True) for v in views]
     logits, stats = forward(leaves, xb, noise, real)
     ce = F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(m, bs)
     total = (coefficient(ce).detach() * ce).sum()
-    return torch.cat([t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], 1), stats
+    return [t.reshape(m, -1) for t in torch.autograd.grad(total, leaves)], stats
 
 
 @torch.no_grad()
@@ -418,28 +449,48 @@ def _sgd_update(state: _Trained, g: torch.Tensor, m: int, act: torch.Tensor | No
         state.params[:m] = torch.where(mask, p - state.lr[:m] * g, p)
 
 
+def _plain_update(columns: list[torch.Tensor], lr: torch.Tensor, grads: list[torch.Tensor],
+                  act: torch.Tensor | None) -> None:
+    """:func:`_sgd_update` without weight decay and momentum, parameter by parameter: each
+    parameter's columns of rows 0..m−1 (``columns``, views of the rows' (B, D) tensor) take the
+    same elementwise operations on the same gradient values as the whole rows would (an
+    elementwise result does not depend on where the element lies: ``tests/test_vectorised.py``
+    checks the bits against the flat update)."""
+    if act is None:
+        for c, g in zip(columns, grads):
+            c.addcmul_(lr, g, value=-1.0)
+    else:
+        mask = act[:, None]
+        for c, g in zip(columns, grads):
+            c.copy_(torch.where(mask, c - lr * g, c))
+
+
 def _results(batches: _Batches, layout: _Layout, state: _Trained) -> list[RowResult]:
     """Each row's parameters, steps, mean batch loss (summed in float64) and carried scalar."""
     dev = state.params.device
     steps = batches.steps
     loss_sum = torch.zeros(len(steps), dtype=torch.float64, device=dev).index_add_(
-        0, torch.cat([torch.arange(m_, device=dev) for m_ in batches.width]), state.losses.double())
-    return [RowResult(params=layout.unflat(state.params[b]), num_steps=steps[b],
-                      train_loss=float(loss_sum[b]) / max(steps[b], 1), carried=float(state.carried[b]),
-                      buffers=[t[b] for t in state.buffers] or None)
+        0, batches.row_of, state.losses.double()).tolist()
+    carried = state.carried.tolist()
+    params = list(zip(*(v.unbind(0) for v in layout.views(state.params))))
+    buffers = list(zip(*(t.unbind(0) for t in state.buffers))) if state.buffers else None
+    return [RowResult(params=list(params[b]), num_steps=steps[b], train_loss=loss_sum[b] / max(steps[b], 1),
+                      carried=carried[b], buffers=list(buffers[b]) if buffers else None)
             for b in range(len(steps))]
 
 
 # -- jobs → rows: each method's row form -----------------------------------------------------------
-def job_batches(job: TrainJob) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def job_batches(job: TrainJob, dev: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          list[torch.Tensor]]:
     """The job's (x, y, per-step indices) drawn exactly as :func:`local_sgd` draws them (the
     generator's batch draws and the augmentation's draws in the same order). An augmentation
     with ``draw``/``apply`` (:class:`client_app.data.augment.CropFlip`) has its steps' draws
-    taken in that order and applied to all of them at once; another is called step by step."""
-    dev = next(job.model.parameters()).device
+    taken in that order and applied to all of them at once; another is called step by step.
+    ``dev``: the model's device (None: looked up)."""
+    dev = dev if dev is not None else next(job.model.parameters()).device
     x, y = job.x.to(dev), job.y.to(dev)
     cfg = job.cfg
-    n = len(y)
+    n = y.shape[0]
     batches = (sampled_batches(n, cfg.batch_size, cfg.local_steps, job.generator) if cfg.local_steps > 0
                else batch_indices(n, cfg.batch_size, cfg.local_epochs, job.generator))
     if job.augment is None:
@@ -511,12 +562,15 @@ def _fused_noise(seed: int, probs: list[float], shapes: list[list[tuple]], dev: 
         gen.set_state(saved)
 
 
-def plain_row(job: TrainJob) -> Row:
-    """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise)."""
-    x, y, steps = job_batches(job)
-    noise = dropout_noise(job, steps, forward_for(job.model)) if model_info(job.model).has_dropout else None
-    return Row(init=params_of(job.model), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
-               buffers=buffers_of(job.model))
+def plain_row(job: TrainJob, parameters: Sequence[torch.Tensor] | None = None) -> Row:
+    """The job as plain SGD's row: the model's parameters, the job's batches (and dropout noise).
+    ``parameters``: ``list(job.model.parameters())`` where the caller holds it."""
+    info = model_info(job.model)
+    x, y, steps = job_batches(job, info.device)
+    noise = dropout_noise(job, steps, forward_for(job.model)) if info.has_dropout else None
+    # a covered model's only buffers are its BatchNorms' (covers_model): without one it has none
+    return Row(init=params_of(job.model, parameters), x=x, y=y, steps=steps, lr=float(job.lr), masks=noise,
+               buffers=buffers_of(job.model) if info.has_norms else None)
 
 
 @dataclasses.dataclass
@@ -536,19 +590,21 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
         raise NotCovered(info.uncovered)
     if method.rows is None:
         raise NotCovered(f"client method {method.name!r} has no row form")
-    base = plain_row(job)
+    parameters = list(job.model.parameters())  # listed once: the row's start, then its result loaded into them
+    base = plain_row(job, parameters)
     if info.has_norms and any(len(idx) < 2 for idx in base.steps):
         raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
     form = method.rows(job, base)
-    batch = max((len(i) for r in form.rows for i in r.steps), default=1)
+    batch = max((i.shape[0] for r in form.rows for i in r.steps), default=1)
     group = Group(batch=batch, momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay),
                   loss=form.loss)
-    return Plan(form.rows, group, functools.partial(_finish, job, form))
+    return Plan(form.rows, group, functools.partial(_finish, job, form, parameters))
 
 
-def _finish(job: TrainJob, form: RowForm, results: list[RowResult]) -> TrainOutcome:
-    """The first row's result into the job's model and the outcome; the method's extras."""
-    load_params(job.model, results[0].params, results[0].buffers)
+def _finish(job: TrainJob, form: RowForm, parameters: Sequence[torch.Tensor], results: list[RowResult]) -> TrainOutcome:
+    """The first row's result into the job's model (its ``parameters`` as plan() listed them, in the
+    same run_entries call) and the outcome; the method's extras."""
+    load_params(job.model, results[0].params, results[0].buffers, parameters=parameters)
     outcome = TrainOutcome(num_steps=results[0].num_steps, train_loss=results[0].train_loss)
     if form.finish is not None:
         form.finish(results, outcome)

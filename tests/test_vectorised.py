@@ -509,3 +509,50 @@ def test_linear_chain_is_used_only_where_it_is_the_model():
     row_forward._FORWARDS.clear()
     check_same("sgd", jobs)
     assert [f.chain for f in row_forward._FORWARDS.values()] == [False]
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_plain_update_parameter_by_parameter_gives_the_flat_updates_bits(model, monkeypatch):
+    """Plain SGD updates each parameter's columns of the rows with the gradient of that parameter
+    (no (rows, D) gradient laid out): the same bits as the update through the flat gradient that
+    momentum, weight decay and the methods' terms take, with rows masked out of the later steps
+    (the linear chain's hand-written gradients and autograd's)."""
+    jobs = make_jobs(model, LocalTraining(local_epochs=2, batch_size=8))
+    calls = []
+    plain = vectorised._plain_update
+    monkeypatch.setattr(vectorised, "_plain_update", lambda *a: calls.append(a[3] is None) or plain(*a))
+
+    def trained(per_parameter: bool):
+        monkeypatch.setattr(vectorised, "PER_PARAMETER_UPDATE", per_parameter)
+        mine = clone_jobs(jobs)
+        outs = run_rows("sgd", mine)
+        return [o.train_loss for o in outs], [torch.cat([p.detach().reshape(-1) for p in j.model.parameters()])
+                                              for j in mine]
+
+    (loss_p, params_p), (loss_f, params_f) = trained(True), trained(False)
+    assert calls and all(calls)  # the rows trained parameter by parameter
+    assert loss_p == loss_f
+    assert all(torch.equal(a, b) for a, b in zip(params_p, params_f))
+    assert not any(torch.equal(a, torch.cat([p.detach().reshape(-1) for p in j.model.parameters()]))
+                   for a, j in zip(params_p, jobs))  # they trained
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_plain_update_equals_the_flat_sgd_update_bit_for_bit(masked):
+    """The parameter-by-parameter update against ``_sgd_update`` on the same gradient, with and
+    without rows outside the step's mask, on layers whose widths leave vector tails."""
+    g = torch.Generator().manual_seed(5)
+    shapes = [(7, 13), (7,), (3, 7), (3,), (1,)]
+    layout = vectorised._Layout([torch.zeros(s) for s in shapes], torch.device("cpu"))
+    B, m = 4, 3
+    params = torch.randn(B, layout.cuts[-1], generator=g)
+    lr = (torch.rand(B, generator=g) * 0.1)[:, None]
+    grads = [torch.randn(m, b - a, generator=g) * 3 for a, b in zip(layout.cuts[:-1], layout.cuts[1:])]
+    act = torch.tensor([True, False, True]) if masked else None
+    flat = vectorised._Trained(params=params.clone(), lr=lr, terms=[], carried=torch.zeros(B, dtype=torch.float64),
+                               losses=torch.zeros(1), buffers=[])
+    vectorised._sgd_update(flat, torch.cat(grads, 1), m, act, vectorised.Group(batch=1))
+    mine = params.clone()
+    vectorised._plain_update(layout.columns(mine[:m]), lr[:m], grads, act)
+    assert torch.equal(mine, flat.params)
+    assert not torch.equal(mine[:m], params[:m]) and torch.equal(mine[m:], params[m:])

@@ -174,9 +174,10 @@ class RowForm:
     loss: RowLoss | None = None  # None: the plain mean cross-entropy
 
 
-def params_of(model: nn.Module) -> list[torch.Tensor]:
-    """A row's start: copies of the model's parameters."""
-    return [p.detach().clone() for p in model.parameters()]
+def params_of(model: nn.Module, parameters: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """A row's start: copies of the model's parameters (``parameters``: ``list(model.parameters())``
+    where the caller holds it)."""
+    return [p.detach().clone() for p in (model.parameters() if parameters is None else parameters)]
 
 
 def buffers_of(model: nn.Module) -> list[torch.Tensor] | None:
@@ -185,12 +186,15 @@ def buffers_of(model: nn.Module) -> list[torch.Tensor] | None:
 
 
 @torch.no_grad()
-def load_params(model: nn.Module, params: list[torch.Tensor], buffers: list[torch.Tensor] | None = None) -> None:
-    """A row's result (its parameters, and its buffers where it has them) into the model."""
-    for p, v in zip(model.parameters(), params):
+def load_params(model: nn.Module, params: list[torch.Tensor], buffers: list[torch.Tensor] | None = None, *,
+                parameters: Sequence[torch.Tensor] | None = None) -> None:
+    """A row's result (its parameters, and its buffers where it has them) into the model
+    (``parameters``: ``list(model.parameters())`` where the caller holds it)."""
+    for p, v in zip(model.parameters() if parameters is None else parameters, params):
         p.copy_(v)
-    for b, v in zip(model.buffers(), buffers or ()):
-        b.copy_(v)
+    if buffers:
+        for b, v in zip(model.buffers(), buffers):
+            b.copy_(v)
 
 
 # -- the registry ----------------------------------------------------------------------------------
