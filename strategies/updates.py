@@ -53,6 +53,7 @@ class ReplyBatch:
     records: list[ArrayRecord]  # the local models as sent
     sq_norms: np.ndarray | None = None  # ‖Δ_i‖² (float64) when read with norms=True
     _deltas: torch.Tensor | None = dataclasses.field(default=None, repr=False)
+    spec: flat.FlatSpec | None = None  # the model's spec, when the reader knew it: the records are read through it
 
     @property
     def fedavg_weights(self) -> torch.Tensor:
@@ -74,22 +75,35 @@ class ReplyBatch:
 
     def weighted_models(self, weights: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i θ_i ((d,), θ_t's dtype) straight from the reply bytes, without an (m, d) matrix
-        (:func:`fedcore.flat.weighted_sum`)."""
-        return flat.weighted_sum(self.records, weights, dtype=self.theta.dtype)
+        (:func:`fedcore.flat.weighted_sum`; with the spec known, :func:`fedcore.flat.weighted_sum_views`:
+        the same sum)."""
+        if self.spec is None:
+            return flat.weighted_sum(self.records, weights, dtype=self.theta.dtype)
+        layout = flat.spec_layout(self.spec)
+        return flat.weighted_sum_views([flat.record_views(r, layout) for r in self.records], weights,
+                                       dtype=self.theta.dtype)
 
 
 def read_updates(replies: Iterable[Message], current: ArrayRecord, *, out: torch.Tensor | None = None,
                  writer: flat.UpdateWriter | None = None, copies: list[torch.Tensor] | None = None,
-                 norms: bool = False, dtype: torch.dtype = torch.float32) -> ReplyBatch:
+                 norms: bool = False, dtype: torch.dtype = torch.float32, spec: flat.FlatSpec | None = None
+                 ) -> ReplyBatch:
     """The valid ``replies`` of a round whose model was ``current`` (θ_t) as a :class:`ReplyBatch`.
     ``out``: (≥ m, d) rows (any device) to write Δ_i into now (``copies[i]`` too, ‖Δ_i‖² into
     ``batch.sq_norms`` with ``norms``); ``writer`` keeps θ_t's host vector and the staging row
     across rounds (a fresh one when None). ``dtype``: of θ_t and the matrices read without
-    ``out`` (float64 for a float64 model; rows a kernel keeps stay float32)."""
+    ``out`` (float64 for a float64 model; rows a kernel keeps stay float32). ``spec``: the model's
+    (:class:`fedcore.flat.FlatSpec`), when known: θ_t and the models are read through its layout
+    (:func:`fedcore.flat.spec_layout`: the same values)."""
     replies = list(replies)
-    metrics = [dict(msg.content[keys.METRICS]) for msg in replies]
+    metrics = [dict(msg.content[keys.METRICS].items()) for msg in replies]
     records = [msg.content[keys.ARRAYS] for msg in replies]
-    theta = writer.theta(current) if writer is not None else flat.record_to_flat(current, dtype=dtype)
+    if writer is not None:
+        theta = writer.theta(current)
+    elif spec is not None:
+        theta = flat.record_to_flat_views(flat.record_views(current, flat.spec_layout(spec)), dtype=dtype)
+    else:
+        theta = flat.record_to_flat(current, dtype=dtype)
     batch = ReplyBatch(
         partition_ids=[client_of(msg) for msg in replies],  # partition-id is optional: else the node id
         num_examples=metric_column(metrics, keys.NUM_EXAMPLES),
@@ -99,6 +113,7 @@ def read_updates(replies: Iterable[Message], current: ArrayRecord, *, out: torch
         metrics=metrics,
         theta=theta,
         records=records,
+        spec=spec,
     )
     if out is not None:
         batch.sq_norms = (writer or flat.UpdateWriter()).write(theta, records, out, copies, norms)
