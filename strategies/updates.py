@@ -19,6 +19,7 @@ pass) and ``batch.deltas`` is ``rows[:m]``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 
@@ -44,16 +45,32 @@ class ReplyBatch:
     """A round's valid replies as tensors (see the module docstring)."""
 
     partition_ids: list[int]  # the client of each reply (partition id, else node id)
-    num_examples: torch.Tensor  # (m,) float64
-    loss_before: torch.Tensor  # (m,) float64: F_i, the global model's loss on client i (NaN unless asked for)
-    train_loss: torch.Tensor  # (m,) float64
-    num_steps: torch.Tensor  # (m,) float64
-    metrics: list[dict]  # each reply's raw metrics
+    metrics: list[dict]  # each reply's raw metrics (the columns below are read from them on first use)
     theta: torch.Tensor  # (d,) θ_t: float32 (float64 for a float64 model: the batch's dtype)
     records: list[ArrayRecord]  # the local models as sent
     sq_norms: np.ndarray | None = None  # ‖Δ_i‖² (float64) when read with norms=True
     _deltas: torch.Tensor | None = dataclasses.field(default=None, repr=False)
     spec: flat.FlatSpec | None = None  # the model's spec, when the reader knew it: the records are read through it
+
+    @functools.cached_property
+    def num_examples(self) -> torch.Tensor:
+        """(m,) float64."""
+        return metric_column(self.metrics, keys.NUM_EXAMPLES)
+
+    @functools.cached_property
+    def loss_before(self) -> torch.Tensor:
+        """(m,) float64: F_i, the global model's loss on client i (NaN unless asked for)."""
+        return metric_column(self.metrics, keys.LOSS_BEFORE, math.nan)
+
+    @functools.cached_property
+    def train_loss(self) -> torch.Tensor:
+        """(m,) float64."""
+        return metric_column(self.metrics, keys.TRAIN_LOSS)
+
+    @functools.cached_property
+    def num_steps(self) -> torch.Tensor:
+        """(m,) float64."""
+        return metric_column(self.metrics, keys.NUM_STEPS)
 
     @property
     def fedavg_weights(self) -> torch.Tensor:
@@ -106,10 +123,6 @@ def read_updates(replies: Iterable[Message], current: ArrayRecord, *, out: torch
         theta = flat.record_to_flat(current, dtype=dtype)
     batch = ReplyBatch(
         partition_ids=[client_of(msg) for msg in replies],  # partition-id is optional: else the node id
-        num_examples=metric_column(metrics, keys.NUM_EXAMPLES),
-        loss_before=metric_column(metrics, keys.LOSS_BEFORE, math.nan),
-        train_loss=metric_column(metrics, keys.TRAIN_LOSS),
-        num_steps=metric_column(metrics, keys.NUM_STEPS),
         metrics=metrics,
         theta=theta,
         records=records,
