@@ -363,3 +363,177 @@ def flat_to_record(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
 def model_deltas(current: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """Δ_i = θ_t − θ_i for each row of ``local`` (in place on ``local``: no second copy)."""
     return torch.sub(current.unsqueeze(0), local, out=local)
+
+
+# -- one model spec's facts, worked out once per run ------------------------------------------------
+# The readers and writers below give what the ones above give (the same views, sums and bytes) for
+# the records of one spec: what they would work out anew for every array of every record (each
+# array's place, dtype, .npy header) is worked out once per spec (:func:`spec_layout`).
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecLayout:
+    """What a :class:`FlatSpec` fixes for every record of a run (:func:`spec_layout`): per array
+    its numpy dtype, element count and first index in the flat vector (``dim`` in all), and the
+    ``.npy`` header ``np.save`` writes for its shape and dtype with the byte length of such an
+    array's data (None and -1 where no such header could be made: those arrays take the general
+    path)."""
+
+    spec: FlatSpec
+    dtypes: tuple[np.dtype | None, ...]
+    counts: tuple[int, ...]
+    starts: tuple[int, ...]
+    dim: int
+    headers: tuple[bytes | None, ...]
+    nbytes: tuple[int, ...]
+
+    @property
+    def largest(self) -> int:
+        return max(self.counts, default=0)
+
+
+def npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes | None:
+    """The ``.npy`` header ``np.save`` writes for a C-ordered array of ``shape`` and ``dtype``
+    (format 1.0, the one it writes whenever the header fits), checked by reading it back; None
+    when it cannot be made or does not read back as exactly that array."""
+    try:
+        fp = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            fp, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)})
+        header = fp.getvalue()
+        got_shape, fortran, got_dtype, offset, _ = _parsed(header)
+    except Exception:  # noqa: BLE001 - no header: the general path reads these arrays
+        return None
+    if (tuple(got_shape) != tuple(shape) or fortran or got_dtype != dtype or got_dtype.hasobject
+            or offset != len(header)):
+        return None
+    return header
+
+
+_LAYOUTS: dict[FlatSpec, SpecLayout] = {}
+
+
+def spec_layout(spec: FlatSpec) -> SpecLayout:
+    """The spec's :class:`SpecLayout`, worked out at its first use (kept for up to 64 specs: a run
+    has one)."""
+    hit = _LAYOUTS.get(spec)
+    if hit is not None:
+        return hit
+    dtypes, headers, nbytes, counts, starts, start = [], [], [], [], [], 0
+    for shape, name in zip(spec.shapes, spec.dtypes):
+        count = int(np.prod(shape, dtype=np.int64))
+        try:
+            dtype = np.dtype(name)
+        except TypeError:
+            dtype = None
+        header = npy_header(shape, dtype) if dtype is not None and str(dtype) == name else None
+        dtypes.append(dtype)
+        headers.append(header)
+        nbytes.append(len(header) + count * dtype.itemsize if header is not None else -1)
+        counts.append(count)
+        starts.append(start)
+        start += count
+    layout = SpecLayout(spec, tuple(dtypes), tuple(counts), tuple(starts), start, tuple(headers), tuple(nbytes))
+    if len(_LAYOUTS) >= 64:
+        _LAYOUTS.clear()
+    _LAYOUTS[spec] = layout
+    return layout
+
+
+def record_views(record: ArrayRecord, layout: SpecLayout) -> list[np.ndarray]:
+    """``[array_view(a).reshape(-1) for a in record.values()]``, the same views: an array whose
+    bytes are the spec's header and exactly its data is viewed at once, any other through
+    :func:`array_view` (a record of another length wholly so)."""
+    arrays = list(record.values())
+    if len(arrays) != len(layout.counts):
+        return [array_view(a).reshape(-1) for a in arrays]
+    out = []
+    for array, header, nbytes, dtype, count in zip(arrays, layout.headers, layout.nbytes, layout.dtypes,
+                                                   layout.counts):
+        data = array.data
+        if header is not None and type(data) is bytes and len(data) == nbytes and data.startswith(header):
+            out.append(np.frombuffer(data, dtype=dtype, count=count, offset=len(header)))
+        else:
+            out.append(array_view(array).reshape(-1))
+    return out
+
+
+def concat_into(views: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """The views end to end in the flat ``out`` (one copy; cast as an assignment casts)."""
+    if all(v.dtype == out.dtype for v in views) and sum(v.size for v in views) == out.size:
+        return np.concatenate(views, out=out)
+    start = 0
+    for v in views:
+        out[start : start + v.size] = v
+        start += v.size
+    if start != out.size:
+        raise ValueError(f"the arrays hold {start} values, the output {out.size}")
+    return out
+
+
+def record_to_flat_views(views: list[np.ndarray], dtype=torch.float32) -> torch.Tensor:
+    """:func:`record_to_flat` of the record whose :func:`record_views` are ``views``."""
+    out = torch.empty(sum(v.size for v in views), dtype=dtype)
+    concat_into(views, out.numpy())
+    return out
+
+
+def weighted_sum_views(views: list[list[np.ndarray]], weights: torch.Tensor, out: torch.Tensor | None = None,
+                       dtype: torch.dtype = torch.float32, buf: np.ndarray | None = None) -> torch.Tensor:
+    """:func:`weighted_sum` of the records whose :func:`record_views` are ``views``: the same
+    column blocks, the same matrix-vector product on each, so the same bits. ``buf``: a flat
+    array of the blocks' dtype to build them in when it is large enough (a fresh one otherwise)."""
+    sizes = [v.size for v in views[0]]
+    for i, vs in enumerate(views):
+        if [v.size for v in vs] != sizes:
+            raise ValueError(f"reply {i} has arrays of sizes {[v.size for v in vs]}, the first reply {sizes}")
+    m, d = len(views), int(sum(sizes))
+    if out is None:
+        out = torch.empty(d, dtype=dtype)
+    w = weights.to(out.dtype)
+    cols = max(1, min(d, BLOCK_ELEMS // max(m, 1)))
+    np_dtype = torch.empty(0, dtype=out.dtype).numpy().dtype
+    if buf is None or buf.dtype != np_dtype or buf.size < m * cols:
+        buf = np.empty(m * cols, dtype=np_dtype)
+    if cols == d:  # one block: each record's arrays end to end in its row
+        block = buf[: m * d].reshape(m, d)
+        for i, vs in enumerate(views):
+            concat_into(vs, block[i])
+        torch.mv(torch.from_numpy(block).T, w, out=out[0:d])
+        return out
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    k = 0  # first array overlapping the block
+    for a in range(0, d, cols):
+        e = min(a + cols, d)
+        block = buf[: m * (e - a)].reshape(m, e - a)
+        while starts[k + 1] <= a:
+            k += 1
+        j = k
+        while j < len(sizes) and starts[j] < e:  # the arrays' pieces inside [a, e)
+            lo, hi = max(a, starts[j]), min(e, starts[j + 1])
+            for i in range(m):
+                block[i, lo - a : hi - a] = views[i][j][lo - starts[j] : hi - starts[j]]  # one copy
+            j += 1
+        torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
+    return out
+
+
+def record_from_flat(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
+    """:func:`flat_to_record`, the same record (the same bytes in every array), with the spec's
+    places and headers worked out once (:func:`spec_layout`)."""
+    from flwr.app import Array, ArrayRecord
+
+    layout = spec_layout(spec)
+    flat_np = flat.detach().cpu().numpy()
+    if flat_np.size != layout.dim:
+        return flat_to_record(flat, spec)
+    record = ArrayRecord()
+    for key, shape, name, dtype, header, a, n in zip(spec.keys, spec.shapes, spec.dtypes, layout.dtypes,
+                                                     layout.headers, layout.starts, layout.counts):
+        part = np.ascontiguousarray(flat_np[a : a + n], dtype=name).reshape(shape)
+        if header is not None and part.dtype == dtype and part.flags.c_contiguous:
+            # what to_array writes: np.save's header, then the data
+            record[key] = Array(name, part.shape, "numpy.ndarray", b"".join((header, part.reshape(-1).view(np.uint8))))
+        else:
+            record[key] = to_array(part)
+    return record

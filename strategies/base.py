@@ -376,11 +376,12 @@ class FairStrategy(Strategy, metaclass=FlowerKeywords):
         :attr:`compute_dtype` (float32 rows of a kernel's own stay float32)."""
         if "writer" not in into and "out" not in into:
             into.setdefault("dtype", self.compute_dtype)
+        into.setdefault("spec", self.spec)
         return read_updates(replies, _handed_over(self), **into)
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
         assert self.spec is not None
-        return flat.flat_to_record(flat_vec, self.spec)
+        return flat.record_from_flat(flat_vec, self.spec)  # flat.flat_to_record's record, the spec's layout kept
 
     # -- Flower's Strategy, and the app's entry points ------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,

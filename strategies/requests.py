@@ -124,8 +124,38 @@ def _message(content: dict[str, Any], node: int, kind: str, group: str, context:
     return Message(RecordDict(content), dst_node_id=node, message_type=kind, group_id=group)
 
 
-def _client_config(base: dict[str, Any], client: int | None) -> ConfigRecord:
-    return ConfigRecord(base if client is None else {**base, keys.PARTITION_ID: client})
+def _messages(strategy, arrays: ArrayRecord, base: dict[str, Any], records: dict[str, Any],
+              targets: Mapping[int, int | None], kind: str, group: str, context: RunContext,
+              client_records: Callable[[int | None], dict[str, Any]] | None = None) -> list[Message]:
+    """One message per node of ``targets``: the records of :func:`_message` ({model, config, then
+    ``records``, the client's own records, the run config}), the config ``base`` plus the client's
+    partition id. Flower checks every value a record is given; here the round's config and the
+    records every message shares are checked once and each message gets copies of them
+    (``TypedDict.copy``: the same keys, in the same order, and values) with its own config set."""
+    config_key = getattr(strategy, "configrecord_key", keys.CONFIG)
+    shared_config: ConfigRecord | None = None
+    template: RecordDict | None = None
+    out = []
+    for node, client in targets.items():
+        if shared_config is None:
+            shared_config = ConfigRecord(base)
+        config = shared_config.copy()
+        if client is not None:
+            config[keys.PARTITION_ID] = client
+        extra = client_records(client) if client_records is not None else {}
+        if extra or config_key in records:  # content whose keys differ by client: built as it is
+            out.append(_message({**_records(strategy, arrays, config), **records, **extra}, node, kind, group,
+                                context))
+            continue
+        if template is None:
+            content = {**_records(strategy, arrays, config), **records}
+            if context.run_record is not None:
+                content[keys.RUN_CONFIG] = context.run_record
+            template = RecordDict(content)
+        content_of = template.copy()
+        content_of[config_key] = config
+        out.append(Message(content_of, dst_node_id=node, message_type=kind, group_id=group))
+    return out
 
 
 def train_requests(strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None,
@@ -134,19 +164,15 @@ def train_requests(strategy, server_round: int, arrays: ArrayRecord, config: Con
     model, the round's config (plus the method's ``round_config``), the method's records
     (``round_records`` for all, ``client_records`` per client)."""
     base = {**request_config(strategy, server_round, config), **strategy.round_config(server_round)}
-    records = strategy.round_records(server_round)
-    return [_message({**_records(strategy, arrays, _client_config(base, client)), **records,
-                      **strategy.client_records(client)}, node, MessageType.TRAIN, str(server_round), context)
-            for node, client in targets.items()]
+    return _messages(strategy, arrays, base, strategy.round_records(server_round), targets, MessageType.TRAIN,
+                     str(server_round), context, strategy.client_records)
 
 
 def evaluate_requests(strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None,
                       targets: Mapping[int, int | None], context: RunContext) -> list[Message]:
     """One evaluate request per node of ``targets``: the model to score and the round's config."""
-    base = request_config(strategy, server_round, config)
-    return [_message(_records(strategy, arrays, _client_config(base, client)), node,
+    return _messages(strategy, arrays, request_config(strategy, server_round, config), {}, targets,
                      MessageType.EVALUATE, f"eval-{server_round}", context)
-            for node, client in targets.items()]
 
 
 def addressees(msgs: list[Message]) -> dict[int, int | None]:

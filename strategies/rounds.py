@@ -235,6 +235,8 @@ def _read_flower_names(strategy, replies: list[Message], warned: set[str]) -> No
     read under its own when the reply lacks it, with one warning per name and run."""
     record = getattr(strategy, "arrayrecord_key", keys.ARRAYS)
     fallbacks = getattr(strategy, "metric_fallbacks", {})
+    if record == keys.ARRAYS and not fallbacks:  # nothing to read under another name
+        return
     for reply in replies:
         if reply.has_error():
             continue
@@ -324,9 +326,12 @@ def read_aliases(replies: list[Message], aliases: dict[str, str], kind: str, war
     are read under the expected key (:data:`fedcore.keys.TRAIN_ALIASES`), with one warning per
     name (``warned``) naming the key to send, instead of being dropped round after round."""
     for reply in replies:
-        if reply.has_error() or not isinstance(reply.content.get(keys.METRICS), MetricRecord):
+        if reply.has_error():
             continue
-        for alias, key in keys.read_aliases(reply.content[keys.METRICS], aliases):
+        metrics = reply.content.get(keys.METRICS)
+        if not isinstance(metrics, MetricRecord) or aliases.keys().isdisjoint(metrics.keys()):
+            continue  # no alias sent (the usual reply): nothing to read
+        for alias, key in keys.read_aliases(metrics, aliases):
             if alias not in warned:
                 warned.add(alias)
                 log.warning("%s reply metric '%s' (node %s) is read as '%s': send '%s' (fedcore.keys; README: "

@@ -19,6 +19,7 @@ pass) and ``batch.deltas`` is ``rows[:m]``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 
@@ -44,15 +45,32 @@ class ReplyBatch:
     """A round's valid replies as tensors (see the module docstring)."""
 
     partition_ids: list[int]  # the client of each reply (partition id, else node id)
-    num_examples: torch.Tensor  # (m,) float64
-    loss_before: torch.Tensor  # (m,) float64: F_i, the global model's loss on client i (NaN unless asked for)
-    train_loss: torch.Tensor  # (m,) float64
-    num_steps: torch.Tensor  # (m,) float64
-    metrics: list[dict]  # each reply's raw metrics
+    metrics: list[dict]  # each reply's raw metrics (the columns below are read from them on first use)
     theta: torch.Tensor  # (d,) θ_t: float32 (float64 for a float64 model: the batch's dtype)
     records: list[ArrayRecord]  # the local models as sent
     sq_norms: np.ndarray | None = None  # ‖Δ_i‖² (float64) when read with norms=True
     _deltas: torch.Tensor | None = dataclasses.field(default=None, repr=False)
+    spec: flat.FlatSpec | None = None  # the model's spec, when the reader knew it: the records are read through it
+
+    @functools.cached_property
+    def num_examples(self) -> torch.Tensor:
+        """(m,) float64."""
+        return metric_column(self.metrics, keys.NUM_EXAMPLES)
+
+    @functools.cached_property
+    def loss_before(self) -> torch.Tensor:
+        """(m,) float64: F_i, the global model's loss on client i (NaN unless asked for)."""
+        return metric_column(self.metrics, keys.LOSS_BEFORE, math.nan)
+
+    @functools.cached_property
+    def train_loss(self) -> torch.Tensor:
+        """(m,) float64."""
+        return metric_column(self.metrics, keys.TRAIN_LOSS)
+
+    @functools.cached_property
+    def num_steps(self) -> torch.Tensor:
+        """(m,) float64."""
+        return metric_column(self.metrics, keys.NUM_STEPS)
 
     @property
     def fedavg_weights(self) -> torch.Tensor:
@@ -74,31 +92,41 @@ class ReplyBatch:
 
     def weighted_models(self, weights: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i θ_i ((d,), θ_t's dtype) straight from the reply bytes, without an (m, d) matrix
-        (:func:`fedcore.flat.weighted_sum`)."""
-        return flat.weighted_sum(self.records, weights, dtype=self.theta.dtype)
+        (:func:`fedcore.flat.weighted_sum`; with the spec known, :func:`fedcore.flat.weighted_sum_views`:
+        the same sum)."""
+        if self.spec is None:
+            return flat.weighted_sum(self.records, weights, dtype=self.theta.dtype)
+        layout = flat.spec_layout(self.spec)
+        return flat.weighted_sum_views([flat.record_views(r, layout) for r in self.records], weights,
+                                       dtype=self.theta.dtype)
 
 
 def read_updates(replies: Iterable[Message], current: ArrayRecord, *, out: torch.Tensor | None = None,
                  writer: flat.UpdateWriter | None = None, copies: list[torch.Tensor] | None = None,
-                 norms: bool = False, dtype: torch.dtype = torch.float32) -> ReplyBatch:
+                 norms: bool = False, dtype: torch.dtype = torch.float32, spec: flat.FlatSpec | None = None
+                 ) -> ReplyBatch:
     """The valid ``replies`` of a round whose model was ``current`` (θ_t) as a :class:`ReplyBatch`.
     ``out``: (≥ m, d) rows (any device) to write Δ_i into now (``copies[i]`` too, ‖Δ_i‖² into
     ``batch.sq_norms`` with ``norms``); ``writer`` keeps θ_t's host vector and the staging row
     across rounds (a fresh one when None). ``dtype``: of θ_t and the matrices read without
-    ``out`` (float64 for a float64 model; rows a kernel keeps stay float32)."""
+    ``out`` (float64 for a float64 model; rows a kernel keeps stay float32). ``spec``: the model's
+    (:class:`fedcore.flat.FlatSpec`), when known: θ_t and the models are read through its layout
+    (:func:`fedcore.flat.spec_layout`: the same values)."""
     replies = list(replies)
-    metrics = [dict(msg.content[keys.METRICS]) for msg in replies]
+    metrics = [dict(msg.content[keys.METRICS].items()) for msg in replies]
     records = [msg.content[keys.ARRAYS] for msg in replies]
-    theta = writer.theta(current) if writer is not None else flat.record_to_flat(current, dtype=dtype)
+    if writer is not None:
+        theta = writer.theta(current)
+    elif spec is not None:
+        theta = flat.record_to_flat_views(flat.record_views(current, flat.spec_layout(spec)), dtype=dtype)
+    else:
+        theta = flat.record_to_flat(current, dtype=dtype)
     batch = ReplyBatch(
         partition_ids=[client_of(msg) for msg in replies],  # partition-id is optional: else the node id
-        num_examples=metric_column(metrics, keys.NUM_EXAMPLES),
-        loss_before=metric_column(metrics, keys.LOSS_BEFORE, math.nan),
-        train_loss=metric_column(metrics, keys.TRAIN_LOSS),
-        num_steps=metric_column(metrics, keys.NUM_STEPS),
         metrics=metrics,
         theta=theta,
         records=records,
+        spec=spec,
     )
     if out is not None:
         batch.sq_norms = (writer or flat.UpdateWriter()).write(theta, records, out, copies, norms)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedcore import keys
+from fedcore import keys, replies
 from fedcore.config import RunConfig
 
 PREFIX = "diverged at round"  # contract: summary.json incomplete_reason starts with it
@@ -123,7 +123,7 @@ class Watch:
         losses = [float(r.content[keys.METRICS][keys.TRAIN_LOSS]) for r in valid
                   if keys.TRAIN_LOSS in r.content[keys.METRICS]]
         if losses:
-            median = float(np.median(losses))
+            median = replies.median(losses)  # float(np.median(losses)), bit for bit
             bad = not math.isfinite(median) or (
                 self.chance is not None and median >= self.chance and median >= c.best_loss)
             if math.isfinite(median):
