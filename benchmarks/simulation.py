@@ -23,7 +23,9 @@ round's global weights into one model, computes ``loss-before`` when the app's c
 runs :func:`local_sgd` with the app's seeded batch order, and averages the local models
 (FedAvg); on evaluation rounds it scores every client's test split and the central set with
 the app's batched scorer. Each floor round starts from the first engine's global model of
-that round (its checkpoints), so train losses agree to float rounding: both sides provably
+that round (the checkpoints of an untimed re-run of it with ``checkpoint-every = 1``, which must
+give the same rounds; the timed runs keep the setting's own checkpoint interval), so train
+losses agree to float rounding: both sides provably
 do the same work. Ratios > 1 are the engine's overhead (messages, serialisation, dispatch,
 per-message model handling); < 1 means the app's parallel clients beat the one-process loop.
 Both sides' **CPU time** per training round (process CPU time, every thread) is reported too where
@@ -320,15 +322,24 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
     """Per-round seconds of each engine next to the floor (replayed once, from the first engine's run)."""
     overrides = {**overrides, "num-server-rounds": args.rounds, "eval-every": args.eval_every,
                  "seed": args.seed, "client-loss-before": args.loss_before,
-                 # every round's global model on disk: the floor starts each round from it
-                 "checkpoint-every": 1, "checkpoint-keep": args.rounds,
                  # no end-of-run figures: their drawing process (fedpcd_app/server/report_process.py,
                  # ~4 s of CPU) ran beside the next engine's rounds and inflated them (every engine
                  # after the first measured ~10 ms a digits round of waiting beyond its CPU time)
                  "figures": "none"}
+    # The timed runs keep the setting's own checkpoints (the run config's checkpoint-every): a
+    # checkpoint written after every round made each next digits round ~0.8 ms slower (its writes
+    # evict the caches the round works in). The floor's starts come from one more, untimed run of
+    # the first engine with every round's global model on disk, which must give the same rounds.
     runs = {e: run_app(overrides, args, workdir / f"run-{name}-{e}", e) for e in args.engines}
     first = runs[args.engines[0]][0]
     rounds0 = read_rounds(first)
+    if load_config(overrides).checkpoint_every != 1:
+        first, _, _ = run_app({**overrides, "checkpoint-every": 1, "checkpoint-keep": args.rounds}, args,
+                              workdir / f"run-{name}-{args.engines[0]}-checkpoints", args.engines[0])
+        same = [(r["sampled"], r["train_loss"]) for r in read_rounds(first)] == [(r["sampled"], r["train_loss"])
+                                                                                 for r in rounds0]
+        if not same:
+            raise RuntimeError("the run with every round's checkpoint gave other rounds than the timed run")
     # The floor runs several passes, alternating torch's default thread count and one
     # thread (small batches and a busy machine favour one), and each round keeps its
     # fastest pass: this favours the floor, so the ratio is if anything pessimistic.

@@ -247,7 +247,7 @@ class Forward:
         in parameter order, by hand (softmax − one-hot, then the matmuls' transposes): the
         backward autograd would run, without its per-operation bookkeeping."""
         h = x.reshape(x.shape[0], x.shape[1], -1)
-        inputs, pre = [], []
+        inputs = []
         at = 0
         for i, has_bias in enumerate(self.layers):
             inputs.append(h)
@@ -255,8 +255,7 @@ class Forward:
             h = torch.baddbmm(params[at + 1].unsqueeze(1), h, wt) if has_bias else torch.bmm(h, wt)
             at += 2 if has_bias else 1
             if i < len(self.layers) - 1:
-                pre.append(h)
-                h = torch.relu(h)
+                h = h.relu_()  # in place: the next layer's input, > 0 exactly where the ReLU passes its gradient
         logp = torch.log_softmax(h, 2)
         at_y = y.unsqueeze(2)
         ce = -logp.gather(2, at_y).squeeze(2)
@@ -273,10 +272,8 @@ class Forward:
                 part.append(dz.sum(1))
             grads[:0] = part
             if i:
-                # the ReLU's derivative, 1.0 / 0.0 written straight in the gradient's dtype (what the
-                # bool mask promotes to: the same product, without the promotion's copy)
-                keep = torch.gt(pre[i - 1], 0, out=torch.empty_like(pre[i - 1]))
-                dz = torch.bmm(dz, params[at]).mul_(keep)
+                # the ReLU's backward, as autograd's: the gradient where the layer's output is > 0, else 0
+                dz = torch.ops.aten.threshold_backward(torch.bmm(dz, params[at]), inputs[i], 0)
         return ce, grads
 
     def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor],
