@@ -17,6 +17,16 @@ the same path runs):
   (``threadpoolctl``, where installed: ``blas_threads``): its team woke for every reply's
   51k-element dot product, 4.4 ms each after a 1 ms pause against 0.06 ms on one thread, which
   made the digits round's reply validation 25 ms of its ~50 at two threads.
+* **freed memory kept for reuse** (glibc, where present: ``malloc``): the run's process (and each
+  worker) serves allocations under :data:`MALLOC_MMAP_THRESHOLD` from its heap and keeps up to
+  :data:`MALLOC_TRIM_THRESHOLD` of freed memory instead of handing it back to the system at every
+  free (``mallopt``; :func:`keep_freed_memory`). A digits round allocates and frees a few MB
+  (the rows' stacked parameters, the replies' bytes, the aggregation's blocks) in pieces of
+  100 KB-1 MB, glibc's default threshold (128 KB, raised only as large blocks are freed) mapped and
+  unmapped them afresh: ~450-570 minor page faults a round, ~1-1.5 ms of its ~6-7 ms, gone (1 a
+  round) with the thresholds set. (A process that had imported ``torch._dynamo`` -- the loop's
+  first ``torch.optim.SGD`` does -- had grown its heap past the point where it trims, which is why
+  the loop, and the benchmark's floor after it, never paid them.) No number depends on it.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
   :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
   there, or as fast: on the CPU the MLPs and ``logreg``), else one by one, each message
@@ -34,6 +44,42 @@ from collections.abc import Iterator
 from typing import Any
 
 SMALL_MODEL = 1 << 20  # parameters: under it, one intra-op thread on the CPU (see the module docstring)
+MALLOC_MMAP_THRESHOLD = 16 << 20  # bytes: glibc serves allocations under it from the heap
+MALLOC_TRIM_THRESHOLD = 64 << 20  # bytes of freed memory at the heap's top kept for reuse
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def _glibc():
+    """glibc's C library, or None (another libc, another OS)."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+def malloc_settings() -> dict[str, int] | None:
+    """The allocator settings :func:`keep_freed_memory` makes (None where it makes none)."""
+    if _glibc() is None:
+        return None
+    return {"mmap_threshold": MALLOC_MMAP_THRESHOLD, "trim_threshold": MALLOC_TRIM_THRESHOLD}
+
+
+def keep_freed_memory() -> dict[str, int] | None:
+    """Set this process's glibc allocator to keep freed memory for reuse (the module docstring):
+    the settings made, or None (not glibc, or ``mallopt`` refused them). For the whole process,
+    as its thread count is; a later call is a no-op."""
+    libc = _glibc()
+    if libc is None:
+        return None
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
+    ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
+    return malloc_settings() if ok else None
 
 
 def _blas_limit_available() -> bool:
@@ -45,8 +91,8 @@ def _blas_limit_available() -> bool:
 def choose(cfg, model) -> dict[str, Any]:
     """The run's path: ``device``, ``parameters``, ``clients`` (``rows`` or ``loop``, for
     ``client-execution``), ``threads`` (the run process's intra-op threads), ``blas_threads``
-    (numpy's BLAS: 1 with ``threads``, None = its own count, also without ``threadpoolctl``)
-    and ``rule``."""
+    (numpy's BLAS: 1 with ``threads``, None = its own count, also without ``threadpoolctl``),
+    ``malloc`` (the allocator's thresholds, None where not glibc) and ``rule``."""
     import torch
 
     from client_app.vectorised import AUTO_MODELS, auto_rows
@@ -63,6 +109,7 @@ def choose(cfg, model) -> dict[str, Any]:
     return {"device": device, "parameters": int(size), "client_execution": mode, "clients": clients,
             "threads": 1 if small else torch.get_num_threads(),
             "blas_threads": 1 if small and _blas_limit_available() else None,
+            "malloc": malloc_settings(),
             "rule": (f"{threads} "
                      f"{SMALL_MODEL} parameters; clients as rows where client-execution='auto' names the model "
                      f"for the device ({', '.join(AUTO_MODELS.get(device, ())) or 'none'}), else the per-client "
@@ -72,8 +119,12 @@ def choose(cfg, model) -> dict[str, Any]:
 @contextlib.contextmanager
 def applied(choice: dict[str, Any]) -> Iterator[None]:
     """The run's intra-op threads (and numpy's BLAS threads, ``blas_threads``) set for the block,
-    then put back."""
+    then put back; the allocator's settings (``malloc``: :func:`keep_freed_memory`) made for the
+    process."""
     import torch
+
+    if choice.get("malloc"):
+        keep_freed_memory()
 
     old = torch.get_num_threads()
     if choice["threads"] != old:
