@@ -178,3 +178,32 @@ def test_a_reused_model_takes_the_received_weights_even_after_its_parameters_dat
     assert {k: v.detach().clone() for k, v in ca.state_of(model).items()}.keys() == second.keys()
     for name, tensor in ca.state_of(model).items():
         assert torch.equal(tensor.detach(), second[name]), name
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_records_filled_directly_equal_the_public_constructors(direct, monkeypatch):
+    """fedcore.flat fills Arrays and ArrayRecords without flwr's per-item checks where flwr's
+    classes hold exactly the fields it sets (else the public path): the same record either way,
+    the same serialized bytes, and copy_record's Arrays are new objects."""
+    import pickle
+
+    import torch
+    from flwr.app import ArrayRecord
+
+    from client_app.models import build_model
+    from fedcore import flat
+
+    if not direct:
+        monkeypatch.setattr(flat, "_plain_records", lambda: False)
+    else:
+        assert flat._plain_records()  # flwr as pinned: the direct path runs
+    torch.manual_seed(0)
+    state = build_model("mlp", (1, 8, 8), 10).state_dict()
+    got, want = flat.state_to_record(state), ArrayRecord(state)
+    assert list(got.keys()) == list(want.keys()) and dict(got.items()) == dict(want.items())
+    assert got.is_dirty and pickle.dumps(got) == pickle.dumps(want)
+    twin = flat.copy_record(got)
+    assert dict(twin.items()) == dict(got.items())
+    assert all(a is not b and a.data is b.data for a, b in zip(twin.values(), got.values()))
+    with pytest.raises(TypeError):
+        flat.state_to_record({1: torch.zeros(2)})

@@ -43,43 +43,19 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+# the allocator's settings (the module docstring) live with the rest of how a process runs client
+# code, where the workers read them too
+from fedpcd_app.runtime.node import (
+    MALLOC_MMAP_THRESHOLD,
+    MALLOC_TRIM_THRESHOLD,
+    keep_freed_memory,
+    malloc_settings,
+)
+
+__all__ = ["MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "SMALL_MODEL", "applied", "choose", "heap_frozen",
+           "keep_freed_memory", "malloc_settings"]
+
 SMALL_MODEL = 1 << 20  # parameters: under it, one intra-op thread on the CPU (see the module docstring)
-MALLOC_MMAP_THRESHOLD = 16 << 20  # bytes: glibc serves allocations under it from the heap
-MALLOC_TRIM_THRESHOLD = 64 << 20  # bytes of freed memory at the heap's top kept for reuse
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-def _glibc():
-    """glibc's C library, or None (another libc, another OS)."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") else None
-    except OSError:
-        return None
-
-
-def malloc_settings() -> dict[str, int] | None:
-    """The allocator settings :func:`keep_freed_memory` makes (None where it makes none)."""
-    if _glibc() is None:
-        return None
-    return {"mmap_threshold": MALLOC_MMAP_THRESHOLD, "trim_threshold": MALLOC_TRIM_THRESHOLD}
-
-
-def keep_freed_memory() -> dict[str, int] | None:
-    """Set this process's glibc allocator to keep freed memory for reuse (the module docstring):
-    the settings made, or None (not glibc, or ``mallopt`` refused them). For the whole process,
-    as its thread count is; a later call is a no-op."""
-    libc = _glibc()
-    if libc is None:
-        return None
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
-    ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
-    return malloc_settings() if ok else None
 
 
 def _blas_limit_available() -> bool:

@@ -15,7 +15,7 @@ import contextlib
 import copy
 from collections.abc import Iterator
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 SERVER_NODE_ID = 1  # flwr.common.constant.SUPERLINK_NODE_ID: the server's node id in a run
 LOCAL_RUN_ID = 1
@@ -84,7 +84,9 @@ def node_copy(message: Message) -> Message:
         if isinstance(record, ArrayRecord):
             own = ArrayRecord()
             for key, array in record.items():
-                own[key] = copy.copy(array)  # its fields; the data bytes shared
+                twin = Array.__new__(Array)  # copy.copy(array) without copy's dispatch: its fields,
+                twin.__dict__.update(array.__dict__)  # the data bytes shared
+                own[key] = twin
         elif isinstance(record, (ConfigRecord, MetricRecord)):
             own = record.copy()
             for key, value in record.items():

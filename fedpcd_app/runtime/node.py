@@ -1,6 +1,7 @@
 """One message on one node, as a SuperNode handles it: the ClientApp loaded by name, run on
 :data:`CLIENT_THREADS` torch threads, an exception turned into an error reply. The local
-engine's grid (in this process) and its worker processes both deliver through here."""
+engine's grid (in this process) and its worker processes both deliver through here, and both
+keep freed memory for reuse (:func:`keep_freed_memory`, :mod:`fedpcd_app.runtime.execution`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,45 @@ CLIENT_APP_RAISED = 2  # flwr.common.constant.ErrorCode.CLIENT_APP_RAISED_EXCEPT
 # thread count that followed the worker count (or the machine's cores) moved a run's last
 # digits with ``--workers``. One thread, as each Ray actor with ``client-resources-num-cpus=1``.
 CLIENT_THREADS = 1
+
+
+MALLOC_MMAP_THRESHOLD = 16 << 20  # bytes: glibc serves allocations under it from the heap
+MALLOC_TRIM_THRESHOLD = 64 << 20  # bytes of freed memory at the heap's top kept for reuse
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def _glibc():
+    """glibc's C library, or None (another libc, another OS)."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+def malloc_settings() -> dict[str, int] | None:
+    """The allocator settings :func:`keep_freed_memory` makes (None where it makes none)."""
+    if _glibc() is None:
+        return None
+    return {"mmap_threshold": MALLOC_MMAP_THRESHOLD, "trim_threshold": MALLOC_TRIM_THRESHOLD}
+
+
+def keep_freed_memory() -> dict[str, int] | None:
+    """Set this process's glibc allocator to keep freed memory for reuse
+    (:mod:`fedpcd_app.runtime.execution`'s docstring):
+    the settings made, or None (not glibc, or ``mallopt`` refused them). For the whole process,
+    as its thread count is; a later call is a no-op."""
+    libc = _glibc()
+    if libc is None:
+        return None
+    ok = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
+    ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
+    return malloc_settings() if ok else None
 
 
 def load_client_app(ref: str) -> ClientApp:

@@ -32,9 +32,8 @@ from collections.abc import Iterator
 
 from flwr.app import Context, Message
 
-from fedpcd_app.runtime.execution import keep_freed_memory
 from fedpcd_app.runtime.flower_internals import SERVER_NODE_ID, task_identity
-from fedpcd_app.runtime.node import deliver_many, load_batch, load_client_app
+from fedpcd_app.runtime.node import deliver_many, keep_freed_memory, load_batch, load_client_app
 
 log = logging.getLogger("fedpcd")
 
@@ -112,7 +111,7 @@ def _worker_main(conn, index: int, app_ref: str, threads: int, gpu: int | None, 
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _take_output(conn)  # the driver's stdout and stderr, not the forkserver's (those of the run that started it)
-    keep_freed_memory()  # as the run's process (fedpcd_app.runtime.execution)
+    keep_freed_memory()  # as the run's process (fedpcd_app.runtime.execution's rule)
     torch.set_num_threads(threads)
     if gpu is not None:
         torch.cuda.set_device(gpu)
