@@ -82,6 +82,8 @@ class ModelInfo:
     has_dropout: bool
     has_norms: bool  # a BatchNorm (batches of one example are the loop's)
     device: torch.device  # where its parameters are
+    # its parameter objects in order (training writes them in place; a ``.data`` rebound keeps the object)
+    parameters: tuple = ()
 
 
 _INFO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -95,7 +97,7 @@ def model_info(model: nn.Module) -> ModelInfo:
         info = ModelInfo(layout=(type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
                                  str(dev)),
                          uncovered=covers_model(model), has_dropout=bool(dropout_modules(model)),
-                         has_norms=bool(norm_modules(model)), device=dev)
+                         has_norms=bool(norm_modules(model)), device=dev, parameters=tuple(model.parameters()))
         _INFO[model] = info
     return info
 

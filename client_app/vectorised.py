@@ -590,7 +590,7 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
         raise NotCovered(info.uncovered)
     if method.rows is None:
         raise NotCovered(f"client method {method.name!r} has no row form")
-    parameters = list(job.model.parameters())  # listed once: the row's start, then its result loaded into them
+    parameters = list(info.parameters)  # listed once: the row's start, then its result loaded into them
     base = plain_row(job, parameters)
     if info.has_norms and any(len(idx) < 2 for idx in base.steps):
         raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
