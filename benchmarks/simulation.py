@@ -326,20 +326,21 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
                  # ~4 s of CPU) ran beside the next engine's rounds and inflated them (every engine
                  # after the first measured ~10 ms a digits round of waiting beyond its CPU time)
                  "figures": "none"}
-    # The timed runs keep the setting's own checkpoints (the run config's checkpoint-every): a
-    # checkpoint written after every round made each next digits round ~0.8 ms slower (its writes
-    # evict the caches the round works in). The floor's starts come from one more, untimed run of
-    # the first engine with every round's global model on disk, which must give the same rounds.
-    runs = {e: run_app(overrides, args, workdir / f"run-{name}-{e}", e) for e in args.engines}
-    first = runs[args.engines[0]][0]
+    # The floor's starts: every round's global model on disk, from an untimed run of the first
+    # engine with checkpoint-every = 1, run first. The timed runs then keep the setting's own
+    # checkpoints (the run config's checkpoint-every: one written after every round made each next
+    # digits round ~0.8 ms slower, its writes evicting the caches the round works in), and each
+    # runs in a process that has run once already, as the floor (which runs last) always did: the
+    # first run in a fresh process measured 0.2-0.3x the floor slower a round than the same engine
+    # run later, whichever engine came first. The first timed run must give the checkpointed
+    # run's rounds.
+    first, _, _ = run_app({**overrides, "checkpoint-every": 1, "checkpoint-keep": args.rounds}, args,
+                          workdir / f"run-{name}-{args.engines[0]}-checkpoints", args.engines[0])
     rounds0 = read_rounds(first)
-    if load_config(overrides).checkpoint_every != 1:
-        first, _, _ = run_app({**overrides, "checkpoint-every": 1, "checkpoint-keep": args.rounds}, args,
-                              workdir / f"run-{name}-{args.engines[0]}-checkpoints", args.engines[0])
-        same = [(r["sampled"], r["train_loss"]) for r in read_rounds(first)] == [(r["sampled"], r["train_loss"])
-                                                                                 for r in rounds0]
-        if not same:
-            raise RuntimeError("the run with every round's checkpoint gave other rounds than the timed run")
+    runs = {e: run_app(overrides, args, workdir / f"run-{name}-{e}", e) for e in args.engines}
+    if [(r["sampled"], r["train_loss"]) for r in read_rounds(runs[args.engines[0]][0])] != \
+            [(r["sampled"], r["train_loss"]) for r in rounds0]:
+        raise RuntimeError("the timed run gave other rounds than the run with every round's checkpoint")
     # The floor runs several passes, alternating torch's default thread count and one
     # thread (small batches and a busy machine favour one), and each round keeps its
     # fastest pass: this favours the floor, so the ratio is if anything pessimistic.
