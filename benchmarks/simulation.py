@@ -330,10 +330,12 @@ def bench_setting(name: str, overrides: dict, args, workdir: Path) -> list[dict]
     # engine with checkpoint-every = 1, run first. The timed runs then keep the setting's own
     # checkpoints (the run config's checkpoint-every: one written after every round made each next
     # digits round ~0.8 ms slower, its writes evicting the caches the round works in), and each
-    # runs in a process that has run once already, as the floor (which runs last) always did: the
+    # runs in a process that has run once already, as the floor (which runs last) always did (the
     # first run in a fresh process measured 0.2-0.3x the floor slower a round than the same engine
-    # run later, whichever engine came first. The first timed run must give the checkpointed
-    # run's rounds.
+    # run later, whichever engine came first: the page faults of a heap trimmed at every round, which
+    # a process that had imported torch._dynamo -- the loop's optimizer, the floor's -- no longer
+    # paid; the run's process now keeps its freed memory, fedpcd_app.runtime.node.keep_freed_memory).
+    # The first timed run must give the checkpointed run's rounds.
     first, _, _ = run_app({**overrides, "checkpoint-every": 1, "checkpoint-keep": args.rounds}, args,
                           workdir / f"run-{name}-{args.engines[0]}-checkpoints", args.engines[0])
     rounds0 = read_rounds(first)
