@@ -233,31 +233,7 @@ def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.T
     447 MB first-touch allocation, half of FedAvg's round. ``out``: a (d,) float32 tensor to write into.
     """
     views = [[array_view(a).reshape(-1) for a in rec.values()] for rec in records]
-    sizes = [v.size for v in views[0]]
-    for i, vs in enumerate(views):
-        if [v.size for v in vs] != sizes:
-            raise ValueError(f"reply {i} has arrays of sizes {[v.size for v in vs]}, the first reply {sizes}")
-    m, d = len(records), int(sum(sizes))
-    if out is None:
-        out = torch.empty(d, dtype=dtype)
-    w = weights.to(out.dtype)
-    cols = max(1, min(d, BLOCK_ELEMS // max(m, 1)))
-    buf = np.empty(m * cols, dtype=torch.empty(0, dtype=out.dtype).numpy().dtype)
-    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
-    k = 0  # first array overlapping the block
-    for a in range(0, d, cols):
-        e = min(a + cols, d)
-        block = buf[: m * (e - a)].reshape(m, e - a)
-        while starts[k + 1] <= a:
-            k += 1
-        j = k
-        while j < len(sizes) and starts[j] < e:  # the arrays' pieces inside [a, e)
-            lo, hi = max(a, starts[j]), min(e, starts[j + 1])
-            for i in range(m):
-                block[i, lo - a : hi - a] = views[i][j][lo - starts[j] : hi - starts[j]]  # one copy
-            j += 1
-        torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
-    return out
+    return weighted_sum_views(views, weights, out=out, dtype=dtype)
 
 
 class UpdateWriter:
