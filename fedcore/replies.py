@@ -273,10 +273,14 @@ def check_train_reply(
     metrics = dict(metrics.items())  # read as a plain dict: the record's own lookups cost ~10x more
     pid = metrics.get(keys.PARTITION_ID)
     pid = int(pid) if _is_number(pid) and float(pid).is_integer() else None
-    for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics):
-        if key not in metrics and not (key == keys.PARTITION_ID and not partition_required):
+    for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics):  # read: present, one finite number each
+        if key not in metrics:
+            if key == keys.PARTITION_ID and not partition_required:
+                continue
             return pid, f"missing metric '{key}'"
-    reason = metrics_problem(metrics)
+        if not _is_number(metrics[key]):
+            return pid, f"metric '{key}' is not a finite number ({metrics[key]!r})"
+    reason = metrics_problem(metrics)  # the others: every value finite
     if reason:
         return pid, reason
     bound = DEFAULT_MAX_NUM_EXAMPLES if max_count is None else max_count

@@ -91,7 +91,8 @@ def afl_model_weights(lam: np.ndarray, sampled: list[int], fallback: np.ndarray)
     return w / total if total > MASS_EPS else np.asarray(fallback, dtype=np.float64)
 
 
-def afl_slots(slots: dict[int, int], clients: list[int], lam: np.ndarray) -> tuple[list[int], dict[int, int], np.ndarray]:
+def afl_slots(slots: dict[int, int], clients: list[int],
+              lam: np.ndarray) -> tuple[list[int], dict[int, int], np.ndarray]:
     """(the λ index of each client, the slots with the new ones recorded, λ): a client id in 0 … N−1
     keeps its own index while it is free, any other id takes the lowest free index, and a client
     that finds none is admitted by :func:`afl_admit` (λ grows by one entry). ``slots`` and ``lam``
@@ -176,10 +177,7 @@ class AFLMethod(Method):
 
 @register("afl")
 class AFL(FairStrategy):
-    """AFL (see the module docstring)::
-
-        AFL(lambda_lr=0.01, num_clients=20, fraction_train=0.25, lr=0.1, seed=0)
-    """
+    """AFL (see the module docstring): ``AFL(lambda_lr=0.01, num_clients=20, fraction_train=0.25, lr=0.1, seed=0)``."""
 
     method_class = AFLMethod
     Params = Params

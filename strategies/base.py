@@ -23,13 +23,14 @@ whose ``__init__`` names the hyperparameters). The state a round returns may reu
 the state it was given (FedPCD's history cache: a copy a round would double its memory): a state
 handed to :meth:`Method.aggregate` belongs to that round, as a buffer donated to a jitted step.
 
-The contract, in numbers: a :class:`Method` has 10 class-level declarations (``name``, ``Params``,
+The contract, in numbers: a :class:`Method` has 10 declarations (``name``, ``Params``,
 ``weighting``, ``client_method``, ``needs_individual_updates``, ``secagg_weighting``,
-``personalized``, ``own_step``, ``evaluated_iterate``, and the instance's ``reads``) and 10
-methods (``__init__``, :meth:`~Method.init`, :meth:`~Method.aggregate`, :meth:`~Method.check`,
-:meth:`~Method.request`, :meth:`~Method.client_records`, :meth:`~Method.evaluation_model`,
-:meth:`~Method.restore`, :meth:`~Method.restored`, :meth:`~Method.node_changed`), most of which a
-method leaves as they are (FedAvg writes two).
+``personalized``, ``own_step``, ``evaluated_iterate``, and the instance's ``reads``) and 11
+methods (``__init__``, :meth:`~Method.resolve_weighting`, :meth:`~Method.init`,
+:meth:`~Method.aggregate`, :meth:`~Method.check`, :meth:`~Method.request`,
+:meth:`~Method.client_records`, :meth:`~Method.evaluation_model`, :meth:`~Method.restore`,
+:meth:`~Method.restored`, :meth:`~Method.node_changed`), most of which a method leaves as they
+are (FedAvg's method writes ``aggregate`` alone).
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ class Method:
 
     name: ClassVar[str] = ""  # the run-config method name (set by strategies.registry.register)
     Params: ClassVar[type[MethodParams]] = NoParams
-    weighting: ClassVar[str] = "data-size"  # strategies.registry.WEIGHTINGS (resolve_weighting: chosen by a key)
+    weighting: ClassVar[str] = ""  # one of strategies.registry.WEIGHTINGS: each method declares it (register checks)
     client_method: ClassVar[str] = keys.SGD  # the client routine its requests name (client_app.methods)
     needs_individual_updates: ClassVar[bool] = True  # False: a weighted sum of the replies suffices (SecAgg+, DP)
     secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": the weights of a secure sum

@@ -62,7 +62,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import flat
 from fedcore.config import Grid

@@ -119,4 +119,5 @@ class FedAvg(WeightedStrategy):
         self.fedavg_weighting = check_weighting(fedavg_weighting)
         super().__init__(params, **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)

@@ -175,10 +175,7 @@ class FedFVMethod(Method):
 
 @register("fedfv")
 class FedFV(FairStrategy):
-    """FedFV (see the module docstring)::
-
-        FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)
-    """
+    """FedFV (see the module docstring): ``FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)``."""
 
     method_class = FedFVMethod
     Params = Params

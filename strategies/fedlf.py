@@ -296,10 +296,7 @@ class FedLFMethod(Method):
 
 @register("fedlf")
 class FedLF(FairStrategy):
-    """FedLF (see the module docstring)::
-
-        FedLF(history=True, window=10, fraction_train=0.25, lr=0.1, seed=0)
-    """
+    """FedLF (see the module docstring): ``FedLF(history=True, window=10, fraction_train=0.25, lr=0.1, seed=0)``."""
 
     method_class = FedLFMethod
     Params = Params

@@ -84,10 +84,7 @@ class FedMGDAMethod(Method):
 
 @register("fedmgda")
 class FedMGDA(FairStrategy):
-    """FedMGDA+ (see the module docstring)::
-
-        FedMGDA(eps=0.1, eta=1.0, fraction_train=0.25, lr=0.1, seed=0)
-    """
+    """FedMGDA+ (see the module docstring): ``FedMGDA(eps=0.1, eta=1.0, fraction_train=0.25, lr=0.1, seed=0)``."""
 
     method_class = FedMGDAMethod
     Params = Params

@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
+from fedcore import keys
 from fedcore.config import check_value
 from fedcore.params import NoParams
 from strategies.base import Method, Reads, Round, Step
 from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from fedcore import keys
 
 
 def nova_step_weights(num_steps: torch.Tensor, momentum: float) -> torch.Tensor:

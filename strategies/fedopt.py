@@ -41,7 +41,7 @@ from fedcore.config import check_value
 from fedcore.params import MethodParams, hyper
 from strategies.base import Round, Step
 from strategies.fedavg import MetricsFn, WeightedMethod, WeightedStrategy, check_weighting
-from strategies.flower import flower_arguments, flower_dtypes, given_once, method_params, params_property
+from strategies.flower import flower_arguments, flower_dtypes, given_lr, given_once, method_params, params_property
 from strategies.registry import register
 
 Arrays = dict[str, np.ndarray]
@@ -271,7 +271,8 @@ class FedAvgM(WeightedStrategy):
         super().__init__(method_params(FedAvgMParams, params, "FedAvgM", server_learning_rate=server_learning_rate,
                                        momentum=momentum), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
     @property
     def momentum_vector(self) -> list[np.ndarray] | None:
@@ -281,7 +282,7 @@ class FedAvgM(WeightedStrategy):
 
 def _adam_like(owner: str, params_cls, params, eta, eta_l, lr, beta_1, beta1, beta_2, beta2, tau, common):
     """FedAdam's and FedYogi's hyperparameters from Flower's names and their own (one of each pair)."""
-    common["lr"] = given_once(owner, "eta_l", eta_l, "lr", lr, common.get("lr", 0.1))
+    given_lr(common, given_once(owner, "eta_l", eta_l, "lr", lr, None))
     beta1 = given_once(owner, "beta_1", beta_1, "beta1", beta1, params_cls.beta1)
     beta2 = given_once(owner, "beta_2", beta_2, "beta2", beta2, params_cls.beta2)
     return method_params(params_cls, params, owner, eta=eta, beta1=beta1, beta2=beta2, tau=tau)
@@ -311,7 +312,8 @@ class FedAdam(ServerOptStrategy):
         built = _adam_like("FedAdam", FedAdamParams, params, eta, eta_l, lr, beta_1, beta1, beta_2, beta2, tau, common)
         super().__init__(built, **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
     def flower_arrays(self, arrays):
         """Flower's FedAdam returns float64 arrays (its bias-corrected η̂ is a numpy float64)."""
@@ -341,7 +343,8 @@ class FedYogi(ServerOptStrategy):
         built = _adam_like("FedYogi", FedYogiParams, params, eta, eta_l, lr, beta_1, beta1, beta_2, beta2, tau, common)
         super().__init__(built, **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
 
 @register("fedadagrad")
@@ -361,8 +364,9 @@ class FedAdagrad(ServerOptStrategy):
                  lr: float | None = None, fedavg_weighting: str = "data-size", params: FedAdagradParams | None = None,
                  **common: Any) -> None:
         self.fedavg_weighting = check_weighting(fedavg_weighting)
-        common["lr"] = given_once("FedAdagrad", "eta_l", eta_l, "lr", lr, common.get("lr", 0.1))
+        given_lr(common, given_once("FedAdagrad", "eta_l", eta_l, "lr", lr, None))
         super().__init__(method_params(FedAdagradParams, params, "FedAdagrad", eta=eta, tau=tau), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 

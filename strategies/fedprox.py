@@ -14,7 +14,7 @@ from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
 from strategies.base import Request
 from strategies.fedavg import FedAvgMethod, MetricsFn, WeightedStrategy, check_weighting
-from strategies.flower import flower_arguments, given_once, params_property, method_params
+from strategies.flower import flower_arguments, given_once, method_params, params_property
 from strategies.registry import register
 
 
@@ -57,4 +57,5 @@ class FedProx(WeightedStrategy):
         mu = given_once("FedProx", "proximal_mu", proximal_mu, "mu", mu, Params.mu)
         super().__init__(method_params(Params, params, "FedProx", mu=mu), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)

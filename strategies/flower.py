@@ -39,7 +39,7 @@ from flwr.serverapp.strategy import Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedcore import flat, keys
-from fedcore.config import ConfigError, check_value
+from fedcore.config import ConfigError, check_value, did_you_mean
 from fedcore.params import MethodParams
 from fedcore.replies import Dropped
 from strategies import gate, requests
@@ -79,6 +79,19 @@ def check_common(owner: str, *, fraction_train: float, fraction_evaluate: float,
         raise ConfigError(f"run-config key 'server-lr' = {server_lr} is not used by {owner}: {own_step}; "
                           "leave server-lr = 0")
     return out
+
+
+def unknown_keywords(cls: type, unknown: Mapping[str, Any]) -> str:
+    """The one line for keywords ``cls`` does not take: the closest of those it does take."""
+    import inspect
+
+    known = {p for klass in (cls, FairStrategy) for p in inspect.signature(klass.__init__).parameters}
+    known -= {"self", "unknown", "common"}
+    names = sorted(unknown)
+    close = "".join(did_you_mean(u, sorted(known)) for u in names)
+    fields = sorted(f.name for f in dataclasses.fields(cls.Params))
+    return (f"{cls.__name__}() got unknown argument(s) {names}{close}; its hyperparameters are "
+            f"{fields or 'none'}")
 
 
 def method_params(cls: type[MethodParams], params: MethodParams | None, owner: str, **given: Any) -> MethodParams:
@@ -152,8 +165,11 @@ class FairStrategy(Strategy):
                  weighted_by_key: str = keys.NUM_EXAMPLES, arrayrecord_key: str = keys.ARRAYS,
                  configrecord_key: str = keys.CONFIG,
                  train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None) -> None:
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 **unknown: Any) -> None:
         owner = type(self).__name__
+        if unknown:  # a misspelt keyword: one line naming the closest ones (Python's own would name none)
+            raise TypeError(unknown_keywords(type(self), unknown))
         common = check_common(owner, fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
                               min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
                               min_available_nodes=min_available_nodes, node_wait_timeout=node_wait_timeout, seed=seed,
@@ -283,7 +299,8 @@ class FairStrategy(Strategy):
         self.set_model(arrays)
         if context.select is not None:
             targets = context.select(server_round, grid)
-            self.num_nodes = None
+            # N of a run that does not say (SCAFFOLD's 1/N, AFL's λ): the nodes connected now
+            self.num_nodes = None if self.num_clients is not None else len(list(grid.get_node_ids()))
         else:
             targets = requests.sample_nodes(grid, self.fraction_train, max(1, self.min_train_nodes), self.seed,
                                             "flower-sample", server_round, min_available=self.min_available_nodes,
@@ -392,6 +409,8 @@ class FairStrategy(Strategy):
         outcome = self.train_outcome(server_round, replies)
         if outcome.error is not None:
             raise outcome.error
+        if outcome.arrays is None:  # no model (no valid reply, or a robust rule's skip): the method's metrics alone
+            return None, outcome.metrics
         used = outcome.metric_replies if outcome.metric_replies is not None else outcome.client_replies
         client = gate.client_metrics(used, self.train_metrics_aggr_fn, self.weighted_by_key, "aggregate_train")
         return self.flower_arrays(outcome.arrays), merged(client, outcome.metrics)
@@ -491,6 +510,13 @@ def given_once(owner: str, flower_name: str, flower_value: Any, own_name: str, o
         raise TypeError(f"{owner}() got both '{flower_name}' (Flower's name) and '{own_name}' (its own) for the same "
                         "value: give one of them")
     return flower_value if flower_value is not None else own_value if own_value is not None else default
+
+
+def given_lr(common: dict[str, Any], lr: float | None) -> None:
+    """The clients' ``lr`` given under a Flower name (``eta_l``, ``client_learning_rate``) handed on
+    as the common keyword; nothing when none was given (FairStrategy's default then)."""
+    if lr is not None:
+        common["lr"] = lr
 
 
 def params_property(field: str, doc: str) -> property:

@@ -102,7 +102,8 @@ def update_norm(arrays: list[np.ndarray]) -> float:
     return float(np.sqrt(sum([np.linalg.norm(a.flat) ** 2 for a in arrays])))
 
 
-def clip_model(model: list[np.ndarray], current: list[np.ndarray], clipping_norm: float) -> tuple[list[np.ndarray], bool]:
+def clip_model(model: list[np.ndarray], current: list[np.ndarray],
+               clipping_norm: float) -> tuple[list[np.ndarray], bool]:
     """(θ_t + min(1, C/‖θ_i − θ_t‖)·(θ_i − θ_t), whether it was clipped): Flower's
     ``compute_clip_model_update`` / ``compute_adaptive_clip_model_update``."""
     update = [np.subtract(x, y) for x, y in zip(model, current)]

@@ -29,7 +29,15 @@ from fedcore.config import Grid, check_value
 from fedcore.params import MethodParams, hyper
 from strategies.base import Method, Reads, Round, Step
 from strategies.fedavg import MetricsFn
-from strategies.flower import FairStrategy, flower_arguments, flower_dtypes, given_once, method_params, params_property
+from strategies.flower import (
+    FairStrategy,
+    flower_arguments,
+    flower_dtypes,
+    given_lr,
+    given_once,
+    method_params,
+    params_property,
+)
 from strategies.registry import register
 
 LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a loss is 0
@@ -102,10 +110,11 @@ class QFFL(FairStrategy):
                  evaluate_metrics_aggr_fn: MetricsFn | None = None, *, lr: float | None = None,
                  params: Params | None = None, **common: Any) -> None:
         self.train_loss_key = train_loss_key  # Flower's QFedAvg's: read when a reply has no loss-before
-        common["lr"] = given_once("QFFL", "client_learning_rate", client_learning_rate, "lr", lr, 0.1)
+        given_lr(common, given_once("QFFL", "client_learning_rate", client_learning_rate, "lr", lr, None))
         super().__init__(method_params(Params, params, "QFFL", q=q), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
     @property
     def client_learning_rate(self) -> float:
@@ -114,7 +123,8 @@ class QFFL(FairStrategy):
 
     @client_learning_rate.setter
     def client_learning_rate(self, value: float) -> None:
-        self.lr = check_value("lr", value, float, low=0.0, low_open=True, subject="QFFL attribute 'client_learning_rate'")
+        self.lr = check_value("lr", value, float, low=0.0, low_open=True,
+                              subject="QFFL attribute 'client_learning_rate'")
 
     def metric_fallbacks(self) -> dict[str, tuple[str, str]]:
         """loss-before, read from Flower's ``train_loss_key`` when a reply lacks it (strategies.gate)."""

@@ -49,8 +49,9 @@ def register(name: str):
     def deco(cls):
         if name in _CLASSES and _CLASSES[name] is not cls:
             raise ValueError(f"method {name!r} registered twice")
-        if getattr(cls.method_class, "weighting", None) not in WEIGHTINGS:
-            raise ValueError(f"method {name!r} ({cls.method_class.__qualname__}) declares no weighting: set the class "
+        method = getattr(cls, "method_class", None)
+        if getattr(method, "weighting", None) not in WEIGHTINGS:
+            raise ValueError(f"method {name!r} ({cls.__qualname__}) declares no weighting: set its method's class "
                              f"attribute weighting to one of {', '.join(WEIGHTINGS)}")
         cls.method_class.name = name
         _CLASSES[name] = cls

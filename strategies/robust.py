@@ -299,7 +299,8 @@ class FedMedian(RobustStrategy):
                  params: NoParams | None = None, **common: Any) -> None:
         super().__init__(method_params(NoParams, params, "FedMedian"), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
 
 @register("fedtrimmedavg")
@@ -319,7 +320,8 @@ class FedTrimmedAvg(RobustStrategy):
                  **common: Any) -> None:
         super().__init__(method_params(FedTrimmedAvgParams, params, "FedTrimmedAvg", beta=beta), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
 
 @register("krum")
@@ -340,7 +342,8 @@ class Krum(RobustStrategy):
         f = given_once("Krum", "num_malicious_nodes", num_malicious_nodes, "num_malicious", num_malicious, 0)
         super().__init__(method_params(KrumParams, params, "Krum", num_malicious=f), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
 
 @register("multikrum")
@@ -396,10 +399,12 @@ class Bulyan(RobustStrategy):
         f = given_once("Bulyan", "num_malicious_nodes", num_malicious_nodes, "num_malicious", num_malicious, 0)
         super().__init__(method_params(BulyanParams, params, "Bulyan", num_malicious=f), **flower_arguments(
             fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
-            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn), **common)
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
     def build(self, params, setting):
-        return self.method_class(params, setting, self._selection_rule, getattr(self, "weighted_by_key", "num-examples"))
+        weight_key = getattr(self, "weighted_by_key", keys.NUM_EXAMPLES)  # not set yet while __init__ builds it
+        return self.method_class(params, setting, self._selection_rule, weight_key)
 
     @property
     def selection_rule(self) -> Callable:

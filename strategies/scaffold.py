@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from fedcore import flat, keys
+from fedcore.params import NoParams
 from strategies.base import Method, Reads, Request, Round, Step
 from strategies.flower import FairStrategy, method_params
-from fedcore.params import NoParams
 from strategies.registry import register
 
 # Honest Δc_i meet their bound exactly up to float32 rounding: 5 % covers that and nothing more.

@@ -43,8 +43,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedcore.config import RunConfig
-from strategies.requests import RunContext
 from strategies.gate import RoundOutcome
+from strategies.requests import RunContext
 
 DEPLOYMENT_ROUND_TIMEOUT = 600.0  # seconds; the rule is in the module docstring
 

@@ -53,8 +53,8 @@ from flwr.app.metadata import Metadata
 from fedcore import keys
 from fedcore.config import ConfigError, RunConfig
 from fedcore.replies import Dropped, check_count, check_train_reply
-from strategies.requests import RunContext, addressees
 from strategies.gate import RoundOutcome, log_dropped
+from strategies.requests import RunContext, addressees
 
 log = logging.getLogger("fedpcd")
 
