@@ -80,12 +80,10 @@ from client_app.methods import (
 )
 from client_app.row_forward import Forward, dropout_modules, forward_for, model_info
 from client_app.training import batch_indices, sampled_batches
-from fedcore.config import APP
 from fedcore.seeding import seed_torch
 
 log = logging.getLogger("fedpcd")
 
-EXECUTION_KEY = "client-execution"
 # client-execution = 'auto' trains these models as rows, per device kind (device_kind): where
 # benchmarks/simulation.py measured the rows' round faster than the loop's, or as fast (the CPU,
 # in process, 2026-12-03, figures-free runs: Synthetic's logreg at 10 and 100 clients per round,
@@ -109,12 +107,6 @@ def _say_once(reason: str) -> None:
     if reason not in _SAID:
         _SAID.add(reason)
         log.info("client-execution: %s", reason)
-
-
-def execution_mode(settings) -> str:
-    """The run's ``client-execution`` from the routine's settings (a RunConfig field, as
-    :class:`client_app.methods.LocalTraining`'s), checked against its declaration."""
-    return str(APP[EXECUTION_KEY].check(settings.client_execution))
 
 
 # -- rows: the batched trainer -----------------------------------------------------------------
