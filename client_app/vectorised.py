@@ -90,9 +90,9 @@ log = logging.getLogger("fedpcd")
 # 0.69 and 0.40 of the plain loop's CPU time against the loop's 1.15; the digits MLP at its
 # default 5 clients per round 0.84-0.93 of the floor's CPU (medians at two and one threads,
 # quiet) against the loop's 1.38-1.48, and its first round 1-2 s shorter: the loop's first
-# torch.optim.SGD imports torch._dynamo, the rows never do; CUDA: at 10, 50 and 100 clients per round, bash
-# benchmarks/gpu_check.sh OUT rows; none measured yet). docs/performance.md §10 and §4 "Rows on
-# the GPU" hold the figures.
+# torch.optim.SGD imported torch._dynamo then (client_app.optim's no longer does); CUDA: at 10,
+# 50 and 100 clients per round, bash benchmarks/gpu_check.sh OUT rows; none measured yet).
+# docs/performance.md §10 and §4 "Rows on the GPU" hold the figures.
 AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
 
 _SAID: set[str] = set()
