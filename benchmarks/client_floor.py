@@ -7,9 +7,15 @@ bundle, the message's pull and push).
 Run as a script with the client-only virtualenv's python (``benchmarks/supernode.py`` does, pinned
 to one CPU), from any folder: it imports only torch, flwr and the app's wheel::
 
-    python benchmarks/client_floor.py train|evaluate MODEL PARTITION NUM_PARTITIONS '<run config JSON>'
+    python benchmarks/client_floor.py train|evaluate MODEL PARTITION NUM_PARTITIONS '<run config JSON>' [--flower]
 
-It prints one JSON line: the seconds to import torch and flwr (``import_s``), to do the work with
+``--flower``: first import what Flower's ``flwr-clientapp`` command loads before it loads an app
+(``flwr.supernode.cli.flwr_clientapp``: its runtime, the SuperNode's client, FAB installation; it
+pulls sqlalchemy, fastapi, pydantic, alembic, requests), then the same: the floor of a process
+that Flower's one-process-per-message design starts.
+
+It prints one JSON line: the seconds to import torch and flwr (``import_s``; with ``--flower``, Flower's
+runtime too), to do the work with
 the ClientApp's handler, its imports included (``work_s``), and the process's peak resident set
 (``maxrss_mib``). The request is the first round's, as the run's ServerApp sends it to a FedAvg
 client (the run config, the round, its learning rate, the client routine, the initial weights).
@@ -27,7 +33,9 @@ T0 = time.perf_counter()
 
 def main(argv: list[str]) -> dict:
     kind, model, partition, partitions = argv[0], argv[1], int(argv[2]), int(argv[3])
-    overrides = json.loads(argv[4]) if len(argv) > 4 else {}
+    overrides = json.loads(argv[4]) if len(argv) > 4 and not argv[4].startswith("--") else {}
+    if "--flower" in argv:
+        from flwr.supernode.cli.flwr_clientapp import flwr_clientapp  # noqa: F401 - Flower's per-message process
     import flwr.app  # noqa: F401 - the floor: Python, torch and flwr
     import flwr.clientapp  # noqa: F401
     import torch  # noqa: F401
@@ -59,7 +67,7 @@ def main(argv: list[str]) -> dict:
     if reply.has_error():
         raise SystemExit(f"error: the {kind} handler replied with an error: {reply.error.reason}")
     done = time.perf_counter()
-    return {"kind": kind, "import_s": t_import - T0, "work_s": done - t_import,
+    return {"kind": kind, "flower": "--flower" in argv, "import_s": t_import - T0, "work_s": done - t_import,
             "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 

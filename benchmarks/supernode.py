@@ -277,15 +277,17 @@ def measure_floor(venv_python: Path, model: str, nodes: int, cpu: int, run_confi
     flwr and does the message's work; once untimed (its .pyc files, the page cache), then ``reps``
     times. Its wall seconds (start to exit, seen from here), CPU seconds (``os.wait4``: that child
     alone), the import and work seconds it reports, its peak RSS; the medians, and every repeat.
+    ``train_flower`` and ``evaluate_flower``: the same with Flower's ``flwr-clientapp`` runtime
+    imported first (``client_floor.py --flower``): the floor of Flower's process per message.
     ``pythonpath``: where the app's packages come from besides the virtualenv (none: its wheel)."""
     out: dict = {}
     env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "VIRTUAL_ENV": str(venv_python.parent.parent)}
-    for kind in ("train", "evaluate"):
+    for kind, flower in (("train", False), ("evaluate", False), ("train", True), ("evaluate", True)):
         runs = []
         for rep in range(reps + 1):
             cmd = ["taskset", "-c", str(cpu), str(venv_python), str(FLOOR), kind, model, "0", str(nodes),
-                   json.dumps(run_config)]
+                   json.dumps(run_config), *(["--flower"] if flower else [])]
             t = time.perf_counter()
             proc = subprocess.Popen(cmd, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
@@ -298,8 +300,9 @@ def measure_floor(venv_python: Path, model: str, nodes: int, cpu: int, run_confi
             if rep:  # the first one warms up
                 runs.append({"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
                              **json.loads(stdout.splitlines()[-1])})
-        out[kind] = {k: _median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "import_s", "work_s", "maxrss_mib")}
-        out[kind]["runs"] = runs
+        key = f"{kind}_flower" if flower else kind
+        out[key] = {k: _median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "import_s", "work_s", "maxrss_mib")}
+        out[key]["runs"] = runs
     return out
 
 
@@ -470,16 +473,22 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"per message, the mean over the rounds, against its floor (a fresh process: import torch and flwr, the "
           f"same work; median of {args.floor_reps}), all at 1 CPU:")
+    print("(floor + Flower: the same with what Flower's flwr-clientapp imports before it loads the app)")
     print(f"{'model':<6}{'node':>5}{'message':>10}{'wall s':>9}{'ClientApp s':>13}{'its CPU s':>11}{'its MiB':>9}"
-          f"{'floor wall s':>14}{'floor CPU s':>13}{'floor import s':>16}{'floor MiB':>11}")
+          f"{'floor wall s':>14}{'CPU s':>7}{'import s':>10}{'MiB':>6}{'floor+Flower wall s':>21}{'CPU s':>7}"
+          f"{'MiB':>6}")
+    nan = float("nan")
     for res in results["models"]:
         for n in res["nodes"]:
             for kind in ("train", "evaluate"):
                 floor = res.get("floor", {}).get(kind, {})
+                flower = res.get("floor", {}).get(f"{kind}_flower", {})
                 print(f"{res['model']:<6}{n['node']:>5}{kind:>10}{n[f'{kind}_s']:>9.2f}{n[f'{kind}_process_s']:>13.2f}"
                       f"{n[f'{kind}_cpu_s']:>11.2f}{n[f'{kind}_rss_mib']:>9.0f}"
-                      f"{floor.get('wall_s', float('nan')):>14.2f}{floor.get('cpu_s', float('nan')):>13.2f}"
-                      f"{floor.get('import_s', float('nan')):>16.2f}{floor.get('maxrss_mib', float('nan')):>11.0f}")
+                      f"{floor.get('wall_s', nan):>14.2f}{floor.get('cpu_s', nan):>7.2f}"
+                      f"{floor.get('import_s', nan):>10.2f}"
+                      f"{floor.get('maxrss_mib', nan):>6.0f}{flower.get('wall_s', nan):>21.2f}"
+                      f"{flower.get('cpu_s', nan):>7.2f}{flower.get('maxrss_mib', nan):>6.0f}")
     results["loadavg_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")

@@ -179,8 +179,9 @@ def test_a_process_status_has_its_cpu_seconds():
 
 @pytest.mark.slow
 def test_the_floor_is_a_fresh_process_per_message(tmp_path):
-    """One timed floor of each message type (after the untimed one): the work ran in a process of
-    its own, pinned to one CPU, which imported torch and flwr (seconds of both) and answered."""
+    """One timed floor of each message type (after the untimed one), bare and with Flower's
+    flwr-clientapp runtime: the work ran in a process of its own, pinned to one CPU, which imported
+    torch and flwr and answered."""
     import os
     from pathlib import Path
 
@@ -188,8 +189,10 @@ def test_the_floor_is_a_fresh_process_per_message(tmp_path):
     cpu = sorted(os.sched_getaffinity(0))[0]
     floor = supernode.measure_floor(Path(sys.executable), "mlp", 2, cpu, supernode.run_config("mlp", 2), reps=1,
                                     pythonpath=str(root))
-    for kind in ("train", "evaluate"):
-        (run,) = floor[kind]["runs"]
-        assert run["kind"] == kind and floor[kind]["wall_s"] == run["wall_s"]
+    for key, kind in (("train", "train"), ("evaluate", "evaluate"), ("train_flower", "train"),
+                      ("evaluate_flower", "evaluate")):
+        (run,) = floor[key]["runs"]
+        assert run["kind"] == kind and run["flower"] == key.endswith("_flower")
+        assert floor[key]["wall_s"] == run["wall_s"]
         assert 0 < run["import_s"] + run["work_s"] <= run["wall_s"] and run["cpu_s"] > 0
         assert run["maxrss_mib"] > 100  # torch
