@@ -69,7 +69,7 @@ def fab(tmp_path_factory) -> bytes:
     return sent
 
 
-def _module_file(mod: str) -> str:
+def module_file(mod: str) -> str:
     path = ROOT / Path(*mod.split("."))
     return (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).relative_to(ROOT).as_posix()
 
@@ -89,7 +89,7 @@ def app_modules() -> set[str]:
         parts = mod.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages it lies in
         todo += edges.get(mod, ())
-        source = (ROOT / _module_file(mod)).read_text()
+        source = (ROOT / module_file(mod)).read_text()
         todo += [m for m in re.findall(r'"-m",\s*"([\w.]+)"', source) if m.split(".")[0] in PACKAGES]
     return seen
 
@@ -97,7 +97,7 @@ def app_modules() -> set[str]:
 def test_the_bundle_holds_the_modules_the_apps_import_and_nothing_else(fab):
     names = set(zipfile.ZipFile(io.BytesIO(fab)).namelist())
     modules = {n for n in names if n.endswith(".py")}
-    wanted = {_module_file(m) for m in app_modules()}
+    wanted = {module_file(m) for m in app_modules()}
     assert not wanted - modules, (f"the apps import {sorted(wanted - modules)}, which the bundle lacks: "
                                   "widen fab-include in pyproject.toml's [tool.flwr.app]")
     assert not modules - wanted, (f"the bundle holds {sorted(modules - wanted)}, which no app imports: "
