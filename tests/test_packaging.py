@@ -173,16 +173,20 @@ def test_the_built_wheel_imports_and_builds_the_strategies_without_a_checkout(bu
 
 
 def test_flwr_build_makes_a_fab_that_flwr_installs_and_loads(tmp_path):
-    """``flwr build``'s FAB (flwr.cli.build), installed as a SuperExec installs it (flwr.cli.install)
-    and its components loaded from the installed folder by Flower's own loader."""
+    """``flwr build``'s FAB (flwr.cli.build), installed as a SuperExec installs it (flwr.cli.install),
+    holds the modules the apps import, and its components load from the installed folder by
+    Flower's own loader."""
     from flwr.cli.build import build_fab_from_disk
     from flwr.cli.install import install_from_fab
     from flwr.common.constant import FAB_MAX_SIZE
 
+    from tests.test_bundle import app_modules, module_file
+
     fab = build_fab_from_disk(ROOT)
     assert len(fab) < FAB_MAX_SIZE
     app_dir = install_from_fab(fab, install_dir=tmp_path, skip_prompt=True)
-    missing = sorted(m for m in modules_of_the_checkout() if not (app_dir / m).exists())
+    # the modules the apps import (the bundle holds those alone: tests/test_bundle.py)
+    missing = sorted(module_file(m) for m in app_modules() if not (app_dir / module_file(m)).exists())
     assert not missing, f"the FAB lacks {missing[:5]}"
     script = ("import sys; from flwr.supercore.object_ref import load_app\n"
               "s = load_app('fedpcd_app.server_app:app', ValueError, sys.argv[1])\n"
