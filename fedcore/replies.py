@@ -2,7 +2,7 @@
 
 Flower's own FedAvg raises on inconsistent replies and takes the ServerApp down with it;
 every strategy here filters its replies through :func:`validate_train_replies` first
-(``strategies.base.FairStrategy.aggregate_train``), so a method only sees well-formed ones.
+(the one gate, :mod:`strategies.gate`), so a method only sees well-formed ones.
 
 Well-formed is not enough: every number a client sends is checked against what the server
 knows (:class:`ReplyLimits`), and a reply that fails is dropped with its reason:
@@ -21,7 +21,8 @@ knows (:class:`ReplyLimits`), and a reply that fails is dropped with its reason:
   fewer than :data:`MIN_REPLIES_FOR_RATIO` valid replies (the median of two is their mean,
   which a huge one drags along) or a median of 0 (free riders) it is skipped and only the
   finiteness check holds;
-* **method values** — a strategy's ``check_reply`` (FedeRage's β in its box);
+* **method values** — the values a method declares it reads, each in its range (``check``:
+  FedeRage's β in its box; :class:`strategies.base.Reads`);
 * **scores** — :func:`check_eval_reply`: accuracy in [0, 1], loss finite and ≥ 0, ``num-test``
   a count bounded like ``num-examples`` (by the test size the server knows).
 

@@ -437,9 +437,19 @@ def client_metrics(replies: list[Reply], fn: Callable, weight_key: str, what: st
     return finite_metrics(out, what) if out is not None else None
 
 
+# The ranges of the evaluation metrics the gate knows (Flower's quickstart names and the project's):
+# an aggregate outside its key's range is not returned.
+RANGES = {**{name: (0.0, 1.0) for name, key in keys.EVALUATE_ALIASES.items() if key == keys.EVAL_ACC},
+          keys.EVAL_ACC: (0.0, 1.0), keys.VAL_ACC: (0.0, 1.0),
+          **{name: (0.0, math.inf) for name, key in keys.EVALUATE_ALIASES.items() if key == keys.EVAL_LOSS},
+          keys.EVAL_LOSS: (0.0, math.inf), keys.VAL_LOSS: (0.0, math.inf)}
+
+
 def finite_metrics(record: MetricRecord, what: str) -> MetricRecord:
-    """``record`` without the values that are not finite (each left out with a warning)."""
-    bad = [k for k, v in record.items() if metrics_problem({k: v}) is not None]
+    """``record`` without the values that are not finite or lie outside their key's range
+    (:data:`RANGES`), each left out with a warning."""
+    bad = [k for k, v in record.items() if metrics_problem({k: v}) is not None
+           or (k in RANGES and not isinstance(v, list) and not RANGES[k][0] <= v <= RANGES[k][1])]
     for key in bad:
-        log.warning("%s: metric '%s' = %r is not finite: left out", what, key, record[key])
+        log.warning("%s: metric '%s' = %r is not finite or outside its range: left out", what, key, record[key])
     return record if not bad else MetricRecord({k: v for k, v in record.items() if k not in bad})

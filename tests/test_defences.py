@@ -322,3 +322,39 @@ def test_adaptive_dp_run_reports_every_round_and_resumes_exactly(tmp_path):
     resumed = go("resumed", **{"resume-from": str(crashed)})
     assert np.array_equal(flat_of(resumed.arrays), flat_of(full.arrays))
     assert read_rounds(resumed.writer.dir)[3]["privacy"] == rounds[3]["privacy"]
+
+
+def test_a_format_3_dp_checkpoint_resumes_with_its_clipping_norm(tmp_path):
+    """Format 3 kept central DP's clipping norm in its own field (``privacy``); format 4 keeps it inside
+    the method's state. A format-3 file of an adaptive-DP run resumes exactly as the format-4 one."""
+    import hashlib
+
+    import torch
+
+    from fedcore.state import from_tree, to_tree
+
+    base = {"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "eval-every": 0,
+            "checkpoint-every": 2, "dp": "adaptive", "dp-noise-multiplier": 0.05, "dp-clipping-norm": 0.01}
+
+    def go(name, **extra):
+        cfg = load_config({**base, "output-dir": str(tmp_path / name), **extra})
+        with task_identity():
+            holder = {}
+            grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"])])
+            exp = holder["exp"] = Experiment(grid, cfg)
+            exp.run()
+        return exp
+
+    full = go("full")
+    old = tmp_path / "old"
+    shutil.copytree(full.writer.dir, old)
+    checkpoint.path_for(old, 4).unlink()
+    path = checkpoint.path_for(old, 2)
+    raw = torch.load(path, weights_only=True)
+    state = from_tree(raw["strategy"])  # central DP's State: the method's (None for FedAvg) and the norm
+    raw = {**raw, "format": 3, "strategy": to_tree(state["inner"]),
+           "privacy": to_tree({"clipping_norm": state["clipping_norm"]})}
+    torch.save(raw, path)
+    checkpoint.checksum_path(path).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    resumed = go("resumed", **{"resume-from": str(old)})
+    assert np.array_equal(flat_of(resumed.arrays), flat_of(full.arrays))

@@ -394,3 +394,15 @@ def test_a_seeded_draw_asks_the_same_nodes_and_new_ids_draw_other_ones():
     other_ids = [int(x) for x in rng.integers(1, 2**62, size=20)]  # a rerun: partition p on the new id other_ids[p]
     assert partitions_asked(ids) == partitions_asked(ids)
     assert partitions_asked(ids) != partitions_asked(other_ids)
+
+
+def test_a_metrics_function_returning_a_score_out_of_range_is_not_passed_on():
+    def wrong(contents, key):  # a user's function that reports a percentage as an accuracy
+        return MetricRecord({"eval_acc": 87.0, "loss": -1.0, "f1": math.nan, "kept": 0.5})
+
+    strategy, grid = built(strategies.FedAvg, evaluate_metrics_aggr_fn=wrong), IdGrid()
+    with task_identity():
+        reqs = grid.push(strategy.configure_evaluate(1, model0(), ConfigRecord(), grid))
+        got = strategy.aggregate_evaluate(1, [eval_reply(r, 0.5) for r in reqs])
+    assert "eval_acc" not in got and "f1" not in got and got["kept"] == 0.5
+    assert 0.0 <= got["accuracy"] <= 1.0 and got["loss"] >= 0  # the project's own, from the scored replies

@@ -82,7 +82,7 @@ class TrainOutcome:
 class Sent:
     """A routine's hyperparameters as the server sent them in the request config: ``sent.beta_lr``
     is the entry ``<prefix>-beta-lr`` (:func:`fedcore.params.key_for`, the naming rule of the
-    run-config keys its strategy's ``Params`` declares and sends, ``client_config()``), so the
+    run-config keys its method's ``Params`` declares and its ``request`` sends), so the
     client declares none of them again and has no defaults: a missing key is a one-line
     ``ConfigError``. Equal (and hashed) by the entries under the prefix."""
 
