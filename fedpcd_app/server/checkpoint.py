@@ -380,7 +380,6 @@ def from_format_3(raw: dict[str, Any]) -> dict[str, Any]:
     privacy = raw.get("privacy")
     if privacy is not None:
         from fedcore.state import from_tree, to_tree
-
         from strategies.privacy import State
 
         norm = float(from_tree(privacy)["clipping_norm"])
