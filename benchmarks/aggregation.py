@@ -3,8 +3,9 @@ next to the method's own floor, all measured in the same rounds on the same repl
 
 For each model size and method: realistic train replies (the model's real ArrayRecord
 shapes from ``client_app.models``, random perturbations of the seeded initial model),
-``--rounds`` rounds of ``set_model`` + ``aggregate_valid`` (the aggregation itself; reply
-validation is not timed) with ``--replies`` clients sampled from ``--clients`` (so stateful
+``--rounds`` rounds of ``set_model`` + the method's step (:func:`method_step`: the round read from
+the replies and ``method.aggregate``, the aggregation itself; the gate's checks are not timed)
+with ``--replies`` clients sampled from ``--clients`` (so stateful
 methods such as FedPCD's history cache reach their steady state), the last ``--timed``
 rounds timed. In each timed round, right after the method and on the SAME replies:
 Flower's ``flwr.serverapp.strategy.FedAvg().aggregate_train``, and, for the methods that
@@ -94,8 +95,8 @@ def reply_pool(theta: torch.Tensor, spec, count: int, seed: int, lr: float) -> l
 def build_replies(pool, pids, sizes, extra_records, spec, extra_metrics=()):
     """Train replies carrying the pool's models for the sampled partition ids.
 
-    ``extra_metrics``: a method's further ``required_metrics`` (e.g. FedeRage's β_i), each
-    a per-client value in (0, 1).
+    ``extra_metrics``: the further metrics a method reads (e.g. FedeRage's β_i), each a
+    per-client value in (0, 1).
     """
     from tests.helpers import train_reply
 
@@ -107,6 +108,16 @@ def build_replies(pool, pids, sizes, extra_records, spec, extra_metrics=()):
                                loss_before=1.0 + 0.01 * pid, train_loss=0.9, num_steps=10,
                                extra_records=extra or None, extra_metrics=metrics or None))
     return out
+
+
+def method_step(strategy, server_round: int, replies):
+    """The method's own step on well-formed replies (the gate's checks left out): the round read
+    from them (:meth:`strategies.flower.FairStrategy.read_round`) and ``method.aggregate``, whose
+    state the strategy keeps. Returns (the new model's ArrayRecord or None, the step's metrics)."""
+    round_ = strategy.read_round(server_round, replies, strategy.context)
+    step = strategy.method.aggregate(round_, strategy.state)
+    strategy.state = step.state
+    return strategy.model_record(step, round_), step.metrics
 
 
 def cache_size(metrics) -> int:
@@ -191,7 +202,7 @@ class CraftFloor(Floor):
     """Per-group m × m Grams (the faster of torch and numpy/syrk) and one m × d product."""
 
     def maths(self, rows, metrics, parts) -> None:
-        groups = self.strategy.groups()
+        groups = self.strategy.method.groups(self.spec)
         options = {}
         t_parts: dict[str, float] = {}
         n_parts: dict[str, float] = {}
@@ -242,8 +253,8 @@ def run(method: str, size: str, args) -> dict:
     rng = np.random.default_rng(args.seed)
     sizes = rng.integers(50, 500, size=args.clients)
     pool = reply_pool(theta, spec, args.replies, args.seed, lr)
-    extras = tuple(getattr(strategy, "required_records", ()))
-    metric_keys = tuple(k for k in getattr(strategy, "required_metrics", ()) if k not in _BASE_METRICS)
+    extras = tuple(strategy.method.reads.records)
+    metric_keys = tuple(k for k in strategy.method.reads.metrics if k not in _BASE_METRICS)
     ours, theirs, floors, metrics = [], [], [], None
     ours_cpu, theirs_cpu = [], []
 
@@ -257,7 +268,7 @@ def run(method: str, size: str, args) -> dict:
         strategy.set_model(arrays)
         sync()
         t0, c0 = time.perf_counter(), time.process_time()
-        metrics = strategy.aggregate_valid(rnd, replies).metrics
+        metrics = method_step(strategy, rnd, replies)[1]
         sync()
         t1, c1 = time.perf_counter(), time.process_time()
         if rnd > args.rounds - args.timed:

@@ -55,7 +55,7 @@ def _peak_rss_mb() -> float:
 @torch.no_grad()  # not a global switch: tests call this in the pytest process
 def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> dict:
     """One dtype's memory figures (call in a fresh process: peak RSS is per process)."""
-    from benchmarks.aggregation import SIZE_CONFIGS, build_replies, model_record, reply_pool
+    from benchmarks.aggregation import SIZE_CONFIGS, build_replies, method_step, model_record, reply_pool
 
     arrays = model_record(size)
     spec = flat.spec_of(arrays)
@@ -72,11 +72,11 @@ def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> 
     for rnd in range(1, -(-entries // replies) + 1):
         pids = list(range((rnd - 1) * replies, min(rnd * replies, entries)))  # all distinct
         strategy.set_model(arrays)
-        strategy.aggregate_valid(rnd, build_replies(pool, pids, sizes, (), spec))
+        method_step(strategy, rnd, build_replies(pool, pids, sizes, (), spec))
     cache = strategy.state.cache
     el = cache.store.element_size()
-    buffers = (strategy._work, strategy._dir, cache._chunk)
-    other = strategy.writer.nbytes + sum(t.numel() * t.element_size() for t in buffers if t is not None)
+    buffers = (strategy.method._work, strategy.method._dir, cache._chunk)
+    other = strategy.method.writer.nbytes + sum(t.numel() * t.element_size() for t in buffers if t is not None)
     # getrusage's high-water mark can trail /proc's current RSS by a few pages (the kernel
     # syncs per-thread RSS counters lazily): the current RSS is a lower bound of the peak too
     peak = max(_peak_rss_mb(), _rss_mb())
@@ -92,6 +92,7 @@ def memory_row(dtype: str, size: str, entries: int, replies: int, seed: int) -> 
 def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
     """Per-round μ and d_t of 16-bit caches vs float32 on genuine digits updates."""
     import strategies.fedpcd as fedpcd
+    from benchmarks.aggregation import method_step
     from client_app.client_app import load_arrays
     from client_app.data import load_federated_data
     from client_app.models import initial_model
@@ -135,8 +136,7 @@ def real_updates_rows(rounds: int, model: str, seed: int) -> list[dict]:
             for dt, strat in runs.items():  # the same θ_t and replies for every dtype
                 captured.clear()
                 strat.set_model(arrays)
-                step = strat.aggregate_valid(rnd, replies)
-                new, metrics = step.arrays, step.metrics
+                new, metrics = method_step(strat, rnd, replies)
                 mu = captured[0] if captured else np.zeros(0)
                 out[dt] = (mu, (theta - flat.record_to_flat(new)) / eta_g, dict(metrics), new)
             mu32, d32, m32, arrays = out["float32"]  # the float32 run drives the model

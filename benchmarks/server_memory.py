@@ -65,7 +65,7 @@ def model_record(size: str):
 def strategy_classes() -> dict[str, type]:
     import strategies
 
-    return {c.name: c for n in strategies.__all__ if isinstance(c := getattr(strategies, n), type)
+    return {c.method_class.name: c for n in strategies.__all__ if isinstance(c := getattr(strategies, n), type)
             and issubclass(c, strategies.FairStrategy) and c is not strategies.FairStrategy}
 
 
@@ -132,12 +132,12 @@ def cell(method: str, clients: int, size: str, rounds: int, cache_dtype: str | N
                 local = flat.flat_to_record(theta - lr * g, spec)
                 metrics = {keys.NUM_EXAMPLES: 20 + i % 50, keys.TRAIN_LOSS: 1.0 + 0.01 * (i % 7),
                            keys.LOSS_BEFORE: 1.2 + 0.01 * (i % 7), keys.NUM_STEPS: 5}
-                metrics.update({m: 0.5 for m in cls.required_metrics if m not in metrics})
+                metrics.update({m: 0.5 for m in strategy.method.reads.metrics if m not in metrics})
                 content = {keys.ARRAYS: local, keys.METRICS: MetricRecord(metrics)}
-                for name in cls.required_records:
+                for name in strategy.method.reads.records:
                     content[name] = flat.flat_to_record(1e-3 * g, spec)
                 replies.append(Message(RecordDict(content), reply_to=req))
-            extra_bytes = len(cls.required_records) * len(replies) * d * 4
+            extra_bytes = len(strategy.method.reads.records) * len(replies) * d * 4
             del requests
             t1, c1 = time.perf_counter(), time.process_time()
             new, _ = strategy.aggregate_train(rnd, replies)
@@ -186,7 +186,7 @@ def run_forked(method: str, clients: int, size: str, rounds: int, dtype: str) ->
 
 def floor_estimate_gb(method: str, clients: int, size: str) -> float:
     d = 11_227_812 if size == "resnet18" else 100_352
-    records = len(strategy_classes()[method].required_records)
+    records = len(strategy_classes()[method]().method.reads.records)
     return (clients * (1 + records) + 2) * d * 4 / 2**30
 
 

@@ -1,6 +1,7 @@
 """SuperNodes as an edge device runs them: the client-only install, 1 CPU and 1 GiB each.
 
     python -m benchmarks.supernode [--nodes 2] [--rounds 3] [--models mlp,cnn] [--memory-mib 1024] [--json OUT]
+                                   [--floor-reps 3] [--superexec-poll S]
 
 What it does, for each model (the digits MLP, the CNN):
 
@@ -21,12 +22,25 @@ What it does, for each model (the digits MLP, the CNN):
    **train** seconds are from the node's ``Received successfully`` of the train message (it is
    downloaded) to its ``Sending: train message`` (the ClientApp process's start: Flower starts
    one per message, the app bundle, the data and the local epoch), the same for **evaluate**;
+5. before the federation starts, the **floor** of a train and of an evaluate message
+   (:func:`measure_floor`, ``benchmarks/client_floor.py``): a fresh process from the client
+   virtualenv on the first node's CPU, one thread, that imports torch and flwr and does the same
+   work with the ClientApp's handler, then exits (wall and CPU seconds, ``--floor-reps`` times, the
+   median); and during the run each message's ClientApp process (:meth:`Node.messages`: how long
+   it lived, its CPU seconds and peak RSS, from the same 50 ms watch);
 
 and prints one row per SuperNode: the install size (the client set; torch's share apart), the
 peak resident memory of its processes together (the two bounds) and of the ClientApp process, the mean
 train and evaluate seconds per round, and the bytes it received and sent per round (the relay's
 counts between consecutive ``Sending: evaluate`` lines, rounds 2.. : a round's model down and up
-twice, its polls and heartbeats; TLS included).
+twice, its polls and heartbeats; TLS included), then one row per message type and SuperNode: its
+wall seconds, its ClientApp process's seconds, CPU seconds and MiB beside the floor's. What lies
+between a message's wall seconds and its ClientApp process is Flower's hand-over: the SuperExec
+polls the SuperNode for work every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` seconds (Flower 1.42:
+1 s; ``--superexec-poll``) before it starts the process. The JSON adds ``floor`` per model, the
+ClientApp figures per node (``train_process_s``, ``train_cpu_s``, ``train_rss_mib``, the same for
+evaluate), ``received_before_first_train`` (registration, the membership query and the app
+bundle) and ``bundle_bytes`` (what ``flwr run`` sends).
 
 Why ``taskset`` and a watchdog, not a cgroup: here the cgroups are v1 and belong to the machine's
 own process manager (``systemd-run --scope -p MemoryMax=`` has no bus), and ``prlimit --as`` caps
@@ -57,6 +71,8 @@ from fedpcd_app.runtime.flwr_run import descendants
 from tests.deployment import LocalFederation, free_port
 
 MIB = 1024 * 1024
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+FLOOR = Path(__file__).with_name("client_floor.py")
 EVENT = re.compile(r"(Receiving|Sending): (\w+) message|(Received) successfully")
 ROUND = re.compile(r"\[RUN \d+, ROUND (?:eval-)?(\d+)\]")  # a federated evaluation's group id is eval-<round>
 
@@ -115,11 +131,16 @@ class CountingRelay:
 
 
 def _status(pid: int) -> dict:
-    """The process's kind (:func:`_kind`), VmHWM (its peak resident set), and from smaps_rollup
+    """The process's kind (:func:`_kind`), its CPU seconds so far (``cpu_s``: user and system; a
+    process that has exited but is not yet reaped still reads its final figure), VmHWM (its peak
+    resident set), and from smaps_rollup
     its resident bytes: Rss, Private (its pages alone) and Shared (pages some other process on
     the machine maps too); {} but the kind once the process is gone."""
     out: dict = {"kind": _kind(pid)}
     try:
+        with open(f"/proc/{pid}/stat") as fh:  # utime and stime (fields 14, 15), after the ')' of the name
+            fields = fh.read().rpartition(")")[2].split()
+            out["cpu_s"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
                 if line.startswith("VmHWM:"):
@@ -168,6 +189,8 @@ class Node:
         self.events: list[tuple[float, str, str, int, tuple[int, int]]] = []  # (t, verb, type, round, bytes)
         self.peak_tree = self.peak_tree_upper = self.peak_process = 0  # bytes (tree: :func:`tree_memory`)
         self.peak_by_kind: dict[str, int] = {}  # supernode / superexec / clientapp -> its largest VmHWM
+        # each ClientApp process (one per message): pid -> [first seen, last seen, CPU s, VmHWM]
+        self.clientapps: dict[int, list[float]] = {}
         self.over: str | None = None
         self._round = 0
         if proc.stdout is not None:
@@ -201,8 +224,12 @@ class Node:
         tree, upper = tree_memory(stats)
         self.peak_tree, self.peak_tree_upper = max(self.peak_tree, tree), max(self.peak_tree_upper, upper)
         self.peak_process = max([self.peak_process, *(s.get("VmHWM", 0) for s in stats)])
-        for st in stats:
+        now = time.monotonic()
+        for pid, st in zip(pids, stats):
             self.peak_by_kind[st["kind"]] = max(self.peak_by_kind.get(st["kind"], 0), st.get("VmHWM", 0))
+            if st["kind"] == "clientapp" and "cpu_s" in st:
+                seen = self.clientapps.setdefault(pid, [now, now, 0.0, 0])
+                seen[1:] = [now, st["cpu_s"], max(seen[3], st.get("VmHWM", 0))]
         if tree > self.limit:
             self.over = (f"SuperNode {self.index} ({self.model}): over {self.limit / MIB:.0f} MiB "
                          f"(at least {tree / MIB:.0f} MiB resident over its {len(pids)} processes): stopped")
@@ -228,12 +255,71 @@ class Node:
         return out
 
 
+    def messages(self) -> dict[tuple[str, int], dict]:
+        """Per message ((type, round)): its ClientApp process, how long it was seen (``process_s``:
+        its start to its exit, within the 50 ms watch; it exits after it has handed its reply
+        over), its CPU seconds (``cpu_s``) and peak RSS (MiB). Flower starts one process per
+        message, in the order the node received them (the membership query included): the k-th
+        ClientApp process the watch saw is the k-th message's. (Not the log's times: the log is
+        read by a thread of this process, which a loaded machine can hold back by seconds.)"""
+        received = [(kind, rnd) for _, verb, kind, rnd, _ in self.events if verb == "Received"]
+        procs = sorted(self.clientapps.values())
+        if len(procs) != len(received):  # a process the watch missed (shorter than 50 ms): no attribution
+            return {}
+        return {key: {"process_s": v[1] - v[0], "cpu_s": v[2], "rss_mib": v[3] / MIB}
+                for key, v in zip(received, procs) if key[0] in ("train", "evaluate")}
+
+
+def measure_floor(venv_python: Path, model: str, nodes: int, cpu: int, run_config: dict, reps: int = 3,
+                  pythonpath: str = "") -> dict:
+    """The floor of a train and of an evaluate message (:mod:`benchmarks.client_floor`): a fresh
+    process from the client virtualenv, pinned to ``cpu`` with one thread, that imports torch and
+    flwr and does the message's work; once untimed (its .pyc files, the page cache), then ``reps``
+    times. Its wall seconds (start to exit, seen from here), CPU seconds (``os.wait4``: that child
+    alone), the import and work seconds it reports, its peak RSS; the medians, and every repeat.
+    ``train_flower`` and ``evaluate_flower``: the same with Flower's ``flwr-clientapp`` runtime
+    imported first (``client_floor.py --flower``): the floor of Flower's process per message.
+    ``pythonpath``: where the app's packages come from besides the virtualenv (none: its wheel)."""
+    out: dict = {}
+    env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "VIRTUAL_ENV": str(venv_python.parent.parent)}
+    for kind, flower in (("train", False), ("evaluate", False), ("train", True), ("evaluate", True)):
+        runs = []
+        for rep in range(reps + 1):
+            cmd = ["taskset", "-c", str(cpu), str(venv_python), str(FLOOR), kind, model, "0", str(nodes),
+                   json.dumps(run_config), *(["--flower"] if flower else [])]
+            t = time.perf_counter()
+            proc = subprocess.Popen(cmd, env=env, cwd=tempfile.gettempdir(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            stdout, stderr = proc.stdout.read(), proc.stderr.read()
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - t
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                raise RuntimeError(f"the floor's {kind} process failed ({proc.returncode}): {stderr[-2000:]}")
+            if rep:  # the first one warms up
+                runs.append({"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+                             **json.loads(stdout.splitlines()[-1])})
+        key = f"{kind}_flower" if flower else kind
+        out[key] = {k: _median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "import_s", "work_s", "maxrss_mib")}
+        out[key]["runs"] = runs
+    return out
+
+
+def _median(values) -> float:
+    values = sorted(values)
+    n = len(values)
+    return float("nan") if not n else (values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2)
+
+
 def start_node(fed: LocalFederation, venv_bin: Path, index: int, nodes: int, cpu: int, model: str,
-               limit: int) -> Node:
+               limit: int, superexec_poll: float | None = None) -> Node:
     relay = CountingRelay(fed.port)
     env = {**fed.env, "PATH": f"{venv_bin}:{os.environ['PATH']}", "PYTHONPATH": "", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1",
            "VIRTUAL_ENV": str(venv_bin.parent)}
+    if superexec_poll is not None:  # the SuperExec the SuperNode starts inherits it (Flower's default: 1 s)
+        env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(superexec_poll)
     cmd = ["taskset", "-c", str(cpu), str(venv_bin / "flower-supernode"), "--root-certificates",
            str(fed.certs["ca.crt"]), "--superlink", f"127.0.0.1:{relay.port}", "--port", str(free_port()),
            "--node-config", f"partition-id={index} num-partitions={nodes}"]
@@ -244,13 +330,21 @@ def start_node(fed: LocalFederation, venv_bin: Path, index: int, nodes: int, cpu
     return Node(index, model, proc, relay, log, limit)
 
 
-def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: int, limit: int) -> dict:
+def run_config(model: str, nodes: int) -> dict:
+    """What the clients' work depends on in the benchmark's run (the floor's requests carry it too)."""
+    return {"method": "fedavg", "model": model, "num-clients": nodes}
+
+
+def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: int, limit: int,
+              superexec_poll: float | None = None, floor_reps: int = 3) -> dict:
     cpus = sorted(os.sched_getaffinity(0))
     out_dir = folder / "out"
     result: dict = {"model": model, "nodes": []}
+    if floor_reps > 0:  # the same run, before the federation starts: the machine as the nodes find it
+        result["floor"] = measure_floor(venv_python, model, nodes, cpus[0], run_config(model, nodes), floor_reps)
     with LocalFederation(folder) as fed:
         fed.start_superlink()
-        members = [start_node(fed, venv_python.parent, i, nodes, cpus[i % len(cpus)], model, limit)
+        members = [start_node(fed, venv_python.parent, i, nodes, cpus[i % len(cpus)], model, limit, superexec_poll)
                    for i in range(nodes)]
         stop = threading.Event()
 
@@ -278,7 +372,9 @@ def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: i
                 n.relay.close()
     for n in members:
         per_round = n.rounds()
+        messages = n.messages()
         done = sorted(r for r, row in per_round.items() if "train_s" in row and "evaluate_s" in row)
+        first_train = next((e[4] for e in n.events if e[1] == "Receiving" and e[2] == "train"), None)
         ends = [per_round[r]["bytes_at_end"] for r in done]
         steady = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(ends, ends[1:])]  # rounds 2..: one round each
         if not steady and ends:
@@ -292,6 +388,12 @@ def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: i
             "evaluate_s": _mean(per_round[r]["evaluate_s"] for r in done),
             "received_per_round": _mean(s[0] for s in steady), "sent_per_round": _mean(s[1] for s in steady),
             "per_round": {r: {k: v for k, v in per_round[r].items() if k != "bytes_at_end"} for r in done},
+            # the ClientApp process of each message (Node.messages), means over the rounds done
+            **{f"{kind}_{field}": _mean(messages[(kind, r)][field] for r in done if (kind, r) in messages)
+               for kind in ("train", "evaluate") for field in ("process_s", "cpu_s", "rss_mib")},
+            "messages": {f"{kind}-{rnd}": row for (kind, rnd), row in messages.items()},
+            # registration, the membership QUERY and the app bundle, before the first train message
+            "received_before_first_train": first_train[0] if first_train else None,
         })
     return result
 
@@ -299,6 +401,13 @@ def run_model(folder: Path, venv_python: Path, model: str, nodes: int, rounds: i
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else float("nan")
+
+
+def bundle_bytes() -> int:
+    """The app bundle ``flwr run .`` builds from this checkout and sends (Flower's own builder)."""
+    from flwr.cli.build import build_fab_from_disk
+
+    return len(build_fab_from_disk(client_install.ROOT))
 
 
 def model_bytes(model: str) -> int:
@@ -317,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--memory-mib", type=int, default=1024)
     ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument("--floor-reps", type=int, default=3,
+                    help="timed runs of each message's floor per model (0: no floor)")
+    ap.add_argument("--superexec-poll", type=float, default=None, metavar="S",
+                    help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes' SuperExec (default: Flower's, 1 s)")
     args = ap.parse_args(argv)
     limit = args.memory_mib * MIB
     sizes = client_install.sizes()
@@ -325,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{sizes['client_without_torch'] / MIB:.0f} MiB; this environment (every extra): "
           f"{sizes['full_site_packages'] / MIB:.0f} MiB", flush=True)
     results = {"sizes": sizes, "nodes": args.nodes, "rounds": args.rounds, "memory_mib": args.memory_mib,
-               "cpus_per_node": 1, "models": []}
+               "cpus_per_node": 1, "models": [], "bundle_bytes": bundle_bytes(),
+               "superexec_poll_s": args.superexec_poll, "loadavg_before": os.getloadavg()}
+    print(f"app bundle (what flwr run sends): {results['bundle_bytes'] / 1024:.1f} KiB", flush=True)
     with tempfile.TemporaryDirectory(prefix="fedpcd-supernode-") as tmp:
         tmp = Path(tmp)
         t = time.monotonic()
@@ -335,22 +450,46 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models.split(","):
             folder = tmp / model
             folder.mkdir()
-            res = run_model(folder, python, model, args.nodes, args.rounds, limit)
+            res = run_model(folder, python, model, args.nodes, args.rounds, limit, args.superexec_poll,
+                            args.floor_reps)
             res["model_bytes"] = model_bytes(model)
             results["models"].append(res)
             print(f"{model}: run {res['status']} in {res.get('run_s', float('nan')):.0f} s "
                   f"(model {res['model_bytes'] / 1024:.1f} KiB)", flush=True)
     print()
     head = (f"{'model':<6}{'node':>5}{'install MiB (torch)':>21}{'peak RSS MiB':>17}{'ClientApp':>11}"
-            f"{'train s':>9}{'eval s':>8}{'recv KiB/rd':>13}{'sent KiB/rd':>13}  limit")
+            f"{'train s':>9}{'(floor)':>9}{'eval s':>8}{'(floor)':>9}{'recv KiB/rd':>13}{'sent KiB/rd':>13}  limit")
     print(head)
     for res in results["models"]:
+        floor = res.get("floor", {})
         for n in res["nodes"]:
             clientapp = n["peak_rss_by_process_mib"].get("clientapp", float("nan"))
             print(f"{res['model']:<6}{n['node']:>5}{sizes['client'] / MIB:>12.0f} ({sizes['torch_share'] / MIB:>5.0f})"
                   f"{n['peak_rss_tree_mib']:>11.0f}-{n['peak_rss_tree_upper_mib']:<5.0f}{clientapp:>11.0f}"
-                  f"{n['train_s']:>9.2f}{n['evaluate_s']:>8.2f}{n['received_per_round'] / 1024:>13.1f}"
+                  f"{n['train_s']:>9.2f}{floor.get('train', {}).get('wall_s', float('nan')):>9.2f}"
+                  f"{n['evaluate_s']:>8.2f}{floor.get('evaluate', {}).get('wall_s', float('nan')):>9.2f}"
+                  f"{n['received_per_round'] / 1024:>13.1f}"
                   f"{n['sent_per_round'] / 1024:>13.1f}  {'OVER' if n['over_limit'] else 'ok'}")
+    print()
+    print(f"per message, the mean over the rounds, against its floor (a fresh process: import torch and flwr, the "
+          f"same work; median of {args.floor_reps}), all at 1 CPU:")
+    print("(floor + Flower: the same with what Flower's flwr-clientapp imports before it loads the app)")
+    print(f"{'model':<6}{'node':>5}{'message':>10}{'wall s':>9}{'ClientApp s':>13}{'its CPU s':>11}{'its MiB':>9}"
+          f"{'floor wall s':>14}{'CPU s':>7}{'import s':>10}{'MiB':>6}{'floor+Flower wall s':>21}{'CPU s':>7}"
+          f"{'MiB':>6}")
+    nan = float("nan")
+    for res in results["models"]:
+        for n in res["nodes"]:
+            for kind in ("train", "evaluate"):
+                floor = res.get("floor", {}).get(kind, {})
+                flower = res.get("floor", {}).get(f"{kind}_flower", {})
+                print(f"{res['model']:<6}{n['node']:>5}{kind:>10}{n[f'{kind}_s']:>9.2f}{n[f'{kind}_process_s']:>13.2f}"
+                      f"{n[f'{kind}_cpu_s']:>11.2f}{n[f'{kind}_rss_mib']:>9.0f}"
+                      f"{floor.get('wall_s', nan):>14.2f}{floor.get('cpu_s', nan):>7.2f}"
+                      f"{floor.get('import_s', nan):>10.2f}"
+                      f"{floor.get('maxrss_mib', nan):>6.0f}{flower.get('wall_s', nan):>21.2f}"
+                      f"{flower.get('cpu_s', nan):>7.2f}{flower.get('maxrss_mib', nan):>6.0f}")
+    results["loadavg_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
     over = [n for res in results["models"] for n in res["nodes"] if n["over_limit"]]

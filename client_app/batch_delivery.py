@@ -30,8 +30,17 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from client_app.methods import TrainJob, TrainOutcome
-from client_app.vectorised import AUTO_MODELS, EXECUTION_KEY, Entry, auto_rows, execution_mode, run_entries
 from fedcore.config import APP
+
+# client_app.vectorised (the rows, torch.func) is imported where rows train, not here: a message
+# that trains on the loop (every message of a SuperNode's ClientApp process) never loads it.
+EXECUTION_KEY = "client-execution"
+
+
+def execution_mode(settings) -> str:
+    """The run's ``client-execution`` from the routine's settings (a RunConfig field, as
+    :class:`client_app.methods.LocalTraining`'s), checked against its declaration."""
+    return str(APP[EXECUTION_KEY].check(settings.client_execution))
 
 _local = threading.local()
 # A message's thread that has not reached its training step GRACE_S after the batch's latest
@@ -67,7 +76,7 @@ class _Collector:
     def __init__(self, n: int, mode: str) -> None:
         self.n, self.mode = n, mode
         self.cv = threading.Condition()
-        self.waiting: list[Entry] = []
+        self.waiting: list = []  # client_app.vectorised.Entry
         self.finished = 0
         self.trained = 0  # entries trained, their threads not yet finished
         self.arrived = time.monotonic()  # the latest arrival (GRACE_S)
@@ -78,6 +87,8 @@ class _Collector:
         those that have not come are GRACE_S behind the latest arrival)."""
         if self.waiting and (late or len(self.waiting) + self.finished + self.trained == self.n):
             entries, self.waiting = self.waiting, []
+            from client_app.vectorised import run_entries
+
             try:
                 run_entries(entries, self.mode)
             finally:
@@ -87,6 +98,8 @@ class _Collector:
                 self.cv.notify_all()
 
     def submit(self, method, job: TrainJob) -> TrainOutcome:
+        from client_app.vectorised import Entry
+
         entry = Entry(method, job)
         with self.cv:
             self.waiting.append(entry)
@@ -120,6 +133,8 @@ def train(method, job: TrainJob, mode: str) -> TrainOutcome:
         _local.trained += 1  # counted among the collector's trained until this thread leaves
         return collector.submit(method, job)
     if mode == "vectorised":
+        from client_app.vectorised import Entry, run_entries
+
         entry = Entry(method, job)
         run_entries([entry], mode)
         if entry.error is not None:
@@ -201,6 +216,8 @@ def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail:
     context)``), the staged jobs trained together (:func:`client_app.vectorised.run_entries`; a
     request of ``client-execution = 'loop'`` trains at its turn, as :func:`train` trains it), then
     each reply finished, ``on_reply`` called as it is ready."""
+    from client_app.vectorised import Entry, run_entries
+
     replies: list = [None] * len(items)
     staged: dict[int, tuple] = {}
     mode = message_mode(items[0][0])
@@ -252,6 +269,7 @@ def _auto_may_batch(items: tuple) -> bool:
     """Whether a run (its run-config record's items) under ``client-execution = 'auto'`` may
     train rows on some device kind (:func:`client_app.vectorised.auto_rows`: its model); a run
     config that does not parse: yes (the ClientApp says what is wrong)."""
+    from client_app.vectorised import AUTO_MODELS, auto_rows
     from fedcore.config import parse_run_config
 
     try:

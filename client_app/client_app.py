@@ -24,7 +24,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app import batch_delivery, local_data, vectorised
+from client_app import batch_delivery, local_data
 from client_app.attacks import attack_eval_mod, attack_mod
 from client_app.attacks import passes_through as attack_passes_through
 from client_app.data import CropFlip, FederatedData, batch_augmentation, load_federated_data
@@ -226,7 +226,7 @@ def train_reply(msg: Message, context: Context, model: torch.nn.Module, x: torch
     """
     call = prepare_train(msg, context, model, x, y, settings, partition_id=partition_id, seed=seed, augment=augment)
     # the routine, or this client's rows with the round's other clients (client-execution)
-    return reply_to_train(call, batch_delivery.train(call.method, call.job, vectorised.execution_mode(settings)))
+    return reply_to_train(call, batch_delivery.train(call.method, call.job, batch_delivery.execution_mode(settings)))
 
 
 @dataclasses.dataclass
@@ -314,7 +314,8 @@ def evaluate_reply(msg: Message, context: Context, model: torch.nn.Module, x: to
 @app.train(mods=[secure_aggregation_mod, attack_mod])
 def train(msg: Message, context: Context) -> Message:
     call = stage_train(msg, context)
-    return reply_to_train(call, batch_delivery.train(call.method, call.job, vectorised.execution_mode(call.job.cfg)))
+    mode = batch_delivery.execution_mode(call.job.cfg)
+    return reply_to_train(call, batch_delivery.train(call.method, call.job, mode))
 
 
 def stage_train(msg: Message, context: Context) -> TrainCall:

@@ -58,6 +58,7 @@ from client_app.methods import ditto as ditto_routine
 from client_app.methods import federage as federage_routine
 from client_app.methods import fedprox as fedprox_routine
 from client_app.methods import scaffold as scaffold_routine
+from client_app.optim import SGD
 from fedcore import flat, keys
 
 __all__ = ["ClientSide", "evaluation_model", "mean_loss", "METHODS"]
@@ -147,7 +148,7 @@ class ClientSide:
         self.num_steps = 0
         self._loss_sum, self._loss_count = 0.0, 0
         self._lr_used: float | None = None
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer: torch.optim.Optimizer | SGD | None = None
         self._replied = False
         self.job = _job(msg, context, model)
         self.loss_before: float | None = None
@@ -173,7 +174,7 @@ class ClientSide:
             self.personal = ditto_routine.personal_model(self.job)  # before the shared model trains
             anchor = [p.detach().clone() for p in model.parameters()]
             self._personal_hook = fedprox_routine.proximal_pull(anchor, ditto_routine.lambda_of(self.job))
-            self._personal_opt = torch.optim.SGD(self.personal.parameters(), lr=self.lr)
+            self._personal_opt = SGD(self.personal.parameters(), lr=self.lr)
             self._personal_loss_sum, self._personal_steps = 0.0, 0
 
     # -- the hooks of a loop of your own ------------------------------------------------------------
@@ -219,7 +220,7 @@ class ClientSide:
         SGD at the request's ``round-lr``, which every method's maths assumes. The batch's plain loss."""
         if optimizer is None:
             if self._optimizer is None:
-                self._optimizer = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+                self._optimizer = SGD(self.model.parameters(), lr=self.lr)
             optimizer = self._optimizer
         self._lr_used = float(optimizer.param_groups[0]["lr"])
         x, y = self._on_device(x, y)

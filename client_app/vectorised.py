@@ -80,21 +80,19 @@ from client_app.methods import (
 )
 from client_app.row_forward import Forward, dropout_modules, forward_for, model_info
 from client_app.training import batch_indices, sampled_batches
-from fedcore.config import APP
 from fedcore.seeding import seed_torch
 
 log = logging.getLogger("fedpcd")
 
-EXECUTION_KEY = "client-execution"
 # client-execution = 'auto' trains these models as rows, per device kind (device_kind): where
 # benchmarks/simulation.py measured the rows' round faster than the loop's, or as fast (the CPU,
 # in process, 2026-12-03, figures-free runs: Synthetic's logreg at 10 and 100 clients per round,
 # 0.69 and 0.40 of the plain loop's CPU time against the loop's 1.15; the digits MLP at its
 # default 5 clients per round 0.84-0.93 of the floor's CPU (medians at two and one threads,
 # quiet) against the loop's 1.38-1.48, and its first round 1-2 s shorter: the loop's first
-# torch.optim.SGD imports torch._dynamo, the rows never do; CUDA: at 10, 50 and 100 clients per round, bash
-# benchmarks/gpu_check.sh OUT rows; none measured yet). docs/performance.md §10 and §4 "Rows on
-# the GPU" hold the figures.
+# torch.optim.SGD imported torch._dynamo then (client_app.optim's no longer does); CUDA: at 10,
+# 50 and 100 clients per round, bash benchmarks/gpu_check.sh OUT rows; none measured yet).
+# docs/performance.md §10 and §4 "Rows on the GPU" hold the figures.
 AUTO_MODELS = {"cpu": ("logreg", "mlp", "craft-mlp"), "cuda": ()}
 
 _SAID: set[str] = set()
@@ -109,12 +107,6 @@ def _say_once(reason: str) -> None:
     if reason not in _SAID:
         _SAID.add(reason)
         log.info("client-execution: %s", reason)
-
-
-def execution_mode(settings) -> str:
-    """The run's ``client-execution`` from the routine's settings (a RunConfig field, as
-    :class:`client_app.methods.LocalTraining`'s), checked against its declaration."""
-    return str(APP[EXECUTION_KEY].check(settings.client_execution))
 
 
 # -- rows: the batched trainer -----------------------------------------------------------------

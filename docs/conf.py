@@ -50,8 +50,8 @@ html_show_sourcelink = False
 # -- the docstrings as reStructuredText ------------------------------------------------------------
 # The docstrings are written for help() first: a few plain-text habits that docutils reads
 # otherwise are mended here, for the site only (the source is unchanged):
-# * the generated "Hyperparameters (...)" sections of each strategy class
-#   (strategies/signatures.py) underline their title with a fixed "----------";
+# * numpy-style sections ("Parameters (keyword only)", strategies/flower.py's FairStrategy) underline
+#   their title with a fixed "----------";
 # * |S_t|, |x| (absolute values, set sizes) would be substitution references;
 # * an inline literal ``...`` that wraps onto an indented line would end as a block quote;
 # * an indented block followed directly by a flush line (a definition list without its blank line).

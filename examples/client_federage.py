@@ -10,7 +10,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client_app.foreign import ClientSide
-from examples.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
+from client_app.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
 from strategies import FedeRage
 
 NAME = "federage"

@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.foreign import ClientSide
-from examples.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
+from client_app.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
 from strategies import FedProx
 
 NAME = "fedprox"

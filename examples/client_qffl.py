@@ -15,7 +15,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client_app.foreign import ClientSide
-from examples.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
+from client_app.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
 from strategies import AFL, QFFL
 
 STRATEGIES = {"qffl": lambda: QFFL(fraction_train=0.5, q=1.0, seed=0),

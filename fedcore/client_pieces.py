@@ -28,7 +28,8 @@ CLIENT_PIECES: dict[str, str] = {
     "federage": (f"FedeRage's clients train on the CVaR-weighted loss and send their β ('federage-beta'): in the "
                  f"ClientApp's train handler, {_SIDE}; {_STEP} (or loss = side.loss(logits, y) and "
                  f"side.before_step() in your own loop); {_REPLY}  ({PIECE}; {DOC})"),
-    "scaffold": (f"SCAFFOLD's clients take the corrected step g - c_i + c and send 'scaffold-delta-c': in the "
+    "scaffold": (f"SCAFFOLD's clients take the corrected step g - c_i + c and send 'scaffold-delta-c' and their "
+                 f"step count 'num-steps': in the "
                  f"ClientApp's train handler, {_SIDE}; {_STEP} (plain SGD; or side.before_step() between "
                  f"loss.backward() and optimizer.step()); {_REPLY}  ({PIECE}; {DOC})"),
     "fedprox": (f"FedProx's clients add the proximal term mu(w - theta_t) ('fedprox-mu' in the request); without it "

@@ -238,7 +238,7 @@ def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.T
 
 class UpdateWriter:
     """Writes a round's updates Δ_i = θ_t − θ_i into rows a kernel keeps across rounds (FedPCD's
-    work rows, CRAFT's matrix; :func:`strategies.updates.read_updates`' ``out``), and keeps what
+    work rows, CRAFT's matrix; :meth:`strategies.base.Round.write_updates`), and keeps what
     that needs from round to round: θ_t's float32 host vector (a fresh (d,) tensor per round
     costs its first-touch page faults: ~45 MB at ResNet-18) and one (pinned) host row through
     which rows outside host memory are written (``server-device`` cuda)."""

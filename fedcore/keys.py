@@ -30,7 +30,7 @@ VAL_ACC = "val-accuracy"  # on the local validation split (runs with val-fractio
 VAL_LOSS = "val-loss"
 
 # What every train reply must carry, for every method (Flower's own FedAvg asks num-examples
-# only). A method asks more by its ``required_metrics`` (TRAIN_LOSS: FedPW; LOSS_BEFORE also in
+# only). A method asks more by what it reads (``Method.reads``: TRAIN_LOSS for FedPW; LOSS_BEFORE also in
 # rounds whose requests ask for it, want-loss-before); the app's own runs ask TRAIN_LOSS too (they
 # record it). PARTITION_ID is required only where the request named a partition.
 REQUIRED_TRAIN_METRICS = (NUM_EXAMPLES, PARTITION_ID)
@@ -66,12 +66,12 @@ SECAGG_MAX_WEIGHT = "secagg-max-weight"  # the largest weight SecAgg+ takes uncl
 # What a ClientApp's train reply must hold, for every method: RecordDict entries ARRAYS (the
 # locally trained model, same array names, shapes and dtypes as received) and METRICS holding
 # these. PARTITION_ID is optional (without it a client is known by its node id). Each method's
-# extras are its strategy class's ``required_metrics`` / ``required_records`` (README: Methods).
+# extras are what its method reads (``strategies.base.Method.reads``; docs/methods/index.md).
 TRAIN_REPLY_METRICS = (NUM_EXAMPLES, TRAIN_LOSS)
 EVALUATE_REPLY_METRICS = (EVAL_ACC, EVAL_LOSS)  # NUM_TEST (the weight of the mean) optional
 
 # Names a ClientApp written for Flower's quickstart (or with '_' for '-') sends instead: read as
-# the expected key, with one warning per name and run (strategies.rounds.read_aliases).
+# the expected key, with one warning per name and run (strategies.gate.read_reply).
 TRAIN_ALIASES = {k.replace("-", "_"): k for k in (NUM_EXAMPLES, TRAIN_LOSS, LOSS_BEFORE, NUM_STEPS, PARTITION_ID,
                                                   FEDERAGE_BETA)}
 EVALUATE_ALIASES = {

@@ -11,8 +11,9 @@ Each method module declares::
 
 The same declaration serves every reader: keyword construction (``FedPCD(tau=0.05)``,
 checked in ``__post_init__``; :meth:`MethodParams.from_keywords` names the keyword in errors),
-the run config (:meth:`MethodParams.from_run_config` reads ``fedpcd-tau``), the class's
-signature and help() (``strategies.signatures``), a sweep's search space (``grid``:
+the run config (:meth:`MethodParams.from_run_config` reads ``fedpcd-tau``), the strategy class's
+``__init__`` (which names each field with its default; tests/test_strategy_signatures.py keeps them
+equal), a sweep's search space (``grid``:
 ``fedpcd_app.analysis.tuning``), and the generated pyproject.toml table, ``fedcore.defaults``
 and README methods table (``scripts/generate.py``).
 
@@ -216,8 +217,8 @@ class NoParams(MethodParams):
 
 def sent_value(config: Mapping[str, Any], key: str) -> Any:
     """A client-side hyperparameter as the server sent it in the request config (its
-    strategy's ``client_config()``): clients declare no defaults, so a missing key is an error."""
+    method's ``request``): clients declare no defaults, so a missing key is an error."""
     if key not in config:
         raise ConfigError(f"the server did not send '{key}' in the request config: the strategy's "
-                          "client_config() (or a foreign server app) must send it")
+                          "method's request() (or a foreign server app) must send it")
     return config[key]

@@ -2,7 +2,7 @@
 
 Flower's own FedAvg raises on inconsistent replies and takes the ServerApp down with it;
 every strategy here filters its replies through :func:`validate_train_replies` first
-(``strategies.base.FairStrategy.aggregate_train``), so a method only sees well-formed ones.
+(the one gate, :mod:`strategies.gate`), so a method only sees well-formed ones.
 
 Well-formed is not enough: every number a client sends is checked against what the server
 knows (:class:`ReplyLimits`), and a reply that fails is dropped with its reason:
@@ -21,7 +21,8 @@ knows (:class:`ReplyLimits`), and a reply that fails is dropped with its reason:
   fewer than :data:`MIN_REPLIES_FOR_RATIO` valid replies (the median of two is their mean,
   which a huge one drags along) or a median of 0 (free riders) it is skipped and only the
   finiteness check holds;
-* **method values** — a strategy's ``check_reply`` (FedeRage's β in its box);
+* **method values** — the values a method declares it reads, each in its range (``check``:
+  FedeRage's β in its box; :class:`strategies.base.Reads`);
 * **scores** — :func:`check_eval_reply`: accuracy in [0, 1], loss finite and ≥ 0, ``num-test``
   a count bounded like ``num-examples`` (by the test size the server knows).
 
@@ -86,6 +87,12 @@ NEAR_BOUND_WARN_ROUNDS = 3  # ... warned once it happened in this many rounds
 # right class) keeps honest spreads of small losses.
 LOSS_RATIO = 20.0
 LOSS_FLOOR = 20.0
+# ... and at least the reference / LOSS_RATIO_LOW: measured on honest digits runs (FedLF and q-FFL,
+# Dirichlet α 0.3 and 0.1, 100 rounds; /tmp-free: scripts/measure_update_norms.py --losses) the
+# smallest loss-before was 1/46 of its round's median and 1/37 of the trusted one; a client that
+# reports 0 (or any loss 1000x below the others) moves a loss-weighted method's direction with a
+# number no honest client of those runs came within 20x of.
+LOSS_RATIO_LOW = 1000.0
 
 
 @dataclasses.dataclass
@@ -211,6 +218,29 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def metrics_problem(metrics: Mapping) -> str | None:
+    """Why a reply's metrics hold a number that is not finite (None when every one is): every
+    value a client sends is checked, the ones no method reads too (Flower's metric aggregation
+    would report a NaN ``f1`` as the round's). A MetricRecord holds numbers and lists of numbers."""
+    for key, value in metrics.items():
+        if isinstance(value, list):
+            if not all(_is_number(v) for v in value):
+                return f"metric '{key}' holds a value that is not a finite number"
+        elif not _is_number(value):
+            return f"metric '{key}' is not a finite number ({value!r})"
+    return None
+
+
+def node_id(msg) -> int | None:
+    """The node a reply comes from, as the int Flower's metadata holds (None when its metadata says
+    something else: a str, None, a bool, an unreadable field)."""
+    try:
+        node = msg.metadata.src_node_id
+    except Exception:  # noqa: BLE001 - unreadable metadata names no node
+        return None
+    return node if isinstance(node, int) and not isinstance(node, bool) else None
+
+
 def check_count(value, bound: int, key: str = keys.NUM_EXAMPLES, source: str = "max-num-examples") -> str | None:
     """Why ``value`` is not a count in [1, ``bound``] (None when it is)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -235,25 +265,25 @@ def check_train_reply(
     ``max_count`` bounds num-examples (default :data:`DEFAULT_MAX_NUM_EXAMPLES`); with ``theta``
     (θ_t per array, flat float64) the update norm ‖θ_t − θ_i‖ is appended to ``norm_out``;
     ``check(metrics)`` is the method's own check of its metrics."""
-    from flwr.app import MetricRecord
-
     if msg.has_error():
         return None, f"error reply: {msg.error.reason}"
     content = msg.content
-    metrics = content.get(keys.METRICS)
-    if not isinstance(metrics, MetricRecord):
+    metrics = content[keys.METRICS] if keys.METRICS in content else None
+    if not isinstance(metrics, Mapping):
         return None, "missing MetricRecord 'metrics'"
     metrics = dict(metrics.items())  # read as a plain dict: the record's own lookups cost ~10x more
     pid = metrics.get(keys.PARTITION_ID)
     pid = int(pid) if _is_number(pid) and float(pid).is_integer() else None
-    for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics, *keys.CHECKED_WHEN_SENT):
-        if key not in metrics and ((key == keys.PARTITION_ID and not partition_required)
-                                   or (key in keys.CHECKED_WHEN_SENT and key not in required_metrics)):
-            continue
+    for key in (*keys.REQUIRED_TRAIN_METRICS, *required_metrics):  # read: present, one finite number each
         if key not in metrics:
+            if key == keys.PARTITION_ID and not partition_required:
+                continue
             return pid, f"missing metric '{key}'"
         if not _is_number(metrics[key]):
             return pid, f"metric '{key}' is not a finite number ({metrics[key]!r})"
+    reason = metrics_problem(metrics)  # the others: every value finite
+    if reason:
+        return pid, reason
     bound = DEFAULT_MAX_NUM_EXAMPLES if max_count is None else max_count
     reason = check_count(metrics[keys.NUM_EXAMPLES], bound, source=count_source)
     if reason:
@@ -413,9 +443,9 @@ def norm_bounds(norms: list[float], ratio: float, trust: ReplyTrust | None, mode
 
 def check_loss_values(values: list, key: str, trust: ReplyTrust | None) -> tuple[dict[int, str], float | None]:
     """{index: reason} of the loss values a method weights by that are unusable: not finite,
-    negative, or above max(:data:`LOSS_RATIO` × the reference, :data:`LOSS_FLOOR`), the
-    reference being the smaller of the round's median and the trusted (earlier rounds') one;
-    and the reference used."""
+    negative, above max(:data:`LOSS_RATIO` × the reference, :data:`LOSS_FLOOR`) or below the
+    reference / :data:`LOSS_RATIO_LOW`, the reference being the smaller of the round's median and
+    the trusted (earlier rounds') one; and the reference used."""
     out: dict[int, str] = {}
     ok = []
     for i, v in enumerate(values):
@@ -432,10 +462,14 @@ def check_loss_values(values: list, key: str, trust: ReplyTrust | None) -> tuple
     if trusted is not None:
         ref = min(ref, trusted)
     bound = max(LOSS_RATIO * ref, LOSS_FLOOR)
+    low = ref / LOSS_RATIO_LOW
     for i, v in enumerate(values):
         if i not in out and v > bound:
             out[i] = (f"metric '{key}' = {v:.3g} exceeds {bound:.3g} (max({LOSS_RATIO:g} x the round's or the "
                       f"trusted median {ref:.3g}, {LOSS_FLOOR:g}))")
+        elif i not in out and v < low:
+            out[i] = (f"metric '{key}' = {v:.3g} is below {low:.3g} (the round's or the trusted median {ref:.3g} "
+                      f"/ {LOSS_RATIO_LOW:g})")
     return out, ref
 
 
@@ -450,18 +484,43 @@ def check_num_steps(value, bound: int | None) -> str | None:
     return None
 
 
-def steps_asked(run_config: Mapping | None, num_examples: float) -> int | None:
-    """The local steps a client of ``num_examples`` examples was asked for: ``local-steps`` when
-    set, else ``local-epochs`` × ⌈n / batch-size⌉ (batch-size 0: one full batch). None without a
-    run config (a foreign app's strategy: only [1, ∞) is checked)."""
-    if not run_config:
+# num-steps when the requests did not say how many steps they asked (a foreign app's train config
+# without local-steps / local-epochs): at most STEPS_RATIO x the round's median num-steps, scaled
+# by the client's size against the round's median size (an honest client takes ~epochs x n_i/batch
+# steps: its steps over the median's are ~ n_i over the median n, plus one batch of rounding).
+STEPS_RATIO = 10.0
+
+
+def steps_outliers(steps: list[float], sizes: list[float]) -> dict[int, str]:
+    """{index: reason} of the num-steps values above :data:`STEPS_RATIO` × the round's median ×
+    max(1, n_i / the round's median n); nothing with fewer than :data:`MIN_REPLIES_FOR_RATIO`."""
+    if len(steps) < MIN_REPLIES_FOR_RATIO:
+        return {}
+    med_steps, med_n = median(steps), median(sizes)
+    out = {}
+    for i, (k, n) in enumerate(zip(steps, sizes)):
+        bound = STEPS_RATIO * med_steps * max(1.0, n / med_n)
+        if k > bound:
+            out[i] = (f"metric '{keys.NUM_STEPS}' = {k:g} exceeds {bound:.3g} = {STEPS_RATIO:g} x the round's median "
+                      f"num-steps {med_steps:g} x max(1, its num-examples / the median {med_n:g}) (the requests did "
+                      "not say how many steps they asked)")
+    return out
+
+
+def steps_asked(asked: Mapping | None, num_examples: float) -> int | None:
+    """The local steps a client of ``num_examples`` examples was asked for, from the run config or
+    the request's config (``asked``): ``local-steps`` when set, else ``local-epochs`` × ⌈n /
+    batch-size⌉ (batch-size 0: one full batch). None when ``asked`` names neither (a foreign app
+    whose train config does not say: then :func:`steps_outliers` bounds them against the round)."""
+    if not asked or not ({"local-steps", "local-epochs"} & set(asked)):
         return None
     try:
-        steps = APP["local-steps"].read(run_config)
+        full = {k: asked[k] for k in ("local-steps", "local-epochs", "batch-size") if k in asked}
+        steps = APP["local-steps"].read(full)
         if steps > 0:
             return steps
-        epochs = APP["local-epochs"].read(run_config)
-        batch = APP["batch-size"].read(run_config)
+        epochs = APP["local-epochs"].read(full)
+        batch = APP["batch-size"].read(full)
     except (TypeError, ValueError):
         return None
     per_epoch = 1 if batch <= 0 else math.ceil(float(num_examples) / batch)
@@ -566,14 +625,18 @@ def round_drops(replies: Iterable, expected: Mapping[int, int | None], identitie
     sent more than one of this round's: its first counts, the later ones are dropped."""
     kept, dropped = [], []
     for msg in replies:
+        node = node_id(msg)
+        if node is None:  # every later step keys a reply by its node: one that names none goes here
+            dropped.append(Dropped(None, -1, "reply metadata names no node (src_node_id is not an integer)"))
+            continue
         try:
-            reason = stale_reason(msg, group, (sent or {}).get(int(msg.metadata.src_node_id)))
+            reason = stale_reason(msg, group, (sent or {}).get(node))
         except Exception as exc:  # noqa: BLE001 - whatever a reply holds, it can only drop itself
             reason = f"reply metadata unreadable ({type(exc).__name__})"
         if reason is None:
             kept.append(msg)
         else:
-            dropped.append(Dropped(reply_client(msg, expected, identities), int(msg.metadata.src_node_id), reason))
+            dropped.append(Dropped(reply_client(msg, expected, identities), node, reason))
     once, first = [], set()
     for msg in kept:
         node = int(msg.metadata.src_node_id)
@@ -678,6 +741,9 @@ def check_eval_reply(msg, max_test: int | None = None, count_source: str = "max-
     metrics = msg.content.get(keys.METRICS) if keys.METRICS in msg.content else None
     if metrics is None:
         return None, "no metrics"
+    reason = metrics_problem(metrics)
+    if reason:
+        return None, reason
     for acc_key, loss_key, required in ((keys.EVAL_ACC, keys.EVAL_LOSS, True), (keys.VAL_ACC, keys.VAL_LOSS, False)):
         if not required and acc_key not in metrics and loss_key not in metrics:
             continue

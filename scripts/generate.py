@@ -153,14 +153,17 @@ def render_methods() -> str:
     and its run-config keys with their defaults."""
     rows = ["| method | class | weighting | client routine | train reply also carries | run-config keys (defaults) |",
             "|---|---|---|---|---|---|"]
+    from strategies.base import Method
+
     for name in registry.names():
         cls = registry.strategy_class(name)
-        extras = [f"`{m}`" for m in cls.required_metrics] + [f"`{r}` (ArrayRecord)" for r in cls.required_records]
+        reads = cls.method_class().reads  # what the method reads of a reply, at its default hyperparameters
+        extras = [f"`{m}`" for m in reads.metrics] + [f"`{r}` (ArrayRecord)" for r in reads.records]
         keys = [f"`{k}`={_value(v)}" for k, v in cls.Params.run_config_keys().items()]
         weighting = f"`{registry.weighting_of(name, {})}`"
-        if hasattr(cls, "resolve_weighting"):
+        if cls.method_class.resolve_weighting.__func__ is not Method.resolve_weighting.__func__:
             weighting += ", by its keys"
-        rows.append(f"| `{name}` | `{cls.__name__}` | {weighting} | `{cls.client_method}` | "
+        rows.append(f"| `{name}` | `{cls.__name__}` | {weighting} | `{cls.method_class.client_method}` | "
                     f"{', '.join(extras) or '—'} | {', '.join(keys) or '—'} |")
     return "\n".join([START, *rows, END])
 

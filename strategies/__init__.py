@@ -1,14 +1,17 @@
 """Aggregation methods, one module each, and the Flower strategies that run them.
 
 ``from strategies import FedPCD, Craft, FedeRage`` — every class is a complete
-``flwr.serverapp.strategy.Strategy`` built with keyword arguments (its ``Params`` fields plus
-the common ones of :class:`strategies.base.FairStrategy`). ``strategies.registry`` maps
-run-config method names to them; ``weighting_of(method, config)`` says how a method weights
-its clients under a run config (``data-size``, ``uniform``, ``loss``, ...: ``WEIGHTINGS``).
+``flwr.serverapp.strategy.Strategy`` (:class:`strategies.flower.FairStrategy`, the one adapter)
+around its method (:class:`strategies.base.Method`: a pure aggregator on the gate's checked
+round). The classes named like Flower's (FedAvg, FedProx, FedAvgM, FedAdam, FedYogi, FedAdagrad,
+FedMedian, FedTrimmedAvg, Krum, MultiKrum, Bulyan, and QFedAvg = QFFL) take Flower's arguments in
+Flower's order. ``strategies.registry`` maps run-config method names to them;
+``weighting_of(method, config)`` says how a method weights its clients under a run config
+(``data-size``, ``uniform``, ``loss``, ...: ``WEIGHTINGS``).
 
 The names a ClientApp's replies carry are re-exported from :mod:`fedcore.keys` (``keys``, and
-the reply metrics as constants: ``NUM_EXAMPLES``, ``TRAIN_LOSS``, ...; README: "Using the
-strategies in your own Flower app").
+the reply metrics as constants: ``NUM_EXAMPLES``, ``TRAIN_LOSS``, ...; docs/library.md, "The
+reply contract").
 """
 
 from fedcore import keys
@@ -25,7 +28,7 @@ from fedcore.keys import (
     TRAIN_LOSS,
 )
 from strategies.afl import AFL
-from strategies.base import FairStrategy
+from strategies.base import Method
 from strategies.config_fl import ConFIG
 from strategies.craft import Craft
 from strategies.ditto import Ditto
@@ -40,14 +43,15 @@ from strategies.fedopt import FedAdagrad, FedAdam, FedAvgM, FedYogi
 from strategies.fedpcd import FedPCD
 from strategies.fedprox import FedProx
 from strategies.fedpw import FedPW
-from strategies.qffl import QFFL
+from strategies.flower import FairStrategy
+from strategies.qffl import QFFL, QFedAvg
 from strategies.registry import WEIGHTINGS, weighting_of
 from strategies.robust import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum
 from strategies.scaffold import Scaffold
 
 __all__ = ["AFL", "Bulyan", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg",
            "FedAvgM", "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedMedian", "FedNova", "FedPCD", "FedProx", "FedPW",
-           "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "MultiKrum", "QFFL", "Scaffold",
+           "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "Method", "MultiKrum", "QFFL", "QFedAvg", "Scaffold",
            "WEIGHTINGS", "weighting_of",
            # reply names (fedcore.keys)
            "keys", "EVAL_ACC", "EVAL_LOSS", "FEDERAGE_BETA", "LOSS_BEFORE", "NUM_EXAMPLES", "NUM_STEPS", "NUM_TEST",

@@ -23,28 +23,33 @@ hold no mass (c ≈ 0) the model step falls back to the FedAvg weights n_k/Σn.
 
 ``server-lr`` is η_g, as for FedAvg. N is ``num_clients`` (the app passes the run's
 ``num-clients``; a foreign app may leave it None, and then N is the number of nodes connected
-at the first ``configure_train``). λ_k belongs to client id k when the ids are 0 … N−1 (this
-app's partition ids); other ids (a foreign app's node ids) get the free slots in the order
-they are first seen (:func:`afl_slots`). The method is ``afl``; the strategy is :class:`AFL`.
+when its first aggregated round was sampled). λ_k belongs to client id k when the ids are
+0 … N−1 (this app's partition ids); other ids (a foreign app's node ids) get the free slots in the
+order they are first seen (:func:`afl_slots`). A client that arrives when every slot is taken (a
+node that joins late, also beyond a declared ``num_clients``) is admitted: λ grows by one entry,
+the newcomer gets 1/(N+1) and every earlier entry keeps its share of the rest, λ_k·N/(N+1) (as if
+it had been there from the start with the uniform weight); a warning says so once per newcomer.
+The method is ``afl``; the strategy is :class:`AFL`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import keys
 from fedcore.config import Grid
-from fedcore.flat import spec_of
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Reads, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.linalg import project_simplex
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
+log = logging.getLogger("fedpcd")
 MASS_EPS = 1e-12
 
 
@@ -86,9 +91,13 @@ def afl_model_weights(lam: np.ndarray, sampled: list[int], fallback: np.ndarray)
     return w / total if total > MASS_EPS else np.asarray(fallback, dtype=np.float64)
 
 
-def afl_slots(slots: dict[int, int], clients: list[int], n: int) -> list[int]:
-    """The λ index of each client, recording new ones in ``slots``: a client id in 0 … n−1
-    keeps its own index while it is free, any other id takes the lowest free index."""
+def afl_slots(slots: dict[int, int], clients: list[int],
+              lam: np.ndarray) -> tuple[list[int], dict[int, int], np.ndarray]:
+    """(the λ index of each client, the slots with the new ones recorded, λ): a client id in 0 … N−1
+    keeps its own index while it is free, any other id takes the lowest free index, and a client
+    that finds none is admitted by :func:`afl_admit` (λ grows by one entry). ``slots`` and ``lam``
+    are not modified."""
+    slots, n = dict(slots), lam.size
     taken = set(slots.values())
     out = []
     for c in clients:
@@ -98,76 +107,80 @@ def afl_slots(slots: dict[int, int], clients: list[int], n: int) -> list[int]:
             else:
                 free = next((i for i in range(n) if i not in taken), None)
                 if free is None:
-                    raise ValueError(f"AFL: client {c} is client number {n + 1}, but λ has N = {n} entries "
-                                     "(set num_clients to the federation's size)")
+                    lam = afl_admit(lam)
+                    free, n = n, n + 1
+                    log.warning("AFL: client %s is client number %d, beyond the %d entries of λ (num_clients, or the "
+                                "nodes connected at the first round): admitted with λ = 1/%d, the others rescaled",
+                                c, n, n - 1, n)
                 slots[c] = free
             taken.add(slots[c])
         out.append(slots[c])
-    return out
+    return out, slots, lam
 
 
-@register("afl")
-class AFL(FairStrategy):
-    """AFL server (client: plain local SGD); see the module docstring::
+def afl_admit(lam: np.ndarray) -> np.ndarray:
+    """λ with one more entry for a newcomer: 1/(N+1) for it, λ_k·N/(N+1) for the others (still on the simplex)."""
+    n = lam.size
+    return np.concatenate([lam * (n / (n + 1.0)), [1.0 / (n + 1.0)]])
 
-        AFL(lambda_lr=0.01, num_clients=20, fraction_train=0.25, lr=0.1, seed=0)
 
-    The mixture weights change per client each round from individual losses and the
-    weighted sum uses server-side weights, so each update must be seen (no secure aggregation).
-    """
+class AFLMethod(Method):
+    """AFL server (client: plain local SGD); see the module docstring. The mixture weights change
+    per client each round from individual losses and the weighted sum uses server-side weights,
+    so each update must be seen (no secure aggregation)."""
 
+    Params = Params
     weighting = "loss"  # λ ascends on the losses; γ_λ = 0 keeps it uniform
+    evaluated_iterate = "averaged"  # evaluation_model: the mean of θ_0..θ_t (its paper's output)
+
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        self.reads = Reads(losses=(keys.LOSS_BEFORE,))  # F_i(θ_t): the clients compute it for this method
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return "uniform" if cls.Params.from_run_config(config).lambda_lr == 0.0 else "loss"
 
-    Params = Params
-    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
-    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
-    evaluated_iterate = "averaged"  # evaluation_arrays: the mean of θ_0..θ_t (its paper's output)
-
-    def init_state(self) -> State:
-        n = self.num_clients
+    def init(self) -> State:
+        n = self.setting.num_clients
         return State(lam=None if n is None else np.full(n, 1.0 / n))
 
-    def set_model(self, arrays):
-        super().set_model(arrays)
-        if self.state.avg_model is None:  # the average starts with the initial model θ_0
-            self.state.avg_model = self.current_flat(torch.float64)
-            self.state.num_averaged = 1
-
-    def configure_train(self, server_round, arrays, config, grid, context=None):
-        if self.state.lam is None:  # N unknown: the federation connected now
-            n = len(list(grid.get_node_ids()))
-            self.state.lam = np.full(n, 1.0 / n)
-        return super().configure_train(server_round, arrays, config, grid, context)
-
-    def aggregate_valid(self, server_round, replies):
-        st = self.state
-        if st.lam is None:
-            raise RuntimeError("AFL needs num_clients (or configure_train()) before aggregate_train()")
-        if self.num_clients is not None and st.lam.size != self.num_clients:
-            raise ValueError(f"AFL state has λ for {st.lam.size} clients, this run has {self.num_clients}")
-        batch = self.read_updates(replies)
-        theta, deltas = batch.theta, batch.deltas
-        idx = afl_slots(st.slots, batch.partition_ids, st.lam.size)
-        w = afl_model_weights(st.lam, idx, batch.fedavg_weights.numpy())
+    def aggregate(self, round_: Round, state: State) -> Step:
+        lam, avg, count = state.lam, state.avg_model, state.num_averaged
+        if lam is None:  # N unknown: the federation connected when the round was sampled
+            n = round_.num_nodes or len(round_)
+            lam = np.full(n, 1.0 / n)
+        if avg is None:  # the average starts with the first model the method is handed, θ_0
+            avg, count = round_.theta_as(torch.float64), 1
+        theta, deltas = round_.theta, round_.deltas
+        idx, slots, lam = afl_slots(state.slots, round_.clients, lam)
+        w = afl_model_weights(lam, idx, round_.fedavg_weights.numpy())
         step = torch.from_numpy(w).to(deltas.dtype) @ deltas
-        new = theta - self.step_scale(server_round) * step
-        st.lam = afl_lambda_update(st.lam, idx, batch.loss_before.numpy(), self.params.lambda_lr)
-        st.num_averaged += 1
-        st.avg_model += (new.to(torch.float64) - st.avg_model) / st.num_averaged
+        new = theta - round_.step_scale * step
+        lam = afl_lambda_update(lam, idx, round_.value(keys.LOSS_BEFORE).numpy(), self.params.lambda_lr)
+        count += 1
+        avg = avg + (new.to(torch.float64) - avg) / count
         metrics = {
-            "afl-lambda": [float(x) for x in st.lam],
+            "afl-lambda": [float(x) for x in lam],
             "afl-weights": [float(x) for x in w],
             "update-norm": float(step.norm()),
         }
-        return Aggregated(self.to_record(new), MetricRecord(metrics))
+        return Step(new, State(lam, avg, count, slots), metrics)
 
-    def evaluation_arrays(self, arrays):
-        if self.state.avg_model is None:
-            return arrays
-        if self.spec is None:  # resumed from a checkpoint, evaluated before any round
-            self.spec = spec_of(arrays)
-        return self.to_record(self.state.avg_model)
+    def evaluation_model(self, state: State, current):
+        if state.avg_model is None:
+            return current
+        from fedcore import flat
+
+        return flat.record_from_flat(state.avg_model, flat.spec_of(current))
+
+
+@register("afl")
+class AFL(FairStrategy):
+    """AFL (see the module docstring): ``AFL(lambda_lr=0.01, num_clients=20, fraction_train=0.25, lr=0.1, seed=0)``."""
+
+    method_class = AFLMethod
+    Params = Params
+
+    def __init__(self, *, lambda_lr: float = Params.lambda_lr, params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "AFL", lambda_lr=lambda_lr), **common)

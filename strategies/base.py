@@ -1,69 +1,54 @@
-"""The contract every method follows, and the Flower ``Strategy`` they all are.
+"""The method contract: what an aggregation method is, and all it sees of a round.
 
-A method module holds, in this order:
+A method is a pure aggregator, as optax writes a transformation and FedJAX an algorithm::
 
-* ``Params`` — a frozen dataclass of its hyperparameters (:mod:`fedcore.params`), declared
-  once: keyword construction, the run config and pyproject.toml all read it;
-* ``State`` — a dataclass of what survives a round (checkpointed as it is, by
-  :mod:`fedcore.state`; no per-method save/load code), and ``init_state``;
-* pure functions on flat torch tensors, importable without Flower, that do the maths;
-* a thin :class:`FairStrategy` subclass whose :meth:`~FairStrategy.aggregate_valid` reads the
-  updates (``batch = self.read_updates(replies)``, :mod:`strategies.updates`), calls them and
-  returns an :class:`~strategies.rounds.Aggregated` (new arrays, metrics, late drops).
+    method = FedPCDMethod(params, setting)     # hyperparameters, and what it may know of the run
+    state = method.init()                      # what survives a round (a dataclass, or None)
+    step = method.aggregate(round_, state)     # Step(model, state, metrics, dropped, ...)
+    state = step.state                         # the next round starts from the state returned
 
-A :class:`FairStrategy` is a complete ``flwr.serverapp.strategy.Strategy``::
+It never sees a Flower ``Message``. ``round_`` is a :class:`Round`: what the gate
+(:mod:`strategies.gate`) made of the round's replies after it kept only those that answer this
+round's requests, once per node, from the client the server assigned, holding the model and
+exactly the numbers and records the method declared in :attr:`Method.reads`, each finite and
+within its documented range. Everything on Flower's side — sampling, requests, the gate,
+Flower's keywords, metrics and ``start`` — is one class, :class:`strategies.flower.FairStrategy`;
+a method adds nothing to it.
 
-    strategy = FedPCD(fraction_train=0.25, tau=0.02, history=10, seed=0)
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3)
+A method module holds, in this order: ``Params`` (a frozen :class:`fedcore.params.MethodParams`:
+each hyperparameter's run-config key, range and meaning, declared once), ``State`` (a dataclass,
+checkpointed as it is by :mod:`fedcore.state`), the maths as pure functions on flat tensors, the
+:class:`Method` subclass that chains them, and its Flower class (a :class:`FairStrategy` subclass
+whose ``__init__`` names the hyperparameters). The state a round returns may reuse the buffers of
+the state it was given (FedPCD's history cache: a copy a round would double its memory): a state
+handed to :meth:`Method.aggregate` belongs to that round, as a buffer donated to a jitted step.
 
-The strategy samples nothing and stashes nothing itself: the requests are built by
-:mod:`strategies.requests` (the nodes from the app's sampler, or for Flower's own loop a draw
-seeded by (seed, round)), a round's replies are validated by :func:`strategies.rounds.check_round`
-(malformed, out-of-bounds and missing replies dropped with a reason, never a crash), and the
-outcome is returned: :meth:`FairStrategy.train_outcome` gives the whole
-:class:`~strategies.rounds.RoundOutcome` (valid, dropped, defence reports, arrays, metrics),
-Flower's ``aggregate_train`` its arrays and metrics; :meth:`FairStrategy.evaluate_outcome` and
-``aggregate_evaluate`` likewise for evaluation. What the app must give (its sampler, the run
-config sent with every request, the bounds on the clients' numbers) is a
-:class:`~strategies.requests.RunContext` passed to the calls; between ``configure_train`` and
-``aggregate_train`` the strategy keeps only the round's protocol state (θ_t, who was asked).
-
-Defences wrap a strategy instead of being flags, as Flower's
-``DifferentialPrivacyServerSideFixedClipping(strategy, ...)`` does:
-``UpdateClip(CentralDP(FedAvg(...), dp), c)`` (:mod:`strategies.wrappers`,
-:mod:`strategies.privacy`); a wrapper is itself a strategy, transforms the valid replies
-before the inner :meth:`aggregate_valid` and returns its report in ``Aggregated.defence``.
-
-The class flags and hooks, each with the methods that use it: CONTRIBUTING.md, "Adding a method".
+The contract, in numbers: a :class:`Method` has 10 declarations (``name``, ``Params``,
+``weighting``, ``client_method``, ``needs_individual_updates``, ``secagg_weighting``,
+``personalized``, ``own_step``, ``evaluated_iterate``, and the instance's ``reads``) and 11
+methods (``__init__``, :meth:`~Method.resolve_weighting`, :meth:`~Method.init`,
+:meth:`~Method.aggregate`, :meth:`~Method.check`, :meth:`~Method.request`,
+:meth:`~Method.client_records`, :meth:`~Method.evaluation_model`, :meth:`~Method.restore`,
+:meth:`~Method.restored`, :meth:`~Method.node_changed`), most of which a method leaves as they
+are (FedAvg's method writes ``aggregate`` alone).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import logging
-from collections.abc import Callable, Iterable
+import functools
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from flwr.app import ArrayRecord
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, NoParams
 from fedcore.state import Fields, rebuild
-from strategies import flower_compat, requests, rounds
-from strategies.flower_compat import FlowerKeywords
-from strategies.health import DropStreak
-from strategies.requests import RunContext
-from strategies.rounds import Aggregated, EvaluationOutcome, RoundOutcome
-from strategies.signatures import describe_hyperparameters, strategy_signature
-from strategies.updates import ReplyBatch, read_updates
-
-log = logging.getLogger("fedpcd")
 
 
 def server_step_scale(server_lr: float, client_lr: float) -> float:
@@ -92,399 +77,326 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def method_params(cls: type[FairStrategy], params: MethodParams | None, hyper: dict[str, Any]) -> MethodParams:
-    """The method's ``Params``: ``params`` as given, or built from the keyword hyperparameters."""
-    name = cls.__name__
-    if params is None:
-        params = cls.Params.from_keywords(hyper, owner=name, known=cls.__signature__.parameters)
-    elif hyper:
-        raise TypeError(f"{name}(): give either params= or keyword hyperparameters")
-    if not isinstance(params, cls.Params):
-        raise TypeError(f"{name}(): params must be a {cls.Params.__qualname__}")
-    return params
+@dataclasses.dataclass(frozen=True)
+class Reads:
+    """What a method reads of a train reply besides the model and ``num-examples``: the gate
+    checks exactly these (and drops a reply that lacks one, or holds one out of its range).
 
+    ``losses``: loss metrics it weights by (finite, ≥ 0, within a band around the round's median:
+    :func:`fedcore.replies.check_loss_values`); ``num_steps``: it reads ``num-steps`` (a whole
+    number in [1, the steps the request asked]); ``values``: other metrics it reads, each with its
+    closed range (low, high, what the range is called: FedeRage's β in its box); ``records``:
+    model-shaped ArrayRecords beside the model (SCAFFOLD's Δc_i)."""
 
-def check_common(cls: type[FairStrategy], fraction_train: float, fraction_evaluate: float, lr: float,
-                 server_lr: float) -> None:
-    """One-line errors for the common arguments out of range (``server_lr`` with a method that steps its own way)."""
-    if not 0.0 < fraction_train <= 1.0:
-        raise ConfigError(f"fraction_train = {fraction_train} must be in (0, 1]")
-    if not 0.0 <= fraction_evaluate <= 1.0:
-        raise ConfigError(f"fraction_evaluate = {fraction_evaluate} must be in [0, 1]")
-    if lr <= 0.0 or server_lr < 0.0:
-        raise ConfigError(f"lr = {lr} must be > 0 and server_lr = {server_lr} >= 0")
-    if cls.own_step is not None and server_lr != 0.0:
-        raise ConfigError(f"run-config key 'server-lr' = {server_lr} is not used by {cls.name or cls.__name__}: "
-                          f"{cls.own_step}; leave server-lr = 0")
+    losses: tuple[str, ...] = ()
+    num_steps: bool = False
+    values: Mapping[str, tuple[float, float, str]] = dataclasses.field(default_factory=dict)
+    records: tuple[str, ...] = ()
 
-
-def _handed_over(strategy: FairStrategy) -> ArrayRecord:
-    """θ_t, which ``configure_train`` hands over to the round's aggregation."""
-    if strategy.current_arrays is None:
-        raise RuntimeError("configure_train() must run before aggregate_train(): it hands over θ_t")
-    return strategy.current_arrays
-
-
-class FairStrategy(Strategy, metaclass=FlowerKeywords):
-    """Base of every strategy here (see the module docstring).
-
-    Parameters (keyword only; ``**hyper`` are the method's ``Params`` fields)
-    ----------
-    fraction_train : float, default 1.0
-        Fraction of the connected nodes sampled each round (at least ``min_train_nodes``).
-    fraction_evaluate : float, default 1.0
-        Fraction of nodes asked to evaluate each round (0 = no federated evaluation).
-    min_train_nodes : int, default 2
-        Flower's: at least this many nodes train each round of Flower's own loop
-        (``strategy.start``); the app's own runs sample with their own rule (``registry.build``
-        passes 1: ``clients-per-round``).
-    min_evaluate_nodes : int, default 2
-        Flower's: at least this many nodes evaluate (0 when ``fraction_evaluate`` is 0).
-    min_available_nodes : int, default 2
-        Flower's: Flower's own loop waits until this many nodes are connected before it samples
-        (Flower's log line ``Waiting for nodes to connect: ...`` every second).
-    node_wait_timeout : float or None, default 3600.0
-        Seconds that wait lasts before the strategy gives up with one ERROR line and raises
-        :class:`strategies.requests.NodesUnavailable` (no round is recorded); None waits for
-        ever, as Flower's own strategies do. 3600 s is Flower's ``start(timeout=...)`` default
-        for the replies.
-    seed : int, default 0
-        Seeds the node sampling (one generator per round: a resumed run draws the same).
-    lr : float, default 0.1
-        The clients' learning rate η_l (sent as ``round-lr``; methods divide Δ_i by it).
-    lr_decay : float, default 1.0
-        η_l of round t is ``lr · lr_decay^(t−1)``.
-    server_lr : float, default 0.0
-        η_g; 0 = η_l (see :func:`server_step_scale`).
-    num_clients : int or None
-        N, the federation's size (SCAFFOLD's 1/N); None = the number of connected nodes.
-    loss_before : bool, default False
-        Ask every client for ``loss-before`` even when the method does not use it.
-    device : str or torch.device, default "auto"
-        Where the method's server maths runs (``server-device``; :func:`resolve_device`).
-        Methods that keep large tensors (FedPCD's cache, CRAFT's update matrix) put them
-        there; the others ignore it.
-    weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn
-        Flower's, with Flower's meaning and defaults (``"num-examples"``, ``"arrays"``,
-        ``"config"``, Flower's weighted average): the record names of the requests, the metric
-        the FedAvg family weights by, and how ``aggregate_train`` / ``aggregate_evaluate``
-        aggregate the clients' own metrics (returned beside the method's: :mod:`strategies.flower_compat`).
-    params : the method's ``Params``, instead of ``**hyper``.
-
-    A class sharing a name with one of Flower's (FedAvg, FedProx, FedAvgM, FedAdam, ...) also takes
-    Flower's names of its hyperparameters (``flower_names``: ``server_momentum`` for ``momentum``,
-    ...) and has them as attributes: setting one after construction takes effect (it replaces the
-    frozen ``params``, checked as at construction).
-    """
-
-    # The class flags (CONTRIBUTING.md lists the methods that set each).
-    name: ClassVar[str] = ""  # set by @register
-    Params: ClassVar[type[MethodParams]] = NoParams
-    State: ClassVar[type | None] = None  # a dataclass built with no arguments at round 0, if any
-    client_method: ClassVar[str] = keys.SGD  # the client routine the requests name
-    personalized: ClassVar[bool] = False  # clients are scored with their personal models
-    needs_individual_updates: ClassVar[bool] = True  # False: sums suffice (secure aggregation)
-    secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": weights of a secure sum
-    required_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics beyond the required ones
-    required_records: ClassVar[tuple[str, ...]] = ()  # reply ArrayRecords, model-shaped
-    loss_metrics: ClassVar[tuple[str, ...]] = ()  # reply losses the method weights by: bounded (rounds.number_problems)
-    reads_num_steps: ClassVar[bool] = False  # num-steps is read: a whole number in [1, the steps asked]
-    own_step: ClassVar[str | None] = None  # how the method steps when it does not use server-lr
-    evaluated_iterate: ClassVar[str] = "last"  # what evaluation_arrays gives: "last" θ_t or "averaged" (AFL)
-    app_arguments: ClassVar[tuple[str, ...]] = ()  # derived: the subclass's own __init__ keywords
-    # Flower's like-named class, and its keyword names → this class's own (strategies.flower_compat)
-    flower_counterpart: ClassVar[type | None] = None
-    flower_names: ClassVar[dict[str, str]] = {}
-    weights_replies: ClassVar[bool] = False  # weights its replies by Flower's weighted_by_key (the FedAvg family)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Every method's class gets an explicit keyword-only signature (its ``Params`` fields,
-        its own ``__init__`` arguments and the common ones), which ``inspect.signature``, help()
-        and IDEs that introspect read instead of ``(**kwargs)``; and its docstring lists the
-        hyperparameters with their run-config keys."""
-        super().__init_subclass__(**kwargs)
-        cls.__signature__ = strategy_signature(cls, FairStrategy)
-        # The app-side arguments (CRAFT's model, FedNova's momentum) are the keywords a
-        # subclass's own __init__ adds: read from the code, not declared a second time.
-        common = set(inspect.signature(FairStrategy.__init__).parameters)
-        cls.app_arguments = tuple(p for p in cls.__signature__.parameters
-                                  if p not in common and not any(p == f.name for f in dataclasses.fields(cls.Params)))
-        cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{describe_hyperparameters(cls.Params)}"
-        if "flower_names" in cls.__dict__ or "flower_counterpart" in cls.__dict__:
-            flower_compat.install_attributes(cls)
-
-    def __init__(self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
-                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2, node_wait_timeout: float | None = 3600.0,
-                 seed: int = 0, lr: float = 0.1, lr_decay: float = 1.0, server_lr: float = 0.0,
-                 num_clients: int | None = None, loss_before: bool = False, device: str | torch.device = "auto",
-                 weighted_by_key: str = keys.NUM_EXAMPLES, arrayrecord_key: str = keys.ARRAYS,
-                 configrecord_key: str = keys.CONFIG,
-                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 params: MethodParams | None = None, **hyper: Any) -> None:
-        self.params = method_params(type(self), params, hyper)
-        check_common(type(self), fraction_train, fraction_evaluate, lr, server_lr)
-        self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
-        self.min_train_nodes, self.seed = min_train_nodes, seed
-        # Flower's (flwr.serverapp.strategy.FedAvg): the same names, meanings and defaults
-        self.min_evaluate_nodes = 0 if fraction_evaluate == 0.0 else min_evaluate_nodes
-        self.min_available_nodes, self.node_wait_timeout = min_available_nodes, node_wait_timeout
-        self.weighted_by_key, self.arrayrecord_key, self.configrecord_key = weighted_by_key, arrayrecord_key, \
-            configrecord_key
-        self.train_metrics_aggr_fn = train_metrics_aggr_fn or aggregate_metricrecords
-        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn or aggregate_metricrecords
-        self.lr, self.lr_decay, self.server_lr = lr, lr_decay, server_lr
-        self.num_clients, self.loss_before = num_clients, loss_before
-        self.device = resolve_device(device)
-        self.state = self.init_state()
-        self.context = RunContext()  # Flower's own loop's (start()); the app passes its own to the calls
-        # The round in progress, configure_* → aggregate_*: θ_t, its layout, node → partition id asked
-        self.current_arrays: ArrayRecord | None = None
-        self.spec: flat.FlatSpec | None = None
-        self.expected: dict[int, int | None] = {}
-        self.expected_eval: dict[int, int | None] = {}
-        # rounds in a row whose every reply was dropped for one reason (strategies.health)
-        self.drop_streak = DropStreak()
-        self.sent_train = self.sent_eval = None  # (round, its requests): whose answers the replies must be
-
-    # -- the method's part ------------------------------------------------------------------
     @property
-    def state(self) -> Any:
-        """The method's State (what survives a round; the app checkpoints it). Assigning the
-        :class:`fedcore.state.Fields` a checkpoint holds rebuilds it (:meth:`restore_state`)."""
-        return self._state
+    def metrics(self) -> tuple[str, ...]:
+        """Every metric read, in a fixed order (losses, num-steps, the values)."""
+        return (*self.losses, *((keys.NUM_STEPS,) if self.num_steps else ()), *self.values)
 
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._state = self.restore_state(value) if isinstance(value, Fields) else value
-
-    def restore_state(self, fields: Fields) -> Any:
-        """The State rebuilt from a checkpoint's fields, as the class this strategy keeps (state.rebuild)."""
-        current = self.__dict__.get("_state")
-        target = type(current) if current is not None else self.State
-        if target is None:
-            raise ValueError(f"{self.name or type(self).__name__} keeps no state, but the checkpoint holds "
-                             f"fields {sorted(fields)}: it was written by another method")
-        return rebuild(target, fields)
-
-    def init_state(self) -> Any:
-        """``State()`` at round 0 (None: nothing kept); a method whose round-0 state needs its params overrides it."""
-        return None if self.State is None else self.State()
-
-    def aggregate_valid(self, server_round: int, replies: list[Message]) -> Aggregated:
-        """The method's own step on the valid replies (sorted by client): read them with
-        :meth:`read_updates`, return the new model and metrics (:class:`Aggregated`)."""
-        raise NotImplementedError
-
-    def client_config(self) -> dict[str, Any]:
-        """Values every request carries for the client routine (FedProx's μ, ...)."""
-        return {}
-
-    def round_config(self, server_round: int) -> dict[str, Any]:
-        """Per-round values besides the model (FedeRage's β̂)."""
-        return {}
-
-    def round_records(self, server_round: int) -> dict[str, ArrayRecord]:
-        """ArrayRecords every request of the round carries (SCAFFOLD's c)."""
-        return {}
-
-    def client_records(self, client: int | None) -> dict[str, ArrayRecord]:
-        """ArrayRecords for one client only (SCAFFOLD's c_i after a resume)."""
-        return {}
-
-    def evaluation_arrays(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The model that evaluation scores (AFL: the running average of iterates)."""
-        return arrays
-
-    def check_reply(self, metrics: dict) -> str | None:
-        """Why a train reply's metrics are unusable for this method (None: usable); such a
-        reply is dropped with this reason before :meth:`aggregate_valid` (FedeRage: β in its box)."""
+    def value_problem(self, metrics: Mapping[str, Any]) -> str | None:
+        """Why one reply's declared ``values`` are out of their ranges (None when they are in)."""
+        for key, (low, high, what) in self.values.items():
+            v = metrics.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                return f"metric '{key}' is not a finite number ({v!r})"
+            if not low <= v <= high:
+                return f"metric '{key}' = {v:g} is outside {what} = [{low:g}, {high:g}]"
         return None
 
-    def check_valid(self, server_round: int, replies: list[Message]) -> dict[int, str]:
-        """{index: reason} of the well-formed replies whose method records are out of bounds
-        (SCAFFOLD's Δc_i against its own update); they are dropped with the reason. Default: none."""
-        return {}
 
-    def on_restored(self) -> None:
-        """After the app assigned :attr:`state` from a checkpoint (SCAFFOLD: each mirrored c_i is owed)."""
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What a method may know of the run it serves, fixed when it is built.
 
-    def on_node_changed(self, client: int) -> None:
-        """Client ``client`` is now served by another node (a restarted SuperNode rejoins under a new
-        node id): what it kept in its node's ``context.state`` is gone (SCAFFOLD re-sends its c_i)."""
+    ``num_clients`` N, the federation's size (None: a foreign app's; then each round's
+    :attr:`Round.num_nodes` is the nodes connected when it was sampled); ``clients_per_round``
+    (None when N is unknown); ``device`` where its server maths runs; ``model`` the run's freshly
+    built model (CRAFT's layer groups; None in a foreign app that passes none); ``momentum`` the
+    clients' SGD momentum (FedNova's a_i)."""
 
-    def params_changed(self) -> None:
-        """After one of Flower's attributes (or a Params field) was set on the built strategy
-        (:class:`strategies.flower_compat.ParamAttribute`): rebuild what was built from ``params``
-        (the wrapped Flower strategy of the server optimisers and robust rules). Default: nothing."""
+    num_clients: int | None = None
+    clients_per_round: int | None = None
+    device: torch.device = torch.device("cpu")
+    model: torch.nn.Module | None = None
+    momentum: float = 0.0
 
-    def set_common(self, name: str, value: Any) -> None:
-        """A common argument set through one of Flower's names (``eta_l``, ``client_learning_rate``:
-        ``lr``), checked as the constructor checks it."""
-        if name == "lr":
-            check_common(type(self), self.fraction_train, self.fraction_evaluate, value, self.server_lr)
-        setattr(self, name, value)
 
-    # -- shared helpers ---------------------------------------------------------------------
-    def round_lr(self, server_round: int) -> float:
-        """η_l of a round."""
-        return self.lr * self.lr_decay ** (server_round - 1)
+def metric_column(metrics: list[Mapping[str, Any]], key: str, default: float = 0.0) -> torch.Tensor:
+    return torch.tensor([float(m.get(key, default)) for m in metrics], dtype=torch.float64)
 
-    def step_scale(self, server_round: int) -> float:
-        """η_g/η_l for this round (:func:`server_step_scale`)."""
-        return server_step_scale(self.server_lr, self.round_lr(server_round))
+
+@dataclasses.dataclass
+class Round:
+    """A round as a method sees it: the gate's checked replies as data, and how to read them.
+
+    Numbers per reply, in client order (sorted by client, so that no result depends on the
+    order replies arrived in): ``clients`` (the partition id, else the node id), ``num_examples``,
+    ``weights`` (Flower's ``weighted_by_key`` metric: ``num_examples`` unless a foreign app named
+    another), ``values`` (each metric the method declared in :attr:`Method.reads`, as float64),
+    ``records`` (each declared record). The models: ``models`` as sent (ArrayRecords: bytes, read
+    only when asked for) and θ_t, with readers that never build more than the method asks:
+
+    * :attr:`deltas` — the (m, d) updates Δ_i = θ_t − θ_i (most methods);
+    * :attr:`model_matrix` — the (m, d) local models θ_i;
+    * :meth:`weighted_models` — Σ_i w_i θ_i streamed from the bytes, no (m, d) matrix (FedAvg);
+    * :meth:`write_updates` — Δ_i written straight into rows a kernel keeps (FedPCD, CRAFT).
+
+    Floats are in :attr:`dtype`: float32, float64 for a model that holds a float64 array and a
+    method that aggregates such a model in float64 (the classes named like Flower's)."""
+
+    number: int  # the server round
+    lr: float  # η_l, the clients' learning rate this round
+    step_scale: float  # η_g/η_l (server_step_scale)
+    clients: list[int]
+    num_examples: torch.Tensor  # (m,) float64
+    weights: torch.Tensor  # (m,) float64
+    values: dict[str, torch.Tensor]  # declared metric → (m,) float64
+    records: dict[str, list[ArrayRecord]]  # declared record → its m records
+    models: list[ArrayRecord]
+    current: ArrayRecord  # θ_t as sent
+    spec: flat.FlatSpec
+    dtype: torch.dtype = torch.float32
+    num_nodes: int | None = None  # the nodes connected when the round was sampled (N of a foreign app)
+    _deltas: torch.Tensor | None = dataclasses.field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    @functools.cached_property
+    def theta(self) -> torch.Tensor:
+        """θ_t as one (d,) vector in :attr:`dtype` (read through the spec's layout)."""
+        return flat.record_to_flat_views(flat.record_views(self.current, flat.spec_layout(self.spec)),
+                                         dtype=self.dtype)
+
+    def theta_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """θ_t as a fresh (d,) vector in ``dtype`` (float64 for a method that keeps an average of models)."""
+        return flat.record_to_flat(self.current, dtype=dtype)
 
     @property
-    def weight_metrics(self) -> tuple[str, ...]:
-        """Flower's ``weighted_by_key`` when the method weights its replies by it and it is not
-        ``num-examples`` (required of every reply then, beside ``num-examples``)."""
-        return (self.weighted_by_key,) if self.weights_replies and self.weighted_by_key != keys.NUM_EXAMPLES else ()
+    def fedavg_weights(self) -> torch.Tensor:
+        """p_i = n_i / Σ n_j (float64)."""
+        return self.num_examples / self.num_examples.sum()
 
-    def reply_weights(self, batch: ReplyBatch) -> torch.Tensor:
-        """(m,) float64 weights of the replies: ``num-examples``, or Flower's ``weighted_by_key``."""
-        if self.weighted_by_key == keys.NUM_EXAMPLES:
-            return batch.num_examples
-        return torch.tensor([float(m[self.weighted_by_key]) for m in batch.metrics], dtype=torch.float64)
+    def value(self, key: str) -> torch.Tensor:
+        """One declared metric, (m,) float64 (``loss-before``, ``num-steps``, ...)."""
+        return self.values[key]
 
     @property
-    def want_loss_before(self) -> bool:
-        return self.loss_before or keys.LOSS_BEFORE in self.required_metrics
-
-    def set_model(self, arrays: ArrayRecord) -> None:
-        """θ_t: what the round's replies are compared with."""
-        self.current_arrays = arrays
-        if self.spec is None:
-            self.spec = flat.spec_of(arrays)
+    def deltas(self) -> torch.Tensor:
+        """(m, d) updates Δ_i = θ_t − θ_i in :attr:`dtype`, read on first use (in place over the
+        stacked local models: one (m, d) matrix)."""
+        if self._deltas is None:
+            self._deltas = flat.model_deltas(self.theta, flat.records_to_matrix(self.models, dtype=self.dtype))
+        return self._deltas
 
     @property
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype of the server's arithmetic: float32, and for the classes that share a name with
-        one of Flower's float64 when the model holds a float64 array (a float64 model aggregated in
-        float64, as Flower's numpy does)."""
-        if self.flower_counterpart is not None and self.spec is not None and "float64" in self.spec.dtypes:
-            return torch.float64
-        return torch.float32
+    def model_matrix(self) -> torch.Tensor:
+        """(m, d) local models θ_i in :attr:`dtype` (a fresh matrix at each use)."""
+        return flat.records_to_matrix(self.models, dtype=self.dtype)
 
-    def current_flat(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """θ_t as one flat vector (in :attr:`compute_dtype` unless ``dtype`` is given)."""
-        return flat.record_to_flat(_handed_over(self), dtype=dtype or self.compute_dtype)
+    def weighted_models(self, weights: torch.Tensor) -> torch.Tensor:
+        """Σ_i w_i θ_i ((d,), :attr:`dtype`) straight from the reply bytes, without an (m, d)
+        matrix (:func:`fedcore.flat.weighted_sum_views`)."""
+        layout = flat.spec_layout(self.spec)
+        return flat.weighted_sum_views([flat.record_views(r, layout) for r in self.models], weights,
+                                       dtype=self.dtype)
 
-    def read_updates(self, replies: list[Message], **into: Any) -> ReplyBatch:
-        """The one way to read a round's updates (:func:`strategies.updates.read_updates` against
-        θ_t): ``batch.deltas`` Δ_i, ``batch.models`` θ_i, ``batch.weighted_models(w)``, the losses;
-        ``out=``/``writer=`` for a kernel that writes Δ_i into rows it keeps. Read in
-        :attr:`compute_dtype` (float32 rows of a kernel's own stay float32)."""
-        if "writer" not in into and "out" not in into:
-            into.setdefault("dtype", self.compute_dtype)
-        into.setdefault("spec", self.spec)
-        return read_updates(replies, _handed_over(self), **into)
+    def write_updates(self, rows: torch.Tensor, writer: flat.UpdateWriter, copies: list[torch.Tensor] | None = None,
+                      norms: bool = False) -> tuple[torch.Tensor, np.ndarray | None]:
+        """(θ_t as the writer's float32 host vector, ‖Δ_i‖² or None): Δ_i written into ``rows[i]``
+        (any device; and into ``copies[i]``) in one pass over the reply bytes; afterwards
+        :attr:`deltas` is ``rows[:m]``."""
+        theta = writer.theta(self.current)
+        sq_norms = writer.write(theta, self.models, rows, copies, norms)
+        self._deltas = rows[: len(self.models)]
+        return theta, sq_norms
+
+    def record_matrix(self, name: str) -> torch.Tensor:
+        """(m, d) float32 of a declared record (SCAFFOLD's Δc_i)."""
+        return flat.records_to_matrix(self.records[name])
+
+    def subset(self, keep: list[int]) -> Round:
+        """The round with only the replies at ``keep`` (in that order)."""
+        idx = torch.tensor(keep, dtype=torch.long)
+        return dataclasses.replace(
+            self, clients=[self.clients[i] for i in keep], num_examples=self.num_examples[idx],
+            weights=self.weights[idx], values={k: v[idx] for k, v in self.values.items()},
+            records={k: [v[i] for i in keep] for k, v in self.records.items()},
+            models=[self.models[i] for i in keep], _deltas=None)
+
+    def with_models(self, models: list[ArrayRecord]) -> Round:
+        """The round with other local models (a defence's transformed ones)."""
+        return dataclasses.replace(self, models=list(models), _deltas=None)
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
-        assert self.spec is not None
-        return flat.record_from_flat(flat_vec, self.spec)  # flat.flat_to_record's record, the spec's layout kept
+        """A flat (d,) vector as the model's ArrayRecord (its names, shapes and dtypes)."""
+        return flat.record_from_flat(flat_vec, self.spec)
 
-    # -- Flower's Strategy, and the app's entry points ------------------------------------------
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
-                        context: RunContext | None = None) -> list[Message]:
-        """The round's train requests (:func:`strategies.requests.train_requests`) to the
-        context's selection, or to a seeded draw of the connected nodes."""
-        context = context or self.context
-        self.set_model(arrays)
-        targets = (context.select(server_round, grid) if context.select is not None else requests.sample_nodes(
-            grid, self.fraction_train, max(1, self.min_train_nodes), self.seed, "flower-sample", server_round,
-            min_available=self.min_available_nodes, timeout=self.node_wait_timeout, what="configure_train"))
-        self.expected = dict(targets)
-        msgs = requests.train_requests(self, server_round, arrays, config, targets, context)
-        self.sent_train = (server_round, msgs)  # their ids, once a grid pushed them: rounds.requests_sent
-        return msgs
 
-    def train_outcome(self, server_round: int, replies: Iterable[Message],
-                      context: RunContext | None = None) -> RoundOutcome:
-        """The whole round: the replies validated (:func:`strategies.rounds.check_round`), then
-        :meth:`aggregate_checked`. An exception is returned in ``error``, never raised."""
-        try:
-            outcome = rounds.check_round(self, server_round, replies, context or self.context)
-        except Exception as exc:  # noqa: BLE001 - the app records it (on-aggregation-error)
-            return RoundOutcome(error=exc)
-        return self.aggregate_checked(server_round, outcome)
+@dataclasses.dataclass
+class Step:
+    """What :meth:`Method.aggregate` returns.
 
-    def aggregate_checked(self, server_round: int, outcome: RoundOutcome) -> RoundOutcome:
-        """``outcome`` with the method's step on its valid replies (those validation, or secure
-        aggregation, accepted) folded in; unchanged when none is valid (the model stays)."""
-        stalled = self.drop_streak.observe(self.name or type(self).__name__, server_round, len(outcome.valid),
-                                           [d.reason for d in outcome.dropped])
-        if stalled is not None:
-            return dataclasses.replace(outcome, error=stalled)
-        if not outcome.valid:
-            log.warning("round %d: no valid reply; the model stays as it was", server_round)
-            return outcome
-        try:
-            step = self.aggregate_valid(server_round, outcome.valid)
-        except Exception as exc:  # noqa: BLE001 - the app records it (on-aggregation-error)
-            return dataclasses.replace(outcome, error=exc)
-        return outcome.with_step(server_round, step)
+    ``model``: θ_{t+1} as a flat (d,) tensor, or as arrays by name (a method that steps array by
+    array in Flower's arithmetic returns its own dtypes); None: the model stays. ``state``: the
+    state the next round starts from. ``metrics``: the method's diagnostics (rounds.jsonl's
+    ``strategy``; finite numbers or lists of them). ``dropped``: index in the round → why the method
+    could not use that reply after all (FedPCD's non-finite update). ``selected``: the indices whose
+    own metrics Flower's metric aggregation reads (Krum's selection; None: every reply used).
+    ``defence``: the defences' reports (``update_clip``, ``privacy``)."""
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Flower's: :meth:`train_outcome`'s arrays, and its metrics beside the clients' own metrics
-        aggregated as Flower does (``train_metrics_aggr_fn``, over the replies the method used:
-        :attr:`RoundOutcome.metric_replies`); (None, None) when no reply was valid."""
-        replies = list(replies)
-        sent = flower_compat.metric_keys(replies)
-        outcome = self.train_outcome(server_round, replies)
-        if outcome.error is not None:
-            raise outcome.error
-        if outcome.arrays is None:  # no model: the method's metrics alone (Bulyan's skip), as before
-            return None, outcome.metrics
-        used = outcome.metric_replies if outcome.metric_replies is not None else outcome.client_replies
-        client = flower_compat.client_metrics(self, used, self.train_metrics_aggr_fn, "aggregate_train", sent)
-        return outcome.arrays, flower_compat.merged(client, outcome.metrics)
+    model: torch.Tensor | dict[str, np.ndarray] | None
+    state: Any = None
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dropped: dict[int, str] = dataclasses.field(default_factory=dict)
+    selected: list[int] | None = None
+    defence: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid,
-                           context: RunContext | None = None) -> list[Message]:
-        """Evaluate requests to every client the context selects, else to a seeded draw
-        (none with ``fraction_evaluate`` 0); the model is :meth:`evaluation_arrays`'."""
-        context = context or self.context
-        if context.select is not None:
-            targets = context.select(-server_round, grid)  # the app's selector: every client
-        elif self.fraction_evaluate == 0.0:
-            return []
-        else:
-            targets = requests.sample_nodes(grid, self.fraction_evaluate, self.min_evaluate_nodes, self.seed,
-                                            "flower-evaluate", server_round, min_available=self.min_available_nodes,
-                                            timeout=self.node_wait_timeout, what="configure_evaluate")
-        self.expected_eval = dict(targets)
-        msgs = requests.evaluate_requests(self, server_round, self.evaluation_arrays(arrays), config, targets, context)
-        self.sent_eval = (server_round, msgs)
-        return msgs
 
-    def evaluate_outcome(self, server_round: int, replies: Iterable[Message],
-                         context: RunContext | None = None) -> EvaluationOutcome:
-        """Every evaluation reply scored, or unscored with its reason (:func:`strategies.rounds.score_evaluation`)."""
-        return rounds.score_evaluation(self.expected_eval, replies, context or self.context,
-                                       server_round=server_round, sent=self.sent_eval)
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What every train request of a round carries for the method beside the model: ``config``
+    values for the client routine (FedProx's μ, FedeRage's β̂) and model-shaped ``records``
+    (SCAFFOLD's c)."""
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Flower's: the clients' metrics aggregated as Flower does (``evaluate_metrics_aggr_fn``, by
-        default weighted by ``weighted_by_key``: custom metrics such as ``f1`` kept) over the replies
-        that carry ``weighted_by_key``, with the test-size-weighted mean of the scores beside them
-        (``accuracy``, ``loss``, ``num-scored``)."""
-        replies = list(replies)
-        sent = flower_compat.metric_keys(replies)
-        carrying = [r for r in replies if not r.has_error() and self.weighted_by_key in
-                    next((rec for rec in r.content.values() if isinstance(rec, MetricRecord)), {})]
-        client = flower_compat.client_metrics(self, carrying, self.evaluate_metrics_aggr_fn, "aggregate_evaluate",
-                                              sent)
-        return flower_compat.merged(client, self.evaluate_outcome(server_round, replies).metrics)
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    records: Mapping[str, ArrayRecord] = dataclasses.field(default_factory=dict)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any):
-        """Flower's :meth:`Strategy.start`; ``result.arrays`` is the final model even when no
-        round produced one (Flower leaves it empty then): the model stayed the initial one."""
-        result = super().start(grid, initial_arrays, *args, **kwargs)
-        if not len(result.arrays):
-            result.arrays = initial_arrays
-        return result
 
-    def summary(self) -> None:
-        log.info("%s: %s (fraction_train=%s, seed=%s, lr=%s, server_lr=%s)", type(self).__name__,
-                 self.params, self.fraction_train, self.seed, self.lr, self.server_lr)
+class Method:
+    """An aggregation method (see the module docstring). A subclass sets its declarations and
+    writes :meth:`aggregate`; every other hook has a default that does nothing."""
+
+    name: ClassVar[str] = ""  # the run-config method name (set by strategies.registry.register)
+    Params: ClassVar[type[MethodParams]] = NoParams
+    weighting: ClassVar[str] = ""  # one of strategies.registry.WEIGHTINGS: each method declares it (register checks)
+    client_method: ClassVar[str] = keys.SGD  # the client routine its requests name (client_app.methods)
+    needs_individual_updates: ClassVar[bool] = True  # False: a weighted sum of the replies suffices (SecAgg+, DP)
+    secagg_weighting: ClassVar[str] = "num-examples"  # or "uniform": the weights of a secure sum
+    personalized: ClassVar[bool] = False  # clients are scored with their personal models (Ditto)
+    own_step: ClassVar[str | None] = None  # how it steps when it does not use server-lr (server-lr refused)
+    evaluated_iterate: ClassVar[str] = "last"  # what evaluation_model gives: "last" θ_t or "averaged" (AFL)
+
+    def __init__(self, params: MethodParams | None = None, setting: Setting | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+        if not isinstance(self.params, self.Params):
+            raise TypeError(f"{type(self).__name__}: params must be a {self.Params.__qualname__}")
+        self.setting = setting if setting is not None else Setting()
+        self.reads = Reads()
+
+    @classmethod
+    def resolve_weighting(cls, config: Mapping[str, Any]) -> str:
+        """How it weights its clients under a full run config (a key may choose: FedAvg's
+        ``fedavg-weighting``); default: :attr:`weighting`."""
+        return cls.weighting
+
+    def init(self) -> Any:
+        """The state at round 0 (None: the method keeps nothing)."""
+        return None
+
+    def aggregate(self, round_: Round, state: Any) -> Step:
+        """θ_{t+1}, the next state and the round's metrics from the gate's round."""
+        raise NotImplementedError
+
+    def check(self, round_: Round, state: Any) -> dict[int, str]:
+        """index → why a reply's declared records are out of bounds against the state (SCAFFOLD's
+        Δc_i against its own update); the gate drops them. Default: none."""
+        return {}
+
+    def request(self, server_round: int, state: Any, current: ArrayRecord) -> Request:
+        """What every request of the round carries for the client routine (``current``: θ_t, the
+        model the records are shaped like)."""
+        return Request()
+
+    def client_records(self, state: Any, client: int | None, current: ArrayRecord) -> dict[str, ArrayRecord]:
+        """ArrayRecords for one client's request only (SCAFFOLD's c_i after a resume)."""
+        return {}
+
+    def evaluation_model(self, state: Any, current: ArrayRecord) -> ArrayRecord:
+        """The model evaluation scores (AFL: its averaged iterate); default θ_t."""
+        return current
+
+    def restore(self, fields: Fields) -> Any:
+        """The state rebuilt from a checkpoint's saved fields (:mod:`fedcore.state`)."""
+        template = self.init()
+        if template is None:
+            raise ValueError(f"{self.name or type(self).__name__} keeps no state, but the checkpoint holds fields "
+                             f"{sorted(fields)}: it was written by another method")
+        return rebuild(type(template), fields)
+
+    def restored(self, state: Any) -> Any:
+        """The state once a run resumed from it (SCAFFOLD: every mirrored c_i is owed again)."""
+        return state
+
+    def node_changed(self, state: Any, client: int) -> Any:
+        """The state once ``client`` is served by another node (a restarted SuperNode): what it
+        kept in its node's ``context.state`` is gone (SCAFFOLD re-sends its c_i)."""
+        return state
+
+
+class Transform(Method):
+    """A method around another (a defence: :class:`strategies.defences.UpdateClip`,
+    :class:`strategies.privacy.CentralDP`): every declaration and hook is the inner method's
+    unless the transform writes its own; its state is the inner method's (or wraps it)."""
+
+    def __init__(self, inner: Method) -> None:
+        self.inner = inner
+        self.params, self.setting, self.reads = inner.params, inner.setting, inner.reads
+        for name in ("name", "Params", "weighting", "client_method", "needs_individual_updates", "secagg_weighting",
+                     "personalized", "own_step", "evaluated_iterate"):
+            setattr(self, name, getattr(inner, name))
+
+    @property
+    def core(self) -> Method:
+        """The method at the centre of the chain."""
+        inner = self.inner
+        return inner.core if isinstance(inner, Transform) else inner
+
+    def resolve_weighting(self, config):  # type: ignore[override]
+        return self.inner.resolve_weighting(config)
+
+    def init(self):
+        return self.inner.init()
+
+    def aggregate(self, round_, state):
+        return self.inner.aggregate(round_, state)
+
+    def check(self, round_, state):
+        return self.inner.check(round_, state)
+
+    def request(self, server_round, state, current):
+        return self.inner.request(server_round, state, current)
+
+    def client_records(self, state, client, current):
+        return self.inner.client_records(state, client, current)
+
+    def evaluation_model(self, state, current):
+        return self.inner.evaluation_model(state, current)
+
+    def restore(self, fields):
+        return self.inner.restore(fields)
+
+    def restored(self, state):
+        return self.inner.restored(state)
+
+    def node_changed(self, state, client):
+        return self.inner.node_changed(state, client)
+
+
+def find(method: Method, kind: type) -> Any:
+    """The first method of type ``kind`` in ``method``'s chain of transforms (None if none)."""
+    while method is not None:
+        if isinstance(method, kind):
+            return method
+        method = method.inner if isinstance(method, Transform) else None
+    return None
+
+
+def restore_state(method: Method, value: Any) -> Any:
+    """A state assigned from a checkpoint: saved :class:`Fields` rebuilt by the method, anything else as it is."""
+    return method.restore(value) if isinstance(value, Fields) else value

@@ -23,14 +23,15 @@ one meaning, η_g/η_l (0 → 1).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
-from flwr.app import MetricRecord
 
 from fedcore.params import MethodParams
-from strategies.craft import Aggregate, GroupedStrategy, tol_field
+from strategies.base import Round, Step
+from strategies.craft import Aggregate, GroupedMethod, step_from, tol_field
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,19 +52,28 @@ def config_step(agg: Aggregate, m: int) -> torch.Tensor:
     return agg.direction.mul_(float(agg.dots.sum()) / (norm * norm * m))
 
 
-@register("config-fl")
-class ConFIG(GroupedStrategy):
-    """ConFIG (see the module docstring): ``ConFIG(fraction_train=0.1, tol=0.0)``."""
-
-    weighting = "uniform"  # equal targets ρ = 1/m
+class ConFIGMethod(GroupedMethod):
+    """ConFIG (see the module docstring)."""
 
     Params = Params
+    weighting = "uniform"  # equal targets ρ = 1/m
 
-    def aggregate_valid(self, server_round, replies):
-        theta, updates, _ = self.read_rows(replies)
+    def aggregate(self, round_: Round, state: Any) -> Step:
+        theta, updates = self.read_rows(round_)
         m = updates.shape[0]
-        agg = self.matrix.solve(updates, torch.ones(m, dtype=torch.float64), self.groups(), tol=self.params.tol)
+        agg = self.matrix.solve(updates, torch.ones(m, dtype=torch.float64), self.groups(round_.spec),
+                                tol=self.params.tol)
         step = config_step(agg, m)
         norm = float(torch.linalg.vector_norm(step))
-        return Aggregated(self.step(theta, step, self.step_scale(server_round)),
-                          MetricRecord({**agg.diagnostics(), "update-norm": norm}))
+        return Step(step_from(theta, step, round_.step_scale), state, {**agg.diagnostics(), "update-norm": norm})
+
+
+@register("config-fl")
+class ConFIG(FairStrategy):
+    """ConFIG (see the module docstring): ``ConFIG(fraction_train=0.1, tol=0.0)``."""
+
+    method_class = ConFIGMethod
+    Params = Params
+
+    def __init__(self, *, tol: float = Params.tol, params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "ConFIG", tol=tol), **common)

@@ -62,14 +62,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import flat
 from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 if TYPE_CHECKING:
     from torch import nn
@@ -374,80 +373,90 @@ class UpdateMatrix:
                          float(np.sqrt(sum(s.sq_norm for s in sols))), sols)
 
 
-# -- strategies ---------------------------------------------------------------------------------
-class GroupedStrategy(FairStrategy):
+# -- methods ------------------------------------------------------------------------------------
+class GroupedMethod(Method):
     """Shared plumbing of CRAFT and ConFIG: layer groups and the update matrix.
 
-    ``model`` (optional): the run's freshly built model, whose module structure gives the
-    layer groups (:func:`layer_groups`); without it they come from the ArrayRecord keys
-    (:func:`key_groups`). :attr:`matrix` (:class:`UpdateMatrix`, on ``device``) holds the
-    round's updates Δ_i = θ_t − θ_i, written straight from the reply bytes
-    (``read_updates(out=...)`` through the kept :class:`fedcore.flat.UpdateWriter`), and CRAFT's
-    reference.
+    The layer groups come from the run's model (``setting.model``: :func:`layer_groups`), else
+    from the ArrayRecord keys (:func:`key_groups`). :attr:`matrix` (:class:`UpdateMatrix`, on the
+    setting's device) holds the round's updates Δ_i = θ_t − θ_i, written straight from the reply
+    bytes through the kept :class:`fedcore.flat.UpdateWriter` (scratch kept across rounds, not state).
     """
 
-    def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.model = model
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
         self._groups: list[tuple[int, int]] | None = None
-        self.matrix = UpdateMatrix(self.device)
+        self.matrix = UpdateMatrix(self.setting.device)
         self.writer = flat.UpdateWriter()  # θ_t's host vector and the staging row, reused every round
 
     @property
     def layerwise(self) -> bool:
         return False
 
-    def groups(self) -> list[tuple[int, int]]:
+    def groups(self, spec: flat.FlatSpec) -> list[tuple[int, int]]:
         if self._groups is None:
-            assert self.spec is not None
             if not self.layerwise:
-                self._groups = [(0, self.spec.dim)]
-            elif self.model is not None:
-                self._groups = [(g.start, g.stop) for g in layer_groups(self.model, self.spec.keys)]
+                self._groups = [(0, spec.dim)]
+            elif self.setting.model is not None:
+                self._groups = [(g.start, g.stop) for g in layer_groups(self.setting.model, spec.keys)]
             else:
-                self._groups = [(g.start, g.stop) for g in key_groups(self.spec.keys, self.spec.sizes)]
+                self._groups = [(g.start, g.stop) for g in key_groups(spec.keys, spec.sizes)]
         return self._groups
 
-    def read_rows(self, replies) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(θ_t on the host, the (m, d) updates Δ_i in :attr:`matrix`, n_i): one pass over the
-        reply bytes (:meth:`read_updates`)."""
-        replies = list(replies)
-        updates = self.matrix.updates(len(replies), self.spec.dim)
-        batch = self.read_updates(replies, out=updates, writer=self.writer)
-        return batch.theta, updates, batch.num_examples
-
-    def step(self, theta: torch.Tensor, direction: torch.Tensor, alpha: float):
-        """θ_t − alpha·direction as the round's ArrayRecord (θ_t is the host buffer)."""
-        theta.sub_(direction.to(theta.device), alpha=alpha)
-        return self.to_record(theta)
+    def read_rows(self, round_: Round) -> tuple[torch.Tensor, torch.Tensor]:
+        """(θ_t on the host, the (m, d) updates Δ_i in :attr:`matrix`): one pass over the reply bytes."""
+        updates = self.matrix.updates(len(round_), round_.spec.dim)
+        theta, _ = round_.write_updates(updates, self.writer)
+        return theta, updates
 
 
-@register("craft")
-class Craft(GroupedStrategy):
-    """CRAFT (paper 002_*): θ_{t+1} = θ_t − η_s g, g per layer group, see the module docstring.
+def step_from(theta: torch.Tensor, direction: torch.Tensor, alpha: float) -> torch.Tensor:
+    """θ_t − alpha·direction (θ_t is the writer's host buffer, stepped in place)."""
+    return theta.sub_(direction.to(theta.device), alpha=alpha)
 
-    ``Craft(fraction_train=0.1, step=0.1, rho="data-size", layerwise=True, tol=0.0,
-    model=net)``; ``server_lr`` must stay 0 (the step is ``step``).
-    """
 
+class CraftMethod(GroupedMethod):
+    """CRAFT (paper 002_*): θ_{t+1} = θ_t − η_s g, g per layer group, see the module docstring."""
+
+    Params = Params
     weighting = "data-size"  # or uniform: craft-rho (resolve_weighting)
+    own_step = "set its absolute step with craft-step (default 0.1)"
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return cls.Params.from_run_config(config).rho
 
-    Params = Params
-    State = State
-    own_step = "set its absolute step with craft-step (default 0.1)"
-
     @property
     def layerwise(self) -> bool:
         return self.params.layerwise
 
-    def aggregate_valid(self, server_round, replies):
-        theta, updates, sizes = self.read_rows(replies)
+    def init(self) -> State:
+        return State()
+
+    def aggregate(self, round_: Round, state: State) -> Step:
+        theta, updates = self.read_rows(round_)
+        sizes = round_.num_examples
         weights = sizes if self.params.rho == "data-size" else torch.ones_like(sizes)
-        agg = self.matrix.solve(updates, weights, self.groups(), self.state.reference, self.params.tol)
-        self.state.reference, self.state.last_round = agg.direction, int(server_round)
+        agg = self.matrix.solve(updates, weights, self.groups(round_.spec), state.reference, self.params.tol)
         metrics = {**agg.diagnostics(), "update-norm": agg.norm}
-        return Aggregated(self.step(theta, agg.direction, self.params.step), MetricRecord(metrics))
+        # the next reference is a copy: the direction lives in the kernel's rows, which the next round overwrites
+        new_state = State(agg.direction.clone(), int(round_.number))
+        return Step(step_from(theta, agg.direction, self.params.step), new_state, metrics)
+
+
+@register("craft")
+class Craft(FairStrategy):
+    """CRAFT (see the module docstring)::
+
+        Craft(fraction_train=0.1, step=0.1, rho="data-size", layerwise=True, tol=0.0, model=net)
+
+    ``model``: the run's model, whose module structure gives the layer groups (without it, the
+    array names do); ``server_lr`` must stay 0 (the step is ``step``)."""
+
+    method_class = CraftMethod
+    Params = Params
+
+    def __init__(self, *, rho: str = Params.rho, layerwise: bool = Params.layerwise, tol: float = Params.tol,
+                 step: float = Params.step, params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "Craft", rho=rho, layerwise=layerwise, tol=tol, step=step),
+                         **common)

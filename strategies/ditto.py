@@ -10,9 +10,9 @@ Clients are scored with their personal models (``personalized = True``: the serv
 federated evaluation; a client never sampled yet is scored with the global model, which
 is where its personal model starts). The shared model is aggregated by FedAvg or by CRAFT
 (``ditto-aggregator``), the CRAFT paper's "CRAFT inside Ditto" experiment; the aggregator is
-the registered strategy itself (:class:`strategies.fedavg.FedAvg`, :class:`strategies.craft.Craft`),
-built with Ditto's own common arguments, so its keys (``server-lr`` for FedAvg, ``craft-*``
-for CRAFT, which refuses a non-zero ``server-lr`` as it does alone) apply unchanged.
+the registered method itself (:class:`strategies.fedavg.FedAvgMethod`, :class:`strategies.craft.CraftMethod`),
+built with Ditto's setting, so its keys (``server-lr`` for FedAvg, ``craft-*`` for CRAFT, which
+refuses a non-zero ``server-lr`` as it does alone) apply unchanged.
 
 State (:class:`State`): the aggregator's own State (CRAFT's reference; FedAvg keeps none).
 Checkpoints: that state is saved, but the personal models live on the nodes
@@ -23,24 +23,19 @@ in a new process starts every personal model again from the global model.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any
 
-import torch
-
 from fedcore import keys
-from fedcore.config import Grid
-from fedcore.params import MethodParams, hyper, nested
-from strategies import craft, fedavg
-from strategies.base import FairStrategy
+from fedcore.config import ConfigError, Grid
+from fedcore.params import MethodParams, NoParams, hyper, nested
+from strategies import craft as craft_mod
+from strategies import fedavg
+from strategies.base import Method, Request, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
 
-AGGREGATORS: dict[str, type[FairStrategy]] = {"fedavg": fedavg.FedAvg, "craft": craft.Craft}
+AGGREGATORS: dict[str, type[Method]] = {"fedavg": fedavg.FedAvgMethod, "craft": craft_mod.CraftMethod}
 AGGREGATOR = "ditto-aggregator"
-# The arguments every FairStrategy takes besides its Params (each kept as the attribute of
-# that name): the aggregator gets Ditto's.
-_COMMON = tuple(p.name for p in inspect.signature(FairStrategy.__init__).parameters.values()
-                if p.kind is p.KEYWORD_ONLY and p.name != "params")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +49,7 @@ class Params(MethodParams):
     aggregator: str = hyper("fedavg", choices=tuple(AGGREGATORS),
                             doc="the shared model's aggregator: fedavg (Ditto as published) or craft (with the "
                                 "craft-* keys, the CRAFT paper's \"CRAFT inside Ditto\")")
-    craft: craft.Params = nested(craft.Params)
+    craft: craft_mod.Params = nested(craft_mod.Params)
 
 
 @dataclasses.dataclass
@@ -62,44 +57,50 @@ class State:
     shared: Any = None  # the aggregator's State (None for FedAvg)
 
 
-@register("ditto")
-class Ditto(FairStrategy):
-    """Ditto (see the module docstring): ``Ditto(fraction_train=0.1, lam=0.1, aggregator="craft",
-    model=net)``. The shared model's step is the aggregator's (:attr:`shared`)."""
-
-    weighting = "personal"  # scored on the personal models
+class DittoMethod(Method):
+    """Ditto (see the module docstring): the shared model's step is the aggregator's (:attr:`shared`)."""
 
     Params = Params
+    weighting = "personal"  # scored on the personal models
     client_method = keys.DITTO
     personalized = True
 
-    def __init__(self, *, model: torch.nn.Module | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
         cls = AGGREGATORS[self.params.aggregator]
-        extra = {"model": model} if "model" in cls.app_arguments else {}
-        params = self.params.craft if cls is craft.Craft else cls.Params()
-        self.shared = cls(params=params, **{k: getattr(self, k) for k in _COMMON}, **extra)
+        self.shared = cls(self.params.craft if cls is craft_mod.CraftMethod else NoParams(), self.setting)
         self.needs_individual_updates = self.shared.needs_individual_updates
-        self.state = self.init_state()
+        self.own_step = self.shared.own_step
 
-    def init_state(self) -> State:
-        shared = getattr(self, "shared", None)  # None while FairStrategy.__init__ runs
-        return State(None if shared is None else shared.init_state())
+    def init(self) -> State:
+        return State(self.shared.init())
 
-    def restore_state(self, fields) -> State:
+    def restore(self, fields) -> State:
         """The aggregator rebuilds its own State (Ditto's one field is typed ``Any``)."""
-        self.shared.state = fields.get("shared")
-        return State(self.shared.state)
+        inner = fields.get("shared")
+        return State(None if inner is None else self.shared.restore(inner))
 
-    def client_config(self) -> dict[str, Any]:
-        return {keys.DITTO_LAMBDA: self.params.lam}
+    def request(self, server_round: int, state: State, current) -> Request:
+        return Request({keys.DITTO_LAMBDA: self.params.lam})
 
-    def set_model(self, arrays) -> None:
-        super().set_model(arrays)
-        self.shared.set_model(arrays)
+    def aggregate(self, round_: Round, state: State) -> Step:
+        step = self.shared.aggregate(round_, state.shared)
+        return dataclasses.replace(step, state=State(step.state))
 
-    def aggregate_valid(self, server_round, replies):
-        self.shared.state = self.state.shared  # a restored checkpoint replaces self.state
-        out = self.shared.aggregate_valid(server_round, replies)
-        self.state.shared = self.shared.state
-        return out
+
+@register("ditto")
+class Ditto(FairStrategy):
+    """Ditto (see the module docstring): ``Ditto(fraction_train=0.1, lam=0.1, aggregator="craft",
+    model=net)``."""
+
+    method_class = DittoMethod
+    Params = Params
+
+    def __init__(self, *, lam: float = Params.lam, aggregator: str = Params.aggregator,
+                 craft: craft_mod.Params | None = None, params: Params | None = None, **common: Any) -> None:
+        given = {"lam": lam, "aggregator": aggregator, **({"craft": craft} if craft is not None else {})}
+        built = method_params(Params, params, "Ditto", **given)
+        if built.aggregator == "craft" and common.get("server_lr", 0.0) != 0.0:
+            raise ConfigError(f"run-config key 'server-lr' = {common['server_lr']} is not used by Ditto with "
+                              f"ditto-aggregator='craft': {craft_mod.CraftMethod.own_step}; leave server-lr = 0")
+        super().__init__(built, **common)

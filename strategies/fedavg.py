@@ -6,28 +6,34 @@ hyperparameters of its own.
 
 Weighting of the FedAvg family (FedAvg, FedProx, and the server optimisers of
 ``strategies.fedopt``): ``fedavg_weighting`` (the app's run-config key ``fedavg-weighting``)
-``"data-size"`` (default, p_i = n_i / Σ n_j) or ``"uniform"`` (p_i = 1/m over the m replies:
-FedeRage's Algorithm 1 FedAvg, and the q-FFL/FedProx authors' FedAvg, whose clients are drawn
-with probability ∝ n_k, so that the uniform mean stays unbiased for Σ_k p_k F_k; the app uses
-it whenever ``participation = "size-proportional"``). Under secure aggregation the secure sum
-is then uniform too.
+``"data-size"`` (default, p_i = n_i / Σ n_j, or Flower's ``weighted_by_key`` metric) or
+``"uniform"`` (p_i = 1/m over the m replies: FedeRage's Algorithm 1 FedAvg, and the
+q-FFL/FedProx authors' FedAvg, whose clients are drawn with probability ∝ n_k, so that the
+uniform mean stays unbiased for Σ_k p_k F_k; the app uses it whenever ``participation =
+"size-proportional"``). Under secure aggregation the secure sum is then uniform too.
 
 The mean is taken straight from the replies' bytes, one column block at a time
-(``batch.weighted_models``: :func:`fedcore.flat.weighted_sum`): no (m, d) matrix is built, so a
-round reads each reply once and touches no fresh memory beyond the d-vectors (for a ResNet-18 with 10 replies the
+(:meth:`strategies.base.Round.weighted_models`): no (m, d) matrix is built, so a round reads each
+reply once and touches no fresh memory beyond the d-vectors (for a ResNet-18 with 10 replies the
 matrix was a 447 MB first-touch allocation, half the round's time).
 """
 
 from __future__ import annotations
 
-import torch
-from flwr.app import MetricRecord
-from flwr.serverapp import strategy as flower
+from collections.abc import Callable
+from typing import Any
 
+import torch
+from flwr.app import MetricRecord, RecordDict
+
+from fedcore import keys
 from fedcore.config import APP
-from strategies.base import FairStrategy
+from fedcore.params import NoParams
+from strategies.base import Method, Round, Step
+from strategies.flower import FairStrategy, flower_arguments
 from strategies.registry import register
-from strategies.rounds import Aggregated
+
+MetricsFn = Callable[[list[RecordDict], str], MetricRecord]
 
 
 def check_weighting(value: str) -> str:
@@ -46,30 +52,72 @@ def fedavg_direction(pseudo_gradients: torch.Tensor, weights: torch.Tensor) -> t
     return weights.to(pseudo_gradients.dtype) @ pseudo_gradients
 
 
-@register("fedavg")
-class FedAvg(FairStrategy):
-    """FedAvg (see the module docstring); a weighted sum, so it runs under secure aggregation."""
+class WeightedMethod(Method):
+    """A method of the FedAvg family: it weights its clients by ``fedavg_weighting``."""
 
     weighting = "data-size"  # or uniform: fedavg-weighting (resolve_weighting)
+    needs_individual_updates = False  # a weighted mean: runs under secure aggregation and central DP
+
+    def __init__(self, params=None, setting=None, fedavg_weighting: str = "data-size") -> None:
+        super().__init__(params, setting)
+        self.fedavg_weighting = check_weighting(fedavg_weighting)
+        if self.fedavg_weighting == "uniform":
+            self.secagg_weighting = "uniform"  # the secure sum is the uniform mean too
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return str(APP["fedavg-weighting"].read(config))
 
-    needs_individual_updates = False
-    flower_counterpart = flower.FedAvg
-    weights_replies = True
+    def weights(self, round_: Round) -> torch.Tensor:
+        """p_i (float64): the replies' weights (num-examples, or Flower's ``weighted_by_key``) normalised, or 1/m."""
+        return fedavg_weights(round_.weights, self.fedavg_weighting)
 
-    def __init__(self, *, fedavg_weighting: str = "data-size", **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.fedavg_weighting = check_weighting(fedavg_weighting)
-        if fedavg_weighting == "uniform":
-            self.secagg_weighting = "uniform"  # the secure sum is the uniform mean too
 
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta = batch.theta
-        g_bar = batch.weighted_models(fedavg_weights(self.reply_weights(batch), self.fedavg_weighting))  # Σ p_i θ_i
+class FedAvgMethod(WeightedMethod):
+    """FedAvg (see the module docstring)."""
+
+    Params = NoParams
+
+    def aggregate(self, round_: Round, state: Any) -> Step:
+        theta = round_.theta
+        g_bar = round_.weighted_models(self.weights(round_))  # Σ p_i θ_i
         g_bar = torch.sub(theta, g_bar, out=g_bar)  # Σ p_i Δ_i
-        new = theta - self.step_scale(server_round) * g_bar
-        return Aggregated(self.to_record(new), MetricRecord({"update-norm": float(g_bar.norm())}))
+        new = theta - round_.step_scale * g_bar
+        return Step(new, state, {"update-norm": float(g_bar.norm())})
+
+
+class WeightedStrategy(FairStrategy):
+    """A strategy of the FedAvg family, named like one of Flower's: its method is built with the
+    ``fedavg_weighting`` keyword, and a model holding a float64 array is aggregated in float64."""
+
+    float64_models = True
+    app_keywords = ("fedavg_weighting",)
+    fedavg_weighting: str = "data-size"
+
+    def build(self, params, setting):
+        return self.method_class(params, setting, self.fedavg_weighting)
+
+
+@register("fedavg")
+class FedAvg(WeightedStrategy):
+    """FedAvg (see the module docstring), and a drop-in for Flower's ``FedAvg``: Flower's arguments
+    in Flower's order, the same model::
+
+        FedAvg(fraction_train=0.25, lr=0.1, seed=0)
+
+    ``fedavg_weighting``: ``"data-size"`` (Flower's ``weighted_by_key``, ``num-examples`` by
+    default) or ``"uniform"`` (1/m); ``**common``: :class:`strategies.flower.FairStrategy`'s."""
+
+    method_class = FedAvgMethod
+    Params = NoParams
+
+    def __init__(self, fraction_train: float = 1.0, fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2, weighted_by_key: str = keys.NUM_EXAMPLES,
+                 arrayrecord_key: str = keys.ARRAYS, configrecord_key: str = keys.CONFIG,
+                 train_metrics_aggr_fn: MetricsFn | None = None, evaluate_metrics_aggr_fn: MetricsFn | None = None, *,
+                 fedavg_weighting: str = "data-size", params: NoParams | None = None, **common: Any) -> None:
+        self.fedavg_weighting = check_weighting(fedavg_weighting)
+        super().__init__(params, **flower_arguments(
+            fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)

@@ -20,24 +20,24 @@ is refused with a line naming it. The training rounds broadcast θ̂_t. Algorith
 work (every client the same H steps, each on a fresh i.i.d. mini-batch) is the app's
 ``local-steps`` key (any method).
 
-The strategy sends its keys to the clients with every request (:meth:`FedeRage.client_config`).
+The method sends its keys to the clients with every request (:meth:`FedeRageMethod.request`); a
+reply's β outside the box [β_min, β_max] is dropped by the gate (its declared range).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from typing import Any
 
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import keys
 from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Reads, Request, Round, Step
 from strategies.fedavg import fedavg_direction
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,49 +73,52 @@ def uniform_average(values: torch.Tensor) -> torch.Tensor:
     return fedavg_direction(values, torch.full((m,), 1.0 / m, dtype=torch.float64))
 
 
-@register("federage")
-class FedeRage(FairStrategy):
+class FedeRageMethod(Method):
     """FedeRage's server (see the module docstring); clients run ``client_app.methods.federage``."""
 
-    weighting = "uniform"  # the agnostic average
-
     Params = Params
+    weighting = "uniform"  # the agnostic average
     client_method = keys.FEDERAGE
     needs_individual_updates = False  # uniform means of θ_i and β_i: sums suffice
     secagg_weighting = "uniform"  # the agnostic average, also under secure aggregation
-    required_metrics = (keys.FEDERAGE_BETA,)
 
-    def init_state(self) -> State:
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        # honest clients project β onto the box: anything else is a lie (or a bug), dropped by the gate
+        self.reads = Reads(values={keys.FEDERAGE_BETA: (self.params.beta_min, self.params.beta_max,
+                                                        "the box [federage-beta-min, federage-beta-max]")})
+
+    def init(self) -> State:
         p = self.params
         return State(beta_hat=min(max(0.0, p.beta_min), p.beta_max))  # Algorithm 2: β_i⁰ = Π_B(0)
 
-    def check_reply(self, metrics):
-        """A β outside the box [federage-beta-min, federage-beta-max] (or not finite) drops the
-        reply: honest clients project β onto the box, so anything else is a lie (or a bug)."""
-        beta, p = metrics.get(keys.FEDERAGE_BETA), self.params
-        if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta):
-            return f"metric '{keys.FEDERAGE_BETA}' is not a finite number ({beta!r})"
-        if not p.beta_min <= beta <= p.beta_max:
-            return (f"metric '{keys.FEDERAGE_BETA}' = {beta:g} is outside the box [federage-beta-min, "
-                    f"federage-beta-max] = [{p.beta_min:g}, {p.beta_max:g}]")
-        return None
+    def request(self, server_round: int, state: State, current) -> Request:
+        """The risk parameters the client routine reads, and β̂."""
+        return Request({**self.params.to_run_config(), keys.FEDERAGE_BETA_HAT: state.beta_hat})
 
-    def client_config(self):
-        """The risk parameters the client routine reads."""
-        return self.params.to_run_config()
-
-    def round_config(self, server_round):
-        return {keys.FEDERAGE_BETA_HAT: self.state.beta_hat}
-
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta = batch.theta
-        mean_delta = theta - uniform_average(batch.models)
-        new = theta - self.step_scale(server_round) * mean_delta
-        betas = torch.tensor([float(m[keys.FEDERAGE_BETA]) for m in batch.metrics], dtype=torch.float64)
-        self.state.beta_hat = float(uniform_average(betas.unsqueeze(1))[0])
-        return Aggregated(self.to_record(new), MetricRecord({
-            "federage-beta-hat": self.state.beta_hat,
+    def aggregate(self, round_: Round, state: State) -> Step:
+        theta = round_.theta
+        mean_delta = theta - uniform_average(round_.model_matrix)
+        new = theta - round_.step_scale * mean_delta
+        betas = round_.value(keys.FEDERAGE_BETA)
+        beta_hat = float(uniform_average(betas.unsqueeze(1))[0])
+        return Step(new, State(beta_hat), {
+            "federage-beta-hat": beta_hat,
             "federage-betas": betas.tolist(),
             "update-norm": float(mean_delta.norm()),
-        }))
+        })
+
+
+@register("federage")
+class FedeRage(FairStrategy):
+    """FedeRage's server (see the module docstring): ``FedeRage(alpha=0.1, gamma=0.3, fraction_train=0.25)``;
+    its clients run ``client_app.methods.federage`` (a foreign ClientApp: ``client_app.foreign.ClientSide``)."""
+
+    method_class = FedeRageMethod
+    Params = Params
+
+    def __init__(self, *, alpha: float = Params.alpha, gamma: float = Params.gamma, beta_lr: float = Params.beta_lr,
+                 beta_min: float = Params.beta_min, beta_max: float = Params.beta_max, level: str = Params.level,
+                 params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedeRage", alpha=alpha, gamma=gamma, beta_lr=beta_lr,
+                                       beta_min=beta_min, beta_max=beta_max, level=level), **common)

@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import keys
 from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Reads, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 NORM_EPS = 1e-30
 
@@ -74,13 +74,16 @@ class State:
             out.append(torch.stack(rows) if rows else torch.empty(0, d, dtype=dtype))
         return out
 
-    def store(self, server_round: int, tau: int, partition_ids: list[int], deltas: torch.Tensor) -> None:
+    def store(self, server_round: int, tau: int, partition_ids: list[int], deltas: torch.Tensor) -> State:
+        """The state with these updates stored and the ones too old to be read dropped (this one unchanged)."""
+        last_round, update = dict(self.last_round), dict(self.update)
         for pid, row in zip(partition_ids, deltas):
-            self.last_round[pid] = server_round
-            self.update[pid] = row.clone()
-        for pid in [p for p, r in self.last_round.items() if r <= server_round - tau]:
+            last_round[pid] = server_round
+            update[pid] = row.clone()
+        for pid in [p for p, r in last_round.items() if r <= server_round - tau]:
             # Seen τ or more rounds ago: round t+1 looks back to t+1−τ at most.
-            del self.last_round[pid], self.update[pid]
+            del last_round[pid], update[pid]
+        return State(last_round, update)
 
 
 def project_off(g: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -139,36 +142,44 @@ def rescale(g: torch.Tensor, norm: float) -> torch.Tensor:
     return g * (norm / g_norm) if g_norm > NORM_EPS else g
 
 
-@register("fedfv")
-class FedFV(FairStrategy):
-    """FedFV server step (client: plain local SGD); its pairwise conflict tests need each
-    client's update (no secure aggregation)::
-
-        FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)
-    """
-
-    weighting = "uniform"  # the uniform mean of the projected updates
+class FedFVMethod(Method):
+    """FedFV's server step (client: plain local SGD); its pairwise conflict tests need each
+    client's update (no secure aggregation)."""
 
     Params = Params
+    weighting = "uniform"  # the uniform mean of the projected updates
     own_step = "its step is the conflict-free direction rescaled to the mean update's norm"
-    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
-    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
 
-    State = State
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        self.reads = Reads(losses=(keys.LOSS_BEFORE,))  # F_i(θ_t): the clients compute it for this method
 
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta, deltas = batch.theta, batch.deltas
+    def init(self) -> State:
+        return State()
+
+    def aggregate(self, round_: Round, state: State) -> Step:
+        theta, deltas = round_.theta, round_.deltas
         alpha, tau = self.params.alpha, self.params.tau
         target_norm = float(deltas.mean(dim=0).norm())
-        g, n_internal = fedfv_internal(deltas, batch.loss_before, alpha)
-        past = self.state.by_age(server_round, tau, deltas.shape[1], deltas.dtype)
+        g, n_internal = fedfv_internal(deltas, round_.value(keys.LOSS_BEFORE), alpha)
+        past = state.by_age(round_.number, tau, deltas.shape[1], deltas.dtype)
         g, n_external = fedfv_external(g, past)
         g = rescale(g, target_norm)
-        self.state.store(server_round, tau, batch.partition_ids, deltas)
         metrics = {
             "fedfv-internal-projections": n_internal,
             "fedfv-external-projections": n_external,
             "update-norm": float(g.norm()),
         }
-        return Aggregated(self.to_record(theta - g), MetricRecord(metrics))
+        return Step(theta - g, state.store(round_.number, tau, round_.clients, deltas), metrics)
+
+
+@register("fedfv")
+class FedFV(FairStrategy):
+    """FedFV (see the module docstring): ``FedFV(alpha=0.1, tau=1, fraction_train=0.25, lr=0.1, seed=0)``."""
+
+    method_class = FedFVMethod
+    Params = Params
+
+    def __init__(self, *, alpha: float = Params.alpha, tau: int = Params.tau, params: Params | None = None,
+                 **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedFV", alpha=alpha, tau=tau), **common)

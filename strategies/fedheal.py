@@ -28,14 +28,14 @@ the client's own number of participations, and Σ D sums over this round's clien
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
-from flwr.app import MetricRecord
 
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,28 +90,27 @@ class State:
     clients: dict[int, ClientMemory] = dataclasses.field(default_factory=dict)  # client id → memory
 
 
-@register("fedheal")
-class FedHEAL(FairStrategy):
-    """FedHEAL (see the module docstring): ``FedHEAL(fraction_train=0.1, threshold=0.3, beta=0.4)``."""
+class FedHEALMethod(Method):
+    """FedHEAL (see the module docstring)."""
 
+    Params = Params
     weighting = "distance"  # distance-based weights; β = 0 keeps them at 1/m
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return "uniform" if cls.Params.from_run_config(config).beta == 0.0 else "distance"
 
-    Params = Params
+    def init(self) -> State:
+        return State()
 
-    State = State
-
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta, deltas = batch.theta, batch.deltas
+    def aggregate(self, round_: Round, state: State) -> Step:
+        theta, deltas = round_.theta, round_.deltas
         m = deltas.shape[0]
-        clients, beta = self.state.clients, self.params.beta
+        beta = self.params.beta
+        clients = dict(state.clients)  # client id → its memory after this round (new objects: the old state stays)
         # Row by row, no (m, d) sign matrix: 100 ResNet-18 replies are 4.5 GB per such matrix.
         masks = torch.empty_like(deltas)
-        for row, pid in enumerate(batch.partition_ids):
+        for row, pid in enumerate(round_.clients):
             positive = (deltas[row] >= 0).to(deltas.dtype)
             mem = clients.get(pid)
             if mem is None:  # first participation: keep everything, start the frequency
@@ -119,27 +118,38 @@ class FedHEAL(FairStrategy):
                 clients[pid] = ClientMemory(positive, 1, 0.0, 1.0 / m)
             else:
                 masks[row] = consistency_mask(deltas[row], mem.up_freq, self.params.threshold)
-                mem.up_freq = (mem.up_freq * mem.count + positive) / (mem.count + 1)
-                mem.count += 1
+                clients[pid] = ClientMemory((mem.up_freq * mem.count + positive) / (mem.count + 1), mem.count + 1,
+                                            mem.delta, mem.weight)
         masked = deltas.mul_(masks)  # m_i ⊙ Δ_i in place (Δ is not needed afterwards)
 
-        dist = masked_distances(masked, self.spec.offsets())
+        dist = masked_distances(masked, round_.spec.offsets())
         share = dist / dist.sum() if dist.sum() > 0 else torch.full_like(dist, 1.0 / m)
-        for pid, s in zip(batch.partition_ids, share.tolist()):
+        for pid, s in zip(round_.clients, share.tolist()):
             mem = clients[pid]
-            mem.delta = (1.0 - beta) * mem.delta + beta * s
-            mem.weight = mem.weight + mem.delta
-        raw = torch.tensor([clients[pid].weight for pid in batch.partition_ids], dtype=torch.float64)
+            delta = (1.0 - beta) * mem.delta + beta * s
+            clients[pid] = ClientMemory(mem.up_freq, mem.count, delta, mem.weight + delta)
+        raw = torch.tensor([clients[pid].weight for pid in round_.clients], dtype=torch.float64)
         weights = raw / raw.sum()
 
         update = masked_weighted_update(masked, masks, weights)
-        scale = self.step_scale(server_round)
-        new = theta - scale * update
+        new = theta - round_.step_scale * update
         metrics = {
             "fedheal-weights": [float(x) for x in weights],
-            "fedheal-momentum": [clients[pid].delta for pid in batch.partition_ids],
+            "fedheal-momentum": [clients[pid].delta for pid in round_.clients],
             "fedheal-mask-density": [float(x) for x in masks.mean(1)],
             "fedheal-uncovered": float((masks.sum(0) == 0).to(torch.float64).mean()),
-            "update-norm": float(scale * update.norm()),
+            "update-norm": float(round_.step_scale * update.norm()),
         }
-        return Aggregated(self.to_record(new), MetricRecord(metrics))
+        return Step(new, State(clients), metrics)
+
+
+@register("fedheal")
+class FedHEAL(FairStrategy):
+    """FedHEAL (see the module docstring): ``FedHEAL(fraction_train=0.1, threshold=0.3, beta=0.4)``."""
+
+    method_class = FedHEALMethod
+    Params = Params
+
+    def __init__(self, *, threshold: float = Params.threshold, beta: float = Params.beta,
+                 params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedHEAL", threshold=threshold, beta=beta), **common)

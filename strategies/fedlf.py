@@ -18,7 +18,7 @@ and their losses l_i = F_i (the global model's loss on their data, before traini
    d = d_raw and stop.
 4. θ ← θ − η d with η = the round's client learning rate η_l (``lr``·``lr-decay``^(t−1), the
    paper uses decay 0.999) times the server step factor η_g/η_l
-   (:meth:`FairStrategy.step_scale`: 1 by default, ``server-lr``/η_l when it is set).
+   (``Round.step_scale``: 1 by default, ``server-lr``/η_l when it is set).
 
 History rows: the stored g of every client absent this round whose last round is within
 τ rounds (t − last ≤ τ). The authors' τ = ⌊(clients ever seen) / m⌋, used only once more
@@ -44,16 +44,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import keys
 from fedcore.params import MethodParams, hyper
 from strategies import linalg
-from strategies.base import FairStrategy
+from strategies.base import Method, Reads, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 CONFLICT_TOL = 1e-6  # g_i·d below −tol counts as a conflict (the authors' tolerance)
 
@@ -242,42 +242,40 @@ class State:
             return [], None
         return ids, [self.last_grad[pid] for pid in ids]  # the stored rows, not a stacked copy
 
-    def remember(self, server_round: int, ids: list[int], grads: torch.Tensor) -> None:
+    def remember(self, server_round: int, ids: list[int], grads: torch.Tensor) -> State:
+        """The state with these clients' rows (this one unchanged)."""
+        last_round, last_grad = dict(self.last_round), dict(self.last_grad)
         for pid, row in zip(ids, grads):
-            self.last_round[pid] = server_round
-            self.last_grad[pid] = row.detach().clone()
+            last_round[pid] = server_round
+            last_grad[pid] = row.detach().clone()
+        return State(last_round, last_grad)
 
 
-@register("fedlf")
-class FedLF(FairStrategy):
-    """FedLF server step (client: plain local SGD, reporting ``loss-before``)::
-
-        FedLF(history=True, window=10, fraction_train=0.25, lr=0.1, seed=0)
-    """
-
-    weighting = "loss"  # min-norm weights with a loss-space fairness row
+class FedLFMethod(Method):
+    """FedLF's server step (client: plain local SGD, reporting ``loss-before``)."""
 
     Params = Params
-    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
-    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
+    weighting = "loss"  # min-norm weights with a loss-space fairness row
 
-    State = State
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        self.reads = Reads(losses=(keys.LOSS_BEFORE,))  # F_i(θ_t): the clients compute it for this method
 
-    def aggregate_valid(self, server_round, replies):
-        eta_l = self.round_lr(server_round)
-        batch = self.read_updates(replies)
-        theta, grads = batch.theta, batch.deltas
+    def init(self) -> State:
+        return State()
+
+    def aggregate(self, round_: Round, state: State) -> Step:
+        eta_l = round_.lr
+        theta, grads = round_.theta, round_.deltas
         grads = grads.div_(eta_l)  # g_i = Δ_i / η_l, in place
         m = grads.shape[0]
         hist_ids, hist = (
-            self.state.history_rows(server_round, batch.partition_ids, m, self.params.window)
+            state.history_rows(round_.number, round_.clients, m, self.params.window)
             if self.params.history else ([], None)
         )
-        step = fedlf_direction(grads, batch.loss_before, self.spec.offsets(), hist)
-        eta = self.step_scale(server_round) * eta_l
+        step = fedlf_direction(grads, round_.value(keys.LOSS_BEFORE), round_.spec.offsets(), hist)
+        eta = round_.step_scale * eta_l
         new = theta.to(torch.float64) - eta * step.direction
-        self.state.remember(server_round, batch.partition_ids, grads)
-
         # λ on the current clients (mean over groups) and on the fairness row: what the
         # layer-wise min-norm problems gave to each participant and to fairness.
         client_w = torch.stack([lam[:m] for lam in step.group_weights]).mean(0)
@@ -293,4 +291,16 @@ class FedLF(FairStrategy):
             "fedlf-conflicts": step.conflicts,
             "update-norm": float(eta * step.direction.norm()),
         }
-        return Aggregated(self.to_record(new.to(theta.dtype)), MetricRecord(metrics))
+        return Step(new.to(theta.dtype), state.remember(round_.number, round_.clients, grads), metrics)
+
+
+@register("fedlf")
+class FedLF(FairStrategy):
+    """FedLF (see the module docstring): ``FedLF(history=True, window=10, fraction_train=0.25, lr=0.1, seed=0)``."""
+
+    method_class = FedLFMethod
+    Params = Params
+
+    def __init__(self, *, history: bool = Params.history, window: int = Params.window, params: Params | None = None,
+                 **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedLF", history=history, window=window), **common)

@@ -16,17 +16,17 @@ The QP over the m×m Gram matrix is :func:`strategies.linalg.min_norm_simplex`.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 
 from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.linalg import min_norm_simplex, unit_rows
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,29 +54,22 @@ def fedmgda_weights(unit_updates: torch.Tensor, p: np.ndarray, eps: float) -> np
     return min_norm_simplex(gram, lower=np.clip(p - eps, 0.0, None), upper=np.clip(p + eps, None, 1.0))
 
 
-@register("fedmgda")
-class FedMGDA(FairStrategy):
-    """FedMGDA+ server step (client: plain local SGD)::
+class FedMGDAMethod(Method):
+    """FedMGDA+'s server step (client: plain local SGD). Normalising each update and solving over
+    their Gram matrix needs every update."""
 
-        FedMGDA(eps=0.1, eta=1.0, fraction_train=0.25, lr=0.1, seed=0)
-    """
-
+    Params = Params
     weighting = "data-size"  # λ within ε of the centre: fedmgda-centre (resolve_weighting)
+    own_step = "its step is fedmgda-lr"
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return cls.Params.from_run_config(config).centre
 
-    Params = Params
-    own_step = "its step is fedmgda-lr"
-    # Normalising each update and solving over their Gram matrix needs every update.
-    needs_individual_updates = True
-
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta, deltas = batch.theta, batch.deltas
+    def aggregate(self, round_: Round, state: Any) -> Step:
+        theta, deltas = round_.theta, round_.deltas
         units, norms = unit_rows(deltas)
-        centre = batch.fedavg_weights.numpy()
+        centre = round_.fedavg_weights.numpy()
         if self.params.centre == "uniform":
             centre = np.full_like(centre, 1.0 / len(centre))
         lam = fedmgda_weights(units, centre, self.params.eps)
@@ -86,4 +79,16 @@ class FedMGDA(FairStrategy):
             "direction-norm": float(direction.norm()),
             "mean-update-norm": float(norms.mean()),
         }
-        return Aggregated(self.to_record(theta - self.params.eta * direction), MetricRecord(metrics))
+        return Step(theta - self.params.eta * direction, state, metrics)
+
+
+@register("fedmgda")
+class FedMGDA(FairStrategy):
+    """FedMGDA+ (see the module docstring): ``FedMGDA(eps=0.1, eta=1.0, fraction_train=0.25, lr=0.1, seed=0)``."""
+
+    method_class = FedMGDAMethod
+    Params = Params
+
+    def __init__(self, *, eps: float = Params.eps, centre: str = Params.centre, eta: float = Params.eta,
+                 params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedMGDA", eps=eps, centre=centre, eta=eta), **common)

@@ -12,20 +12,25 @@ plain SGD, a_i = [τ_i − ρ(1 − ρ^τ_i)/(1 − ρ)] / (1 − ρ) for heavy-
 (``momentum``). τ_i comes in each reply's ``num-steps`` metric.
 
 No hyperparameters of its own. It needs the clients' momentum ρ (the run's ``momentum``):
-``FedNova(momentum=0.9)``; this app passes it as an app argument. ``server-lr`` is η_g, as
-for FedAvg.
+``FedNova(momentum=0.9)``; this app passes it. ``server-lr`` is η_g, as for FedAvg. ``num-steps``
+is a whole number in [1, the steps the requests asked] (the app's run config, or a foreign app's
+train config naming ``local-steps`` or ``local-epochs``/``batch-size``), else at most 10× the
+round's median scaled by the client's size (:func:`fedcore.replies.steps_outliers`).
 Degenerate case: equal τ_i gives a_i = τ_eff for all i, i.e. exactly FedAvg.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import keys
-from strategies.base import FairStrategy
+from fedcore.config import check_value
+from fedcore.params import NoParams
+from strategies.base import Method, Reads, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 
 def nova_step_weights(num_steps: torch.Tensor, momentum: float) -> torch.Tensor:
@@ -46,29 +51,39 @@ def fednova_step(deltas: torch.Tensor, p: torch.Tensor, a: torch.Tensor) -> tupl
     return tau_eff * (coef.to(deltas.dtype) @ deltas), tau_eff
 
 
-@register("fednova")
-class FedNova(FairStrategy):
-    """FedNova server step (client: plain local SGD, reporting ``num-steps``).
+class FedNovaMethod(Method):
+    """FedNova's server step (client: plain local SGD, reporting ``num-steps``). The server divides
+    each update by its own a_i: it must see every update."""
 
-    ``momentum``: the clients' heavy-ball ρ (the run's ``momentum``), for a_i.
-    """
-
+    Params = NoParams
     weighting = "data-size"  # p_i = n_i / Σ n_j
 
-    # The server divides each update by its own a_i: it must see every update (a client
-    # that sent Δ_i/a_i itself would make a weighted sum enough; the SGD client does not).
-    needs_individual_updates = True
-    required_metrics = (keys.NUM_STEPS,)
-    reads_num_steps = True  # a_i from it: a whole number in [1, the steps asked] (FairStrategy.check_numbers)
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        self.reads = Reads(num_steps=True)  # a_i from it
 
-    def __init__(self, *, momentum: float = 0.0, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.momentum = momentum
+    def aggregate(self, round_: Round, state: Any) -> Step:
+        theta = round_.theta
+        a = nova_step_weights(round_.value(keys.NUM_STEPS), self.setting.momentum)
+        step, tau_eff = fednova_step(round_.deltas, round_.fedavg_weights, a)
+        return Step(theta - round_.step_scale * step, state, {"fednova-tau-eff": tau_eff,
+                                                                "update-norm": float(step.norm())})
 
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta = batch.theta
-        a = nova_step_weights(batch.num_steps, self.momentum)
-        step, tau_eff = fednova_step(batch.deltas, batch.fedavg_weights, a)
-        metrics = {"fednova-tau-eff": tau_eff, "update-norm": float(step.norm())}
-        return Aggregated(self.to_record(theta - self.step_scale(server_round) * step), MetricRecord(metrics))
+
+@register("fednova")
+class FedNova(FairStrategy):
+    """FedNova (see the module docstring): ``FedNova(momentum=0.9, fraction_train=0.25)``."""
+
+    method_class = FedNovaMethod
+    Params = NoParams
+    app_keywords = ("momentum",)
+
+    def __init__(self, *, momentum: float = 0.0, params: NoParams | None = None, **common: Any) -> None:
+        self.client_momentum = check_value("momentum", momentum, float, low=0.0, high=1.0, high_open=True,
+                                           subject="FedNova() keyword 'momentum' (the clients' SGD momentum)")
+        super().__init__(method_params(NoParams, params, "FedNova"), **common)
+
+    @property
+    def momentum(self) -> float:
+        """The clients' SGD momentum ρ."""
+        return self.client_momentum

@@ -62,20 +62,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import flat
 from fedcore.config import ConfigError, Grid
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Round, Step
 from strategies.fedpcd_cache import Admission, Constraints, HistoryCache
+from strategies.flower import FairStrategy, method_params
 from strategies.linalg import clarabel_qp
 from strategies.registry import register
-from strategies.rounds import Aggregated
-from strategies.updates import client_of
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,9 @@ class Params(MethodParams):
 @dataclasses.dataclass
 class State:
     """What survives a round: the history cache (entries, Gram, EMA statistics) and the
-    number of solver fallbacks so far."""
+    number of solver fallbacks so far. A round returns a new State whose cache is the one it was
+    given, advanced in place (its rows are the method's largest memory: a copy a round would
+    double it): the state handed to a round belongs to that round."""
 
     cache: HistoryCache
     fallbacks: int = 0
@@ -179,7 +180,7 @@ DROPPED_REASON = "FedPCD: its update's squared norm is not finite in float32 (Na
 # -- the round, step by step (Algorithm 1) ------------------------------------------------------
 @dataclasses.dataclass
 class Updates:
-    """A round's replies as FedPCD reads them (:meth:`FedPCD.read_updates`)."""
+    """A round's replies as FedPCD reads them (:meth:`FedPCDMethod.read_round`)."""
 
     theta: torch.Tensor  # θ_t, (d,) float32 on the host
     clients: list[int]  # stable client ids (partition ids), in reply order
@@ -421,69 +422,84 @@ def server_step(theta: torch.Tensor, primary: Primary, constraints: Constraints,
     return theta, {M_CORRECTED: int(corrected), M_COSINE: cosine}
 
 
-@register("fedpcd")
-class FedPCD(FairStrategy):
-    """FedPCD (see the module docstring): ``FedPCD(fraction_train=0.1, tau=0.02, history=10, seed=0)``."""
+class FedPCDMethod(Method):
+    """FedPCD (see the module docstring)."""
 
+    Params = Params
     weighting = "data-size"  # the primary ḡ's weights: fedpcd-primary (resolve_weighting)
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return PRIMARY_WEIGHTING[cls.Params.from_run_config(config).primary]
 
-    Params = Params
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
         import clarabel  # noqa: F401 - imported here, not inside the first round's solve time
         import scipy.sparse  # noqa: F401
         self._work: torch.Tensor | None = None  # (m + 1, d) float32 on the device: Δ_i rows, then ḡ
         self._dir: torch.Tensor | None = None  # (d,) the corrected direction, on the device
         self.writer = flat.UpdateWriter()  # θ_t's host vector and the staging row, reused every round
 
-    def init_state(self) -> State:
+    def init(self) -> State:
         return init_state(self.params, self.max_cache_rows())
 
     def max_cache_rows(self) -> int | None:
-        """min(N, (H + 1)·clients per round): no more entries fit in the window (None when
-        N is unknown). The cache allocates these rows once; unused ones cost no memory."""
-        if self.num_clients is None:
+        """min(N, (H + 1)·clients per round): no more entries fit in the window (None when N is
+        unknown). The cache allocates these rows once; unused ones cost no memory."""
+        n, per_round = self.setting.num_clients, self.setting.clients_per_round
+        if n is None or per_round is None:
             return None
-        per_round = min(self.num_clients, max(self.min_train_nodes, int(round(self.fraction_train * self.num_clients))))
-        return min(self.num_clients, (self.params.history + 1) * per_round)
+        return min(n, (self.params.history + 1) * per_round)
 
-    def aggregate_valid(self, server_round, replies):
-        params, state = self.params, self.state
-        eta_l = self.round_lr(server_round)
-        updates, admission = self.read_round(server_round, replies)
+    def aggregate(self, round_: Round, state: State) -> Step:
+        params, fallbacks = self.params, state.fallbacks
+        eta_l = round_.lr
+        updates, admission = self.read_round(round_, state.cache)
         updates, dropped, metrics = drop_non_finite(updates)
-        discards = [(replies[i], DROPPED_REASON) for i in dropped]  # returned with the round's other drops
+        discards = dict.fromkeys(dropped, DROPPED_REASON)  # returned with the round's other drops
         if not updates.clients:  # nothing usable: keep the model, never crash the round
             admission.commit()
-            return Aggregated(self.current_arrays, MetricRecord({**metrics, M_FALLBACKS: state.fallbacks}), discards)
+            return Step(None, State(state.cache, fallbacks), {**metrics, M_FALLBACKS: fallbacks}, discards)
         primary, m_primary = primary_direction(updates, eta_l, params)
         constraints, m_constraints = constraints_from_cache(admission, updates, primary, eta_l, params)
         solution, m_solution = solve_dual(constraints, primary, params.tau)
-        theta, m_step = server_step(updates.theta, primary, constraints, solution,
-                                    self.step_scale(server_round) * eta_l, self._dir)
+        theta, m_step = server_step(updates.theta, primary, constraints, solution, round_.step_scale * eta_l,
+                                    self._dir)
         if solution.status >= STATUS_ELASTIC:
-            state.fallbacks += 1
-            log.warning("round %d: FedPCD fallback (%s): %s", server_round, STATUS_NAMES[solution.status],
+            fallbacks += 1
+            log.warning("round %d: FedPCD fallback (%s): %s", round_.number, STATUS_NAMES[solution.status],
                         solution.reason)
-        metrics = {**metrics, **m_primary, **m_constraints, **m_solution, **m_step, M_FALLBACKS: state.fallbacks}
-        return Aggregated(self.to_record(theta), MetricRecord(metrics), discards)
+        metrics = {**metrics, **m_primary, **m_constraints, **m_solution, **m_step, M_FALLBACKS: fallbacks}
+        return Step(theta, State(state.cache, fallbacks), metrics, discards)
 
-    # -- reading the round: replies → θ_t, client ids, n_i, Δ_i rows (and their cache rows) ------
-    def read_round(self, server_round, replies) -> tuple[Updates, Admission]:
-        """The round's clients admitted to the cache, and one pass over the replies
-        (:meth:`read_updates`) that writes Δ_i into the work rows (and, with a float32 cache, into
-        the rows the admission hands out) with ‖Δ_i‖²."""
-        m, d = len(replies), self.spec.dim
+    # -- reading the round: θ_t, client ids, n_i, Δ_i rows (and their cache rows) ---------------------
+    def read_round(self, round_: Round, cache: HistoryCache) -> tuple[Updates, Admission]:
+        """The round's clients admitted to the cache, and one pass over the replies that writes Δ_i
+        into the work rows (and, with a float32 cache, into the rows the admission hands out) with ‖Δ_i‖²."""
+        m, d = len(round_), round_.spec.dim
         if self._work is None or self._work.shape[0] < m + 1 or self._work.shape[1] != d:
-            self._work = torch.empty(m + 1, d, dtype=torch.float32, device=self.device)
+            self._work = torch.empty(m + 1, d, dtype=torch.float32, device=self.setting.device)
         if self._dir is None or self._dir.numel() != d:
-            self._dir = torch.empty(d, dtype=torch.float32, device=self.device)
-        clients = [client_of(msg) for msg in replies]  # partition-id, else the node id (a foreign app's)
-        admission = self.state.cache.admit(server_round, clients, d, self._work.device)
-        batch = self.read_updates(replies, out=self._work[:m], writer=self.writer, copies=admission.rows, norms=True)
-        return Updates(batch.theta, clients, batch.num_examples.numpy(), self._work[: m + 1], batch.sq_norms), admission
+            self._dir = torch.empty(d, dtype=torch.float32, device=self.setting.device)
+        clients = list(round_.clients)  # partition-id, else the node id (a foreign app's)
+        admission = cache.admit(round_.number, clients, d, self._work.device)
+        theta, sq_norms = round_.write_updates(self._work[:m], self.writer, copies=admission.rows, norms=True)
+        return Updates(theta, clients, round_.num_examples.numpy(), self._work[: m + 1], sq_norms), admission
+
+
+@register("fedpcd")
+class FedPCD(FairStrategy):
+    """FedPCD (see the module docstring): ``FedPCD(fraction_train=0.1, tau=0.02, history=10, seed=0)``."""
+
+    method_class = FedPCDMethod
+    Params = Params
+
+    def __init__(self, *, tau: float = Params.tau, history: int = Params.history, eps: float = Params.eps,
+                 normalize: str = Params.normalize, ema_beta: float = Params.ema_beta, primary: str = Params.primary,
+                 cache_dtype: str = Params.cache_dtype, outlier_norm: float = Params.outlier_norm,
+                 outlier_norm_low: float = Params.outlier_norm_low, outlier_cosine: float = Params.outlier_cosine,
+                 params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedPCD", tau=tau, history=history, eps=eps, normalize=normalize,
+                                       ema_beta=ema_beta, primary=primary, cache_dtype=cache_dtype,
+                                       outlier_norm=outlier_norm, outlier_norm_low=outlier_norm_low,
+                                       outlier_cosine=outlier_cosine), **common)

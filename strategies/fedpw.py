@@ -47,17 +47,17 @@ with uniform weights).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import MetricRecord
 
 from fedcore import keys
 from fedcore.params import MethodParams, hyper
 from strategies import linalg
-from strategies.base import FairStrategy
+from strategies.base import Method, Reads, Round, Step
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 _STAT_MARKERS = ("running_mean", "running_var", "num_batches_tracked")  # not parameters
 
@@ -190,6 +190,11 @@ class State:
         z = lambda: torch.zeros(n, dtype=torch.float64)  # noqa: E731
         return cls(z(), z(), z(), z(), slots={i: i for i in range(n)})
 
+    def copy(self) -> State:
+        """A state the round can advance in place (this one unchanged)."""
+        return State(self.p_loss.clone(), self.dp_loss.clone(), self.p_gram.clone(), self.dp_gram.clone(),
+                     self.loss_ref, self.gram_ref, self.rounds_done, dict(self.slots))
+
 
 def assign_slots(state: State, clients: list[int]) -> list[int]:
     """The slots of ``clients``; a client seen for the first time gets a new zero slot."""
@@ -224,36 +229,34 @@ def momentum_weights(
     return ratio * q_loss + (1.0 - ratio) * q_gram, ratio
 
 
-@register("fedpw")
-class FedPW(FairStrategy):
-    """FedPW (see the module docstring): ``FedPW(fraction_train=0.1, beta=0.3, drop_rate=0.3,
-    num_clients=N)``."""
-
-    weighting = "loss"  # loss- and Gram-based momentum weights
+class FedPWMethod(Method):
+    """FedPW (see the module docstring)."""
 
     Params = Params
-    required_metrics = (keys.TRAIN_LOSS,)  # the one method that reads the clients' train loss
-    loss_metrics = (keys.TRAIN_LOSS,)  # the drop rates weight by it: bounded (FairStrategy.check_numbers)
+    weighting = "loss"  # loss- and Gram-based momentum weights
 
-    def init_state(self) -> State:
-        return State.zeros(self.num_clients or 0)
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        self.reads = Reads(losses=(keys.TRAIN_LOSS,))  # the one method that weights by the clients' train loss
 
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta, deltas = batch.theta, batch.deltas
-        groups = self.spec.offsets()
-        statistic = [is_statistic(k) for k in self.spec.keys]
+    def init(self) -> State:
+        return State.zeros(self.setting.num_clients or 0)
+
+    def aggregate(self, round_: Round, state: State) -> Step:
+        theta, deltas = round_.theta, round_.deltas
+        groups = round_.spec.offsets()
+        statistic = [is_statistic(k) for k in round_.spec.keys]
         param_groups = [g for g, s in zip(groups, statistic) if not s]
 
-        losses = batch.train_loss
+        losses = round_.value(keys.TRAIN_LOSS)
         loss_share = losses / losses.sum()
         gram_share, gram_row = gram_shares(deltas, param_groups)
-        st, beta = self.state, self.params.beta
+        st, beta = state.copy(), self.params.beta
         if st.rounds_done == 0:
             st.loss_ref, st.gram_ref = float(losses.mean()), float(gram_row.mean())
         beta_loss = beta * float(losses.mean()) / st.loss_ref if st.loss_ref > 0 else beta
         beta_gram = beta * float(gram_row.mean()) / st.gram_ref if st.gram_ref > 0 else beta
-        slots = assign_slots(st, batch.partition_ids)
+        slots = assign_slots(st, round_.clients)
         weights, ratio = momentum_weights(st, slots, loss_share, gram_share, beta_loss, beta_gram)
 
         rates = drop_rates(losses, self.params.drop_rate)
@@ -261,7 +264,7 @@ class FedPW(FairStrategy):
             deltas, weights, rates, self.params.drop_rate, groups, statistic, drop=st.rounds_done > 0
         )
         st.rounds_done += 1
-        scale = self.step_scale(server_round)
+        scale = round_.step_scale
         new = theta.to(torch.float64) - scale * g
         metrics = {
             "fedpw-weights": [float(x) for x in weights],
@@ -273,4 +276,17 @@ class FedPW(FairStrategy):
             "fedpw-beta-gram": beta_gram,
             "update-norm": float(scale * g.norm()),
         }
-        return Aggregated(self.to_record(new.to(theta.dtype)), MetricRecord(metrics))
+        return Step(new.to(theta.dtype), st, metrics)
+
+
+@register("fedpw")
+class FedPW(FairStrategy):
+    """FedPW (see the module docstring): ``FedPW(fraction_train=0.1, beta=0.3, drop_rate=0.3,
+    num_clients=N)``."""
+
+    method_class = FedPWMethod
+    Params = Params
+
+    def __init__(self, *, beta: float = Params.beta, drop_rate: float = Params.drop_rate,
+                 params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "FedPW", beta=beta, drop_rate=drop_rate), **common)

@@ -1,9 +1,10 @@
 """Central differential privacy around a sum-only method: Flower's server-side clipping wrappers.
 
-``dp = "fixed"`` runs the method's aggregation inside Flower's
-``DifferentialPrivacyServerSideFixedClipping`` (McMahan et al., ICLR 2018, arXiv:1710.06963),
-``dp = "adaptive"`` inside ``DifferentialPrivacyServerSideAdaptiveClipping`` (Andrew et al.,
-NeurIPS 2021, arXiv:1905.03871). Each round:
+``dp = "fixed"`` is Flower's ``DifferentialPrivacyServerSideFixedClipping`` (McMahan et al., ICLR
+2018, arXiv:1710.06963), ``dp = "adaptive"`` its ``DifferentialPrivacyServerSideAdaptiveClipping``
+(Andrew et al., NeurIPS 2021, arXiv:1905.03871), as a transform of the method
+(:class:`CentralDP`, a :class:`strategies.base.Transform`) in Flower's own numpy arithmetic (its
+``flwr.supercore.differential_privacy`` steps: the same bits). Each round:
 
 1. every update θ_i − θ_t is scaled to norm ≤ C (the clipping norm);
 2. the inner strategy aggregates the clipped replies as usual (its :meth:`aggregate_valid`);
@@ -14,8 +15,8 @@ NeurIPS 2021, arXiv:1905.03871). Each round:
    clients-per-round / 20), q the target quantile of the update norms (Andrew et al.'s γ: C
    settles where a fraction q of the updates fits under it); z is raised to
    z' = (z⁻² − (2σ_b)⁻²)^(−1/2) to pay for the count (so z < 2σ_b is required). Flower 1.42
-   moves C the other way (it counts the *clipped* updates): :class:`_AdaptiveClipping` keeps
-   Flower's wrapper and corrects that one step.
+   moves C the other way (it counts the *clipped* updates); here C follows Andrew et al., and
+   σ uses the C the round's update moved to, as Flower's wrapper does.
 
 Only for methods whose aggregate is a weighted sum of the replies (``needs_individual_updates``
 False; :func:`check` refuses the others): σ = z·C/m is the Gaussian mechanism's calibration
@@ -26,31 +27,31 @@ optimiser's output, as when Flower's wrapper wraps them. No privacy accountant r
 not computed: Flower's accountant needs the ``dp-accounting`` package, not a dependency);
 every round's z, C, σ and clipped count are in rounds.jsonl under ``privacy``.
 
-Flower draws the noise from NumPy's global generator: it is seeded from (seed, round) for
-each aggregation and restored after, so runs and resumed runs are reproducible. The adaptive
-clipping norm is this wrapper's only state (:class:`State`), checkpointed with the run.
+The noise (and the adaptive count's noise) come from a NumPy ``RandomState`` seeded from (seed,
+round): the draws Flower's wrappers make from the global generator seeded so, without touching
+it; runs and resumed runs are reproducible. The state is the method's with the clipping norm
+beside it (:class:`State`), checkpointed whole with the run.
 
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.serverapp import strategy as flower
-from flwr.supercore.differential_privacy import compute_stdv
+from flwr.app import ArrayRecord
 
-from fedcore import flat, keys
+from fedcore import flat
 from fedcore.config import ConfigError
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import derive_seed
-from fedcore.state import Fields, rebuild
-from strategies.rounds import Aggregated
-from strategies.updates import client_of
-from strategies.wrappers import StrategyWrapper
+from strategies.base import Method, Round, Step, Transform
 
+log = logging.getLogger("fedpcd")
 MODES = ("none", "fixed", "adaptive")
 
 
@@ -72,6 +73,7 @@ class Params(MethodParams):
 
 @dataclasses.dataclass
 class State:
+    inner: Any  # the method's own state
     clipping_norm: float  # C of the next round (moves only under dp = "adaptive")
 
 
@@ -94,113 +96,128 @@ def check(params: Params, method: str, needs_individual_updates: bool, clients_p
                           "dp-clipped-count-stddev or lower the noise multiplier")
 
 
-class _MethodStep(flower.Strategy):
-    """What Flower's wrapper wraps: the method's own step on the (clipped) replies, with the
-    zero updates the wrapper was not shown put back in client order; ``result`` its whole
-    :class:`Aggregated` (Flower takes the arrays and metrics)."""
-
-    def __init__(self, method, unclipped: list) -> None:
-        self.method, self.unclipped = method, unclipped
-        self.result = Aggregated(None)  # Flower's wrapper may refuse the replies without a step
-
-    def aggregate_train(self, server_round, replies):
-        self.result = self.method.aggregate_valid(server_round, sorted([*replies, *self.unclipped], key=client_of))
-        return self.result.arrays, self.result.metrics
-
-    def configure_train(self, *args):
-        raise NotImplementedError
-
-    def configure_evaluate(self, *args):
-        raise NotImplementedError
-
-    def aggregate_evaluate(self, *args):
-        raise NotImplementedError
-
-    def summary(self) -> None:
-        self.method.summary()
+# -- Flower's steps (flwr.supercore.differential_privacy), on numpy arrays ------------------------------
+def update_norm(arrays: list[np.ndarray]) -> float:
+    """Flower's ``get_norm``: √(Σ ‖array‖²) of the flattened arrays."""
+    return float(np.sqrt(sum([np.linalg.norm(a.flat) ** 2 for a in arrays])))
 
 
-class _AdaptiveClipping(flower.DifferentialPrivacyServerSideAdaptiveClipping):
-    """Flower's server-side adaptive clipping with Andrew et al.'s direction of the norm update.
-
-    Flower 1.42 hands its geometric update the (noisy) fraction of updates that were
-    *clipped*, so C shrinks when every update is clipped and grows when none is: C runs away
-    from the norms it should track (tests/test_defences.py measures both). Andrew et al.'s
-    rule uses the fraction left *unclipped*, b̃: C ← C·exp(−η_C (b̃ − q)), which settles where
-    a fraction q of the updates fits under C.
-    """
-
-    uncounted = 0  # zero updates kept from the wrapper (never clipped): they count in the fraction
-
-    def _geometric_update(self, clipped_fraction: float) -> None:
-        super()._geometric_update(1.0 - clipped_fraction)
-
-    def _noisy_fraction(self, count: int, total: int) -> float:
-        return super()._noisy_fraction(count, total + self.uncounted)
+def clip_model(model: list[np.ndarray], current: list[np.ndarray],
+               clipping_norm: float) -> tuple[list[np.ndarray], bool]:
+    """(θ_t + min(1, C/‖θ_i − θ_t‖)·(θ_i − θ_t), whether it was clipped): Flower's
+    ``compute_clip_model_update`` / ``compute_adaptive_clip_model_update``."""
+    update = [np.subtract(x, y) for x, y in zip(model, current)]
+    factor = min(1, clipping_norm / update_norm(update))
+    for array in update:
+        array *= factor
+    return [c + u for c, u in zip(current, update)], factor < 1
 
 
-class CentralDP(StrategyWrapper):
-    """Flower's server-side DP clipping around the inner strategy's :meth:`aggregate_valid`
-    (a :class:`strategies.wrappers.StrategyWrapper`): ``CentralDP(FedAvg(), Params(mode="fixed"))``.
-    Reported as ``privacy`` in the round's outcome; :attr:`dp_state` is checkpointed."""
+def noise_std(noise_multiplier: float, clipping_norm: float, num_sampled: int) -> float:
+    """σ = z·C/m (Flower's ``compute_stdv``)."""
+    return float((noise_multiplier * clipping_norm) / num_sampled)
 
-    own = ("inner", "dp", "dp_seed", "count_stddev", "dp_state", "_dp_state")
 
-    def __init__(self, strategy: Any, params: Params, *, seed: int = 0, clients_per_round: int = 1) -> None:
-        super().__init__(strategy)
+def adaptive_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+    """z' = (z⁻² − (2σ_b)⁻²)^(−1/2): z raised to pay for the noisy count (Flower's
+    ``compute_adaptive_noise_params``); 0 stays 0."""
+    if noise_multiplier <= 0:
+        return 0.0
+    value = (noise_multiplier ** (-2) - (2 * count_stddev) ** (-2)) ** -0.5
+    if value / noise_multiplier >= 2:
+        log.warning("central DP: a significant amount of noise (%s) has to be added: raise dp-clipped-count-stddev",
+                    value / noise_multiplier)
+    return value
+
+
+class CentralDP(Transform):
+    """Server-side DP clipping and noise around a sum-only method (see the module docstring):
+    ``CentralDP(FedAvgMethod(), Params(mode="fixed"), seed=0, clients_per_round=10)``. Reported
+    as ``privacy`` in the round's defences."""
+
+    def __init__(self, inner: Method, params: Params, *, seed: int = 0, clients_per_round: int = 1) -> None:
         if params.mode not in ("fixed", "adaptive"):
             raise ConfigError(f"run-config key 'dp' = {params.mode!r}: CentralDP needs 'fixed' or 'adaptive'")
-        if strategy.needs_individual_updates:
-            raise ConfigError(f"{strategy.name or type(strategy).__name__} does not aggregate a sum of the updates: "
+        if inner.needs_individual_updates:
+            raise ConfigError(f"{inner.name or type(inner).__name__} does not aggregate a sum of the updates: "
                               "central DP (dp) runs only with sum-only methods")
+        super().__init__(inner)
         self.dp, self.dp_seed = params, seed
         self.count_stddev = params.count_stddev(clients_per_round)
-        self.dp_state = State(params.clipping_norm)
 
-    @property
-    def dp_state(self) -> State:
-        return self._dp_state
+    def init(self) -> State:
+        return State(self.inner.init(), self.dp.clipping_norm)
 
-    @dp_state.setter
-    def dp_state(self, value: Any) -> None:  # a checkpoint's saved fields are rebuilt here (fedcore.state)
-        self._dp_state = rebuild(State, value) if isinstance(value, Fields) else value
+    def restore(self, fields) -> State:
+        inner = fields.get("inner")
+        from fedcore.state import Fields
 
-    def aggregate_valid(self, server_round: int, replies: list) -> Aggregated:
-        """The inner strategy on the clipped replies, with noise; the round's report as ``privacy``."""
-        p, m, clip = self.dp, len(replies), self.dp_state.clipping_norm
-        theta = self.current_flat(torch.float64)
-        norms = [float((flat.record_to_flat(r.content[keys.ARRAYS], dtype=torch.float64) - theta).norm())
-                 for r in replies]
-        # Flower's clipping divides by the update's norm: a zero update (a free-rider's) needs
-        # no clipping and goes straight to the method.
-        step = _MethodStep(self.inner, [r for r, n in zip(replies, norms) if n == 0.0])
-        if p.mode == "fixed":
-            wrapper = flower.DifferentialPrivacyServerSideFixedClipping(step, p.noise_multiplier, clip, m)
-        else:
-            wrapper = _AdaptiveClipping(
-                step, p.noise_multiplier, m, clip, p.target_quantile, p.clip_norm_lr, self.count_stddev)
-            wrapper.uncounted = len(step.unclipped)
-        wrapper.current_arrays = self.current_arrays
-        saved = np.random.get_state()
-        np.random.seed(derive_seed(self.dp_seed, "dp-noise", server_round) % 2**32)
-        try:
-            arrays, metrics = wrapper.aggregate_train(server_round, [r for r, n in zip(replies, norms) if n > 0.0])
-        finally:
-            np.random.set_state(saved)
-        self.dp_state.clipping_norm = float(wrapper.clipping_norm)
-        report = {"mode": p.mode, "noise_multiplier": float(wrapper.noise_multiplier), "clipping_norm": clip,
-                  "noise_std": compute_stdv(wrapper.noise_multiplier, wrapper.clipping_norm, m),
+        return State(self.inner.restore(inner) if isinstance(inner, Fields) else inner, float(fields["clipping_norm"]))
+
+    def restored(self, state: State) -> State:
+        return dataclasses.replace(state, inner=self.inner.restored(state.inner))
+
+    def node_changed(self, state: State, client: int) -> State:
+        return dataclasses.replace(state, inner=self.inner.node_changed(state.inner, client))
+
+    def request(self, server_round, state, current):
+        return self.inner.request(server_round, state.inner, current)
+
+    def client_records(self, state, client, current):
+        return self.inner.client_records(state.inner, client, current)
+
+    def evaluation_model(self, state, current):
+        return self.inner.evaluation_model(state.inner, current)
+
+    def check(self, round_, state):
+        return self.inner.check(round_, state.inner)
+
+    def aggregate(self, round_: Round, state: State) -> Step:
+        """The inner method on the clipped models, with noise; the round's report as ``privacy``."""
+        p, m, clip = self.dp, len(round_), state.clipping_norm
+        theta = round_.theta_as(torch.float64)
+        norms = [float((flat.record_to_flat(r, dtype=torch.float64) - theta).norm()) for r in round_.models]
+        current = [a.numpy() for a in round_.current.values()]
+        names = list(round_.current.keys())
+        rng = np.random.RandomState(derive_seed(self.dp_seed, "dp-noise", round_.number) % 2**32)
+        # Flower's clipping divides by the update's norm: a zero update (a free rider's) needs no clipping
+        models, clipped = list(round_.models), 0
+        for i, (record, norm) in enumerate(zip(round_.models, norms)):
+            if norm > 0.0:
+                model, was_clipped = clip_model([a.numpy() for a in record.values()], current, clip)
+                models[i] = ArrayRecord({k: flat.to_array(np.asarray(v)) for k, v in zip(names, model)})
+                clipped += int(was_clipped)
+        z, next_clip = p.noise_multiplier, clip
+        if p.mode == "adaptive":
+            z = adaptive_noise_multiplier(p.noise_multiplier, self.count_stddev)
+            counted = sum(n > 0.0 for n in norms)
+            # the noisy fraction of clipped updates over every update (zero ones are never clipped), then
+            # Andrew et al.'s step on the fraction left unclipped
+            fraction = float(rng.normal(clipped, self.count_stddev)) / float(counted + (m - counted))
+            next_clip = clip * math.exp(-p.clip_norm_lr * ((1.0 - fraction) - p.target_quantile))
+        step = self.inner.aggregate(round_.with_models(models), state.inner)
+        sigma = noise_std(z, next_clip, m)
+        model = step.model
+        if model is not None:
+            arrays = (round_.to_record(model) if isinstance(model, torch.Tensor) else
+                      ArrayRecord({k: flat.to_array(np.asarray(v)) for k, v in model.items()}))
+            noisy = {}
+            for key, array in zip(arrays.keys(), arrays.to_numpy_ndarrays()):
+                array += rng.normal(0, sigma, array.shape).astype(array.dtype)
+                noisy[key] = array
+            model = noisy
+        report = {"mode": p.mode, "noise_multiplier": float(z), "clipping_norm": clip, "noise_std": sigma,
                   "num_clipped": sum(n > clip for n in norms), "num_updates": m}
         if p.mode == "adaptive":
-            report["next_clipping_norm"] = self.dp_state.clipping_norm
-        inner = step.result
-        return Aggregated(arrays, metrics, inner.dropped, {**inner.defence, "privacy": report})
+            report["next_clipping_norm"] = next_clip
+        return dataclasses.replace(step, model=model, state=State(step.state, next_clip),
+                                   defence={**step.defence, "privacy": report})
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, state: State) -> dict[str, Any]:
         """The privacy parameters for summary.json."""
         p = self.dp
         out = {"mode": p.mode, "noise_multiplier": p.noise_multiplier, "clipping_norm": p.clipping_norm}
         if p.mode == "adaptive":
             out.update(target_quantile=p.target_quantile, clip_norm_lr=p.clip_norm_lr,
-                       clipped_count_stddev=self.count_stddev, final_clipping_norm=self.dp_state.clipping_norm)
+                       clipped_count_stddev=self.count_stddev, final_clipping_norm=state.clipping_norm)
         return out

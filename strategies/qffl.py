@@ -11,25 +11,34 @@ client k's training data *before* local training (the ``loss-before`` metric):
 
 ``server-lr`` is not used (a non-zero value is refused): the step Σ Δ_k / Σ h_k is q-FFL's own
 (its size comes from L and h_k).
-The method is ``qffl``; the strategy is :class:`QFFL`, a drop-in for Flower's ``QFedAvg``
-(``client_learning_rate`` is ``lr``; a reply without ``loss-before`` is read with Flower's
-``train_loss_key`` metric instead, the loss after local training that Flower's QFedAvg uses).
+The method is ``qffl``; the strategy is :class:`QFFL`, a drop-in for Flower's ``QFedAvg`` (also
+exported under that name: ``client_learning_rate`` is ``lr``; a reply without ``loss-before`` is
+read with Flower's ``train_loss_key`` metric instead, the loss after local training that Flower's
+QFedAvg uses), returning Flower's float64 arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
-from flwr.app import MetricRecord
-from flwr.serverapp import strategy as flower
 
 from fedcore import keys
-from fedcore.config import Grid
+from fedcore.config import Grid, check_value
 from fedcore.params import MethodParams, hyper
-from strategies.base import FairStrategy
+from strategies.base import Method, Reads, Round, Step
+from strategies.fedavg import MetricsFn
+from strategies.flower import (
+    FairStrategy,
+    flower_arguments,
+    flower_dtypes,
+    given_lr,
+    given_once,
+    method_params,
+    params_property,
+)
 from strategies.registry import register
-from strategies.rounds import Aggregated
 
 LOSS_EPS = 1e-10  # as fair_flearn and Flower: keeps F^(q−1) finite when a loss is 0
 
@@ -57,41 +66,74 @@ def qffl_step(deltas: torch.Tensor, losses: torch.Tensor, q: float, lipschitz: f
     return (coef @ deltas) / sum_h, sum_h
 
 
-@register("qffl")
-class QFFL(FairStrategy):
-    """q-FFL server step (client: plain local SGD, reporting ``loss-before``)::
+class QFFLMethod(Method):
+    """q-FFL's server step (client: plain local SGD, reporting ``loss-before``)."""
 
-        QFFL(q=1.0, fraction_train=0.25, lr=0.1, seed=0)
-    """
-
+    Params = Params
     weighting = "loss"  # F_k^q; q = 0 is the uniform mean
+    own_step = "its step is Σ Δ_k / Σ h_k (its size comes from L = 1/lr and h_k)"
+    # h_k needs each client's ‖Δw_k‖²: the server must see every update.
+    needs_individual_updates = True
+
+    def __init__(self, params=None, setting=None) -> None:
+        super().__init__(params, setting)
+        self.reads = Reads(losses=(keys.LOSS_BEFORE,))  # F_i(θ_t): the clients compute it for this method
 
     @classmethod
     def resolve_weighting(cls, config) -> str:
         return "uniform" if cls.Params.from_run_config(config).q == 0.0 else "loss"
 
-    Params = Params
-    own_step = "its step is Σ Δ_k / Σ h_k (its size comes from L = 1/lr and h_k)"
-    # h_k needs each client's ‖Δw_k‖²: the server must see every update.
-    needs_individual_updates = True
-    required_metrics = (keys.LOSS_BEFORE,)  # F_i(θ_t): the clients compute it for this method
-    loss_metrics = (keys.LOSS_BEFORE,)  # weighted by: finite, >= 0, bounded (FairStrategy.check_numbers)
-    flower_counterpart = flower.QFedAvg
-    flower_names = {"client_learning_rate": "lr"}
+    def aggregate(self, round_: Round, state: Any) -> Step:
+        theta, deltas = round_.theta, round_.deltas
+        step, sum_h = qffl_step(deltas, round_.value(keys.LOSS_BEFORE), self.params.q, 1.0 / round_.lr)
+        return Step(theta - step, state, {"qffl-sum-h": sum_h, "update-norm": float(step.norm())})
 
-    def __init__(self, *, train_loss_key: str = "train_loss", **kwargs) -> None:
-        super().__init__(**kwargs)
+
+@register("qffl")
+class QFFL(FairStrategy):
+    """q-FFL (see the module docstring), and a drop-in for Flower's ``QFedAvg``: Flower's
+    arguments in Flower's order (``client_learning_rate`` is the clients' ``lr``; default 0.1)::
+
+        QFFL(q=1.0, fraction_train=0.25, lr=0.1, seed=0)      # or QFedAvg(0.1, 1.0)
+    """
+
+    method_class = QFFLMethod
+    Params = Params
+    float64_models = True
+    q = params_property("q", "q, the fairness exponent")
+
+    def __init__(self, client_learning_rate: float | None = None, q: float = Params.q,
+                 train_loss_key: str = "train_loss", fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
+                 weighted_by_key: str = keys.NUM_EXAMPLES, arrayrecord_key: str = keys.ARRAYS,
+                 configrecord_key: str = keys.CONFIG, train_metrics_aggr_fn: MetricsFn | None = None,
+                 evaluate_metrics_aggr_fn: MetricsFn | None = None, *, lr: float | None = None,
+                 params: Params | None = None, **common: Any) -> None:
         self.train_loss_key = train_loss_key  # Flower's QFedAvg's: read when a reply has no loss-before
+        given_lr(common, given_once("QFFL", "client_learning_rate", client_learning_rate, "lr", lr, None))
+        super().__init__(method_params(Params, params, "QFFL", q=q), **flower_arguments(
+            fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes,
+            weighted_by_key, arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn),
+            **common)
 
     @property
+    def client_learning_rate(self) -> float:
+        """Flower's name of the clients' learning rate ``lr``."""
+        return self.lr
+
+    @client_learning_rate.setter
+    def client_learning_rate(self, value: float) -> None:
+        self.lr = check_value("lr", value, float, low=0.0, low_open=True,
+                              subject="QFFL attribute 'client_learning_rate'")
+
     def metric_fallbacks(self) -> dict[str, tuple[str, str]]:
-        """loss-before, read from Flower's ``train_loss_key`` when a reply lacks it (strategies.rounds)."""
+        """loss-before, read from Flower's ``train_loss_key`` when a reply lacks it (strategies.gate)."""
         return {keys.LOSS_BEFORE: (self.train_loss_key, "Flower's QFedAvg train_loss_key (the loss after local "
                                    "training, as Flower's QFedAvg weights); send 'loss-before' for q-FFL's F_k(θ_t)")}
 
-    def aggregate_valid(self, server_round, replies):
-        batch = self.read_updates(replies)
-        theta, deltas = batch.theta, batch.deltas
-        step, sum_h = qffl_step(deltas, batch.loss_before, self.params.q, 1.0 / self.round_lr(server_round))
-        metrics = {"qffl-sum-h": sum_h, "update-norm": float(step.norm())}
-        return Aggregated(self.to_record(theta - step), MetricRecord(metrics))
+    def flower_arrays(self, arrays):
+        """Flower's QFedAvg returns float64 arrays (its numpy arithmetic promotes float32)."""
+        return flower_dtypes(arrays, {k: "float64" for k in (arrays or {}).keys()})
+
+
+QFedAvg = QFFL  # Flower's name

@@ -1,14 +1,14 @@
-"""Method name → strategy class. Modules of this package register their class.
+"""Method name → its Flower class (a :class:`strategies.flower.FairStrategy` subclass, whose
+``method_class`` is the method). Modules of this package register their class.
 
 :func:`build` makes a strategy from the typed run config with no per-method code: the
 method's ``Params`` read their own keys, the common arguments come from the experiment
-fields. ``extra`` are app-side arguments some methods take (CRAFT's ``model`` for its
-layer groups); FedNova gets the clients' ``momentum`` from the run config.
+fields, ``extra`` are the app's arguments (the run's model, for CRAFT's layer groups;
+FedAvg's weighting), and the defences the run config turns on are wrapped around the method.
 
 :func:`weighting_of` says how a method weights its clients (:data:`WEIGHTINGS`): part of
-its identity, declared by every registered class (its ``weighting``, resolved from the run
-config by a ``resolve_weighting`` classmethod where a key chooses it) and refused at
-registration when missing.
+its identity, declared by every registered method (its ``weighting``, resolved from the run
+config by ``resolve_weighting`` where a key chooses it) and refused at registration when missing.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 from fedcore.config import APP, ConfigError, RunConfig, default_run_config
 
 if TYPE_CHECKING:
-    from strategies.base import FairStrategy
+    from strategies.base import Method
+    from strategies.flower import FairStrategy
 
 _CLASSES: dict[str, type[FairStrategy]] = {}
-_NOT_METHODS = {"base", "linalg", "registry", "fedpcd_cache", "privacy", "signatures", "wrappers"}
+_NOT_METHODS = {"base", "defences", "flower", "gate", "health", "linalg", "registry", "requests", "fedpcd_cache",
+                "privacy"}
 
 
 # How a method weights its clients in the aggregate (the report's weighting column). Each
@@ -41,16 +43,17 @@ WEIGHTINGS: dict[str, str] = {
 
 
 def register(name: str):
-    """Class decorator: ``@register("fedavg") class FedAvg(FairStrategy): ...``; the class
-    declares its ``weighting`` (one of :data:`WEIGHTINGS`)."""
+    """Class decorator: ``@register("fedavg") class FedAvg(FairStrategy): method_class = FedAvgMethod``;
+    the method declares its ``weighting`` (one of :data:`WEIGHTINGS`)."""
 
     def deco(cls):
         if name in _CLASSES and _CLASSES[name] is not cls:
             raise ValueError(f"method {name!r} registered twice")
-        if getattr(cls, "weighting", None) not in WEIGHTINGS:
-            raise ValueError(f"method {name!r} ({cls.__qualname__}) declares no weighting: set the class attribute "
-                             f"weighting to one of {', '.join(WEIGHTINGS)}")
-        cls.name = name
+        method = getattr(cls, "method_class", None)
+        if getattr(method, "weighting", None) not in WEIGHTINGS:
+            raise ValueError(f"method {name!r} ({cls.__qualname__}) declares no weighting: set its method's class "
+                             f"attribute weighting to one of {', '.join(WEIGHTINGS)}")
+        cls.method_class.name = name
         _CLASSES[name] = cls
         return cls
 
@@ -84,6 +87,11 @@ def strategy_class(method: str) -> type[FairStrategy]:
     return _CLASSES[method]
 
 
+def method_class(method: str) -> type[Method]:
+    """The method (a :class:`strategies.base.Method` subclass) registered as ``method``."""
+    return strategy_class(method).method_class
+
+
 def method_keys() -> dict[str, Any]:
     """Every method's run-config keys with their defaults (from the ``Params`` declarations)."""
     out: dict[str, Any] = {}
@@ -103,10 +111,9 @@ def weighting_of(method: str, config: Mapping[str, Any]) -> str:
     clients, which the FedAvg family then uses whatever its ``fedavg-weighting``, weights
     the data by size: ``data-size``. A bad value is a one-line :class:`ConfigError`.
     """
-    cls = strategy_class(method)
+    cls = method_class(method)
     full = {**default_run_config(), **config}
-    resolve = getattr(cls, "resolve_weighting", None)
-    word = resolve(full) if resolve is not None else cls.weighting
+    word = cls.resolve_weighting(full)
     if word not in WEIGHTINGS:
         raise ConfigError(f"method {method!r} resolved its weighting to {word!r}, not one of {', '.join(WEIGHTINGS)}")
     if word in ("uniform", "data-size") and APP["participation"].read(full) == "size-proportional":
@@ -114,15 +121,18 @@ def weighting_of(method: str, config: Mapping[str, Any]) -> str:
     return word
 
 
-def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
-    """The run's strategy: its Params from the run config, the common arguments from ``cfg``
-    wrapped, when on, as ``UpdateClip(CentralDP(method, dp), c)`` (``update-clip`` and the
-    central-DP keys ``dp-*``; :mod:`strategies.wrappers`)."""
+def build(cfg: RunConfig, *, model: Any = None, fedavg_weighting: str = "data-size") -> FairStrategy:
+    """The run's strategy: its Params from the run config, the common arguments from ``cfg`` (and
+    the run's ``model``; the values a class declares in ``app_keywords``: the FedAvg family's
+    ``fedavg_weighting``, FedNova's clients' ``momentum``), its method wrapped, when on, as
+    ``UpdateClip(CentralDP(method, dp), c)`` (``update-clip`` and the central-DP keys ``dp-*``;
+    :mod:`strategies.defences`, :mod:`strategies.privacy`)."""
     from strategies import privacy
-    from strategies.wrappers import UpdateClip
+    from strategies.defences import UpdateClip
 
     cls = strategy_class(cfg.method)
     dp = privacy.Params.from_run_config(cfg.params)
+    app = {"fedavg_weighting": fedavg_weighting, "momentum": cfg.momentum}  # handed to the classes that declare them
     strategy = cls(
         params=cls.Params.from_run_config(cfg.params),
         fraction_train=cfg.fraction_train,
@@ -136,9 +146,14 @@ def build(cfg: RunConfig, **extra: Any) -> FairStrategy:
         num_clients=cfg.num_clients,
         loss_before=cfg.client_loss_before == "always",
         device=cfg.server_device,
-        **{k: v for k, v in {"momentum": cfg.momentum, **extra}.items() if k in cls.app_arguments},
+        model=model,
+        **{k: v for k, v in app.items() if k in cls.app_keywords},
     )
+    method = strategy.method
     if dp.mode != "none":
-        strategy = privacy.CentralDP(strategy, dp, seed=cfg.seed, clients_per_round=cfg.clients_per_round)
-    clip = cfg.update_clip
-    return UpdateClip(strategy, clip) if clip else strategy
+        method = privacy.CentralDP(method, dp, seed=cfg.seed, clients_per_round=cfg.clients_per_round)
+    if cfg.update_clip:
+        method = UpdateClip(method, cfg.update_clip)
+    if method is not strategy.method:
+        strategy.use(method)
+    return strategy

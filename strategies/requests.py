@@ -96,18 +96,30 @@ def sample_nodes(grid: Grid, fraction: float, minimum: int, seed: int, purpose: 
     rng = random.Random(derive_seed(seed, purpose, server_round))
     picked = sorted(rng.sample(nodes, min(k, len(nodes))))
     flower_log(logging.INFO, "%s: Sampled %s nodes (out of %s)", what, len(picked), len(nodes))
-    return dict.fromkeys(picked)
+    return Sample(dict.fromkeys(picked), connected=len(nodes))
 
 
-def request_config(strategy, server_round: int, config: ConfigRecord | Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``config`` record's values every request of a round carries."""
+class Sample(dict):
+    """node → partition id (None: known by node id) of a seeded draw, and how many nodes were
+    ``connected`` when it was drawn (a foreign app's N)."""
+
+    def __init__(self, targets: dict[int, int | None], connected: int) -> None:
+        super().__init__(targets)
+        self.connected = connected
+
+
+def request_config(strategy, server_round: int, config: ConfigRecord | Mapping[str, Any] | None,
+                   arrays: ArrayRecord) -> dict[str, Any]:
+    """The ``config`` record's values every request of a round carries: the caller's ``config``,
+    the round, the clients' learning rate, the client routine, whether to send ``loss-before``, and
+    the method's values for its client routine (:meth:`strategies.base.Method.request`)."""
     return {
         **dict(config or {}),
         keys.SERVER_ROUND: server_round,
         keys.ROUND_LR: strategy.round_lr(server_round),
-        keys.CLIENT_METHOD: strategy.client_method,
+        keys.CLIENT_METHOD: strategy.method.client_method,
         keys.WANT_LOSS_BEFORE: strategy.want_loss_before,
-        **strategy.client_config(),
+        **strategy.method.request(server_round, strategy.state, arrays).config,
     }
 
 
@@ -161,17 +173,19 @@ def _messages(strategy, arrays: ArrayRecord, base: dict[str, Any], records: dict
 def train_requests(strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None,
                    targets: Mapping[int, int | None], context: RunContext) -> list[Message]:
     """One train request per node of ``targets`` (node → partition id, None when unknown): the
-    model, the round's config (plus the method's ``round_config``), the method's records
-    (``round_records`` for all, ``client_records`` per client)."""
-    base = {**request_config(strategy, server_round, config), **strategy.round_config(server_round)}
-    return _messages(strategy, arrays, base, strategy.round_records(server_round), targets, MessageType.TRAIN,
-                     str(server_round), context, strategy.client_records)
+    model, the round's config (:func:`request_config`), the method's records (its ``request``'s for
+    all, its ``client_records`` per client)."""
+    base = request_config(strategy, server_round, config, arrays)
+    records = dict(strategy.method.request(server_round, strategy.state, arrays).records)
+    state = strategy.state
+    return _messages(strategy, arrays, base, records, targets, MessageType.TRAIN, str(server_round), context,
+                     lambda client: strategy.method.client_records(state, client, arrays))
 
 
 def evaluate_requests(strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None,
                       targets: Mapping[int, int | None], context: RunContext) -> list[Message]:
     """One evaluate request per node of ``targets``: the model to score and the round's config."""
-    return _messages(strategy, arrays, request_config(strategy, server_round, config), {}, targets,
+    return _messages(strategy, arrays, request_config(strategy, server_round, config, arrays), {}, targets,
                      MessageType.EVALUATE, f"eval-{server_round}", context)
 
 

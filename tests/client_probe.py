@@ -5,7 +5,11 @@ Run as a script, with no ``tests`` package on the path: ``tests/test_client_inst
 in a virtualenv that holds the app's wheel and the base (client) set alone, and in this
 environment (where every extra is installed) to catch an import of a server-side package::
 
-    python tests/client_probe.py [model[,model...]] [partition-id]    # one JSON line per model
+    python tests/client_probe.py [model[,model...]] [partition-id] [run-config JSON]    # one JSON line per model
+
+Each line also lists every module the probe loaded (``loaded``: the full dotted names, the
+ClientApp's own and what it pulled in), which ``tests/test_lean_client.py`` reads in a fresh
+process to check that a message loads nothing heavy (``torch._dynamo``, a server module, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import sys
 import time
 
 
-def probe(model: str = "mlp", partition: int = 1, clients: int = 4) -> dict:
+def probe(model: str = "mlp", partition: int = 1, clients: int = 4, overrides: dict | None = None) -> dict:
+    """The ClientApp's train then evaluate handler on digits partition ``partition`` of ``clients``
+    (``overrides``: more run-config values, e.g. momentum), in this process."""
     before = set(sys.modules)
     t0 = time.perf_counter()
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -28,7 +34,7 @@ def probe(model: str = "mlp", partition: int = 1, clients: int = 4) -> dict:
     from fedpcd_app.runtime.flower_internals import task_identity
 
     t_import = time.perf_counter() - t0
-    cfg = load_config({"model": model, "num-clients": clients, "dataset": "digits", "seed": 0})
+    cfg = load_config({"model": model, "num-clients": clients, "dataset": "digits", "seed": 0, **(overrides or {})})
     arrays = ArrayRecord(initial_model(cfg).state_dict())
     context = Context(run_id=1, node_id=7, node_config={keys.PARTITION_ID: partition, "num-partitions": clients},
                       state=RecordDict(), run_config={})
@@ -56,10 +62,12 @@ def probe(model: str = "mlp", partition: int = 1, clients: int = 4) -> dict:
     trained = replies["train"].content[keys.ARRAYS]
     out["model_moved"] = any(bool((a.numpy() != trained[k].numpy()).any()) for k, a in arrays.items())
     out["imported"] = sorted({m.split(".")[0] for m in set(sys.modules) - before if not m.startswith("_")})
+    out["loaded"] = sorted(set(sys.modules) - before)
     return out
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     for name in (args[0] if args else "mlp").split(","):
-        print(json.dumps(probe(name, int(args[1]) if len(args) > 1 else 1)), flush=True)
+        print(json.dumps(probe(name, int(args[1]) if len(args) > 1 else 1,
+                               overrides=json.loads(args[2]) if len(args) > 2 else None)), flush=True)

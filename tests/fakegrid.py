@@ -3,8 +3,8 @@
 QUERY messages get the node's partition id, EVALUATE messages a fixed score, TRAIN
 messages whatever ``craft(request, partition_id, node_id)`` returns (a list of replies,
 so a test can drop, corrupt or duplicate them). :func:`honest_reply` is a well-formed
-reply for any registered strategy: it carries the strategy's ``required_metrics`` and
-model-shaped ``required_records``.
+reply for any registered strategy: it carries the metrics its method reads and the
+model-shaped records it declares (``strategy.method.reads``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ def honest_reply(request: Message, pid: int, node: int, run, *, num_examples: in
     limits = getattr(getattr(run, "context", None), "limits", None)
     if limits is not None:
         num_examples = min(num_examples, limits.max_count(pid))
-    extra_metrics = {name: 1.0 for name in getattr(strategy, "required_metrics", ())}
-    extra_records = {name: scaled(arrays, 0.0) for name in getattr(strategy, "required_records", ())}
+    reads = strategy.method.reads if strategy is not None else None
+    extra_metrics = {name: 1.0 for name in (reads.values if reads is not None else ())}
+    extra_records = {name: scaled(arrays, 0.0) for name in (reads.records if reads is not None else ())}
     return train_reply(scaled(arrays, 0.99), pid, node_id=node, num_examples=num_examples,
-                       train_loss=0.5, loss_before=0.7, num_steps=2,
+                       train_loss=0.5, loss_before=0.7, num_steps=1,
                        extra_metrics=extra_metrics, extra_records=extra_records)
 
 

@@ -484,3 +484,14 @@ def run_honest(cfg, on_train=None):
         exp.train_round = train_round
         exp.run()
     return exp
+
+
+def method_step(strategy, server_round: int, replies):
+    """The method's own step on well-formed replies, the gate left out (what a kernel's tests
+    drive): the round read from the replies and ``method.aggregate``, whose state the strategy
+    keeps. Returns (the Step, the Round); ``step.model`` is θ_{t+1} (a tensor the method may reuse:
+    copy it to keep it)."""
+    round_ = strategy.read_round(server_round, list(replies), strategy.context)
+    step = strategy.method.aggregate(round_, strategy.state)
+    strategy.state = step.state
+    return step, round_

@@ -20,6 +20,7 @@ from tests.helpers import (
     make_replies,
     random_rounds,
     tiny_template,
+    train_reply,
 )
 
 TEMPLATE = tiny_template()
@@ -73,12 +74,25 @@ def test_afl_server_lr_scales_the_step(rng):
 
 
 def test_afl_slots_keep_partition_ids_and_place_other_ids():
-    slots: dict[int, int] = {}
-    assert afl.afl_slots(slots, [0, 2], 4) == [0, 2]  # this app's partition ids index λ directly
-    assert afl.afl_slots(slots, [2, 1000, 1003], 4) == [2, 1, 3]  # a foreign app's node ids: free slots
-    assert afl.afl_slots(slots, [1000, 0], 4) == [1, 0]
-    with pytest.raises(ValueError, match="N = 4"):
-        afl.afl_slots(slots, [7], 4)
+    lam = np.full(4, 0.25)
+    idx, slots, lam = afl.afl_slots({}, [0, 2], lam)
+    assert idx == [0, 2]  # this app's partition ids index λ directly
+    idx, slots, lam = afl.afl_slots(slots, [2, 1000, 1003], lam)
+    assert idx == [2, 1, 3]  # a foreign app's node ids: free slots
+    before = dict(slots)
+    idx, slots, lam = afl.afl_slots(slots, [1000, 0], lam)
+    assert idx == [1, 0] and slots == before  # known clients keep their slots; nothing is modified in place
+    idx, grown, lam5 = afl.afl_slots(slots, [7], lam)  # a fifth client: λ grows, never a crash
+    assert idx == [4] and lam5.size == 5 and lam5.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(lam5, [0.2] * 5)  # from uniform: still uniform
+    assert 7 not in slots and grown[7] == 4
+
+
+def test_afl_admits_a_newcomer_with_the_uniform_share_and_keeps_the_others_proportions():
+    lam = np.array([0.5, 0.3, 0.2])
+    out = afl.afl_admit(lam)
+    np.testing.assert_allclose(out, [0.375, 0.225, 0.15, 0.25])
+    assert out.sum() == pytest.approx(1.0)
 
 
 def test_afl_without_num_clients_takes_the_connected_nodes(rng):
@@ -86,8 +100,11 @@ def test_afl_without_num_clients_takes_the_connected_nodes(rng):
     theta = rng.normal(size=D)
     with task_identity():
         msgs = strat.configure_train(1, arrays_from_flat(theta, TEMPLATE), ConfigRecord(), FakeGrid(5, None))
-    assert len(msgs) == 5 and strat.state.lam.tolist() == [0.2] * 5
-    assert strat.state.num_averaged == 1  # θ_0 starts the averaged iterate
+        replies = [train_reply(arrays_from_flat(theta + 0.1 * rng.normal(size=D), TEMPLATE), int(m.metadata.dst_node_id)
+                               - 1000) for m in msgs]
+        strat.aggregate_train(1, replies)
+    assert len(msgs) == 5 and strat.state.lam.size == 5 and strat.state.lam.sum() == pytest.approx(1.0)
+    assert strat.state.num_averaged == 2  # θ_0 started the averaged iterate, θ_1 joined it
 
 
 def test_afl_resumes_exactly():
@@ -95,7 +112,7 @@ def test_afl_resumes_exactly():
 
 
 def test_afl_needs_each_update_and_the_loss_before():
-    assert AFL.needs_individual_updates and keys.LOSS_BEFORE in AFL.required_metrics
+    assert AFL.method_class.needs_individual_updates and keys.LOSS_BEFORE in AFL().method.reads.metrics
 
 
 def test_afl_bad_lambda_lr_is_one_line_error():

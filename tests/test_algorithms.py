@@ -74,7 +74,7 @@ def test_craft_kernel_is_the_papers_update(layerwise, rho):
     for t, (pids, offsets, n) in enumerate(federation(2), start=1):
         locals_ = [theta + o for o in offsets]
         got, _ = aggregate_round(strategy, t, theta, TEMPLATE, make_replies(TEMPLATE, locals_, pids, n=n))
-        groups = strategy.groups()
+        groups = strategy.method.groups(strategy.spec)
         assert len(groups) == (2 if layerwise else 1)  # fc1, fc2 (weight + bias each)
         theta32 = torch.tensor(np.float32(theta), dtype=torch.float64)
         local32 = torch.tensor(np.float32(np.stack(locals_)), dtype=torch.float64)

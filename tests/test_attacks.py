@@ -117,8 +117,8 @@ def test_gaussian_adds_seeded_noise_of_its_sigma_to_the_honest_model():
 
 def test_loss_lie_scales_loss_before_and_federage_beta_only():
     strategy = FedeRage()  # its client routine returns β; the request carries its values and β̂
-    _, honest, attacked = pair("loss-lie", client_method="federage", **strategy.client_config(),
-                               **strategy.round_config(1))
+    _, honest, attacked = pair("loss-lie", client_method="federage",
+                               **strategy.method.request(1, strategy.state, None).config)
     got, want = metrics_of(attacked), metrics_of(honest)
     assert want[keys.FEDERAGE_BETA] > 0 and want[keys.LOSS_BEFORE] > 0
     assert got[keys.LOSS_BEFORE] == pytest.approx(3.0 * want[keys.LOSS_BEFORE])

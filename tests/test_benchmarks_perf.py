@@ -12,7 +12,7 @@ from benchmarks import aggregation, cache_memory
 from fedcore import flat
 from fedcore.config import load_config
 from strategies import registry
-from tests.helpers import arrays_from_flat, tiny_template, train_reply
+from tests.helpers import arrays_from_flat, method_step, tiny_template, train_reply
 
 
 def _replies(m: int, seed: int = 0):
@@ -27,11 +27,11 @@ def _replies(m: int, seed: int = 0):
 
 def _matrix_path(strat, server_round, replies):
     """FedAvg as it was computed before the streaming sum: (m, d) matrix, then a gemv."""
-    batch = strat.read_updates(replies)
-    theta = batch.theta
+    round_ = strat.read_round(server_round, replies, strat.context)
+    theta = round_.theta
     eta_l = strat.round_lr(server_round)
     eta_g = strat.server_lr or eta_l
-    g_bar = torch.sub(theta, fedavg.fedavg_direction(batch.models, batch.fedavg_weights))
+    g_bar = torch.sub(theta, fedavg.fedavg_direction(round_.model_matrix, round_.fedavg_weights))
     return theta - (eta_g / eta_l) * g_bar, float(g_bar.norm())
 
 
@@ -57,11 +57,11 @@ def test_fedavg_strategy_identical_to_matrix_path(monkeypatch, server_lr):
     strat = registry.build(load_config({"method": "fedavg", "lr": 0.1, "server-lr": server_lr}))
     for rnd in (1, 2):  # the second round starts from the first round's output
         strat.set_model(arrays_from_flat(theta, template))
-        step = strat.aggregate_valid(rnd, replies)
         expected, norm = _matrix_path(strat, rnd, replies)
-        assert torch.equal(flat.record_to_flat(step.arrays), expected)
+        step, _ = method_step(strat, rnd, replies)
+        assert torch.equal(step.model, expected)
         assert step.metrics["update-norm"] == norm
-        theta = flat.record_to_flat(step.arrays).numpy()
+        theta = step.model.numpy()
 
 
 def test_weighted_sum_rejects_mismatched_reply():

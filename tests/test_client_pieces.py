@@ -17,11 +17,11 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, Context, RecordDict
 
+from client_app import quickstart
 from client_app.client_app import train_reply
 from client_app.foreign import ClientSide, evaluation_model, mean_loss
 from client_app.methods import LocalTraining
 from client_app.training import batch_indices
-from examples import quickstart
 from fedcore import client_pieces, keys
 from fedcore.seeding import torch_generator
 from strategies import QFFL, Ditto, FedAvg, FedeRage, FedProx, Scaffold
@@ -219,7 +219,7 @@ def test_the_fedprox_piece_adds_the_proximal_term():
 
 
 WITHOUT_THE_PIECE = [("federage", "federage", "missing metric 'federage-beta'"),
-                     ("scaffold", "scaffold", "missing ArrayRecord 'scaffold-delta-c'"),
+                     ("scaffold", "scaffold", "missing metric 'num-steps'"),  # checked before its record
                      ("fednova", "fednova", "missing metric 'num-steps'"),
                      ("qffl", "afl", "missing metric 'loss-before'")]
 
@@ -270,13 +270,16 @@ def test_running_an_example_runs_its_strategy(monkeypatch, capsys):
 
 # -- the one-line pieces ----------------------------------------------------------------------------
 def test_every_method_whose_clients_do_more_than_plain_sgd_has_its_line():
+    def reads(n):
+        return strategy_class(n)().method.reads
+
     needing = {n for n in names() if n != "config-fl" and (
-        strategy_class(n).client_method != keys.SGD or set(strategy_class(n).required_metrics) - {keys.TRAIN_LOSS}
-        or strategy_class(n).required_records)}  # train-loss: Flower's quickstart sends it (train_loss)
+        strategy_class(n).method_class.client_method != keys.SGD or set(reads(n).metrics) - {keys.TRAIN_LOSS}
+        or reads(n).records)}  # train-loss: Flower's quickstart sends it (train_loss)
     assert needing <= set(client_pieces.CLIENT_PIECES), needing - set(client_pieces.CLIENT_PIECES)
     for method, line in client_pieces.CLIENT_PIECES.items():
         assert client_pieces.PIECE in line and "\n" not in line, method
-        for field in strategy_class(method).required_metrics + strategy_class(method).required_records:
+        for field in (*reads(method).metrics, *reads(method).records):
             assert f"'{field}'" in line, (method, field)
 
 

@@ -32,16 +32,18 @@ CONSISTENCY = [f"tests/test_config.py::{t}" for t in (
 TOY = '''"""ToyAvg: FedAvg whose server reports how far the model moved, a toy method for the tests.
 
 Everything beyond this module is generated from it: its run-config key, pyproject.toml's line,
-the defaults the package ships, its rows in the docs' methods tables and its signature and help().
+the defaults the package ships and its rows in the docs' methods tables.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from fedcore.config import Grid
 from fedcore.params import MethodParams, hyper
-from strategies.fedavg import FedAvg
+from strategies.fedavg import FedAvgMethod
+from strategies.flower import FairStrategy, method_params
 from strategies.registry import register
 
 
@@ -52,11 +54,19 @@ class Params(MethodParams):
                            doc="a toy hyperparameter: the share of the step left out")
 
 
+class ToyAvgMethod(FedAvgMethod):
+    Params = Params
+
+
 @register("toyavg")
-class ToyAvg(FedAvg):
+class ToyAvg(FairStrategy):
     """ToyAvg (see the module docstring)."""
 
+    method_class = ToyAvgMethod
     Params = Params
+
+    def __init__(self, *, damping: float = Params.damping, params: Params | None = None, **common: Any) -> None:
+        super().__init__(method_params(Params, params, "ToyAvg", damping=damping), **common)
 '''
 
 TOY_TEST = '''"""ToyAvg: built from keywords and from the run config with its one declared key."""

@@ -52,12 +52,12 @@ def digits_replies():
 def test_config_fl_strategy(digits_replies):
     template, theta, msgs, locals_ = digits_replies
     strat = registry.build(load_config({"method": "config-fl", "lr": 0.1}))
-    assert not strat.layerwise  # one global group
+    assert not strat.method.layerwise  # one global group
     arrays, metrics = aggregate_arrays(strat, 1, template, msgs)
     want = config(t(theta - locals_))[0].numpy()
     np.testing.assert_allclose(flat64(arrays), theta - want, atol=2e-5)
     assert metrics[craft.ACTIVE] == 4
-    assert strat.groups() == [(0, flat.spec_of(template).dim)]
+    assert strat.method.groups(flat.spec_of(template)) == [(0, flat.spec_of(template).dim)]
 
 
 def test_server_lr_is_the_step_factor(digits_replies):

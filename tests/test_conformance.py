@@ -22,13 +22,23 @@ import strategies
 from strategies.health import DROP_STREAK_LIMIT, NoTrainingError
 from tests.conformance import ChangingGrid, net, quickstart_app, run_start
 
-CLASSES = [getattr(strategies, n) for n in strategies.__all__ if isinstance(getattr(strategies, n), type)
-           and issubclass(getattr(strategies, n), strategies.FairStrategy) and n != "FairStrategy"]
+CLASSES = list(dict.fromkeys(getattr(strategies, n) for n in strategies.__all__  # QFedAvg is QFFL: once
+                             if isinstance(getattr(strategies, n), type)
+                             and issubclass(getattr(strategies, n), strategies.FairStrategy) and n != "FairStrategy"))
+FLOAT64 = {strategies.FedAdam, strategies.QFFL}  # Flower's FedAdam and QFedAvg return a float32 model as float64
 # what Flower's quickstart client does not send: train-loss it sends as train_loss (read under its
 # name), and a field the strategy reads under a Flower name (q-FFL: QFedAvg's train_loss_key)
-NEEDS_PIECE = {c.__name__ for c in CLASSES
-               if set(c.required_metrics) - {"train-loss"} - set(c().metric_fallbacks if hasattr(c, "metric_fallbacks")
-                                                                  else ()) or c.required_records}
+
+
+def missing(cls) -> list[str]:
+    """What quickstart clients do not send of what the class's method reads (metrics first: the gate
+    checks them before the records)."""
+    strategy = cls()
+    reads = strategy.method.reads
+    return [*(m for m in reads.metrics if m != "train-loss" and m not in strategy.metric_fallbacks()), *reads.records]
+
+
+NEEDS_PIECE = {c.__name__ for c in CLASSES if missing(c)}
 PLAIN = [c for c in CLASSES if c.__name__ not in NEEDS_PIECE]
 WAIT = 60.0  # node_wait_timeout: a test that would wait for nodes that never come fails instead of hanging
 
@@ -58,7 +68,8 @@ def test_a_plain_sgd_method_trains_quickstart_clients(cls, nodes, caplog):
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
     assert not np.array_equal(_flat(result.arrays), _initial()), "the model never moved"
     assert not _drops(caplog)
-    assert all(a.numpy().dtype == np.float32 for a in result.arrays.values())
+    want = np.float64 if cls in FLOAT64 else np.float32  # Flower's dtypes (its FedAdam's and QFedAvg's numpy)
+    assert all(a.numpy().dtype == want for a in result.arrays.values())
 
 
 @pytest.mark.slow
@@ -77,7 +88,7 @@ def test_a_method_whose_clients_miss_its_field_ends_the_run_and_names_the_piece(
     strategy = cls(fraction_train=0.5, node_wait_timeout=WAIT)
     with pytest.raises(NoTrainingError) as err:
         run_start(strategy, ChangingGrid(quickstart_app(), 7), num_rounds=DROP_STREAK_LIMIT + 2)
-    field = (cls.required_records or cls.required_metrics)[0]
+    field = missing(cls)[0]
     assert field in str(err.value) and f"{DROP_STREAK_LIMIT} rounds in a row" in str(err.value)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and field in errors[0]  # logged once, at the first such round
@@ -159,7 +170,7 @@ def test_through_flowers_simulation_engine(name):
     use its documented piece (examples/client_federage.py), the others Flower's quickstart as is."""
     from flwr.simulation import run_simulation
 
-    from examples import quickstart
+    from client_app import quickstart
 
     client = quickstart.plain_client
     if name == "federage":

@@ -232,9 +232,9 @@ def test_strategy_through_the_device_code_path_matches(digits_round, monkeypatch
 
     def through_host_row(theta, records, rows, copies=None, norms=False):  # what the writer does for a GPU
         staged.append(len(records))
-        return via_device.writer.stage(theta, records, rows, copies, norms)
+        return via_device.method.writer.stage(theta, records, rows, copies, norms)
 
-    monkeypatch.setattr(via_device.writer, "write", through_host_row)
+    monkeypatch.setattr(via_device.method.writer, "write", through_host_row)
     a = b = template
     for r, msgs in enumerate(rounds, start=1):
         a, ma = aggregate_arrays(plain, r, a, msgs)
@@ -244,21 +244,23 @@ def test_strategy_through_the_device_code_path_matches(digits_round, monkeypatch
     assert staged == [4, 4, 4]
 
 
-def test_reference_lives_in_the_update_buffer_and_survives_a_larger_round(digits_round):
-    """The direction is written in place over the reference row of the (1 + m, d) buffer; a
-    round with more replies than the buffer holds moves the reference to a new buffer."""
+def test_the_reference_is_state_of_its_own_and_survives_a_larger_round(digits_round):
+    """The direction is written in place over the reference row of the kernel's (1 + m, d) buffer;
+    the state a round returns holds a copy of it (a state is never the kernel's scratch), and a
+    round with more replies than the buffer holds grows the buffer and reads the reference in."""
     template, _, replies = digits_round
     strat = Craft(model=mlp())
     msgs = replies()[0]
     arrays, _ = aggregate_arrays(strat, 1, template, msgs[:2])
-    assert strat.state.reference.data_ptr() == strat.matrix.rows[0].data_ptr()
+    assert strat.state.reference.data_ptr() != strat.method.matrix.rows[0].data_ptr()
+    assert torch.equal(strat.state.reference, strat.method.matrix.rows[0])
     first_ref = strat.state.reference.clone()
     twin = Craft(model=mlp())
     twin.state.reference, twin.state.last_round = first_ref, 1  # the same state, not in a buffer
     out_a, _ = aggregate_arrays(strat, 2, arrays, msgs)  # 4 replies > the 2-row buffer
     out_b, _ = aggregate_arrays(twin, 2, arrays, msgs)
     assert torch.equal(flat.record_to_flat(out_a), flat.record_to_flat(out_b))
-    assert strat.matrix.rows.shape[0] == 6  # the reference, 4 updates, the spare row
+    assert strat.method.matrix.rows.shape[0] == 6  # the reference, 4 updates, the spare row
 
 
 # -- layer groups -------------------------------------------------------------------------------
@@ -400,7 +402,7 @@ def test_craft_without_a_model_groups_by_keys(digits_round):
     without, _ = aggregate_arrays(keys_only, 1, template, msgs)
     assert torch.equal(flat.record_to_flat(with_model), flat.record_to_flat(without))
     spec = flat.spec_of(template)
-    assert keys_only.groups() == [(g.start, g.stop) for g in key_groups(spec.keys, spec.sizes)]
+    assert keys_only.method.groups(spec) == [(g.start, g.stop) for g in key_groups(spec.keys, spec.sizes)]
 
 
 def test_craft_global_variant_and_options(digits_round):

@@ -1,6 +1,7 @@
 """Defences: Flower's robust aggregators as methods (strategies.robust), the method-agnostic
-update-norm clip (update-clip, strategies.base) and central DP around sum-only methods
-(strategies.privacy). Built replies, independent computations, Prepare / Execute / Assert."""
+update-norm clip (update-clip, strategies.defences) and central DP around sum-only methods
+(strategies.privacy): independent computations, and Flower's own wrappers on the same replies.
+Built replies, Prepare / Execute / Assert."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from fedpcd_app.server.config import load_setup
 from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from strategies import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, registry
+from strategies.base import Step, find
+from strategies.defences import UpdateClip, median_clip_scales
 from strategies.privacy import CentralDP, Params
-from strategies.rounds import Aggregated
-from strategies.wrappers import UpdateClip, find_wrapper, median_clip_scales
 from tests.fakegrid import FakeGrid, configure_round, flat_of, honest_reply, scaled, task_identity
 from tests.helpers import (
     aggregate_arrays,
@@ -130,12 +131,13 @@ def test_update_clip_bounds_every_update_before_the_method_sees_it(method):
     replies = [honest_reply(r, pid, 1000 + pid, strategy) for pid, r in enumerate(requests)]
     replies[2].content[keys.ARRAYS] = scaled(arrays, 0.5)
     seen = []
-    strategy.aggregate_valid = lambda server_round, valid: seen.extend(valid) or Aggregated(None)
+    core = strategy.method.inner  # the method inside UpdateClip: what it is handed
+    core.aggregate = lambda round_, state: seen.append(round_) or Step(None, state)
     # Execute
     outcome = strategy.train_outcome(1, replies)
     # Assert: the method got the attacker's update scaled to 2 x the median norm, the rest untouched
     theta = flat_of(arrays)
-    norms = [np.linalg.norm(theta - flat_of(r.content[keys.ARRAYS])) for r in seen]
+    norms = [np.linalg.norm(theta - flat_of(r)) for r in seen[0].models]
     honest = 0.01 * np.linalg.norm(theta)
     np.testing.assert_allclose(norms, [honest, honest, 2 * honest, honest], rtol=1e-4)
     assert outcome.defence["update_clip"]["clipped"] == [2]
@@ -148,12 +150,14 @@ def test_update_clip_keys(tmp_path):
             load_setup({"update-clip": bad})
     with pytest.raises(ConfigError, match="secure aggregation hides"):
         load_setup({"update-clip": 2.0, "secure-aggregation": True})
-    assert find_wrapper(load_setup({"update-clip": 3}).strategy, UpdateClip).c == 3.0
+    assert find(load_setup({"update-clip": 3}).strategy.method, UpdateClip).c == 3.0
 
 
 # -- central DP ------------------------------------------------------------------------------
 def dp_fedavg(**params) -> FedAvg:
-    return CentralDP(FedAvg(), Params(**params), seed=7, clients_per_round=5)
+    strategy = FedAvg()
+    strategy.use(CentralDP(strategy.method, Params(**params), seed=7, clients_per_round=5))
+    return strategy
 
 
 @pytest.mark.parametrize("mode", ["fixed", "adaptive"])
@@ -205,22 +209,74 @@ def test_adaptive_clipping_norm_follows_the_update_norms():
     mixed = dp_fedavg(mode="adaptive", noise_multiplier=0.0, clipping_norm=1.0, clip_norm_lr=0.5)
     for r in range(1, 41):  # norms 1..5, q = 0.5: C settles near their median
         run(mixed, [k * np.ones(D) / np.sqrt(D) for k in (1, 2, 3, 4, 5)], server_round=r)
-    assert 2.0 <= mixed.dp_state.clipping_norm <= 4.0
+    assert 2.0 <= mixed.state.clipping_norm <= 4.0
+
+
+class AndrewsClipping:
+    """Flower's server-side adaptive clipping with Andrew et al.'s direction of the norm update: the
+    reference :class:`strategies.privacy.CentralDP` is checked against (Flower 1.42 hands its
+    geometric update the fraction of updates that were clipped; Andrew et al.'s rule takes the
+    fraction left unclipped)."""
+
+    @staticmethod
+    def make(noise_multiplier, clients, clipping_norm, count_stddev, corrected=True):
+        from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping
+        from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+        class Corrected(DifferentialPrivacyServerSideAdaptiveClipping):
+            def _geometric_update(self, clipped_fraction):
+                super()._geometric_update(1.0 - clipped_fraction)
+
+        cls = Corrected if corrected else DifferentialPrivacyServerSideAdaptiveClipping
+        return cls(FlowerFedAvg(), noise_multiplier, clients, clipping_norm, 0.5, 0.2, count_stddev)
+
+
+def flower_dp_round(wrapper, locals_, seed: int, server_round: int = 1):
+    """Flower's DP wrapper around Flower's FedAvg on the same replies, its noise drawn from the
+    global generator seeded as the project's CentralDP seeds its own."""
+    from fedcore.seeding import derive_seed
+
+    wrapper.current_arrays = arrays_from_flat(np.zeros(D), TEMPLATE)
+    saved = np.random.get_state()
+    np.random.seed(derive_seed(seed, "dp-noise", server_round) % 2**32)
+    try:
+        arrays, _ = wrapper.aggregate_train(server_round, make_replies(TEMPLATE, locals_, n=[10] * len(locals_)))
+    finally:
+        np.random.set_state(saved)
+    return arrays
+
+
+@pytest.mark.parametrize("mode", ["fixed", "adaptive"])
+def test_central_dp_is_flowers_wrapper_bit_for_bit(mode, rng):
+    """The port of Flower's server-side clipping (fixed) and of its adaptive clipping with Andrew
+    et al.'s step: the same model, bit for bit, and the same next clipping norm."""
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+    from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+    x = rng.normal(size=(5, D)) * np.array([[0.1], [1.0], [0.4], [3.0], [10.0]])
+    ours = FedAvg()
+    ours.use(CentralDP(ours.method, Params(mode=mode, noise_multiplier=0.1, clipping_norm=1.0,
+                                           clipped_count_stddev=1.0), seed=7, clients_per_round=5))
+    outcome = round_outcome(ours, 1, arrays_from_flat(np.zeros(D), TEMPLATE), make_replies(TEMPLATE, x, n=[10] * 5))
+    if mode == "fixed":
+        theirs = DifferentialPrivacyServerSideFixedClipping(FlowerFedAvg(), 0.1, 1.0, 5)
+    else:
+        theirs = AndrewsClipping.make(0.1, 5, 1.0, 1.0)
+    want = flower_dp_round(theirs, x, seed=7)
+    for key in want.keys():
+        assert np.array_equal(outcome.arrays[key].numpy(), want[key].numpy()), key
+    if mode == "adaptive":
+        assert ours.state.clipping_norm == theirs.clipping_norm
 
 
 def test_flowers_own_adaptive_wrapper_moves_the_norm_the_other_way():
-    """Why strategies.privacy overrides one step: Flower 1.42 shrinks C when every update is
-    clipped. If this fails, Flower fixed it: drop privacy._AdaptiveClipping."""
-    from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping
-
-    from strategies import privacy
-
-    original = privacy._AdaptiveClipping
-    privacy._AdaptiveClipping = DifferentialPrivacyServerSideAdaptiveClipping
-    try:
-        assert clipping_norms(dp_fedavg(mode="adaptive", noise_multiplier=0.0, clipping_norm=1.0), 10.0, 1)[0] < 1.0
-    finally:
-        privacy._AdaptiveClipping = original
+    """Why strategies.privacy follows Andrew et al. and not Flower: Flower 1.42 shrinks C when every
+    update is clipped. If this fails, Flower fixed it: the port can follow Flower again."""
+    big = [10.0 * np.ones(D) / np.sqrt(D)] * 5
+    flower = AndrewsClipping.make(0.0, 5, 1.0, 1.0, corrected=False)
+    flower_dp_round(flower, big, seed=7)
+    assert flower.clipping_norm < 1.0
+    assert clipping_norms(dp_fedavg(mode="adaptive", noise_multiplier=0.0, clipping_norm=1.0), 10.0, 1)[0] > 1.0
 
 
 @pytest.mark.parametrize("overrides, fragment", [
@@ -266,3 +322,39 @@ def test_adaptive_dp_run_reports_every_round_and_resumes_exactly(tmp_path):
     resumed = go("resumed", **{"resume-from": str(crashed)})
     assert np.array_equal(flat_of(resumed.arrays), flat_of(full.arrays))
     assert read_rounds(resumed.writer.dir)[3]["privacy"] == rounds[3]["privacy"]
+
+
+def test_a_format_3_dp_checkpoint_resumes_with_its_clipping_norm(tmp_path):
+    """Format 3 kept central DP's clipping norm in its own field (``privacy``); format 4 keeps it inside
+    the method's state. A format-3 file of an adaptive-DP run resumes exactly as the format-4 one."""
+    import hashlib
+
+    import torch
+
+    from fedcore.state import from_tree, to_tree
+
+    base = {"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "eval-every": 0,
+            "checkpoint-every": 2, "dp": "adaptive", "dp-noise-multiplier": 0.05, "dp-clipping-norm": 0.01}
+
+    def go(name, **extra):
+        cfg = load_config({**base, "output-dir": str(tmp_path / name), **extra})
+        with task_identity():
+            holder = {}
+            grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"])])
+            exp = holder["exp"] = Experiment(grid, cfg)
+            exp.run()
+        return exp
+
+    full = go("full")
+    old = tmp_path / "old"
+    shutil.copytree(full.writer.dir, old)
+    checkpoint.path_for(old, 4).unlink()
+    path = checkpoint.path_for(old, 2)
+    raw = torch.load(path, weights_only=True)
+    state = from_tree(raw["strategy"])  # central DP's State: the method's (None for FedAvg) and the norm
+    raw = {**raw, "format": 3, "strategy": to_tree(state["inner"]),
+           "privacy": to_tree({"clipping_norm": state["clipping_norm"]})}
+    torch.save(raw, path)
+    checkpoint.checksum_path(path).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
+    resumed = go("resumed", **{"resume-from": str(old)})
+    assert np.array_equal(flat_of(resumed.arrays), flat_of(full.arrays))

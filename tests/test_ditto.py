@@ -26,6 +26,11 @@ from tests.fakegrid import task_identity
 from tests.helpers import aggregate_arrays, app_request, arrays_from_flat, state_through_bytes, train_reply
 
 
+def _request(strategy) -> dict:
+    """What the strategy's requests carry for the client routine (its method's ``request``)."""
+    return dict(strategy.method.request(1, strategy.state, None).config)
+
+
 def _job(cfg, model, state, server_round=1, config=None):
     """A train job as the ClientApp builds it; its config carries what Ditto's server sends."""
     g = torch.Generator().manual_seed(0)
@@ -35,7 +40,7 @@ def _job(cfg, model, state, server_round=1, config=None):
         cfg=cfg, server_round=server_round, partition_id=3, lr=cfg.lr, model=model,
         global_arrays=ArrayRecord(model.state_dict()), x=x, y=y,
         generator=torch_generator(cfg.seed, "batches", 3, server_round), request=RecordDict(),
-        state=state, config=registry.build(cfg).client_config() if config is None else config,
+        state=state, config=_request(registry.build(cfg)) if config is None else config,
     )
 
 
@@ -126,8 +131,8 @@ def test_evaluation_scores_the_personal_model():
 
 def test_client_needs_lambda_from_the_server():
     cfg = load_config({"method": "ditto", "ditto-lambda": 2.0})
-    assert registry.build(cfg).client_config() == {"ditto-lambda": 2.0}
-    assert Ditto(lam=0.5).client_config() == {"ditto-lambda": 0.5}
+    assert _request(registry.build(cfg)) == {"ditto-lambda": 2.0}
+    assert _request(Ditto(lam=0.5)) == {"ditto-lambda": 0.5}
     with pytest.raises(ValueError, match="did not send 'ditto-lambda'"):
         get_client_method("ditto").train(_job(cfg, initial_model(cfg), RecordDict(), config={}))
 
@@ -157,9 +162,10 @@ def test_strategy_delegates_to_its_aggregator():
     for aggregator, cls in (("fedavg", FedAvg), ("craft", Craft)):
         cfg = load_config({"method": "ditto", "ditto-aggregator": aggregator})
         ditto = registry.build(cfg, model=model)
-        assert ditto.personalized and ditto.client_method == "ditto" and isinstance(ditto.shared, cls)
-        assert ditto.needs_individual_updates == cls.needs_individual_updates
-        plain = registry.build(cfg.replace(method=cls.name), model=model)
+        method = ditto.method
+        assert method.personalized and method.client_method == "ditto" and isinstance(method.shared, cls.method_class)
+        assert method.needs_individual_updates == cls.method_class.needs_individual_updates
+        plain = registry.build(cfg.replace(method=cls.method_class.name), model=model)
         ours, ours_metrics = aggregate_arrays(ditto, 1, template, rounds[0])
         theirs, _ = aggregate_arrays(plain, 1, template, rounds[0])
         assert torch.equal(flat.record_to_flat(ours), flat.record_to_flat(theirs))
@@ -180,7 +186,7 @@ def test_params_nest_crafts_own():
     assert keys_ == {"ditto-lambda": 0.1, "ditto-aggregator": "fedavg", **craft.Craft.Params.run_config_keys()}
     ditto = registry.build(load_config({"method": "ditto", "ditto-aggregator": "craft", "craft-step": 0.3,
                                         "craft-rho": "uniform"}))
-    assert ditto.shared.params == craft.Params(step=0.3, rho="uniform")
+    assert ditto.method.shared.params == craft.Params(step=0.3, rho="uniform")
     with pytest.raises(ConfigError, match="craft-step"):  # CRAFT's step is craft-step, inside Ditto too
         registry.build(load_config({"method": "ditto", "ditto-aggregator": "craft", "server-lr": 0.5}))
 

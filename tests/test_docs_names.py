@@ -466,7 +466,7 @@ def test_planted_wrong_names_fail_and_right_ones_pass(tmp_path):
         "Run `python -m fedpcd_app.simulate --workers 0 --run-config \"method='fedpcd' fedpcd-tau=0.05\"`.",
         "Not `python -m fedpcd_app.simulate --worker 0`, nor `num-clientz=3`, nor `FedPCD(tau=1, fraction_trian=0.5)`.",
         "Flower: `flwr run . --stream`, `flwr log --follow`; `--federation-config \"num-supernodes=2\"`.",
-        "`strategy.dropped` no, `FedPCD.aggregate_valid` yes, `FedPCD.nothing` no, `fedcore.keys.TRAIN_ALIASES` yes,",
+        "`strategy.dropped` no, `FedPCD.train_outcome` yes, `FedPCD.nothing` no, `fedcore.keys.TRAIN_ALIASES` yes,",
         "`fedcore.keys.NOPE` no, `fedpcd_app/runtime/grid.py` yes, `fedpcd_app/runtime/nope.py` no, `--bogus-flag` no.",
     ]) + "\n")
     problems = "\n".join(span_problems(doc))

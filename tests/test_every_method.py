@@ -75,7 +75,7 @@ def test_state_round_trips_and_a_resumed_run_equals_the_uninterrupted_one(method
         assert len(lam) == 6 and abs(sum(lam) - 1.0) < 1e-9 and max(lam) > 1.0 / 6
     assert [r["round"] for r in rb] == [1, 2, 3, 4]
     assert [r["train_loss"] for r in rb] == [r["train_loss"] for r in ra]
-    if not full.strategy.personalized:
+    if not full.strategy.method.personalized:
         a, b = read_summary(full.writer.dir), read_summary(resumed.writer.dir)
         for key in ("mean_acc", "worst10_acc", "jain", "central_acc", "client_acc"):
             assert a[key] == b[key], key

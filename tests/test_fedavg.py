@@ -63,7 +63,7 @@ def test_fedavg_weighting_uniform_is_the_plain_mean_of_the_replies(setup, method
     np.testing.assert_allclose(flat.record_to_flat(a).numpy(), np.mean(locals_, axis=0), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(flat.record_to_flat(b).numpy(), sum(k * x for k, x in zip(n, locals_)) / sum(n),
                                rtol=1e-5, atol=1e-5)
-    assert uniform.secagg_weighting == "uniform" and sized.secagg_weighting == "num-examples"
+    assert uniform.method.secagg_weighting == "uniform" and sized.method.secagg_weighting == "num-examples"
 
 
 @pytest.mark.parametrize("override, fragment", [

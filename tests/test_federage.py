@@ -31,10 +31,15 @@ from tests.helpers import (
 )
 
 
+def _sent(strategy) -> dict:
+    """What the strategy's requests carry for the client routine this round (its method's ``request``)."""
+    return dict(strategy.method.request(1, strategy.state, None).config)
+
+
 def sent(**overrides):
     """The request config FedeRage's strategy sends (its client_config and β̂ of round 1)."""
     strat = FedeRage(**overrides)
-    return {**strat.client_config(), **strat.round_config(1)}
+    return dict(strat.method.request(1, strat.state, None).config)
 
 
 def risk(**overrides) -> Sent:
@@ -187,22 +192,22 @@ def replies():
 
 def test_strategy_sends_its_risk_parameters_and_beta_hat():
     strat = registry.build(load_config({"method": "federage", "federage-alpha": 0.2, "federage-level": "sample"}))
-    assert strat.client_config() == {"federage-alpha": 0.2, "federage-gamma": 0.3, "federage-beta-lr": 0.1,
-                                     "federage-beta-min": 0.0, "federage-beta-max": 10.0,
-                                     "federage-level": "sample"}
-    assert strat.client_method == "federage"
-    assert FedeRage(beta_min=0.5).round_config(1) == {BETA_HAT: 0.5}  # β⁰ = Π_B(0)
+    assert _sent(strat) == {"federage-alpha": 0.2, "federage-gamma": 0.3, "federage-beta-lr": 0.1,
+                            "federage-beta-min": 0.0, "federage-beta-max": 10.0, "federage-level": "sample",
+                            BETA_HAT: 0.0}
+    assert strat.method.client_method == "federage"
+    assert _sent(FedeRage(beta_min=0.5))[BETA_HAT] == 0.5  # β⁰ = Π_B(0)
 
 
 def test_server_averages_theta_and_beta_uniformly(replies):
     template, theta, locals_, betas, msgs = replies
     strat = FedeRage()
-    assert strat.round_config(1) == {BETA_HAT: 0.0}  # Algorithm 2 starts from β = 0
+    assert _sent(strat)[BETA_HAT] == 0.0  # Algorithm 2 starts from β = 0
     arrays, metrics = aggregate_arrays(strat, 1, arrays_from_flat(theta, template), msgs)
     np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), np.mean(locals_, axis=0), rtol=1e-5, atol=1e-6)
     assert metrics["federage-beta-hat"] == pytest.approx(np.mean(betas))  # not data-size weighted
     # β̂ is broadcast in the next round's request config
-    assert strat.round_config(2) == {BETA_HAT: pytest.approx(np.mean(betas))}
+    assert _sent(strat)[BETA_HAT] == pytest.approx(np.mean(betas))
 
 
 def test_gamma_zero_server_equals_fedavg_for_equal_sizes(replies):
@@ -219,9 +224,9 @@ def test_reply_without_beta_is_dropped(replies):
     strat = FedeRage()
     bad = train_reply(arrays_from_flat(locals_[0], template), 3)  # no β
     valid, dropped = validate_train_replies(
-        [*msgs, bad], {1000 + i: i for i in range(4)}, flat.spec_of(template), strat.required_metrics)
+        [*msgs, bad], {1000 + i: i for i in range(4)}, flat.spec_of(template), strat.method.reads.metrics)
     assert len(valid) == 3 and dropped[0].partition == 3 and BETA in dropped[0].reason
-    assert strat.needs_individual_updates is False
+    assert strat.method.needs_individual_updates is False
 
 
 def test_state_round_trip(replies, tmp_path):
@@ -231,7 +236,7 @@ def test_state_round_trip(replies, tmp_path):
     torch.save(to_tree(a.state), tmp_path / "state.pt")
     b = FedeRage()
     b.state = from_tree(torch.load(tmp_path / "state.pt", weights_only=True))
-    assert b.round_config(2) == a.round_config(2) == {BETA_HAT: pytest.approx(np.mean(betas))}
+    assert _sent(b)[BETA_HAT] == _sent(a)[BETA_HAT] == pytest.approx(np.mean(betas))
 
 
 def test_secure_aggregate_is_the_uniform_mean(replies):
@@ -245,13 +250,13 @@ def test_secure_aggregate_is_the_uniform_mean(replies):
     from client_app.secagg import as_fitres
     from fedcore import keys
     from fedpcd_app.server import secagg
+    from strategies.gate import RoundOutcome
     from strategies.requests import RunContext
-    from strategies.rounds import RoundOutcome
     from tests.fakegrid import task_identity
 
     template, theta, locals_, betas, msgs = replies
     strat = FedeRage()
-    assert strat.secagg_weighting == "uniform"
+    assert strat.method.secagg_weighting == "uniform"
     cfg = load_config({"method": "federage", "secure-aggregation": True})
     aggregator = secagg.SecureAggregator(cfg, strat, flat.spec_of(template), RunContext())
     # Client half: the weight each client masks its update with.
@@ -362,7 +367,7 @@ def test_averaged_iterate_is_the_mean_of_the_global_iterates(replies):
     np.testing.assert_allclose(flat.record_to_flat(average.arrays()).numpy(), np.mean(iterates, axis=0),
                                rtol=1e-6, atol=1e-6)
     assert strategy.evaluation_arrays(arrays) is arrays  # the strategy scores its last iterate
-    assert "federage-averaged-iterate" not in strategy.client_config()  # retired key
+    assert "federage-averaged-iterate" not in strategy.method.request(1, strategy.state, None).config  # retired
 
 
 @pytest.mark.slow

@@ -60,11 +60,12 @@ def test_fedfv_external_conflict_with_last_round():
 
 
 def test_fedfv_history_keeps_only_tau_rounds():
-    hist = fedfv.State()
-    hist.store(1, 2, [0, 1], torch.ones(2, 3))
-    hist.store(2, 2, [1], torch.zeros(1, 3))
-    hist.store(3, 2, [2], torch.zeros(1, 3))
+    first = fedfv.State()
+    hist = first.store(1, 2, [0, 1], torch.ones(2, 3))
+    hist = hist.store(2, 2, [1], torch.zeros(1, 3))
+    hist = hist.store(3, 2, [2], torch.zeros(1, 3))
     assert hist.last_round == {1: 2, 2: 3}  # client 0 (round 1) is older than τ = 2 rounds
+    assert first.last_round == {}  # a state is returned, the old one left as it was
 
 
 def _fedfv_internal_loop(deltas, losses, alpha):
@@ -102,7 +103,7 @@ def test_fedfv_resumes_exactly():
 
 
 def test_fedfv_needs_each_update_and_the_loss_before():
-    assert FedFV.needs_individual_updates and keys.LOSS_BEFORE in FedFV.required_metrics
+    assert FedFV.method_class.needs_individual_updates and keys.LOSS_BEFORE in FedFV().method.reads.metrics
 
 
 @pytest.mark.parametrize(("key", "value"), [("fedfv-alpha", 1.5), ("fedfv-tau", -1)])

@@ -85,13 +85,13 @@ def test_fedlf_conflict_guard_halves_then_reverts():
 def test_fedlf_history_rows_follow_tau():
     st = fedlf.State()
     row = torch.ones(2, 3)
-    st.remember(1, [0, 1], row)
+    st = st.remember(1, [0, 1], row)
     assert st.history_rows(2, [2, 3], m=2)[0] == []  # only m clients seen so far
-    st.remember(2, [2, 3], row)
+    st = st.remember(2, [2, 3], row)
     assert st.history_rows(3, [0, 2], m=2)[0] == [1, 3]  # seen 4, τ = 2
-    st.remember(3, [0, 2], row)
+    st = st.remember(3, [0, 2], row)
     assert st.history_rows(4, [0, 1], m=2)[0] == [2, 3]
-    st.remember(4, [0, 1], row)
+    st = st.remember(4, [0, 1], row)
     assert st.history_rows(5, [0, 1], m=2)[0] == [2]  # client 3 last seen at 2: 5 − 2 > τ
     assert st.history_rows(5, [0, 1], m=2, window=3)[0] == [2, 3]  # fixed window H = 3
     assert st.history_rows(5, [0, 1], m=2, window=1)[0] == []  # 5 − 3 > 1
@@ -177,7 +177,7 @@ def test_fedlf_gram_form_equals_row_construction(seed, m, k, equal_losses):
 
 
 def test_fedlf_needs_the_loss_before():
-    assert keys.LOSS_BEFORE in FedLF.required_metrics
+    assert keys.LOSS_BEFORE in FedLF().method.reads.metrics
 
 
 @pytest.mark.parametrize(("key", "value"), [("fedlf-history", 3), ("fedlf-window", -1)])

@@ -60,7 +60,7 @@ def test_fedmgda_step_is_read_from_fedmgda_lr():
 
 
 def test_fedmgda_needs_each_update():
-    assert FedMGDA.needs_individual_updates
+    assert FedMGDA.method_class.needs_individual_updates
 
 
 @pytest.mark.parametrize(("key", "value"), [("fedmgda-eps", -0.1), ("fedmgda-lr", 0.0)])

@@ -53,7 +53,7 @@ def test_fednova_momentum_weights_match_torch_sgd(rho):
 
 def test_fednova_uses_the_clients_momentum(rng):
     """The clients' ρ (the run's ``momentum``, which the app passes as an argument) sets a_i."""
-    assert "momentum" in FedNova.app_arguments
+    assert "momentum" in FedNova.app_keywords
     theta = rng.normal(size=D)
     locals_ = [theta + rng.normal(size=D) for _ in range(2)]
     replies = make_replies(TEMPLATE, locals_, steps=[1, 4])
@@ -66,5 +66,5 @@ def test_fednova_uses_the_clients_momentum(rng):
 
 
 def test_fednova_requires_num_steps_and_each_update():
-    assert keys.NUM_STEPS in FedNova().required_metrics
-    assert FedNova().needs_individual_updates  # each Δ_i is divided by its own a_i: no SecAgg+
+    assert keys.NUM_STEPS in FedNova().method.reads.metrics
+    assert FedNova().method.needs_individual_updates  # each Δ_i is divided by its own a_i: no SecAgg+

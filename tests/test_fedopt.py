@@ -149,8 +149,8 @@ def test_bad_hyperparameter_is_one_line_error(method, key, value):
 
 def test_the_flower_strategies_get_the_declared_values():
     strat = build_strategy("fedyogi", **{"fedyogi-eta": 0.02, "fedyogi-beta2": 0.9, "lr": 0.05})
-    inner = strat.inner
-    assert (inner.eta, inner.beta_1, inner.beta_2, inner.tau, inner.eta_l) == (0.02, 0.9, 0.9, 0.001, 0.05)
-    avgm = FedAvgM(server_learning_rate=0.5, momentum=0.8).inner
+    assert (strat.eta, strat.beta_1, strat.beta_2, strat.tau, strat.eta_l) == (0.02, 0.9, 0.9, 0.001, 0.05)
+    assert strat.params == strat.Params(eta=0.02, beta2=0.9)
+    avgm = FedAvgM(server_learning_rate=0.5, momentum=0.8)
     assert (avgm.server_learning_rate, avgm.server_momentum) == (0.5, 0.8)
-    assert all(not cls().needs_individual_updates for cls in METHODS.values())  # sums suffice: SecAgg+ works
+    assert all(not cls().method.needs_individual_updates for cls in METHODS.values())  # sums suffice: SecAgg+ works

@@ -12,6 +12,7 @@ from strategies.fedpcd_cache import HistoryCache
 from tests.helpers import (
     aggregate_arrays,
     arrays_from_flat,
+    method_step,
     round_outcome,
     state_through_bytes,
     tiny_template,
@@ -426,7 +427,7 @@ def test_reserved_rows_grow_as_a_view_and_past_the_bound_with_one_copy():
 @pytest.mark.parametrize("n, fraction, history, want", [(100, 0.1, 10, 100), (20, 0.25, 2, 15), (50, 0.2, 2, 30)])
 def test_strategy_reserves_the_rows_its_window_can_hold(n, fraction, history, want):
     strat = strategy(**{"num-clients": n, "fraction-train": fraction, "fedpcd-history": history})
-    assert strat.max_cache_rows() == strat.state.cache.max_rows == want  # min(N, (H + 1)·k)
+    assert strat.method.max_cache_rows() == strat.state.cache.max_rows == want  # min(N, (H + 1)·k)
     assert fedpcd.FedPCD(history=3).state.cache.max_rows is None  # N unknown: geometric growth
 
 
@@ -449,8 +450,8 @@ def test_unusable_reply_drops_the_client_and_the_round_stays_consistent(template
     outs = []
     for s_, replies in zip(strats, ([train_reply(arrays_from_flat(bad, template), 1)] + good, good)):
         s_.set_model(arrays_from_flat(theta1, template))
-        step = s_.aggregate_valid(2, replies)
-        outs.append((flat.record_to_flat(step.arrays).numpy(), step.metrics))
+        step, _ = method_step(s_, 2, replies)
+        outs.append((step.model.clone().numpy(), step.metrics))
     (with_bad, m_bad), (without, m_without) = outs
     cache = strats[0].state.cache
     assert m_bad[fedpcd.M_DROPPED] == 1 and sorted(cache.pid_slot) == sorted(twin.pid_slot) == [0, 2, 4, 5]
@@ -467,7 +468,7 @@ def test_device_code_path_gives_the_cpu_models(template, monkeypatch, dtype):
     params = {"fedpcd-tau": 0.3, "fedpcd-history": 2, "fedpcd-cache-dtype": dtype, "server-device": "cpu"}
     plain, via_device = strategy(**params), strategy(**params)
     assert plain.device == torch.device("cpu")
-    monkeypatch.setattr(via_device.writer, "write", via_device.writer.stage)
+    monkeypatch.setattr(via_device.method.writer, "write", via_device.method.writer.stage)
     rng = np.random.default_rng(14)
     a = b = rng.normal(size=47)
     for rnd in range(1, 6):
@@ -488,7 +489,7 @@ def test_device_code_path_gives_the_cpu_models(template, monkeypatch, dtype):
      "fedpcd-outlier-norm": 3.0, "fedpcd-outlier-cosine": -0.5},
 ], ids=["plain", "bf16-ema-outliers"])
 def test_aggregate_is_the_chain_of_steps_and_reports_their_metrics(template, params):
-    """FedPCD.aggregate_valid is drop_non_finite → primary_direction → constraints_from_cache →
+    """FedPCDMethod.aggregate is drop_non_finite → primary_direction → constraints_from_cache →
     solve_dual → server_step: the steps called one by one on a twin give the same model bit
     for bit, round after round (a NaN reply and an over-long update included), and the round
     reports exactly the steps' metrics."""
@@ -506,13 +507,13 @@ def test_aggregate_is_the_chain_of_steps_and_reports_their_metrics(template, par
             replies[2] = train_reply(arrays_from_flat(bad, template), pids[2])
         arrays = arrays_from_flat(theta, template)
         ours.set_model(arrays)
-        step = ours.aggregate_valid(rnd, replies)
-        got, metrics = step.arrays, step.metrics
-        assert [r for r, _ in step.dropped] == ([replies[2]] if rnd == 2 else [])
+        step, _ = method_step(ours, rnd, replies)
+        got, metrics = step.model.clone(), step.metrics
+        assert list(step.dropped) == ([2] if rnd == 2 else [])
 
         twin.set_model(arrays)
         eta_l = twin.round_lr(rnd)
-        updates, admission = twin.read_round(rnd, replies)
+        updates, admission = twin.method.read_round(twin.read_round(rnd, replies, twin.context), twin.state.cache)
         updates, dropped, m_drop = fedpcd.drop_non_finite(updates)
         primary, m_primary = fedpcd.primary_direction(updates, eta_l, twin.params)
         cons, m_cons = fedpcd.constraints_from_cache(admission, updates, primary, eta_l, twin.params)
@@ -521,7 +522,7 @@ def test_aggregate_is_the_chain_of_steps_and_reports_their_metrics(template, par
                                           torch.empty_like(updates.theta))
         statuses.append(solution.status)
 
-        assert torch.equal(flat.record_to_flat(got), want)
+        assert torch.equal(got, want)
         assert dropped == ([2] if rnd == 2 else []) and metrics[fedpcd.M_DROPPED] == len(dropped)
         steps = {**m_drop, **m_primary, **m_cons, **m_solution, **m_step,
                  fedpcd.M_FALLBACKS: sum(s >= fedpcd.STATUS_ELASTIC for s in statuses)}

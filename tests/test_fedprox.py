@@ -20,7 +20,8 @@ from tests.helpers import aggregate_arrays, arrays_from_flat, make_job, make_rep
 def trained(method, cfg, mu=None, seed=0):
     """``method``'s client routine on the toy problem, with the request config FedProx(mu) sends."""
     model, x, y = toy_problem(seed)
-    config = FedProx(**({} if mu is None else {"mu": mu})).client_config()
+    strategy = FedProx(**({} if mu is None else {"mu": mu}))
+    config = strategy.method.request(1, strategy.state, None).config
     out = get_client_method(method).train(make_job(cfg, model, x, y, config=config, seed=seed))
     return flat.record_to_flat(ArrayRecord(model.state_dict())), out
 
@@ -56,7 +57,8 @@ def test_proximal_steps_match_autograd_of_the_squared_term():
 
 def test_mu_comes_from_the_request_only():
     strat = registry.build(load_config({"method": "fedprox", "fedprox-mu": 0.5}))
-    assert strat.client_config() == {"fedprox-mu": 0.5, "proximal-mu": 0.5}  # beside it Flower's FedProx name
+    # μ under its key and, beside it, under Flower's FedProx name
+    assert strat.method.request(1, strat.state, None).config == {"fedprox-mu": 0.5, "proximal-mu": 0.5}
     cfg = load_config({"method": "fedprox", "fedprox-mu": 0.5})
     model, x, y = toy_problem()
     with pytest.raises(ConfigError, match="did not send 'fedprox-mu'"):
@@ -71,7 +73,7 @@ def test_server_is_fedavg_and_stateless():
     locals_ = [rng.normal(size=d) for _ in range(3)]
     msgs = make_replies(template, locals_, n=[5, 10, 25])
     prox = FedProx()
-    assert prox.client_method == "fedprox" and prox.needs_individual_updates is False
+    assert prox.method.client_method == "fedprox" and prox.method.needs_individual_updates is False
     arrays, _ = aggregate_arrays(prox, 1, arrays_from_flat(theta, template), msgs)
     expected = (5 * locals_[0] + 10 * locals_[1] + 25 * locals_[2]) / 40
     np.testing.assert_allclose(flat.record_to_flat(arrays).numpy(), expected, rtol=1e-5, atol=1e-6)

@@ -20,7 +20,8 @@ reply whose array names or shapes differ from the model's is dropped with its re
 goes on: Flower raises ``AggregationError`` from its internal ``_compute_deltat_and_mt``). Left
 out, because they test Flower's internals and not the strategies' behaviour: bulyan_test's seven
 tests call Flower's module function ``aggregate_n_closest_weights`` directly (the project's
-Bulyan wraps Flower's, so that function is Flower's own; Bulyan's behaviour is in the
+port of it, ``strategies.robust.n_closest_mean``, is checked against it bit for bit on random
+inputs below, as are the other ported module functions; Bulyan's behaviour is in the
 differential test); fedopt_test calls the private ``FedOpt._compute_deltat_and_mt`` of the
 unregistered ``FedOpt`` base; krum_test is an older copy of multikrum_test (its ``Krum``
 keyword ``num_nodes_to_keep`` no longer exists in Flower 1.42).
@@ -103,7 +104,7 @@ def record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 def local_model(theta: dict[str, np.ndarray], server_round: int, node: int) -> dict[str, np.ndarray]:
     """The client's model, in the dtypes the model has (:func:`model0`: Flower's FedAdam and
-    QFedAvg hand a float32 array back as float64; a client sends its own dtype)."""
+    QFedAvg hand a float32 array back as float64, the project's too; a client sends its own dtype)."""
     rng = np.random.default_rng([server_round, node])
     scale = 0.8 if node == OUTLIER else 0.1
     return {k: np.asarray(v + scale * rng.normal(size=np.shape(v))).astype(DTYPES.get(k, v.dtype))
@@ -122,14 +123,14 @@ def numpy_of(arrays: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def assert_same_model(ours: ArrayRecord, theirs: ArrayRecord, tol64: float = 1e-12) -> None:
-    """Flower's names and shapes, each array in the dtype the model has (Flower's FedAdam and
-    QFedAvg promote a float32 array to float64: here it comes back as it came in); the values
-    equal to the rounding of each dtype (``tol64`` for float64 arrays)."""
+    """Flower's names, shapes and dtypes (Flower's FedAdam and QFedAvg promote a float32 array to
+    float64: so do the project's); the values equal to the rounding of the model's own dtype
+    (``tol64`` for float64 arrays, float32's for a float32 array, whatever it came back as)."""
     assert list(ours.keys()) == list(theirs.keys())
     for key in theirs.keys():
         a, b = ours[key].numpy(), theirs[key].numpy()
-        assert a.shape == b.shape and a.dtype == DTYPES[key], (key, a.shape, a.dtype, b.shape, b.dtype)
-        tol = tol64 if a.dtype == np.float64 else 2e-6
+        assert a.shape == b.shape and a.dtype == b.dtype, (key, a.shape, a.dtype, b.shape, b.dtype)
+        tol = tol64 if DTYPES[key] == np.float64 else 2e-6
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=key)
 
 
@@ -215,6 +216,9 @@ def test_every_flower_keyword_is_accepted_and_readable_as_flowers_attribute(ours
     for name in values:
         if name in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
             continue  # None: Flower's default function on both
+        if name == "selection_rule":  # None: MultiKrum's selection on both (the project's own, Flower's signature)
+            assert callable(ours.selection_rule) and ours.selection_rule.__name__ == theirs.selection_rule.__name__
+            continue
         assert getattr(ours, name) == getattr(theirs, name), name
     assert ours.train_metrics_aggr_fn is theirs.train_metrics_aggr_fn  # Flower's weighted average
 
@@ -242,8 +246,8 @@ def test_a_value_given_both_ways_is_refused_in_one_line(ours_cls):
 def test_positional_arguments_bind_as_flowers_do():
     q = QFFL(0.05, 0.3)  # Flower's QFedAvg(client_learning_rate, q, ...)
     assert (q.lr, q.q, q.client_learning_rate) == (0.05, 0.3, 0.05)
-    with pytest.raises(TypeError, match="both by position and by keyword"):
-        QFFL(0.05, client_learning_rate=0.1)
+    with pytest.raises(TypeError, match="multiple values for argument 'client_learning_rate'"):
+        QFFL(0.05, client_learning_rate=0.1)  # Python's own one line, as for Flower's QFedAvg
 
 
 def test_bulyans_selection_rule_is_flowers():
@@ -265,7 +269,7 @@ def test_flowers_attributes_set_after_construction_take_effect():
     play(ours, flower.FedAvgM(server_learning_rate=1.0, server_momentum=0.9))
     krum = Krum()
     krum.num_malicious_nodes = 1
-    assert krum.inner.num_malicious_nodes == 1 and krum.params.num_malicious == 1
+    assert krum.num_malicious_nodes == 1 and krum.params.num_malicious == 1 and krum.method.params.num_malicious == 1
     adam = FedAdam(eta=0.1, eta_l=0.1)
     adam.beta_1, adam.eta_l = 0.8, 0.05
     play(adam, flower.FedAdam(eta=0.1, eta_l=0.05, beta_1=0.8, beta_2=0.99, tau=1e-3))
@@ -525,3 +529,34 @@ def test_flower_fedopt_a_reply_unlike_the_model_is_dropped_with_its_reason(array
         actual, _ = flower_round(FedAdam(), theta, [(good, 5), (good, 5), (arrays, 5)])
     assert actual is not None and list(actual.keys()) == list(theta)
     assert any(why in r.getMessage() for r in caplog.records if "dropped" in r.getMessage())
+
+
+# -- the ported module functions against Flower's own, bit for bit -----------------------------------
+@pytest.mark.parametrize("seed", range(5))
+def test_the_ported_maths_is_flowers_bit_for_bit(seed):
+    from flwr.serverapp.strategy.bulyan import aggregate_n_closest_weights
+    from flwr.serverapp.strategy.fedtrimmedavg import trim_mean as flower_trim_mean
+    from flwr.serverapp.strategy.multikrum import select_multikrum as flower_select
+    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+    from strategies import fedopt, robust
+
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(5, 12))
+    models = [{"w": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=5)} for _ in range(m)]
+    weights = [int(w) for w in rng.integers(1, 50, size=m)]
+    contents = [RecordDict({"arrays": record(x), "metrics": MetricRecord({"num-examples": w})})
+                for x, w in zip(models, weights)]
+    want = aggregate_arrayrecords(contents, "num-examples")
+    got = fedopt.flower_mean(models, [float(w) for w in weights])
+    assert all(np.array_equal(got[k], want[k].numpy()) for k in got)
+    f, k = 1, max(1, m - 3)
+    picked = flower_select(contents, f, k)
+    assert robust.multikrum_selection(models, f, k) == [next(i for i, c in enumerate(contents) if c is p)
+                                                         for p in picked]
+    stack = np.stack([x["w"] for x in models])
+    assert np.array_equal(robust.trim_mean(stack, 0.2), flower_trim_mean(stack, 0.2))
+    layers = [[x["w"], x["b"]] for x in models]
+    ref = [np.median(a, axis=0) for a in zip(*layers)]
+    for ours, theirs in zip(robust.n_closest_mean(ref, layers, m - 4), aggregate_n_closest_weights(ref, layers, m - 4)):
+        assert np.array_equal(ours, theirs)

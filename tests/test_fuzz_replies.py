@@ -81,6 +81,12 @@ def _content(reply: Message, **changes) -> Message:
     return make_reply(RecordDict(content), int(reply.metadata.src_node_id))
 
 
+def _meta(reply: Message, field: str, value) -> Message:
+    """``reply`` with one metadata field set to ``value`` as a forged reply could carry it."""
+    reply.metadata.__dict__[field] = value
+    return reply
+
+
 def _other_size(arr: Array) -> bytes:
     return _npy(np.zeros(int(np.prod(arr.shape)) + 3, dtype=np.float32))
 
@@ -126,6 +132,16 @@ MUTATIONS = {
     "num-steps 1e-300": (lambda r, g: _metrics(r, **{keys.NUM_STEPS: 1e-300}), False),
     "num-steps a list": (lambda r, g: _metrics(r, **{keys.NUM_STEPS: [1.0, 2.0]}), False),
     "an extra metric": (lambda r, g: _metrics(r, **{"extra": [1.0] * 50}), False),
+    "NaN in an extra metric": (lambda r, g: _metrics(r, **{"f1": math.nan}), True),
+    "inf in a list metric": (lambda r, g: _metrics(r, **{"spectrum": [1.0, math.inf]}), True),
+    "an extra ArrayRecord": (lambda r, g: _content(r, **{"extra-arrays": ArrayRecord(
+        {"z": Array(np.ones(3, np.float32))})}), False),
+    "a second MetricRecord holding NaN": (lambda r, g: _content(r, **{"diagnostics": MetricRecord(
+        {"grad-norm": math.nan})}), False),
+    "an extra ConfigRecord": (lambda r, g: _content(r, **{"client-config": ConfigRecord({"device": "cpu"})}), False),
+    "group id a number": (lambda r, g: _meta(r, "_group_id", 7), False),
+    "group id None": (lambda r, g: _meta(r, "_group_id", None), False),
+    "reply-to id a list": (lambda r, g: _meta(r, "_reply_to_message_id", ["x"]), False),
 }
 ALWAYS = "bytes of another size"  # the crash of the issue: every method gets it
 
@@ -140,6 +156,10 @@ def _cases():
     others = sorted(set(MUTATIONS) - {ALWAYS})
     for method in [*registry.names(), *WRAPPED]:
         yield method, [ALWAYS, *rng.sample(others, 3)]
+    # every mutation once, on FedAvg and on one method that calls Flower's maths on checked inputs
+    for method in ("fedavg", "fedmedian"):
+        for i in range(0, len(others), 4):
+            yield method, others[i:i + 4]
 
 
 def _round(strategy, server_round, arrays, pids, bad: dict[int, str], rng):

@@ -36,14 +36,14 @@ def experiment(tmp_path, method="fedavg", fail_at=2, **extra):
     grid = FakeGrid(6, lambda req, pid, node: [honest_reply(req, pid, node, holder["exp"])])
     with task_identity():
         exp = holder["exp"] = Experiment(grid, cfg)
-    original = exp.strategy.aggregate_valid
+    original = exp.strategy.method.aggregate
 
-    def aggregate_valid(server_round, replies):
-        if server_round == fail_at:
+    def aggregate(round_, state):
+        if round_.number == fail_at:
             raise ValueError("the QP went\nsingular")
-        return original(server_round, replies)
+        return original(round_, state)
 
-    exp.strategy.aggregate_valid = aggregate_valid
+    exp.strategy.method.aggregate = aggregate
     exp.models = []
     after = exp.after_round
     exp.after_round = lambda r: exp.models.append(flat_of(exp.arrays)) or after(r)

@@ -8,6 +8,7 @@ bound off, a NaN ditto-lambda left clients unscored."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -92,10 +93,12 @@ def test_keyword_construction_refuses_nan():
         FedPCD(tau=math.nan)
 
 
-def test_help_says_a_float_hyperparameter_must_be_finite():
+def test_the_declaration_says_a_float_hyperparameter_must_be_finite():
     from strategies import FedPCD
 
-    assert "[fedpcd-tau, finite, >= 0]" in FedPCD.__doc__
+    assert FedPCD.Params.allowed("tau") == "finite, >= 0"
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    assert "[finite, >= 0]\nfedpcd-tau = 0.02" in pyproject
 
 
 def test_the_one_check_refuses_nan_and_overflow_for_any_key():

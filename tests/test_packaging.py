@@ -173,16 +173,20 @@ def test_the_built_wheel_imports_and_builds_the_strategies_without_a_checkout(bu
 
 
 def test_flwr_build_makes_a_fab_that_flwr_installs_and_loads(tmp_path):
-    """``flwr build``'s FAB (flwr.cli.build), installed as a SuperExec installs it (flwr.cli.install)
-    and its components loaded from the installed folder by Flower's own loader."""
+    """``flwr build``'s FAB (flwr.cli.build), installed as a SuperExec installs it (flwr.cli.install),
+    holds the modules the apps import, and its components load from the installed folder by
+    Flower's own loader."""
     from flwr.cli.build import build_fab_from_disk
     from flwr.cli.install import install_from_fab
     from flwr.common.constant import FAB_MAX_SIZE
 
+    from tests.test_bundle import app_modules, module_file
+
     fab = build_fab_from_disk(ROOT)
     assert len(fab) < FAB_MAX_SIZE
     app_dir = install_from_fab(fab, install_dir=tmp_path, skip_prompt=True)
-    missing = sorted(m for m in modules_of_the_checkout() if not (app_dir / m).exists())
+    # the modules the apps import (the bundle holds those alone: tests/test_bundle.py)
+    missing = sorted(module_file(m) for m in app_modules() if not (app_dir / module_file(m)).exists())
     assert not missing, f"the FAB lacks {missing[:5]}"
     script = ("import sys; from flwr.supercore.object_ref import load_app\n"
               "s = load_app('fedpcd_app.server_app:app', ValueError, sys.argv[1])\n"
@@ -192,3 +196,28 @@ def test_flwr_build_makes_a_fab_that_flwr_installs_and_loads(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(_site_packages()), "FLWR_TELEMETRY_ENABLED": "0"}
     done = _run([sys.executable, "-S", "-c", script, str(app_dir)], cwd=tmp_path, env=env)
     assert done.stdout.split()[-2:] == ["ServerApp", "ClientApp"]
+
+
+def library_page_imports() -> list[str]:
+    """Every ``from X import a, b`` / ``import X`` line of docs/library.md's Python snippets."""
+    text = (ROOT / "docs" / "library.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python")[1:]]
+    return sorted({line.strip() for b in blocks for line in b.splitlines()
+                   if line.startswith(("from ", "import ")) and "__future__" not in line})
+
+
+def test_the_library_pages_snippets_import_from_the_installed_wheel(built, tmp_path):
+    """docs/library.md is for a foreign app built on the installed wheel: every import its snippets
+    make resolves with the wheel unpacked and no checkout on sys.path (examples/ is not in it)."""
+    imports = library_page_imports()
+    assert any("client_app.quickstart" in line for line in imports)  # the quickstart pieces ship in the wheel
+    _, wheel = built
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *_site_packages()]),
+           "FLWR_TELEMETRY_ENABLED": "0"}
+    script = "\n".join(["import sys, pathlib", *imports,
+                        "import client_app; assert pathlib.Path(client_app.__file__).is_relative_to(sys.argv[1])",
+                        "print('ok')"])
+    done = _run([sys.executable, "-S", "-c", script, str(site)], cwd=tmp_path, env=env)
+    assert done.stdout.split()[-1] == "ok"

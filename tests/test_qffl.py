@@ -57,7 +57,7 @@ def test_qffl_matches_flower_qfedavg(rng, q):
 
 
 def test_qffl_needs_each_update_and_the_loss_before():
-    assert QFFL.needs_individual_updates and keys.LOSS_BEFORE in QFFL.required_metrics
+    assert QFFL.method_class.needs_individual_updates and keys.LOSS_BEFORE in QFFL().method.reads.metrics
 
 
 def test_qffl_bad_q_is_one_line_error():

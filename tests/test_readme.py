@@ -101,6 +101,6 @@ def test_the_library_page_lists_the_reply_names_a_client_app_sends():
                   "SCAFFOLD_DELTA_C", "EVAL_ACC", "EVAL_LOSS", "NUM_TEST"):
         assert f"`{getattr(strategies, const)}`" in section and f"`{const}`" in section, const
     for name in registry.names():  # every method's extras are named in the section or its table row
-        cls = registry.strategy_class(name)
-        for extra in (*cls.required_metrics, *cls.required_records):
+        reads = registry.strategy_class(name)().method.reads
+        for extra in (*reads.metrics, *reads.records):
             assert f"`{extra}`" in section, (name, extra)

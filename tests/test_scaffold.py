@@ -105,7 +105,7 @@ def test_resume_sends_mirrored_c_i_once(tmp_path):
     torch.save(to_tree(strat.state), tmp_path / "state.pt")
     resumed = registry.build(cfg())
     resumed.state = from_tree(torch.load(tmp_path / "state.pt", weights_only=True))
-    resumed.on_restored()
+    resumed.restored()
     assert torch.equal(strat.state.c, resumed.state.c)
     assert sorted(resumed.state.client_c) == sorted(strat.state.client_c) == [0, 1]
     assert all(torch.equal(strat.state.client_c[p], resumed.state.client_c[p]) for p in (0, 1))
@@ -140,7 +140,7 @@ def test_reply_without_delta_c_is_dropped():
     request = RecordDict({keys.ARRAYS: theta_rec, keys.SCAFFOLD_C: arrays_from_flat(np.zeros(spec.dim), theta_rec)})
     good = client_round(0, request, RecordDict())
     bad = train_reply(theta_rec, 1)
-    valid, dropped = validate_train_replies([good, bad], {1000: 0, 1001: 1}, spec, (), strat.required_records)
+    valid, dropped = validate_train_replies([good, bad], {1000: 0, 1001: 1}, spec, (), strat.method.reads.records)
     assert len(valid) == 1 and keys.SCAFFOLD_DELTA_C in dropped[0].reason
 
 

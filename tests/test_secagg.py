@@ -85,19 +85,19 @@ def _initial(tmp_path):
 def test_every_method_either_supports_secagg_or_refuses_in_one_line(method):
     cfg = load_config({"method": method, "secure-aggregation": True})
     strategy = registry.build(cfg)
-    if strategy.needs_individual_updates:
+    if strategy.method.needs_individual_updates:
         with pytest.raises(ConfigError, match="individual update") as err:
-            secagg.check_strategy(cfg, strategy)
+            secagg.check_strategy(cfg, strategy.method)
         assert "\n" not in str(err.value)
     else:
-        secagg.check_strategy(cfg, strategy)
+        secagg.check_strategy(cfg, strategy.method)
 
 
 def test_a_method_needing_individual_updates_refuses_to_start(tmp_path, monkeypatch):
     # Prepare: FedAvg posing as a method that must see each update (FedPCD, CRAFT, ...)
-    from strategies.fedavg import FedAvg
+    from strategies.fedavg import FedAvgMethod
 
-    monkeypatch.setattr(FedAvg, "needs_individual_updates", True)
+    monkeypatch.setattr(FedAvgMethod, "needs_individual_updates", True)
     overrides = {**BASE, "secure-aggregation": True, "output-dir": str(tmp_path)}
     # Execute / Assert: the ServerApp and the in-process entry point refuse before any round
     with task_identity(), pytest.raises(ConfigError, match="needs each client's individual update"):

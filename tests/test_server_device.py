@@ -20,7 +20,7 @@ def test_default_is_auto_and_reaches_every_strategy():
     for method in ("fedpcd", "craft", "fedavg"):
         assert registry.build(cfg.replace(method=method)).device == want
     ditto = registry.build(load_config({"method": "ditto", "ditto-aggregator": "craft", "server-device": "cpu"}))
-    assert ditto.device == ditto.shared.device == torch.device("cpu")  # Ditto's aggregator gets it too
+    assert ditto.device == ditto.method.shared.setting.device == torch.device("cpu")  # Ditto's aggregator too
 
 
 def test_values_are_checked_before_anything_starts():

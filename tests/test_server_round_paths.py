@@ -224,36 +224,40 @@ def test_median_is_numpys_bit_for_bit():
 
 
 # -- strategies.requests: one validated config per round, one content per message -------------------
-class _Strategy:
+class _Method:
     client_method = "fedavg"
+
+    def __init__(self, client_records, round_records) -> None:
+        self._client, self._round = client_records, round_records
+
+    def request(self, server_round, state, current):
+        from strategies.base import Request
+
+        return Request({"mu": 0.5, "beta": [1.0, 2.0]}, self._round)
+
+    def client_records(self, state, client, current):
+        return self._client.get(client, {})
+
+
+class _Strategy:
     want_loss_before = False
+    state = None
 
     def __init__(self, client_records=None, round_records=None, **names):
-        self._client, self._round = client_records or {}, round_records or {}
+        self.method = _Method(client_records or {}, round_records or {})
         self.__dict__.update(names)
 
     def round_lr(self, server_round):
         return 0.1
 
-    def client_config(self):
-        return {"mu": 0.5}
-
-    def round_config(self, server_round):
-        return {"beta": [1.0, 2.0]}
-
-    def round_records(self, server_round):
-        return self._round
-
-    def client_records(self, client):
-        return self._client.get(client, {})
-
 
 def _old_message(strategy, server_round, arrays, config, node, client, context):
     """A train request as it was built before (one ConfigRecord and RecordDict per message)."""
-    base = {**requests.request_config(strategy, server_round, config), **strategy.round_config(server_round)}
-    records = strategy.round_records(server_round)
+    base = requests.request_config(strategy, server_round, config, arrays)
+    records = dict(strategy.method.request(server_round, None, arrays).records)
     cfg = ConfigRecord(base if client is None else {**base, keys.PARTITION_ID: client})
-    content = {**requests._records(strategy, arrays, cfg), **records, **strategy.client_records(client)}
+    content = {**requests._records(strategy, arrays, cfg), **records,
+               **strategy.method.client_records(None, client, arrays)}
     if context.run_record is not None:
         content[keys.RUN_CONFIG] = context.run_record
     return RecordDict(content), node
@@ -311,7 +315,7 @@ def test_evaluate_requests_hold_what_they_held():
     with task_identity():
         msgs = requests.evaluate_requests(strategy, 3, arrays, None, targets, context)
     for m, client in zip(msgs, targets.values()):
-        base = requests.request_config(strategy, 3, None)
+        base = requests.request_config(strategy, 3, None, arrays)
         want = {**base, keys.PARTITION_ID: client} if client is not None else base
         assert m.metadata.message_type == MessageType.EVALUATE and m.metadata.group_id == "eval-3"
         assert list(m.content.keys()) == [keys.ARRAYS, keys.CONFIG, keys.RUN_CONFIG]

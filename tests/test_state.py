@@ -1,5 +1,5 @@
 """Checkpoint trees hold fields, never class paths: reading one imports and instantiates only
-what the strategy that owns the state names (fedcore.state, FairStrategy.restore_state)."""
+what the method that owns the state names (fedcore.state, Method.restore)."""
 
 from __future__ import annotations
 
@@ -131,8 +131,10 @@ def test_a_stateless_method_refuses_a_checkpoint_with_state():
 
 
 def test_central_dp_state_is_rebuilt_too():
-    dp = privacy.CentralDP(built("fedavg"), privacy.Params(mode="adaptive"), seed=0)
-    dp.dp_state.clipping_norm = 0.25
-    other = privacy.CentralDP(built("fedavg"), privacy.Params(mode="adaptive"), seed=0)
-    other.dp_state = from_tree(through_bytes(to_tree(dp.dp_state)))
-    assert isinstance(other.dp_state, privacy.State) and other.dp_state.clipping_norm == 0.25
+    dp = built("fedavg")
+    dp.use(privacy.CentralDP(dp.method, privacy.Params(mode="adaptive"), seed=0))
+    dp.state = privacy.State(dp.state.inner, 0.25)
+    other = built("fedavg")
+    other.use(privacy.CentralDP(other.method, privacy.Params(mode="adaptive"), seed=0))
+    other.state = from_tree(through_bytes(to_tree(dp.state)))  # the method's state and the clipping norm, whole
+    assert isinstance(other.state, privacy.State) and other.state.clipping_norm == 0.25

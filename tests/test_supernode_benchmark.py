@@ -140,3 +140,59 @@ def test_the_benchmark_runs_a_round_on_a_client_only_supernode(tmp_path, capsys)
     assert node["received_per_round"] > model["model_bytes"] and node["sent_per_round"] > model["model_bytes"]
     assert 0 < node["peak_rss_tree_mib"] <= node["peak_rss_tree_upper_mib"]
     assert res["sizes"]["client"] < res["sizes"]["full_site_packages"]
+
+
+def test_each_message_gets_the_clientapp_process_that_ran_it(tmp_path):
+    """Flower starts one ClientApp process per message, in the order the node received them (a
+    query first here): the k-th process the watch saw is the k-th message's (its lifetime, CPU
+    seconds, peak RSS), whatever the log's times; a process too short for the watch to see leaves
+    the messages unattributed rather than shifted."""
+    srv, port = _echo_server()
+    relay = CountingRelay(port)
+    node = Node(0, "mlp", _Idle(), relay, tmp_path / "n.log", limit=1 << 40)
+    lines = ["INFO :      Receiving: query message (ID: q)", "INFO :      Received successfully",
+             "INFO :      Sending: query message (ID: r)", *LOG.splitlines()]
+    for i, line in enumerate(lines):
+        node.feed(line, now=100.0 + i)
+    node.clientapps = {31: [200.0, 201.0, 0.75, 100 * MIB], 12: [203.0, 206.0, 1.25, 300 * MIB],
+                       7: [210.0, 211.5, 0.5, 280 * MIB], 40: [215.0, 216.0, 1.0, 290 * MIB]}
+    assert node.messages() == {("train", 1): {"process_s": 3.0, "cpu_s": 1.25, "rss_mib": 300.0},
+                               ("evaluate", 1): {"process_s": 1.5, "cpu_s": 0.5, "rss_mib": 280.0},
+                               ("train", 2): {"process_s": 1.0, "cpu_s": 1.0, "rss_mib": 290.0}}
+    del node.clientapps[7]
+    assert node.messages() == {}
+    relay.close()
+    srv.close()
+
+
+def test_a_process_status_has_its_cpu_seconds():
+    busy = _printer("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+                    "print('done', flush=True)\ntime.sleep(30)\n")
+    try:
+        assert busy.stdout.readline().strip() == "done"
+        st = supernode._status(busy.pid)
+        assert st["kind"] == "other" and st["cpu_s"] >= 0.25 and st["VmHWM"] > 0  # it spun 0.3 s of CPU
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+@pytest.mark.slow
+def test_the_floor_is_a_fresh_process_per_message(tmp_path):
+    """One timed floor of each message type (after the untimed one), bare and with Flower's
+    flwr-clientapp runtime: the work ran in a process of its own, pinned to one CPU, which imported
+    torch and flwr and answered."""
+    import os
+    from pathlib import Path
+
+    root = Path(supernode.__file__).resolve().parent.parent
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    floor = supernode.measure_floor(Path(sys.executable), "mlp", 2, cpu, supernode.run_config("mlp", 2), reps=1,
+                                    pythonpath=str(root))
+    for key, kind in (("train", "train"), ("evaluate", "evaluate"), ("train_flower", "train"),
+                      ("evaluate_flower", "evaluate")):
+        (run,) = floor[key]["runs"]
+        assert run["kind"] == kind and run["flower"] == key.endswith("_flower")
+        assert floor[key]["wall_s"] == run["wall_s"]
+        assert 0 < run["import_s"] + run["work_s"] <= run["wall_s"] and run["cpu_s"] > 0
+        assert run["maxrss_mib"] > 100  # torch

@@ -68,7 +68,7 @@ def build(model_name: str) -> torch.nn.Module:
 
 def federage_config(level: str = "batch") -> dict:
     strat = FedeRage(level=level)
-    return {**strat.client_config(), **strat.round_config(1)}
+    return dict(strat.method.request(1, strat.state, None).config)
 
 
 def make_jobs(model_name: str, settings: LocalTraining, *, config=None, augment=None, request_extra=None,

@@ -71,14 +71,20 @@ def test_a_bad_value_or_method_is_one_line_naming_it():
 
 
 def test_a_method_without_a_declared_weighting_is_refused_at_registration():
-    class NoWeighting:
-        pass
+    from strategies.base import Method
+    from strategies.flower import FairStrategy
+
+    class NoWeighting(FairStrategy):
+        method_class = Method  # the base declares none
 
     with pytest.raises(ValueError, match="declares no weighting"):
         register("h3-test-no-weighting")(NoWeighting)
 
-    class Odd:
+    class OddMethod(Method):
         weighting = "by-size"
+
+    class Odd(FairStrategy):
+        method_class = OddMethod
 
     with pytest.raises(ValueError, match="declares no weighting"):
         register("h3-test-odd-weighting")(Odd)

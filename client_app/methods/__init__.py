@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -81,7 +82,7 @@ class TrainOutcome:
 class Sent:
     """A routine's hyperparameters as the server sent them in the request config: ``sent.beta_lr``
     is the entry ``<prefix>-beta-lr`` (:func:`fedcore.params.key_for`, the naming rule of the
-    run-config keys its strategy's ``Params`` declares and sends, ``client_config()``), so the
+    run-config keys its method's ``Params`` declares and its ``request`` sends), so the
     client declares none of them again and has no defaults: a missing key is a one-line
     ``ConfigError``. Equal (and hashed) by the entries under the prefix."""
 
@@ -228,6 +229,11 @@ def _discover() -> None:
 
 
 def get_client_method(name: str) -> ClientMethod:
+    """The routine registered under ``name``: its module (named as the method) is imported when
+    it is not registered yet, and only it, so a process loads the client method its messages
+    name and no other; an unknown name imports them all to list the known ones."""
+    if name not in _REGISTRY and name.isidentifier() and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        importlib.import_module(f"{__name__}.{name}")
     if name not in _REGISTRY:  # not "if empty": importing one method module registers only it
         _discover()
     if name not in _REGISTRY:

@@ -25,8 +25,9 @@ the same path runs):
   100 KB-1 MB, glibc's default threshold (128 KB, raised only as large blocks are freed) mapped and
   unmapped them afresh: ~450-570 minor page faults a round, ~1-1.5 ms of its ~6-7 ms, gone (1 a
   round) with the thresholds set. (A process that had imported ``torch._dynamo`` -- the loop's
-  first ``torch.optim.SGD`` does -- had grown its heap past the point where it trims, which is why
-  the loop, and the benchmark's floor after it, never paid them.) No number depends on it.
+  first ``torch.optim.SGD`` did, before ``client_app.optim`` -- had grown its heap past the point
+  where it trims, which is why the loop, and the benchmark's floor after it, never paid them.) No
+  number depends on it.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
   :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
   there, or as fast: on the CPU the MLPs and ``logreg``), else one by one, each message

@@ -53,9 +53,9 @@ CLIENT_BATCH = "client_app.batch_delivery:deliver_batch"  # a round's train requ
 # imports, data) costs WORKER_START_S more wall time than running in process, and W workers
 # save at most (1 − 1/W) of the clients' training time.
 WORKER_START_S = 4.0
-# What the ClientApp imports lazily (data loading; torch._dynamo on the first optimizer):
-# imported once in the forkserver the workers fork from, not once per worker.
-CLIENT_PRELOAD = ("client_app.data", "torch._dynamo")
+# What the ClientApp imports lazily (data loading): imported once in the forkserver the workers
+# fork from, not once per worker. (No torch._dynamo: client_app.optim's local step never imports it.)
+CLIENT_PRELOAD = ("client_app.data",)
 
 
 def simulate(

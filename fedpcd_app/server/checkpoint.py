@@ -3,11 +3,11 @@
 Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
 ``<output-dir>/checkpoints/round-<t>.pt`` holding
 
-* the global model θ_t (name → numpy array, in ArrayRecord order), and central DP's
-  adaptive clipping norm when ``dp`` is on,
-* the strategy's ``state`` (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
-  control variate, AFL's λ and averaged model, FedeRage's β, ...) as a plain tree
-  (:mod:`fedcore.state`: no per-method save code), and the method's hyperparameters,
+* the global model θ_t (name → numpy array, in ArrayRecord order),
+* the method's ``state`` whole (FedPCD's cache and Gram, CRAFT's reference, SCAFFOLD's
+  control variate, AFL's λ and averaged model, FedeRage's β, central DP's clipping norm around
+  it, ...) as a plain tree (:mod:`fedcore.state`: no per-method save code), and the method's
+  hyperparameters,
 * with ``eval-averaged-iterate``, the running average θ̄_t of the global models and its count
   (:class:`fedpcd_app.server.evaluation.IterateAverage`; a resume with the other value is refused),
 * the run's state whole (:class:`fedpcd_app.server.run_state.RunState`): the round t,
@@ -108,7 +108,9 @@ NOT_COMPARED = frozenset({
 })
 # Keys no resume-allow-changes can free: the checkpoint's model and client ids depend on them.
 FIXED = ("method", "seed", "num-clients")
-FORMAT = 3  # 2: a weights_only tree (fedcore.state), the method's params; 3: + warnings, watch (the run state whole)
+# 2: a weights_only tree (fedcore.state), the method's params; 3: + warnings, watch (the run state whole);
+# 4: central DP's clipping norm inside the method's state (was the field ``privacy``)
+FORMAT = 4
 FRESH_WATCH = {"refused_rounds": 0, "bad_loss_rounds": 0, "best_loss": math.inf}  # divergence.WatchCounts()
 _NAME = re.compile(r"^round-(\d{6})\.pt$")
 
@@ -127,7 +129,6 @@ class Checkpoint:
     times_sampled: np.ndarray
     history: list[dict[str, Any]]
     last_eval: dict[str, Any]
-    privacy: Any = None  # central DP's state (strategies.privacy.State), when dp is on
     config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the run's full flat config, compared on resume
     averaged_iterate: Any = None  # eval-averaged-iterate: {"mean": θ̄_t, "count": t} (fedpcd_app.server.evaluation)
     # the trusted update scale and loss medians (fedcore.replies.ReplyTrust.as_dict)
@@ -347,6 +348,8 @@ def load(path: str | Path) -> Checkpoint:
     raw = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(raw, dict) and raw.get("format") == 2:
         raw = from_format_2(raw, path)
+    if isinstance(raw, dict) and raw.get("format") == 3:
+        raw = from_format_3(raw)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
     ckpt = Checkpoint(**{f.name: from_tree(raw[f.name]) for f in dataclasses.fields(Checkpoint)
@@ -366,7 +369,22 @@ def from_format_2(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
     watch's streaks: the resumed run starts them anew (said in the log), everything else is as saved."""
     log.warning("%s is a checkpoint of the earlier format 2: it holds no warnings and no divergence counts; the "
                 "resumed run starts them anew (its other state is restored as saved)", path)
-    return {**raw, "format": FORMAT, "warnings": [], "watch": dict(FRESH_WATCH)}
+    return {**raw, "format": 3, "warnings": [], "watch": dict(FRESH_WATCH)}
+
+
+def from_format_3(raw: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint of format 3 as format 4: central DP's state (its field ``privacy``) moved inside
+    the method's state (:class:`strategies.privacy.State`: the method's own state and the clipping
+    norm), where the transform around the method keeps it now. Nothing else changes."""
+    out = {k: v for k, v in raw.items() if k != "privacy"}
+    privacy = raw.get("privacy")
+    if privacy is not None:
+        from fedcore.state import from_tree, to_tree
+        from strategies.privacy import State
+
+        norm = float(from_tree(privacy)["clipping_norm"])
+        out["strategy"] = to_tree(State(from_tree(raw["strategy"]), norm))
+    return {**out, "format": FORMAT}
 
 
 def latest(folder: str | Path) -> Checkpoint:

@@ -18,7 +18,8 @@ import torch
 
 from fedcore.config import ConfigError, RunConfig, Scalar, check_known, parse_run_config, resolve
 from strategies import registry
-from strategies.base import FairStrategy, resolve_device
+from strategies.base import resolve_device
+from strategies.flower import FairStrategy
 
 
 @dataclasses.dataclass
@@ -106,10 +107,10 @@ def _check_defences(cfg: RunConfig, cls: type[FairStrategy]) -> None:
     from client_app import attacks
     from fedpcd_app.server import secagg
     from strategies import privacy
-    from strategies.wrappers import check_update_clip
+    from strategies.defences import check_update_clip
 
     if cfg.secure_aggregation:
-        secagg.check_strategy(cfg, cls)
+        secagg.check_strategy(cfg, cls.method_class)
     attacks.attacked_partitions(cfg.as_dict())  # the attack keys, partition ids in range
     if check_update_clip(cfg.update_clip) and cfg.secure_aggregation:
         raise ConfigError(f"run-config key 'update-clip' = {cfg.update_clip} needs each update, which "
@@ -117,7 +118,7 @@ def _check_defences(cfg: RunConfig, cls: type[FairStrategy]) -> None:
     if cfg.max_update_ratio != 0.0 and cfg.max_update_ratio < 2.0:
         raise ConfigError(f"run-config key 'max-update-ratio' = {cfg.max_update_ratio} would drop honest updates "
                           "near the round's median norm: use 0 (off) or a factor >= 2 (default 100)")
-    privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.needs_individual_updates,
+    privacy.check(privacy.Params.from_run_config(cfg.params), cfg.method, cls.method_class.needs_individual_updates,
                   cfg.clients_per_round, cfg.secure_aggregation)
 
 

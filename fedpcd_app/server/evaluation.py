@@ -118,8 +118,8 @@ class IterateAverage:
 
 
 def strategy_averages(strategy) -> bool:
-    """Whether the method's own ``evaluation_arrays`` is an averaged iterate (AFL)."""
-    return getattr(strategy, "evaluated_iterate", "last") == "averaged"
+    """Whether the method's own evaluation model is an averaged iterate (AFL)."""
+    return strategy.method.evaluated_iterate == "averaged"
 
 
 class Evaluator:
@@ -136,7 +136,7 @@ class Evaluator:
 
         self.cfg, self.strategy = cfg, strategy
         self.attacked = attacked_partitions(cfg.as_dict())  # fairness is also given without them
-        self.mode = "federated" if strategy.personalized else cfg.eval_mode
+        self.mode = "federated" if strategy.method.personalized else cfg.eval_mode
         self.model = model
         self._data = None
         self.central = None  # (x, y): the central test set of a run whose nodes bring their own data

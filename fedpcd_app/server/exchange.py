@@ -29,7 +29,7 @@ replying from the request's node (``Message(error, reply_to=request)``).
 **A round's exchange.** :class:`PlainExchange` sends a round's train requests and hands every
 reply to the strategy (``train_outcome``: validation and aggregation); with secure aggregation
 :class:`fedpcd_app.server.secagg.SecureAggregator` runs SecAgg+ instead. Both return the
-round's :class:`strategies.rounds.RoundOutcome` and wait for the clients inside the
+round's :class:`strategies.gate.RoundOutcome` and wait for the clients inside the
 ``waiting()`` the round loop gives them (an interrupt there ends the run before the round).
 """
 
@@ -43,8 +43,8 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedcore.config import RunConfig
+from strategies.gate import RoundOutcome
 from strategies.requests import RunContext
-from strategies.rounds import RoundOutcome
 
 DEPLOYMENT_ROUND_TIMEOUT = 600.0  # seconds; the rule is in the module docstring
 

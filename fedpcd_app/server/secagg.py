@@ -6,11 +6,11 @@ SecAggPlusWorkflow`` on the server, ``flwr.client.mod.secaggplus_mod`` on the cl
 and learns only the weighted mean Σ w_i θ_i / Σ w_i of the clients' arrays (the model and
 any model-shaped records the strategy asks for). The strategy then aggregates ONE
 reply that holds this mean (``strategy.aggregate_checked``): :meth:`SecureAggregator.exchange`
-returns the same :class:`strategies.rounds.RoundOutcome` as a round in the clear
+returns the same :class:`strategies.gate.RoundOutcome` as a round in the clear
 (:class:`fedpcd_app.server.exchange.PlainExchange`), its ``contributors`` the partitions inside.
 That is exact for every method whose update is linear in the client models — FedAvg
-(w_i = n_i), FedeRage (uniform w_i = 1) — which declare ``needs_individual_updates = False``;
-a strategy may set ``secagg_weighting = "uniform"`` (default ``"num-examples"``). Methods that
+(w_i = n_i), FedeRage (uniform w_i = 1) — whose method declares ``needs_individual_updates = False``;
+a method may set ``secagg_weighting = "uniform"`` (default ``"num-examples"``). Methods that
 must see each client's update (FedPCD, CRAFT, q-FFL, AFL, ...) refuse to start, with a
 one-line error.
 
@@ -53,8 +53,8 @@ from flwr.app.metadata import Metadata
 from fedcore import keys
 from fedcore.config import ConfigError, RunConfig
 from fedcore.replies import Dropped, check_count, check_train_reply
+from strategies.gate import RoundOutcome, log_dropped
 from strategies.requests import RunContext, addressees
-from strategies.rounds import RoundOutcome, log_dropped
 
 log = logging.getLogger("fedpcd")
 
@@ -67,17 +67,18 @@ def enabled(cfg: RunConfig) -> bool:
     return cfg.secure_aggregation
 
 
-def check_strategy(cfg: RunConfig, strategy) -> None:
-    """Refuse (one-line :class:`ConfigError`) a method that must see individual updates."""
+def check_strategy(cfg: RunConfig, method) -> None:
+    """Refuse (one-line :class:`ConfigError`) a method (a :class:`strategies.base.Method` or its
+    class) that must see individual updates."""
     if not enabled(cfg):
         return
-    if strategy.needs_individual_updates:
+    if method.needs_individual_updates:
         raise ConfigError(
             f"run-config key 'secure-aggregation' = true, but method '{cfg.method}' needs each client's "
             "individual update and SecAgg+ shows the server only their weighted sum: set "
             "secure-aggregation=false or use a method that needs only sums (fedavg, federage)"
         )
-    weighting = getattr(strategy, "secagg_weighting", "num-examples")
+    weighting = method.secagg_weighting
     if weighting not in WEIGHTINGS:
         raise ValueError(f"strategy {cfg.method}: secagg_weighting {weighting!r} is not one of {WEIGHTINGS}")
 
@@ -163,10 +164,10 @@ class SecureAggregator:
     holding the contributors' mean; :meth:`exchange` returns the round's outcome."""
 
     def __init__(self, cfg: RunConfig, strategy, spec, context: RunContext) -> None:
-        check_strategy(cfg, strategy)
+        check_strategy(cfg, strategy.method)
         self.cfg, self.spec, self.strategy, self.context = cfg, spec, strategy, context
-        self.weighting = getattr(strategy, "secagg_weighting", "num-examples")
-        self.records = tuple(getattr(strategy, "required_records", ()))
+        self.weighting = strategy.method.secagg_weighting
+        self.records = tuple(strategy.method.reads.records)
         self.kwargs = workflow_settings(cfg)
         self.max_weight = self.kwargs["max_weight"]
 
@@ -179,7 +180,7 @@ class SecureAggregator:
             shim = self.protocol(grid, msgs, server_round) if msgs else None
         outcome = self.checked(shim, addressees(msgs), server_round)
         log_dropped(server_round, outcome.dropped)
-        return self.strategy.aggregate_checked(server_round, outcome)
+        return self.strategy.aggregate_checked(server_round, outcome, self.context)
 
     def protocol(self, grid, msgs: list[Message], server_round: int):
         """Flower's SecAgg+ workflow over the requests: the legacy shim holding the results."""
@@ -232,9 +233,9 @@ class SecureAggregator:
     def invalid_contributors(self, contributors: dict[int, dict], expected: dict[int, int]) -> list[tuple[int, str]]:
         """(node, reason) of each contributor whose clear metrics fail the checks every reply
         gets (fedcore.replies: num-examples a count within the client's bound; the method's
-        ``check_reply``, e.g. FedeRage's β in its box)."""
+        declared values, e.g. FedeRage's β in its box)."""
         limits = self.context.limits
-        check = getattr(self.strategy, "check_reply", None)
+        check = self.strategy.method.reads.value_problem
         bad = []
         for node, metrics in sorted(contributors.items()):
             pid = expected.get(node)

@@ -6,7 +6,7 @@ method under one seed sees the same clients in the same rounds), scoring of *eve
 client each evaluation round, per-round records and checkpoints on disk. The strategies
 are the same Flower-native objects a foreign app starts with ``strategy.start(...)``: the
 loop calls their ``configure_train`` and ``train_outcome`` (reply validation included; the
-round's :class:`strategies.rounds.RoundOutcome` returned, whatever the exchange: in the clear
+round's :class:`strategies.gate.RoundOutcome` returned, whatever the exchange: in the clear
 or under SecAgg+, :mod:`fedpcd_app.server.exchange`) and, for federated evaluation,
 ``configure_evaluate`` / ``evaluate_outcome``, each given the app's
 :class:`strategies.requests.RunContext` (its sampler, the run config, the reply bounds).
@@ -53,12 +53,13 @@ from fedpcd_app.server.membership import (
 from fedpcd_app.server.results import ResultsWriter, write_json_atomic
 from fedpcd_app.server.run_state import RunState, held
 from fedpcd_app.server.tracking import tracker_for
+from strategies.base import find
+from strategies.defences import UpdateClip
+from strategies.gate import RoundOutcome
 from strategies.health import NoTrainingError
 from strategies.privacy import CentralDP
 from strategies.registry import weighting_of
 from strategies.requests import RunContext, addressees
-from strategies.rounds import RoundOutcome
-from strategies.wrappers import UpdateClip, find_wrapper
 
 log = logging.getLogger("fedpcd")
 
@@ -263,7 +264,7 @@ class Experiment:
         if self.membership.sampler is not None:
             self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
             for pid in self.membership.moved:  # a new node: the client's node-side state is gone
-                self.strategy.on_node_changed(pid)
+                self.strategy.node_changed(pid)
         msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid, self.context)
         self.sampled_before = self.times_sampled.copy()  # an interrupt while waiting undoes this round's count
         self.times_sampled[list(addressees(msgs).values())] += 1  # rounds a partition was asked
@@ -337,7 +338,6 @@ class Experiment:
             **{**self.state.saved(), "round": server_round},  # the run state whole (run_state.RunState)
             method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
             strategy=self.strategy.state, params=self.strategy.params.to_run_config(),
-            privacy=dp.dp_state if (dp := find_wrapper(self.strategy, CentralDP)) is not None else None,
             config=self.cfg.as_dict(),
             averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
         )
@@ -363,10 +363,8 @@ class Experiment:
                               "the same eval-averaged-iterate")
         if self.evaluator.average is not None:
             self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
-        self.strategy.state = ckpt.strategy
-        if (dp := find_wrapper(self.strategy, CentralDP)) is not None and ckpt.privacy is not None:
-            dp.dp_state = ckpt.privacy  # the adaptive clipping norm
-        self.strategy.on_restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
+        self.strategy.state = ckpt.strategy  # the method's state whole (central DP's clipping norm included)
+        self.strategy.restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
 
     # -- results ---------------------------------------------------------------------------------
     def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
@@ -401,7 +399,7 @@ class Experiment:
                 self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
                           f"{now:.4f}")
         # Accepted updates near the size bound in several rounds (poisoning under the bound): counted
-        # once, in the reply trust (strategies.rounds), whose one warning the round's update_norms carry.
+        # once, in the reply trust (strategies.gate), whose one warning the round's update_norms carry.
         if (text := (record.get("update_norms") or {}).get("warning")) and text not in self.warnings:
             self.warnings.append(text)  # logged where it was made
 
@@ -522,12 +520,19 @@ class Experiment:
                                "attacked_partitions": list(self.evaluator.attacked)}
         if "honest" in final:
             out["honest"] = final["honest"]
-        if (clip := find_wrapper(self.strategy, UpdateClip)) is not None:
+        if (clip := find(self.strategy.method, UpdateClip)) is not None:
             out["update_clip"] = {"c": clip.c, "num_clipped": sum(
                 r.get("update_clip", {}).get("num_clipped", 0) for r in self.history)}
-        if (dp := find_wrapper(self.strategy, CentralDP)) is not None:
-            out["privacy"] = dp.describe()
+        if (dp := find(self.strategy.method, CentralDP)) is not None:
+            out["privacy"] = dp.describe(dp_state(self.strategy.method, self.strategy.state))
         return out
+
+
+def dp_state(method, state):
+    """Central DP's state inside the method chain's state (the transforms outside it pass their inner's on)."""
+    while not isinstance(method, CentralDP):
+        method = method.inner
+    return state
 
 
 def _execution(grid) -> dict[str, Any]:

@@ -1,8 +1,9 @@
-"""What the client-piece examples share: Flower's quickstart-pytorch pattern on data that needs
-nothing but torch (a seeded 10-class problem, split over the nodes with uneven sizes), its
-plain ClientApp (:data:`plain_client`: FedAvg's client, no method field) and a ServerApp that
-starts any strategy with ``strategy.start``. Each ``examples/client_<method>.py`` is this
-quickstart with the method's client piece (``client_app.foreign.ClientSide``) added.
+"""Flower's quickstart-pytorch pattern, shipped in the wheel for the library's examples
+(docs/library.md) and ``examples/client_<method>.py``: a small ``Net`` on data that needs nothing
+but torch (a seeded 10-class problem, split over the nodes with uneven sizes), its plain ClientApp
+(:data:`plain_client`: FedAvg's client, no method field) and a ServerApp that starts any strategy
+with ``strategy.start``. Each ``examples/client_<method>.py`` is this quickstart with the method's
+client piece (``client_app.foreign.ClientSide``) added. It imports torch and Flower only.
 
     python -m examples.client_federage        # Flower's simulation, 6 nodes, 3 rounds
 """
