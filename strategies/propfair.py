@@ -45,9 +45,10 @@ from strategies.registry import register
 @dataclasses.dataclass(frozen=True)
 class Params(MethodParams):
     prefix = "propfair"
-    base: float = hyper(2.0, low=0.0, low_open=True, grid=Grid((2.0, 3.0, 5.0, 10.0), 0.5, 100.0),
+    base: float = hyper(2.0, low=0.0, low_open=True, grid=Grid((2.0, 3.0, 5.0, 10.0), 1.0, 100.0),
                         doc="M, the baseline of the clients' log utility log(M − f) (the code's default 2); the "
-                            "larger, the closer to FedAvg at the learning rate lr/M")
+                            "larger, the closer to FedAvg at the learning rate lr/M; below the clients' losses "
+                            "every batch takes the linear branch (SGD at lr/M)")
     epsilon: float = hyper(0.2, low=0.0, low_open=True,
                            doc="ε: a batch whose loss f exceeds M − ε takes the linear branch (the code's 0.2); "
                                "ε >= M: every batch, local SGD on f/M")
