@@ -13,6 +13,10 @@ pseudo-gradients (θ_t − θ_i)/η_l, normalised: η_l cancels), F_i their loss
 3. θ_{t+1} = θ_t − s·η_l·d (the code's optimiser step at the round's learning rate; s =
    ``server-lr``/``lr``, 1 by default).
 
+d is made of unit vectors and scales as F^−γ, so at the same η_l its step is much shorter than
+FedAvg's mean update (whose length is the clients' η_l·Σ of their gradients); the code ties it to
+the clients' learning rate, and ``server-lr`` sets it apart (the step is then ``server-lr``·d).
+
 Then u_i·d = K F_i^γ for every i, with K = 1/Σ_j 1/‖g̃_j‖² > 0: every client descends, the ones
 with larger losses faster. In closed form d = d₀/‖d₀‖², d₀ the element of span{u_i} with
 u_i·d₀ = F_i^γ (K = 1/‖d₀‖²): the direction does not depend on the clients' order. Here it is
