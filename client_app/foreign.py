@@ -13,6 +13,9 @@ FedProx        proximal term (μ/2)‖w − θ_t‖²                 (nothing: 
 FedNova        (plain SGD)                                  metric ``num-steps``
 Ditto          a personal model, pulled towards θ_t         (nothing: it is scored on the personal one)
 q-FFL / AFL    (plain SGD)                                  metric ``loss-before``
+TERM           (plain SGD)                                  metric ``loss-before``
+PropFair       log utility −log(1 − f/M) of each batch      (nothing: without it the run is FedAvg)
+FedFa          SGD momentum γ; accuracy before training     metric ``fedfa-accuracy``
 =============  ==========================================  =========================================
 
 :class:`ClientSide` is all of it in one object, for any strategy: it reads the routine the
@@ -56,15 +59,17 @@ from torch.nn import functional as F
 from client_app.methods import LocalTraining, TrainJob, TrainOutcome
 from client_app.methods import ditto as ditto_routine
 from client_app.methods import federage as federage_routine
+from client_app.methods import fedfa as fedfa_routine
 from client_app.methods import fedprox as fedprox_routine
+from client_app.methods import propfair as propfair_routine
 from client_app.methods import scaffold as scaffold_routine
 from client_app.optim import SGD
 from fedcore import flat, keys
 
-__all__ = ["ClientSide", "evaluation_model", "mean_loss", "METHODS"]
+__all__ = ["ClientSide", "evaluation_model", "mean_accuracy", "mean_loss", "METHODS"]
 
 # the client routines a request can name (keys.CLIENT_METHOD) that this module serves
-METHODS = (keys.SGD, keys.FEDPROX, keys.SCAFFOLD, keys.FEDERAGE, keys.DITTO)
+METHODS = (keys.SGD, keys.FEDPROX, keys.SCAFFOLD, keys.FEDERAGE, keys.DITTO, keys.PROPFAIR, keys.FEDFA)
 
 
 def _pair(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +98,25 @@ def mean_loss(model: nn.Module, batches: Iterable, unpack: Callable[[Any], tuple
     return total / count if count else 0.0
 
 
+@torch.no_grad()
+def mean_accuracy(model: nn.Module, batches: Iterable, unpack: Callable[[Any], tuple] | None = None) -> float:
+    """The accuracy of ``model`` in [0, 1] over every example of ``batches`` (each ``(x, y)``, or
+    what ``unpack(batch)`` makes of it): FedFa's ``fedfa-accuracy``, scored as the project's
+    clients score it (:func:`client_app.training.evaluate`)."""
+    unpack = unpack or _pair
+    dev = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    correct, count = 0, 0
+    for batch in batches:
+        x, y = unpack(batch)
+        x, y = x.to(dev), y.to(dev)
+        correct += int((model(x).argmax(dim=1) == y).sum())
+        count += len(y)
+    model.train(was_training)
+    return correct / count if count else 0.0
+
+
 def _job(msg: Message, context: Context, model: nn.Module, lr: float | None = None) -> TrainJob:
     """The request as the routines read it (their data and batches stay with the caller)."""
     config = dict(msg.content[keys.CONFIG])
@@ -114,7 +138,7 @@ class ClientSide:
     ClientApp's (its ``state`` keeps what a client keeps between rounds: SCAFFOLD's c_i, Ditto's
     personal model). ``data`` (batches ``(x, y)``, e.g. the train DataLoader; ``unpack(batch)``
     for another shape) is scored first when the request asks for ``loss-before`` (q-FFL, AFL,
-    FedFV, FedLF, or ``loss_before=True``). What the request names (``client-method``):
+    FedFV, FedLF, TERM, or ``loss_before=True``) and for FedFa. What the request names (``client-method``):
 
     * ``federage``: :meth:`loss` is the CVaR-weighted loss (Π_B(β̂) to start; each call takes β's
       step, :class:`client_app.methods.federage.RiskAverseLoss`); the reply sends ``federage-beta``.
@@ -126,7 +150,12 @@ class ClientSide:
     * ``ditto``: :meth:`step` also trains the personal model (:attr:`personal`) on the same batch
       with the pull λ(v − θ_t) (``ditto-lambda``); the reply keeps it in ``context.state`` and
       sends ``ditto-personal-loss``. In a loop of your own call :meth:`personal_step` per batch.
-    * ``sgd`` (FedAvg, FedNova, q-FFL, AFL, FedPCD, CRAFT, ...): the plain step.
+    * ``propfair``: :meth:`loss` is the log utility of the batch's cross-entropy against the baseline
+      M (``propfair-base``, ``-epsilon``, ``-huber``: :class:`client_app.methods.propfair.LogUtilityLoss`).
+    * ``fedfa``: ``data`` is scored first (the received model's accuracy, sent as ``fedfa-accuracy``)
+      and :meth:`step`'s SGD takes momentum γ (``fedfa-gamma``, :attr:`momentum`; an optimizer of
+      your own must take it too).
+    * ``sgd`` (FedAvg, FedNova, q-FFL, AFL, TERM, AdaFed, FedPCD, CRAFT, ...): the plain step.
 
     Every reply carries ``num-steps`` (the steps counted by :meth:`before_step`, FedNova's and
     SCAFFOLD's K) and ``train-loss`` (the mean plain cross-entropy of the steps) unless the
@@ -157,10 +186,21 @@ class ClientSide:
                 raise ValueError(f"this request asks for '{keys.LOSS_BEFORE}' (the received model's loss on the "
                                  "training data, before training): ClientSide(msg, context, model, data=trainloader)")
             self.loss_before = mean_loss(model, data, unpack)  # F_i(θ_t), before any step
-        self._risk = self._hook = None
+        self._risk = self._hook = self._utility = None
         self._scaffold = None
         self.personal: nn.Module | None = None
-        if self.method == keys.FEDERAGE:
+        self.momentum = 0.0  # the SGD momentum of step()'s optimizer (FedFa's γ)
+        self.accuracy: float | None = None  # FedFa's fedfa-accuracy, scored before training
+        if self.method == keys.FEDFA:
+            if data is None:
+                raise ValueError(f"FedFa's clients send '{keys.FEDFA_ACCURACY}' (the received model's accuracy on "
+                                 "the training data, before training): ClientSide(msg, context, model, "
+                                 "data=trainloader)")
+            self.accuracy = mean_accuracy(model, data, unpack)
+            self.momentum = fedfa_routine.gamma_of(self.job)
+        elif self.method == keys.PROPFAIR:
+            self._utility = propfair_routine.LogUtilityLoss(propfair_routine.params_of(self.job))
+        elif self.method == keys.FEDERAGE:
             params, beta = federage_routine.start(self.job)
             self._risk = federage_routine.RiskAverseLoss(params, beta)
         elif self.method == keys.FEDPROX:
@@ -180,12 +220,14 @@ class ClientSide:
     # -- the hooks of a loop of your own ------------------------------------------------------------
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The loss to call ``backward()`` on, instead of your criterion: the method's (FedeRage's
-        CVaR-weighted cross-entropy, whose β takes its step at each call), else the mean
-        cross-entropy. Call it once per step: it also records the step's plain loss (``train-loss``)."""
+        CVaR-weighted cross-entropy, whose β takes its step at each call; PropFair's log utility),
+        else the mean cross-entropy. Call it once per step: it also records the step's plain loss (``train-loss``)."""
         plain = F.cross_entropy(logits, y)
         self._last_loss = float(plain.detach())
         self._loss_sum += self._last_loss
         self._loss_count += 1
+        if self._utility is not None:
+            return self._utility(logits, y)
         return plain if self._risk is None else self._risk(logits, y)
 
     def before_step(self) -> None:
@@ -220,7 +262,7 @@ class ClientSide:
         SGD at the request's ``round-lr``, which every method's maths assumes. The batch's plain loss."""
         if optimizer is None:
             if self._optimizer is None:
-                self._optimizer = SGD(self.model.parameters(), lr=self.lr)
+                self._optimizer = SGD(self.model.parameters(), lr=self.lr, momentum=self.momentum)
             optimizer = self._optimizer
         self._lr_used = float(optimizer.param_groups[0]["lr"])
         x, y = self._on_device(x, y)
@@ -261,6 +303,8 @@ class ClientSide:
         outcome = TrainOutcome(num_steps=self.num_steps,
                                train_loss=self._loss_sum / self._loss_count if self._loss_count else 0.0)
         job = _job(self.msg, self.context, self.model, lr=self._lr_used)
+        if self.accuracy is not None:
+            fedfa_routine.finish(outcome, self.accuracy)
         if self._risk is not None:
             federage_routine.finish(outcome, self._risk.beta)
         elif self._scaffold is not None:

@@ -588,7 +588,8 @@ def plan(method: ClientMethod, job: TrainJob) -> Plan:
         raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
     form = method.rows(job, base)
     batch = max((i.shape[0] for r in form.rows for i in r.steps), default=1)
-    group = Group(batch=batch, momentum=float(job.cfg.momentum), weight_decay=float(job.cfg.weight_decay),
+    momentum = job.cfg.momentum if form.momentum is None else form.momentum  # FedFa's own γ
+    group = Group(batch=batch, momentum=float(momentum), weight_decay=float(job.cfg.weight_decay),
                   loss=form.loss)
     return Plan(form.rows, group, functools.partial(_finish, job, form, parameters))
 

@@ -1,4 +1,4 @@
-"""q-FFL and AFL (and FedFV, FedLF) from a quickstart-style ClientApp: their servers weight each
+"""q-FFL, AFL and TERM (and FedFV, FedLF) from a quickstart-style ClientApp: their servers weight each
 client by ``loss-before``, the received model's loss on the client's training data before it
 trains. ``ClientSide(..., data=trainloader)`` scores it when the request asks for it, and
 ``side.reply`` sends it; the training loop is the quickstart's own. Without it every reply
@@ -6,6 +6,7 @@ lacks ``loss-before`` and is dropped.
 
     python -m examples.client_qffl           # q-FFL
     python -m examples.client_qffl afl       # AFL
+    python -m examples.client_qffl term      # TERM
 """
 
 import sys
@@ -16,10 +17,11 @@ from flwr.clientapp import ClientApp
 
 from client_app.foreign import ClientSide
 from client_app.quickstart import EPOCHS, evaluate_reply, load_data, received, server_app, simulate
-from strategies import AFL, QFFL
+from strategies import AFL, QFFL, TERM
 
 STRATEGIES = {"qffl": lambda: QFFL(fraction_train=0.5, q=1.0, seed=0),
-              "afl": lambda: AFL(fraction_train=1.0, seed=0)}
+              "afl": lambda: AFL(fraction_train=1.0, seed=0),
+              "term": lambda: TERM(fraction_train=0.5, tilt=1.0, seed=0)}
 client = ClientApp()
 
 

@@ -5,9 +5,10 @@ A ClientApp built from Flower's quickstart (load ``msg.content["arrays"]``, trai
 model and ``{"train_loss", "num-examples"}``) runs plain SGD and sends no method field. For the
 methods below that is not enough: the strategy drops every reply (FedeRage without
 ``federage-beta``, SCAFFOLD without ``scaffold-delta-c``, FedNova without ``num-steps``, q-FFL,
-AFL, FedFV and FedLF without ``loss-before``), or, where the server cannot tell, the run silently
-becomes another method (FedProx without the proximal term is FedAvg; Ditto without the personal
-model scores the global model). The piece that sends it is
+AFL, FedFV, FedLF and TERM without ``loss-before``, FedFa without ``fedfa-accuracy``), or, where the
+server cannot tell, the run silently becomes another method (FedProx without the proximal term and
+PropFair without its log utility are FedAvg; Ditto without the personal model scores the global
+model). The piece that sends it is
 :class:`client_app.foreign.ClientSide` (docs/library.md, "Client side for your own ClientApp").
 
 This module imports nothing (no torch, no Flower): a strategy imports it to name the piece in
@@ -38,13 +39,21 @@ CLIENT_PIECES: dict[str, str] = {
     "fednova": (f"FedNova's clients send their local step count 'num-steps': in the ClientApp's train handler, "
                 f"{_SIDE}; {_STEP} (or call side.before_step() once per step in your own loop); {_REPLY}  "
                 f"({PIECE}; {DOC})"),
+    "propfair": (f"PropFair's clients train on the log utility -log(1 - f/M) of each batch's loss ('propfair-base' "
+                 f"M, 'propfair-epsilon' in the request); without it the run is FedAvg: in the ClientApp's train "
+                 f"handler, {_SIDE}; {_STEP} (or loss = side.loss(logits, y) in your own loop); {_REPLY}  "
+                 f"({PIECE}; {DOC})"),
+    "fedfa": (f"FedFa's clients send 'fedfa-accuracy', the received model's accuracy on their training data before "
+              f"training, and train with SGD momentum gamma ('fedfa-gamma'): in the ClientApp's train handler, "
+              f"{_DATA} (before training); {_STEP} (side.momentum for an optimizer of your own); {_REPLY}  "
+              f"({PIECE}; {DOC})"),
     "ditto": (f"Ditto's clients keep a personal model (trained with the pull lambda(v - theta_t), 'ditto-lambda') "
               f"and are scored on it: in the train handler, {_SIDE}; {_STEP}; {_REPLY}; in the evaluate "
               f"handler, score evaluation_model(msg, context, model)  ({PIECE}; {DOC})"),
 }
 _LOSS_BEFORE = (f"{{name}}'s clients send 'loss-before', the received model's loss on their training data before "
                 f"training: in the ClientApp's train handler, {_DATA} (before training); {_REPLY}  ({PIECE}; {DOC})")
-for _name, _label in (("qffl", "q-FFL"), ("afl", "AFL"), ("fedfv", "FedFV"), ("fedlf", "FedLF")):
+for _name, _label in (("qffl", "q-FFL"), ("afl", "AFL"), ("fedfv", "FedFV"), ("fedlf", "FedLF"), ("term", "TERM")):
     CLIENT_PIECES[_name] = _LOSS_BEFORE.format(name=_label)
 
 # a reply field → how to send it, for a method whose own line does not name it (``loss-before`` asked
@@ -55,6 +64,7 @@ FIELD_PIECES: dict[str, str] = {
     "num-steps": CLIENT_PIECES["fednova"].replace("FedNova's clients send", "This strategy asks for"),
     "federage-beta": CLIENT_PIECES["federage"],
     "scaffold-delta-c": CLIENT_PIECES["scaffold"],
+    "fedfa-accuracy": CLIENT_PIECES["fedfa"],
 }
 
 

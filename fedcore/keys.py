@@ -57,6 +57,9 @@ SCAFFOLD_DELTA_C = "scaffold-delta-c"  # reply record: Δc_i
 FEDERAGE = "federage"  # CVaR-weighted steps and a quantile estimate β
 FEDERAGE_BETA = "federage-beta"  # reply metric: the client's β after its local steps
 FEDERAGE_BETA_HAT = "federage-beta-hat"  # request config: the server's averaged β̂
+PROPFAIR = "propfair"  # the log-utility loss −log(1 − f/M) of each batch (its keys read by the prefix)
+FEDFA = "fedfa"  # local SGD with momentum γ (fedfa-gamma), and the received model's training accuracy
+FEDFA_ACCURACY = "fedfa-accuracy"  # reply metric: that accuracy (in [0, 1]), scored before training
 
 # Secure aggregation (request config of a SecAgg+ round)
 SECAGG_WEIGHTING = "secagg-weighting"  # "num-examples" or "uniform"

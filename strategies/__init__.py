@@ -19,6 +19,7 @@ from fedcore.keys import (
     EVAL_ACC,
     EVAL_LOSS,
     FEDERAGE_BETA,
+    FEDFA_ACCURACY,
     LOSS_BEFORE,
     NUM_EXAMPLES,
     NUM_STEPS,
@@ -27,6 +28,7 @@ from fedcore.keys import (
     SCAFFOLD_DELTA_C,
     TRAIN_LOSS,
 )
+from strategies.adafed import AdaFed
 from strategies.afl import AFL
 from strategies.base import Method
 from strategies.config_fl import ConFIG
@@ -34,6 +36,7 @@ from strategies.craft import Craft
 from strategies.ditto import Ditto
 from strategies.fedavg import FedAvg
 from strategies.federage import FedeRage
+from strategies.fedfa import FedFa
 from strategies.fedfv import FedFV
 from strategies.fedheal import FedHEAL
 from strategies.fedlf import FedLF
@@ -44,15 +47,17 @@ from strategies.fedpcd import FedPCD
 from strategies.fedprox import FedProx
 from strategies.fedpw import FedPW
 from strategies.flower import FairStrategy
+from strategies.propfair import PropFair
 from strategies.qffl import QFFL, QFedAvg
 from strategies.registry import WEIGHTINGS, weighting_of
 from strategies.robust import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum
 from strategies.scaffold import Scaffold
+from strategies.term import TERM
 
-__all__ = ["AFL", "Bulyan", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam", "FedAvg",
-           "FedAvgM", "FedFV", "FedHEAL", "FedLF", "FedMGDA", "FedMedian", "FedNova", "FedPCD", "FedProx", "FedPW",
-           "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "Method", "MultiKrum", "QFFL", "QFedAvg", "Scaffold",
-           "WEIGHTINGS", "weighting_of",
+__all__ = ["AFL", "AdaFed", "Bulyan", "ConFIG", "Craft", "Ditto", "FairStrategy", "FedAdagrad", "FedAdam",
+           "FedAvg", "FedAvgM", "FedFV", "FedFa", "FedHEAL", "FedLF", "FedMGDA", "FedMedian", "FedNova", "FedPCD",
+           "FedProx", "FedPW", "FedTrimmedAvg", "FedYogi", "FedeRage", "Krum", "Method", "MultiKrum", "PropFair",
+           "QFFL", "QFedAvg", "Scaffold", "TERM", "WEIGHTINGS", "weighting_of",
            # reply names (fedcore.keys)
-           "keys", "EVAL_ACC", "EVAL_LOSS", "FEDERAGE_BETA", "LOSS_BEFORE", "NUM_EXAMPLES", "NUM_STEPS", "NUM_TEST",
-           "PARTITION_ID", "SCAFFOLD_DELTA_C", "TRAIN_LOSS"]
+           "keys", "EVAL_ACC", "EVAL_LOSS", "FEDERAGE_BETA", "FEDFA_ACCURACY", "LOSS_BEFORE", "NUM_EXAMPLES",
+           "NUM_STEPS", "NUM_TEST", "PARTITION_ID", "SCAFFOLD_DELTA_C", "TRAIN_LOSS"]

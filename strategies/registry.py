@@ -35,7 +35,8 @@ _NOT_METHODS = {"base", "defences", "flower", "gate", "health", "linalg", "regis
 WEIGHTINGS: dict[str, str] = {
     "data-size": "n_i / Σ n_j over the round's clients (FedAvg's default): the data-size-weighted objective",
     "uniform": "1/m over the round's clients: every client counts the same",
-    "loss": "weights that grow with the clients' losses (AFL's λ, q-FFL's F^q, FedLF's and FedPW's loss terms)",
+    "loss": "weights that grow with the clients' losses (AFL's λ, q-FFL's F^q, TERM's e^(tF), AdaFed's F^γ, FedLF's "
+            "and FedPW's loss terms) or fall with their accuracy (FedFa)",
     "distance": "weights from the updates' geometry (FedHEAL's distance-based weights, starting uniform)",
     "personal": "clients are scored on their own personalised models (Ditto)",
     "robust": "a robust statistic picks the replies or coordinates that count (median, trimmed mean, Krum)",

@@ -24,7 +24,7 @@ from client_app.methods import LocalTraining
 from client_app.training import batch_indices
 from fedcore import client_pieces, keys
 from fedcore.seeding import torch_generator
-from strategies import QFFL, Ditto, FedAvg, FedeRage, FedProx, Scaffold
+from strategies import QFFL, TERM, Ditto, FedAvg, FedeRage, FedFa, FedProx, PropFair, Scaffold
 from strategies.registry import names, strategy_class
 from tests.fakegrid import ClientAppGrid, configure_round, flat_of, task_identity
 
@@ -90,6 +90,10 @@ def setups():
         ("federage-sample", FedeRage(lr=0.05, alpha=0.3, gamma=0.5, beta_lr=0.2, level="sample"), beta_hat),
         ("ditto", Ditto(lr=0.05, lam=0.5), None),
         ("qffl", QFFL(lr=0.05), None),
+        ("term", TERM(lr=0.05), None),
+        ("propfair", PropFair(lr=0.05, base=2.5, epsilon=0.3), None),
+        ("propfair-huber", PropFair(lr=0.05, base=2.5, epsilon=0.3, huber=True), None),
+        ("fedfa", FedFa(lr=0.05, gamma=0.7), None),
     ]
 
 
@@ -144,7 +148,8 @@ def test_ditto_evaluation_scores_the_personal_model_the_node_kept():
 
 # -- each example against its strategy through Flower's Strategy.start --------------------------------
 EXAMPLES = [("federage", "federage"), ("scaffold", "scaffold"), ("fedprox", "fedprox"), ("fednova", "fednova"),
-            ("ditto", "ditto"), ("qffl", "qffl"), ("qffl", "afl")]
+            ("ditto", "ditto"), ("qffl", "qffl"), ("qffl", "afl"), ("qffl", "term"), ("propfair", "propfair"),
+            ("fedfa", "fedfa")]
 
 
 def run_example(module: str, name: str, client=None, rounds: int = 3, nodes: int = 6):
@@ -191,8 +196,11 @@ def test_each_example_trains_its_strategy_with_no_reply_dropped(module, name, ca
         for r in replies:
             m = r.content[keys.METRICS]
             assert m[keys.NUM_STEPS] == -(-int(m[keys.NUM_EXAMPLES]) // quickstart.BATCH) * quickstart.EPOCHS
-    if name in ("qffl", "afl"):
+    if name in ("qffl", "afl", "term"):
         assert all(float(r.content[keys.METRICS][keys.LOSS_BEFORE]) > 0 for r in replies)
+    if name == "fedfa":  # each reply's accuracy; the server's counts and weights move with them
+        assert all(0.0 <= float(r.content[keys.METRICS][keys.FEDFA_ACCURACY]) <= 1.0 for r in replies)
+        assert max(max(metrics[t]["fedfa-counts"]) for t in (1, 2, 3)) >= 2
 
 
 def test_a_50_node_quickstart_app_trains_federage_with_the_piece_first_try(caplog):
@@ -221,7 +229,9 @@ def test_the_fedprox_piece_adds_the_proximal_term():
 WITHOUT_THE_PIECE = [("federage", "federage", "missing metric 'federage-beta'"),
                      ("scaffold", "scaffold", "missing metric 'num-steps'"),  # checked before its record
                      ("fednova", "fednova", "missing metric 'num-steps'"),
-                     ("qffl", "afl", "missing metric 'loss-before'")]
+                     ("qffl", "afl", "missing metric 'loss-before'"),
+                     ("qffl", "term", "missing metric 'loss-before'"),
+                     ("fedfa", "fedfa", "missing metric 'fedfa-accuracy'")]
 
 
 @pytest.mark.parametrize("module, name, reason", WITHOUT_THE_PIECE, ids=[n for _, n, _ in WITHOUT_THE_PIECE])

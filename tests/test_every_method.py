@@ -23,7 +23,8 @@ from tests.fakegrid import ClientAppGrid, task_identity
 DIAGNOSTIC = {
     "qffl": "qffl-sum-h", "afl": "afl-lambda", "fedmgda": "fedmgda-lambda", "fedfv": "fedfv-internal-projections",
     "fednova": "fednova-tau-eff", "fedlf": "fedlf-halvings", "fedheal": "fedheal-weights", "fedpw": "fedpw-weights",
-    "fedpcd": "fedpcd-active", "craft": "craft-active",
+    "fedpcd": "fedpcd-active", "craft": "craft-active", "term": "term-weights", "fedfa": "fedfa-weights",
+    "adafed": "adafed-rates",
 }
 BASE = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "eval-every": 2,
         "checkpoint-every": 2, "seed": 3, "batch-size": 32}

@@ -77,6 +77,8 @@ def reply_to(request: Message, strategy, *, metrics: dict | None = None, records
     base = {keys.NUM_EXAMPLES: SIZES.get(node, 10), keys.TRAIN_LOSS: 0.5 + 0.01 * node % 7,
             keys.LOSS_BEFORE: 0.7 + 0.02 * (node % 5), keys.NUM_STEPS: 2, keys.PARTITION_ID: node - 101,
             keys.FEDERAGE_BETA: 1.0}
+    if isinstance(strategy, strategies.FedFa):  # FedFa's clients send their accuracy before training
+        base[keys.FEDFA_ACCURACY] = 0.4 + 0.05 * (node % 5)
     content = {keys.ARRAYS: arrays, keys.METRICS: MetricRecord({**base, **(metrics or {})})}
     if isinstance(strategy, strategies.Scaffold):  # SCAFFOLD's clients send Δc_i (here 0) beside the model
         content[keys.SCAFFOLD_DELTA_C] = ArrayRecord({k: Array(np.zeros_like(a.numpy())) for k, a in theta.items()})

@@ -173,6 +173,7 @@ class RowForm:
     rows: list[Row]
     finish: Callable[[list[RowResult], TrainOutcome], None] | None = None
     loss: RowLoss | None = None  # None: the plain mean cross-entropy
+    momentum: float | None = None  # the rows' SGD momentum where the method sets its own (FedFa's γ); None: the run's
 
 
 def params_of(model: nn.Module, parameters: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
