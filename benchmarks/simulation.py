@@ -270,10 +270,10 @@ def round_cpu_seconds(into: dict[int, float]) -> Iterator[None]:
 
     plain = Experiment.train_round
 
-    def timed(self, server_round: int):
+    def timed(self, state, server_round: int):
         c0 = time.process_time()
         try:
-            return plain(self, server_round)
+            return plain(self, state, server_round)
         finally:
             into[server_round] = time.process_time() - c0
 

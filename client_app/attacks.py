@@ -74,8 +74,7 @@ class Params(MethodParams):
     """The attack keys of the run config (declared once; pyproject.toml holds the same)."""
 
     prefix = "attack"
-    kind: str = hyper("none", key="attack", choices=ATTACKS, doc="what the attacked clients do (README: Hostile "
-                                                                 "clients and defences)")
+    kind: str = hyper("none", key="attack", choices=ATTACKS, doc="what the attacked clients do (docs/hostile.md)")
     clients: str = hyper("", doc="'0,3,7': the attacked partition ids")
     fraction: float = hyper(0.0, low=0.0, high=1.0, doc="or this fraction of the clients, drawn with the seed")
     scale: float = hyper(10.0, low=0.0, low_open=True, doc="s of sign-flip, scale and loss-lie")

@@ -197,7 +197,7 @@ def _num(x: float | None) -> str:
 # fedpcd_app.server.config.
 APP_SECTIONS: dict[str, tuple[AppKey, ...]] = {
     "experiment (contract: scripts and sweeps read these names)": (
-        AppKey("method", "fedavg", "the aggregation method (strategies.registry; README: Methods)"),
+        AppKey("method", "fedavg", "the aggregation method (strategies.registry; docs/methods/index.md)"),
         AppKey("model", "mlp", "the model (client_app/models.py)", choices=MODELS),
         AppKey("dataset", "digits", "a dataset name or, with dataset-path, a label for a local copy"),
         AppKey("dataset-path", "", "a folder with train.parquet and test.parquet, or LEAF json ('' = the dataset's "
@@ -283,7 +283,8 @@ APP_SECTIONS: dict[str, tuple[AppKey, ...]] = {
     ),
     "participation (fedpcd_app/server/sampler.py)": (
         AppKey("participation", "uniform", "the client sampler; size-proportional = drawn ∝ training size "
-               "(README: Participation)", choices=("uniform", "skewed", "bernoulli", "size-proportional")),
+               "(docs/methods/index.md, 'Participation')",
+               choices=("uniform", "skewed", "bernoulli", "size-proportional")),
         AppKey("availability-rare-clients", 3, "skewed participation: how many rare clients (3 = at most "
                "num-clients - 1)", low=0),
         AppKey("availability-rare-prob", 0.01, "skewed participation: a rare client's probability", low=0.0,

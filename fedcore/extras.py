@@ -11,6 +11,8 @@ modules below against pyproject.toml's extras.
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 # the top-level modules that each extra brings (an extra that stands on another lists its modules too)
 SERVER = ("scipy", "clarabel", "matplotlib", "tensorboard")
@@ -39,7 +41,24 @@ def missing(extra: str) -> list[str]:
     return out
 
 
-def message(extra: str, what: str, lacking: list[str]) -> str:
+def other_venv(prefix: str | None = None, root: Path | None = None) -> Path | None:
+    """The checkout's ``.venv`` (made by ``scripts/setup.sh``) when this Python is not it: the
+    packages are there, this is the wrong interpreter (None when there is none, or it runs now)."""
+    root = root or Path(__file__).resolve().parent.parent
+    venv = root / ".venv"
+    if not (venv / "bin" / "python").exists():
+        return None
+    here = Path(prefix or sys.prefix).resolve()
+    return None if here == venv.resolve() else venv
+
+
+def message(extra: str, what: str, lacking: list[str], venv: Path | None = None) -> str:
+    """The one line: the extra to install, or (``venv``: the checkout's environment, not this
+    Python's) to activate that environment first."""
+    if venv is not None:
+        return (f"{what} needs the '{extra}' extra ({', '.join(lacking)} not installed for {sys.executable}): "
+                f"this checkout's environment is {venv}: activate it first (source {venv}/bin/activate) or run "
+                f"{venv}/bin/python")
     return (f"{what} needs the '{extra}' extra ({', '.join(lacking)} not installed): "
             f"pip install 'fedpcd-app[{extra}]' (in a checkout: pip install -e '.[all]'); "
             "the base install holds the ClientApp's packages only")
@@ -51,7 +70,7 @@ def require(extra: str, what: str, *, error: type[Exception] = MissingExtra, exi
     lacking = missing(extra)
     if not lacking:
         return
-    line = message(extra, what, lacking)
+    line = message(extra, what, lacking, other_venv())
     if exit:
         raise SystemExit(f"error: {line}")
     raise error(line)

@@ -68,7 +68,8 @@ from fedcore.flat import FlatSpec, _npy_header, array_view, record_views, spec_l
 # (max-num-examples) for cross-silo clients holding more.
 DEFAULT_MAX_NUM_EXAMPLES = APP["max-num-examples"].default
 # max-update-ratio: honest digits MLP/CNN rounds stay below 5× the round's median update norm
-# (docs/results/robustness_digits.md, "Honest update norms"); 100 leaves a wide margin and
+# (docs/results/robustness_digits.md, "Issue 23: the numbers a client sends", its paragraph "Honest
+# update norms"); 100 leaves a wide margin and
 # leaves the ×10 scale/sign-flip attacks of the robustness table to the methods.
 DEFAULT_MAX_UPDATE_RATIO = APP["max-update-ratio"].default
 MIN_REPLIES_FOR_RATIO = 3

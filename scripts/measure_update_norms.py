@@ -46,11 +46,11 @@ def main(argv: list[str]) -> None:
         per_round: list[list[dict]] = []
         orig_round = exp.train_round
 
-        def train_round(server_round):
+        def train_round(state, server_round):
             rows.clear()
-            rec = orig_round(server_round)
+            out = orig_round(state, server_round)
             per_round.append(list(rows))
-            return rec
+            return out
 
         exp.train_round = train_round
         exp.run()

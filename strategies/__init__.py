@@ -10,8 +10,8 @@ Flower's order. ``strategies.registry`` maps run-config method names to them;
 (``data-size``, ``uniform``, ``loss``, ...: ``WEIGHTINGS``).
 
 The names a ClientApp's replies carry are re-exported from :mod:`fedcore.keys` (``keys``, and
-the reply metrics as constants: ``NUM_EXAMPLES``, ``TRAIN_LOSS``, ...; docs/library.md, "The
-reply contract").
+the reply metrics as constants: ``NUM_EXAMPLES``, ``TRAIN_LOSS``, ...; docs/library.md, "What a
+ClientApp must send (the reply contract)").
 """
 
 from fedcore import keys

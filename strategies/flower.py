@@ -365,15 +365,16 @@ class FairStrategy(Strategy):
                           context: RunContext | None = None) -> RoundOutcome:
         """``outcome`` with the method's step on its valid replies (those the gate, or secure
         aggregation, kept) folded in; unchanged when none is valid (the model stays)."""
-        stalled = self.drop_streak.observe(self.name, server_round, len(outcome.valid),
-                                           [d.reason for d in outcome.dropped])
+        context = context or self.context
+        streak = context.streak if context.streak is not None else self.drop_streak
+        stalled = streak.observe(self.name, server_round, len(outcome.valid), [d.reason for d in outcome.dropped])
         if stalled is not None:
             return dataclasses.replace(outcome, error=stalled)
         if not outcome.valid:
             log.warning("round %d: no valid reply; the model stays as it was", server_round)
             return outcome
         try:
-            round_ = self.read_round(server_round, outcome.valid, context or self.context)
+            round_ = self.read_round(server_round, outcome.valid, context)
             step = self.method.aggregate(round_, self._state)
             arrays = self.model_record(step, round_)
             metrics = gate.finite_metrics(MetricRecord(step.metrics), f"{self.name} round {server_round}")

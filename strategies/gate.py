@@ -205,8 +205,8 @@ def read_reply(msg: Message, record_key: str, records: Iterable[str], aliases: M
         sent = dict(record.items())
         metrics = dict(sent)
         for alias, key in aliases.items():  # Flower's quickstart names (train_loss, eval_acc, ...)
-            _read_name(metrics, key, alias, f"send '{key}' (fedcore.keys; docs/library.md, 'The reply contract')",
-                       kind, warned, msg)
+            _read_name(metrics, key, alias, f"send '{key}' (fedcore.keys; docs/library.md, 'What a ClientApp must "
+                                            "send (the reply contract)')", kind, warned, msg)
         for key, (source, why) in fallbacks.items():
             _read_name(metrics, key, source, why, kind, warned, msg)
         out[keys.METRICS] = metrics

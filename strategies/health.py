@@ -8,7 +8,9 @@ once, with the client piece that sends the missing field and how to add it; afte
 :data:`DROP_STREAK_LIMIT` such rounds in a row the round's outcome carries a
 :class:`NoTrainingError` with that line, so ``Strategy.start`` raises it and the app's run
 ends failed (``complete: false``, ``incomplete_reason``), never a normal finish with the
-untrained model. A round with a valid reply resets the count.
+untrained model. A round with a valid reply resets the count. The streak is run state: the app
+keeps it in its run state and checkpoints it (:meth:`DropStreak.as_dict`), so a resumed run ends
+where the uninterrupted one would; a strategy started by Flower's loop keeps its own.
 """
 
 from __future__ import annotations
@@ -81,3 +83,18 @@ class DropStreak:
         if self.rounds >= self.limit:
             return NoTrainingError(f"{line} ({self.rounds} rounds in a row: nothing trained)")
         return None
+
+    def as_dict(self) -> dict:
+        """The streak so far (the app checkpoints it with its run state; the limit is the run's)."""
+        return {"kind": self.kind, "rounds": int(self.rounds)}
+
+    @classmethod
+    def from_dict(cls, raw) -> DropStreak:
+        """Rebuilt from :meth:`as_dict` (a checkpoint); anything else is refused in one line."""
+        try:
+            kind, rounds = raw["kind"], int(raw["rounds"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint's drop streak is unreadable ({type(exc).__name__}: {exc})") from None
+        if rounds < 0 or (kind is None) != (rounds == 0) or not (kind is None or isinstance(kind, str)):
+            raise ValueError("checkpoint's drop streak holds a negative count or a count without its reason")
+        return cls(kind=kind, rounds=rounds)

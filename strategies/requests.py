@@ -31,6 +31,7 @@ from flwr.supercore import log as flower_log
 from fedcore import keys
 from fedcore.replies import ReplyLimits, ReplyTrust
 from fedcore.seeding import derive_seed
+from strategies.health import DropStreak
 
 Selector = Callable[[int, Grid], dict[int, "int | None"]]
 log = logging.getLogger("fedpcd")
@@ -50,12 +51,15 @@ class RunContext:
     ``limits``: the bounds on the clients' numbers (:class:`fedcore.replies.ReplyLimits`: the
     partitions' sizes, ``max-num-examples``, ``max-update-ratio``). ``trust``: the scales earlier
     rounds' accepted replies established (:class:`fedcore.replies.ReplyTrust`; the app
-    checkpoints it). ``warned``: the metric aliases already warned about (one warning each)."""
+    checkpoints it). ``streak``: the rounds in a row whose every reply was dropped
+    (:class:`strategies.health.DropStreak`; the app's run state, checkpointed; None: the strategy's
+    own). ``warned``: the metric aliases already warned about (one warning each)."""
 
     select: Selector | None = None
     run_config: Mapping[str, Any] | None = None
     limits: ReplyLimits = dataclasses.field(default_factory=ReplyLimits)
     trust: ReplyTrust = dataclasses.field(default_factory=ReplyTrust)
+    streak: DropStreak | None = None
     warned: set[str] = dataclasses.field(default_factory=set)
 
     @functools.cached_property

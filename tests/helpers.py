@@ -21,6 +21,10 @@ from flwr.app.metadata import Metadata
 from fedcore import keys
 
 
+class SimulatedCtrlC(KeyboardInterrupt):
+    """A Ctrl-C a test raises on purpose (inside a grid or a client) and catches: a real one (a
+    plain KeyboardInterrupt, or the app's RunInterrupted) is not caught, so it stops the suite."""
+
 def _metadata(src_node_id: int, message_type: str = MessageType.TRAIN) -> Metadata:
     return Metadata(
         run_id=1, message_id=f"m{src_node_id}", src_node_id=src_node_id, dst_node_id=0,
@@ -477,9 +481,9 @@ def run_honest(cfg, on_train=None):
         exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
         original = exp.train_round
 
-        def train_round(server_round):
+        def train_round(state, server_round):
             holder["round"] = server_round
-            return original(server_round)
+            return original(state, server_round)
 
         exp.train_round = train_round
         exp.run()

@@ -18,7 +18,7 @@ from fedpcd_app.server.results import read_rounds, read_summary
 from fedpcd_app.server.server_app import Experiment
 from strategies import registry
 from tests.fakegrid import FakeGrid, task_identity
-from tests.helpers import fedavg_config, make_checkpoint, run_honest
+from tests.helpers import SimulatedCtrlC, fedavg_config, make_checkpoint, run_honest
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -110,10 +110,10 @@ def test_resume_on_fake_grid_continues_the_history(tmp_path):
     assert [r["round"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
         assert ra["sampled"] == rb["sampled"] and ra["eval"]["client_acc"] == rb["eval"]["client_acc"]
-    assert np.array_equal(full.times_sampled, resumed.times_sampled)
+    assert np.array_equal(full.state.times_sampled, resumed.state.times_sampled)
     for key in ("mean_acc", "worst10_acc", "jain", "central_acc", "client_acc"):
         assert read_summary(full.writer.dir)[key] == read_summary(resumed.writer.dir)[key]
-    for (ka, va), (kb, vb) in zip(full.arrays.items(), resumed.arrays.items()):
+    for (ka, va), (kb, vb) in zip(full.state.arrays.items(), resumed.state.arrays.items()):
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy())
 
 
@@ -313,7 +313,7 @@ def _near_bound_run(out: Path, *, stop_at: int | None = None, **kw):
 
     def craft(req, pid, node):
         if stop_at is not None and int(req.metadata.group_id) == stop_at:
-            raise KeyboardInterrupt
+            raise SimulatedCtrlC
         reply = honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)
         if pid == 0:  # theta + 50 (0.99 theta - theta)
             from fedcore import keys
@@ -325,7 +325,7 @@ def _near_bound_run(out: Path, *, stop_at: int | None = None, **kw):
         exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
         try:
             exp.run()
-        except KeyboardInterrupt:
+        except SimulatedCtrlC:
             pass
     return exp
 
@@ -342,11 +342,13 @@ def test_a_run_interrupted_and_resumed_ends_as_the_uninterrupted_run_warnings_in
     # Execute: the same run, Ctrl-C in round 5 (rounds 1-4 checkpointed), resumed into its folder
     cut = _near_bound_run(tmp_path / "cut", stop_at=5)
     assert read_summary(cut.writer.dir)["incomplete_reason"].startswith("interrupted at round 5")
-    assert cut.state.round == 4 and cut.watch.counts is cut.state.watch and cut.context.trust is cut.state.trust
+    assert cut.state.round == 4
     resumed = _near_bound_run(tmp_path / "cut", **{"resume-from": str(tmp_path / "cut")})
     # Assert: summary.json whole (but where it was written), rounds.jsonl, the model's bytes
     got = read_summary(resumed.writer.dir)
-    assert _without(got, "output_dir", "config") == _without(want, "output_dir", "config")
+    assert _without(got, "output_dir", "config", "resumes") == _without(want, "output_dir", "config", "resumes")
+    assert want["resumes"] == [] and got["resumes"] == [{"from": str(tmp_path / "cut"), "round": 4,
+                                                         "last_recorded_round": 4, "rolled_back": False}]
     assert _without(got["config"], "output-dir", "resume-from") == _without(want["config"], "output-dir",
                                                                             "resume-from")
     assert [_untimed(r) for r in read_rounds(resumed.writer.dir)] == [_untimed(r) for r in read_rounds(full.writer.dir)]
@@ -368,6 +370,8 @@ def test_every_field_of_the_run_state_is_in_the_checkpoint(tmp_path):
     back = RunState.restored(ckpt)
     assert back.warnings == exp.state.warnings and back.watch == exp.state.watch and back.round == 6
     assert back.trust == exp.state.trust and back.history == exp.state.history
+    assert back.streak == exp.state.streak and back.average == exp.state.average and back.resumes == []
+    assert back.strategy is None is exp.state.strategy  # FedAvg keeps none (FedPCD's: test_every_method.py)
 
 
 def test_a_checkpoint_of_format_2_is_read_through_its_one_conversion(tmp_path, caplog):
@@ -389,3 +393,115 @@ def test_a_checkpoint_of_format_2_is_read_through_its_one_conversion(tmp_path, c
     assert "earlier format 2" in caplog.text
     resumed = _near_bound_run(tmp_path / "r", **{"resume-from": str(full.writer.dir)})
     assert [r["round"] for r in read_rounds(resumed.writer.dir)] == [1, 2, 3, 4, 5, 6]
+
+
+# -- the round as a function of the run state; the drop streak resumed; rollback; the key --------------
+def _starved_run(out: Path, *, stop_at: int | None = None, **kw):
+    """A FedAvg run on the fake grid whose clients stop sending their train loss from round 3 on:
+    every reply of rounds 3, 4, 5 is dropped for that one reason, and the third such round ends
+    the run (strategies.health.DropStreak); ``stop_at``: Ctrl-C while that round waits."""
+    from fedcore import keys
+    from fedpcd_app.server.server_app import Experiment
+    from tests.fakegrid import FakeGrid, honest_reply
+
+    cfg = fedavg_config(out, **{"num-server-rounds": 30, "checkpoint-every": 1, **kw})
+    holder = {}
+
+    def craft(req, pid, node):
+        server_round = int(req.metadata.group_id)
+        if stop_at is not None and server_round == stop_at:
+            raise SimulatedCtrlC
+        reply = honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)
+        if server_round >= 3:
+            del reply.content[keys.METRICS][keys.TRAIN_LOSS]
+        return [reply]
+
+    with task_identity():
+        exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
+        try:
+            exp.run()
+        except (SimulatedCtrlC, Exception):  # noqa: BLE001 - the run's end is read from summary.json
+            pass
+    return exp
+
+
+def test_a_resumed_run_keeps_its_drop_streak_and_ends_as_the_uninterrupted_run(tmp_path):
+    # Prepare: uninterrupted, the third round in a row with every reply dropped (round 5) ends it
+    full = read_summary(_starved_run(tmp_path / "full").writer.dir)
+    assert full["incomplete_reason"].startswith("stopped after round 5 of 30"), full["incomplete_reason"]
+    # Execute: Ctrl-C in round 5 (rounds 1-4 checkpointed, a streak of 2 in the run state), resumed
+    cut = _starved_run(tmp_path / "cut", stop_at=5)
+    assert cut.state.streak.rounds == 2
+    resumed = _starved_run(tmp_path / "cut", **{"resume-from": str(tmp_path / "cut")})
+    got = read_summary(resumed.writer.dir)
+    # Assert: it ends where and why the uninterrupted run did (before the fix: "diverged at round 7")
+    assert got["incomplete_reason"] == full["incomplete_reason"]
+    assert [_untimed(r) for r in read_rounds(resumed.writer.dir)] == \
+        [_untimed(r) for r in read_rounds(tmp_path / "full")]
+
+
+def test_a_round_is_a_function_of_the_run_state(tmp_path):
+    """The state after round 3, given to a fresh Experiment's round 4, gives what the run's own
+    round 4 gave (nothing outside the run state carries from one round to the next); the state a
+    round is given is left as it was (but for the method's buffers, which it hands on)."""
+    import copy
+
+    from fedcore import flat
+    from tests.fakegrid import honest_reply
+
+    def experiment(name):
+        holder = {}
+
+        def craft(req, pid, node):
+            return [honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)]
+
+        exp = holder["exp"] = Experiment(FakeGrid(6, craft), fedavg_config(tmp_path / name, **{
+            "method": "fedpcd", "num-server-rounds": 6, "checkpoint-every": 0}))
+        exp.membership.discover(exp.grid)
+        return exp
+
+    def plain(state):  # every part but the method's state, comparable
+        return (flat.record_to_flat(state.arrays).numpy().tobytes(), state.times_sampled.tolist(), state.history,
+                state.trust, state.watch, state.streak, state.warnings, state.round)
+
+    with task_identity():
+        run = experiment("run")
+        for r in (1, 2, 3):
+            run.keep(*run.train_round(run.state, r))
+        after3 = run.state
+        given = copy.deepcopy(after3)  # before round 4: the method may reuse its buffers
+        before = copy.deepcopy(plain(after3))
+        own, own_record = run.train_round(after3, 4)
+        assert plain(after3) == before  # the round returned a new state; the one it was given is as it was
+        other, other_record = experiment("fresh").train_round(given, 4)
+    assert plain(own)[0] == plain(other)[0] and _untimed(own_record) == _untimed(other_record)
+    assert plain(own)[1:] == plain(other)[1:] and own.round == 3  # kept (and its round set) by keep()
+
+
+def test_a_resume_from_an_older_checkpoint_than_the_run_recorded_says_so(tmp_path, caplog):
+    # Prepare: a finished 4-round run; its newest checkpoint (round 4) deleted, as a rollback would
+    full = run_honest(fedavg_config(tmp_path / "run"))
+    checkpoint._remove(full.writer.dir, 4)
+    # Execute: resumed into its folder
+    resumed = run_honest(fedavg_config(tmp_path / "run", **{"resume-from": str(tmp_path / "run")}))
+    # Assert: one line in the log and in summary.json's warnings; the resume listed, rolled back
+    summary = read_summary(resumed.writer.dir)
+    lines = [w for w in summary["warnings"] if "resumed from the checkpoint of round 2" in w]
+    assert len(lines) == 1 and "recorded rounds up to 4" in lines[0] and "rounds 3-4 run again" in lines[0]
+    assert lines[0] in caplog.text
+    assert summary["resumes"] == [{"from": str(tmp_path / "run"), "round": 2, "last_recorded_round": 4,
+                                   "rolled_back": True}]
+    assert [r["round"] for r in read_rounds(resumed.writer.dir)] == [1, 2, 3, 4]
+
+
+def test_an_empty_checkpoint_key_is_an_error_not_unsigned(tmp_path, monkeypatch):
+    monkeypatch.setenv(checkpoint.KEY_ENV, "")
+    with pytest.raises(ConfigError, match=f"{checkpoint.KEY_ENV} is set but empty") as caught:
+        with task_identity():
+            Experiment(FakeGrid(6, None), fedavg_config(tmp_path / "run"))
+    assert "\n" not in str(caught.value) and not (tmp_path / "run").exists()
+    monkeypatch.setenv(checkpoint.KEY_ENV, "   ")
+    with pytest.raises(ConfigError, match="set but empty"):
+        checkpoint.checkpoint_key()
+    monkeypatch.delenv(checkpoint.KEY_ENV)
+    assert checkpoint.checkpoint_key() is None

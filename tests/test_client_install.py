@@ -80,6 +80,7 @@ def test_client_app_and_fedcore_import_only_the_client_set():
 
 
 def test_require_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setattr(extras, "other_venv", lambda: None)  # this Python is the install's own
     monkeypatch.setitem(extras.MODULES, "server", ("json", "no_such_module_fedpcd"))
     assert extras.missing("server") == ["no_such_module_fedpcd"]
     with pytest.raises(extras.MissingExtra) as info:
@@ -90,6 +91,23 @@ def test_require_is_one_line_naming_the_extra(monkeypatch):
         extras.require("server", "python -m x", exit=True)
     monkeypatch.setitem(extras.MODULES, "server", ("json",))
     extras.require("server", "the ServerApp")  # all there: nothing raised
+
+
+def test_an_extra_missing_because_another_python_runs_says_to_activate_the_venv(tmp_path, monkeypatch):
+    """The README's command run before `source .venv/bin/activate`: the system Python lacks the
+    extra the checkout's .venv holds; the line says to activate it, not to pip install."""
+    venv = tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    assert extras.other_venv(prefix="/usr", root=tmp_path) == venv
+    assert extras.other_venv(prefix=str(venv), root=tmp_path) is None  # running in it
+    assert extras.other_venv(prefix="/usr", root=tmp_path / "elsewhere") is None  # no .venv: an install
+    monkeypatch.setattr(extras, "other_venv", lambda: venv)
+    monkeypatch.setitem(extras.MODULES, "server", ("no_such_module_fedpcd",))
+    with pytest.raises(SystemExit) as info:
+        extras.require("server", "python -m fedpcd_app.simulate", exit=True)
+    line = str(info.value)
+    assert "\n" not in line and f"source {venv}/bin/activate" in line and "pip install" not in line
 
 
 @pytest.fixture(scope="module")

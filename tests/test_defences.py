@@ -320,7 +320,7 @@ def test_adaptive_dp_run_reports_every_round_and_resumes_exactly(tmp_path):
     shutil.copytree(full.writer.dir, crashed)
     checkpoint.path_for(crashed, 4).unlink()
     resumed = go("resumed", **{"resume-from": str(crashed)})
-    assert np.array_equal(flat_of(resumed.arrays), flat_of(full.arrays))
+    assert np.array_equal(flat_of(resumed.state.arrays), flat_of(full.state.arrays))
     assert read_rounds(resumed.writer.dir)[3]["privacy"] == rounds[3]["privacy"]
 
 
@@ -357,4 +357,4 @@ def test_a_format_3_dp_checkpoint_resumes_with_its_clipping_norm(tmp_path):
     torch.save(raw, path)
     checkpoint.checksum_path(path).write_text(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}\n")
     resumed = go("resumed", **{"resume-from": str(old)})
-    assert np.array_equal(flat_of(resumed.arrays), flat_of(full.arrays))
+    assert np.array_equal(flat_of(resumed.state.arrays), flat_of(full.state.arrays))

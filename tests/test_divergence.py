@@ -59,7 +59,7 @@ def test_a_non_finite_model_stops_the_run_and_is_rolled_back(tmp_path):
     assert summary["incomplete_reason"].startswith("diverged at round 3: the global model became non-finite")
     assert read_summary(tmp_path)["incomplete_reason"] == summary["incomplete_reason"]
     assert [r["round"] for r in read_rounds(tmp_path)] == [1, 2, 3]  # stopped there, not at round 10
-    np.testing.assert_array_equal(flat_of(exp.arrays), seen[2])  # the last finite model
+    np.testing.assert_array_equal(flat_of(exp.state.arrays), seen[2])  # the last finite model
     final = torch.load(tmp_path / "final_model.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in final.values())
 
@@ -167,13 +167,13 @@ def test_watch_uses_the_median_loss():
         def __init__(self, loss):
             self.content = {keys.METRICS: {keys.TRAIN_LOSS: loss}}
 
-    rec = {"num_replies": 3, "dropped": []}
-    assert watch.observe(rec, [R(0.5), R(0.6), R(0.7)]) is None
+    rec, counts = {"num_replies": 3, "dropped": []}, divergence.WatchCounts()
+    assert watch.observe(rec, [R(0.5), R(0.6), R(0.7)], counts) is None
     # one liar reporting 1e30 each round does not move the median
     for _ in range(4):
-        assert watch.observe(rec, [R(0.4), R(0.5), R(1e30)]) is None
-    assert watch.observe(rec, [R(3.0), R(3.0), R(0.1)]) is None
-    assert watch.observe(rec, [R(3.0), R(3.0), R(0.1)]).startswith("the train loss was at chance level")
+        assert watch.observe(rec, [R(0.4), R(0.5), R(1e30)], counts) is None
+    assert watch.observe(rec, [R(3.0), R(3.0), R(0.1)], counts) is None
+    assert watch.observe(rec, [R(3.0), R(3.0), R(0.1)], counts).startswith("the train loss was at chance level")
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, "x"])

@@ -95,8 +95,8 @@ def _drive(tmp_path, name, method="fedavg", rounds=3, **overrides):
         exp.membership.discover(exp.grid)
         iterates = []
         for r in range(1, rounds + 1):
-            exp.train_round(r)
-            iterates.append(flat.record_to_flat(exp.arrays, dtype=torch.float64))
+            exp.keep(*exp.train_round(exp.state, r))
+            iterates.append(flat.record_to_flat(exp.state.arrays, dtype=torch.float64))
         scores = exp.evaluate(rounds)
     return exp, iterates, scores
 
@@ -111,11 +111,12 @@ def test_eval_averaged_iterate_scores_the_mean_of_the_global_iterates(tmp_path, 
     # training is the same; only the scored model differs
     assert all(torch.equal(a, b) for a, b in zip(iterates, plain_iterates))
     mean = torch.stack(iterates).mean(dim=0)
-    scored = flat.record_to_flat(exp.evaluator.scored_arrays(exp.arrays), dtype=torch.float64)
+    scored = flat.record_to_flat(exp.evaluator.scored_arrays(exp.state.arrays, exp.state.average),
+                                 dtype=torch.float64)
     torch.testing.assert_close(scored, mean.to(torch.float32).double(), rtol=0, atol=1e-6)
     # the evaluation's numbers are those of the averaged model, not of θ_3
     model = exp.evaluator.model
-    model.load_state_dict(flat.flat_to_record(mean, flat.spec_of(exp.arrays)).to_torch_state_dict())
+    model.load_state_dict(flat.flat_to_record(mean, flat.spec_of(exp.state.arrays)).to_torch_state_dict())
     acc, _ = score_clients(model, exp.evaluator.data)
     assert scores["client_acc"] == pytest.approx(acc.tolist(), abs=1e-12)
     assert scores["client_acc"] != plain_scores["client_acc"]
@@ -148,6 +149,6 @@ def test_averaged_iterate_survives_a_checkpoint(tmp_path):
     a, b = read_summary(full.writer.dir), read_summary(resumed.writer.dir)
     for key in ("mean_acc", "client_acc", "final10_mean_acc", "scored_iterate"):
         assert a[key] == b[key], key
-    assert resumed.evaluator.average.count == 4
+    assert resumed.state.average["count"] == 4
     with pytest.raises(ConfigError, match="'eval-averaged-iterate'"):  # the other value: refused
         run_honest(fedavg_config(tmp_path / "other", **{"resume-from": str(full.writer.dir)}))

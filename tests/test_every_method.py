@@ -65,7 +65,7 @@ def test_state_round_trips_and_a_resumed_run_equals_the_uninterrupted_one(method
     resumed = run(tmp_path, "resumed", method, **{"resume-from": str(crashed)})
     # Assert: the same global model bit for bit, the same rounds and (unless the method keeps
     # personal models on the clients, which a checkpoint cannot hold) the same metrics
-    for (ka, va), (kb, vb) in zip(full.arrays.items(), resumed.arrays.items()):
+    for (ka, va), (kb, vb) in zip(full.state.arrays.items(), resumed.state.arrays.items()):
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy()), ka
     ra, rb = read_rounds(full.writer.dir), read_rounds(resumed.writer.dir)
     for r in ra:  # every round aggregated every reply, without error

@@ -21,6 +21,7 @@ from strategies import FedFV, Krum, MultiKrum
 from strategies.fedfv import State as FedFVState
 from tests.fakegrid import ClientAppGrid, FakeGrid, honest_reply, task_identity
 from tests.helpers import (
+    SimulatedCtrlC,
     aggregate_arrays,
     arrays_from_flat,
     fedavg_config,
@@ -200,10 +201,10 @@ def test_the_cli_reports_an_exception_inside_a_run_in_one_line(tmp_path, monkeyp
 
     original = Experiment.train_round
 
-    def train_round(self, server_round):
+    def train_round(self, state, server_round):
         if server_round == 2:
             raise MemoryError()
-        return original(self, server_round)
+        return original(self, state, server_round)
 
     monkeypatch.setattr(Experiment, "train_round", train_round)
     rc = simulate.main(["--workers", "0", "--run-config", f"num-clients=6 num-server-rounds=3 fraction-train=0.5 "
@@ -222,8 +223,8 @@ def test_an_error_raised_while_an_interrupt_unwinds_is_the_interrupt():
 
     try:
         try:
-            raise KeyboardInterrupt
-        except KeyboardInterrupt:
+            raise SimulatedCtrlC
+        except SimulatedCtrlC:
             raise RuntimeError("release unlocked lock")  # noqa: B904 - raised as the interrupt unwinds
     except RuntimeError as exc:
         assert isinstance(faults.interrupt_behind(exc), KeyboardInterrupt)

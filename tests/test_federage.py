@@ -351,20 +351,21 @@ def test_sampled_batches_are_uniform_with_replacement():
 
 def test_averaged_iterate_is_the_mean_of_the_global_iterates(replies):
     """Algorithm 2 returns (1/T) Σ_τ θ̂_τ: the app's eval-averaged-iterate (any method,
-    fedpcd_app.server.evaluation.IterateAverage) scores it; the strategy itself gives θ̂_t and
+    fedpcd_app.server.evaluation.averaged) scores it; the strategy itself gives θ̂_t and
     training goes on from θ̂_t. (Through the app and a checkpoint: tests/test_evaluation.py.)"""
-    from fedpcd_app.server.evaluation import IterateAverage
+    from fedpcd_app.server.evaluation import Evaluator, averaged
 
     template, theta, locals_, betas, msgs = replies
-    strategy, average = FedeRage(), IterateAverage()
+    strategy, average = FedeRage(), {}
     iterates, arrays = [], arrays_from_flat(theta, template)
     for r in range(1, 4):
         shifted = [train_reply(arrays_from_flat(np.asarray(x) + r, template), pid, extra_metrics={BETA: b})
                    for pid, (x, b) in enumerate(zip(locals_, betas))]
         arrays, _ = aggregate_arrays(strategy, r, arrays, shifted)
-        average.observe(arrays)
+        average = averaged(average, arrays)
         iterates.append(flat.record_to_flat(arrays).double().numpy())
-    np.testing.assert_allclose(flat.record_to_flat(average.arrays()).numpy(), np.mean(iterates, axis=0),
+    np.testing.assert_allclose(flat.record_to_flat(Evaluator.scored_arrays(arrays, average)).numpy(),
+                               np.mean(iterates, axis=0),
                                rtol=1e-6, atol=1e-6)
     assert strategy.evaluation_arrays(arrays) is arrays  # the strategy scores its last iterate
     assert "federage-averaged-iterate" not in strategy.method.request(1, strategy.state, None).config  # retired
@@ -389,7 +390,7 @@ def test_secure_aggregation_loop_gives_the_plain_uniform_mean(tmp_path):
         with task_identity():
             exp = Experiment(ClientAppGrid(6, client_app), cfg)
             exp.run()
-        runs[name] = (flat_of(exp.arrays), read_rounds(exp.writer.dir)[0])
+        runs[name] = (flat_of(exp.state.arrays), read_rounds(exp.writer.dir)[0])
     (plain, rec_plain), (secure, rec_secure) = runs["plain"], runs["secure"]
     assert rec_secure["num_replies"] == 3 and rec_secure["num_dropped"] == 0
     assert np.abs(secure - plain).max() <= 2 * 8.0 / 4194304 + 1e-7

@@ -140,8 +140,8 @@ def test_an_interrupt_writes_a_checkpoint_and_an_incomplete_summary_and_resume_c
     assert [r["round"] for r in a] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
         assert ra["sampled"] == rb["sampled"] and ra["eval"]["client_acc"] == rb["eval"]["client_acc"]
-    assert np.array_equal(resumed.times_sampled, whole.times_sampled)
-    for (ka, va), (kb, vb) in zip(resumed.arrays.items(), whole.arrays.items()):
+    assert np.array_equal(resumed.state.times_sampled, whole.state.times_sampled)
+    for (ka, va), (kb, vb) in zip(resumed.state.arrays.items(), whole.state.arrays.items()):
         assert ka == kb and np.array_equal(va.numpy(), vb.numpy())
     assert read_summary(out)["complete"] is True
 

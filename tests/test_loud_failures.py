@@ -46,7 +46,7 @@ def experiment(tmp_path, method="fedavg", fail_at=2, **extra):
     exp.strategy.method.aggregate = aggregate
     exp.models = []
     after = exp.after_round
-    exp.after_round = lambda r: exp.models.append(flat_of(exp.arrays)) or after(r)
+    exp.after_round = lambda r: exp.models.append(flat_of(exp.state.arrays)) or after(r)
     return exp
 
 
@@ -79,7 +79,7 @@ def test_a_failed_aggregation_stops_the_run_loudly_after_its_record_and_checkpoi
     assert [r["round"] for r in records] == [1, 2]
     assert records[1]["aggregation_error"] == "ValueError: the QP went" and "eval" in records[1]
     assert checkpoint.rounds_in(tmp_path) == [2]
-    assert np.array_equal(flat_of(exp.arrays), exp.models[0])  # round 2 kept round 1's model
+    assert np.array_equal(flat_of(exp.state.arrays), exp.models[0])  # round 2 kept round 1's model
     summary = read_summary(tmp_path)
     assert summary["complete"] is False and summary["aggregation_errors"] == 1
     assert summary["incomplete_reason"] == f"stopped after round 2 of 4: {message}"

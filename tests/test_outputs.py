@@ -192,7 +192,7 @@ def test_a_final_model_far_outside_the_initial_norm_is_incomplete(tmp_path):
 
     def craft(req, pid, node):
         reply = honest_reply(req, pid, node, holder["exp"], num_examples=10 + pid)
-        if holder["exp"].history and len(holder["exp"].history) == 3:  # round 4
+        if holder["exp"].state.history and len(holder["exp"].state.history) == 3:  # round 4
             from fedcore import keys
 
             reply.content[keys.ARRAYS] = scaled(req.content[keys.ARRAYS], 1e4)
@@ -233,10 +233,10 @@ def test_huge_updates_that_were_dropped_are_no_near_bound_warning(tmp_path, monk
 
     real = Experiment.train_round
 
-    def train_round(self, server_round):
-        record = real(self, server_round)
+    def train_round(self, state, server_round):
+        state, record = real(self, state, server_round)
         record["update_norms"] = {"median": 1.0, "max_ratio": 3e32, "near_bound": 0}  # the huge one dropped
-        return record
+        return state, record
 
     monkeypatch.setattr(Experiment, "train_round", train_round)
     run_honest(fedavg_config(tmp_path / "run"))

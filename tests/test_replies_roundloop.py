@@ -97,7 +97,7 @@ def test_malformed_reply_is_dropped_and_round_completes(method, kind, tmp_path):
             return corrupt(good) if pid == victim else [good]
 
         exp = holder["exp"] = Experiment(FakeGrid(NUM_CLIENTS, craft), cfg)
-        before = flat_of(exp.arrays)
+        before = flat_of(exp.state.arrays)
         # Execute
         exp.run()
     # Assert: the drop is recorded with its reason, the round aggregated the rest
@@ -110,7 +110,7 @@ def test_malformed_reply_is_dropped_and_round_completes(method, kind, tmp_path):
     assert "aggregation_error" not in rec
     assert read_summary(tmp_path)["num_dropped_replies"] == 1
     if method == "fedavg":  # every valid reply is 0.99·θ, so FedAvg lands there exactly
-        np.testing.assert_allclose(flat_of(exp.arrays), 0.99 * before, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(flat_of(exp.state.arrays), 0.99 * before, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -122,14 +122,14 @@ def test_no_valid_reply_keeps_the_model(method, tmp_path):
         grid = FakeGrid(NUM_CLIENTS, lambda req, pid, node: MALFORMED["nan"][0](
             honest_reply(req, pid, node, holder["exp"])))
         exp = holder["exp"] = Experiment(grid, cfg)
-        before = flat_of(exp.arrays)
+        before = flat_of(exp.state.arrays)
         # Execute
         exp.run()
     # Assert
     (rec,) = read_rounds(tmp_path)
     assert rec["num_replies"] == 0 and rec["num_dropped"] == len(rec["sampled"])
     assert all("NaN or Inf" in d["reason"] for d in rec["dropped"])
-    np.testing.assert_array_equal(flat_of(exp.arrays), before)
+    np.testing.assert_array_equal(flat_of(exp.state.arrays), before)
 
 
 # -- loss-before: asked for only by methods that use it ------------------------------------

@@ -251,13 +251,13 @@ def test_the_trusted_scale_survives_checkpoint_and_resume(tmp_path):
         cfg = load_config({**base, "num-server-rounds": 2, "output-dir": str(tmp_path / "a")})
         exp = holder["exp"] = Experiment(FakeGrid(6, craft), cfg)
         exp.run()
-        saved = exp.context.trust
+        saved = exp.state.trust
         assert len(saved.norms) == 2
         assert checkpoint.latest(tmp_path / "a").reply_trust == saved.as_dict()
         cfg2 = load_config({**base, "num-server-rounds": 3, "output-dir": str(tmp_path / "b")})
         exp2 = holder["exp"] = Experiment(FakeGrid(6, craft), cfg2)
         exp2.resume(str(tmp_path / "a"))
-    assert exp2.context.trust == saved
+    assert exp2.state.trust == saved
 
 
 @pytest.mark.slow
@@ -274,6 +274,6 @@ def test_a_huge_majority_in_the_final_round_is_caught_end_to_end(tmp_path):
     rounds, summary = read_rounds(tmp_path), read_summary(tmp_path)
     last = rounds[-1]
     assert sorted(d["partition"] for d in last["dropped"]) == sorted(final[:2]), last["dropped"]
-    assert np.isfinite(flat.record_to_flat(exp.arrays).numpy()).all()
-    assert np.abs(flat.record_to_flat(exp.arrays).numpy()).max() < 100
+    assert np.isfinite(flat.record_to_flat(exp.state.arrays).numpy()).all()
+    assert np.abs(flat.record_to_flat(exp.state.arrays).numpy()).max() < 100
     assert summary["complete"] is True

@@ -13,6 +13,7 @@ import torch
 
 from client_app.client_app import app as client_app
 from fedcore.config import load_config
+from fedpcd_app.server import checkpoint
 from fedpcd_app.server.server_app import Experiment
 from tests.fakegrid import ClientAppGrid, task_identity
 
@@ -35,7 +36,7 @@ def test_final_model_and_checkpoints_load_with_weights_only(run_dir):
     assert state and all(isinstance(v, torch.Tensor) for v in state.values())
     for ckpt in (run_dir / "checkpoints").glob("round-*.pt"):
         tree = torch.load(ckpt, weights_only=True)
-        assert tree["format"] == 3  # fedpcd_app.server.checkpoint.FORMAT: the run state whole
+        assert tree["format"] == checkpoint.FORMAT  # the run state whole
 
 
 @pytest.mark.slow

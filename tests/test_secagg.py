@@ -50,7 +50,7 @@ def test_fedavg_under_secagg_matches_plain_fedavg_within_quantisation(tmp_path):
     data = load_federated_data(cfg)
     ratios = [len(data.train_idx[p]) / 1000.0 for p in rec["sampled"]]
     bound = len(ratios) * (2 * 8.0 / 4194304) / sum(ratios)
-    diff = np.abs(flat_of(secure.arrays) - flat_of(plain.arrays)).max()
+    diff = np.abs(flat_of(secure.state.arrays) - flat_of(plain.state.arrays)).max()
     assert 0.0 < diff <= bound, (diff, bound)  # > 0: the mean really went through quantisation
     assert read_rounds(plain.writer.dir)[0]["train_loss"] == pytest.approx(rec["train_loss"], rel=1e-9)
 
@@ -72,13 +72,13 @@ def test_client_failing_mid_protocol_is_a_tolerated_dropout(tmp_path):
     assert rec["num_replies"] == 2
     assert [d["partition"] for d in rec["dropped"]] == [victim]
     assert "SecAgg+" in rec["dropped"][0]["reason"]
-    assert "train_loss" in rec and not np.array_equal(flat_of(secure.arrays), flat_of(_initial(tmp_path)))
+    assert "train_loss" in rec and not np.array_equal(flat_of(secure.state.arrays), flat_of(_initial(tmp_path)))
 
 
 def _initial(tmp_path):
     cfg = load_config({**BASE, "output-dir": str(tmp_path / "init")})
     with task_identity():
-        return Experiment(ClientAppGrid(6, client_app), cfg).arrays
+        return Experiment(ClientAppGrid(6, client_app), cfg).state.arrays
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -132,7 +132,7 @@ def test_weight_above_max_weight_is_withheld_not_silently_clipped(tmp_path):
     assert len(errors) == 3 and all("secagg-max-weight" in e for e in errors)
     (rec,) = read_rounds(secure.writer.dir)
     assert rec["num_replies"] == 0 and rec["num_dropped"] == 3
-    np.testing.assert_array_equal(flat_of(secure.arrays), flat_of(_initial(tmp_path)))
+    np.testing.assert_array_equal(flat_of(secure.state.arrays), flat_of(_initial(tmp_path)))
 
 
 def test_the_secure_exchange_s_drops_are_a_round_outcome_like_a_plain_round_s():

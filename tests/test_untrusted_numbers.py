@@ -281,7 +281,7 @@ def test_count_lie_and_huge_attackers_are_dropped_and_the_model_learns(attack, w
     asked = [p for r in rounds for p in r["sampled"] if p == attacker]
     assert asked and sorted(d["partition"] for d in drops) == sorted(asked)
     assert all(words in d["reason"] for d in drops)
-    assert np.isfinite(flat_of(exp.arrays)).all() and summary["central_acc"] > 0.3
+    assert np.isfinite(flat_of(exp.state.arrays)).all() and summary["central_acc"] > 0.3
     assert summary["num_dropped_replies"] == len(asked)
 
 

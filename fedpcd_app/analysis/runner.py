@@ -150,12 +150,11 @@ def serve(requests, replies) -> None:
         stop = False
         try:
             reply = {"ok": run_one(req["overrides"], req["folder"], req.get("engine"))}
-        except KeyboardInterrupt:  # Ctrl-C reaches the sweep's whole process group: this run and the sweep end
-            reply, stop = {"error": "KeyboardInterrupt: the sweep was interrupted"}, True
+        except KeyboardInterrupt as exc:  # Ctrl-C reaches the sweep's whole process group: this run and the sweep end
+            plain = type(exc) is KeyboardInterrupt  # else flwr_run's Interrupted, which names the run it stopped
+            reply, stop = {"error": "KeyboardInterrupt: the sweep was interrupted" if plain else reason(exc)}, True
         except BaseException as exc:  # noqa: BLE001 - a failed run is reported; the process serves the next
-            from fedpcd_app.runtime.flwr_run import Interrupted
-
-            reply, stop = {"error": reason(exc)}, isinstance(exc, Interrupted)
+            reply, stop = {"error": reason(exc)}, False
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
         if stop:

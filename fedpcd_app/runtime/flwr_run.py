@@ -55,8 +55,9 @@ DEFAULT_FEDERATION = "client-resources-num-cpus=1"  # and num-supernodes=<num-cl
 STATUS_TIMEOUT = 60.0  # seconds to wait, after the log stream ends, for the run's final status
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM while a run is going."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM while a run is going (a KeyboardInterrupt: no ``except Exception`` of a
+    caller, nor a test runner, takes it for an error and goes on)."""
 
 
 def flwr_bin() -> str:
@@ -121,12 +122,6 @@ def final_status(link, run_id: int, env: dict[str, str], timeout: float = STATUS
         if str(info.get("status", "")).startswith("finished") or time.monotonic() > deadline:
             return info
         time.sleep(0.5)
-
-
-def stop_run(link, run_id: int, env: dict[str, str]) -> None:
-    """``flwr stop <run-id>`` (best effort: the SuperLink is stopped right after)."""
-    subprocess.run([flwr_bin(), "stop", str(run_id), link.name], env=env, capture_output=True, check=False,
-                   timeout=30)
 
 
 def flwr_env(home: Path, ray_address: str | None = None) -> dict[str, str]:
@@ -207,10 +202,11 @@ def run_app(raw: dict[str, Any], federation: str, *, project: Path | None = None
                 on_start(run_id)
             follow(link, run_id, env)
             return run_id, final_status(link, run_id, env)
-        except (KeyboardInterrupt, Interrupted):
+        except KeyboardInterrupt:  # Interrupted (SIGTERM) included
+            # The SuperLink is this call's own (a private FLWR_HOME): stopping it stops the run (its
+            # processes get SIGTERM: the ServerApp checkpoints the rounds done). A `flwr stop` first
+            # only marked the run stopped in a database deleted right after, for seconds of CLI start-up.
             with _signals_ignored():  # a second Ctrl-C does not cut the cleanup short
-                if run_id is not None:
-                    stop_run(link, run_id, env)
                 link.stop()
             raise Interrupted(run_id) from None
         finally:

@@ -25,7 +25,7 @@ bytes with any ``--workers``: ``tests/test_worker_determinism.py``):
   free port and its own ``FLWR_HOME``; the run's status is checked; every process it started
   (SuperExec, the simulation, Ray's) is stopped by PID at the end. Ray is a private local
   instance unless ``--ray-address HOST:PORT|auto`` asks to join an existing cluster, whose
-  nodes then host the run's client actors (docs/deployment.md, "Ray cluster").
+  nodes then host the run's client actors (docs/deployment.md, "5. A Ray cluster").
 """
 
 from __future__ import annotations

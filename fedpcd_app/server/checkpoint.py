@@ -9,11 +9,12 @@ Every ``checkpoint-every`` rounds (0 = never) the ServerApp writes
   it, ...) as a plain tree (:mod:`fedcore.state`: no per-method save code), and the method's
   hyperparameters,
 * with ``eval-averaged-iterate``, the running average θ̄_t of the global models and its count
-  (:class:`fedpcd_app.server.evaluation.IterateAverage`; a resume with the other value is refused),
+  (:func:`fedpcd_app.server.evaluation.averaged`; a resume with the other value is refused),
 * the run's state whole (:class:`fedpcd_app.server.run_state.RunState`): the round t,
   ``times_sampled`` per partition, the metric history (every rounds.jsonl record so far, plus
   the last evaluation), the size bound's trusted scale and near-bound count (``reply_trust``),
-  the warnings written so far and the divergence watch's streaks (``watch``),
+  the warnings written so far, the divergence watch's streaks (``watch``), the rounds in a row
+  whose every reply was dropped (``streak``) and the run's resumes (``resumes``),
 * the method, seed, number of clients and the model's array spec, checked on resume,
 * the run's full config: on resume every training and data key (all but the operational
   ones of :data:`NOT_COMPARED`) must equal this run's, unless ``resume-allow-changes``
@@ -32,13 +33,20 @@ file, the cause and the last checkpoint, which is left intact (the new file is w
 it under a temporary name and only renamed over nothing once complete).
 
 **Authenticity (optional).** With the environment variable ``FEDPCD_CHECKPOINT_KEY`` set (any
-non-empty secret), every checkpoint also gets ``round-<t>.pt.hmac``: the HMAC-SHA256 of its
-bytes under that key. With the key set, :func:`load` refuses a checkpoint whose HMAC is missing
-or differs (:class:`ForgedCheckpoint`, one line: written by someone without the key, or with
-another key): the sha256 file only catches accidents, since anyone who can write the folder can
+non-empty secret; set but empty is an error, not "unsigned"), every checkpoint also gets
+``round-<t>.pt.hmac``: the HMAC-SHA256 of its bytes under that key. With the key set,
+:func:`load` refuses a checkpoint whose HMAC is missing or differs (:class:`ForgedCheckpoint`,
+one line: written by someone without the key, or with another key): the sha256 file only catches
+accidents, since anyone who can write the folder can
 recompute it. Without the key nothing is signed or checked. Key or not, a loaded checkpoint's
 model (and averaged iterate) must be finite, its ``times_sampled`` one count >= 0 per client
 and its history a list of round records: a file failing that is refused like a damaged one.
+
+**An older checkpoint than the run recorded.** When the newest checkpoint that loads is of an
+earlier round than the folder's ``rounds.jsonl`` records (a newer one was damaged, deleted, or an
+older signed one copied over it), the resume says so in one line (logged, kept in the run's
+``warnings``) and every resume is listed in ``summary.json``'s ``resumes`` (``round``,
+``last_recorded_round``, ``rolled_back``); the rounds after the checkpoint run again.
 
 **Only this run's checkpoints.** Writing round t deletes the folder's checkpoints of rounds
 after t (left by a timeline this run does not continue) and keeps the newest
@@ -61,10 +69,11 @@ checkpoint: SCAFFOLD's strategy mirrors the client control variates c_i on the s
 re-sends them after a resume; Ditto's personal models are lost on resume (each client
 restarts its personal model from the global one), because they exist only on the nodes.
 
-**Earlier files.** A checkpoint of format 2 (no ``warnings``, no ``watch``) is read through
-one conversion, :func:`from_format_2`: the resumed run starts its warnings and divergence
-streaks anew (a warning in the log says so); one without ``config`` or ``reply_trust`` (older
-still) is refused in one line.
+**Earlier files.** A checkpoint of an earlier format is read through one conversion per format:
+format 2 (no ``warnings``, no ``watch``, :func:`from_format_2`): the resumed run starts its
+warnings and divergence streaks anew (a warning in the log says so); format 3 (:func:`from_format_3`:
+central DP's state beside the method's); format 4 (no drop streak, :func:`from_format_4`: counted
+anew, said in the log). One without ``config`` or ``reply_trust`` (older still) is refused in one line.
 
 Checkpoints hold only dicts, lists, tensors and scalars: ``torch.load(path, weights_only=True)``
 reads one (:func:`load` rebuilds the objects).
@@ -109,9 +118,11 @@ NOT_COMPARED = frozenset({
 # Keys no resume-allow-changes can free: the checkpoint's model and client ids depend on them.
 FIXED = ("method", "seed", "num-clients")
 # 2: a weights_only tree (fedcore.state), the method's params; 3: + warnings, watch (the run state whole);
-# 4: central DP's clipping norm inside the method's state (was the field ``privacy``)
-FORMAT = 4
+# 4: central DP's clipping norm inside the method's state (was the field ``privacy``); 5: + the drop streak
+# and the resumes (every field of the run state)
+FORMAT = 5
 FRESH_WATCH = {"refused_rounds": 0, "bad_loss_rounds": 0, "best_loss": math.inf}  # divergence.WatchCounts()
+FRESH_STREAK = {"kind": None, "rounds": 0}  # strategies.health.DropStreak()
 _NAME = re.compile(r"^round-(\d{6})\.pt$")
 
 
@@ -136,6 +147,9 @@ class Checkpoint:
     warnings: list[str] = dataclasses.field(default_factory=list)  # summary.json's, so far
     # the divergence watch's streaks (fedpcd_app.server.divergence.WatchCounts.as_dict)
     watch: dict[str, Any] = dataclasses.field(default_factory=lambda: dict(FRESH_WATCH))
+    # the rounds in a row whose every reply was dropped (strategies.health.DropStreak.as_dict)
+    streak: dict[str, Any] = dataclasses.field(default_factory=lambda: dict(FRESH_STREAK))
+    resumes: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # summary.json's, so far
 
     def to_dict(self) -> dict[str, Any]:
         """A tree of dicts, lists, tensors and scalars (``torch.load(weights_only=True)`` reads it)."""
@@ -189,9 +203,15 @@ def hmac_path(path: str | Path) -> Path:
 
 
 def checkpoint_key() -> bytes | None:
-    """``$FEDPCD_CHECKPOINT_KEY`` as bytes, None when unset or empty."""
-    key = os.environ.get(KEY_ENV, "")
-    return key.encode() if key else None
+    """``$FEDPCD_CHECKPOINT_KEY`` as bytes, None when unset; set but empty (or only blanks) is a
+    one-line :class:`ConfigError` (an empty secret would sign nothing)."""
+    key = os.environ.get(KEY_ENV)
+    if key is None:
+        return None
+    if not key.strip():
+        raise ConfigError(f"environment variable {KEY_ENV} is set but empty: set it to a secret to sign and check "
+                          f"checkpoints, or unset it (unset {KEY_ENV}) to write them unsigned")
+    return key.encode()
 
 
 def _hmac_of(path: Path, key: bytes) -> str:
@@ -350,6 +370,8 @@ def load(path: str | Path) -> Checkpoint:
         raw = from_format_2(raw, path)
     if isinstance(raw, dict) and raw.get("format") == 3:
         raw = from_format_3(raw)
+    if isinstance(raw, dict) and raw.get("format") == 4:
+        raw = from_format_4(raw, path)
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of format {FORMAT}")
     ckpt = Checkpoint(**{f.name: from_tree(raw[f.name]) for f in dataclasses.fields(Checkpoint)
@@ -384,7 +406,16 @@ def from_format_3(raw: dict[str, Any]) -> dict[str, Any]:
 
         norm = float(from_tree(privacy)["clipping_norm"])
         out["strategy"] = to_tree(State(from_tree(raw["strategy"]), norm))
-    return {**out, "format": FORMAT}
+    return {**out, "format": 4}
+
+
+def from_format_4(raw: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A checkpoint of format 4 as format 5: format 4 lacks the drop streak (rounds in a row whose
+    every reply was dropped) and the resumes; the resumed run starts the streak anew (said in the
+    log), everything else is as saved."""
+    log.warning("%s is a checkpoint of the earlier format 4: it holds no drop streak; the resumed run counts the "
+                "rounds whose every reply is dropped anew (its other state is restored as saved)", path)
+    return {**raw, "format": FORMAT, "streak": dict(FRESH_STREAK), "resumes": []}
 
 
 def latest(folder: str | Path) -> Checkpoint:

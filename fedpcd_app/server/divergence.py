@@ -94,21 +94,16 @@ class WatchCounts:
 
 
 class Watch:
-    """Counts the rounds of criteria 2 and 3 (see the module docstring) in ``counts`` (the run
-    state's: a resumed run continues its streaks)."""
+    """The rules of criteria 2 and 3 (see the module docstring); the rounds they count are the
+    run state's :class:`WatchCounts`, given to each call (a resumed run continues its streaks)."""
 
-    def __init__(self, cfg: RunConfig, classes: int, counts: WatchCounts | None = None) -> None:
+    def __init__(self, cfg: RunConfig, classes: int) -> None:
         self.patience = cfg.diverge_patience
         self.chance = math.log(classes) if classes >= 2 else None
-        self.counts = counts if counts is not None else WatchCounts()
 
-    @property
-    def refused_rounds(self) -> int:
-        return self.counts.refused_rounds
-
-    def observe(self, record: dict[str, Any], valid: Iterable) -> str | None:
-        """After a round's aggregation: why the run diverged, or None."""
-        c = self.counts
+    def observe(self, record: dict[str, Any], valid: Iterable, c: WatchCounts) -> str | None:
+        """After a round's aggregation: why the run diverged, or None; ``c``: the round's counts
+        (the next run state's), updated."""
         if record.get("diverged"):
             return record["diverged"]
         if not self.patience:

@@ -24,7 +24,7 @@ which hyperparameter selection reads (``fedpcd_app.analysis.report``) instead of
 Which iterate is scored (``eval-averaged-iterate``, every method). ``false`` (default): the
 global model θ_t of the round (what the method's ``evaluation_arrays`` returns: θ_t for every
 method except AFL). ``true``: the running average θ̄_t = (1/t) Σ_{s=1..t} θ_s of the global
-models after rounds 1..t (:class:`IterateAverage`; a round without a valid reply counts with
+models after rounds 1..t (:func:`averaged`, kept in the run state; a round without a valid reply counts with
 the unchanged model), FedeRage's Algorithm 1 output, so that every method can be scored on the
 same iterate. AFL's own output is already an averaged iterate (the mean of θ_0..θ_t, its
 paper's reported model, ``strategies.afl``): AFL is scored on it with either value of the key
@@ -87,34 +87,16 @@ def score_central(model: torch.nn.Module, data: FederatedData, batch_size: int =
 ITERATES = ("last", "averaged")
 
 
-class IterateAverage:
-    """θ̄_t = (1/t) Σ_{s=1..t} θ_s, the running mean of the global models (float64, flat),
-    updated once per round by :meth:`observe`; :meth:`arrays` is θ̄_t in the model's arrays."""
-
-    def __init__(self) -> None:
-        self.mean: torch.Tensor | None = None
-        self.count = 0
-        self.spec: flat.FlatSpec | None = None
-
-    def observe(self, arrays) -> None:
-        x = flat.record_to_flat(arrays, dtype=torch.float64)
-        if self.spec is None:
-            self.spec = flat.spec_of(arrays)
-        self.mean = (x.clone() if self.mean is None or self.count == 0
-                     else self.mean + (x - self.mean) / (self.count + 1))
-        self.count += 1
-
-    def arrays(self):
-        return flat.flat_to_record(self.mean, self.spec)
-
-    def state(self) -> dict:
-        """What a checkpoint keeps (``{}`` before the first round)."""
-        return {} if self.mean is None else {"mean": self.mean.clone(), "count": self.count}
-
-    def restore(self, state: dict, template) -> None:
-        self.mean = None if not state else state["mean"].to(torch.float64).clone()
-        self.count = int(state.get("count", 0)) if state else 0
-        self.spec = flat.spec_of(template)
+def averaged(average: dict | None, arrays) -> dict | None:
+    """The running mean after one more global model: θ̄_t = θ̄_{t-1} + (θ_t − θ̄_{t-1}) / t (float64,
+    flat), from ``average`` = ``{"mean": θ̄_{t-1}, "count": t − 1}`` (``{}`` before the first round);
+    a new dict, ``average`` unchanged. None stays None (the run does not average)."""
+    if average is None:
+        return None
+    x = flat.record_to_flat(arrays, dtype=torch.float64)
+    count = int(average.get("count", 0))
+    mean = x.clone() if not average or count == 0 else average["mean"] + (x - average["mean"]) / (count + 1)
+    return {"mean": mean, "count": count + 1}
 
 
 def strategy_averages(strategy) -> bool:
@@ -147,36 +129,33 @@ class Evaluator:
         self.model = model.to(device())
         self.averaged = cfg.eval_averaged_iterate
         # AFL averages its own iterate: it is scored on that (see the module doc)
-        self.average = IterateAverage() if self.averaged and not strategy_averages(strategy) else None
+        self.averages = bool(self.averaged and not strategy_averages(strategy))  # the run state keeps θ̄_t
 
     @property
     def scored_iterate(self) -> str:
         """``"averaged"`` or ``"last"``: what :meth:`evaluate` scores."""
         return "averaged" if self.averaged or strategy_averages(self.strategy) else "last"
 
-    def observe(self, arrays) -> None:
-        """The global model after a round (every round, evaluated or not)."""
-        if self.average is not None:
-            self.average.observe(arrays)
-
-    def scored_arrays(self, arrays):
-        """The arrays handed to the strategy's ``evaluation_arrays``: θ̄_t with
-        eval-averaged-iterate (once a round has run), else θ_t."""
-        if self.average is not None and self.average.count > 0:
-            return self.average.arrays()
+    @staticmethod
+    def scored_arrays(arrays, average: dict | None = None):
+        """The arrays handed to the strategy's ``evaluation_arrays``: θ̄_t (``average``, the run
+        state's) with eval-averaged-iterate once a round has run, else θ_t."""
+        if average:
+            return flat.flat_to_record(average["mean"], flat.spec_of(arrays))
         return arrays
 
     @property
     def data(self):
         return self._data
 
-    def evaluate(self, server_round: int, arrays, grid, context) -> dict:
+    def evaluate(self, server_round: int, arrays, grid, context, average: dict | None = None) -> dict:
         """The scores of every client and the fairness metrics; ``context``: the strategy's calls'
-        (:class:`strategies.requests.RunContext`) for federated evaluation."""
+        (:class:`strategies.requests.RunContext`) for federated evaluation; ``average``: the run
+        state's θ̄_t (eval-averaged-iterate)."""
         import time
 
         t0 = time.perf_counter()
-        arrays = self.scored_arrays(arrays)
+        arrays = self.scored_arrays(arrays, average)
         self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
         out: dict = {}
         val, reasons = None, {}

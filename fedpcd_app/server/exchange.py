@@ -101,7 +101,8 @@ class PlainExchange:
         self.strategy, self.context, self.timeout = strategy, context, timeout
 
     def exchange(self, grid: Grid, msgs: list[Message], server_round: int,
-                 waiting: Callable[[], AbstractContextManager]) -> RoundOutcome:
+                 waiting: Callable[[], AbstractContextManager], context: RunContext | None = None) -> RoundOutcome:
+        """``context``: the round's (the run state's trust and streak; default: the one given at construction)."""
         with waiting():
             replies = send_and_receive(grid, msgs, timeout=self.timeout)
-        return self.strategy.train_outcome(server_round, replies, self.context)
+        return self.strategy.train_outcome(server_round, replies, context or self.context)

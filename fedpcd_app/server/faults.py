@@ -113,14 +113,11 @@ def ended_by(exp, exc: BaseException) -> BaseException:
     if getattr(exp, "finished", False):
         return exc
 
-    done = exp.history[-1]["round"] if exp.history else 0
+    done = exp.state.round
     text = str(exc).strip()
     line = f"failed at round {done + 1}: {type(exc).__name__}{': ' + text if text else ''}".splitlines()[0]
     try:
-        if exp.trained is not None and (not exp.history or exp.history[-1] is not exp.trained):
-            exp.history.append(exp.trained)  # trained, then failed before its record was kept
-            exp.writer.round(exp.trained)
-            exp.trained = None
+        exp.keep_trained()  # trained, then failed before its record was kept
         exp.finish(line, report=False)
     except Exception as again:  # noqa: BLE001 - the summary is best effort; the line is not
         log.error("summary.json could not be written (%s: %s)", type(again).__name__, again)

@@ -1,4 +1,5 @@
-"""The ServerApp's log: the ``HH:MM:SS [<method>] message`` lines on stderr, and the one-line
+"""The ServerApp's log: the ``HH:MM:SS LEVEL [<method>] message`` lines on stderr (the level
+always shown, so a warning never reads like progress), and the one-line
 report of the errors whose message is the whole story (a bad run config, unloadable data, a
 stopped aggregation) on Flower's path."""
 
@@ -19,7 +20,7 @@ class RunFailed(RuntimeError):
 
 
 class _MethodTag(logging.Formatter):
-    """``HH:MM:SS [<method>] message``: the prefix names the run's method (set by
+    """``HH:MM:SS LEVEL [<method>] message``: the prefix names the run's method (set by
     :func:`set_log_method`; ``fedpcd``, the app's name, before a run has one)."""
 
     method = "fedpcd"
@@ -51,7 +52,7 @@ class _StderrHandler(logging.StreamHandler):
 def setup_logging() -> None:
     if not log.handlers:
         handler = _StderrHandler()
-        handler.setFormatter(_MethodTag("%(asctime)s [%(method)s] %(message)s", "%H:%M:%S"))
+        handler.setFormatter(_MethodTag("%(asctime)s %(levelname)s [%(method)s] %(message)s", "%H:%M:%S"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False

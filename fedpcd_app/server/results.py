@@ -130,6 +130,26 @@ def held_results(folder: str | Path) -> str | None:
     return f"a run that did not finish ({records} round record(s) in {ROUNDS}, no summary{last})"
 
 
+def last_recorded_round(folder: str | Path) -> int | None:
+    """The last round ``folder``'s ``rounds.jsonl`` records (``folder`` may be its checkpoints
+    folder), None when it records none; a line cut short by a crash is skipped."""
+    folder = Path(folder)
+    path = (folder.parent if folder.name == "checkpoints" else folder) / ROUNDS
+    last = None
+    try:
+        with open(path, "rb") as fh:
+            for line in fh:
+                try:
+                    r = json.loads(line).get("round")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(r, int) and not isinstance(r, bool):
+                    last = r if last is None else max(last, r)
+    except OSError:
+        return None
+    return last
+
+
 def check_output_dir_reusable(cfg: RunConfig) -> None:
     """One-line :class:`ConfigError` when ``output-dir`` holds another run's results and this
     run neither resumes that folder nor says ``overwrite = true`` (nothing is touched)."""

@@ -49,7 +49,7 @@ PROFILE_DRAWS = 4000
 # the clients' training); each draw is still seeded by (seed, round) alone, so nothing changes.
 DRAW_AHEAD = 32
 
-# participation = "size-proportional": what it changes per method (README, "Participation").
+# participation = "size-proportional": what it changes per method (docs/methods/index.md, "Participation").
 # The FedAvg family averages the drawn clients uniformly; these keep their own server rule
 # (it has no data-size weights, so drawing ∝ n_k only tilts which clients are seen) ...
 FEDAVG_FAMILY = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")

@@ -172,15 +172,16 @@ class SecureAggregator:
         self.max_weight = self.kwargs["max_weight"]
 
     def exchange(self, grid, msgs: list[Message], server_round: int,
-                 waiting: Callable[[], AbstractContextManager]) -> RoundOutcome:
+                 waiting: Callable[[], AbstractContextManager], context: RunContext | None = None) -> RoundOutcome:
         """The protocol over ``msgs`` (inside ``waiting()``), then the strategy's step on the one
         aggregate reply: ``valid`` is [that reply] or [], ``contributors`` the partitions inside it,
-        ``dropped`` each client that left the protocol (every client when it halted)."""
+        ``dropped`` each client that left the protocol (every client when it halted). ``context``:
+        the round's (the run state's trust and streak; default: the one given at construction)."""
         with waiting():
             shim = self.protocol(grid, msgs, server_round) if msgs else None
         outcome = self.checked(shim, addressees(msgs), server_round)
         log_dropped(server_round, outcome.dropped)
-        return self.strategy.aggregate_checked(server_round, outcome, self.context)
+        return self.strategy.aggregate_checked(server_round, outcome, context or self.context)
 
     def protocol(self, grid, msgs: list[Message], server_round: int):
         """Flower's SecAgg+ workflow over the requests: the legacy shim holding the results."""

@@ -25,6 +25,7 @@ Parts, one job each: :mod:`fedpcd_app.server.config` (validation, once), :mod:`f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from fedcore.config import ConfigError, RunConfig, resolve
 from fedcore.flat import spec_of
 from fedpcd_app.server import checkpoint, divergence, faults, node_data, report_process, secagg
 from fedpcd_app.server.config import Setup, check, validate
-from fedpcd_app.server.evaluation import Evaluator, reply_limits, summary_fields
+from fedpcd_app.server.evaluation import Evaluator, averaged, reply_limits, summary_fields
 from fedpcd_app.server.exchange import PlainExchange, resolve_round_timeout
 from fedpcd_app.server.gpus import visible_gpus
 from fedpcd_app.server.logs import ONE_LINE_ERRORS, AggregationStopped, one_line_report, set_log_method, setup_logging
@@ -50,8 +51,8 @@ from fedpcd_app.server.membership import (
     routing_wanted,
     wait_for_stable_nodes,
 )
-from fedpcd_app.server.results import ResultsWriter, write_json_atomic
-from fedpcd_app.server.run_state import RunState, held
+from fedpcd_app.server.results import ResultsWriter, last_recorded_round, write_json_atomic
+from fedpcd_app.server.run_state import RunState
 from fedpcd_app.server.tracking import tracker_for
 from strategies.base import find
 from strategies.defences import UpdateClip
@@ -68,13 +69,9 @@ class Experiment:
     """One federated run on a Grid: ``run()`` does everything; the round and the evaluation
     are methods so that tests and the checkpoint logic can drive them one by one. What the run
     carries from round to round is one :class:`~fedpcd_app.server.run_state.RunState`
-    (``self.state``, checkpointed whole); the attributes below read and write it."""
-
-    arrays = held("arrays")
-    times_sampled = held("times_sampled")
-    history = held("history")
-    last_eval = held("last_eval")
-    warnings = held("warnings")
+    (``self.state``, checkpointed whole): :meth:`train_round` takes it and returns the next one,
+    which :meth:`keep` makes the run's once the round is recorded. The other attributes are the
+    run's setting (config, grid, strategy, evaluator, writer) and the round in progress."""
 
     def __init__(self, grid: Grid, setup: Setup | RunConfig, membership: Membership | None = None) -> None:
         if isinstance(setup, RunConfig):
@@ -94,36 +91,41 @@ class Experiment:
         self.membership_given = membership is not None  # discovered already (run_experiment)
         self.membership = membership if membership is not None else Membership(self.cfg)
         self.membership.cfg = self.cfg
-        self.state = RunState.new(ArrayRecord(setup.model.state_dict()), self.cfg.num_clients)
         self.evaluator = Evaluator(self.cfg, self.strategy, setup.model)
+        self.state = RunState.new(ArrayRecord(setup.model.state_dict()), self.cfg.num_clients,
+                                  strategy=self.strategy.state, averaged=self.evaluator.averages)
         # What the strategy's calls are given: the seeded sampler over partition ids, the run config
-        # sent with every request, counts bounded by the partitions' sizes the server knows.
+        # sent with every request, counts bounded by the partitions' sizes the server knows; each
+        # round's adds the run state's trust and drop streak (round_context).
         self.context = RunContext(select=self.membership.select, run_config=self.cfg.as_dict(),
-                                  limits=reply_limits(self.cfg, self.evaluator.data, self.membership),
-                                  trust=self.state.trust)
+                                  limits=reply_limits(self.cfg, self.evaluator.data, self.membership))
         self.stop_on_error = self.cfg.on_aggregation_error == "stop"
         self.aggregation_exception: Exception | None = None
         self.classes = divergence.num_classes(setup.model)
-        self.watch = divergence.Watch(self.cfg, self.classes, self.state.watch)
+        self.watch = divergence.Watch(self.cfg, self.classes)
         self.last_valid: list = []  # the last round's validated replies (the watch reads their losses)
-        self.initial_norm = divergence.model_norm(self.arrays)  # the collapse check's reference (completeness)
-        if setup.cfg.resume_from:  # every check and the whole restore before any file is opened for writing
-            self.resume(setup.cfg.resume_from)
+        self.initial_norm = divergence.model_norm(self.state.arrays)  # the collapse check's reference (completeness)
+        if self.cfg.checkpoint_every or setup.cfg.resume_from:
+            checkpoint.checkpoint_key()  # an empty FEDPCD_CHECKPOINT_KEY is an error now, not after the rounds
+        # every check and the whole restore before any file is opened for writing
+        rolled_back = self.resume(setup.cfg.resume_from) if setup.cfg.resume_from else None
         self.start_round = self.state.start_round  # the loop's first round
-        self.writer = ResultsWriter(self.cfg, history=self.history)
+        self.writer = ResultsWriter(self.cfg, history=self.state.history)
         if setup.cfg.resume_from:
             setup_logging()
             log.info("resumed from round %d of %s", self.start_round - 1, setup.cfg.resume_from)
+            if rolled_back:
+                log.warning("%s", rolled_back)
         self.tracker = tracker_for(self.cfg, self.writer.dir)  # TensorBoard and/or W&B (tracking.py)
         # the round's train exchange: in the clear, or under SecAgg+; either returns the round's outcome
-        self.exchange = (secagg.SecureAggregator(self.cfg, self.strategy, spec_of(self.arrays), self.context)
+        self.exchange = (secagg.SecureAggregator(self.cfg, self.strategy, spec_of(self.state.arrays), self.context)
                          if secagg.enabled(self.cfg) else PlainExchange(self.strategy, self.context,
                                                                          self.cfg.round_timeout or None))
         self.replies_in = 0.0  # when the latest round's replies were in (waiting())
         self.signals = divergence.Interrupts()
-        self.trained: dict[str, Any] | None = None  # the round trained but not yet recorded (an interrupt)
+        # the round trained but not yet kept: (the next run state, its record); an interrupt keeps it
+        self.trained: tuple[RunState, dict[str, Any]] | None = None
         self.finished = False  # finish() wrote the summary
-        self.sampled_before: np.ndarray | None = None
 
     # -- the whole run: one screen ------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -169,21 +171,15 @@ class Experiment:
         for server_round in range(self.start_round, cfg.num_server_rounds + 1):
             # SIGINT/SIGTERM end the run at once while it waits for clients or evaluates (run() then
             # checkpoints the rounds done); inside deferred() they wait for the block's end.
-            record = self.train_round(server_round)  # sets self.trained: interrupted() records it
-            diverged = self.watch.observe(record, self.last_valid)
+            state, record = self.train_round(self.state, server_round)  # self.trained: interrupted() keeps it
+            diverged = self.watch.observe(record, self.last_valid, state.watch)
             stop = diverged is not None or ("aggregation_error" in record and (
                 self.stop_on_error or isinstance(self.aggregation_exception, NoTrainingError)))
             if stop or self.is_eval_round(server_round):
-                evaluation = self.evaluator.evaluate(server_round, self.arrays, self.grid, self.context)
-                record["eval"] = self.last_eval = evaluation
+                record["eval"] = state.last_eval = self.evaluator.evaluate(
+                    server_round, state.arrays, self.grid, self.round_context(state), state.average)
             with self.signals.deferred():
-                self.watch_round(record)
-                self.history.append(record)
-                self.state.round = server_round
-                self.trained = None
-                self.writer.round(record)
-                if self.tracker is not None:
-                    self.tracker.round(record)
+                self.keep(state, record)
                 # The ETA leaves the first round out: it carries the start-up (data, workers, actors).
                 now = time.perf_counter()
                 if server_round == self.start_round:
@@ -198,22 +194,34 @@ class Experiment:
         with self.signals.deferred():
             return self.finish()
 
+    def keep(self, state: RunState, record: dict[str, Any]) -> None:
+        """The round's next run state made the run's, with its record (its warnings, rounds.jsonl,
+        the trackers)."""
+        self.watch_round(state, record)
+        state.history.append(record)
+        state.round = record["round"]
+        self.state, self.trained = state, None
+        self.writer.round(record)
+        if self.tracker is not None:
+            self.tracker.round(record)
+
+    def keep_trained(self) -> None:
+        """A round trained but not kept (an interrupt or an error cut its evaluation or bookkeeping): kept."""
+        if self.trained is not None and self.trained[0].round < self.trained[1]["round"]:
+            self.keep(*self.trained)
+        self.trained = None
+
     def interrupted(self, exc: KeyboardInterrupt) -> None:
         """SIGINT/SIGTERM: the rounds done so far checkpointed (whatever checkpoint-every says)
         and an incomplete summary, ``incomplete_reason: "interrupted at round N ..."``; the
-        folder is then continued by ``resume-from``. A round whose replies had not all arrived is
-        dropped (its draws are redone on resume); a trained round whose evaluation was cut is kept."""
+        folder is then continued by ``resume-from``. A round whose replies had not all arrived
+        never happened (the run state is the previous round's: its draws are redone on resume); a
+        trained round whose evaluation was cut is kept."""
         setup_logging()
         if self.finished:  # the signal came as the run ended: its summary stands
             return
-        if self.trained is not None:  # trained; only its evaluation (or bookkeeping) was cut
-            self.history.append(self.trained)
-            self.state.round = self.trained["round"]
-            self.writer.round(self.trained)
-            self.trained = None
-        elif self.sampled_before is not None:  # cut while waiting for replies: that round never happened
-            self.times_sampled = self.sampled_before
-        done = self.history[-1]["round"] if self.history else 0
+        self.keep_trained()
+        done = self.state.round
         what = getattr(exc, "signal_name", "SIGINT")
         if done:
             self.save_checkpoint(done)
@@ -243,31 +251,39 @@ class Experiment:
         return self.finish(reason)
 
     # -- one training round ----------------------------------------------------------------------
-    def train_round(self, server_round: int) -> dict[str, Any]:
-        """Sample → requests → replies → validation and aggregation → the round's record."""
+    def train_round(self, state: RunState, server_round: int) -> tuple[RunState, dict[str, Any]]:
+        """The run state after round ``server_round`` from the one before it, and the round's
+        record: sample → requests → replies → validation and aggregation. ``state`` stays as it
+        was (but for the method's buffers, :mod:`fedpcd_app.server.run_state`)."""
         t0 = time.perf_counter()
-        msgs = self.requests(server_round)
+        state = state.successor()
+        self.strategy.state = state.strategy  # the method goes on from the run state's
+        context = self.round_context(state)
+        msgs = self.requests(state, server_round, context)
         with self.signals.deferred():  # aggregation and the record: an interrupt waits for them (not in waiting())
-            outcome = self.exchange.exchange(self.grid, msgs, server_round, self.waiting)
-            self.sampled_before = None
+            outcome = self.exchange.exchange(self.grid, msgs, server_round, self.waiting, context)
             record = self.round_record(server_round, list(addressees(msgs).values()), outcome)
-            self.take(outcome, record, aggregate_seconds=time.perf_counter() - self.replies_in)
+            self.take(state, outcome, record, aggregate_seconds=time.perf_counter() - self.replies_in)
             record["train_seconds"] = self.replies_in - t0
-            self.evaluator.observe(self.arrays)  # eval-averaged-iterate: θ̄_t includes this round's model
+            state.strategy = self.strategy.state
+            state.average = averaged(state.average, state.arrays)  # eval-averaged-iterate: θ̄_t includes θ_t
             record["round_seconds"] = time.perf_counter() - t0  # the whole training round
-            self.trained = record  # before any interrupt can land: run() records it
-            return record
+            self.trained = (state, record)  # before any interrupt can land: run() keeps it
+            return state, record
 
-    def requests(self, server_round: int) -> list:
+    def round_context(self, state: RunState) -> RunContext:
+        """What the strategy's calls get this round: the run's context with ``state``'s trust and drop streak."""
+        return dataclasses.replace(self.context, trust=state.trust, streak=state.streak)
+
+    def requests(self, state: RunState, server_round: int, context: RunContext) -> list:
         """The round's train requests to the sampled clients a node serves now, each counted in
-        ``times_sampled`` (a Bernoulli availability round can be empty: nothing is sent)."""
+        ``state.times_sampled`` (a Bernoulli availability round can be empty: nothing is sent)."""
         if self.membership.sampler is not None:
             self.membership.refresh(self.grid, server_round)  # nodes that left or (re)joined
             for pid in self.membership.moved:  # a new node: the client's node-side state is gone
                 self.strategy.node_changed(pid)
-        msgs = self.strategy.configure_train(server_round, self.arrays, ConfigRecord(), self.grid, self.context)
-        self.sampled_before = self.times_sampled.copy()  # an interrupt while waiting undoes this round's count
-        self.times_sampled[list(addressees(msgs).values())] += 1  # rounds a partition was asked
+        msgs = self.strategy.configure_train(server_round, state.arrays, ConfigRecord(), self.grid, context)
+        state.times_sampled[list(addressees(msgs).values())] += 1  # rounds a partition was asked
         return msgs
 
     @contextlib.contextmanager
@@ -292,8 +308,8 @@ class Experiment:
                 "num_dropped": len(outcome.dropped),
                 "lr": self.strategy.round_lr(server_round)}
 
-    def take(self, outcome: RoundOutcome, record: dict[str, Any], aggregate_seconds: float) -> None:
-        """The round's outcome into the record, and its model (when finite) as the global model."""
+    def take(self, state: RunState, outcome: RoundOutcome, record: dict[str, Any], aggregate_seconds: float) -> None:
+        """The round's outcome into the record, and its model (when finite) as ``state``'s global model."""
         self.last_valid = outcome.client_replies  # the divergence watch reads their losses
         if outcome.error is not None:
             if not self.stop_on_error:
@@ -309,7 +325,7 @@ class Experiment:
         if outcome.arrays is not None and not divergence.is_finite(outcome.arrays):
             record["diverged"] = "the global model became non-finite (rolled back to the previous round's)"
         elif outcome.arrays is not None:
-            self.arrays = outcome.arrays
+            state.arrays = outcome.arrays
         if outcome.metrics is not None:
             record["strategy"] = dict(outcome.metrics)
         record.update(outcome.defence)  # update_norms, update_clip, privacy (validation's and the wrappers' reports)
@@ -323,8 +339,11 @@ class Experiment:
         return server_round == self.cfg.num_server_rounds or (every > 0 and server_round % every == 0)
 
     def evaluate(self, server_round: int) -> dict[str, Any]:
-        self.last_eval = self.evaluator.evaluate(server_round, self.arrays, self.grid, self.context)
-        return self.last_eval
+        """The run state's model scored now (kept as its last evaluation)."""
+        state = self.state
+        state.last_eval = self.evaluator.evaluate(server_round, state.arrays, self.grid, self.round_context(state),
+                                                  state.average)
+        return state.last_eval
 
     # -- checkpoints (fedpcd_app.server.checkpoint) ---------------------------------------------------
     def after_round(self, server_round: int) -> None:
@@ -334,37 +353,47 @@ class Experiment:
             self.save_checkpoint(server_round)
 
     def save_checkpoint(self, server_round: int) -> None:
+        """The run state whole (:class:`~fedpcd_app.server.run_state.RunState`) and what a resume checks it against."""
         ckpt = checkpoint.Checkpoint(
-            **{**self.state.saved(), "round": server_round},  # the run state whole (run_state.RunState)
+            **{**self.state.saved(), "round": server_round},
             method=self.cfg.method, seed=self.cfg.seed, num_clients=self.cfg.num_clients,
-            strategy=self.strategy.state, params=self.strategy.params.to_run_config(),
-            config=self.cfg.as_dict(),
-            averaged_iterate=self.evaluator.average.state() if self.evaluator.average is not None else None,
-        )
+            params=self.strategy.params.to_run_config(), config=self.cfg.as_dict())
         path = checkpoint.write(self.writer.dir, ckpt, keep=self.setup.cfg.checkpoint_keep)
         log.info("round %d: checkpoint %s", server_round, path)
 
-    def resume(self, folder: str) -> None:
+    def resume(self, folder: str) -> str | None:
         """Continue from the latest valid checkpoint in ``folder`` (an earlier run's output-dir):
-        every check and the restore in memory, before the writer opens any file (a refused resume
-        changes nothing on disk); the writer then starts rounds.jsonl with its history."""
+        every check and the whole restore in memory, before the writer opens any file (a refused
+        resume changes nothing on disk); the writer then starts rounds.jsonl with its history.
+        Returns the line saying the checkpoint is older than the folder's last recorded round (a
+        newer one was damaged, deleted or replaced: the rounds after it run again), None when it is
+        not; the line is kept in the run's warnings, and every resume in summary.json's ``resumes``."""
         ckpt = checkpoint.latest(folder)
         allow = checkpoint.allowed_changes(self.cfg.resume_allow_changes)
         checkpoint.check_compatible(ckpt, self.cfg.method, self.cfg.seed, self.cfg.num_clients,
-                                    {k: v.numpy() for k, v in self.arrays.items()},
+                                    {k: v.numpy() for k, v in self.state.arrays.items()},
                                     self.strategy.params.to_run_config(), allow)
         checkpoint.check_rounds_left(folder, ckpt.round, self.cfg.num_server_rounds)
         checkpoint.check_config(ckpt, self.cfg.as_dict(), allow)
-        self.state = RunState.restored(ckpt)  # the model, counts, history, trust, warnings, watch, round
-        self.context.trust, self.watch.counts = self.state.trust, self.state.watch
-        if (ckpt.averaged_iterate is not None) != (self.evaluator.average is not None):
+        if (ckpt.averaged_iterate is not None) != self.evaluator.averages:
             raise ConfigError(f"run-config key 'eval-averaged-iterate' = {self.evaluator.averaged} but the checkpoint "
                               f"of round {ckpt.round} in {folder} was written with the other value: resume with "
                               "the same eval-averaged-iterate")
-        if self.evaluator.average is not None:
-            self.evaluator.average.restore(ckpt.averaged_iterate, self.arrays)
-        self.strategy.state = ckpt.strategy  # the method's state whole (central DP's clipping norm included)
+        state = RunState.restored(ckpt)  # every field, the method's state as saved
+        self.strategy.state = state.strategy  # rebuilt by the method (central DP's clipping norm included)
         self.strategy.restored()  # e.g. SCAFFOLD re-sends the mirrored client control variates
+        state.strategy = self.strategy.state
+        recorded = last_recorded_round(folder)
+        line = None
+        if recorded is not None and recorded > ckpt.round:
+            line = (f"resumed from the checkpoint of round {ckpt.round} although {folder} recorded rounds up to "
+                    f"{recorded}: the newer checkpoints were damaged, deleted or replaced; rounds {ckpt.round + 1}-"
+                    f"{recorded} run again and their records are replaced")
+            state.warnings.append(line)
+        state.resumes.append({"from": str(folder), "round": ckpt.round, "last_recorded_round": recorded,
+                              "rolled_back": line is not None})
+        self.state = state
+        return line
 
     # -- results ---------------------------------------------------------------------------------
     def log_round(self, rec: dict[str, Any], seconds_per_round: float | None) -> None:
@@ -387,44 +416,44 @@ class Experiment:
             line += f" [{rec['round_seconds']:.2f} s, ETA {seconds_per_round * (self.cfg.num_server_rounds - r):.0f} s]"
         log.info(line)
 
-    def watch_round(self, record: dict[str, Any]) -> None:
-        """The round's warnings (logged and kept for summary.json): an evaluation far below the
-        previous one, and accepted updates near the size bound in several rounds."""
+    def watch_round(self, state: RunState, record: dict[str, Any]) -> None:
+        """The round's warnings (logged and kept in ``state`` for summary.json): an evaluation far
+        below the previous one, and accepted updates near the size bound in several rounds."""
         r = record["round"]
-        faults.watch(self.history, record, self.warn)  # errors and time-outs of most clients
+
+        def warn(text: str) -> None:
+            state.warnings.append(text)
+            log.warning("%s", text)
+
+        faults.watch(state.history, record, warn)  # errors and time-outs of most clients
         if "eval" in record:
-            earlier = [h for h in self.history if "eval" in h]
+            earlier = [h for h in state.history if "eval" in h]
             now, before = record["eval"].get("mean_acc"), earlier[-1]["eval"].get("mean_acc") if earlier else None
             if now is not None and before is not None and before - now >= divergence.SUDDEN_DROP:
-                self.warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to "
-                          f"{now:.4f}")
+                warn(f"round {r}: mean accuracy fell from {before:.4f} (round {earlier[-1]['round']}) to {now:.4f}")
         # Accepted updates near the size bound in several rounds (poisoning under the bound): counted
         # once, in the reply trust (strategies.gate), whose one warning the round's update_norms carry.
-        if (text := (record.get("update_norms") or {}).get("warning")) and text not in self.warnings:
-            self.warnings.append(text)  # logged where it was made
-
-    def warn(self, text: str) -> None:
-        self.warnings.append(text)
-        log.warning("%s", text)
+        if (text := (record.get("update_norms") or {}).get("warning")) and text not in state.warnings:
+            state.warnings.append(text)  # logged where it was made
 
     def finish(self, stopped: str | None = None, report: bool = True) -> dict[str, Any]:
         """clients.csv, the final model and summary.json; ``stopped``: why the run ended early;
         ``report``: draw report.md and the figures (figures = auto)."""
-        cfg, final, data = self.cfg, self.last_eval or _no_evaluation(self.cfg.num_clients), self.evaluator.data
+        cfg, final, data = self.cfg, self.state.last_eval or _no_evaluation(self.cfg.num_clients), self.evaluator.data
         reported = node_data.sizes(self.membership) if self.node_data else {}  # (train, test) rows per node
-        replied = _times_replied(self.history, cfg.num_clients)
+        replied = _times_replied(self.state.history, cfg.num_clients)
         rows = [{
             "partition_id": pid,
             "num_train": len(data.train_idx[pid]) if data else reported.get(pid, ("", ""))[0],
             "num_test": len(data.test_idx[pid]) if data else reported.get(pid, ("", ""))[1],
-            "times_sampled": int(self.times_sampled[pid]),
+            "times_sampled": int(self.state.times_sampled[pid]),
             "times_replied": int(replied[pid]),
             "final_acc": final["client_acc"][pid],
             "final_loss": final["client_loss"][pid],
         } for pid in range(cfg.num_clients)]
         self.writer.clients(rows)
         # The final global model: a plain state_dict (torch.load(path, weights_only=True) reads it).
-        self.writer.model(self.arrays.to_torch_state_dict())
+        self.writer.model(self.state.arrays.to_torch_state_dict())
         summary = {
             "method": cfg.method,
             "seed": cfg.seed,
@@ -434,12 +463,14 @@ class Experiment:
             "central_acc": final.get("central_acc"),
             "central_loss": final.get("central_loss"),
             "client_acc": final["client_acc"],
-            **summary_fields(final, [r["eval"] for r in self.history if "eval" in r], self.evaluator.scored_iterate),
-            "num_dropped_replies": sum(r["num_dropped"] for r in self.history),
-            "aggregation_errors": sum(1 for r in self.history if "aggregation_error" in r),
-            "evaluated_round": next((r["round"] for r in reversed(self.history) if "eval" in r), None),
+            **summary_fields(final, [r["eval"] for r in self.state.history if "eval" in r],
+                             self.evaluator.scored_iterate),
+            "num_dropped_replies": sum(r["num_dropped"] for r in self.state.history),
+            "aggregation_errors": sum(1 for r in self.state.history if "aggregation_error" in r),
+            "evaluated_round": next((r["round"] for r in reversed(self.state.history) if "eval" in r), None),
             **self.completeness(stopped),
-            "warnings": list(self.warnings),
+            "warnings": list(self.state.warnings),
+            "resumes": list(self.state.resumes),  # each resume: from which folder and round, and whether it rolled back
             **self.hostile_summary(final),
             "weighting": weighting_of(cfg.method, cfg.as_dict()),  # how the method weights clients (registry)
             "config": cfg.as_dict(),
@@ -455,7 +486,7 @@ class Experiment:
         if report and self.draws_report():  # report.md and the run's figures
             drawer, self.drawer = getattr(self, "drawer", None), None
             report_process.draw_report(self.writer.dir, drawer)
-        if self.last_eval:
+        if self.state.last_eval:
             log.info("done: mean acc %.4f, worst-10%% %.4f, jain %.4f, central %.4f -> %s",
                      summary["mean_acc"], summary["worst10_acc"], summary["jain"],
                      summary["central_acc"] if summary["central_acc"] is not None else float("nan"), self.writer.dir)
@@ -478,25 +509,25 @@ class Experiment:
         rounds whose every arrived reply was dropped (shorter than ``diverge-patience``: measured, a
         round whose attackers were the majority let a huge update through and the next rounds'
         replies were all refused; the final model is then not to be trusted)."""
-        failed = [r for r in self.history if "aggregation_error" in r]
+        failed = [r for r in self.state.history if "aggregation_error" in r]
         reason = stopped
         if reason is None and failed:
             reason = (f"aggregation failed in {len(failed)} round(s), first round {failed[0]['round']}: "
                       f"{failed[0]['aggregation_error']}; on-aggregation-error='keep' kept the previous model")
-        bad_data = [d for r in self.history for d in r.get("dropped", ()) if "DataError" in str(d.get("reason"))]
+        bad_data = [d for r in self.state.history for d in r.get("dropped", ()) if "DataError" in str(d.get("reason"))]
         if reason is None and bad_data:
             pids = sorted({d["partition"] for d in bad_data if d.get("partition") is not None})
             reason = (f"partition(s) {pids} could not load their data ({len(bad_data)} dropped train repl(ies)), "
                       f"first: {bad_data[0]['reason']}")
-        reason = reason or faults.incomplete_reason(self.history)  # most clients failing (faults.py)
-        streak = self.watch.refused_rounds
+        reason = reason or faults.incomplete_reason(self.state.history)  # most clients failing (faults.py)
+        streak = self.state.watch.refused_rounds
         if reason is None and streak:
             reason = (f"the last {streak} round(s) dropped every reply that arrived (diverge-patience = "
                       f"{self.watch.patience} was not reached before the run ended): the final model may have "
                       "diverged or been poisoned")
         out: dict[str, Any] = {}
         # the validation split when the run has one (divergence.selection_acc): these checks decide selection
-        evals = [(r["round"], divergence.selection_acc(r["eval"])) for r in self.history if "eval" in r]
+        evals = [(r["round"], divergence.selection_acc(r["eval"])) for r in self.state.history if "eval" in r]
         if (collapsed := divergence.collapse(evals, self.classes)) is not None:
             out["collapsed"] = collapsed
             if reason is None:
@@ -505,12 +536,12 @@ class Experiment:
                           f"{divergence.COLLAPSE_KEEP:.0%} of the gain over chance ({c['chance']:.3g}) of the best "
                           f"evaluation, {c['best_mean_acc']:.4f} at round {c['best_round']}: the final model is not "
                           "this run's result")
-        if reason is None and (why := divergence.norm_outside(divergence.model_norm(self.arrays),
+        if reason is None and (why := divergence.norm_outside(divergence.model_norm(self.state.arrays),
                                                               self.initial_norm)) is not None:
             reason = f"final model out of bounds: {why}"
-        rounds = self.history[-1]["round"] if self.history else 0
-        if reason is None and self.last_eval and (why := divergence.at_chance(
-                divergence.selection_acc(self.last_eval), self.classes, rounds)) is not None:
+        rounds = self.state.history[-1]["round"] if self.state.history else 0
+        if reason is None and self.state.last_eval and (why := divergence.at_chance(
+                divergence.selection_acc(self.state.last_eval), self.classes, rounds)) is not None:
             reason = f"at chance at round {rounds}: {why}"
         return {"complete": reason is None, "incomplete_reason": reason, **out}
 
@@ -522,7 +553,7 @@ class Experiment:
             out["honest"] = final["honest"]
         if (clip := find(self.strategy.method, UpdateClip)) is not None:
             out["update_clip"] = {"c": clip.c, "num_clipped": sum(
-                r.get("update_clip", {}).get("num_clipped", 0) for r in self.history)}
+                r.get("update_clip", {}).get("num_clipped", 0) for r in self.state.history)}
         if (dp := find(self.strategy.method, CentralDP)) is not None:
             out["privacy"] = dp.describe(dp_state(self.strategy.method, self.strategy.state))
         return out

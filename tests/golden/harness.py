@@ -16,4 +16,4 @@ def run_in_process(overrides: dict):
     with task_identity():
         exp = Experiment(ClientAppGrid(cfg.num_clients, client_app), cfg)
         exp.run()
-    return exp.arrays, read_rounds(exp.writer.dir), read_summary(exp.writer.dir)
+    return exp.state.arrays, read_rounds(exp.writer.dir), read_summary(exp.writer.dir)
