@@ -153,6 +153,7 @@ def test_size_proportional_is_numpys_weighted_draw_without_replacement():
 
 
 @pytest.mark.parametrize("method, ok", [("fedavg", True), ("fedprox", True), ("qffl", True), ("federage", True),
+                                        ("propfair", True), ("adafed", True), ("term", False), ("fedfa", False),
                                         ("fedpcd", False), ("fednova", False), ("afl", False), ("ditto", False)])
 def test_size_proportional_is_refused_where_it_would_count_sizes_twice(method, ok):
     from fedcore.config import resolve
@@ -170,7 +171,7 @@ def test_size_proportional_is_refused_where_it_would_count_sizes_twice(method, o
 def test_size_proportional_makes_the_fedavg_family_average_uniformly():
     from fedpcd_app.server.config import load_setup
 
-    for method in ("fedavg", "fedprox", "fedavgm", "fedadam"):
+    for method in ("fedavg", "fedprox", "fedavgm", "fedadam", "propfair"):
         setup = load_setup({"method": method, "participation": "size-proportional"})
         assert setup.strategy.fedavg_weighting == "uniform"
         assert load_setup({"method": method}).strategy.fedavg_weighting == "data-size"

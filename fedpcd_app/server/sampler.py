@@ -52,9 +52,9 @@ DRAW_AHEAD = 32
 # participation = "size-proportional": what it changes per method (docs/methods/index.md, "Participation").
 # The FedAvg family averages the drawn clients uniformly; these keep their own server rule
 # (it has no data-size weights, so drawing ∝ n_k only tilts which clients are seen) ...
-FEDAVG_FAMILY = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+FEDAVG_FAMILY = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "propfair")
 SIZE_PROPORTIONAL_OWN_RULE = ("qffl", "federage", "scaffold", "fedfv", "fedlf", "fedheal", "fedpw", "config-fl",
-                              "fedmedian", "fedtrimmedavg")
+                              "fedmedian", "fedtrimmedavg", "adafed")
 # ... and these weight by data size (or need every client each round) in a way the uniform
 # mean does not replace: drawing ∝ n_k would count the sizes twice.
 SIZE_PROPORTIONAL_REFUSED = {
@@ -66,6 +66,8 @@ SIZE_PROPORTIONAL_REFUSED = {
     "ditto": "its shared model is a data-size-weighted FedAvg",
     "krum": "not checked for it", "multikrum": "Flower's MultiKrum averages the kept replies by data size",
     "bulyan": "not checked for it",
+    "term": "its tilted weights are the data-size weights times e^(t·loss)",
+    "fedfa": "its weights read each client's participation count, which size-proportional draws tilt",
 }
 
 
