@@ -6,6 +6,7 @@ would before anything is installed."""
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import subprocess
 import sys
@@ -100,15 +101,25 @@ def test_an_index_that_never_answers_gives_up_after_the_timeout(bare_python):
     assert done.returncode == 2 and "no answer from" in line and "within 1 s" in line
 
 
-def test_pip_failing_after_the_check_is_one_line_too(bare_python):
-    """The index checks out, then pip fails (here: the virtualenv has no pip): exit 1 and one line of
-    the script's own after pip's output."""
+def test_pip_failing_after_the_check_is_one_line_too(bare_python, tmp_path):
+    """The index checks out, then pip fails: exit 1 and one line of the script's own after pip's
+    output. The pip that runs is a stand-in that exits 3, first on a PYTHONPATH of its own in an
+    environment stripped of the caller's PYTHON* settings: a pip the caller's environment leaks in
+    (CI's held the project's .venv, whose torch made a real pip say 'already satisfied') is never
+    reached."""
+    (tmp_path / "pip").mkdir()
+    (tmp_path / "pip" / "__init__.py").write_text("")
+    (tmp_path / "pip" / "__main__.py").write_text("import sys\nprint('stand-in pip failing')\nsys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(PYTHONPATH=str(tmp_path), PYTHONNOUSERSITE="1")
     server, url = _index(_page("2.14.1+cpu"))
-    done = _run(bare_python, "--index-url", url)
+    done = subprocess.run([str(bare_python), str(SCRIPT), "--index-url", url], capture_output=True, text=True,
+                          timeout=120, env=env)
     server.shutdown()
+    assert "stand-in pip failing" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: pip could not install torch 2.14.1 from {url}") and "mirror" in last
+    assert last.startswith(f"error: pip could not install torch 2.14.1 from {url} (exit 3") and "mirror" in last
 
 
 def test_the_readme_installs_the_cpu_build_through_the_script():
