@@ -9,7 +9,6 @@ once, straight into a preallocated row of the (m, d) update matrix.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 from typing import TYPE_CHECKING
 
@@ -309,57 +308,8 @@ def to_array(ndarray: np.ndarray):
         _SAVED[key] = (array.data[: _parsed(array.data)[3]], array.dtype)
         return array
     header, dtype = hit
-    data = b"".join((header, ndarray.reshape(-1).view(np.uint8)))
-    if _plain_records():  # the fields Array's constructor would set, set directly (checked once)
-        array = Array.__new__(Array)
-        array.__dict__.update(_is_dirty=True, dtype=dtype, shape=ndarray.shape, stype="numpy.ndarray", data=data)
-        return array
-    return Array(dtype=dtype, shape=ndarray.shape, stype="numpy.ndarray", data=data)
-
-
-@functools.cache
-def _plain_records() -> bool:
-    """Whether flwr's ``Array`` and ``ArrayRecord`` hold exactly the fields this module sets
-    directly (``to_array``, ``state_to_record``: the constructor's and ``__setitem__``'s type
-    checks cost a small model's reply more than its bytes' copy): an Array made either way equals
-    the constructor's, a record filled either way equals the public one. Else (another flwr) the
-    public constructors are used."""
-    from flwr.app import Array, ArrayRecord
-
-    try:
-        want = Array(dtype="<f4", shape=(2,), stype="numpy.ndarray", data=b"x" * 8)
-        got = Array.__new__(Array)
-        got.__dict__.update(_is_dirty=True, dtype="<f4", shape=(2,), stype="numpy.ndarray", data=b"x" * 8)
-        record, direct = ArrayRecord(), ArrayRecord()
-        record["a"] = want
-        direct.__dict__["_data"]["a"] = got
-        direct.__dict__["_is_dirty"] = True
-        return (set(vars(want)) == set(vars(got)) and vars(want) == vars(got) and got == want
-                and set(vars(record)) == set(vars(direct)) and dict(record.items()) == dict(direct.items())
-                and record.is_dirty and direct.is_dirty)
-    except Exception:  # noqa: BLE001 - any difference: the public path
-        return False
-
-
-def copy_record(record: ArrayRecord) -> ArrayRecord:
-    """A new ``ArrayRecord`` of new ``Array`` objects equal to ``record``'s (each ``copy.copy`` of
-    its Array: its fields, the data bytes shared)."""
-    import copy
-
-    from flwr.app import Array, ArrayRecord
-
-    own = ArrayRecord()
-    if not _plain_records():
-        for key, array in record.items():
-            own[key] = copy.copy(array)
-        return own
-    data = own.__dict__["_data"]
-    for key, array in record.items():
-        twin = Array.__new__(Array)
-        twin.__dict__.update(array.__dict__)
-        data[key] = twin
-    own.__dict__["_is_dirty"] = True
-    return own
+    return Array(dtype=dtype, shape=ndarray.shape, stype="numpy.ndarray",
+                 data=b"".join((header, ndarray.reshape(-1).view(np.uint8))))
 
 
 def state_to_record(state) -> ArrayRecord:
@@ -368,14 +318,6 @@ def state_to_record(state) -> ArrayRecord:
     from flwr.app import ArrayRecord
 
     record = ArrayRecord()
-    if _plain_records():  # keys are the state's names (str), values to_array's Arrays: what __setitem__ checks
-        data = record.__dict__["_data"]
-        for name, tensor in state.items():
-            if not isinstance(name, str):
-                record[name] = tensor  # what the public path raises
-            data[name] = to_array(tensor.detach().cpu().numpy())
-        record.__dict__["_is_dirty"] = True
-        return record
     for name, tensor in state.items():
         record[name] = to_array(tensor.detach().cpu().numpy())
     return record
