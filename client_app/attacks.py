@@ -58,6 +58,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedcore import flat, keys
 from fedcore.config import APP, ConfigError
+from fedcore.internals import message_with_metadata
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import numpy_rng, torch_generator
 
@@ -190,7 +191,7 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
         num_classes = input_spec(cfg)[1] if local_data.is_node_mode(cfg) else load_federated_data(cfg).num_classes
         content = RecordDict(dict(msg.content.items()))
         content[keys.CONFIG] = ConfigRecord({**dict(config), keys.ATTACK_LABEL_MAP: flipped_labels(num_classes)})
-        return call_next(Message(content, metadata=msg.metadata), context)
+        return call_next(message_with_metadata(content, msg.metadata), context)
     reply = call_next(msg, context)
     if reply.has_error():
         return reply

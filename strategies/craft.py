@@ -65,6 +65,7 @@ import torch
 
 from fedcore import flat
 from fedcore.config import Grid
+from fedcore.internals import ConvBase
 from fedcore.params import MethodParams, hyper
 from strategies.base import Method, Round, Step
 from strategies.flower import FairStrategy, method_params
@@ -130,7 +131,7 @@ def _norm_owners(model: nn.Module) -> dict[str, str]:
         previous_conv = None
         for child_name, child in module.named_children():
             name = f"{prefix}.{child_name}" if prefix else child_name
-            if isinstance(child, nn.modules.conv._ConvNd):
+            if isinstance(child, ConvBase):
                 previous_conv = name
             elif isinstance(child, (nn.GroupNorm, nn.LayerNorm)) and previous_conv is not None:
                 owners[name] = previous_conv

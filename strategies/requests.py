@@ -26,9 +26,9 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.supercore import log as flower_log
 
 from fedcore import keys
+from fedcore.internals import flower_log
 from fedcore.replies import ReplyLimits, ReplyTrust
 from fedcore.seeding import derive_seed
 
