@@ -320,28 +320,3 @@ def test_evaluate_requests_hold_what_they_held():
         assert m.metadata.message_type == MessageType.EVALUATE and m.metadata.group_id == "eval-3"
         assert list(m.content.keys()) == [keys.ARRAYS, keys.CONFIG, keys.RUN_CONFIG]
         assert dict(m.content[keys.CONFIG].items()) == want and m.content[keys.ARRAYS] is arrays
-
-
-# -- fedpcd_app.server.sampler: rounds drawn ahead are the rounds' own draws ------------------------
-@pytest.mark.parametrize("participation", ["uniform", "skewed", "bernoulli"])
-def test_sampler_draws_ahead_what_each_round_draws_alone(participation):
-    from fedcore.config import load_config
-    from fedpcd_app.server import sampler as sampling
-
-    cfg = load_config({"num-clients": 30, "fraction-train": 0.2, "num-server-rounds": 70, "seed": 3,
-                       "participation": participation, "availability-rare-choice": "last"})
-    sampler = sampling.build_sampler(cfg)
-    alone = {r: sampling.build_sampler(cfg).draw(r) for r in range(1, 80)}
-    order = [*range(1, 71), 5, 70, 71, 79, 2, 33]  # in order, back, past the last round
-    for r in order:
-        assert sampler.sample(r) == alone[r]
-        assert len(sampler._drawn) <= sampling.DRAW_AHEAD
-    assert sampler.sample(4) is not sampler.sample(4)  # a fresh list: the caller's to change
-    # a model drawn ahead is forgotten when the seed or the availability changes
-    sampler.sample(10)
-    sampler.cfg = cfg.replace(seed=4)
-    assert sampler.sample(11) == sampling.build_sampler(cfg.replace(seed=4)).draw(11) != alone[11]
-    if participation == "uniform":  # (the other models' probabilities are per available client)
-        sampler.available = sampler.available[:-5].copy()
-        assert sampler.sample(12) == sampler.draw(12)
-        assert all(p < 25 for r in range(12, 20) for p in sampler.sample(r))
