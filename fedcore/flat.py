@@ -342,7 +342,7 @@ def model_deltas(current: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
 
 # -- one model spec's facts, worked out once per run ------------------------------------------------
-# The readers and writers below give what the ones above give (the same views, sums and bytes) for
+# The readers below give what the ones above give (the same views and sums) for
 # the records of one spec: what they would work out anew for every array of every record (each
 # array's place, dtype, .npy header) is worked out once per spec (:func:`spec_layout`).
 
@@ -492,24 +492,3 @@ def weighted_sum_views(views: list[list[np.ndarray]], weights: torch.Tensor, out
             j += 1
         torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
     return out
-
-
-def record_from_flat(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
-    """:func:`flat_to_record`, the same record (the same bytes in every array), with the spec's
-    places and headers worked out once (:func:`spec_layout`)."""
-    from flwr.app import Array, ArrayRecord
-
-    layout = spec_layout(spec)
-    flat_np = flat.detach().cpu().numpy()
-    if flat_np.size != layout.dim:
-        return flat_to_record(flat, spec)
-    record = ArrayRecord()
-    for key, shape, name, dtype, header, a, n in zip(spec.keys, spec.shapes, spec.dtypes, layout.dtypes,
-                                                     layout.headers, layout.starts, layout.counts):
-        part = np.ascontiguousarray(flat_np[a : a + n], dtype=name).reshape(shape)
-        if header is not None and part.dtype == dtype and part.flags.c_contiguous:
-            # what to_array writes: np.save's header, then the data
-            record[key] = Array(name, part.shape, "numpy.ndarray", b"".join((header, part.reshape(-1).view(np.uint8))))
-        else:
-            record[key] = to_array(part)
-    return record

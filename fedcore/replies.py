@@ -325,18 +325,6 @@ def theta_views(arrays, spec: FlatSpec) -> dict[str, np.ndarray]:
     return out
 
 
-def ratio_outliers(norms: list[float], ratio: float) -> tuple[list[int], float]:
-    """(indices whose norm exceeds ``ratio`` × the median of ``norms``, the median). None when
-    the rule is off (ratio 0), with fewer than :data:`MIN_REPLIES_FOR_RATIO` norms, or a
-    median of 0."""
-    if not norms:
-        return [], math.nan
-    med = median(norms)
-    if ratio <= 0 or len(norms) < MIN_REPLIES_FOR_RATIO or not med > 0:
-        return [], med
-    return [i for i, n in enumerate(norms) if n > ratio * med], med
-
-
 def median(values: Iterable[float]) -> float:
     """``float(np.median(values))`` of the values as floats; NaN when any is NaN or there is none
     (without numpy's warnings for these, for infinities or an overflowing mean)."""
