@@ -135,7 +135,8 @@ def flipped_labels(num_classes: int) -> list[int]:
 @functools.lru_cache(maxsize=4)
 def _run_attack(items: tuple) -> tuple[dict, Params, bool]:
     """(the run config, its attack settings, whether nodes bring their own data), read once per
-    distinct run-config record (every message carries the run's: ~0.1 ms a message read anew).
+    distinct run-config record (every message carries the run's; read anew it costs each message:
+    docs/performance.md, rule 8).
     The dict is shared by the calls: read only."""
     raw = dict(items)
     return raw, Params.from_run_config(raw), APP["client-data"].read(raw) == "node"

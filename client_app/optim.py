@@ -4,8 +4,8 @@
 Every ``torch.optim`` optimizer's ``step`` (and ``state_dict``, ``zero_grad`` in some versions)
 is wrapped by torch in ``_use_grad_for_differentiable`` / ``torch._disable_dynamo``, which import
 ``torch._dynamo`` at the first call: with PyPI's torch 2.14.1 that pulls sympy, triton and
-torch's compiler stack, ~165 MiB resident and ~1 s of CPU, in every process that takes one SGD
-step. A SuperNode starts a fresh ClientApp process for every message (Flower 1.42), so every
+torch's compiler stack into every process that takes one SGD step (its memory and CPU:
+docs/performance.md, rule 8). A SuperNode starts a fresh ClientApp process for every message (Flower 1.42), so every
 train message paid it. torch has no supported switch that keeps the wrapper from importing it
 (``torch._disable_dynamo`` imports ``torch._dynamo`` to build the disabled function), hence this
 module.

@@ -53,7 +53,7 @@ def spec_of(arrays: ArrayRecord) -> FlatSpec:
 
 # .npy headers already parsed: header bytes -> (shape, fortran, dtype, data offset, element count). A
 # run sends the same few (shape, dtype) headers thousands of times; numpy parses each with
-# ast.literal_eval (~30-70 us), several arrays per reply and pass.
+# ast.literal_eval, several arrays per reply and pass (docs/performance.md, rule 5).
 _HEADERS: dict[bytes, tuple] = {}
 _MAGIC = b"\x93NUMPY"
 
@@ -139,9 +139,9 @@ def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord],
 
     One pass per reply (no copy of θ_i before the subtraction). ``out``, when given, is a
     persistent buffer of at least m rows of ``current``'s dtype; reusing it across rounds
-    spares the page faults of a fresh (m, d) allocation (for a ResNet-18 with 10 replies,
-    a 447 MB buffer; about as long again as the subtraction itself). Shared helper: any
-    method that works on the raw updates can use it.
+    spares the page faults of a fresh (m, d) allocation, which at ResNet-18 size cost about as
+    much as the subtraction itself (docs/performance.md, rule 5). Shared helper: any method that
+    works on the raw updates can use it.
     """
     m, d = len(records), current.numel()
     if out is None:
@@ -178,11 +178,9 @@ def deltas_into(
     cost a fraction of the passes over d they would take afterwards. ‖Δ_i‖² is the float64
     sum of the blocks' float32 dot products: NaN or Inf when reply i holds NaN/Inf (its rows
     are written all the same: the caller drops it). Host tensors of ``current``'s dtype;
-    ``rows`` (≥ len(records), d).
-
-    Measured on the 2-core development machine (ResNet-18, 10 replies, CPU seconds): Δ alone
-    0.051 s, Δ + copies + norms 0.079 s. A BLAS matrix-vector product per block (to fold a
-    weighted sum in) cost ten times that: a threaded BLAS wakes its threads for each call.
+    ``rows`` (≥ len(records), d). A BLAS matrix-vector product per block (to fold a weighted sum
+    in) costs many times the pass: a threaded BLAS wakes its threads for each call (figures:
+    docs/performance.md, rule 5).
     """
     d, m = current.numel(), len(records)
     if m == 0:
@@ -228,8 +226,9 @@ def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.T
 
     Equals ``weights.float() @ records_to_matrix(records)`` bit for bit: each column block is the
     same float32 matrix-vector product over the same m values in the same order
-    (``tests/test_benchmarks_perf.py`` checks it). For a ResNet-18 with 10 replies the matrix was a
-    447 MB first-touch allocation, half of FedAvg's round. ``out``: a (d,) float32 tensor to write into.
+    (``tests/test_benchmarks_perf.py`` checks it). The matrix was a first-touch allocation of m × d
+    floats, a large part of FedAvg's round (docs/performance.md, rule 5). ``out``: a (d,) float32
+    tensor to write into.
     """
     views = [[array_view(a).reshape(-1) for a in rec.values()] for rec in records]
     return weighted_sum_views(views, weights, out=out, dtype=dtype)
@@ -293,8 +292,9 @@ _SAVED: dict[tuple, tuple[bytes, str]] = {}
 def to_array(ndarray: np.ndarray):
     """``flwr.app.Array(ndarray)``, the same bytes (``np.save``'s), at a fraction of the cost: the
     ``.npy`` header of each (dtype, shape) is written once, and the data is copied once, straight
-    after it. ``np.save`` through a BytesIO formats and pads the header on every call (~40 µs an
-    array, six arrays per MLP reply and request); the copy of a small model's data is a few µs."""
+    after it. ``np.save`` through a BytesIO formats and pads the header on every call, which costs
+    more than copying a small model's data (six arrays per MLP reply and request; docs/performance.md,
+    rule 5)."""
     from flwr.app import Array
 
     if not ndarray.flags.c_contiguous or ndarray.dtype.hasobject:

@@ -14,7 +14,7 @@ naming this file, what changed and the installed version, such as (one line)::
 ``tests/test_internals.py`` runs the check and shows it failing on a changed shape. Every module
 looked up here is one that ``import flwr.app`` and ``import torch`` load anyway (flwr and torch
 are the base install's: a client-only install imports this module), so the check is cheap
-(docs/performance.md, "The rules").
+(docs/performance.md, rule 13).
 """
 
 from __future__ import annotations
