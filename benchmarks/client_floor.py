@@ -48,7 +48,7 @@ def main(argv: list[str]) -> dict:
     from client_app.models import initial_model
     from fedcore import keys
     from fedcore.config import load_config
-    from fedpcd_app.runtime.flower_internals import task_identity  # what Flower's runtime sets in its process
+    from fedcore.internals import task_identity  # what Flower's runtime sets in its process
 
     cfg = load_config({"model": model, "num-clients": partitions, **overrides})
     content = RecordDict({

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/performance.md in one go, or the parts named:
+# The GPU measurements of docs/performance.md (rule 12, "On a GPU") in one go, or the parts named:
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [simulation] [rows] [aggregation]     (no part: all three)
 #
@@ -15,7 +15,7 @@
 #      convolutions) -> OUT_DIR/rows_training.jsonl
 #    - the app's round in process (--workers 0) with the loop (engine local) and with the rows
 #      (engine vectorised), next to the plain loop on the GPU -> OUT_DIR/rows_app.json, .txt
-#    - the table of docs/performance.md §"Rows on the GPU" and the models whose rows' round beat
+#    - the table of docs/performance-archive.md §4 "Rows on the GPU" and the models whose rows' round beat
 #      the loop's at every size (what AUTO_MODELS["cuda"] may name) -> OUT_DIR/rows_table.md
 # aggregation: benchmarks/aggregation.py at ResNet-18 size (on the GPU when it has --device)
 #    -> OUT_DIR/aggregation.jsonl

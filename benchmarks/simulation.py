@@ -58,8 +58,8 @@ the per-client routine and by the rows (:func:`client_app.vectorised.run_entries
 
 **The rows table** (``--rows-table DIR``): ``benchmarks/gpu_check.sh``'s rows files in DIR
 (``rows_app.json``, this script's ``--json`` of the per-round runs; ``rows_training.jsonl``, one
-``--training-only`` result a line) as the markdown table of docs/performance.md §"Rows on the
-GPU", and the models whose rows' round was faster than the loop's at every clients-per-round
+``--training-only`` result a line) as the markdown table of docs/performance-archive.md §4 "Rows on
+the GPU", and the models whose rows' round was faster than the loop's at every clients-per-round
 measured: what ``AUTO_MODELS`` of :mod:`client_app.vectorised` may name for the device.
 """
 
@@ -502,7 +502,7 @@ def training_only(model_name: str, clients: int, examples: int, features: int, c
             "max_train_loss_diff": max(abs(a - b) for a, b in zip(losses["loop"], losses["rows"]))}
 
 
-# -- the rows table: gpu_check.sh's measurement as docs/performance.md's table ------------------------
+# -- the rows table: gpu_check.sh's measurement as docs/performance-archive.md §4's table ---------------
 def rows_table(app: list[dict], training: list[dict], meta: dict) -> str:
     """Markdown: where it was measured (``meta``: the per-round runs' ``--json`` meta); per model
     and clients per round, the app's round with the loop and with the rows (the local and

@@ -58,6 +58,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedcore import flat, keys
 from fedcore.config import APP, ConfigError
+from fedcore.internals import message_with_metadata
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import numpy_rng, torch_generator
 
@@ -133,7 +134,8 @@ def flipped_labels(num_classes: int) -> list[int]:
 @functools.lru_cache(maxsize=4)
 def _run_attack(items: tuple) -> tuple[dict, Params, bool]:
     """(the run config, its attack settings, whether nodes bring their own data), read once per
-    distinct run-config record (every message carries the run's: ~0.1 ms a message read anew).
+    distinct run-config record (every message carries the run's; read anew it costs each message:
+    docs/performance.md, rule 8).
     The dict is shared by the calls: read only."""
     raw = dict(items)
     return raw, Params.from_run_config(raw), APP["client-data"].read(raw) == "node"
@@ -189,7 +191,7 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
         num_classes = input_spec(cfg)[1] if local_data.is_node_mode(cfg) else load_federated_data(cfg).num_classes
         content = RecordDict(dict(msg.content.items()))
         content[keys.CONFIG] = ConfigRecord({**dict(config), keys.ATTACK_LABEL_MAP: flipped_labels(num_classes)})
-        return call_next(Message(content, metadata=msg.metadata), context)
+        return call_next(message_with_metadata(content, msg.metadata), context)
     reply = call_next(msg, context)
     if reply.has_error():
         return reply

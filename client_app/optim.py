@@ -4,8 +4,8 @@
 Every ``torch.optim`` optimizer's ``step`` (and ``state_dict``, ``zero_grad`` in some versions)
 is wrapped by torch in ``_use_grad_for_differentiable`` / ``torch._disable_dynamo``, which import
 ``torch._dynamo`` at the first call: with PyPI's torch 2.14.1 that pulls sympy, triton and
-torch's compiler stack, ~165 MiB resident and ~1 s of CPU, in every process that takes one SGD
-step. A SuperNode starts a fresh ClientApp process for every message (Flower 1.42), so every
+torch's compiler stack into every process that takes one SGD step (its memory and CPU:
+docs/performance.md, rule 8). A SuperNode starts a fresh ClientApp process for every message (Flower 1.42), so every
 train message paid it. torch has no supported switch that keeps the wrapper from importing it
 (``torch._disable_dynamo`` imports ``torch._dynamo`` to build the disabled function), hence this
 module.
@@ -26,14 +26,9 @@ from collections.abc import Iterable
 
 import torch
 
-# torch.optim's defaults pick the multi-tensor path for parameters on these device types
-# (torch.utils._foreach_utils._get_foreach_kernels_supported_devices, torch 2.14); the rest,
-# the CPU among them, take the per-tensor path. torch adds the PrivateUse1 backend's name.
-_FOREACH_DEVICES = ("cuda", "xpu", "mtia")
-
-
-def _foreach_device(kind: str) -> bool:
-    return kind in _FOREACH_DEVICES or kind == torch._C._get_privateuse1_backend_name()
+# torch.optim's defaults pick the multi-tensor path (torch._foreach_* kernels) for parameters on
+# the device types foreach_device names; the rest, the CPU among them, take the per-tensor path
+from fedcore.internals import foreach_add, foreach_add_, foreach_device, foreach_mul_
 
 
 class SGD:
@@ -85,7 +80,7 @@ class SGD:
         params = [p for p in self.params if p.grad is not None]
         grads = [p.grad for p in params]
         bufs = [self.state.get(p, {}).get("momentum_buffer") for p in params] if self.momentum != 0 else []
-        single = [i for i, p in enumerate(params) if not _foreach_device(p.device.type)]
+        single = [i for i, p in enumerate(params) if not foreach_device(p.device.type)]
         if len(single) == len(params):
             self._single(params, grads, bufs, lr)
         elif not single:
@@ -125,12 +120,12 @@ class SGD:
             device_grads = [grads[i] for i in indices]
             has_sparse = any(g.is_sparse for g in device_grads)
             if wd != 0:
-                device_grads = torch._foreach_add(device_grads, device_params, alpha=wd)
+                device_grads = foreach_add(device_grads, device_params, alpha=wd)
             if momentum != 0:
                 device_bufs = [bufs[i] for i in indices]
                 if all(b is not None for b in device_bufs):
-                    torch._foreach_mul_(device_bufs, momentum)
-                    torch._foreach_add_(device_bufs, device_grads, alpha=1 - dampening)
+                    foreach_mul_(device_bufs, momentum)
+                    foreach_add_(device_bufs, device_grads, alpha=1 - dampening)
                 else:
                     for j, i in enumerate(indices):
                         if device_bufs[j] is None:
@@ -138,11 +133,11 @@ class SGD:
                         else:
                             device_bufs[j].mul_(momentum).add_(device_grads[j], alpha=1 - dampening)
                 if self.nesterov:
-                    torch._foreach_add_(device_grads, device_bufs, alpha=momentum)
+                    foreach_add_(device_grads, device_bufs, alpha=momentum)
                 else:
                     device_grads = device_bufs
             if not has_sparse:
-                torch._foreach_add_(device_params, device_grads, alpha=-lr)
+                foreach_add_(device_params, device_grads, alpha=-lr)
             else:
                 for p, g in zip(device_params, device_grads):
                     p.add_(g, alpha=-lr)

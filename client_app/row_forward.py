@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from client_app.methods import NotCovered
+from fedcore.internals import BatchNormBase, ConvBase, DropoutBase, threshold_backward
 
 # device kinds whose rows run convolutions row by row inside the batched step, not as one
 # grouped convolution (the CPU: measured faster; docs/performance.md §7)
@@ -48,7 +49,7 @@ class _RowBatchNorm(nn.Module):
     :func:`client_app.vectorised._update_running` updates the rows' running statistics from
     them, as the module does in the loop's forward."""
 
-    def __init__(self, bn: nn.modules.batchnorm._BatchNorm, at: tuple[int, int, int] | None) -> None:
+    def __init__(self, bn: BatchNormBase, at: tuple[int, int, int] | None) -> None:
         super().__init__()
         self.eps, self.momentum = bn.eps, bn.momentum
         self.at = at  # where running_mean, running_var, num_batches_tracked are in the buffers; None: not tracked
@@ -118,20 +119,20 @@ def dropout_modules(model: nn.Module) -> list[tuple[str, nn.Dropout]]:
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def norm_modules(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
+def norm_modules(model: nn.Module) -> list[tuple[str, BatchNormBase]]:
     return [(n, m) for n, m in model.named_modules() if type(m) in _NORMS]
 
 
 def covers_model(model: nn.Module) -> str | None:
     """None if ``model`` trains as rows here, else why not."""
     name = type(model).__name__
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and type(m) not in _NORMS for m in model.modules()):
+    if any(isinstance(m, BatchNormBase) and type(m) not in _NORMS for m in model.modules()):
         return f"{name} has a BatchNorm variant without a row form"
     running = {f"{n}.{b}" if n else b for n, m in norm_modules(model) for b, _ in m.named_buffers(recurse=False)}
     others = [n for n, _ in model.named_buffers() if n not in running]
     if others:
         return f"{name} has buffers other than BatchNorm's running statistics ({others[0]})"
-    if any(isinstance(m, (nn.modules.dropout._DropoutNd,)) and not isinstance(m, nn.Dropout)
+    if any(isinstance(m, (DropoutBase,)) and not isinstance(m, nn.Dropout)
            for m in model.modules()):
         return f"{name} has a dropout variant without a row form"
     if dropout_modules(model) and device_kind(model) not in ("cpu", "cuda"):
@@ -144,7 +145,7 @@ def unrolled_on(model: nn.Module) -> bool:
     grouped convolution, measured 1.5x slower there than the rows' convolutions one by one
     (docs/performance.md); there the rows' forward is a loop over rows inside the one batched
     step (one backward, one update of all rows). Elsewhere (CUDA) the grouped convolution."""
-    return device_kind(model) in UNROLLED_CONVOLUTIONS and any(isinstance(m, nn.modules.conv._ConvNd)
+    return device_kind(model) in UNROLLED_CONVOLUTIONS and any(isinstance(m, ConvBase)
                                                                for m in model.modules())
 
 
@@ -275,7 +276,7 @@ class Forward:
             grads[:0] = part
             if i:
                 # the ReLU's backward, as autograd's: the gradient where the layer's output is > 0, else 0
-                dz = torch.ops.aten.threshold_backward(torch.bmm(dz, params[at]), inputs[i], 0)
+                dz = threshold_backward(torch.bmm(dz, params[at]), inputs[i], 0)
         return ce, grads
 
     def __call__(self, params: list[torch.Tensor], x: torch.Tensor, noise: list[torch.Tensor],

@@ -12,20 +12,25 @@ import numpy as np
 from flwr.app import Context, Message
 
 from fedcore import keys
+from fedcore.internals import (
+    RECORD_KEY_CONFIGS,
+    Code,
+    FitRes,
+    Status,
+    fitres_to_recorddict,
+    ndarrays_to_parameters,
+    secaggplus_mod,
+)
 
 
 def requested(msg: Message) -> bool:
     """Whether the request carries SecAgg+'s stage config (else :func:`secure_aggregation_mod`
     passes it through)."""
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-
     return RECORD_KEY_CONFIGS in msg.content.config_records
 
 
 def secure_aggregation_mod(msg: Message, ctxt: Context, call_next) -> Message:
     """ClientApp train mod: SecAgg+ for requests that carry its stage config, else a no-op."""
-    from flwr.client.mod import secaggplus_mod
-
     if not requested(msg):
         return call_next(msg, ctxt)
     return secaggplus_mod(msg, ctxt, lambda m, c: as_fitres(m, call_next(m, c)))
@@ -33,9 +38,6 @@ def secure_aggregation_mod(msg: Message, ctxt: Context, call_next) -> Message:
 
 def as_fitres(request: Message, reply: Message) -> Message:
     """This app's train reply → the legacy FitRes content the SecAgg+ mod masks."""
-    import flwr.compat.common.recorddict_compat as compat
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-
     if reply.has_error():
         return reply
     config = request.content[keys.CONFIG]
@@ -53,4 +55,4 @@ def as_fitres(request: Message, reply: Message) -> Message:
         raise ValueError(f"num-examples {weight} exceeds run-config key 'secagg-max-weight' = {max_weight}: raise it")
     fitres = FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(arrays),
                     num_examples=weight, metrics={k: v for k, v in metrics.items() if not isinstance(v, list)})
-    return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=request)
+    return Message(fitres_to_recorddict(fitres, keep_input=False), reply_to=request)

@@ -85,7 +85,7 @@ def local_sgd(
     dev = next(model.parameters()).device
     x, y = x.to(dev), y.to(dev)
     # torch.optim.SGD's update, bit for bit, without the torch._dynamo import its step makes
-    # (~165 MiB and ~1 s in every fresh ClientApp process: client_app.optim)
+    # (in every fresh ClientApp process: client_app.optim)
     opt = SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     model.train()
     batches = (sampled_batches(len(y), batch_size, steps, generator) if steps > 0

@@ -9,7 +9,6 @@ once, straight into a preallocated row of the (m, d) update matrix.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 from typing import TYPE_CHECKING
 
@@ -54,7 +53,7 @@ def spec_of(arrays: ArrayRecord) -> FlatSpec:
 
 # .npy headers already parsed: header bytes -> (shape, fortran, dtype, data offset, element count). A
 # run sends the same few (shape, dtype) headers thousands of times; numpy parses each with
-# ast.literal_eval (~30-70 us), several arrays per reply and pass.
+# ast.literal_eval, several arrays per reply and pass (docs/performance.md, rule 5).
 _HEADERS: dict[bytes, tuple] = {}
 _MAGIC = b"\x93NUMPY"
 
@@ -140,9 +139,9 @@ def records_to_deltas(current: torch.Tensor, records: list[ArrayRecord],
 
     One pass per reply (no copy of θ_i before the subtraction). ``out``, when given, is a
     persistent buffer of at least m rows of ``current``'s dtype; reusing it across rounds
-    spares the page faults of a fresh (m, d) allocation (for a ResNet-18 with 10 replies,
-    a 447 MB buffer; about as long again as the subtraction itself). Shared helper: any
-    method that works on the raw updates can use it.
+    spares the page faults of a fresh (m, d) allocation, which at ResNet-18 size cost about as
+    much as the subtraction itself (docs/performance.md, rule 5). Shared helper: any method that
+    works on the raw updates can use it.
     """
     m, d = len(records), current.numel()
     if out is None:
@@ -179,11 +178,9 @@ def deltas_into(
     cost a fraction of the passes over d they would take afterwards. ‖Δ_i‖² is the float64
     sum of the blocks' float32 dot products: NaN or Inf when reply i holds NaN/Inf (its rows
     are written all the same: the caller drops it). Host tensors of ``current``'s dtype;
-    ``rows`` (≥ len(records), d).
-
-    Measured on the 2-core development machine (ResNet-18, 10 replies, CPU seconds): Δ alone
-    0.051 s, Δ + copies + norms 0.079 s. A BLAS matrix-vector product per block (to fold a
-    weighted sum in) cost ten times that: a threaded BLAS wakes its threads for each call.
+    ``rows`` (≥ len(records), d). A BLAS matrix-vector product per block (to fold a weighted sum
+    in) costs many times the pass: a threaded BLAS wakes its threads for each call (figures:
+    docs/performance.md, rule 5).
     """
     d, m = current.numel(), len(records)
     if m == 0:
@@ -229,8 +226,9 @@ def weighted_sum(records: list[ArrayRecord], weights: torch.Tensor, out: torch.T
 
     Equals ``weights.float() @ records_to_matrix(records)`` bit for bit: each column block is the
     same float32 matrix-vector product over the same m values in the same order
-    (``tests/test_benchmarks_perf.py`` checks it). For a ResNet-18 with 10 replies the matrix was a
-    447 MB first-touch allocation, half of FedAvg's round. ``out``: a (d,) float32 tensor to write into.
+    (``tests/test_benchmarks_perf.py`` checks it). The matrix was a first-touch allocation of m × d
+    floats, a large part of FedAvg's round (docs/performance.md, rule 5). ``out``: a (d,) float32
+    tensor to write into.
     """
     views = [[array_view(a).reshape(-1) for a in rec.values()] for rec in records]
     return weighted_sum_views(views, weights, out=out, dtype=dtype)
@@ -294,8 +292,9 @@ _SAVED: dict[tuple, tuple[bytes, str]] = {}
 def to_array(ndarray: np.ndarray):
     """``flwr.app.Array(ndarray)``, the same bytes (``np.save``'s), at a fraction of the cost: the
     ``.npy`` header of each (dtype, shape) is written once, and the data is copied once, straight
-    after it. ``np.save`` through a BytesIO formats and pads the header on every call (~40 µs an
-    array, six arrays per MLP reply and request); the copy of a small model's data is a few µs."""
+    after it. ``np.save`` through a BytesIO formats and pads the header on every call, which costs
+    more than copying a small model's data (six arrays per MLP reply and request; docs/performance.md,
+    rule 5)."""
     from flwr.app import Array
 
     if not ndarray.flags.c_contiguous or ndarray.dtype.hasobject:
@@ -309,57 +308,8 @@ def to_array(ndarray: np.ndarray):
         _SAVED[key] = (array.data[: _parsed(array.data)[3]], array.dtype)
         return array
     header, dtype = hit
-    data = b"".join((header, ndarray.reshape(-1).view(np.uint8)))
-    if _plain_records():  # the fields Array's constructor would set, set directly (checked once)
-        array = Array.__new__(Array)
-        array.__dict__.update(_is_dirty=True, dtype=dtype, shape=ndarray.shape, stype="numpy.ndarray", data=data)
-        return array
-    return Array(dtype=dtype, shape=ndarray.shape, stype="numpy.ndarray", data=data)
-
-
-@functools.cache
-def _plain_records() -> bool:
-    """Whether flwr's ``Array`` and ``ArrayRecord`` hold exactly the fields this module sets
-    directly (``to_array``, ``state_to_record``: the constructor's and ``__setitem__``'s type
-    checks cost a small model's reply more than its bytes' copy): an Array made either way equals
-    the constructor's, a record filled either way equals the public one. Else (another flwr) the
-    public constructors are used."""
-    from flwr.app import Array, ArrayRecord
-
-    try:
-        want = Array(dtype="<f4", shape=(2,), stype="numpy.ndarray", data=b"x" * 8)
-        got = Array.__new__(Array)
-        got.__dict__.update(_is_dirty=True, dtype="<f4", shape=(2,), stype="numpy.ndarray", data=b"x" * 8)
-        record, direct = ArrayRecord(), ArrayRecord()
-        record["a"] = want
-        direct.__dict__["_data"]["a"] = got
-        direct.__dict__["_is_dirty"] = True
-        return (set(vars(want)) == set(vars(got)) and vars(want) == vars(got) and got == want
-                and set(vars(record)) == set(vars(direct)) and dict(record.items()) == dict(direct.items())
-                and record.is_dirty and direct.is_dirty)
-    except Exception:  # noqa: BLE001 - any difference: the public path
-        return False
-
-
-def copy_record(record: ArrayRecord) -> ArrayRecord:
-    """A new ``ArrayRecord`` of new ``Array`` objects equal to ``record``'s (each ``copy.copy`` of
-    its Array: its fields, the data bytes shared)."""
-    import copy
-
-    from flwr.app import Array, ArrayRecord
-
-    own = ArrayRecord()
-    if not _plain_records():
-        for key, array in record.items():
-            own[key] = copy.copy(array)
-        return own
-    data = own.__dict__["_data"]
-    for key, array in record.items():
-        twin = Array.__new__(Array)
-        twin.__dict__.update(array.__dict__)
-        data[key] = twin
-    own.__dict__["_is_dirty"] = True
-    return own
+    return Array(dtype=dtype, shape=ndarray.shape, stype="numpy.ndarray",
+                 data=b"".join((header, ndarray.reshape(-1).view(np.uint8))))
 
 
 def state_to_record(state) -> ArrayRecord:
@@ -368,14 +318,6 @@ def state_to_record(state) -> ArrayRecord:
     from flwr.app import ArrayRecord
 
     record = ArrayRecord()
-    if _plain_records():  # keys are the state's names (str), values to_array's Arrays: what __setitem__ checks
-        data = record.__dict__["_data"]
-        for name, tensor in state.items():
-            if not isinstance(name, str):
-                record[name] = tensor  # what the public path raises
-            data[name] = to_array(tensor.detach().cpu().numpy())
-        record.__dict__["_is_dirty"] = True
-        return record
     for name, tensor in state.items():
         record[name] = to_array(tensor.detach().cpu().numpy())
     return record
@@ -400,7 +342,7 @@ def model_deltas(current: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
 
 
 # -- one model spec's facts, worked out once per run ------------------------------------------------
-# The readers and writers below give what the ones above give (the same views, sums and bytes) for
+# The readers below give what the ones above give (the same views and sums) for
 # the records of one spec: what they would work out anew for every array of every record (each
 # array's place, dtype, .npy header) is worked out once per spec (:func:`spec_layout`).
 
@@ -550,24 +492,3 @@ def weighted_sum_views(views: list[list[np.ndarray]], weights: torch.Tensor, out
             j += 1
         torch.mv(torch.from_numpy(block).T, w, out=out[a:e])
     return out
-
-
-def record_from_flat(flat: torch.Tensor, spec: FlatSpec) -> ArrayRecord:
-    """:func:`flat_to_record`, the same record (the same bytes in every array), with the spec's
-    places and headers worked out once (:func:`spec_layout`)."""
-    from flwr.app import Array, ArrayRecord
-
-    layout = spec_layout(spec)
-    flat_np = flat.detach().cpu().numpy()
-    if flat_np.size != layout.dim:
-        return flat_to_record(flat, spec)
-    record = ArrayRecord()
-    for key, shape, name, dtype, header, a, n in zip(spec.keys, spec.shapes, spec.dtypes, layout.dtypes,
-                                                     layout.headers, layout.starts, layout.counts):
-        part = np.ascontiguousarray(flat_np[a : a + n], dtype=name).reshape(shape)
-        if header is not None and part.dtype == dtype and part.flags.c_contiguous:
-            # what to_array writes: np.save's header, then the data
-            record[key] = Array(name, part.shape, "numpy.ndarray", b"".join((header, part.reshape(-1).view(np.uint8))))
-        else:
-            record[key] = to_array(part)
-    return record

@@ -34,7 +34,8 @@ from fedcore.config import ConfigError, Grid, allowed_words, check_value, did_yo
 _KINDS = {"float": float, "int": int, "bool": bool, "str": str}
 # Per Params class: its (field, type) pairs and field name → run-config key. A class's fields
 # and annotations do not change after its definition; resolving the annotations
-# (typing.get_type_hints) on every read cost ~0.2 ms, several times per client message.
+# (typing.get_type_hints) on every read cost more than the read, several times per client message
+# (docs/performance.md, rule 8).
 _FIELDS: dict[type, list[tuple[dataclasses.Field, Any]]] = {}
 _KEYS: dict[type, dict[str, str]] = {}
 

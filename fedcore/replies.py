@@ -326,29 +326,14 @@ def theta_views(arrays, spec: FlatSpec) -> dict[str, np.ndarray]:
     return out
 
 
-def ratio_outliers(norms: list[float], ratio: float) -> tuple[list[int], float]:
-    """(indices whose norm exceeds ``ratio`` × the median of ``norms``, the median). None when
-    the rule is off (ratio 0), with fewer than :data:`MIN_REPLIES_FOR_RATIO` norms, or a
-    median of 0."""
-    if not norms:
-        return [], math.nan
-    med = median(norms)
-    if ratio <= 0 or len(norms) < MIN_REPLIES_FOR_RATIO or not med > 0:
-        return [], med
-    return [i for i, n in enumerate(norms) if n > ratio * med], med
-
-
 def median(values: Iterable[float]) -> float:
-    """``float(np.median(values))`` of a few floats, bit for bit, without numpy's ~10 µs a call:
-    numpy's mean of the middle value (odd count) or of the two middle values (even), i.e.
-    ``(0.0 + x) / 1`` or ``(0.0 + a + b) / 2`` (so −0.0 becomes 0.0, as numpy's); NaN when any
-    value is NaN or there is none."""
-    vals = sorted(float(v) for v in values)
-    n = len(vals)
-    if not n or any(v != v for v in vals):
+    """``float(np.median(values))`` of the values as floats; NaN when any is NaN or there is none
+    (without numpy's warnings for these, for infinities or an overflowing mean)."""
+    vals = [float(v) for v in values]
+    if not vals:
         return math.nan
-    k = n // 2
-    return 0.0 + vals[k] if n % 2 else (0.0 + vals[k - 1] + vals[k]) / 2
+    with np.errstate(all="ignore"):
+        return float(np.median(vals))
 
 
 @dataclasses.dataclass

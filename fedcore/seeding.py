@@ -43,8 +43,8 @@ def seed_torch(seed: int) -> None:
 
     ``torch.manual_seed`` also seeds CUDA, XPU and MTIA; on a CUDA build of torch on a machine
     without the device, each of those defers the call and records ``traceback.format_stack()``
-    for it: 0.1-0.5 ms a call (deeper stacks cost more), twice per client message — a tenth of
-    a round of 100 Synthetic clients (docs/performance.md §7). Where no accelerator is
+    for it (the deeper the stack, the dearer), twice per client message (docs/performance.md,
+    rule 8). Where no accelerator is
     available only the CPU generator exists to seed, and it is seeded exactly as
     ``torch.manual_seed`` seeds it (the same numbers)."""
     import torch

@@ -172,7 +172,7 @@ class AFLMethod(Method):
             return current
         from fedcore import flat
 
-        return flat.record_from_flat(state.avg_model, flat.spec_of(current))
+        return flat.flat_to_record(state.avg_model, flat.spec_of(current))
 
 
 @register("afl")

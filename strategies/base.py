@@ -235,7 +235,7 @@ class Round:
 
     def to_record(self, flat_vec: torch.Tensor) -> ArrayRecord:
         """A flat (d,) vector as the model's ArrayRecord (its names, shapes and dtypes)."""
-        return flat.record_from_flat(flat_vec, self.spec)
+        return flat.flat_to_record(flat_vec, self.spec)
 
 
 @dataclasses.dataclass

@@ -65,6 +65,7 @@ import torch
 
 from fedcore import flat
 from fedcore.config import Grid
+from fedcore.internals import ConvBase
 from fedcore.params import MethodParams, hyper
 from strategies.base import Method, Round, Step
 from strategies.flower import FairStrategy, method_params
@@ -130,7 +131,7 @@ def _norm_owners(model: nn.Module) -> dict[str, str]:
         previous_conv = None
         for child_name, child in module.named_children():
             name = f"{prefix}.{child_name}" if prefix else child_name
-            if isinstance(child, nn.modules.conv._ConvNd):
+            if isinstance(child, ConvBase):
                 previous_conv = name
             elif isinstance(child, (nn.GroupNorm, nn.LayerNorm)) and previous_conv is not None:
                 owners[name] = previous_conv
@@ -187,16 +188,17 @@ def group_grams(rows: torch.Tensor, groups: list[tuple[int, int]],
 
     One read of each (n × d_q) block and nothing written but n × n numbers: on the CPU numpy's
     ``A @ A.T``, which BLAS computes as a symmetric rank-k update (syrk, half the products;
-    MKL's sgemm through torch was 3-6× slower for these shapes here); on another device torch
+    MKL's sgemm through torch was slower for these shapes: docs/performance.md, rule 5); on
+    another device torch
     (:func:`device_grams`). Groups of at most :data:`F64_GRAM_MAX` parameters are multiplied
     in float64: there the pseudo-inverse's cutoff (:func:`pinv_cutoff`) is far below what a
     float32 Gram resolves, and it costs nothing; larger groups in their own dtype (there the
     cutoff is above the float32 Gram's rounding).
 
     ``spare``: a view of the same buffer that starts with ``rows`` and has one row more
-    (finite values). OpenBLAS's syrk takes about 1.5× as long for n ≡ 3 (mod 4) rows as for
-    n + 1 (measured here: 11 rows 37 ms, 12 rows 25 ms, 10 rows 22 ms for 4M columns), so such
-    an n is multiplied with the spare row and the result cut to n × n.
+    (finite values). OpenBLAS's syrk is slower for n ≡ 3 (mod 4) rows than for n + 1
+    (docs/performance.md, rule 5), so such an n is multiplied with the spare row and the result
+    cut to n × n.
     """
     if rows.device.type != "cpu":
         return device_grams(rows, groups)

@@ -14,8 +14,8 @@ uniform mean stays unbiased for Σ_k p_k F_k; the app uses it whenever ``partici
 
 The mean is taken straight from the replies' bytes, one column block at a time
 (:meth:`strategies.base.Round.weighted_models`): no (m, d) matrix is built, so a round reads each
-reply once and touches no fresh memory beyond the d-vectors (for a ResNet-18 with 10 replies the
-matrix was a 447 MB first-touch allocation, half the round's time).
+reply once and touches no fresh memory beyond the d-vectors (the matrix's first-touch allocation
+was a large part of the round: docs/performance.md, rule 5).
 """
 
 from __future__ import annotations

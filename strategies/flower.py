@@ -36,10 +36,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedcore import flat, keys
 from fedcore.config import ConfigError, check_value, did_you_mean
+from fedcore.internals import aggregate_metricrecords
 from fedcore.params import MethodParams
 from fedcore.replies import Dropped
 from strategies import gate, requests

@@ -86,11 +86,11 @@ class ScaffoldMethod(Method):
 
     def request(self, server_round: int, state: State, current) -> Request:
         spec = flat.spec_of(current)
-        return Request(records={keys.SCAFFOLD_C: flat.record_from_flat(self.control(state, spec.dim), spec)})
+        return Request(records={keys.SCAFFOLD_C: flat.flat_to_record(self.control(state, spec.dim), spec)})
 
     def client_records(self, state: State, client, current):
         if client in state.pending_restore:
-            return {keys.SCAFFOLD_C_CLIENT: flat.record_from_flat(state.client_c[client], flat.spec_of(current))}
+            return {keys.SCAFFOLD_C_CLIENT: flat.flat_to_record(state.client_c[client], flat.spec_of(current))}
         return {}
 
     def check(self, round_: Round, state: State) -> dict[int, str]:

@@ -31,7 +31,7 @@ def probe(model: str = "mlp", partition: int = 1, clients: int = 4, overrides: d
     from client_app.models import initial_model
     from fedcore import keys
     from fedcore.config import load_config
-    from fedpcd_app.runtime.flower_internals import task_identity
+    from fedcore.internals import task_identity
 
     t_import = time.perf_counter() - t0
     cfg = load_config({"model": model, "num-clients": clients, "dataset": "digits", "seed": 0, **(overrides or {})})

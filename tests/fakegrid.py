@@ -14,8 +14,7 @@ import dataclasses
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedcore import keys
-from fedpcd_app.runtime import flower_internals
+from fedcore import internals, keys
 from fedpcd_app.runtime.grid import LocalGrid
 from tests.helpers import make_reply, train_reply
 
@@ -23,7 +22,7 @@ from tests.helpers import make_reply, train_reply
 def task_identity(run_id: int = 1):
     """Messages can only be built with a run id set (Flower sets it in a running app): the
     local engine's one place that sets it."""
-    return flower_internals.task_identity(run_id=run_id)
+    return internals.task_identity(run_id=run_id)
 
 
 def scaled(arrays: ArrayRecord, factor: float) -> ArrayRecord:

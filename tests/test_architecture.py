@@ -143,20 +143,19 @@ def test_the_layer_checker_sees_a_forbidden_edge():
 
 
 # the local engine, one job a module, and what each may import of the project: Flower's internals
-# and one node's delivery stand alone, the worker pool uses them, the grid uses all three
+# (fedcore.internals, the one door to them) and one node's delivery stand alone, the worker pool
+# uses them, the grid uses all three
 ENGINE = {
-    "fedpcd_app.runtime.flower_internals": set(),
-    "fedpcd_app.runtime.node": set(),
-    "fedpcd_app.runtime.pool": {"fedpcd_app.runtime.flower_internals", "fedpcd_app.runtime.node"},
-    "fedpcd_app.runtime.grid": {"fedpcd_app.runtime.flower_internals", "fedpcd_app.runtime.node",
-                                "fedpcd_app.runtime.pool"},
+    "fedpcd_app.runtime.node": {"fedcore.internals"},
+    "fedpcd_app.runtime.pool": {"fedcore.internals", "fedpcd_app.runtime.node"},
+    "fedpcd_app.runtime.grid": {"fedcore.internals", "fedpcd_app.runtime.node", "fedpcd_app.runtime.pool"},
 }
 
 
 def test_the_local_engines_modules_import_only_the_jobs_below_them():
     edges = graph()
     bad = [f"{mod} imports {dep}" for mod, allowed in ENGINE.items() for dep in sorted(edges[mod] - allowed)]
-    assert not bad, "the local engine's modules against flower_internals, node <- pool <- grid:\n" + "\n".join(bad)
+    assert not bad, "the local engine's modules against fedcore.internals, node <- pool <- grid:\n" + "\n".join(bad)
 
 
 # clients trained at once, one job a module: the rows' forward <- the batched trainer and the

@@ -1,5 +1,5 @@
 """The local engine (fedpcd_app.runtime.grid, .pool, .node): Flower's Grid for one machine, in this
-process or in worker processes; and the Flower internals it relies on (.flower_internals)."""
+process or in worker processes (the Flower internals it relies on: fedcore.internals, tests/test_internals.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from fedcore import keys
-from fedpcd_app.runtime import flower_internals, pool
-from fedpcd_app.runtime.flower_internals import task_identity
+from fedcore import internals, keys
+from fedcore.internals import task_identity
+from fedpcd_app.runtime import pool
 from fedpcd_app.runtime.grid import LocalGrid
 
 PROBE = "tests.fakegrid:probe_app"
@@ -23,16 +23,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def test_flower_internals_the_engine_sets_are_unchanged():
-    """Outside Flower's runtime a Message needs TaskIdentity (internal) and a Grid a Run (internal):
-    fedpcd_app/runtime/flower_internals.py sets them in one place. This fails, saying where, if an upgrade
-    moves them."""
-    try:
-        flower_internals.check_flower_internals()
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
 
 
 def test_a_message_outside_flowers_runtime_needs_the_task_identity():
@@ -282,7 +272,7 @@ def test_workers_auto_rule(monkeypatch):
 
 
 def test_a_node_copy_is_as_deep_as_a_deep_copy_where_a_client_can_write():
-    """The in-process engine hands each node flower_internals.node_copy(request) instead of
+    """The in-process engine hands each node internals.node_copy(request) instead of
     copy.deepcopy: the same content and metadata, and nothing a ClientApp or a mod changes in its
     copy (records' keys, a list value, an Array's fields, the metadata) reaches the server's message."""
     import numpy as np
@@ -293,8 +283,8 @@ def test_a_node_copy_is_as_deep_as_a_deep_copy_where_a_client_can_write():
         msg = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"lr": 0.1, "order": [1, 2]}),
                                   "metrics": MetricRecord({"n": 3, "xs": [0.5]})}),
                       dst_node_id=9, message_type=MessageType.TRAIN, group_id="4")
-    flower_internals.set_message_id(msg, "local-1")
-    twin = flower_internals.node_copy(msg)
+    internals.set_message_id(msg, "local-1")
+    twin = internals.node_copy(msg)
     assert twin.content == msg.content
     assert vars(twin.metadata) == vars(msg.metadata) and twin.metadata is not msg.metadata
     twin.content["config"]["lr"] = 9.0

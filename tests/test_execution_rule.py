@@ -104,7 +104,7 @@ def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
 
     from client_app.batch_delivery import wants_batch
     from fedcore.config import resolve
-    from fedpcd_app.runtime.flower_internals import task_identity
+    from fedcore.internals import task_identity
 
     def request(kind=MessageType.TRAIN, **over):
         run = ConfigRecord(resolve({"dataset": "digits", "model": "mlp", **over}))

@@ -29,7 +29,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 import strategies
 from fedcore import keys
 from fedcore.config import ConfigError
-from fedpcd_app.runtime.flower_internals import set_message_id
+from fedcore.internals import set_message_id
 from strategies.health import NoTrainingError
 from tests.fakegrid import flat_of, task_identity
 

@@ -14,7 +14,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedcore import keys
-from fedpcd_app.runtime.flower_internals import set_message_id
+from fedcore.internals import set_message_id
 from strategies import registry
 from tests.fakegrid import flat_of, honest_reply, scaled, task_identity
 from tests.helpers import tiny_template

@@ -31,8 +31,8 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedcore.internals import task_identity
 from fedpcd_app.runtime import node, pool
-from fedpcd_app.runtime.flower_internals import task_identity
 from fedpcd_app.runtime.grid import LocalGrid
 
 # -- every client call on the engine's fixed thread count ------------------------------------------

@@ -112,7 +112,7 @@ _CACHE: dict[tuple, FederatedData] = {}
 
 def data_cache_key(cfg: RunConfig) -> tuple:
     """The data keys' values (``cfg.as_dict()``'s, read field by field: every client message
-    asks, and the whole dict cost ~70 µs a message)."""
+    asks, and the whole dict was dearer: docs/performance.md, rule 8)."""
     return tuple(getattr(cfg, APP[k].attr) if k in APP else cfg.params.get(k) for k in DATA_KEYS)
 
 

@@ -35,8 +35,8 @@ def _flwr_partition(labels: np.ndarray, cfg: RunConfig) -> list[np.ndarray]:
     """flwr-datasets' ``iid``, ``dirichlet`` or ``pathological`` partition of the pool; every
     client at least two examples (a local train and test split). ``iid`` and ``dirichlet`` are
     drawn here as flwr-datasets draws them (:func:`flwr_dirichlet`; ``tests/test_data.py``
-    compares the index sets), without importing it and ``datasets`` (~2 s of CPU, more than a
-    3-round digits run's rounds); ``pathological`` goes through flwr-datasets."""
+    compares the index sets), without importing it and ``datasets`` (more CPU than a 3-round
+    digits run's rounds: docs/performance.md, rule 9); ``pathological`` goes through flwr-datasets."""
     n = cfg.num_clients
     if 2 * n > len(labels):
         raise DataError(

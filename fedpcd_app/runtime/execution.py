@@ -8,29 +8,27 @@ the same path runs):
 * **threads**: on the CPU, a model under :data:`SMALL_MODEL` parameters runs the run's process
   (the server's aggregation, validation and evaluation) on one intra-op thread. Its operations
   last microseconds; on two threads each wakes an OpenMP/MKL team that slept while the clients
-  trained (measured: a 1 x 5 by 5 x 14,430 product takes 47 us back to back, 4.0 ms after a
-  10 ms pause), which made the digits round 2-7x slower than on one thread, most of it spinning
-  (docs/performance.md, "Batched clients only where they pay"). The clients already train on
-  one thread (:data:`fedpcd_app.runtime.node.CLIENT_THREADS`), so everything then runs on one.
-  A larger model, or a GPU, keeps torch's own count. numpy's BLAS (OpenBLAS: the server's
-  reply validation takes each update's norm with ``np.dot``) runs on one thread too
-  (``threadpoolctl``, where installed: ``blas_threads``): its team woke for every reply's
-  51k-element dot product, 4.4 ms each after a 1 ms pause against 0.06 ms on one thread, which
-  made the digits round's reply validation 25 ms of its ~50 at two threads.
+  trained, which costs many times the operation and made the digits round several times slower
+  than on one thread, most of it spinning (docs/performance.md, rule 2). The clients already
+  train on one thread (:data:`fedpcd_app.runtime.node.CLIENT_THREADS`), so everything then runs
+  on one. A larger model, or a GPU, keeps torch's own count. numpy's BLAS (OpenBLAS: the
+  server's reply validation takes each update's norm with ``np.dot``) runs on one thread too
+  (``threadpoolctl``, where installed: ``blas_threads``): its team woke for every reply's dot
+  product, which made reply validation a large part of the digits round at two threads.
 * **freed memory kept for reuse** (glibc, where present: ``malloc``): the run's process (and each
   worker) serves allocations under :data:`MALLOC_MMAP_THRESHOLD` from its heap and keeps up to
   :data:`MALLOC_TRIM_THRESHOLD` of freed memory instead of handing it back to the system at every
   free (``mallopt``; :func:`keep_freed_memory`). A digits round allocates and frees a few MB
   (the rows' stacked parameters, the replies' bytes, the aggregation's blocks) in pieces of
   100 KB-1 MB, glibc's default threshold (128 KB, raised only as large blocks are freed) mapped and
-  unmapped them afresh: ~450-570 minor page faults a round, ~1-1.5 ms of its ~6-7 ms, gone (1 a
-  round) with the thresholds set. (A process that had imported ``torch._dynamo`` -- the loop's
+  unmapped them afresh, faulting their pages in again every round; with the thresholds set they
+  stay (docs/performance.md, rule 3). (A process that had imported ``torch._dynamo`` -- the loop's
   first ``torch.optim.SGD`` did, before ``client_app.optim`` -- had grown its heap past the point
   where it trims, which is why the loop, and the benchmark's floor after it, never paid them.) No
   number depends on it.
 * **clients**: ``client-execution = 'auto'`` trains a process's clients as rows for the models
   :data:`client_app.vectorised.AUTO_MODELS` names for the device (measured faster than the loop
-  there, or as fast: on the CPU the MLPs and ``logreg``), else one by one, each message
+  there, or as fast: on the CPU the MLPs and ``logreg``; docs/performance.md, rule 4), else one by one, each message
   delivered on its own (:func:`client_app.batch_delivery.wants_batch`: no thread per message);
   ``loop`` and ``vectorised`` as they say.
 
@@ -124,8 +122,8 @@ def heap_frozen() -> Iterator[None]:
     """What exists when the run starts (the imports: torch, flwr, the app, ~216k objects; the
     run's data and model) out of the cyclic collector's sight for the block (``gc.freeze``), then
     handed back (``gc.unfreeze``): a collection during a run walks only what the run made (the
-    oldest generation's collections walked every imported object, 1.9 ms a digits round on
-    average: 27 collections in 99 rounds). Where the caller froze its own already (a sweep's run
+    oldest generation's collections walked every imported object: docs/performance.md, rule 3).
+    Where the caller froze its own already (a sweep's run
     process, :func:`fedpcd_app.analysis.runner.main`, froze its imports) nothing more is frozen: a
     run's setup frozen there would never be handed back, and whatever of it formed a cycle would
     outlive the run. Results do not depend on when garbage is collected."""

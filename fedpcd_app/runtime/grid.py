@@ -7,8 +7,8 @@ it) and returns the replies. The ClientApps run either in this process (``worker
 in a :class:`~fedpcd_app.runtime.pool.WorkerPool` of processes that live for the whole run;
 either way one message goes through :mod:`fedpcd_app.runtime.node` (so a run's numbers do not
 depend on ``workers``). A ClientApp that raises becomes an error reply, as on a SuperNode.
-The Flower internals a grid outside Flower's runtime needs are set in
-:mod:`fedpcd_app.runtime.flower_internals`.
+The Flower internals a grid outside Flower's runtime needs are set through
+:mod:`fedcore.internals`.
 
 :func:`run_local` runs any ``ServerApp``/``ClientApp`` pair on it (the ServerApp receives
 this Grid as it receives Flower's). ``flwr run .`` keeps Flower's own engine.
@@ -25,13 +25,14 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
-from flwr.app.error import Error
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedpcd_app.runtime.flower_internals import (
+from fedcore.internals import (
+    CLIENT_APP_CRASHED,
     LOCAL_RUN_ID,
+    NODE_UNAVAILABLE,
     SERVER_NODE_ID,
     empty_run,
     node_copy,
@@ -41,8 +42,6 @@ from fedpcd_app.runtime.flower_internals import (
 from fedpcd_app.runtime.node import deliver, deliver_many, load_batch, load_client_app
 from fedpcd_app.runtime.pool import WorkerPool, open_pool, release_pool
 
-CLIENT_APP_CRASHED = 8  # flwr.common.constant.ErrorCode.CLIENT_APP_CRASHED: the worker process died
-NODE_UNAVAILABLE = 5  # ErrorCode.NODE_UNAVAILABLE: no such node in this federation
 log = logging.getLogger("fedpcd")
 PARTITION_ID, NUM_PARTITIONS = "partition-id", "num-partitions"  # Flower's node-config keys
 

@@ -11,13 +11,12 @@ import logging
 import traceback
 from collections.abc import Iterator, Sequence
 
-from flwr.app import Context, Message
-from flwr.app.error import Error
+from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
-log = logging.getLogger("fedpcd")
+from fedcore.internals import CLIENT_APP_RAISED, M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, glibc
 
-CLIENT_APP_RAISED = 2  # flwr.common.constant.ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+log = logging.getLogger("fedpcd")
 
 # Every ClientApp call of the local engine computes on this many torch intra-op threads, in
 # this process and in every worker, whatever their number: a float sum split over two threads
@@ -29,26 +28,11 @@ CLIENT_THREADS = 1
 
 MALLOC_MMAP_THRESHOLD = 16 << 20  # bytes: glibc serves allocations under it from the heap
 MALLOC_TRIM_THRESHOLD = 64 << 20  # bytes of freed memory at the heap's top kept for reuse
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-
-
-def _glibc():
-    """glibc's C library, or None (another libc, another OS)."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "mallopt") else None
-    except OSError:
-        return None
 
 
 def malloc_settings() -> dict[str, int] | None:
     """The allocator settings :func:`keep_freed_memory` makes (None where it makes none)."""
-    if _glibc() is None:
+    if glibc() is None:
         return None
     return {"mmap_threshold": MALLOC_MMAP_THRESHOLD, "trim_threshold": MALLOC_TRIM_THRESHOLD}
 
@@ -58,11 +42,11 @@ def keep_freed_memory() -> dict[str, int] | None:
     (:mod:`fedpcd_app.runtime.execution`'s docstring):
     the settings made, or None (not glibc, or ``mallopt`` refused them). For the whole process,
     as its thread count is; a later call is a no-op."""
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         return None
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
-    ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
+    ok = libc.mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
+    ok = libc.mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
     return malloc_settings() if ok else None
 
 

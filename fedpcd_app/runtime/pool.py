@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from flwr.app import Context, Message
 
-from fedpcd_app.runtime.flower_internals import SERVER_NODE_ID, task_identity
+from fedcore.internals import SERVER_NODE_ID, task_identity
 from fedpcd_app.runtime.node import deliver_many, keep_freed_memory, load_batch, load_client_app
 
 log = logging.getLogger("fedpcd")

@@ -48,10 +48,10 @@ from fedpcd_app.server.logs import AggregationStopped, RunFailed
 ENGINES = ("local", "ray")
 CLIENT_APP = "client_app.client_app:app"
 CLIENT_BATCH = "client_app.batch_delivery:deliver_batch"  # a round's train requests to one process, together
-# --workers auto: worker processes only when they repay their start. Measured on this 2-core
-# machine (docs/performance.md §"Clients trained at once"): starting the pool (forkserver,
-# imports, data) costs WORKER_START_S more wall time than running in process, and W workers
-# save at most (1 − 1/W) of the clients' training time.
+# --workers auto: worker processes only when they repay their start (docs/performance.md, rule 1):
+# starting the pool (forkserver, imports, data) costs about WORKER_START_S more wall time than
+# running in process (measured on a quiet 2-core machine), and W workers save at most (1 − 1/W)
+# of the clients' training time.
 WORKER_START_S = 4.0
 # What the ClientApp imports lazily (data loading): imported once in the forkserver the workers
 # fork from, not once per worker. (No torch._dynamo: client_app.optim's local step never imports it.)
@@ -113,7 +113,7 @@ def _simulate_local(overrides, workers: int | None) -> Path:
 
 
 def client_preload(cfg) -> tuple[str, ...]:
-    """:data:`CLIENT_PRELOAD`, and ``datasets`` and ``flwr_datasets`` (~2 s of CPU) where this run's
+    """:data:`CLIENT_PRELOAD`, and ``datasets`` and ``flwr_datasets`` (heavy imports) where this run's
     data loads through them: a hub dataset or the pathological partitioner."""
     from client_app.data import HUB_NAMES
 

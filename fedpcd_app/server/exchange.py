@@ -56,8 +56,9 @@ def is_simulation(grid: Grid) -> bool:
     over one of them (:class:`fedpcd_app.server.membership.PartitionRouter`)."""
     if getattr(grid, "is_simulation", False) is True:
         return True
-    # Flower's InMemoryGrid only exists once its module is imported; importing it to ask costs
-    # ~1 s (the SuperLink's state, SQL and HTTP stacks) on every run that is not Flower's.
+    # Flower's InMemoryGrid only exists once its module is imported; importing it to ask would
+    # load the SuperLink's state, SQL and HTTP stacks on every run that is not Flower's
+    # (docs/performance.md, rule 9).
     module = sys.modules.get("flwr.superlink.grid.inmemory_grid")
     return module is not None and isinstance(grid, module.InMemoryGrid)
 

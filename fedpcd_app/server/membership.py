@@ -36,6 +36,7 @@ from flwr.serverapp import Grid
 
 from fedcore import keys
 from fedcore.config import RunConfig
+from fedcore.internals import set_src_node_id
 from fedpcd_app.server.exchange import send_and_receive
 from fedpcd_app.server.sampler import Sampler, build_sampler
 
@@ -340,7 +341,7 @@ class PartitionRouter(Grid):
             for reply in got:
                 node = node_of_request.get(reply.metadata.reply_to_message_id)
                 if node is not None and not reply.has_error():
-                    reply.metadata.__dict__["_src_node_id"] = node  # Metadata has no setter for it
+                    set_src_node_id(reply, node)  # Metadata has no setter for it
                 elif node is not None:  # an error reply: re-issued from the virtual node
                     request = next(m for m in wave if m.metadata.message_id == reply.metadata.reply_to_message_id)
                     reply = Message(reply.error, reply_to=request)

@@ -44,10 +44,6 @@ from fedcore.seeding import numpy_rng
 from strategies import craft
 
 PROFILE_DRAWS = 4000
-# Rounds drawn together (Sampler.sample): one round's draw costs ~20 µs among others but ~150 µs
-# alone at the start of a round of the app (numpy's SeedSequence and Generator set-up run cold after
-# the clients' training); each draw is still seeded by (seed, round) alone, so nothing changes.
-DRAW_AHEAD = 32
 
 # participation = "size-proportional": what it changes per method (docs/methods/index.md, "Participation").
 # The FedAvg family averages the drawn clients uniformly; these keep their own server rule
@@ -166,8 +162,6 @@ class Sampler:
         self.participation = cfg.participation
         self.rare_clients: list[int] = []
         self.draw_weights: np.ndarray | None = None
-        self._drawn: dict[int, list[int]] = {}  # sample(): rounds drawn ahead, and what they were drawn with
-        self._drawn_with: tuple | None = None
         if self.participation == "uniform":
             self.probabilities = np.full(len(self.available), self.per_round / len(self.available))
         elif self.participation == "size-proportional":
@@ -227,22 +221,6 @@ class Sampler:
         return pi
 
     def sample(self, server_round: int) -> list[int]:
-        """The partitions present in ``server_round`` (:meth:`draw`), drawn with the next rounds'
-        (up to :data:`DRAW_AHEAD`, at most to ``num-server-rounds``) and kept for them; what is
-        kept is dropped when the seed or the availability model it was drawn with is not this
-        sampler's any more."""
-        key = (self.cfg.seed, self.per_round, self.participation, self.available, self.probabilities, self.draw_weights)
-        kept = self._drawn_with  # the arrays compared by identity (held here: no id is reused while kept)
-        same = kept is not None and kept[:3] == key[:3] and all(a is b for a, b in zip(kept[3:], key[3:]))
-        picked = self._drawn.get(server_round) if same else None
-        if picked is None:
-            last = max(server_round + 1, min(server_round + DRAW_AHEAD, self.cfg.num_server_rounds + 1))
-            drawn = {r: self.draw(r) for r in range(server_round, last)}
-            self._drawn, self._drawn_with = drawn, key
-            picked = drawn[server_round]
-        return list(picked)
-
-    def draw(self, server_round: int) -> list[int]:
         """The partitions present in ``server_round``: seeded by (seed, round) alone."""
         rng = numpy_rng(self.cfg.seed, "sample", server_round)
         if self.participation == "uniform":

@@ -47,11 +47,23 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.app.metadata import Metadata
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 
 from fedcore import keys
 from fedcore.config import ConfigError, RunConfig
+from fedcore.internals import (
+    CURRENT_ROUND_KEY,
+    MAIN_CONFIGS_RECORD,
+    MAIN_PARAMS_RECORD,
+    FitIns,
+    LegacyContext,
+    LegacyStrategy,
+    Parameters,
+    SecAggPlusWorkflow,
+    SimpleClientManager,
+    message_with_metadata,
+    parameters_to_ndarrays,
+)
 from fedcore.replies import Dropped, check_count, check_train_reply
 from strategies.gate import RoundOutcome, log_dropped
 from strategies.requests import RunContext, addressees
@@ -108,9 +120,6 @@ class _Proxy:
 
 def _legacy_shim(node_ids: list[int]):
     """A legacy ``flwr.server.strategy.Strategy`` that samples ``node_ids`` and keeps the results."""
-    from flwr.common import FitIns, Parameters
-    from flwr.server.strategy import Strategy as LegacyStrategy
-
     class Shim(LegacyStrategy):
         def __init__(self) -> None:
             self.results: list = []
@@ -142,8 +151,6 @@ def _legacy_shim(node_ids: list[int]):
 
 
 def _workflow_class():
-    from flwr.server.workflow import SecAggPlusWorkflow
-
     class Workflow(SecAggPlusWorkflow):
         """SecAgg+ that sends this app's own request content in the masked-vector stage."""
 
@@ -185,10 +192,6 @@ class SecureAggregator:
 
     def protocol(self, grid, msgs: list[Message], server_round: int):
         """Flower's SecAgg+ workflow over the requests: the legacy shim holding the results."""
-        from flwr.server.client_manager import SimpleClientManager
-        from flwr.server.compat.legacy_context import LegacyContext
-        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
-
         extra = {WEIGHTING: self.weighting, RECORDS: list(self.records), keys.SECAGG_MAX_WEIGHT: self.max_weight}
         requests = {}
         for msg in msgs:
@@ -198,15 +201,13 @@ class SecureAggregator:
         shim = _legacy_shim(list(requests))
         ctx = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config={}),
                             strategy=shim, client_manager=SimpleClientManager())
-        ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: server_round})
+        ctx.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({CURRENT_ROUND_KEY: server_round})
         ctx.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
         _workflow_class()(requests, **self.kwargs)(grid, ctx)
         return shim
 
     def checked(self, shim, expected: dict[int, int | None], server_round: int) -> RoundOutcome:
         """The protocol's result as a validated round: [the aggregate reply] or none, and the drops."""
-        from flwr.common import parameters_to_ndarrays
-
         contributors = {int(proxy.node_id): dict(fitres.metrics) for proxy, fitres in (shim.results if shim else ())}
         halted = shim is None or shim.aggregated is None
         dropped = [
@@ -272,4 +273,4 @@ class SecureAggregator:
         meta = Metadata(run_id=0, message_id=f"secagg-{server_round}", src_node_id=0, dst_node_id=0,
                         reply_to_message_id="", group_id=str(server_round), created_at=time.time(),
                         ttl=3600.0, message_type="train")
-        return Message(RecordDict({**dict(content.items()), keys.METRICS: MetricRecord(means)}), metadata=meta)
+        return message_with_metadata(RecordDict({**dict(content.items()), keys.METRICS: MetricRecord(means)}), meta)
