@@ -22,7 +22,6 @@ calls it with the train messages it gives one worker (or the process) in a round
 from __future__ import annotations
 
 import dataclasses
-import functools
 import queue
 import threading
 import time
@@ -30,6 +29,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from client_app.methods import TrainJob, TrainOutcome
+from client_app.run_config import read_run_config
 from fedcore.config import APP
 
 # client_app.vectorised (the rows, torch.func) is imported where rows train, not here: a message
@@ -220,7 +220,7 @@ def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail:
 
     replies: list = [None] * len(items)
     staged: dict[int, tuple] = {}
-    mode = message_mode(items[0][0])
+    mode = run_mode(items[0][1])
 
     def done(i: int, reply) -> None:
         replies[i] = reply
@@ -254,32 +254,27 @@ def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail:
     return replies
 
 
-def message_mode(message) -> str:
-    """The run's ``client-execution`` as the request carries it (``loop`` for a foreign request)."""
-    try:
-        run = message.content["run-config"]
-    except (KeyError, AttributeError):
-        return "loop"
-    mode = str(run.get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
+def run_mode(context) -> str:
+    """The run's ``client-execution`` as the node's Context holds it (``loop`` for a run config
+    without it: another app's)."""
+    mode = context.run_config.get(EXECUTION_KEY)
     return mode if mode in APP[EXECUTION_KEY].choices else "loop"
 
 
-@functools.lru_cache(maxsize=8)
-def _auto_may_batch(items: tuple) -> bool:
-    """Whether a run (its run-config record's items) under ``client-execution = 'auto'`` may
-    train rows on some device kind (:func:`client_app.vectorised.auto_rows`: its model); a run
-    config that does not parse: yes (the ClientApp says what is wrong)."""
+def _auto_may_batch(message, context) -> bool:
+    """Whether a run under ``client-execution = 'auto'`` may train rows on some device kind
+    (:func:`client_app.vectorised.auto_rows`: its model); a run config that does not parse: yes
+    (the ClientApp says what is wrong)."""
     from client_app.vectorised import AUTO_MODELS, auto_rows
-    from fedcore.config import parse_run_config
 
     try:
-        cfg = parse_run_config(dict(items))
+        cfg = read_run_config(context, message)  # parsed once per run
     except Exception:  # noqa: BLE001 - the ClientApp reports it, as for any request
         return True
     return any(auto_rows(cfg.model, kind) for kind in AUTO_MODELS)
 
 
-def wants_batch(message) -> bool:
+def wants_batch(message, context) -> bool:
     """Whether the local engine should hand this request to :func:`deliver_batch` with the
     round's other train requests: a train request of a run whose ``client-execution`` is
     ``vectorised``, or ``auto`` where the run's model may take rows. A run that ``auto`` puts on
@@ -288,13 +283,9 @@ def wants_batch(message) -> bool:
     either way)."""
     if message.metadata.message_type != "train":
         return False
-    mode = message_mode(message)
+    mode = run_mode(context)
     if mode == "auto":
-        try:
-            items = tuple(message.content["run-config"].items())  # in the record's order: a run's messages share it
-            return _auto_may_batch(items)
-        except TypeError:  # a value a run config cannot hold (a list): the ClientApp says what is wrong
-            return True
+        return _auto_may_batch(message, context)
     return mode != "loop"
 
 
@@ -313,7 +304,7 @@ def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Call
     phases = _PHASES.get(app) if fail is not None else None
     if phases is not None and all(not _is_train(m) or phases.plain(m, c) for m, c in items):
         return _deliver_phased(phases, items, lambda m, c: deliver(app, m, c), fail, on_reply)
-    collector = _Collector(len(items), message_mode(items[0][0]))
+    collector = _Collector(len(items), run_mode(items[0][1]))
     replies: list = [None] * len(items)
 
     def work(i: int) -> None:

@@ -118,7 +118,8 @@ def test_evaluation_scores_the_personal_model():
 
     def score(node_state):
         msg = app_request(cfg, global_arrays, MessageType.EVALUATE, client_method="ditto", **{"ditto-lambda": 0.1})
-        ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: 2}, state=node_state, run_config={})
+        ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: 2}, state=node_state,
+                      run_config=cfg.as_dict())
         return evaluate_handler(msg, ctx).content[keys.METRICS][keys.EVAL_LOSS]
 
     from client_app.data import load_federated_data

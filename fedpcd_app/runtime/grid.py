@@ -139,7 +139,8 @@ class LocalGrid(Grid):
 
     def _batched(self, message: Message) -> bool:
         wants = getattr(self.batch, "wants", None)
-        return self.batch is not None and (wants is None or bool(wants(message)))
+        context = self.contexts[int(message.metadata.dst_node_id)]
+        return self.batch is not None and (wants is None or bool(wants(message, context)))
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         if self.pool is not None and not self._said:  # once the run's logging is set up: its first push
