@@ -10,9 +10,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
 
 from client_app.client_app import PartitionState, evaluate_handler
-from client_app.methods import TrainJob, get_client_method
+from client_app.methods import TrainJob, get_client_method, run_sgd
 from client_app.methods.ditto import PERSONAL, PERSONAL_LOSS, personal_model
-from client_app.methods.sgd import run_sgd
 from client_app.models import initial_model
 from client_app.training import evaluate
 from fedcore import flat, keys
