@@ -18,7 +18,8 @@ It prints one JSON line: the seconds to import torch and flwr (``import_s``; wit
 runtime too), to do the work with
 the ClientApp's handler, its imports included (``work_s``), and the process's peak resident set
 (``maxrss_mib``). The request is the first round's, as the run's ServerApp sends it to a FedAvg
-client (the run config, the round, its learning rate, the client routine, the initial weights).
+client (the round, its learning rate, the client routine, the initial weights); the run config is
+the node's Context's, as Flower gives it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ def main(argv: list[str]) -> dict:
     cfg = load_config({"model": model, "num-clients": partitions, **overrides})
     content = RecordDict({
         keys.ARRAYS: ArrayRecord(initial_model(cfg).state_dict()),
-        keys.RUN_CONFIG: ConfigRecord(cfg.as_dict()),
         keys.CONFIG: ConfigRecord({keys.SERVER_ROUND: 1, keys.ROUND_LR: cfg.lr_at(1), keys.CLIENT_METHOD: keys.SGD,
                                    keys.PARTITION_ID: partition}),
     })
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> dict:
     meta = Metadata(run_id=1, message_id="floor", src_node_id=1, dst_node_id=7, reply_to_message_id="",
                     group_id="1", created_at=time.time(), ttl=3600.0, message_type=message_type)
     context = Context(run_id=1, node_id=7, node_config={keys.PARTITION_ID: partition, "num-partitions": partitions},
-                      state=RecordDict(), run_config={})
+                      state=RecordDict(), run_config=cfg.as_dict())
     with task_identity(run_id=1, node_id=7):
         reply = app(Message(content, metadata=meta), context)
     if reply.has_error():

@@ -1,9 +1,10 @@
 """Hostile clients: attacks as a ClientApp train mod (the same in simulation and on SuperNodes).
 
 :func:`attack_mod` wraps this app's train handler (``client_app.client_app``; a foreign
-ClientApp adds it to its own ``@app.train(mods=[...])``). It reads the attack from the
-request's ``run-config`` record and the node's partition id; for a partition that is not
-attacked, or ``attack = "none"``, it passes the request through untouched. With θ_t the
+ClientApp adds it to its own ``@app.train(mods=[...])``). It reads the attack from the run config
+of the node's ``Context`` (parsed once per run: :mod:`client_app.run_config`) and the request's
+partition; for a partition that is not attacked, ``attack = "none"``, or a run config without the
+attack keys (another app's), it passes the request through untouched. With θ_t the
 received global model, θ_i the honest client's reply, Δ = θ_i − θ_t its update and
 s = ``attack-scale``:
 
@@ -56,8 +57,9 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from client_app.run_config import read_run_config
 from fedcore import flat, keys
-from fedcore.config import APP, ConfigError
+from fedcore.config import ConfigError, RunConfig
 from fedcore.internals import message_with_metadata
 from fedcore.params import MethodParams, hyper
 from fedcore.seeding import numpy_rng, torch_generator
@@ -131,34 +133,46 @@ def flipped_labels(num_classes: int) -> list[int]:
     return list(range(num_classes - 1, -1, -1))
 
 
-@functools.lru_cache(maxsize=4)
-def _run_attack(items: tuple) -> tuple[dict, Params, bool]:
-    """(the run config, its attack settings, whether nodes bring their own data), read once per
-    distinct run-config record (every message carries the run's; read anew it costs each message:
-    docs/performance.md, rule 8).
-    The dict is shared by the calls: read only."""
-    raw = dict(items)
-    return raw, Params.from_run_config(raw), APP["client-data"].read(raw) == "node"
+@dataclasses.dataclass(frozen=True)
+class _RunAttack:
+    cfg: RunConfig
+    params: Params
+    attacked: tuple[int, ...]
 
 
-def _attack_of(msg: Message, context: Context) -> tuple[dict, Params, Any] | None:
-    """(the run config, its attack settings, the partition) where this train request's partition
-    attacks; None where :func:`attack_mod` passes the request through."""
-    if keys.RUN_CONFIG not in msg.content:  # a foreign ServerApp: no attack settings
+_last: _RunAttack | None = None  # the latest run's (its RunConfig is one object for the whole run)
+
+
+def _run_attack(msg: Message, context: Context) -> _RunAttack | None:
+    """The run's attack (its settings and attacked partitions, worked out once per run), or None
+    where the node's run config has no attack keys (another app's ClientApp and run config)."""
+    global _last
+    if "attack" not in context.run_config:
         return None
-    raw, p, node_mode = _run_attack(tuple(msg.content[keys.RUN_CONFIG].items()))
-    if p.kind in ("none", "eval-lie"):
+    cfg = read_run_config(context, msg)
+    run = _last
+    if run is None or run.cfg is not cfg:
+        p = Params.from_run_config(cfg.params)
+        run = _last = _RunAttack(cfg, p, _attacked(p.clients, p.fraction, cfg.num_clients, cfg.seed))
+    return run
+
+
+def _attack_of(msg: Message, context: Context) -> tuple[_RunAttack, Any] | None:
+    """(the run's attack, the partition) where this train request's partition attacks; None where
+    :func:`attack_mod` passes the request through."""
+    run = _run_attack(msg, context)
+    if run is None or run.params.kind in ("none", "eval-lie"):
         return None
     config = msg.content[keys.CONFIG]
     # the partition the request is for (a routed simulation node serves several; see
     # client_app.client_app.served_partition); a node with its own data: its own partition
-    if not node_mode and keys.PARTITION_ID in config:
+    if run.cfg.client_data != "node" and keys.PARTITION_ID in config:
         pid = config[keys.PARTITION_ID]
     else:
         pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
-    if pid is None or int(pid) not in attacked_partitions(raw):
+    if pid is None or int(pid) not in run.attacked:
         return None
-    return raw, p, pid
+    return run, pid
 
 
 def passes_through(msg: Message, context: Context) -> bool:
@@ -172,7 +186,8 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     attack = _attack_of(msg, context)
     if attack is None:
         return call_next(msg, context)
-    raw, p, pid = attack
+    run, pid = attack
+    p, cfg = run.params, run.cfg
     config = msg.content[keys.CONFIG]
     if p.kind == "crash":
         raise RuntimeError(f"attack 'crash': partition {pid} raises in its train handler")
@@ -185,9 +200,8 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
         from client_app import local_data
         from client_app.data import load_federated_data
         from client_app.models import input_spec
-        from fedcore.config import parse_run_config
 
-        cfg = parse_run_config(raw)  # the model's classes: the run config's with nodes' own data
+        # the model's classes: the run config's with nodes' own data
         num_classes = input_spec(cfg)[1] if local_data.is_node_mode(cfg) else load_federated_data(cfg).num_classes
         content = RecordDict(dict(msg.content.items()))
         content[keys.CONFIG] = ConfigRecord({**dict(config), keys.ATTACK_LABEL_MAP: flipped_labels(num_classes)})
@@ -219,7 +233,7 @@ def attack_mod(msg: Message, context: Context, call_next) -> Message:
     elif p.kind == "scale":
         sent = theta + p.scale * (local - theta)
     elif p.kind == "gaussian":
-        gen = torch_generator(int(raw["seed"]), "attack-gaussian", int(pid), int(config[keys.SERVER_ROUND]))
+        gen = torch_generator(cfg.seed, "attack-gaussian", int(pid), int(config[keys.SERVER_ROUND]))
         sent = local + p.noise * torch.randn(local.shape, generator=gen, dtype=torch.float64)
     else:  # free-rider
         sent = theta
@@ -231,14 +245,14 @@ def attack_eval_mod(msg: Message, context: Context, call_next) -> Message:
     """ClientApp evaluate mod: ``eval-lie`` on an attacked partition reports accuracy 5.0 and
     loss −3 (and the same for the validation split, when scored); else a pass-through."""
     reply = call_next(msg, context)
-    if keys.RUN_CONFIG not in msg.content or reply.has_error():
+    if reply.has_error():
         return reply
-    raw, p, _ = _run_attack(tuple(msg.content[keys.RUN_CONFIG].items()))
-    if p.kind != "eval-lie":
+    run = _run_attack(msg, context)
+    if run is None or run.params.kind != "eval-lie":
         return reply
     config = msg.content[keys.CONFIG] if keys.CONFIG in msg.content else {}
     pid = context.node_config.get(keys.PARTITION_ID, config.get(keys.PARTITION_ID))
-    if pid is None or int(pid) not in attacked_partitions(raw):
+    if pid is None or int(pid) not in run.attacked:
         return reply
     metrics = reply.content[keys.METRICS]
     for acc_key, loss_key in ((keys.EVAL_ACC, keys.EVAL_LOSS), (keys.VAL_ACC, keys.VAL_LOSS)):

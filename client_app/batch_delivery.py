@@ -1,28 +1,32 @@
 """One process's many messages: a round's train requests delivered together, their training as rows.
 
-:func:`deliver_batch` has two ways to reach the training step of every message before training
-them together (:func:`client_app.vectorised.run_entries`):
+The local engine hands a process the train requests it gets in a round through :data:`deliver_batch`
+(the engine's batch hook: :class:`fedpcd_app.runtime.node.BatchHook`); the jobs of the batch train
+together (:func:`client_app.vectorised.run_entries`). One path per situation, each for its reason:
 
+* **one message, no batch** (:func:`train` outside a batch: a SuperNode's or a Ray actor's
+  ClientApp, a run on the loop): the routine on the loop, or under ``client-execution =
+  'vectorised'`` its rows alone. Flower delivers one message at a time there: nothing to gather.
 * **in the caller's thread** (:func:`_deliver_phased`), for a ClientApp that declares its train
   handler as two halves around the training step (:func:`register_phases`: this app's
   ``stage_train`` and ``reply_to_train``), when its mods pass every message of the batch through
   (no attacked partition, no SecAgg+) and the engine delivers plainly (it passes ``fail``): each
-  message staged in turn, the jobs trained, each reply finished. No thread per message, no
-  hand-over: a default digits round's client side costs ~3.5 ms of CPU less than through threads.
-* **in a thread per message** otherwise: each message runs through the unchanged ClientApp (mods
-  included: attacks, secure aggregation, a foreign ClientApp calling ``train_reply``); when a
-  thread reaches the training step it hands its job to the batch's :class:`_Collector` and waits
-  (:func:`train`); once every thread waits or has finished, the collector trains the waiting
-  jobs together and wakes them.
+  message staged in turn, the jobs trained, each reply finished. The common case, and the cheapest
+  way to it: no thread per message, no hand-over.
+* **in a thread per message** otherwise (a mod acts on a message: an attack, SecAgg+; a foreign
+  ClientApp calling ``train_reply``; a grid that wraps each delivery): the ClientApp must run whole,
+  its mods around its handler, so only a thread per message, paused at its training step, can
+  gather the steps. When a thread reaches the step it hands its job to the batch's
+  :class:`_Collector` and waits (:func:`train`); once every thread waits or has finished, the
+  collector trains the waiting jobs together and wakes them. A thread not at its step
+  :data:`GRACE_S` after the latest arrival does not hold the others back.
 
-Both give the same replies and node states (``tests/test_phased_batch.py``). The local engine
-calls it with the train messages it gives one worker (or the process) in a round.
+The phased and the threaded path give the same replies and node states (``tests/test_phased_batch.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import queue
 import threading
 import time
@@ -30,6 +34,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from client_app.methods import TrainJob, TrainOutcome
+from client_app.run_config import read_run_config
 from fedcore.config import APP
 
 # client_app.vectorised (the rows, torch.func) is imported where rows train, not here: a message
@@ -48,25 +53,6 @@ _local = threading.local()
 # slow before it trains, trains with whoever comes after it). On the CPU a row's numbers do not
 # depend on the rows beside it (client_app/vectorised.py), so this changes no result there.
 GRACE_S = 0.5
-# The batch's threads take turns running Python: a thread holds its batch's turn while it runs
-# (its message before and after the training step) and gives it up while it waits for the rows, so
-# that the threads do not all contend for the GIL at once (each torch call releases the GIL, and a
-# thread waiting for it then takes it: a switch per torch call). One turn at a time measured ~10 %
-# less CPU a default digits round with two sweeps beside it, no difference on a less loaded CPU
-# (docs/performance.md §10). A thread that does not get the turn
-# within TURN_WAIT_S runs without it (a message slow before its training, e.g. a sleeping client,
-# never holds the others back): the turn orders work, it guards nothing, and no number depends on it.
-TURN_WAIT_S = 0.05
-
-
-def _take_turn(collector) -> None:
-    _local.has_turn = collector.turn.acquire(timeout=TURN_WAIT_S)
-
-
-def _give_turn(collector) -> None:
-    if getattr(_local, "has_turn", False):
-        _local.has_turn = False
-        collector.turn.release()
 
 
 class _Collector:
@@ -80,7 +66,6 @@ class _Collector:
         self.finished = 0
         self.trained = 0  # entries trained, their threads not yet finished
         self.arrived = time.monotonic()  # the latest arrival (GRACE_S)
-        self.turn = threading.Lock()  # which thread runs Python now (TURN_WAIT_S)
 
     def _maybe_run(self, late: bool = False) -> None:  # with self.cv held
         """Train the waiting jobs once every other thread waits or is done (or, ``late``, once
@@ -105,14 +90,10 @@ class _Collector:
             self.waiting.append(entry)
             self.arrived = time.monotonic()
             self._maybe_run()
-            if not entry.done:
-                _give_turn(self)
             while not entry.done:
                 self.cv.wait(GRACE_S)
                 if not entry.done and time.monotonic() - self.arrived >= GRACE_S:
                     self._maybe_run(late=True)
-        if not getattr(_local, "has_turn", False):
-            _take_turn(self)
         if entry.error is not None:
             raise entry.error
         return entry.outcome
@@ -126,7 +107,7 @@ class _Collector:
 
 def train(method, job: TrainJob, mode: str) -> TrainOutcome:
     """The training step of :func:`client_app.client_app.train_reply`: with the batch's
-    collector (this thread is one of :func:`deliver_batch`'s), wait for the batch's rows; else
+    collector (this thread is one of :func:`_deliver_threaded`'s), wait for the batch's rows; else
     rows for this one job when ``client-execution = 'vectorised'``; else the routine."""
     collector: _Collector | None = getattr(_local, "collector", None)
     if collector is not None and mode != "loop":
@@ -192,7 +173,7 @@ _PHASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def register_phases(app, *, stage: Callable, finish: Callable, plain: Callable) -> None:
     """Declare ``app``'s train handler as the two halves ``stage`` and ``finish`` (:class:`Phases`):
-    :func:`deliver_batch` then runs a batch whose mods all pass through in the caller's thread,
+    :data:`deliver_batch` then runs a batch whose mods all pass through in the caller's thread,
     stage by stage, the batch's jobs trained together, reply by reply."""
     _PHASES[app] = Phases(stage, finish, plain)
 
@@ -211,7 +192,7 @@ def _is_train(message) -> bool:
 
 def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail: Callable,
                     on_reply: Callable | None) -> list:
-    """:func:`deliver_batch` in the caller's thread: each train request staged in turn (an
+    """:data:`deliver_batch` in the caller's thread: each train request staged in turn (an
     exception: its error reply, ``fail``; another message: delivered whole, ``one(message,
     context)``), the staged jobs trained together (:func:`client_app.vectorised.run_entries`; a
     request of ``client-execution = 'loop'`` trains at its turn, as :func:`train` trains it), then
@@ -220,7 +201,7 @@ def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail:
 
     replies: list = [None] * len(items)
     staged: dict[int, tuple] = {}
-    mode = message_mode(items[0][0])
+    mode = run_mode(items[0][1])
 
     def done(i: int, reply) -> None:
         replies[i] = reply
@@ -254,33 +235,28 @@ def _deliver_phased(phases: Phases, items: Sequence[tuple], one: Callable, fail:
     return replies
 
 
-def message_mode(message) -> str:
-    """The run's ``client-execution`` as the request carries it (``loop`` for a foreign request)."""
-    try:
-        run = message.content["run-config"]
-    except (KeyError, AttributeError):
-        return "loop"
-    mode = str(run.get(EXECUTION_KEY, APP[EXECUTION_KEY].default)) if run is not None else "loop"
+def run_mode(context) -> str:
+    """The run's ``client-execution`` as the node's Context holds it (``loop`` for a run config
+    without it: another app's)."""
+    mode = context.run_config.get(EXECUTION_KEY)
     return mode if mode in APP[EXECUTION_KEY].choices else "loop"
 
 
-@functools.lru_cache(maxsize=8)
-def _auto_may_batch(items: tuple) -> bool:
-    """Whether a run (its run-config record's items) under ``client-execution = 'auto'`` may
-    train rows on some device kind (:func:`client_app.vectorised.auto_rows`: its model); a run
-    config that does not parse: yes (the ClientApp says what is wrong)."""
+def _auto_may_batch(message, context) -> bool:
+    """Whether a run under ``client-execution = 'auto'`` may train rows on some device kind
+    (:func:`client_app.vectorised.auto_rows`: its model); a run config that does not parse: yes
+    (the ClientApp says what is wrong)."""
     from client_app.vectorised import AUTO_MODELS, auto_rows
-    from fedcore.config import parse_run_config
 
     try:
-        cfg = parse_run_config(dict(items))
+        cfg = read_run_config(context, message)  # parsed once per run
     except Exception:  # noqa: BLE001 - the ClientApp reports it, as for any request
         return True
     return any(auto_rows(cfg.model, kind) for kind in AUTO_MODELS)
 
 
-def wants_batch(message) -> bool:
-    """Whether the local engine should hand this request to :func:`deliver_batch` with the
+def wants_batch(message, context) -> bool:
+    """Whether the local engine should hand this request to :data:`deliver_batch` with the
     round's other train requests: a train request of a run whose ``client-execution`` is
     ``vectorised``, or ``auto`` where the run's model may take rows. A run that ``auto`` puts on
     the loop (e.g. a CNN on the CPU) is delivered one message at a time, as ``loop`` is: no
@@ -288,42 +264,51 @@ def wants_batch(message) -> bool:
     either way)."""
     if message.metadata.message_type != "train":
         return False
-    mode = message_mode(message)
+    mode = run_mode(context)
     if mode == "auto":
-        try:
-            items = tuple(message.content["run-config"].items())  # in the record's order: a run's messages share it
-            return _auto_may_batch(items)
-        except TypeError:  # a value a run config cannot hold (a list): the ClientApp says what is wrong
-            return True
+        return _auto_may_batch(message, context)
     return mode != "loop"
 
 
-def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Callable | None = None,
-                  fail: Callable | None = None) -> list:
-    """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
-    context)``, their training done together (see the module's docstring). In order. One
-    message too goes through the collector: under ``auto`` it trains as the rows would.
-    ``on_reply(i, reply)``: called from message i's thread as soon as its reply is ready.
-    ``fail(message, exception)``: the error reply ``deliver`` gives for a ClientApp that raised;
-    given (``deliver`` is the plain delivery), an app whose phases are registered
-    (:func:`register_phases`) and whose mods pass every message through runs in the caller's
-    thread instead (:func:`_deliver_phased`): the same replies, no thread per message."""
-    if not items:
-        return []
-    phases = _PHASES.get(app) if fail is not None else None
-    if phases is not None and all(not _is_train(m) or phases.plain(m, c) for m, c in items):
-        return _deliver_phased(phases, items, lambda m, c: deliver(app, m, c), fail, on_reply)
-    collector = _Collector(len(items), message_mode(items[0][0]))
+class BatchDelivery:
+    """The local engine's batch hook (:class:`fedpcd_app.runtime.node.BatchHook`;
+    ``client_app.batch_delivery:deliver_batch``): which requests go to it (:meth:`wants`), and their
+    replies (:meth:`__call__`)."""
+
+    def wants(self, message, context) -> bool:
+        """:func:`wants_batch`."""
+        return wants_batch(message, context)
+
+    def __call__(self, app, items: Sequence[tuple], deliver: Callable, *, on_reply: Callable | None = None,
+                 fail: Callable | None = None) -> list:
+        """Replies to several messages ((message, context) pairs) through ``deliver(app, message,
+        context)``, their training done together (see the module's docstring). In order. One
+        message too goes through the batch: under ``auto`` it trains as the rows would.
+        ``on_reply(i, reply)``: called as soon as message i's reply is ready. ``fail(message,
+        exception)``: the error reply ``deliver`` gives for a ClientApp that raised; given
+        (``deliver`` is the plain delivery), an app whose phases are registered
+        (:func:`register_phases`) and whose mods pass every message through runs in the caller's
+        thread (:func:`_deliver_phased`): the same replies, no thread per message."""
+        if not items:
+            return []
+        phases = _PHASES.get(app) if fail is not None else None
+        if phases is not None and all(not _is_train(m) or phases.plain(m, c) for m, c in items):
+            return _deliver_phased(phases, items, lambda m, c: deliver(app, m, c), fail, on_reply)
+        return _deliver_threaded(app, items, deliver, on_reply)
+
+
+def _deliver_threaded(app, items: Sequence[tuple], deliver: Callable, on_reply: Callable | None) -> list:
+    """The batch in a thread per message, each delivered whole, their training steps gathered by one
+    :class:`_Collector`."""
+    collector = _Collector(len(items), run_mode(items[0][1]))
     replies: list = [None] * len(items)
 
     def work(i: int) -> None:
         _local.collector = collector
         _local.trained = 0
-        _take_turn(collector)
         try:
             replies[i] = deliver(app, *items[i])
         finally:
-            _give_turn(collector)
             _local.collector = None
             collector.leave(_local.trained)
         if on_reply is not None:
@@ -333,6 +318,4 @@ def deliver_batch(app, items: Sequence[tuple], deliver: Callable, on_reply: Call
     return replies
 
 
-deliver_batch.wants = wants_batch
-deliver_batch.streams = True  # takes on_reply (fedpcd_app.runtime.node.deliver_many)
-deliver_batch.direct = True  # takes fail: may run a registered app's phases in the caller's thread
+deliver_batch = BatchDelivery()

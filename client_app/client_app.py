@@ -1,9 +1,10 @@
 """The ClientApp: answers the server's query, train and evaluate messages.
 
-Everything a client needs comes in the request: the ``run-config`` record (the full
-resolved run config, parsed once per process) and the ``config`` record (the round, its
-learning rate, the client routine and the method's values), so the same code runs in
-Flower's simulation, in the in-process entry point and on real SuperNodes.
+The run config comes once per run, in the ``Context`` (``context.run_config``, as Flower's
+runtime and the local engine give it; parsed once per run: :mod:`client_app.run_config`); a
+request carries what changes per round or per client, its ``config`` record (the round, its
+learning rate, the client routine, the method's values), so the same code runs in Flower's
+simulation, in the in-process entry point and on real SuperNodes.
 :func:`train_reply` and :func:`evaluate_reply` are the client side of every method for a
 foreign ClientApp too. The client's partition id comes from its
 node config (``partition-id``, set by the simulation engine or by
@@ -15,7 +16,6 @@ by ``data-path`` in its node config instead (:mod:`client_app.local_data`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 import weakref
 from collections.abc import Mapping, MutableMapping
@@ -30,11 +30,12 @@ from client_app.attacks import passes_through as attack_passes_through
 from client_app.data import CropFlip, FederatedData, batch_augmentation, load_federated_data
 from client_app.methods import ClientMethod, LocalTraining, TrainJob, TrainOutcome, get_client_method
 from client_app.models import build_model, input_spec
+from client_app.run_config import read_run_config
 from client_app.secagg import requested as secagg_requested
 from client_app.secagg import secure_aggregation_mod
 from client_app.training import device, evaluate
 from fedcore import flat, keys
-from fedcore.config import RunConfig, parse_run_config
+from fedcore.config import RunConfig
 from fedcore.seeding import derive_seed, seed_torch, torch_generator
 
 app = ClientApp()
@@ -88,18 +89,9 @@ class PartitionState(MutableMapping):
         return sum(1 for _ in self)
 
 
-@functools.lru_cache(maxsize=4)
-def _parse(items: tuple) -> RunConfig:
-    return parse_run_config(dict(items))
-
-
-def request_config(msg: Message) -> tuple[RunConfig, dict]:
-    """(the run config, parsed once per distinct record; the request's per-round values)."""
-    if keys.RUN_CONFIG not in msg.content:
-        raise ValueError(f"the request has no '{keys.RUN_CONFIG}' record: this ClientApp serves this app's "
-                         "ServerApp; a foreign ServerApp's ClientApp calls train_reply() instead")
-    run = msg.content[keys.RUN_CONFIG]
-    return _parse(tuple(run.items())), dict(msg.content[keys.CONFIG])  # the items in the record's order, one per run
+def request_config(msg: Message, context: Context) -> tuple[RunConfig, dict]:
+    """(the run config, from the Context, parsed once per run; the request's per-round values)."""
+    return read_run_config(context, msg), dict(msg.content[keys.CONFIG])
 
 
 # One model object per (architecture, input shape, classes, device, thread or batch slot), reused
@@ -321,7 +313,7 @@ def train(msg: Message, context: Context) -> Message:
 def stage_train(msg: Message, context: Context) -> TrainCall:
     """This ClientApp's train handler up to the training step: the request's partition, data and
     model (holding the received weights), then :func:`prepare_train`."""
-    cfg, config = request_config(msg)
+    cfg, config = request_config(msg, context)
     pid = served_partition(context, config, cfg)
     data = None
     if local_data.is_node_mode(cfg):  # the node's own folder, whole
@@ -352,7 +344,7 @@ batch_delivery.register_phases(app, stage=stage_train, finish=reply_to_train, pl
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Score the received global model (or this client's personal model) on the local test split
     (and on the local validation split, when the run has one: ``val-fraction`` > 0)."""
-    cfg, config = request_config(msg)
+    cfg, config = request_config(msg, context)
     pid = served_partition(context, config, cfg)
     data = None
     if local_data.is_node_mode(cfg):  # the node's own test.parquet

@@ -42,6 +42,10 @@ the criterion) and :meth:`ClientSide.before_step` (between ``loss.backward()`` a
 What happens without it is in :mod:`fedcore.client_pieces` (the server's error line names this
 class) and docs/library.md ("Client side for your own ClientApp").
 
+It runs the routine's one definition (:mod:`client_app.methods`: the request's ``client-method``
+looked up in the registry, its :class:`~client_app.methods.Parts` called from the caller's loop),
+so a method registered there trains here as on the app's loop and rows.
+
 This module imports torch, Flower and :mod:`client_app.methods` only (no dataset, plotting or
 server library), so a client-only install runs it.
 """
@@ -56,20 +60,11 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from client_app.methods import LocalTraining, TrainJob, TrainOutcome
-from client_app.methods import ditto as ditto_routine
-from client_app.methods import federage as federage_routine
-from client_app.methods import fedfa as fedfa_routine
-from client_app.methods import fedprox as fedprox_routine
-from client_app.methods import propfair as propfair_routine
-from client_app.methods import scaffold as scaffold_routine
+from client_app.methods import LocalTraining, Trained, TrainJob, TrainOutcome, adding, get_client_method
 from client_app.optim import SGD
 from fedcore import flat, keys
 
-__all__ = ["ClientSide", "evaluation_model", "mean_accuracy", "mean_loss", "METHODS"]
-
-# the client routines a request can name (keys.CLIENT_METHOD) that this module serves
-METHODS = (keys.SGD, keys.FEDPROX, keys.SCAFFOLD, keys.FEDERAGE, keys.DITTO, keys.PROPFAIR, keys.FEDFA)
+__all__ = ["ClientSide", "evaluation_model", "mean_accuracy", "mean_loss"]
 
 
 def _pair(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,15 +112,27 @@ def mean_accuracy(model: nn.Module, batches: Iterable, unpack: Callable[[Any], t
     return correct / count if count else 0.0
 
 
-def _job(msg: Message, context: Context, model: nn.Module, lr: float | None = None) -> TrainJob:
-    """The request as the routines read it (their data and batches stay with the caller)."""
+def _job(msg: Message, context: Context, model: nn.Module, lr: float | None = None,
+         data: Iterable | None = None, unpack: Callable[[Any], tuple] | None = None) -> TrainJob:
+    """The request as the routines read it (their data and batches stay with the caller; a routine
+    that scores the model on them before training, FedFa, gets ``data`` scored by
+    :func:`mean_accuracy`)."""
     config = dict(msg.content[keys.CONFIG])
+    method = str(config.get(keys.CLIENT_METHOD, keys.SGD))
+
+    def accuracy(m: nn.Module) -> float:
+        if data is None:
+            raise ValueError(f"the client method {method!r} scores the received model's accuracy on the training "
+                             "data before training: ClientSide(msg, context, model, data=trainloader)")
+        return mean_accuracy(m, data, unpack)
+
     return TrainJob(
         cfg=LocalTraining(), server_round=int(config.get(keys.SERVER_ROUND, 0)),
         partition_id=int(config.get(keys.PARTITION_ID, context.node_id)),
         lr=float(config[keys.ROUND_LR]) if lr is None else lr, model=model,
         global_arrays=msg.content[keys.ARRAYS], x=torch.empty(0), y=torch.empty(0, dtype=torch.long),
         generator=torch.Generator(), request=msg.content, state=context.state, config=config,
+        accuracy=accuracy,
     )
 
 
@@ -138,13 +145,13 @@ class ClientSide:
     ClientApp's (its ``state`` keeps what a client keeps between rounds: SCAFFOLD's c_i, Ditto's
     personal model). ``data`` (batches ``(x, y)``, e.g. the train DataLoader; ``unpack(batch)``
     for another shape) is scored first when the request asks for ``loss-before`` (q-FFL, AFL,
-    FedFV, FedLF, TERM, or ``loss_before=True``) and for FedFa. What the request names (``client-method``):
+    FedFV, FedLF, or ``loss_before=True``). What the request names (``client-method``):
 
     * ``federage``: :meth:`loss` is the CVaR-weighted loss (Π_B(β̂) to start; each call takes β's
       step, :class:`client_app.methods.federage.RiskAverseLoss`); the reply sends ``federage-beta``.
     * ``fedprox``: :meth:`before_step` adds μ(w − θ_t) to the gradients (``fedprox-mu``,
-      :func:`client_app.methods.fedprox.proximal_pull`).
-    * ``scaffold``: :meth:`before_step` adds c − c_i (:func:`client_app.methods.scaffold.corrected_gradients`);
+      :class:`client_app.methods.fedprox.Pull`).
+    * ``scaffold``: :meth:`before_step` adds c − c_i (:class:`client_app.methods.scaffold.Correction`);
       the reply sends Δc_i (``scaffold-delta-c``) from the steps taken and the learning rate used,
       and the node keeps c_i + Δc_i. SCAFFOLD assumes plain SGD.
     * ``ditto``: :meth:`step` also trains the personal model (:attr:`personal`) on the same batch
@@ -156,6 +163,8 @@ class ClientSide:
       and :meth:`step`'s SGD takes momentum γ (``fedfa-gamma``, :attr:`momentum`; an optimizer of
       your own must take it too).
     * ``sgd`` (FedAvg, FedNova, q-FFL, AFL, TERM, AdaFed, FedPCD, CRAFT, ...): the plain step.
+    * any other registered routine: its parts, as above (its terms in :meth:`before_step`, its
+      loss in :meth:`loss`, its second model in :meth:`personal_step`, its extras in :meth:`reply`).
 
     Every reply carries ``num-steps`` (the steps counted by :meth:`before_step`, FedNova's and
     SCAFFOLD's K) and ``train-loss`` (the mean plain cross-entropy of the steps) unless the
@@ -170,64 +179,41 @@ class ClientSide:
         self.msg, self.context, self.model = msg, context, model
         self.config = dict(msg.content[keys.CONFIG])
         self.method = str(self.config.get(keys.CLIENT_METHOD, keys.SGD))
-        if self.method not in METHODS:
-            raise ValueError(f"the request names client method {self.method!r}, which ClientSide does not serve "
-                             f"(it serves {', '.join(METHODS)})")
+        routine = get_client_method(self.method)  # the registry: an unknown name is one line listing the known
         self.lr = float(self.config[keys.ROUND_LR])  # this round's client learning rate η_l
         self.num_steps = 0
         self._loss_sum, self._loss_count = 0.0, 0
         self._lr_used: float | None = None
         self._optimizer: torch.optim.Optimizer | SGD | None = None
         self._replied = False
-        self.job = _job(msg, context, model)
+        self.job = _job(msg, context, model, data=data, unpack=unpack)
         self.loss_before: float | None = None
         if bool(self.config.get(keys.WANT_LOSS_BEFORE, False)):
             if data is None:
                 raise ValueError(f"this request asks for '{keys.LOSS_BEFORE}' (the received model's loss on the "
                                  "training data, before training): ClientSide(msg, context, model, data=trainloader)")
             self.loss_before = mean_loss(model, data, unpack)  # F_i(θ_t), before any step
-        self._risk = self._hook = self._utility = None
-        self._scaffold = None
-        self.personal: nn.Module | None = None
-        self.momentum = 0.0  # the SGD momentum of step()'s optimizer (FedFa's γ)
-        self.accuracy: float | None = None  # FedFa's fedfa-accuracy, scored before training
-        if self.method == keys.FEDFA:
-            if data is None:
-                raise ValueError(f"FedFa's clients send '{keys.FEDFA_ACCURACY}' (the received model's accuracy on "
-                                 "the training data, before training): ClientSide(msg, context, model, "
-                                 "data=trainloader)")
-            self.accuracy = mean_accuracy(model, data, unpack)
-            self.momentum = fedfa_routine.gamma_of(self.job)
-        elif self.method == keys.PROPFAIR:
-            self._utility = propfair_routine.LogUtilityLoss(propfair_routine.params_of(self.job))
-        elif self.method == keys.FEDERAGE:
-            params, beta = federage_routine.start(self.job)
-            self._risk = federage_routine.RiskAverseLoss(params, beta)
-        elif self.method == keys.FEDPROX:
-            anchor = [p.detach().clone() for p in model.parameters()]  # θ_t
-            self._hook = fedprox_routine.proximal_pull(anchor, fedprox_routine.mu_of(self.job))
-        elif self.method == keys.SCAFFOLD:
-            self._scaffold = scaffold_routine.setup(self.job)
-            s = self._scaffold
-            self._hook = scaffold_routine.corrected_gradients(model, s.spec, s.c - s.c_i)
-        elif self.method == keys.DITTO:
-            self.personal = ditto_routine.personal_model(self.job)  # before the shared model trains
-            anchor = [p.detach().clone() for p in model.parameters()]
-            self._personal_hook = fedprox_routine.proximal_pull(anchor, ditto_routine.lambda_of(self.job))
+        self.parts = routine.parts(self.job)  # before anything trains
+        # the SGD momentum of step()'s optimizer: the method's own (FedFa's γ), else plain SGD's 0
+        self.momentum = self.parts.momentum if self.parts.momentum is not None else 0.0
+        self._risk = self.parts.loss.loop(self.parts.carried) if self.parts.loss is not None else None
+        self._hook = adding(self.parts.terms)
+        companion = self.parts.companion
+        self.personal: nn.Module | None = companion.model if companion is not None else None
+        if companion is not None:
+            self._personal_hook = adding(companion.terms)
             self._personal_opt = SGD(self.personal.parameters(), lr=self.lr)
             self._personal_loss_sum, self._personal_steps = 0.0, 0
 
     # -- the hooks of a loop of your own ------------------------------------------------------------
     def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The loss to call ``backward()`` on, instead of your criterion: the method's (FedeRage's
-        CVaR-weighted cross-entropy, whose β takes its step at each call; PropFair's log utility),
-        else the mean cross-entropy. Call it once per step: it also records the step's plain loss (``train-loss``)."""
+        CVaR-weighted cross-entropy, whose β takes its step at each call), else the mean
+        cross-entropy. Call it once per step: it also records the step's plain loss (``train-loss``)."""
         plain = F.cross_entropy(logits, y)
         self._last_loss = float(plain.detach())
         self._loss_sum += self._last_loss
         self._loss_count += 1
-        if self._utility is not None:
-            return self._utility(logits, y)
         return plain if self._risk is None else self._risk(logits, y)
 
     def before_step(self) -> None:
@@ -242,13 +228,15 @@ class ClientSide:
         towards θ_t by λ; its plain loss. (:meth:`step` calls it; a loop of your own calls it per
         batch.) Not Ditto: a ValueError."""
         if self.personal is None:
-            raise ValueError(f"personal_step() is Ditto's; this request's client method is {self.method!r}")
+            raise ValueError(f"personal_step() trains a second model (Ditto's); this request's client method, "
+                             f"{self.method!r}, has none")
         x, y = self._on_device(x, y)
         self.personal.train()
         self._personal_opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.personal(x), y)
         loss.backward()
-        self._personal_hook(self.personal)
+        if self._personal_hook is not None:
+            self._personal_hook(self.personal)
         self._personal_opt.step()
         self._personal_loss_sum += float(loss.detach())
         self._personal_steps += 1
@@ -284,8 +272,8 @@ class ClientSide:
     # -- the reply ----------------------------------------------------------------------------------
     @property
     def beta(self) -> float | None:
-        """FedeRage's β now (None for another method)."""
-        return None if self._risk is None else self._risk.beta
+        """The scalar the method's loss carries now (FedeRage's β; None for a method without one)."""
+        return None if self._risk is None else self._risk.carried
 
     def reply(self, metrics: Mapping[str, Any] | None = None) -> Message:
         """The train reply: the trained model (``arrays``), ``metrics`` (yours: ``num-examples`` at
@@ -303,18 +291,15 @@ class ClientSide:
         outcome = TrainOutcome(num_steps=self.num_steps,
                                train_loss=self._loss_sum / self._loss_count if self._loss_count else 0.0)
         job = _job(self.msg, self.context, self.model, lr=self._lr_used)
-        if self.accuracy is not None:
-            fedfa_routine.finish(outcome, self.accuracy)
-        if self._risk is not None:
-            federage_routine.finish(outcome, self._risk.beta)
-        elif self._scaffold is not None:
-            if self.num_steps == 0:
-                raise ValueError("SCAFFOLD's reply needs the steps taken: train with side.step(x, y), or call "
-                                 "side.before_step() once per step of your own loop")
-            scaffold_routine.finish(job, outcome, self._scaffold)
-        elif self.personal is not None:
-            loss = self._personal_loss_sum / self._personal_steps if self._personal_steps else 0.0
-            ditto_routine.finish(job, outcome, self.personal, loss)
+        if self.parts.needs_steps and self.num_steps == 0:
+            raise ValueError(f"{self.method}'s reply needs the steps taken: train with side.step(x, y), or call "
+                             "side.before_step() once per step of your own loop")
+        trained = Trained(carried=self._risk.carried if self._risk is not None else self.parts.carried)
+        if self.personal is not None:
+            trained.companion = self.personal
+            trained.companion_loss = self._personal_loss_sum / self._personal_steps if self._personal_steps else 0.0
+        if self.parts.finish is not None:
+            self.parts.finish(job, outcome, trained)
         fields: dict[str, Any] = {}
         if self.num_steps:
             fields[keys.NUM_STEPS] = int(self.num_steps)
@@ -330,10 +315,11 @@ class ClientSide:
 
 
 def evaluation_model(msg: Message, context: Context, model: nn.Module) -> nn.Module:
-    """The model an evaluate request scores: Ditto's personal model (kept in ``context.state`` by
-    :meth:`ClientSide.reply`; the received model until this node has trained), else ``model``
-    itself (holding the received weights)."""
+    """The model an evaluate request scores: the routine's own (Ditto's personal model, kept in
+    ``context.state`` by :meth:`ClientSide.reply`; the received model until this node has trained),
+    else ``model`` itself (holding the received weights)."""
     config = msg.content.get(keys.CONFIG)
-    if config is None or str(config.get(keys.CLIENT_METHOD, keys.SGD)) != keys.DITTO:
+    routine = get_client_method(str(config.get(keys.CLIENT_METHOD, keys.SGD))) if config is not None else None
+    if routine is None or routine.eval_model is None:
         return model
-    return ditto_routine.personal_model(_job(msg, context, model, lr=0.0))
+    return routine.eval_model(_job(msg, context, model, lr=0.0))

@@ -234,15 +234,6 @@ class Forward:
         return self.chain
 
     @torch.no_grad()
-    def chain_step(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                   coefficient: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chain's per-example cross-entropy (rows, batch) and the gradient of
-        Σ coefficient(ce)·ce with respect to every row's parameters, as one (rows, D) tensor in
-        parameter order (:meth:`chain_grads`, laid out flat)."""
-        ce, grads = self.chain_grads(params, x, y, coefficient)
-        return ce, torch.cat(grads, 1)
-
-    @torch.no_grad()
     def chain_grads(self, params: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
                     coefficient: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The chain's per-example cross-entropy (rows, batch) and the gradient of

@@ -8,12 +8,12 @@ matmuls; a convolution becomes one grouped convolution, the rows' channels stack
 groups = rows), with ``autograd.grad`` of the sum of the rows' losses (rows are independent,
 so each row's gradient is its own client's), then ``torch.optim.SGD``'s update (momentum,
 weight decay, the round's lr) written out once for all rows. What a method changes comes from
-its row form (:mod:`client_app.methods`: each method's module holds its loop step and its
-rows): the terms added to a row's gradient (FedProx's and Ditto's proximal pull, SCAFFOLD's
-correction), the weighting of a row's example losses and the scalar it carries (FedeRage's
-CVaR weights and β step), the rows of one job (Ditto's shared and personal models on the same
-batches) and how their results finish its outcome. This module holds the batched trainer and
-the jobs → rows plan; how a model runs as rows (the batched forward, BatchNorm's and dropout's
+its row form (:meth:`client_app.methods.ClientMethod.row_form`, from the method's one
+definition, which its loop trains by too): the terms added to a row's gradient (FedProx's and
+Ditto's proximal pull, SCAFFOLD's correction), the weighting of a row's example losses and the
+scalar it carries (FedeRage's CVaR weights and β step), the rows of one job (Ditto's shared and
+personal models on the same batches) and how their results finish its outcome. This module holds
+the batched trainer and the jobs → rows plan; how a model runs as rows (the batched forward, BatchNorm's and dropout's
 row forms, which models have one) is :mod:`client_app.row_forward`, and how one process's
 many messages bring their training here together is :mod:`client_app.batch_delivery`.
 
@@ -36,7 +36,7 @@ per-client path's within float rounding (the tests hold both to 1e-5 relative;
 noise is drawn, :data:`AUTO_MODELS`) go by :func:`client_app.row_forward.device_kind`.
 
 Where it does not fit (a model with buffers other than BatchNorm's, a dropout variant, a
-method without a row form), the per-client routine runs, and the reason is logged once.
+second model under dropout), the per-client routine runs, and the reason is logged once.
 
 ``client-execution`` (run config): ``loop`` = always the per-client path; ``vectorised`` =
 rows wherever covered (even one client, e.g. in a Ray actor, which receives one message at a
@@ -259,9 +259,6 @@ class _Layout:
     def columns(self, p: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's (rows, numel) columns of the rows' (rows, D) tensor."""
         return [p[:, a:b] for a, b in zip(self.cuts[:-1], self.cuts[1:])]
-
-    def unflat(self, row: torch.Tensor) -> list[torch.Tensor]:
-        return [row[a:b].view(shape) for a, b, shape in zip(self.cuts[:-1], self.cuts[1:], self.shapes)]
 
 
 @dataclasses.dataclass
@@ -576,17 +573,15 @@ class Plan:
 
 def plan(method: ClientMethod, job: TrainJob) -> Plan:
     """The rows of one job by its method's row form (raises :class:`NotCovered` where the model
-    or the method has none)."""
+    or the job's parts have none)."""
     info = model_info(job.model)
     if info.uncovered:
         raise NotCovered(info.uncovered)
-    if method.rows is None:
-        raise NotCovered(f"client method {method.name!r} has no row form")
     parameters = list(info.parameters)  # listed once: the row's start, then its result loaded into them
     base = plain_row(job, parameters)
     if info.has_norms and any(len(idx) < 2 for idx in base.steps):
         raise NotCovered("a batch of one example under BatchNorm (the loop's error or numbers)")
-    form = method.rows(job, base)
+    form = method.row_form(job, base)
     batch = max((i.shape[0] for r in form.rows for i in r.steps), default=1)
     momentum = job.cfg.momentum if form.momentum is None else form.momentum  # FedFa's own γ
     group = Group(batch=batch, momentum=float(momentum), weight_decay=float(job.cfg.weight_decay),

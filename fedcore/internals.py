@@ -138,9 +138,10 @@ def node_copy(message: Message) -> Message:
     """A node's own copy of a request in this process, equal to ``copy.deepcopy(message)`` for
     everything a ClientApp or a mod can change: a new metadata object, a new ``RecordDict``, new
     records, new ``Array`` objects (their fields copied from ``Array.__dict__``) and new lists in
-    config and metric records; only the arrays' ``bytes`` (immutable) and the scalars are shared,
-    where ``copy.deepcopy`` would walk every value of the run-config record. A message with an
-    error, or a record of another type, is deep-copied."""
+    config and metric records; only the arrays' ``bytes`` (immutable) and the scalars are shared.
+    ``copy.deepcopy`` walks every object of the message: over twice this copy's time on a default
+    request, the run config no longer in it. A message with an error, or a record of another type,
+    is deep-copied."""
     if message.has_error():
         return copy.deepcopy(message)
     content = RecordDict()

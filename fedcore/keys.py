@@ -3,10 +3,16 @@
 # RecordDict entries
 ARRAYS = "arrays"  # the model (global in requests, local in train replies)
 CONFIG = "config"  # per-round values (round, learning rate, client method, method values)
-RUN_CONFIG = "run-config"  # the app's full run config (this app's requests only)
+# The run config reaches a ClientApp once, in its Context (``Context.run_config``: Flower's runtime and
+# the local engine give it); a request carries only what changes per round or per client. What the
+# server settles at a run's start and the nodes' own run config leaves open travels in RUN_CONFIG:
+# with client-data = "node", the data's shape, classes and normalisation learned from the nodes
+# (NODE_DATA_SETTLED). This app's requests only, and only in such a run.
+RUN_CONFIG = "run-config"
+NODE_DATA_SETTLED = ("input-shape", "num-classes", "data-mean", "data-std")
 METRICS = "metrics"  # the MetricRecord of a reply
 
-# Per-round values the server puts into the ConfigRecord (besides the run config)
+# Per-round values the server puts into the ConfigRecord
 SERVER_ROUND = "server-round"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory() as out, task_identity():
         cfg = load_config({"num-server-rounds": 10, "eval-every": 0, "checkpoint-every": 0, **overrides,
                            "output-dir": out})
-        exp = Experiment(ClientAppGrid(cfg.num_clients, client_app), cfg)
+        exp = Experiment(ClientAppGrid(cfg.num_clients, client_app, run_config=cfg), cfg)
         per_round: list[list[dict]] = []
         orig_round = exp.train_round
 

@@ -4,14 +4,17 @@ A round's requests: the nodes to ask (the app's seeded sampler over partition id
 Flower's own loop a seeded draw over the connected nodes: :func:`sample_nodes`), then one
 message per node (:func:`train_requests`, :func:`evaluate_requests`) carrying the model, a
 ``config`` record (the round, the client learning rate, the client routine, the method's
-client-side values: :func:`request_config`), the method's records (SCAFFOLD's control variate)
-and, from this app, the ``run-config`` record. Module functions, not strategy methods: they read
-the strategy's flags and request hooks and keep nothing.
+client-side values: :func:`request_config`) and the method's records (SCAFFOLD's control
+variate). The run config is not in them: a ClientApp reads it from its ``Context``, once per run
+(Flower's runtime and the local engine give it there); only a run whose nodes bring their own
+data adds the ``run-config`` record of what the server learned from them
+(:attr:`RunContext.run_record`). Module functions, not strategy methods: they read the
+strategy's flags and request hooks and keep nothing.
 
 :class:`RunContext` is what an app gives a strategy's calls (``configure_train(...,
-context=...)``, ``train_outcome(..., context)``): its sampler, the run config sent with every
-request, the bounds on the clients' numbers and what earlier rounds established. Flower's own
-loop (``strategy.start``) uses the strategy's default one.
+context=...)``, ``train_outcome(..., context)``): its sampler, the run config, the bounds on the
+clients' numbers and what earlier rounds established. Flower's own loop (``strategy.start``)
+uses the strategy's default one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedcore import keys
+from fedcore.config import APP
 from fedcore.internals import flower_log
 from fedcore.replies import ReplyLimits, ReplyTrust
 from fedcore.seeding import derive_seed
@@ -47,9 +51,10 @@ class RunContext:
     """What the app running a strategy gives its calls (nothing of it is written into the
     strategy). ``select``: round → {node: partition id} of the round's clients (a negative round:
     every client, for federated evaluation); None = a seeded draw over the connected nodes.
-    ``run_config``: sent with every request as the ``run-config`` record (None: not sent).
-    ``limits``: the bounds on the clients' numbers (:class:`fedcore.replies.ReplyLimits`: the
-    partitions' sizes, ``max-num-examples``, ``max-update-ratio``). ``trust``: the scales earlier
+    ``run_config``: the run's config (None: Flower's own loop), which its clients read from their
+    ``Context``; the requests carry only :attr:`run_record`. ``limits``: the bounds on the
+    clients' numbers (:class:`fedcore.replies.ReplyLimits`: the partitions' sizes,
+    ``max-num-examples``, ``max-update-ratio``). ``trust``: the scales earlier
     rounds' accepted replies established (:class:`fedcore.replies.ReplyTrust`; the app
     checkpoints it). ``streak``: the rounds in a row whose every reply was dropped
     (:class:`strategies.health.DropStreak`; the app's run state, checkpointed; None: the strategy's
@@ -64,10 +69,14 @@ class RunContext:
 
     @functools.cached_property
     def run_record(self) -> ConfigRecord | None:
-        """The run-config record, built once and shared by every message (as Flower's own
-        strategies share one RecordDict): ~140 keys validated once, not once per message
-        (docs/performance.md, rule 8). The engines hand each node a copy."""
-        return None if self.run_config is None else ConfigRecord(dict(self.run_config))
+        """The ``run-config`` record every request carries, or None (no record: the default).
+        Only a run whose nodes bring their own data (``client-data = "node"``) has one: the data's
+        shape, classes and normalisation (:data:`fedcore.keys.NODE_DATA_SETTLED`) that the server
+        learned from the nodes at the start and their own run config leaves open. Built once and
+        shared by every message."""
+        if self.run_config is None or APP["client-data"].read(self.run_config) != "node":
+            return None
+        return ConfigRecord({k: self.run_config[k] for k in keys.NODE_DATA_SETTLED if k in self.run_config})
 
 
 def wait_for_nodes(grid: Grid, wanted: int, timeout: float | None, what: str = "sample") -> list[int]:
@@ -144,7 +153,7 @@ def _messages(strategy, arrays: ArrayRecord, base: dict[str, Any], records: dict
               targets: Mapping[int, int | None], kind: str, group: str, context: RunContext,
               client_records: Callable[[int | None], dict[str, Any]] | None = None) -> list[Message]:
     """One message per node of ``targets``: the records of :func:`_message` ({model, config, then
-    ``records``, the client's own records, the run config}), the config ``base`` plus the client's
+    ``records``, the client's own records, the run's settled values}), the config ``base`` plus the client's
     partition id. Flower checks every value a record is given; here the round's config and the
     records every message shares are checked once and each message gets copies of them
     (``TypedDict.copy``: the same keys, in the same order, and values) with its own config set."""

@@ -37,12 +37,11 @@ def probe(model: str = "mlp", partition: int = 1, clients: int = 4, overrides: d
     cfg = load_config({"model": model, "num-clients": clients, "dataset": "digits", "seed": 0, **(overrides or {})})
     arrays = ArrayRecord(initial_model(cfg).state_dict())
     context = Context(run_id=1, node_id=7, node_config={keys.PARTITION_ID: partition, "num-partitions": clients},
-                      state=RecordDict(), run_config={})
+                      state=RecordDict(), run_config=cfg.as_dict())  # the run config: once, in the Context
 
     def request(message_type: str) -> Message:
         conf = {keys.SERVER_ROUND: 1, keys.ROUND_LR: cfg.lr_at(1), keys.CLIENT_METHOD: "sgd"}
-        content = RecordDict({keys.ARRAYS: arrays, keys.RUN_CONFIG: ConfigRecord(cfg.as_dict()),
-                              keys.CONFIG: ConfigRecord(conf)})
+        content = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(conf)})
         meta = Metadata(run_id=1, message_id=f"probe-{message_type}", src_node_id=1, dst_node_id=7,
                         reply_to_message_id="", group_id="1", created_at=time.time(), ttl=3600.0,
                         message_type=message_type)

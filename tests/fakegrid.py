@@ -97,10 +97,14 @@ def flat_of(arrays: ArrayRecord) -> np.ndarray:
 class ClientAppGrid(LocalGrid):
     """The local engine's in-process Grid (a real ClientApp, one persistent Context per node,
     a handler that raises yields an error reply), plus ``tamper(partition_id, message)``, which
-    edits a delivered message in place, and ``replies``, every reply in delivery order."""
+    edits a delivered message in place, and ``replies``, every reply in delivery order.
+    ``run_config`` (a mapping or a ``RunConfig``): every node's ``context.run_config``, as the
+    run's starter gives it (this app's ClientApp reads it there; a foreign one may need none)."""
 
-    def __init__(self, num_nodes: int, client_app, tamper=None) -> None:
-        super().__init__(client_app, num_nodes, workers=0)
+    def __init__(self, num_nodes: int, client_app, tamper=None, *, run_config=None) -> None:
+        if hasattr(run_config, "as_dict"):
+            run_config = run_config.as_dict()
+        super().__init__(client_app, num_nodes, workers=0, run_config=run_config)
         # Tests address node 1000 + partition id (as FakeGrid and configure_round do).
         self.contexts = {1000 + int(ctx.node_config[keys.PARTITION_ID]): ctx for ctx in self.contexts.values()}
         for node, ctx in self.contexts.items():

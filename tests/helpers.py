@@ -319,15 +319,24 @@ def make_job(cfg, model, x, y, *, config=None, request=None, state=None, seed=0)
 
 def app_request(cfg, arrays: ArrayRecord, message_type: str = MessageType.TRAIN, *, server_round: int = 1,
                 client_method: str = "sgd", **round_values) -> Message:
-    """A request as this app's server sends it and a node receives it: the model, the
-    ``run-config`` record and the ``config`` record of per-round values (call inside
-    ``task_identity()``)."""
+    """A request as this app's server sends it and a node receives it: the model and the
+    ``config`` record of per-round values (call inside ``task_identity()``); the run config is the
+    node's (:func:`app_context`)."""
     from flwr.app import ConfigRecord
 
     conf = {keys.SERVER_ROUND: server_round, keys.ROUND_LR: cfg.lr_at(server_round),
             keys.CLIENT_METHOD: client_method, **round_values}
-    return make_reply(RecordDict({keys.ARRAYS: arrays, keys.RUN_CONFIG: ConfigRecord(cfg.as_dict()),
-                                  keys.CONFIG: ConfigRecord(conf)}), 0, message_type=message_type)
+    return make_reply(RecordDict({keys.ARRAYS: arrays, keys.CONFIG: ConfigRecord(conf)}), 0,
+                      message_type=message_type)
+
+
+def app_context(cfg, partition_id: int, *, node_id: int = 1, state: RecordDict | None = None, **node_config):
+    """A node's Context as the run gives it: ``cfg``'s run config (``context.run_config``), the
+    partition in its node config, its persistent ``state``."""
+    from flwr.app import Context
+
+    return Context(run_id=1, node_id=node_id, node_config={keys.PARTITION_ID: partition_id, **node_config},
+                   state=state if state is not None else RecordDict(), run_config=cfg.as_dict())
 
 
 # -- finished run folders (report, figures, robustness tables) --------------------------------

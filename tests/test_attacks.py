@@ -40,7 +40,7 @@ def train(cfg, pid: int, **round_values) -> tuple[Message, Message]:
     with task_identity():
         content = app_request(cfg, arrays, **round_values).content
         request = Message(content, dst_node_id=1000 + pid, message_type=MessageType.TRAIN)
-        (reply,) = ClientAppGrid(cfg.num_clients, client_app).send_and_receive([request])
+        (reply,) = ClientAppGrid(cfg.num_clients, client_app, run_config=cfg).send_and_receive([request])
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
     return request, reply
 
@@ -85,7 +85,7 @@ def evaluate(cfg, pid: int) -> Message:
     with task_identity():
         content = app_request(cfg, arrays, MessageType.EVALUATE).content
         request = Message(content, dst_node_id=1000 + pid, message_type=MessageType.EVALUATE)
-        (reply,) = ClientAppGrid(cfg.num_clients, client_app).send_and_receive([request])
+        (reply,) = ClientAppGrid(cfg.num_clients, client_app, run_config=cfg).send_and_receive([request])
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
     return reply
 
@@ -133,7 +133,7 @@ def test_label_flip_only_adds_the_permutation_and_the_client_trains_on_flipped_l
     seen = []
     request, attacked = train(cfg, ATTACKED)
     # the mod's one change: the permutation in the request's config, which the handler honours
-    attacks.attack_mod(request, ClientAppGrid(6, client_app).contexts[1000 + ATTACKED],
+    attacks.attack_mod(request, ClientAppGrid(6, client_app, run_config=cfg).contexts[1000 + ATTACKED],
                        lambda msg, ctx: seen.append(msg) or msg)
     (passed,) = seen
     sent, got = dict(request.content[keys.CONFIG]), dict(passed.content[keys.CONFIG])
@@ -196,7 +196,7 @@ def test_a_run_records_its_attackers_and_the_honest_clients_metrics(tmp_path):
                        "checkpoint-every": 0, "attack": "sign-flip", "attack-clients": "0,3",
                        "output-dir": str(tmp_path)})
     with task_identity():
-        Experiment(ClientAppGrid(6, client_app), cfg).run()
+        Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg).run()
     summary = read_summary(tmp_path)
     assert summary["attack"] == "sign-flip" and summary["attacked_partitions"] == [0, 3]
     acc = np.array(summary["client_acc"])
@@ -212,7 +212,7 @@ def test_no_attack_keeps_the_summary_without_honest_metrics(tmp_path):
     cfg = load_config({"num-clients": 4, "fraction-train": 0.5, "num-server-rounds": 1, "checkpoint-every": 0,
                        "output-dir": str(tmp_path)})
     with task_identity():
-        Experiment(ClientAppGrid(4, client_app), cfg).run()
+        Experiment(ClientAppGrid(4, client_app, run_config=cfg), cfg).run()
     summary = read_summary(tmp_path)
     assert summary["attack"] == "none" and summary["attacked_partitions"] == [] and "honest" not in summary
     assert torch.load(tmp_path / "final_model.pt", weights_only=True)  # the run finished as before
@@ -222,7 +222,7 @@ def test_replay_sends_its_first_model_again_in_every_later_round():
     cfg = config("replay")
     model = initial_model(cfg)
     with task_identity():
-        grid = ClientAppGrid(cfg.num_clients, client_app)  # one node-side state across the rounds
+        grid = ClientAppGrid(cfg.num_clients, client_app, run_config=cfg)  # one node-side state across the rounds
         replies = {}
         for server_round, shift in ((1, 0.0), (2, 0.05), (3, -0.05)):
             arrays = ArrayRecord({k: v + shift for k, v in model.state_dict().items()})
@@ -240,7 +240,7 @@ def test_crash_raises_in_the_train_handler_and_the_node_answers_with_an_error():
     with task_identity():
         content = app_request(cfg, ArrayRecord(initial_model(cfg).state_dict())).content
         request = Message(content, dst_node_id=1000 + ATTACKED, message_type=MessageType.TRAIN)
-        (reply,) = ClientAppGrid(cfg.num_clients, client_app).send_and_receive([request])
+        (reply,) = ClientAppGrid(cfg.num_clients, client_app, run_config=cfg).send_and_receive([request])
     assert reply.has_error() and f"attack 'crash': partition {ATTACKED} raises" in reply.error.reason
 
 

@@ -337,8 +337,6 @@ def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomp
     """The server's copy is fine; node 1's copy has NaN pixels: its train replies are dropped with
     the one-line reason, the other clients train, the run ends, and summary.json says it is not
     complete (that client never trained)."""
-    from flwr.app import ConfigRecord
-
     from client_app.client_app import app as client_app
     from fedcore import keys
     from fedpcd_app.server.results import read_rounds, read_summary
@@ -349,16 +347,15 @@ def test_a_node_whose_data_is_bad_is_a_dropped_reply_and_the_summary_says_incomp
     bad = good_folder(tmp_path / "bad")
     _nan(bad)
 
-    def tamper(pid, msg):  # node 1 reads its own (bad) copy of the folder
-        if pid == 1 and keys.RUN_CONFIG in msg.content:
-            msg.content[keys.RUN_CONFIG] = ConfigRecord({**msg.content[keys.RUN_CONFIG], "dataset-path": str(bad)})
-
     cfg = load_config({"method": "fedavg", "dataset-path": str(good), "num-clients": 3, "partitioner": "iid",
                        "fraction-train": 1.0, "num-server-rounds": 2, "eval-every": 1, "checkpoint-every": 0,
                        "output-dir": str(tmp_path / "out")})
     data_mod.clear_cache()
     with task_identity():
-        exp = Experiment(ClientAppGrid(cfg.num_clients, client_app, tamper), cfg)
+        grid = ClientAppGrid(cfg.num_clients, client_app, run_config=cfg)
+        node = next(n for n, ctx in grid.contexts.items() if ctx.node_config[keys.PARTITION_ID] == 1)
+        grid.contexts[node].run_config["dataset-path"] = str(bad)  # node 1 reads its own (bad) copy of the folder
+        exp = Experiment(grid, cfg)
         exp.run()
     rounds, summary = read_rounds(exp.writer.dir), read_summary(exp.writer.dir)
     for record in rounds:

@@ -202,11 +202,11 @@ def test_the_app_s_context_is_passed_to_the_calls_never_written_into_the_strateg
     # Execute
     with task_identity():
         msgs = strategy.configure_train(1, arrays_from_flat(np.zeros(D), TEMPLATE), None, FakeGrid(6, None), context)
-    # Assert: the selection and the shared run-config record are in the requests; the strategy's own
-    # context (Flower's loop) is untouched
+    # Assert: the selection is in the requests, the run config is not (the clients read it from their
+    # Context); the strategy's own context (Flower's loop) is untouched
     assert [(int(m.metadata.dst_node_id), m.content["config"][keys.PARTITION_ID]) for m in msgs] == [(1003, 3),
                                                                                                       (1005, 5)]
-    assert msgs[0].content[keys.RUN_CONFIG] is msgs[1].content[keys.RUN_CONFIG] is context.run_record
+    assert all(keys.RUN_CONFIG not in m.content for m in msgs) and context.run_record is None
     assert strategy.context is before["context"] and strategy.context.select is None
 
 

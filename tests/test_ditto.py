@@ -10,9 +10,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
 
 from client_app.client_app import PartitionState, evaluate_handler
-from client_app.methods import TrainJob, get_client_method
+from client_app.methods import TrainJob, get_client_method, run_sgd
 from client_app.methods.ditto import PERSONAL, PERSONAL_LOSS, personal_model
-from client_app.methods.sgd import run_sgd
 from client_app.models import initial_model
 from client_app.training import evaluate
 from fedcore import flat, keys
@@ -118,7 +117,8 @@ def test_evaluation_scores_the_personal_model():
 
     def score(node_state):
         msg = app_request(cfg, global_arrays, MessageType.EVALUATE, client_method="ditto", **{"ditto-lambda": 0.1})
-        ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: 2}, state=node_state, run_config={})
+        ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: 2}, state=node_state,
+                      run_config=cfg.as_dict())
         return evaluate_handler(msg, ctx).content[keys.METRICS][keys.EVAL_LOSS]
 
     from client_app.data import load_federated_data

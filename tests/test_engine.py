@@ -177,15 +177,31 @@ def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypat
 GROUPS: list[int] = []  # sizes of the batches the recording hook got (in this process)
 
 
-def recording_batch(app, items, one):
-    """A batch hook that records each batch's size and answers one by one (worker processes report
-    the size in each reply's metrics)."""
-    GROUPS.append(len(items))
-    replies = [one(app, m, c) for m, c in items]
-    for r in replies:
-        if not r.has_error():
-            r.content[keys.METRICS]["batch"] = len(items)
-    return replies
+class RecordingBatch:
+    """A batch hook (fedpcd_app.runtime.node.BatchHook) that takes every request, records each
+    batch's size and answers one by one (worker processes report the size in each reply's metrics)."""
+
+    def wants(self, message, context) -> bool:
+        return True
+
+    def __call__(self, app, items, one, *, on_reply=None, fail=None):
+        GROUPS.append(len(items))
+        replies = [one(app, m, c) for m, c in items]
+        for i, r in enumerate(replies):
+            if not r.has_error():
+                r.content[keys.METRICS]["batch"] = len(items)
+            if on_reply is not None:
+                on_reply(i, r)
+        return replies
+
+
+recording_batch = RecordingBatch()
+
+
+def test_a_batch_hook_without_the_hooks_interface_is_one_line():
+    with pytest.raises(TypeError, match="is not a batch hook") as err:
+        LocalGrid(PROBE, 2, batch="tests.test_engine:GROUPS")
+    assert "\n" not in str(err.value) and "BatchHook" in str(err.value)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -33,7 +33,7 @@ BASE = {"num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 4, "eval-e
 def run(tmp_path, name, method, **extra):
     cfg = load_config({**BASE, "method": method, "output-dir": str(tmp_path / name), **extra})
     with task_identity():
-        exp = Experiment(ClientAppGrid(6, client_app), cfg)
+        exp = Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg)
         exp.run()
     return exp
 

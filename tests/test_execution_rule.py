@@ -99,7 +99,7 @@ def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
     """client_app.batch_delivery.wants_batch: under 'auto', a run that the rule puts on the loop
     (a CNN on the CPU) is delivered one message at a time, as 'loop' is, not through a thread per
     message; the digits MLP (rows on the CPU) and 'vectorised' go through the batch."""
-    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.app import Context, Message, RecordDict
     from flwr.common import MessageType
 
     from client_app.batch_delivery import wants_batch
@@ -107,17 +107,22 @@ def test_auto_hands_the_engine_a_batch_only_where_the_rule_may_take_rows():
     from fedcore.internals import task_identity
 
     def request(kind=MessageType.TRAIN, **over):
-        run = ConfigRecord(resolve({"dataset": "digits", "model": "mlp", **over}))
-        return Message(RecordDict({"run-config": run}), dst_node_id=5, message_type=kind)
+        """A request and its node's Context, which holds the run config."""
+        run = resolve({"dataset": "digits", "model": "mlp", **over})
+        context = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config=run)
+        return Message(RecordDict(), dst_node_id=5, message_type=kind), context
 
     with task_identity():
-        assert wants_batch(request())  # auto, the digits MLP: rows
-        assert not wants_batch(request(model="cnn"))  # auto, a CNN on the CPU: the loop, one at a time
-        assert wants_batch(request(model="cnn", **{"client-execution": "vectorised"}))
-        assert not wants_batch(request(**{"client-execution": "loop"}))
-        assert not wants_batch(request(MessageType.EVALUATE, **{"client-execution": "vectorised"}))
-        # a stranger's run config holding a list (a ConfigRecord may; a run config may not) is no crash
-        assert wants_batch(request(**{"lr": [0.1, 0.2]}))
+        assert wants_batch(*request())  # auto, the digits MLP: rows
+        assert not wants_batch(*request(model="cnn"))  # auto, a CNN on the CPU: the loop, one at a time
+        assert wants_batch(*request(model="cnn", **{"client-execution": "vectorised"}))
+        assert not wants_batch(*request(**{"client-execution": "loop"}))
+        assert not wants_batch(*request(MessageType.EVALUATE, **{"client-execution": "vectorised"}))
+        # a run config that does not parse (a list where a number goes) is no crash: the ClientApp says it
+        assert wants_batch(*request(**{"lr": [0.1, 0.2]}))
+        # a run config without the key (another app's) is delivered one message at a time
+        other = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"x": 1})
+        assert not wants_batch(Message(RecordDict(), dst_node_id=5, message_type=MessageType.TRAIN), other)
 
 
 _CHURN = """

@@ -187,7 +187,7 @@ def test_a_crash_attack_on_18_of_20_clients_is_not_a_healthy_run(tmp_path):
                                      "checkpoint-every": 0, "eval-every": 3, "attack": "crash",
                                      "attack-fraction": 0.9})
     with task_identity():
-        Experiment(ClientAppGrid(20, client_app), cfg).run()
+        Experiment(ClientAppGrid(20, client_app, run_config=cfg), cfg).run()
     summary = read_summary(tmp_path)
     assert summary["complete"] is False and summary["incomplete_reason"].startswith("client faults: in 3 of 3")
     assert "attack 'crash'" in summary["incomplete_reason"]

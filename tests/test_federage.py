@@ -388,7 +388,7 @@ def test_secure_aggregation_loop_gives_the_plain_uniform_mean(tmp_path):
     for name, secure in (("plain", False), ("secure", True)):
         cfg = load_config({**base, "secure-aggregation": secure, "output-dir": str(tmp_path / name)})
         with task_identity():
-            exp = Experiment(ClientAppGrid(6, client_app), cfg)
+            exp = Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg)
             exp.run()
         runs[name] = (flat_of(exp.state.arrays), read_rounds(exp.writer.dir)[0])
     (plain, rec_plain), (secure, rec_secure) = runs["plain"], runs["secure"]

@@ -20,8 +20,8 @@ BASE = {"client-data": "node", "num-clients": 3, "fraction-train": 1.0, "eval-mo
         "checkpoint-every": 0, "eval-every": 1}
 
 
-def _grid(folders, node_extra=None) -> ClientAppGrid:
-    grid = ClientAppGrid(len(folders), client_app.app)
+def _grid(folders, node_extra=None, run_config=None) -> ClientAppGrid:
+    grid = ClientAppGrid(len(folders), client_app.app, run_config=run_config)
     for _node, ctx in grid.contexts.items():
         pid = int(ctx.node_config[keys.PARTITION_ID])
         if folders[pid] is not None:
@@ -32,7 +32,7 @@ def _grid(folders, node_extra=None) -> ClientAppGrid:
 
 def _run(folders, tmp_path, node_extra=None, **overrides):
     raw = resolve({**BASE, "output-dir": str(tmp_path / "out"), **overrides})
-    grid = _grid(folders, node_extra)
+    grid = _grid(folders, node_extra, raw)  # the nodes' run config: what the run was started with
     with task_identity():
         summary = run_experiment(grid, raw)
     return summary, grid

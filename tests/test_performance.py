@@ -175,7 +175,7 @@ def _client_train(cfg, pid, *, server_round=1, want=None, arrays=None):
     with task_identity():
         msg = app_request(cfg, arrays, MessageType.TRAIN, server_round=server_round, **extra)
         ctx = Context(run_id=1, node_id=1, node_config={keys.PARTITION_ID: pid}, state=RecordDict(),
-                      run_config={})
+                      run_config=cfg.as_dict())
         reply = train(msg, ctx)
     return dict(reply.content["metrics"]), {k: a.numpy().copy() for k, a in reply.content["arrays"].items()}
 

@@ -44,7 +44,7 @@ def _round(cfg, client_method="sgd", broken: int | None = None, **round_values):
             if pid == broken:
                 del msg.content[keys.CONFIG][keys.ROUND_LR]
             ctx = Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": 8},
-                          state=RecordDict(), run_config={})
+                          state=RecordDict(), run_config=cfg.as_dict())
             items.append((msg, ctx))
     return items
 

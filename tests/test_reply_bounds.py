@@ -269,7 +269,7 @@ def test_a_huge_majority_in_the_final_round_is_caught_end_to_end(tmp_path):
                        "checkpoint-every": 0, "attack": "huge", "attack-clients": ",".join(map(str, final[:2])),
                        "output-dir": str(tmp_path)})
     with task_identity():
-        exp = Experiment(ClientAppGrid(6, client_app), cfg)
+        exp = Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg)
         exp.run()
     rounds, summary = read_rounds(tmp_path), read_summary(tmp_path)
     last = rounds[-1]

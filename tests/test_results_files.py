@@ -26,7 +26,7 @@ def run_dir(tmp_path_factory):
     cfg = load_config({"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server-rounds": 2,
                        "checkpoint-every": 1, "output-dir": str(out)})
     with task_identity():
-        Experiment(ClientAppGrid(6, client_app), cfg).run()
+        Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg).run()
     return out
 
 

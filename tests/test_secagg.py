@@ -27,7 +27,7 @@ BASE = {"method": "fedavg", "num-clients": 6, "fraction-train": 0.5, "num-server
 
 def _run(tmp_path, name, tamper=None, **overrides):
     cfg = load_config({**BASE, "output-dir": str(tmp_path / name), **overrides})
-    grid = ClientAppGrid(6, client_app, tamper)
+    grid = ClientAppGrid(6, client_app, tamper, run_config=cfg)
     with task_identity():
         exp = Experiment(grid, cfg)
         exp.run()
@@ -63,7 +63,7 @@ def test_client_failing_mid_protocol_is_a_tolerated_dropout(tmp_path):
 
     def tamper(pid, msg):
         if pid == victim and keys.ARRAYS in msg.content:  # the stage that trains: the client raises
-            msg.content[keys.RUN_CONFIG]["lr"] = 0.0
+            del msg.content[keys.CONFIG][keys.ROUND_LR]
 
     # Execute
     secure, _, _ = _run(tmp_path, "secure", tamper, **{"secure-aggregation": True})
@@ -78,7 +78,7 @@ def test_client_failing_mid_protocol_is_a_tolerated_dropout(tmp_path):
 def _initial(tmp_path):
     cfg = load_config({**BASE, "output-dir": str(tmp_path / "init")})
     with task_identity():
-        return Experiment(ClientAppGrid(6, client_app), cfg).state.arrays
+        return Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg).state.arrays
 
 
 @pytest.mark.parametrize("method", registry.names())
@@ -101,7 +101,8 @@ def test_a_method_needing_individual_updates_refuses_to_start(tmp_path, monkeypa
     overrides = {**BASE, "secure-aggregation": True, "output-dir": str(tmp_path)}
     # Execute / Assert: the ServerApp and the in-process entry point refuse before any round
     with task_identity(), pytest.raises(ConfigError, match="needs each client's individual update"):
-        Experiment(ClientAppGrid(6, client_app), load_config(overrides))
+        cfg = load_config(overrides)
+        Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg)
     from fedpcd_app.runtime.simulate import simulate
 
     with pytest.raises(ConfigError, match="set secure-aggregation=false"):

@@ -264,7 +264,8 @@ def _as_plain(content: RecordDict) -> list:
             for k, v in content.items()]
 
 
-@pytest.mark.parametrize("case", ["plain", "client-records", "flower-names", "record-named-config", "no-run-config"])
+@pytest.mark.parametrize("case", ["plain", "client-records", "flower-names", "record-named-config", "no-run-config",
+                                  "node-data"])
 def test_train_requests_hold_what_one_record_per_message_held(case):
     arrays = _record(_model())
     extra = ArrayRecord({"c": Array(np.ones(2, np.float32))})
@@ -274,8 +275,13 @@ def test_train_requests_hold_what_one_record_per_message_held(case):
         "flower-names": _Strategy(arrayrecord_key="model", configrecord_key="cfg"),
         "record-named-config": _Strategy(round_records={keys.CONFIG: ConfigRecord({"x": 1})}),
         "no-run-config": _Strategy(),
+        "node-data": _Strategy(round_records={"c": extra}),
     }[case]
-    context = requests.RunContext(run_config=None if case == "no-run-config" else {"seed": 1, "method": "fedavg"})
+    run_config = {"seed": 1, "method": "fedavg"}
+    if case == "node-data":  # what the server learned from the nodes travels in the run-config record
+        run_config.update({"client-data": "node", "input-shape": "1x8x8", "num-classes": 10, "data-mean": "0.5",
+                           "data-std": "0.2"})
+    context = requests.RunContext(run_config=None if case == "no-run-config" else run_config)
     targets = {1001: 1, 1003: 3, 1005: None, 1002: 2}
     with task_identity():
         msgs = requests.train_requests(strategy, 4, arrays, ConfigRecord({"extra": "x"}), targets, context)
@@ -284,6 +290,11 @@ def test_train_requests_hold_what_one_record_per_message_held(case):
     assert [int(m.metadata.dst_node_id) for m in msgs] == list(targets)
     assert all(m.metadata.message_type == MessageType.TRAIN and m.metadata.group_id == "4" for m in msgs)
     assert [_as_plain(m.content) for m in msgs] == [_as_plain(c) for c, _ in want]
+    if case == "node-data":
+        assert all(dict(m.content[keys.RUN_CONFIG]) == {"input-shape": "1x8x8", "num-classes": 10, "data-mean": "0.5",
+                                                        "data-std": "0.2"} for m in msgs)
+    else:
+        assert all(keys.RUN_CONFIG not in m.content for m in msgs)
     # each message owns its content and its config: changing one changes no other
     config_key = getattr(strategy, "configrecord_key", keys.CONFIG)
     msgs[0].content["added"] = ConfigRecord({"y": 2})
@@ -314,5 +325,5 @@ def test_evaluate_requests_hold_what_they_held():
         base = requests.request_config(strategy, 3, None, arrays)
         want = {**base, keys.PARTITION_ID: client} if client is not None else base
         assert m.metadata.message_type == MessageType.EVALUATE and m.metadata.group_id == "eval-3"
-        assert list(m.content.keys()) == [keys.ARRAYS, keys.CONFIG, keys.RUN_CONFIG]
+        assert list(m.content.keys()) == [keys.ARRAYS, keys.CONFIG]
         assert dict(m.content[keys.CONFIG].items()) == want and m.content[keys.ARRAYS] is arrays

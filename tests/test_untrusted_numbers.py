@@ -266,7 +266,7 @@ def _attack_run(tmp_path, attack, attackers="0,3", **extra):
                        "checkpoint-every": 0, "attack": attack, "attack-clients": attackers,
                        "output-dir": str(tmp_path), **extra})
     with task_identity():
-        exp = Experiment(ClientAppGrid(6, client_app), cfg)
+        exp = Experiment(ClientAppGrid(6, client_app, run_config=cfg), cfg)
         exp.run()
     return exp, read_rounds(tmp_path), read_summary(tmp_path)
 

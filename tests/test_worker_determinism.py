@@ -61,9 +61,9 @@ def test_every_client_call_computes_on_the_engines_thread_count(workers, monkeyp
     torch.set_num_threads(2)  # this process as on a 2-core machine
     try:
         with task_identity(), LocalGrid("tests.test_worker_determinism:threads_app", 3, workers=workers,
+                                        run_config={"client-execution": "auto"},  # the batch hook takes them
                                         batch="client_app.batch_delivery:deliver_batch") as grid:
-            run = ConfigRecord({"client-execution": "auto"})  # what makes the batch hook take them
-            msgs = [Message(RecordDict({"config": ConfigRecord({"x": 1}), "run-config": run}), dst_node_id=n,
+            msgs = [Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=n,
                             message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
             replies = list(grid.send_and_receive(msgs))
         assert torch.get_num_threads() == 2  # restored in the caller

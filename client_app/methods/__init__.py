@@ -1,23 +1,24 @@
-"""Client-side training, one module per method, found by name: each method's loop step and its
-row form in one place.
+"""Client-side training, one module per method, found by name: each method defined once.
 
-A method's **loop step** (``train``) turns a :class:`TrainJob` (the model already holding the
-global weights, the client's data, a seeded batch generator, the request and the node's
-persistent state) into a :class:`TrainOutcome` (extra metrics and extra records for the reply).
+A method is one function, registered with :func:`register_client_method`: ``parts(job)`` gives
+what the method adds to plain local SGD for one request (:class:`Parts`): the terms added to
+every step's gradient (FedProx's proximal pull, SCAFFOLD's correction: :class:`GradientTerm`), how
+a step weights its examples' losses with the scalar it carries from step to step (FedeRage's CVaR
+weights and β: :class:`RowLoss`), a second model trained on the same batches (Ditto's personal
+model: :class:`Companion`) and how the request's extras are finished from what trained. Each part
+has its loop form and its row form side by side, so the one definition trains three ways:
+
+* the **loop** (:meth:`ClientMethod.train`): :func:`run_sgd` (:func:`client_app.training.local_sgd`)
+  with the parts' hooks, one client at a time;
+* the **rows** (:meth:`ClientMethod.row_form`): the parts as rows that :mod:`client_app.vectorised`
+  trains together with other clients' rows;
+* a foreign ClientApp's own loop: :class:`client_app.foreign.ClientSide` calls the parts' loop
+  forms from the caller's loop.
+
 The ClientApp does everything around it (loading data and weights, the ``loss-before`` metric,
-packing the reply), so a routine holds only what its method changes.
-
-Its optional **row form** (``rows``) says the same as rows that :mod:`client_app.vectorised`
-trains together with other clients' rows: ``rows(job, base)`` gets the job's plain-SGD
-:class:`Row` (its start, its batches drawn as the loop draws them) and returns a
-:class:`RowForm` — the rows with the method's :class:`GradientTerm` objects (added to the
-gradient at every step), the loss weighting of its examples (:class:`RowLoss`) and how the
-rows' results finish the outcome. A method without a row form trains on the loop.
-
-Modules in this package register themselves with :func:`register_client_method` under the name
-``fedcore.keys`` declares for them; the server names the routine in each request
-(``client-method``), so any strategy can reuse any routine. A routine reads its method's
-hyperparameters from what the server sent (:class:`Sent`), never from defaults of its own.
+packing the reply). The server names the routine in each request (``client-method``), so any
+strategy can reuse any routine; a routine reads its method's hyperparameters from what the server
+sent (:class:`Sent`), never from defaults of its own.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
+from client_app.training import evaluate, local_sgd
 from fedcore.config import RunConfig
 from fedcore.params import key_for, sent_value
 
@@ -69,6 +71,19 @@ class TrainJob:
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None
     # torch's global seed in effect when training starts (dropout draws from it), if known
     train_seed: int | None = None
+    # the accuracy of a model on the job's training data, where the caller scores it (a foreign
+    # ClientApp's own batches); None: (x, y) in eval-batch-size batches (training_accuracy)
+    accuracy: Callable[[nn.Module], float] | None = None
+
+    def training_accuracy(self) -> float:
+        """The job's model's accuracy on its training data, in [0, 1] (eval mode; the model's mode
+        is restored): FedFa's ``fedfa-accuracy``, scored before anything trains."""
+        if self.accuracy is not None:
+            return float(self.accuracy(self.model))
+        was_training = self.model.training
+        accuracy, _ = evaluate(self.model, self.x, self.y, self.cfg.eval_batch_size)
+        self.model.train(was_training)
+        return float(accuracy)
 
 
 @dataclasses.dataclass
@@ -114,8 +129,11 @@ class NotCovered(Exception):
 
 
 class GradientTerm(Protocol):
-    """What a method adds to its row's gradient at every step (the row form of a ``before_step``
-    hook: FedProx's proximal pull, SCAFFOLD's correction)."""
+    """What a method adds to the gradient at every step (FedProx's proximal pull, SCAFFOLD's
+    correction), on the loop (:meth:`add_to`, the ``before_step`` hook) and as rows (:meth:`stack`)."""
+
+    def add_to(self, model: nn.Module) -> None:
+        """Add the term to the model's gradients in place (between ``backward()`` and the step)."""
 
     @staticmethod
     def stack(terms: Sequence[Any], rows: Sequence[Row], flat: Callable[[Sequence[torch.Tensor]], torch.Tensor],
@@ -126,9 +144,22 @@ class GradientTerm(Protocol):
         ``params`` holds the rows' starts), or None where the terms add nothing."""
 
 
+class LoopLoss(Protocol):
+    """A :class:`RowLoss` on the loop: the ``loss_fn`` hook of :func:`client_app.training.local_sgd`
+    (the loss of a batch's logits; each call takes the carried scalar's step)."""
+
+    carried: float  # the scalar after the steps taken so far
+
+    def __call__(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+
+
 class RowLoss(Protocol):
-    """How a row weights its examples' losses, with the scalar it carries from step to step
-    (FedeRage's CVaR weights and β). Hashable: the rows of one loss train together."""
+    """How a step weights its examples' losses, with the scalar it carries from step to step
+    (FedeRage's CVaR weights and β), as rows (:meth:`coefficient`, :meth:`step`) and on the loop
+    (:meth:`loop`). Hashable: the rows of one loss train together."""
+
+    def loop(self, carried: float) -> LoopLoss:
+        """The loop's form, starting from ``carried``."""
 
     def coefficient(self, losses: torch.Tensor, mean_losses: torch.Tensor, real: torch.Tensor, count: torch.Tensor,
                     carried: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,27 +230,137 @@ def load_params(model: nn.Module, params: list[torch.Tensor], buffers: list[torc
             b.copy_(v)
 
 
-# -- the registry ----------------------------------------------------------------------------------
+# -- a method: its parts, defined once -------------------------------------------------------------
+@dataclasses.dataclass
+class Companion:
+    """A second model trained on the job's batches, in the same order, beside the one the reply
+    sends (Ditto's personal model), with its own gradient terms; trained in place."""
+
+    model: nn.Module
+    terms: tuple[GradientTerm, ...] = ()
+
+
+@dataclasses.dataclass
+class Trained:
+    """What a request's training left beside the job's model and the outcome's steps and loss."""
+
+    carried: float = 0.0  # the loss's scalar after the last step (FedeRage's β)
+    companion: nn.Module | None = None  # the companion model, trained
+    companion_loss: float = 0.0  # its mean batch loss
+
+
+@dataclasses.dataclass
+class Parts:
+    """What a client method adds to plain local SGD for one request (``parts(job)``, built before
+    anything trains, from the job's model as received). Each part has its loop and its row form."""
+
+    terms: tuple[GradientTerm, ...] = ()  # added to every step's gradient
+    loss: RowLoss | None = None  # the step's loss (None: the mean cross-entropy)
+    carried: float = 0.0  # the loss's scalar at the start
+    companion: Companion | None = None
+    # the method's extras from what trained: finish(job, outcome, trained), the job's model trained
+    finish: Callable[[TrainJob, TrainOutcome, Trained], None] | None = None
+    # its finish divides by the steps taken (SCAFFOLD's K): a foreign loop must count at least one
+    needs_steps: bool = False
+    # the SGD momentum the job's model trains with in place of the run's (FedFa's γ); None: the run's
+    momentum: float | None = None
+
+
+def run_sgd(job: TrainJob, momentum: float | None = None, **hooks) -> TrainOutcome:
+    """Local SGD on the job's data with the run's epochs (or local steps)/batch/lr/momentum (or
+    ``momentum``), the job's batch augmentation (hooks pass through: ``loss_fn``, ``before_step``)."""
+    res = local_sgd(
+        job.model, job.x, job.y,
+        epochs=job.cfg.local_epochs, batch_size=job.cfg.batch_size, lr=job.lr,
+        momentum=job.cfg.momentum if momentum is None else momentum, weight_decay=job.cfg.weight_decay,
+        generator=job.generator, steps=job.cfg.local_steps, transform=job.augment, **hooks,
+    )
+    return TrainOutcome(num_steps=res.num_steps, train_loss=res.train_loss)
+
+
+def adding(terms: Sequence[GradientTerm]) -> Callable[[nn.Module], None] | None:
+    """The ``before_step`` hook adding ``terms`` to a model's gradients (None: no term)."""
+    if not terms:
+        return None
+    if len(terms) == 1:
+        return terms[0].add_to
+
+    def hook(model: nn.Module) -> None:
+        for term in terms:
+            term.add_to(model)
+
+    return hook
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientMethod:
+    """A client routine, defined once by its ``parts``: the loop (:meth:`train`), the rows
+    (:meth:`row_form`) and a foreign ClientApp's loop (:class:`client_app.foreign.ClientSide`) run
+    them. ``eval_model``: which model a personalised method scores (Ditto: the personal one;
+    None = the received global model)."""
+
     name: str
-    train: Callable[[TrainJob], TrainOutcome]  # the loop step
-    # Which model a personalised method scores (Ditto: the personal one); None = global.
+    parts: Callable[[TrainJob], Parts]
     eval_model: Callable[[TrainJob], nn.Module] | None = None
-    rows: Callable[[TrainJob, Row], RowForm] | None = None  # the row form; None: the loop trains it
+
+    def train(self, job: TrainJob) -> TrainOutcome:
+        """The loop: the job's model trained in place by local SGD with the parts' hooks; a companion
+        after it, on the same batches (the generator's state replayed)."""
+        parts = self.parts(job)
+        same_batches = None
+        if parts.companion is not None:
+            same_batches = torch.Generator()
+            same_batches.set_state(job.generator.get_state())  # before the job's model draws
+        loss = parts.loss.loop(parts.carried) if parts.loss is not None else None
+        hooks = {"loss_fn": loss} if loss is not None else {}
+        outcome = run_sgd(job, parts.momentum, before_step=adding(parts.terms), **hooks)
+        trained = Trained(carried=loss.carried if loss is not None else parts.carried)
+        if parts.companion is not None:
+            companion = parts.companion
+            run = run_sgd(dataclasses.replace(job, model=companion.model, generator=same_batches),
+                          before_step=adding(companion.terms))
+            trained.companion, trained.companion_loss = companion.model, run.train_loss
+        if parts.finish is not None:
+            parts.finish(job, outcome, trained)
+        return outcome
+
+    def row_form(self, job: TrainJob, base: Row) -> RowForm:
+        """The rows: the plain row ``base`` with the parts' terms, the loss's scalar and the loss; a
+        companion's row on the same batches; the finish from the rows' results."""
+        parts = self.parts(job)
+        rows = [dataclasses.replace(base, terms=parts.terms, carried=parts.carried)]
+        companion = parts.companion
+        if companion is not None:
+            if parts.momentum is not None:  # the rows of one job share one momentum; the loop's companion has the run's
+                raise NotCovered(f"{self.name}'s second model trains at the run's momentum, its first at its own")
+            if base.masks is not None:
+                raise NotCovered(f"{self.name}'s second model continues torch's global generator "
+                                 "(no row form with dropout)")
+            rows.append(Row(init=params_of(companion.model), x=base.x, y=base.y, steps=base.steps, lr=base.lr,
+                            terms=companion.terms, buffers=buffers_of(companion.model)))
+
+        def finish(results: list[RowResult], outcome: TrainOutcome) -> None:
+            trained = Trained(carried=results[0].carried)
+            if companion is not None:
+                load_params(companion.model, results[1].params, results[1].buffers)
+                trained.companion, trained.companion_loss = companion.model, results[1].train_loss
+            if parts.finish is not None:
+                parts.finish(job, outcome, trained)
+
+        return RowForm(rows, finish=finish, loss=parts.loss, momentum=parts.momentum)
 
 
 _REGISTRY: dict[str, ClientMethod] = {}
 
 
-def register_client_method(name: str, eval_model: Callable | None = None, rows: Callable | None = None):
-    """Register the decorated loop step under ``name`` with its optional row form."""
+def register_client_method(name: str, eval_model: Callable | None = None):
+    """Register the decorated ``parts(job) -> Parts`` as the client method ``name``."""
 
-    def deco(fn: Callable[[TrainJob], TrainOutcome]):
+    def deco(parts: Callable[[TrainJob], Parts]):
         if name in _REGISTRY:
             raise ValueError(f"client method {name!r} registered twice")
-        _REGISTRY[name] = ClientMethod(name, fn, eval_model, rows)
-        return fn
+        _REGISTRY[name] = ClientMethod(name, parts, eval_model)
+        return parts
 
     return deco
 
@@ -227,6 +368,12 @@ def register_client_method(name: str, eval_model: Callable | None = None, rows: 
 def _discover() -> None:
     for mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def names() -> list[str]:
+    """Every registered client method (each module of this package imported)."""
+    _discover()
+    return sorted(_REGISTRY)
 
 
 def get_client_method(name: str) -> ClientMethod:

@@ -1,39 +1,25 @@
 """Ditto's client (Li et al., 2021): plain SGD on the shared model, and the personal model
 trained on the same mini-batches with the proximal pull λ (v − θ_t) towards the round's
-global model θ_t (FedProx's pull, :mod:`client_app.methods.fedprox`). The personal model
-persists in the node's ``context.state`` (lost when a run is resumed in a new process: it then
-restarts from the global model). As rows: the shared model's row and the personal model's,
-on the same batches.
+global model θ_t (FedProx's pull, :class:`client_app.methods.fedprox.Pull`): the personal model
+is the method's :class:`client_app.methods.Companion`. It persists in the node's
+``context.state`` (lost when a run is resumed in a new process: it then restarts from the global
+model) and is what evaluation scores (:func:`personal_model`).
 
 λ is not declared here: the server (:class:`strategies.ditto.Ditto`) sends ``ditto-lambda``
 (``fedcore.keys.DITTO_LAMBDA``) in every request's config and this routine reads it from
 ``job.config``. A foreign ClientApp runs it through ``client_app.client_app.train_reply(...)``, or
-keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide``.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 
-import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from client_app.methods import (
-    NotCovered,
-    Row,
-    RowForm,
-    RowResult,
-    TrainJob,
-    TrainOutcome,
-    buffers_of,
-    load_params,
-    params_of,
-    register_client_method,
-)
-from client_app.methods.fedprox import Pull, proximal_pull
-from client_app.methods.sgd import run_sgd
+from client_app.methods import Companion, Parts, TrainJob, TrainOutcome, params_of, register_client_method
+from client_app.methods.fedprox import Pull
 from fedcore import keys
 from fedcore.params import sent_value
 
@@ -60,33 +46,10 @@ def finish(job: TrainJob, outcome: TrainOutcome, personal: nn.Module, personal_l
     outcome.metrics[PERSONAL_LOSS] = personal_loss
 
 
-def rows(job: TrainJob, base: Row) -> RowForm:
-    """The shared model's plain row and the personal model's, pulled towards θ_t, same batches."""
-    if base.masks is not None:
-        raise NotCovered("Ditto's personal model continues torch's global generator (no row form with dropout)")
-    lam = lambda_of(job)
-    personal = personal_model(job)
-    prow = Row(init=params_of(personal), x=base.x, y=base.y, steps=base.steps, lr=base.lr,
-               terms=(Pull(lam, base.init),), buffers=buffers_of(personal))
-
-    def done(results: list[RowResult], outcome: TrainOutcome) -> None:
-        load_params(personal, results[1].params, results[1].buffers)
-        finish(job, outcome, personal, results[1].train_loss)
-
-    return RowForm([base, prow], finish=done)
-
-
-@register_client_method(keys.DITTO, eval_model=personal_model, rows=rows)
-def ditto(job: TrainJob) -> TrainOutcome:
-    lam = lambda_of(job)
-    personal = personal_model(job)
-    anchor = [p.detach().clone() for p in job.model.parameters()]  # θ_t
-    same_batches = torch.Generator()
-    same_batches.set_state(job.generator.get_state())  # before the shared model draws
-    outcome = run_sgd(job)  # the shared model: plain SGD, sent back to the server
-    personal_run = run_sgd(
-        dataclasses.replace(job, model=personal, generator=same_batches),
-        before_step=proximal_pull(anchor, lam),
-    )
-    finish(job, outcome, personal, personal_run.train_loss)
-    return outcome
+@register_client_method(keys.DITTO, eval_model=personal_model)
+def ditto(job: TrainJob) -> Parts:
+    """The shared model as it is; the personal model beside it, pulled towards θ_t."""
+    personal = personal_model(job)  # before the shared model trains
+    pull = Pull(lambda_of(job), params_of(job.model))
+    return Parts(companion=Companion(personal, terms=(pull,)),
+                 finish=lambda job, outcome, trained: finish(job, outcome, trained.companion, trained.companion_loss))

@@ -12,9 +12,9 @@ starts each round from the broadcast (θ̂, β̂) and returns its β in the Metr
 ``federage-level = "sample"`` is the per-sample variant (the paper's b = 1 case): weights
 w_j per sample, loss mean_j w_j ℓ_j and β-gradient mean_j (1 − w_j) = γ(1 − frac(ℓ_j ≥ β)/α).
 
-The weights (:func:`risk_weights`) and the β step (:func:`beta_step`) serve both forms: the
-loop's ``loss_fn`` hook (:class:`RiskAverseLoss`, one β) and the rows' loss (:class:`RiskRows`,
-one β per row).
+The weights (:func:`risk_weights`) and the β step (:func:`beta_step`) serve both forms of the
+one loss, :class:`RiskRows`: the rows' loss (one β per row) and, by its ``loop``, the loop's
+``loss_fn`` hook (:class:`RiskAverseLoss`, one β).
 
 The hyperparameters (``federage-alpha``, ``-gamma``, ``-beta-lr``, ``-beta-min``, ``-beta-max``,
 ``-level``) are declared, with their defaults and ranges, once in :mod:`strategies.federage`;
@@ -23,7 +23,7 @@ The routine reads both from the request (:class:`client_app.methods.Sent`: no de
 a missing key is an error at its first read).
 
 A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``, or
-keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ import dataclasses
 import torch
 from torch.nn import functional as F
 
-from client_app.methods import Row, RowForm, Sent, TrainJob, TrainOutcome, register_client_method
-from client_app.methods.sgd import run_sgd
+from client_app.methods import Parts, Sent, TrainJob, TrainOutcome, register_client_method
 from fedcore import keys
 from fedcore.params import sent_value
 
@@ -80,13 +79,22 @@ class RiskAverseLoss:
         self.beta = beta_step(self.beta, float((1.0 - w).mean()), p)
         return loss
 
+    @property
+    def carried(self) -> float:
+        """β now (:class:`client_app.methods.LoopLoss`)."""
+        return self.beta
+
 
 @dataclasses.dataclass(frozen=True)
 class RiskRows:
-    """:class:`RiskAverseLoss` as rows (a :class:`client_app.methods.RowLoss` carrying each row's β):
-    the weights at every row's β, over its real examples (padding has ``real`` 0)."""
+    """The risk-averse loss (a :class:`client_app.methods.RowLoss` carrying each row's β): as rows,
+    the weights at every row's β over its real examples (padding has ``real`` 0); on the loop,
+    :class:`RiskAverseLoss` (:meth:`loop`)."""
 
     params: Sent
+
+    def loop(self, beta: float) -> RiskAverseLoss:
+        return RiskAverseLoss(self.params, beta)
 
     def coefficient(self, losses, mean_losses, real, count, beta):
         p = self.params
@@ -111,17 +119,9 @@ def finish(outcome: TrainOutcome, beta: float) -> None:
     outcome.metrics[keys.FEDERAGE_BETA] = beta
 
 
-def rows(job: TrainJob, base: Row) -> RowForm:
-    """The plain row carrying β under the risk-averse loss."""
+@register_client_method(keys.FEDERAGE)
+def federage(job: TrainJob) -> Parts:
+    """The risk-averse loss carrying β from Π_B(β̂); the reply's β after the last step."""
     params, beta = start(job)
-    return RowForm([dataclasses.replace(base, carried=beta)], loss=RiskRows(params),
-                   finish=lambda results, outcome: finish(outcome, results[0].carried))
-
-
-@register_client_method(keys.FEDERAGE, rows=rows)
-def federage(job: TrainJob) -> TrainOutcome:
-    params, beta = start(job)
-    risk = RiskAverseLoss(params, beta)
-    outcome = run_sgd(job, loss_fn=risk)
-    finish(outcome, risk.beta)
-    return outcome
+    return Parts(loss=RiskRows(params), carried=beta,
+                 finish=lambda _job, outcome, trained: finish(outcome, trained.carried))

@@ -4,8 +4,8 @@ on the log utility of each batch's mean cross-entropy f against the baseline M,
     φ(f) = −log(1 − f/M)  if M − f ≥ ε,  else f/M (or f/ε with the Huber variant),
 
 so that a batch's gradient is ∇f·φ'(f), φ'(f) = 1/(M − f) on the log branch (:func:`utility_slope`).
-The loop forms φ(f) (:class:`LogUtilityLoss`, the ``loss_fn`` hook); the rows weight each example's
-loss by φ'(f)/count (:class:`UtilityRows`), the same slope. M, ε and the variant are
+The one loss, :class:`UtilityRows`, weights each example's loss by φ'(f)/count as rows and forms
+φ(f) on the loop (its ``loop``: :class:`LogUtilityLoss`, the ``loss_fn`` hook), the same slope. M, ε and the variant are
 ``propfair-base``, ``-epsilon``, ``-huber``, declared once in :mod:`strategies.propfair` and sent by
 its strategy in every request (read here by the prefix: :class:`client_app.methods.Sent`).
 
@@ -19,8 +19,7 @@ import dataclasses
 import torch
 from torch.nn import functional as F
 
-from client_app.methods import Row, RowForm, Sent, TrainJob, TrainOutcome, register_client_method
-from client_app.methods.sgd import run_sgd
+from client_app.methods import Parts, Sent, TrainJob, register_client_method
 from fedcore import keys
 
 
@@ -43,6 +42,8 @@ def utility_slope(f: torch.Tensor, params: Sent) -> torch.Tensor:
 class LogUtilityLoss:
     """The ``loss_fn`` hook of :func:`client_app.training.local_sgd`: φ of the batch's mean cross-entropy."""
 
+    carried = 0.0  # it carries nothing (:class:`client_app.methods.LoopLoss`)
+
     def __init__(self, params: Sent) -> None:
         self.params = params
 
@@ -57,6 +58,9 @@ class UtilityRows:
 
     params: Sent
 
+    def loop(self, carried: float) -> LogUtilityLoss:
+        return LogUtilityLoss(self.params)
+
     def coefficient(self, losses, mean_losses, real, count, carried):
         slope = utility_slope(mean_losses, self.params)
         return slope[:, None] * real / count, torch.zeros_like(carried)
@@ -70,11 +74,7 @@ def params_of(job: TrainJob) -> Sent:
     return Sent(job.config, keys.PROPFAIR)
 
 
-def rows(job: TrainJob, base: Row) -> RowForm:
-    """The plain row under the log-utility loss."""
-    return RowForm([base], loss=UtilityRows(params_of(job)))
-
-
-@register_client_method(keys.PROPFAIR, rows=rows)
-def propfair(job: TrainJob) -> TrainOutcome:
-    return run_sgd(job, loss_fn=LogUtilityLoss(params_of(job)))
+@register_client_method(keys.PROPFAIR)
+def propfair(job: TrainJob) -> Parts:
+    """The log-utility loss against the baseline M."""
+    return Parts(loss=UtilityRows(params_of(job)))

@@ -14,11 +14,10 @@ sets c_i before training. Control variates cover the model's parameters; buffers
 BatchNorm statistics) keep zero entries. With momentum the (θ_t − y_i)/(K η_l) estimate
 is no longer the mean gradient: SCAFFOLD assumes plain SGD. The record names are in
 :mod:`fedcore.keys` (``SCAFFOLD_C``, ``SCAFFOLD_C_CLIENT``, ``SCAFFOLD_DELTA_C``). The correction
-is added on the loop by a ``before_step`` hook (:func:`corrected_gradients`), as rows by
-:class:`Correction`.
+is one :class:`Correction` (on the loop by its ``add_to``, as rows by its ``stack``).
 
 A foreign ClientApp runs this routine through ``client_app.client_app.train_reply(...)``, or
-keeps its own training loop and adds it with ``client_app.foreign.ClientSide`` (which calls these functions).
+keeps its own training loop and adds it with ``client_app.foreign.ClientSide``.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from client_app.methods import Row, RowForm, TrainJob, TrainOutcome, register_client_method
-from client_app.methods.sgd import run_sgd
+from client_app.methods import Parts, TrainJob, TrainOutcome, register_client_method
 from fedcore import flat, keys
 
 
@@ -48,28 +46,18 @@ def parameter_mask(model: nn.Module, spec: flat.FlatSpec) -> torch.Tensor:
     return mask
 
 
-def corrected_gradients(model: nn.Module, spec: flat.FlatSpec, correction: torch.Tensor):
-    """A ``before_step`` hook adding ``correction`` (c − c_i, flat) to each parameter's gradient."""
-    slices = dict(zip(spec.keys, spec.offsets()))
-    pieces = []
-    for name, p in model.named_parameters():
-        a, b = slices[name]
-        pieces.append((p, correction[a:b].reshape(p.shape).to(p.device, p.dtype)))
-
-    @torch.no_grad()
-    def hook(_: nn.Module) -> None:
-        for p, corr in pieces:
-            if p.grad is not None:
-                p.grad.add_(corr)
-
-    return hook
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Correction:
-    """The row form of :func:`corrected_gradients`: c − c_i added to the row's gradient."""
+    """c − c_i added to the gradient (cut into the model's parameters)."""
 
     per_parameter: list[torch.Tensor]  # c − c_i cut into the model's parameters
+
+    @torch.no_grad()
+    def add_to(self, model: nn.Module) -> None:
+        """(see :class:`client_app.methods.GradientTerm`) grad += c − c_i, per parameter."""
+        for p, corr in zip(model.parameters(), self.per_parameter):
+            if p.grad is not None:
+                p.grad.add_(corr)
 
     @staticmethod
     def stack(terms, rows, flat, params):
@@ -120,16 +108,9 @@ def finish(job: TrainJob, outcome: TrainOutcome, s: Setup) -> None:
     outcome.records[keys.SCAFFOLD_DELTA_C] = flat.flat_to_record(delta, s.spec)
 
 
-def rows(job: TrainJob, base: Row) -> RowForm:
-    """The plain row with the correction; c_i⁺ from its result."""
+@register_client_method(keys.SCAFFOLD)
+def scaffold(job: TrainJob) -> Parts:
+    """The correction c − c_i; c_i⁺ and Δc_i from the trained model."""
     s = setup(job)
-    row = dataclasses.replace(base, terms=(Correction(correction_per_parameter(job.model, s)),))
-    return RowForm([row], finish=lambda _results, outcome: finish(job, outcome, s))
-
-
-@register_client_method(keys.SCAFFOLD, rows=rows)
-def scaffold(job: TrainJob) -> TrainOutcome:
-    s = setup(job)
-    outcome = run_sgd(job, before_step=corrected_gradients(job.model, s.spec, s.c - s.c_i))
-    finish(job, outcome, s)
-    return outcome
+    return Parts(terms=(Correction(correction_per_parameter(job.model, s)),),
+                 finish=lambda job, outcome, _trained: finish(job, outcome, s), needs_steps=True)

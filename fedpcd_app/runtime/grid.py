@@ -62,8 +62,10 @@ class LocalGrid(Grid):
     round-robin (default: all visible; none without CUDA). ``preload``: modules the workers
     import once, before they fork from the forkserver (what the ClientApp imports lazily).
     ``node_configs``: entry i is added to the node config of partition i's node (e.g. its own
-    ``data-path``, as ``flower-supernode --node-config`` gives it). Use it as a context manager
-    (or call :meth:`close`) so that the workers stop."""
+    ``data-path``, as ``flower-supernode --node-config`` gives it). ``batch``: the batch hook,
+    ``"module:attribute"`` (:class:`fedpcd_app.runtime.node.BatchHook`: the requests of a push it
+    wants go to one process together). Use it as a context manager (or call :meth:`close`) so that
+    the workers stop."""
 
     # what the ServerApp reads off a grid (it imports nothing of the runtime):
     is_simulation = True  # fedpcd_app.server.exchange.is_simulation: simulated nodes
@@ -137,8 +139,7 @@ class LocalGrid(Grid):
         return list(self.contexts)
 
     def _batched(self, message: Message) -> bool:
-        wants = getattr(self.batch, "wants", None)
-        return self.batch is not None and (wants is None or bool(wants(message)))
+        return self.batch is not None and self.batch.wants(message, self.contexts[int(message.metadata.dst_node_id)])
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         if self.pool is not None and not self._said:  # once the run's logging is set up: its first push

@@ -9,7 +9,8 @@ import contextlib
 import importlib
 import logging
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
@@ -61,12 +62,35 @@ def load_client_app(ref: str) -> ClientApp:
     return obj
 
 
-def load_batch(ref: str | None):
-    """The ``batch`` hook from ``"module:function"`` (None: none)."""
+@runtime_checkable
+class BatchHook(Protocol):
+    """What the local engine asks of its ``batch`` hook (``"module:attribute"``, e.g.
+    ``client_app.batch_delivery:deliver_batch``), which answers several messages of one process at
+    once (a round's train requests: their clients trained together)."""
+
+    def wants(self, message: Message, context: Context) -> bool:
+        """Whether this request goes to the hook with the other requests of its push (else it is
+        delivered alone, :func:`deliver`)."""
+
+    def __call__(self, app: ClientApp, items: Sequence[tuple[Message, Context]], deliver: Callable, *,
+                 on_reply: Callable[[int, Message], None] | None = None,
+                 fail: Callable[[Message, BaseException], Message] | None = None) -> list[Message]:
+        """The replies to ``items`` in order, each message delivered by ``deliver(app, message,
+        context)`` or as it would be; ``on_reply(i, reply)`` called as soon as reply i is ready.
+        ``fail``, given where ``deliver`` is the plain :func:`deliver`: the error reply of a
+        ClientApp that raised (the hook may then run the app in the calling thread)."""
+
+
+def load_batch(ref: str | None) -> BatchHook | None:
+    """The ``batch`` hook from ``"module:attribute"`` (None: none)."""
     if not ref:
         return None
     module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    hook = getattr(importlib.import_module(module), attr)
+    if not isinstance(hook, BatchHook):
+        raise TypeError(f"{ref} is not a batch hook: give an object with wants(message, context) and "
+                        "__call__(app, items, deliver, *, on_reply, fail) (fedpcd_app.runtime.node.BatchHook)")
+    return hook
 
 
 @contextlib.contextmanager
@@ -105,30 +129,20 @@ def failed(message: Message, exc: BaseException) -> Message:
     return Message(Error(code=CLIENT_APP_RAISED, reason=f"{type(exc).__name__}: {exc}"), reply_to=message)
 
 
-def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch=None,
+def deliver_many(app: ClientApp, items: Sequence[tuple[Message, Context]], batch: BatchHook | None = None,
                  one=deliver, on_reply=None) -> list[Message]:
-    """Replies to several (message, node context) pairs: through the ``batch`` hook when one
-    is given (``batch(app, items, one)``: e.g. :func:`client_app.batch_delivery.deliver_batch`,
-    which trains the clients together; also for a single message: a worker's share of a round
-    may be one, and it must train as the round's other clients do), else one by one
-    (``one(app, message, context)``). ``on_reply(i, reply)``: called as each reply is ready
-    (as soon as it is, where the hook says ``streams = True`` and takes ``on_reply``; else once the
-    hook returns), so that a slow client does not hold back the replies of the others. Where ``one``
-    is :func:`deliver` itself and the hook says ``direct = True``, the hook also gets ``fail`` (the
-    error reply :func:`deliver` makes) and may deliver in this thread."""
+    """Replies to several (message, node context) pairs: through the ``batch`` hook when one is
+    given (e.g. :data:`client_app.batch_delivery.deliver_batch`, which trains the clients together;
+    also for a single message: a worker's share of a round may be one, and it must train as the
+    round's other clients do), else one by one (``one(app, message, context)``). ``on_reply(i,
+    reply)``: called as each reply is ready, so that a slow client does not hold back the replies of
+    the others. Where ``one`` is :func:`deliver` itself the hook also gets ``fail`` (the error reply
+    :func:`deliver` makes) and may deliver in this thread, on :data:`CLIENT_THREADS` threads as
+    :func:`deliver` computes."""
     if batch is not None and items:
-        kw = {}
-        if one is deliver and getattr(batch, "direct", False):
-            # the plain delivery: the hook may run the app's halves in this thread (its error replies
-            # as deliver's, ``failed``; this thread computing on CLIENT_THREADS threads, as deliver's)
-            kw["fail"] = failed
-        with client_threads() if kw else contextlib.nullcontext():
-            if on_reply is not None and getattr(batch, "streams", False):
-                return list(batch(app, items, one, on_reply=on_reply, **kw))
-            replies = list(batch(app, items, one, **kw))
-        for i, reply in enumerate(replies if on_reply is not None else ()):
-            on_reply(i, reply)
-        return replies
+        fail = failed if one is deliver else None
+        with client_threads() if fail is not None else contextlib.nullcontext():
+            return list(batch(app, items, one, on_reply=on_reply, fail=fail))
     replies = []
     for i, (m, c) in enumerate(items):
         replies.append(one(app, m, c))

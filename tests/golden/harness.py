@@ -14,6 +14,6 @@ def run_in_process(overrides: dict):
 
     cfg = load_config(overrides)
     with task_identity():
-        exp = Experiment(ClientAppGrid(cfg.num_clients, client_app), cfg)
+        exp = Experiment(ClientAppGrid(cfg.num_clients, client_app, run_config=cfg), cfg)
         exp.run()
     return exp.state.arrays, read_rounds(exp.writer.dir), read_summary(exp.writer.dir)
