@@ -4,4 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
-exec "${FEDPCD_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider "$@"
+py="${FEDPCD_VENV:-.venv}/bin/python"
+# one pytest worker per core (pytest-xdist, the test extra; FEDPCD_TEST_WORKERS=0 runs the suite in
+# this process, as a later `-n 0` among the arguments does)
+workers=(-n "${FEDPCD_TEST_WORKERS:-auto}")
+if ! "$py" -c "import xdist" 2>/dev/null; then
+  echo "setup: pytest-xdist is not installed in $py's environment: the suite runs in one process" >&2
+  workers=()
+fi
+exec "$py" -m pytest -q -p no:cacheprovider "${workers[@]}" "$@"

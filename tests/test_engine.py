@@ -139,8 +139,11 @@ def test_worker_processes_give_the_numbers_of_this_process(method, tmp_path, mon
     _same_run(here, pooled)
 
 
+# Two methods whose clients keep state between rounds (SCAFFOLD's c_i and its records; Ditto's
+# personal model, scored by the clients): what the Ray engine could lose or reorder. FedAvg, FedPCD and
+# FedeRage (~35 s each here) took the same path with less state.
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedavg", "fedpcd", "scaffold", "ditto", "federage"])
+@pytest.mark.parametrize("method", ["scaffold", "ditto"])
 def test_local_and_ray_engines_give_the_same_numbers(method, tmp_path, monkeypatch, capfd):
     """--engine local and --engine ray (flwr run on a private local SuperLink): identical
     summary metrics and per-round train losses; no deprecation banner; no process left."""
