@@ -484,7 +484,8 @@ def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):
     # fedavg ran one configuration (its defaults) beside fedpcd's three: marked untuned
     assert report.budget_line(rows, budget=3) == (
         "Budget: 3 configurations per method entry and seed ([tuning] budget = 3); points beyond it (edge and "
-        "neighbour extensions, reductions, the shared lr axis): fedavg -2. Values tried — fedpcd: fedpcd-tau "
+        "neighbour extensions, reductions, the shared lr axis, equal-budget top-ups): fedavg -2. Counted after "
+        "them the budgets are **unequal**: fedavg 1, fedpcd 3. Values tried — fedpcd: fedpcd-tau "
         "{0.01, 0.02, 0.05}. **Untuned** (run at their defaults beside tuned entries: not on equal terms): fedavg.")
     assert "| fedavg | data-size | untuned: its defaults |" in text
     (sweep_out / "sweep.json").write_text(json.dumps({"name": "x", "source": {"tuning": {"budget": 3}}, "runs": [

@@ -339,6 +339,11 @@ def cut_down(source: Mapping[str, Any], *, sets: list[str] = (), seeds: str | No
             labels = ", ".join(str(m.get("name")) for m in methods)
             raise SweepError(f"--only {' '.join(only)}: no [[methods]] entry matches (entries: {labels})")
         source["methods"] = kept
+        tuning = source.get("tuning")
+        if isinstance(tuning, dict) and isinstance(tuning.get("primary"), list):  # primaries of the kept entries
+            names_kept = {m.get("name") for m in kept} | {"fedavg-data-size", "fedavg-uniform"}
+            tuning["primary"] = [p for p in tuning["primary"] if not isinstance(p, dict)
+                                 or not isinstance(p.get("compare"), list) or set(p["compare"]) <= names_kept]
     if settings:
         known = [e.get("name") for e in source.get("settings") or [{"name": DEFAULT_SETTING}]]
         missing = [n for n in settings if n not in known]
