@@ -796,7 +796,8 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str], b
         head = "| method | hyperparameters | " + ("" if by_baseline else "baseline | ")
         lines += ["", head + "metric | paired seeds | mean difference [95 % CI] | d_z | "
                       "t-test p | p_holm | TOST p | TOST p_holm | verdict | Wilcoxon p | seeds better (sign-test p) |",
-                  "|---|---|" + ("" if by_baseline else "---|") + "---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+                  "|---|---|" + ("" if by_baseline else "---|")
+                  + "---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
         for p in group:
             title = METRIC_INFO.get(p.metric, (p.metric,))[0]
             better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "") + f" (p = {_p(p.sign_p)})"

@@ -311,7 +311,8 @@ def parse_primary(items: Any, entries: list[str]) -> tuple[Primary, ...]:
     from fedpcd_app.analysis.report import METRIC_INFO
 
     if not isinstance(items, list):
-        raise _error("[tuning]: 'primary' must be a list of tables ([[tuning.primary]] compare = [A, B], metrics = [...])")
+        raise _error("[tuning]: 'primary' must be a list of tables "
+                     "([[tuning.primary]] compare = [A, B], metrics = [...])")
     out = []
     for item in items:
         if not isinstance(item, dict) or set(item) - {"compare", "metrics", "settings", "source"}:
