@@ -554,16 +554,24 @@ def test_holm_is_over_the_whole_report_unless_the_sweep_declares_the_setting(tmp
 
 
 def test_check_wording_cli(tmp_path, capsys):
+    """report --check-wording runs the claim checker (fedpcd_app.analysis.claims; its planted set:
+    tests/test_claims.py): exit 1 on an unsupported claim, 0 on none, 2 without the page."""
     page = tmp_path / "page.md"
     page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
-    assert report.main(["--check-wording", str(page)]) == 1  # no paired CSV beside it: nothing supports either
+    assert report.main(["--check-wording", str(page)]) == 1  # no CSV beside it: FedPCD is not on the page
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (")
-    assert out[0].endswith("FedPCD wins on every seed.")
-    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,5,0.02,0.01\n")
-    page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (names FedPCD")
+    (tmp_path / "report_paired.csv").write_text(
+        "setting,method,baseline,metric,num_seeds,differences,mean_difference,p_holm\n"
+        "default,fedpcd,fedavg,mean_acc,5,0.01 0.02 0.03 0.02 0.02,0.02,0.01\n")
+    page.write_text("# R\n\nFedPCD − FedAvg: +2.00 pp ā, significant after Holm (p_holm = 0.01).\n")
     assert report.main(["--check-wording", str(page)]) == 0  # the CSV's row supports it
-    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,2,0.02,0.01\n")
+    page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert report.main(["--check-wording", str(page)]) == 1  # which pair: not said
+    (tmp_path / "report_paired.csv").write_text(
+        "setting,method,baseline,metric,num_seeds,differences,mean_difference,p_holm\n"
+        "default,fedpcd,fedavg,mean_acc,2,0.01 0.03,0.02,0.01\n")
+    page.write_text("# R\n\nFedPCD − FedAvg: +2.00 pp ā, significant after Holm (p_holm = 0.01).\n")
     assert report.main(["--check-wording", str(page)]) == 1  # two seeds: not a finding
     page.write_text("Nothing is claimed.\n")
     assert report.main(["--check-wording", str(page)]) == 0

@@ -88,9 +88,11 @@ holm-family = "setting"`` declares the narrower per-setting family), the TOST p 
 else *inconclusive* (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
 ``report.csv``'s ``p_holm`` is each compared row's adjusted p of the first metric (ā by default).
 
-``--check-wording PAGE.md`` lists the comparative sentences of a results page (significant,
-beats, leads, trails, best, tie, equivalent, k/k or every seed) that the rows of the paired CSVs
-beside it do not support (:func:`stats.wording_problems`); exit 1 when there is one, 0 when none.
+``--check-wording PAGE.md`` lists the claim sentences of a results page that the rows of the CSVs
+beside it do not support (:mod:`fedpcd_app.analysis.claims`: each sentence stating a direction, a
+magnitude, a significance, an equivalence or a p-value is parsed into claims — methods, metric,
+setting, direction, number — and checked against that pair's row; an unparseable one fails unless
+it carries a counted ``<!-- claim-exempt: why -->``); exit 1 when there is one, 0 when none.
 ``--restat FOLDER [--margin m]`` re-derives a page's page-wide Holm, TOST and verdicts from its
 stored ``report_paired*.csv`` and renders them to ``FOLDER/paired.md`` (:func:`restat`).
 """
@@ -1344,13 +1346,25 @@ def render_paired(folder: str | Path, pattern: str = "report_paired*.csv") -> st
 
 
 def check_page(path: str | Path) -> list[str]:
-    """``PAGE:LINE: unsupported (why): SENTENCE`` for each comparative sentence of a results page
-    that the numbers of its paired CSVs do not support (:func:`stats.wording_problems`)."""
+    """``PAGE:LINE: unsupported (why): SENTENCE`` for each claim sentence of a results page that its
+    rows do not support (:func:`fedpcd_app.analysis.claims.check_page`: every sentence stating a
+    direction, a magnitude, a significance, an equivalence or a p-value, parsed into claims and
+    checked against its pair's row)."""
+    from fedpcd_app.analysis import claims
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--check-wording: no page {path}")
-    return [f"{path}:{no}: unsupported ({why}): {sentence}"
-            for no, sentence, why in stats.wording_problems(path.read_text(), page_rows(path))]
+    problems, _ = claims.check_page(path)
+    return [f"{path}:{p.line}: unsupported ({p.why}): {p.sentence}" for p in problems]
+
+
+def exemptions(path: str | Path) -> list[str]:
+    """``PAGE:LINE: exempt (why): SENTENCE`` for each sentence carrying ``<!-- claim-exempt: why -->``."""
+    from fedpcd_app.analysis import claims
+
+    _, found = claims.check_page(Path(path))
+    return [f"{path}:{p.line}: exempt ({p.why}): {p.sentence}" for p in found]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1407,7 +1421,10 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        exempt = exemptions(args.check_wording)
         print("\n".join(flagged) if flagged else f"{args.check_wording}: no unsupported claim")
+        if exempt:
+            print(f"{len(exempt)} exemption(s), counted (<!-- claim-exempt: ... -->):\n" + "\n".join(exempt))
         return 1 if flagged else 0
     if not args.out:
         print("error: give a run or sweep folder (or --check-wording PAGE.md)", file=sys.stderr)
