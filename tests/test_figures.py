@@ -335,7 +335,8 @@ def test_page_figures_are_per_setting_and_validation_only(tmp_path, drawn):
                             "val_mean_acc_mean": m + shift, "val_worst10_acc_mean": wst + shift})
     head = "setting,method,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm\n"
     (tmp_path / "report_paired_vs_fedavg.csv").write_text(
-        head + "skewed,fedpcd,fedavg,mean_acc,10,0.02,0.01,0.03,0.01\nuniform,fedpcd,fedavg,mean_acc,10,0.01,-0.01,0.03,1\n")
+        head + "skewed,fedpcd,fedavg,mean_acc,10,0.02,0.01,0.03,0.01\n"
+        "uniform,fedpcd,fedavg,mean_acc,10,0.01,-0.01,0.03,1\n")
     names = sorted(p.name for p in figures.page_figures(tmp_path, frontier=True))
     assert names == ["forest_skewed.png", "forest_uniform.png", "frontier_skewed.png", "frontier_uniform.png",
                      "pareto_skewed.png", "pareto_uniform.png"]

@@ -100,7 +100,8 @@ def test_sentences_skip_tables_and_code_and_keep_their_lines():
     found = stats.sentences(PAGE)
     assert [s for _, s in found] == ["# A page", "FedPCD beats FedAvg on every seed (+7.38 pp).",
                                      "The gain in W10 is significant (p = 0.01).",
-                                     "It is significant after Holm's correction over the 12 comparisons (p_holm = 0.02).",
+                                     "It is significant after Holm's correction over the 12 comparisons "
+                                     "(p_holm = 0.02).",
                                      "- a list item starts a sentence CRAFT wins on 3/3 seeds."]
     assert [no for no, _ in found] == [1, 3, 3, 4, 5]
     assert stats._close("0.020", 0.0204) and not stats._close("0.02", 0.026) and stats._close("0.05", 0.01, "<")
