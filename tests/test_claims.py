@@ -163,7 +163,10 @@ RESULTS = ROOT / "docs" / "results"
 PAGES = sorted(p for p in RESULTS.rglob("*.md") if p.name != "paired.md")
 # Exemptions each page carries (<!-- claim-exempt: why -->), counted: a new one fails this test until
 # it is counted here, with its reason in the page.
-EXEMPTIONS: dict[str, int] = {}
+EXEMPTIONS: dict[str, int] = {
+    "qffl_synthetic/report.md": 5,  # the q-FFL paper is not in ../shared/papers; measurement notes outside the CSVs
+    "qffl_synthetic/current_protocol_1000r.md": 7,  # superseded page: no paired CSV, reference-loop numbers
+}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(RESULTS)) for p in PAGES])

@@ -122,8 +122,10 @@ SIGN_P = re.compile(r"sign[- ]test p\s*=\s*" + NUM + r"|p\s*=\s*" + NUM + r",?\s
 T_P = re.compile(r"(?:t-test|raw|uncorrected) p\s*=\s*" + NUM, re.I)
 BARE_P = re.compile(r"(?<![\w_])p\s*(=|<|≤)\s*" + NUM)
 DZ = re.compile(r"d_z\s*=\s*" + SIGNED.replace(r"([+−-])", r"([+−-]?)"))
+WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+_N = r"(\d+|two|three|four|five|six|seven|eight|nine|ten)"
 SEEDS = re.compile(r"(?:(higher|lower|better|worse|above|below)\s+(?:on\s+)?)?"
-                   r"(?:(\d+)\s*/\s*(\d+)|(\d+) of (?:the )?(\d+)|every one of the (\d+)|all (\d+)|"
+                   rf"(?:(\d+)\s*/\s*(\d+)|(\d+) of (?:the )?(\d+)|every one of the {_N}|all (?:the )?{_N}|"
                    r"(?:on )?(every|each))\s+(?:paired\s+)?(?:seeds?|re-splits)\b", re.I)
 PERCENT = re.compile(r"(?<![\w.+−-])(\d+\.\d+)(?:\s*±\s*(\d+\.\d+))?\s*%(?!²)")
 
@@ -148,10 +150,11 @@ PAPER_REF = re.compile(r"\b(?:Table|Tables|Fig\.?|Figure|Figs\.?)\s*[IVX\d]+", r
 PAIR_WORDS = r"(?:−|–|\s-\s|\bminus\b|\bagainst\b|\bvs\.?|\bversus\b|\bcompared with\b|\brelative to\b|" \
              r"\bover\b|\babove\b|\bbelow\b|\bhigher than\b|\blower than\b|\bbetter than\b|\bworse than\b|" \
              r"\bahead of\b|\bbehind\b|\bbeats?\b|\boutperforms?\b|\btrails?\b|\bleads?\b|\bexceeds?\b|" \
-             r"\bwithin [±\d. pp]+ (?:of|by)\b|\band\b)"
+             r"\bwithin [±\d. pp]+ (?:of|by)\b|^\s*(?:and|,)\s*$)"
 EXEMPT = re.compile(r"<!--\s*claim-exempt:\s*(.*?)\s*-->", re.S)
 ALIASES = re.compile(r"<!--\s*claim-aliases:\s*(.*?)\s*-->", re.S)
 SETTING_ALIASES = re.compile(r"<!--\s*claim-settings:\s*(.*?)\s*-->", re.S)
+OWN_CSV = re.compile(r"<!--\s*claim-csv:\s*(.*?)\s*-->", re.S)  # a page whose rows are these CSVs of its folder
 DEFINITION = re.compile(r"(?:<|below|under)\s*0\.05|means|is called|only when|needs|must|requires", re.I)
 
 
@@ -178,10 +181,12 @@ def _paired_selection(path: Path, row: dict[str, str]) -> tuple[str, str]:
     return objective, iterate
 
 
-def read_folder(folder: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """(paired rows, other rows) of every CSV in ``folder``."""
+def read_folder(folder: Path, only: Sequence[str] = ()) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(paired rows, other rows) of every CSV in ``folder`` (``only``: of these file names alone)."""
     paired, other = [], []
     for path in sorted(folder.glob("*.csv")):
+        if only and path.name not in only:
+            continue
         with open(path, newline="") as fh:
             reader = csv.DictReader(fh)
             rows = list(reader)
@@ -231,11 +236,14 @@ def _parse_pairs(text: str) -> dict[str, str]:
 def page_context(page: Path, text: str, folders: Iterable[Path] | None = None, iterate: str | None = None) -> Context:
     """The context of ``page`` (its text ``text``): the CSVs of ``folders`` (default: the page's own
     folder, and the folder of the same name beside it: ``robustness_digits.md`` → ``robustness_digits/``)."""
+    only = [x.strip() for m in OWN_CSV.findall(text) for x in m.split(",") if x.strip()]
     if folders is None:
         folders = [page.parent] + ([page.with_suffix("")] if page.with_suffix("").is_dir() else [])
+    else:
+        only = []
     paired, other = [], []
     for folder in folders:
-        p, o = read_folder(Path(folder))
+        p, o = read_folder(Path(folder), only)
         paired += p
         other += o
     methods = {r[k] for r in paired for k in ("method", "baseline") if r.get(k)}
@@ -370,7 +378,11 @@ def pairs(sentence: str, ms: list[Mention], inherit: list[str] | None) -> list[P
             gap = sentence[m.end:ms[i + 1].start]
             if len(gap) <= 60 and re.search(PAIR_WORDS, gap) and not re.search(r"[;:]", gap.strip(" ,")[:-1] or ""):
                 if re.fullmatch(r"\s*(?:and|,)\s*", gap):  # "A and B are equivalent": a pair; "A, B and C": a list
-                    if i + 2 < len(ms) and re.fullmatch(r"\s*(?:and|,)\s*", sentence[ms[i + 1].end:ms[i + 2].start]):
+                    listed = i + 2 < len(ms) and re.fullmatch(r"\s*(?:and|,)\s*",
+                                                              sentence[ms[i + 1].end:ms[i + 2].start])
+                    tie = VERDICTS["equivalent"].search(sentence, ms[i + 1].end) or re.search(
+                        r"\bwithin\b", sentence[ms[i + 1].end:])
+                    if listed or not tie:
                         i += 1
                         continue
                 out.append(Pair(m.entries, ms[i + 1].entries, m.start))
@@ -514,7 +526,8 @@ def items(sentence: str) -> list[Item]:
         elif m.group(4):
             k, n = int(m.group(4)), int(m.group(5))
         elif m.group(6) or m.group(7):
-            k = n = int(m.group(6) or m.group(7))
+            word_n = (m.group(6) or m.group(7)).lower()
+            k = n = WORDS.get(word_n) or int(word_n)
         else:
             k = n = -1  # every seed: n from the row
         if not word:  # "higher on 9/10 seeds" with the word before "on"
@@ -534,6 +547,11 @@ def items(sentence: str) -> list[Item]:
         for m in pat.finditer(sentence):
             if strong is False and any(i.kind == "direction" and i.pos == m.start() for i in out):
                 continue
+            if m.group().lower() in ("above", "below") and (
+                    re.match(r"\s*(?:[).:;,]|$)", sentence[m.end():])
+                    or re.search(r"(?:table|figure|section|see|shown|listed|as|the|\()\s*$", sentence[:m.start()],
+                                 re.I)):
+                continue  # "the table above", "(below)": a place on the page, not a direction
             word = m.group().lower()
             out.append(Item("direction", m.start(), m.group(),
                             (up, strong, _negated(sentence, m.start()), word in IMPROVE_WORDS)))
@@ -573,6 +591,7 @@ def _metric_near(pos: int, end: int, metrics: list[tuple[int, str]], scope: tupl
 def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
                    inherit: list[str] | None = None) -> tuple[list[str], list[str] | None]:
     """(the reasons the sentence fails, the subject it leaves for the next sentence's ``− B``)."""
+    sentence = sentence.replace("**", "").replace("__", "")  # emphasis is not a claim
     found = items(sentence)
     ms = mentions(sentence, ctx)
     why: list[str] = []
@@ -581,6 +600,9 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
     claim = [i for i in found if i.kind in CLAIM_KINDS]
     if not claim and not BEST.search(sentence):
         return why, inherit
+    if all(i.kind == "direction" and not i.data[1] for i in claim) and not BEST.search(sentence) \
+            and not pairs(sentence, ms, inherit):
+        return why, inherit  # "the table above": a direction word without a comparison is no claim
     if foreign and not quoting:
         why.append(f"names {', '.join(foreign)}, which this page has no rows for")
     if BEST.search(sentence):
@@ -591,17 +613,19 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
     objective, iterate = _selection(sentence, ctx)
     sentence_setting = {s for _, s in settings}
     if not ps:
-        claim_nums = [i for i in claim if i.kind not in ("verdict", "direction", "percent", "seeds", "bare_p",
-                                                         "p_holm")]
         rule = not ms and DEFINITION.search(sentence)
+        checked = set()  # a sign-test p stated of k/n seeds: its arithmetic is checked, no row needed
         for i in claim:
             if i.kind == "seeds" and i.data[1] >= 0:
                 sp = [x for x in found if x.kind in ("sign_p", "bare_p")]
                 for x in sp:
                     value = x.data[0] if x.kind == "sign_p" else x.data[1]
+                    checked.add(id(x))
                     if not _close(value, stats.sign_test_p(i.data[1], i.data[2])):
                         why.append(f"the sign-test p of {i.data[1]}/{i.data[2]} seeds is "
                                    f"{stats.sign_test_p(i.data[1], i.data[2]):.4g}, not {value}")
+        claim_nums = [i for i in claim if i.kind not in ("verdict", "direction", "percent", "seeds", "bare_p",
+                                                         "p_holm") and id(i) not in checked]
         percents = [i for i in claim if i.kind == "percent"]
         for i in percents:
             near = [m for m in ms if abs(m.start - i.pos) < 80]
@@ -610,11 +634,12 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
                 problem = _check_percent(i, near, ctx, quoting)
                 if problem:
                     why.append(problem)
+        ours = [i for i in claim_nums if not (quoting and i.kind in ("pp", "pp_abs"))]  # a quoted gain: the paper's
         if quoting:
             why += _check_paper(sentence, [], ctx)
-        elif (claim_nums or any(i.kind in ("p_holm", "bare_p") for i in claim)) and not rule:
+        if (ours or any(i.kind in ("p_holm", "bare_p") and id(i) not in checked for i in claim)) and not rule:
             why.append("a claim with a number but no comparison (A − B) it belongs to")
-        elif ms and any(i.kind == "verdict" for i in claim) and not rule:
+        elif ms and any(i.kind == "verdict" for i in claim) and not rule and not quoting:
             why.append("a verdict without the comparison (A − B) it is about")
         elif ms and any(i.kind == "direction" and i.data[1] for i in claim):
             why.append("a strong comparative without the comparison (A − B) it is about")
@@ -749,8 +774,9 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
                 if problem:
                     why.append(problem)
     unbound = [i for i in claim if id(i) not in bound and i.kind in ("pp", "pp_abs", "ci", "p_holm", "tost",
-                                                                      "tost_holm", "t_p", "sign_p", "dz")]
-    if unbound and not quoting:
+                                                                      "tost_holm", "t_p", "sign_p", "dz")
+               and not (quoting and i.kind in ("pp", "pp_abs"))]  # a quoted paper's gain: checked as the paper's
+    if unbound:
         why.append("not tied to a comparison of this page: " + ", ".join(f"'{i.text.strip()}'" for i in unbound))
     percents = [i for i in claim if i.kind == "percent" and id(i) not in bound]
     for i in percents:
@@ -855,7 +881,6 @@ def _check_paper(sentence: str, ours: list[Item], ctx: Context) -> list[str]:
     decimals = [m for m in re.finditer(r"(?<![\w.])(\d+\.\d+)(?![\w.])", sentence)]
     spans = [(i.pos, i.pos + len(i.text)) for i in ours]
     theirs = [m for m in decimals if not any(a <= m.start() < b for a, b in spans)
-              and not re.match(r"\s*pp", sentence[m.end():])
               and not re.search(r"(?:p_holm|p|d_z)\s*[=<≤]\s*$", sentence[max(0, m.start() - 12):m.start()])]
     if not theirs:
         return []
@@ -881,24 +906,30 @@ def _sections(text: str) -> list[tuple[int, str]]:
             if re.match(r"#{1,6}\s", line)]
 
 
-def check_text(text: str, ctx: Context, contexts: Sequence[tuple[int, Context]] = ()) -> tuple[list[Problem],
-                                                                                                 list[Problem]]:
+def check_text(text: str, ctx: Context, contexts: Sequence[tuple[int, Context]] = (),
+               resolve=None) -> tuple[list[Problem], list[Problem]]:
     """(problems, exemptions) of a page's text: each claim sentence that fails (see the module doc),
     and each that carries ``<!-- claim-exempt: why -->`` (not checked, counted). ``contexts``: (line,
-    context) from which line on another context holds (the results index: each section its page's)."""
-    exempt_lines = {text[:m.start()].count("\n") + 1: m.group(1) for m in EXEMPT.finditer(text)}
-    clean = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group().count("\n"), text, flags=re.S)
+    context) from which line on another context holds (the results index: each section its page's);
+    ``resolve(sentence)``: the context of a sentence that links another result page (its rows), or None."""
+    reasons: list[str] = []
+
+    def token(m: re.Match) -> str:  # the marker moves before its sentence's end: it exempts that sentence
+        reasons.append(m.group(2))
+        return f"\x00{len(reasons) - 1}\x00" + (m.group(1) or "")
+
+    marked = re.sub(r"([.!?])?\s*<!--\s*claim-exempt:\s*(.*?)\s*-->", token, text, flags=re.S)
+    clean = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group().count("\n"), marked, flags=re.S)
     heads = _sections(text)
     problems, exemptions = [], []
-    inherit_para: dict[int, list[str] | None] = {}
-    sentences = stats.sentences(clean)
-    raw_sentences = stats.sentences(re.sub(r"<!--(?!\s*claim-exempt).*?-->",
-                                           lambda m: "\n" * m.group().count("\n"), text, flags=re.S))
+    sentences = []
     marks = {}
-    for (no, s), (_, raw) in zip(sentences, raw_sentences):
-        m = EXEMPT.search(raw)
-        if m:
-            marks[(no, s)] = m.group(1)
+    for no, s in stats.sentences(clean):
+        found = [int(x) for x in re.findall(r"\x00(\d+)\x00", s)]
+        s = re.sub(r"\x00\d+\x00", "", s).strip()
+        sentences.append((no, s))
+        if found:
+            marks[(no, s)] = "; ".join(reasons[i] for i in found)
     last_no, subject = -1, None
     for no, s in sentences:
         if s.lstrip().startswith("#"):
@@ -907,6 +938,8 @@ def check_text(text: str, ctx: Context, contexts: Sequence[tuple[int, Context]] 
         for start, c in contexts:
             if no >= start:
                 here = c
+        if resolve is not None and (linked := resolve(s)) is not None:
+            here = linked
         heading = next((h for ln, h in reversed(heads) if ln <= no), "")
         default = next((x for _, x in setting_spans(heading, here)), None) if heading else None
         if no - last_no > 3:
@@ -918,7 +951,6 @@ def check_text(text: str, ctx: Context, contexts: Sequence[tuple[int, Context]] 
         last_no = no
         if why:
             problems.append(Problem(no, s, "; ".join(dict.fromkeys(why))))
-    del exempt_lines, inherit_para
     return problems, exemptions
 
 
@@ -936,8 +968,7 @@ def linked_folders(page: Path, text: str) -> list[tuple[int, list[Path]]]:
             folder = (page.parent / target).parent
             if folder != page.parent and folder.is_dir() and any(folder.glob("*.csv")):
                 folders.append(folder)
-        if folders:
-            out.append((start, list(dict.fromkeys(folders))))
+        out.append((start, list(dict.fromkeys(folders))))  # none: the page's own rows again
     return out
 
 
@@ -948,5 +979,20 @@ def check_page(path: str | Path) -> tuple[list[Problem], list[Problem]]:
     path = Path(path)
     text = path.read_text()
     ctx = page_context(path, text)
-    contexts = [(line, page_context(path, text, folders)) for line, folders in linked_folders(path, text)]
-    return check_text(text, ctx, contexts)
+    contexts = [(line, page_context(path, text, folders) if folders else ctx)
+                for line, folders in linked_folders(path, text)]
+    cache: dict[Path, Context] = {}
+
+    def resolve(sentence: str) -> Context | None:  # a sentence naming another page's rows: that page's
+        folders = []
+        for target in re.findall(r"\]\(([^)#]+\.md)\)", sentence):
+            folder = (path.parent / target).parent
+            if folder != path.parent and folder.is_dir() and any(folder.glob("*.csv")):
+                folders.append(folder.resolve())
+        if len(set(folders)) != 1:
+            return None
+        if folders[0] not in cache:
+            cache[folders[0]] = page_context(path, text, folders[:1])
+        return cache[folders[0]]
+
+    return check_text(text, ctx, contexts, resolve)

@@ -1196,7 +1196,7 @@ def declared_families(sweep_file: str | Path | None):
     table = source.get("tuning") or {}
     names = [str(m.get("name")) for m in source.get("methods") or [] if isinstance(m, dict)]
     try:
-        primary = tuning_mod.parse_primary(table.get("primary", []), names)
+        primary = tuning_mod.parse_primary(table.get("primary", source.get("primary", [])), names)
     except tuning_mod.TuningError as exc:
         raise ReportError(f"{sweep_file}: {exc}") from None
     return primary, table.get("objective", "mean"), table.get("iterate", ""), table.get("equivalence-margin")

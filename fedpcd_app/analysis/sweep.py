@@ -172,7 +172,7 @@ def _named(entries: Any, what: str) -> list[tuple[str, dict[str, Any]]]:
 
 def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     """Expand a parsed sweep file into its runs (no validation of run-config keys yet)."""
-    known = {"name", "seeds", "base", "settings", "methods", "tuning"}
+    known = {"name", "seeds", "base", "settings", "methods", "tuning", "primary"}
     unknown = sorted(set(source) - known)
     if unknown:
         raise SweepError(f"unknown top-level key(s) {', '.join(unknown)}: a sweep has {', '.join(sorted(known))}")
@@ -198,6 +198,15 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
         except tuning_mod.TuningError as exc:
             raise SweepError(str(exc)) from None
         methods += tuning_mod.fedavg_baselines(methods, base, tuning)
+    if "primary" in source:  # [[primary]]: a sweep without [tuning] declares its primary comparisons here
+        from fedpcd_app.analysis import tuning as tuning_mod
+
+        if tuning is not None and tuning.primary:
+            raise SweepError("primary comparisons are declared twice: [[primary]] and [[tuning.primary]]; keep one")
+        try:
+            tuning_mod.parse_primary(source["primary"], [n for n, _ in methods])
+        except tuning_mod.TuningError as exc:
+            raise SweepError(str(exc).replace("[[tuning.primary]]", "[[primary]]")) from None
     for key in ("seed", "output-dir"):
         if key in base or any(key in e for _, e in settings + methods):
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"

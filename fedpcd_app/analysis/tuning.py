@@ -323,8 +323,9 @@ def parse_primary(items: Any, entries: list[str]) -> tuple[Primary, ...]:
         names = set(entries) | {f"fedavg-{w}" for w in ("data-size", "uniform")}
         if unknown := [x for x in pair if x not in names]:
             raise _error(f"[[tuning.primary]]: {unknown[0]!r} is not a method entry ({', '.join(entries)})")
-        if not (isinstance(metrics, list) and metrics and all(m in METRIC_INFO for m in metrics)):
-            raise _error(f"[[tuning.primary]]: 'metrics' must list report metrics ({', '.join(METRIC_INFO)})")
+        known = (*METRIC_INFO, "variance")  # variance: the q-FFL statistic (scripts/qffl_protocols.py)
+        if not (isinstance(metrics, list) and metrics and all(m in known for m in metrics)):
+            raise _error(f"[[tuning.primary]]: 'metrics' must list report metrics ({', '.join(known)})")
         settings = item.get("settings", [])
         if not isinstance(settings, list) or not all(isinstance(x, str) for x in settings):
             raise _error("[[tuning.primary]]: 'settings' must be a list of setting names")
