@@ -55,7 +55,9 @@ absolute accuracy beside a method must be one of that method's numbers in the pa
 decimals cited). A sentence that quotes a paper (``paper``, ``quoted``) must cite its table or
 figure, and every decimal number in it that is not one of ours must be in that paper's text.
 
-A claim sentence that cannot be parsed into claims that all hold — a number without its pair, an
+A page's generated blocks (``<!-- generated: name -->`` … ``<!-- /generated: name -->``: the report's
+tables and their boilerplate, written by ``scripts/make_page.py`` from the CSVs) are not prose and are
+skipped. A claim sentence that cannot be parsed into claims that all hold — a number without its pair, an
 unlabelled ``p = x``, "the best method" — fails, unless it carries an explicit exemption right
 after it, ``<!-- claim-exempt: why -->``: the checker counts those (:func:`check_text` returns
 them; ``tests/test_claims.py`` pins each page's count). A sentence of definitions (a threshold
@@ -918,6 +920,9 @@ def check_text(text: str, ctx: Context, contexts: Sequence[tuple[int, Context]] 
         reasons.append(m.group(2))
         return f"\x00{len(reasons) - 1}\x00" + (m.group(1) or "")
 
+    # generated blocks (scripts/make_page.py: the report's tables and their boilerplate) state no prose claim
+    text = re.sub(r"<!-- generated: ([\w-]+) -->.*?<!-- /generated: \1 -->",
+                  lambda m: "\n" * m.group().count("\n"), text, flags=re.S)
     marked = re.sub(r"([.!?])?\s*<!--\s*claim-exempt:\s*(.*?)\s*-->", token, text, flags=re.S)
     clean = re.sub(r"<!--.*?-->", lambda m: "\n" * m.group().count("\n"), marked, flags=re.S)
     heads = _sections(text)

@@ -931,13 +931,15 @@ def _preamble(rows: list[Row], title: str, all_points: bool) -> list[str]:
     lines = [f"# {title}" if title else "# Results", ""]
     splits = sorted({r.selected_on for r in rows} - {""})
     on = f" on the {' or '.join(splits)} split" if splits else ""
+    objective = {r.objective for r in rows}
+    what = "worst-10 % accuracy" if objective == {"worst10"} else "mean ā"
     if all_points:
         lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits), every grid "
-                     f"point; ★ marks each method's chosen grid point (best mean ā over seeds{on}). Accuracies in %, "
+                     f"point; ★ marks each method's chosen grid point (best {what} over seeds{on}). Accuracies in %, "
                      "best per column in bold.")
     else:
         lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits); per method the "
-                     f"grid point with the best mean ā over seeds{on}. Accuracies in %, best per column in bold.")
+                     f"grid point with the best {what} over seeds{on}. Accuracies in %, best per column in bold.")
     if "test" in splits:
         lines.append("")
         lines.append("**Warning:** hyperparameters selected on the test split they are reported on (no "
