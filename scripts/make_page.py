@@ -98,7 +98,7 @@ def make(page: str, out: Path | None = None, check: bool = True, dest: Path | No
     recipe = recipe or PAGES[page]
     out = Path(out or ROOT / recipe.out)
     dest = Path(dest or RESULTS / page)
-    sweep = ROOT / "run_configs" / "sweeps" / recipe.sweep
+    sweep = Path(recipe.sweep) if Path(recipe.sweep).is_absolute() else ROOT / "run_configs" / "sweeps" / recipe.sweep
     text = (dest / "report.md").read_text()
     for old in dest.glob("report*.csv"):
         old.unlink()
