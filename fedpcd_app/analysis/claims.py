@@ -53,7 +53,9 @@ direction word must have the difference's sign, and a strong comparative (beats,
 leads, trails, superior, inferior) also needs a significant row: no qualifier excuses it. An
 absolute accuracy beside a method must be one of that method's numbers in the page's CSVs (to the
 decimals cited). A sentence that quotes a paper (``paper``, ``quoted``) must cite its table or
-figure, and every decimal number in it that is not one of ours must be in that paper's text.
+figure, and every decimal number in it that is not one of ours must be in that paper's text; so must
+every decimal of a table column headed ``paper`` (a cell saying its numbers are "not checked", quoted by
+a secondary source, must still cite its table).
 
 A page's generated blocks (``<!-- generated: name -->`` … ``<!-- /generated: name -->``: the report's
 tables and their boilerplate, written by ``scripts/make_page.py`` from the CSVs) are not prose and are
@@ -959,6 +961,40 @@ def check_text(text: str, ctx: Context, contexts: Sequence[tuple[int, Context]] 
     return problems, exemptions
 
 
+def paper_cells(text: str) -> list[tuple[int, str]]:
+    """(line, cell) of every cell under a table column whose header names a paper (``paper``): the
+    numbers a page quotes from the papers in its tables."""
+    out, header, titles = [], None, []
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header, titles = [i for i, c in enumerate(cells) if PAPER.search(c)], cells
+            continue
+        if all(re.fullmatch(r":?-+:?", c) for c in cells if c):
+            continue
+        out += [(no, f"{cells[i]} [{titles[i]}]") for i in header if i < len(cells)]  # the header's notes hold
+    return out
+
+
+def check_paper_tables(text: str, ctx: Context) -> list[Problem]:
+    """Each quoted paper number of a table's paper column: its table or figure cited, and in that paper's
+    text (``../shared/papers``); a cell saying it is not checked (``not checked``, ``secondary``) is
+    exempt from the second only."""
+    out = []
+    for no, cell in paper_cells(text):
+        if not re.search(r"\d+\.\d+", cell):
+            continue
+        why = _check_paper(cell if PAPER.search(cell) else cell + " (paper)", [], ctx)
+        if re.search(r"not checked|secondary source", cell, re.I):
+            why = [w for w in why if "not in the text" not in w and "are not here" not in w]
+        if why:
+            out.append(Problem(no, cell, "; ".join(why)))
+    return out
+
+
 def linked_folders(page: Path, text: str) -> list[tuple[int, list[Path]]]:
     """(line, folders) where a results index's section (a ``##`` heading) starts, with the folders of
     the result pages it links (``[x](folder/report.md)``)."""
@@ -1000,4 +1036,5 @@ def check_page(path: str | Path) -> tuple[list[Problem], list[Problem]]:
             cache[folders[0]] = page_context(path, text, folders[:1])
         return cache[folders[0]]
 
-    return check_text(text, ctx, contexts, resolve)
+    problems, exempt = check_text(text, ctx, contexts, resolve)
+    return problems + check_paper_tables(text, ctx), exempt
