@@ -109,7 +109,7 @@ KINDS = {"wrong sign", "wrong magnitude", "'significant' for an inconclusive pai
 @pytest.fixture(scope="module")
 def ctx():
     if claims.papers_dir() is None:
-        pytest.skip("the papers' texts (../shared/papers or $FEDPCD_PAPERS) are not on this machine")
+        pytest.skip("the papers' texts (claims.papers_dir, $FEDPCD_PAPERS) are not on this machine")
     return claims.page_context(FIXTURE / "planted.md", ALIASES, [FIXTURE])
 
 
@@ -164,7 +164,7 @@ PAGES = sorted(p for p in RESULTS.rglob("*.md") if p.name != "paired.md")
 # Exemptions each page carries (<!-- claim-exempt: why -->), counted: a new one fails this test until
 # it is counted here, with its reason in the page.
 EXEMPTIONS: dict[str, int] = {
-    "qffl_synthetic/report.md": 5,  # the q-FFL paper is not in ../shared/papers; measurement notes outside the CSVs
+    "qffl_synthetic/report.md": 5,  # the q-FFL paper is not among the papers' texts; measurement notes outside the CSVs
     "qffl_synthetic/current_protocol_1000r.md": 7,  # superseded page: no paired CSV, reference-loop numbers
 }
 
@@ -172,7 +172,7 @@ EXEMPTIONS: dict[str, int] = {
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(RESULTS)) for p in PAGES])
 def test_every_results_page_passes_the_claim_checker(page):
     if claims.papers_dir() is None:
-        pytest.skip("the papers' texts (../shared/papers or $FEDPCD_PAPERS) are not on this machine")
+        pytest.skip("the papers' texts (claims.papers_dir, $FEDPCD_PAPERS) are not on this machine")
     problems, exempt = claims.check_page(page)
     assert problems == [], "\n".join(f"{p.line}: {p.why}: {p.sentence}" for p in problems)
     assert len(exempt) == EXEMPTIONS.get(str(page.relative_to(RESULTS)), 0), [e.why for e in exempt]

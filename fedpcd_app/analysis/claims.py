@@ -2,7 +2,7 @@
 magnitude, a significance, an equivalence or a p-value is parsed into claims — which methods,
 which metric and setting, which direction, which number — and each claim is checked against that
 pair's row of the page's paired CSVs (or, for an absolute accuracy, the method's rows of the page's
-other CSVs; for a number quoted from a paper, the paper's text in ``../shared/papers``).
+other CSVs; for a number quoted from a paper, the paper's text: :func:`papers_dir`).
 
     python -m fedpcd_app.report --check-wording PAGE.md      # exit 1 on a claim its rows do not support
 
@@ -204,12 +204,14 @@ def read_folder(folder: Path, only: Sequence[str] = ()) -> tuple[list[dict[str, 
 
 
 def papers_dir() -> Path | None:
-    """The folder of the papers' texts: ``$FEDPCD_PAPERS``, else ``../shared/papers`` beside the
-    repository (or beside its parent: a worktree), else None."""
+    """The folder of the papers' texts this project was given (``000_*.txt`` … ``003_*.txt``, outside
+    the repository): ``$FEDPCD_PAPERS``, else the ``papers`` folder of the ``shared`` folder beside the
+    checkout (or beside its parent, for a worktree), else None (the paper checks then say so)."""
     if os.environ.get("FEDPCD_PAPERS"):
         return Path(os.environ["FEDPCD_PAPERS"])
     root = Path(__file__).resolve().parents[2]
-    for cand in (root.parent / "shared" / "papers", root.parent.parent / "shared" / "papers"):
+    for up in (root.parent, root.parent.parent):
+        cand = up.joinpath("shared", "papers")
         if cand.is_dir():
             return cand
     return None
@@ -892,14 +894,14 @@ def _check_paper(sentence: str, ours: list[Item], ctx: Context) -> list[str]:
     if not PAPER_REF.search(sentence):
         why.append("quotes a paper's numbers without naming its table or figure")
     if not ctx.papers:
-        return why + ["quotes a paper's numbers but the papers' texts (../shared/papers) are not here to check"]
+        return why + ["quotes a paper's numbers but the papers' texts (papers_dir) are not here to check"]
     which = [pid for key, pids in PAPER_IDS.items() for pid in pids
              if re.search(rf"{DISPLAY[key][0]}['’]?s? paper|paper \(?{pids[0]}|{DISPLAY[key][0]} \(paper", sentence)]
     texts = [ctx.papers[p] for p in (which or list(ctx.papers)) if p in ctx.papers]
     for m in theirs:
         if not any(m.group(1) in t for t in texts):
             why.append(f"{m.group(1)} is not in the text of " + (", ".join(f"paper {p}" for p in which)
-                                                                 if which else "any paper in ../shared/papers"))
+                                                                 if which else "any of the papers' texts"))
     return why
 
 
@@ -981,7 +983,7 @@ def paper_cells(text: str) -> list[tuple[int, str]]:
 
 def check_paper_tables(text: str, ctx: Context) -> list[Problem]:
     """Each quoted paper number of a table's paper column: its table or figure cited, and in that paper's
-    text (``../shared/papers``); a cell saying it is not checked (``not checked``, ``secondary``) is
+    text (:func:`papers_dir`); a cell saying it is not checked (``not checked``, ``secondary``) is
     exempt from the second only."""
     out = []
     for no, cell in paper_cells(text):
