@@ -176,3 +176,31 @@ def test_every_results_page_passes_the_claim_checker(page):
     problems, exempt = claims.check_page(page)
     assert problems == [], "\n".join(f"{p.line}: {p.why}: {p.sentence}" for p in problems)
     assert len(exempt) == EXEMPTIONS.get(str(page.relative_to(RESULTS)), 0), [e.why for e in exempt]
+
+
+def test_a_papers_table_column_is_checked_against_the_papers(ctx):
+    """Issue 52: every quoted paper number cites its table or figure and is in the paper's text."""
+    head = "| claim | paper | here |\n|---|---|---|\n"
+    ok = head + "| history | FedPCD 74.84 % with it, 59.26 % without (FedPCD paper, Table 4) | — |\n"
+    assert claims.check_paper_tables(ok, ctx) == []
+    missing = head + "| history | FedPCD 74.84 %, FedAvg 57.47 % (FedPCD paper, Table 4) | — |\n"
+    assert [p.why for p in claims.check_paper_tables(missing, ctx)] == ["57.47 is not in the text of paper 000, "
+                                                                        "paper 001"]
+    uncited = head + "| history | FedPCD 74.84 % with it (FedPCD paper) | — |\n"
+    assert "without naming its table or figure" in claims.check_paper_tables(uncited, ctx)[0].why
+    quoted = ("| claim | paper, Table 1 (as quoted by secondary sources; not checked against the paper here) |\n"
+              "|---|---|\n| worst 10 % | 18.8 → 31.1 |\n")
+    assert claims.check_paper_tables(quoted, ctx) == []  # said unchecked: only its table must be cited
+
+
+def test_a_sentence_linking_another_page_is_checked_against_that_pages_rows(tmp_path):
+    """The robustness page's sentence about the ablation page ("within 0.8 pp", issue 52) is checked
+    against the rows of the page it links."""
+    other = tmp_path / "ablation"
+    other.mkdir()
+    shutil.copy(FIXTURE / "report_paired_vs_fedavg-data-size.csv", other / "report_paired_vs_fedavg-data-size.csv")
+    page = tmp_path / "robustness.md"
+    page.write_text("# R\n\nOn the [tuned page](ablation/report.md) FedPCD and data-size FedAvg are within "
+                    "0.8 pp ā.\n\nOn the [tuned page](ablation/report.md) FedPCD − data-size FedAvg: +2.74 pp ā.\n")
+    problems, _ = claims.check_page(page)
+    assert [p.line for p in problems] == [3] and "the row gives 2.74" in problems[0].why

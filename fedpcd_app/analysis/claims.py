@@ -776,7 +776,7 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
                 continue
             bound.add(id(i))
             for f in targets:
-                problem = _check_word(i, f, mine, METRIC_KEY_OF(f))
+                problem = _check_word(i, f, f.row.get("metric", "mean_acc"))
                 if problem:
                     why.append(problem)
     unbound = [i for i in claim if id(i) not in bound and i.kind in ("pp", "pp_abs", "ci", "p_holm", "tost",
@@ -798,10 +798,6 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
 
 METRIC_TITLE = {"mean_acc": "ā", "worst10_acc": "W₁₀", "std_acc": "σ_c", "best10_acc": "B₁₀", "variance": "variance",
                 "jain": "Jain", "central_acc": "central"}
-
-
-def METRIC_KEY_OF(f: Found) -> str:  # noqa: N802 - reads like a constant lookup
-    return f.row.get("metric", "mean_acc")
 
 
 def _check_seeds(i: Item, f: Found, metric: str) -> str | None:
@@ -829,7 +825,10 @@ def _check_seeds(i: Item, f: Found, metric: str) -> str | None:
     return None
 
 
-def _check_word(i: Item, f: Found, scope_items: list[Item], metric: str) -> str | None:
+def _check_word(i: Item, f: Found, metric: str) -> str | None:
+    """A verdict word must be the row's verdict (negated: not it); a direction word must have the
+    difference's sign (an improvement word: in the metric's better direction), and a strong
+    comparative also needs a significant row."""
     verdict = verdict_of(f.row)
     if i.kind == "verdict":
         name, neg = i.data
