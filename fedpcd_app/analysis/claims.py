@@ -669,11 +669,13 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
         metric_of: dict[int, str] = {}
         for i in nums:
             end = i.pos + len(i.text)
-            k = _metric_near(i.pos, end, metrics, scope) or (scope_metrics[0] if len(set(scope_metrics)) == 1
-                                                              else None)
-            if k is None and i.kind == "ci":
-                prev = [x for x in nums if x.kind in ("pp", "pp_abs") and x.pos < i.pos]
-                k = metric_of.get(id(prev[-1])) if prev else None
+            prev = [x for x in nums if x.kind in ("pp", "pp_abs") and x.pos < i.pos]
+            right_after = prev and i.pos - (prev[-1].pos + len(prev[-1].text)) < 12
+            if i.kind == "ci" and right_after and id(prev[-1]) in metric_of:
+                k = metric_of[id(prev[-1])]  # an interval right after its difference: that difference's metric
+            else:
+                k = _metric_near(i.pos, end, metrics, scope) or (scope_metrics[0] if len(set(scope_metrics)) == 1
+                                                                  else None)
             if k is None:
                 why.append(f"'{i.text}': which metric (ā, W₁₀, σ_c, ...) is not said")
                 continue
@@ -731,7 +733,12 @@ def check_sentence(sentence: str, ctx: Context, default_setting: str | None,
         # p-values: one per metric in order, or one for all
         for i in [x for x in ps_values if x.kind in ("p_holm", "tost", "tost_holm")]:
             op, values = i.data[0], list(i.data[1:])
-            if len(values) == len(order):
+            before = [x for x in nums if x.kind in ("pp", "pp_abs") and x.pos < i.pos and id(x) in metric_of
+                      and i.pos - x.pos < 40 and "(" not in sentence[x.pos:i.pos].replace("(p", "")]
+            if len(values) == 1 and before and len(order) > 1 and not any(
+                    y.kind in ("p_holm", "tost", "tost_holm") and before[-1].pos < y.pos < i.pos for y in ps_values):
+                targets = [(metric_of[id(before[-1])], values[0])]  # "(−6.10 pp, p_holm = 0.0013)": that number's
+            elif len(values) == len(order):
                 targets = list(zip(order, values))
             elif len(values) == 1:
                 targets = [(k, values[0]) for k in order]
