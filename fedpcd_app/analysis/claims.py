@@ -151,7 +151,7 @@ NEGATION = re.compile(r"\b(?:not|no|never|none|nor|neither|without|cannot|isn't|
 BEST = re.compile(r"\bthe best (?:method|rule|algorithm|aggregator)\b|\bbest overall\b", re.I)
 PAPER = re.compile(r"\bpaper\b|\bquoted\b", re.I)
 PAPER_REF = re.compile(r"\b(?:Table|Tables|Fig\.?|Figure|Figs\.?)\s*[IVX\d]+", re.I)
-PAIR_WORDS = r"(?:−|–|\s-\s|\bminus\b|\bagainst\b|\bvs\.?|\bversus\b|\bcompared with\b|\brelative to\b|" \
+PAIR_WORDS = r"(?:\s[−–]\s|^[−–]\s|\s[−–]$|\s-\s|\bminus\b|\bagainst\b|\bvs\.?|\bversus\b|\bcompared with\b|\brelative to\b|" \
              r"\bover\b|\babove\b|\bbelow\b|\bhigher than\b|\blower than\b|\bbetter than\b|\bworse than\b|" \
              r"\bahead of\b|\bbehind\b|\bbeats?\b|\boutperforms?\b|\btrails?\b|\bleads?\b|\bexceeds?\b|" \
              r"\bwithin [±\d. pp]+ (?:of|by)\b|^\s*(?:and|,)\s*$)"
@@ -396,7 +396,7 @@ def pairs(sentence: str, ms: list[Mention], inherit: list[str] | None) -> list[P
                 continue
         before = sentence[max(0, m.start - 12):m.start]
         subject = out[-1].a if out else inherit
-        if subject and re.search(r"(?:−|–|\bagainst|\bvs\.?|\bversus|\bover)\s*$", before):
+        if subject and re.search(r"(?:(?:^|\s)[−–]|\bagainst|\bvs\.?|\bversus|\bover)\s*$", before):
             out.append(Pair(subject, m.entries, m.start - len(before)))
         i += 1
     for j, p in enumerate(out):
@@ -1022,12 +1022,15 @@ def linked_folders(page: Path, text: str) -> list[tuple[int, list[Path]]]:
 
 
 def check_page(path: str | Path) -> tuple[list[Problem], list[Problem]]:
-    """(problems, exemptions) of a results page (:func:`check_text` with :func:`page_context`; a page
-    linking result folders section by section, the results index, checks each section against the
-    folders it links)."""
+    """(problems, exemptions) of a results page (:func:`check_text` with :func:`page_context`); a page
+    without paired rows of its own (the results index, the robustness page) checks each section, and
+    each sentence linking one result page, against the rows of the pages it links."""
     path = Path(path)
     text = path.read_text()
     ctx = page_context(path, text)
+    if ctx.paired:  # a result page speaks of its own rows; links elsewhere (the results index) change nothing
+        problems, exempt = check_text(text, ctx)
+        return problems + check_paper_tables(text, ctx), exempt
     contexts = [(line, page_context(path, text, folders) if folders else ctx)
                 for line, folders in linked_folders(path, text)]
     cache: dict[Path, Context] = {}

@@ -1017,12 +1017,17 @@ def _table_notes(rows: list[Row], notes: list[str]) -> list[str]:
 
 
 def scored_line(rows: list[Row]) -> str:
-    """What a table scored: the iterate(s) and the split."""
-    iterates = sorted({r.iterate for r in rows})
+    """What a table scored: the iterate(s) and the split; a method keeping its own single output under a
+    view of another iterate (AFL's average, :func:`own_output`) is named, not counted as a mix."""
+    own = {r.method: r.iterate for r in rows if r.runs and all(own_output(x) for x in r.runs)}
+    iterates = sorted({r.iterate for r in rows if r.method not in own})
     splits = sorted({r.split for r in rows})
     names = {"last": "the last global model θ_T", "averaged": "the averaged iterate θ̄_T (mean of θ_1..θ_T)",
              "last/averaged": "mixed", PERSONAL: "each client's personal model (Ditto)"}
     what = " and ".join(names.get(i, i) for i in iterates)
+    if own:
+        what += "; " + ", ".join(f"{m}: its own output, {names.get(i, i)} (its paper's; the iterate column)"
+                                 for m, i in own.items())
     mixed = (" — **mixed iterates** (--mixed-iterates): rows are not on equal terms"
              if len(set(iterates) - {PERSONAL}) > 1 else "")
     return f"Scored: {what}, on the {' and '.join(splits)} split(s){mixed}."
