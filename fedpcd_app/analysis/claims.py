@@ -135,7 +135,7 @@ PERCENT = re.compile(r"(?<![\w.+−-])(\d+\.\d+)(?:\s*±\s*(\d+\.\d+))?\s*%(?!²
 
 VERDICTS = {
     "significant": re.compile(r"\b(?:in|non-?)?significan(?:t|tly|ce)\b", re.I),
-    "equivalent": re.compile(r"\b(?:equivalent|equivalence|on par|ties|tied|a tie)\b", re.I),
+    "equivalent": re.compile(r"\b(?:equivalent|equivalence|on par|ties|tied|a tie)\b(?!-)", re.I),
     "inconclusive": re.compile(r"\binconclusive\b", re.I),
     "exploratory": re.compile(r"\bexploratory\b", re.I),
 }
@@ -229,13 +229,15 @@ PAPER_IDS = {"fedpcd": ("000", "001"), "craft": ("002",), "federage": ("003",)}
 
 
 def _parse_pairs(text: str) -> dict[str, str]:
+    """``alias = entry; ...`` (the last `` = `` with spaces around separates them: ``τ = 0 = tau=0``)."""
     out = {}
     for body in text:
         for item in body.split(";"):
-            if "=" in item:
-                alias, _, entry = item.rpartition("=")
-                if alias.strip() and entry.strip():
-                    out[alias.strip()] = entry.strip()
+            alias, sep, entry = item.rpartition(" = ")
+            if not sep:
+                alias, sep, entry = item.rpartition("=")
+            if sep and alias.strip() and entry.strip():
+                out[alias.strip()] = entry.strip()
     return out
 
 
