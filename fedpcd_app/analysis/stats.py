@@ -157,7 +157,7 @@ def sentences(text: str) -> list[tuple[int, str]]:
             starts.append((len(joined), no))
             joined += line + " "
         pos = 0
-        for piece in re.split(r"(?<=[.!?])\s+(?=[A-Z*(\[])", joined):
+        for piece in re.split(r"(?:(?<=[.!?])|(?<=[.!?]\*\*))\s+(?=[A-Z*(\[])", joined):
             at = joined.index(piece, pos)
             pos = at + len(piece)
             if piece.strip():
