@@ -151,7 +151,8 @@ NEGATION = re.compile(r"\b(?:not|no|never|none|nor|neither|without|cannot|isn't|
 BEST = re.compile(r"\bthe best (?:method|rule|algorithm|aggregator)\b|\bbest overall\b", re.I)
 PAPER = re.compile(r"\bpaper\b|\bquoted\b", re.I)
 PAPER_REF = re.compile(r"\b(?:Table|Tables|Fig\.?|Figure|Figs\.?)\s*[IVX\d]+", re.I)
-PAIR_WORDS = r"(?:\s[−–]\s|^[−–]\s|\s[−–]$|\s-\s|\bminus\b|\bagainst\b|\bvs\.?|\bversus\b|\bcompared with\b|\brelative to\b|" \
+PAIR_WORDS = r"(?:\s[−–]\s|^[−–]\s|\s[−–]$|\s-\s|\bminus\b|\bagainst\b|\bvs\.?|\bversus\b|\bcompared with\b|" \
+             r"\brelative to\b|" \
              r"\bover\b|\babove\b|\bbelow\b|\bhigher than\b|\blower than\b|\bbetter than\b|\bworse than\b|" \
              r"\bahead of\b|\bbehind\b|\bbeats?\b|\boutperforms?\b|\btrails?\b|\bleads?\b|\bexceeds?\b|" \
              r"\bwithin [±\d. pp]+ (?:of|by)\b|^\s*(?:and|,)\s*$)"

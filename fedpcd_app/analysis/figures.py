@@ -702,9 +702,10 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
     one (``selected`` = 1) bold with ±1 std bars over the seeds (the ``*_std`` columns); the
     Pareto front of every configuration (dotted) and of the selected ones (solid) joined; the
     legend outside the axes. Per setting two panels: every configuration, and the same zoomed
-    on the selections. ``split``: ``validation`` (default, the ``val_*`` columns: issue 52, the
-    numbers selection reads, so that no front is chosen on the test split beside validation
-    selections) or ``test`` (the reported ``mean_acc_mean`` / ``worst10_acc_mean``). Rows without
+    on the selections; a personal model (``scored_iterate = personal``, Ditto) is drawn but in no front
+    (issue 52: never ranked beside global models). ``split``: ``validation`` (default, the ``val_*``
+    columns: issue 52, the numbers selection reads, so that no front is chosen on the test split beside
+    validation selections) or ``test`` (the reported ``mean_acc_mean`` / ``worst10_acc_mean``). Rows without
     both numbers (an unscored configuration) are counted in the title. None when no row has them."""
     kx, ky = ("val_mean_acc", "val_worst10_acc") if split == "validation" else ("mean_acc", "worst10_acc")
 
@@ -737,7 +738,9 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
                 ax.errorbar(x, y, xerr=None if np.isnan(sx) else sx, yerr=None if np.isnan(sy) else sy, fmt=marker,
                             ms=9, color=colour, mec="k", mew=0.8, elinewidth=0.9, ecolor=colour, alpha=0.95,
                             capsize=2.5, zorder=4)
-            for pts, spec in (([p for _, p in points], FRONT_ALL), ([p for _, p in selected], FRONT_SELECTED)):
+            shared = [(r, p) for r, p in points if r.get("scored_iterate") != "personal"]  # issue 52: a personal
+            chosen = [(r, p) for r, p in selected if r.get("scored_iterate") != "personal"]  # model is no front's
+            for pts, spec in (([p for _, p in shared], FRONT_ALL), ([p for _, p in chosen], FRONT_SELECTED)):
                 if pts:
                     front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
                     ax.plot([x for x, _ in front], [y for _, y in front], zorder=5, **spec)
@@ -765,7 +768,9 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
         colour, marker = style[method]
         handles.setdefault(method, Line2D([], [], ls="", marker=marker, ms=8, color=colour, alpha=0.4,
                                           label=f"{method} (no selection)"))
-    handles["front all"] = Line2D([], [], label="Pareto front, every configuration (ringed)", **FRONT_ALL)
+    personal = sorted({r["method"] for r in rows if r.get("scored_iterate") == "personal"})
+    note = f" (global models; {', '.join(personal)}: personal models, in no front)" if personal else ""
+    handles["front all"] = Line2D([], [], label="Pareto front, every configuration (ringed)" + note, **FRONT_ALL)
     handles["front sel"] = Line2D([], [], label="Pareto front, the selections (ringed)", **FRONT_SELECTED)
     axes[0][1].legend(handles=list(handles.values()), fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                       frameon=False)
