@@ -166,6 +166,7 @@ PAGES = sorted(p for p in RESULTS.rglob("*.md") if p.name != "paired.md")
 EXEMPTIONS: dict[str, int] = {
     "qffl_synthetic/report.md": 5,  # the q-FFL paper is not among the papers' texts; measurement notes outside the CSVs
     "qffl_synthetic/current_protocol_1000r.md": 7,  # superseded page: no paired CSV, reference-loop numbers
+    "federage_synthetic/report.md": 1,  # the earlier (2026-12-02) page's numbers, not rows of its CSVs
 }
 
 
@@ -176,6 +177,24 @@ def test_every_results_page_passes_the_claim_checker(page):
     problems, exempt = claims.check_page(page)
     assert problems == [], "\n".join(f"{p.line}: {p.why}: {p.sentence}" for p in problems)
     assert len(exempt) == EXEMPTIONS.get(str(page.relative_to(RESULTS)), 0), [e.why for e in exempt]
+
+
+def test_a_page_declaring_the_averaged_iterate_is_read_on_it(tmp_path):
+    """A FedeRage page declares the averaged iterate (its paper's) and keeps the last beside it
+    (``report_paired_last_vs_*.csv``): an unqualified sentence is checked against the declared
+    iterate's rows, not the last iterate's; "last iterate" picks those."""
+    rows = (FIXTURE / "report_paired_vs_fedavg-uniform.csv").read_text().splitlines()
+    head = rows[0].split(",")
+    assert "iterate" not in head
+    averaged = [rows[0] + ",iterate"] + [r + ",averaged" for r in rows[1:]]
+    last = [rows[0] + ",iterate"] + [re.sub(r",0\.0015\d*,", ",0.0025,", r) + ",last" for r in rows[1:]]
+    (tmp_path / "report_paired_vs_fedavg-uniform.csv").write_text("\n".join(averaged) + "\n")
+    (tmp_path / "report_paired_last_vs_fedavg-uniform.csv").write_text("\n".join(last) + "\n")
+    ctx = claims.page_context(tmp_path / "report.md", "", [tmp_path])
+    assert ctx.iterate == "averaged"
+    assert claims.check_text("FedFV − uniform FedAvg: +0.15 pp ā.\n", ctx)[0] == []
+    assert claims.check_text("FedFV − uniform FedAvg: +0.25 pp ā.\n", ctx)[0]
+    assert claims.check_text("On the last iterate FedFV − uniform FedAvg: +0.25 pp ā.\n", ctx)[0] == []
 
 
 def test_a_papers_table_column_is_checked_against_the_papers(ctx):

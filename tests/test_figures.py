@@ -348,3 +348,15 @@ def test_page_figures_are_per_setting_and_validation_only(tmp_path, drawn):
     rows = [{k: v for k, v in r.items() if not k.startswith("val_")}
             for r in csv_mod.DictReader(open(tmp_path / "report.csv"))]
     assert figures.pareto(rows, tmp_path / "y.png", "skewed") is None  # no validation columns: no front
+
+
+def test_the_declared_iterates_forest_is_forest_png(tmp_path, drawn):
+    """A page declaring the averaged iterate (FedeRage's) keeps the last beside it in
+    ``report_paired_last_vs_*.csv``: the declared iterate's forest is ``forest.png`` and the other's
+    ``forest_last.png`` (it was the other way round: the last iterate was taken for the declared one)."""
+    head = "setting,method,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm,iterate\n"
+    row = "default,federage,fedavg,mean_acc,5,0.01,-0.01,0.03,1,"
+    (tmp_path / "report_paired_vs_fedavg.csv").write_text(head + row + "averaged\n")
+    (tmp_path / "report_paired_last_vs_fedavg.csv").write_text(head + row + "last\n")
+    names = sorted(p.name for p in figures.page_figures(tmp_path))
+    assert names == ["forest.png", "forest_last.png"]

@@ -242,6 +242,20 @@ def _parse_pairs(text: str) -> dict[str, str]:
     return out
 
 
+def declared_iterate(paired: Sequence[dict[str, str]]) -> str:
+    """The iterate a page declared (the one its unqualified sentences speak of): that of its paired CSVs
+    named without an iterate (``scripts/make_page.py`` writes the declared iterate's
+    ``report_paired[_worst10]_vs_<b>.csv`` and another iterate's ``report_paired[_worst10]_<iterate>_vs_<b>.csv``:
+    a FedeRage page declares the averaged iterate and keeps the last beside it); without such files, the
+    last iterate where the page has it, else the averaged one where it is all the page has."""
+    plain = {r["_iterate"] for r in paired if r["_iterate"] and not any(
+        f"_{it}" in Path(r.get("_file", "")).stem.split("_vs_")[0] for it in ("last", "averaged"))}
+    if len(plain) == 1:
+        return plain.pop()
+    found = {r["_iterate"] for r in paired if r["_iterate"]}
+    return "last" if "last" in found else ("averaged" if found == {"averaged"} else "")
+
+
 def page_context(page: Path, text: str, folders: Iterable[Path] | None = None, iterate: str | None = None) -> Context:
     """The context of ``page`` (its text ``text``): the CSVs of ``folders`` (default: the page's own
     folder, and the folder of the same name beside it: ``robustness_digits.md`` → ``robustness_digits/``)."""
@@ -259,8 +273,7 @@ def page_context(page: Path, text: str, folders: Iterable[Path] | None = None, i
     methods |= {r["method"] for r in other if r.get("method")}
     settings = list(dict.fromkeys(r.get("setting", "") for r in paired + other if r.get("setting")))
     if iterate is None:
-        found = {r["_iterate"] for r in paired if r["_iterate"]}
-        iterate = "last" if "last" in found else ("averaged" if found == {"averaged"} else "")
+        iterate = declared_iterate(paired)
     return Context(paired, other, methods, settings, _parse_pairs(ALIASES.findall(text)),
                    _parse_pairs(SETTING_ALIASES.findall(text)), iterate, read_papers())
 

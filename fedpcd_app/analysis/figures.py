@@ -799,12 +799,18 @@ def page_figures(folder: str | Path, dest: str | Path | None = None, frontier: b
     folder = Path(folder)
     dest = Path(dest) if dest else folder
     groups: dict[tuple[str, str], list[dict[str, str]]] = {}
+    plain: set[str] = set()  # the iterates of the files named without one: the declared iterate's
     for p in sorted(folder.glob("report_paired*.csv")):
+        named = any(f"_{it}" in p.stem.split("_vs_")[0] for it in ("last", "averaged"))
         with open(p, newline="") as fh:
             for r in csv.DictReader(fh):
-                groups.setdefault(_paired_selection(p, r), []).append(r)
+                key = _paired_selection(p, r)
+                groups.setdefault(key, []).append(r)
+                if not named and key[1]:
+                    plain.add(key[1])
     iterates = [it for _, it in groups]
-    main_iterate = "last" if "last" in iterates else (iterates[0] if iterates else "")
+    main_iterate = (next(iter(plain)) if len(plain) == 1 else
+                    "last" if "last" in iterates else (iterates[0] if iterates else ""))
     written = []
 
     def per_setting(rows, stem, draw):
