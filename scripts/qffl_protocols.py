@@ -128,9 +128,12 @@ def _ms(values) -> str:
     return tables.fmt(list(values), 2)
 
 
+PAPER_COLUMN = "paper, Table 1 (as quoted by secondary sources; not checked against the paper here)"
+
+
 def markdown(protocols: list[dict]) -> str:
     cols = [p["label"] for p in protocols]
-    head = "| q | statistic | paper (as quoted; not checked against the paper here) | " + " | ".join(cols) + " |"
+    head = f"| q | statistic | {PAPER_COLUMN} | " + " | ".join(cols) + " |"
     lines = ["Mean ± sample std over seeds of the final per-client test accuracies' statistics "
              "(variance in %²).", "", head, "|---|---|---:|" + "---:|" * len(cols)]
     for m, q in ((Q0, "0"), (Q1, "1")):
@@ -150,7 +153,7 @@ def markdown(protocols: list[dict]) -> str:
             lines.append(f"| {q} | {tables.TITLES[k]} | {paper} | " + " | ".join(cells) + " |")
     lines += ["", "Paired difference q = 1 − q = 0 over the seeds both finished: mean [95 % t interval] "
               "(seeds where it is positive / seeds).", "",
-              "| statistic | paper (as quoted) | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+              f"| statistic | {PAPER_COLUMN} | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
     for k in STATS:
         ref = (PAPER_QUOTED[Q1].get(k), PAPER_QUOTED[Q0].get(k))
         paper = "—" if None in ref else f"{ref[0] - ref[1]:+.{0 if k == 'variance' else 1}f}"

@@ -46,9 +46,11 @@ Weighting. A table whose chosen rows weight their clients differently must hold 
 under both weightings (``fedavg-weighting`` ``data-size`` and ``uniform``), as the report
 requires; the script refuses it in one line otherwise (``--mixed-weightings`` overrides).
 
-Equal scoring. Every run of one table must have been scored on the same iterate
-(``scored_iterate`` of ``summary.json``: ``last`` or ``averaged``); the script refuses (one
-line) to mix them.
+Equal scoring. Every run of one table is read as one iterate: the sweep's declared ``[tuning]
+iterate`` (issue 52: the paper's; ``--iterate`` replaces it), a run scored on the averaged iterate
+giving its last one from ``iterate_scores`` (``fedpcd_app.analysis.tuning.view``), selection included;
+a method whose only output is another iterate (AFL's average) or a personal model (Ditto) keeps it and
+the table names it (``iterate`` column); any other mix is refused in one line.
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedpcd_app.analysis.report import (  # noqa: E402
+    ReportError,
     Run,
     best_variant,
+    check_iterates,
+    declared_iterate,
     grid_edges,
     load_runs,
     ordered,
@@ -156,19 +161,21 @@ def select(candidates: list[Run], rules) -> tuple[str, str]:
     return chosen, selection_split(candidates)
 
 
-def build(out: Path, all_points: bool = True,
-          objective: str | None = None) -> tuple[list[dict], dict[Path, str], str]:
-    """(every grid point's row, run folder → failure or flag reason, the scored iterate); a row's
+def build(out: Path, all_points: bool = True, objective: str | None = None,
+          iterate: str | None = None) -> tuple[list[dict], dict[Path, str], str]:
+    """(every grid point's row, run folder → failure or flag reason, the iterate read); a row's
     ``shown`` is true for the chosen grid point (every point with ``all_points``). ``objective``
-    replaces the sweep's declared selection objective (``mean`` / ``worst10``)."""
-    runs = load_runs(out)
+    replaces the sweep's declared selection objective (``mean`` / ``worst10``), ``iterate`` its
+    declared iterate (``last`` / ``averaged``; see the module doc)."""
+    iterate = iterate or declared_iterate(out)
+    runs = load_runs(out, iterate)
     if not runs:
         raise SystemExit(f"error: no finished run (summary.json) at or below {out}")
-    iterates = {r.summary.get("scored_iterate", "last") for r in runs}
-    if len(iterates) > 1:
-        raise SystemExit(f"error: the runs under {out} were scored on different iterates "
-                         f"({', '.join(sorted(iterates))}); "
-                         "put runs scored on one iterate in one table (eval-averaged-iterate)")
+    try:
+        check_iterates(runs)
+    except ReportError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    iterates = {r.iterate for r in runs}
     rules = rules_of(out, objective)
     diverged = {r.folder: divergence(r) for r in runs}
     rows = []
@@ -199,9 +206,10 @@ def build(out: Path, all_points: bool = True,
                     "stats": {k: [s[k] for s in stats] for k in STATS},
                     "val_average": values("val_mean_acc"), "val_worst10": values("val_worst10_acc"),
                     "final10_average": values("final10_mean_acc"), "final10_worst10": values("final10_worst10_acc"),
-                    "runs": rs,
+                    "runs": rs, "iterate": "/".join(sorted({r.iterate for r in rs})),
                 })
-    return rows, diverged, iterates.pop()
+    main = iterate or (iterates.pop() if len(iterates) == 1 else "/".join(sorted(iterates)))
+    return rows, diverged, main
 
 
 def _finite(value) -> bool:
@@ -223,7 +231,10 @@ def check_weightings(rows: list[dict]) -> None:
 
 
 def markdown(rows: list[dict], iterate: str, paper: dict[str, dict[str, float]] | None = None) -> str:
-    lines = [f"Scored iterate: **{iterate}** (every run of this table); split: the clients' test splits. "
+    others = sorted({r["iterate"] for r in rows} - {iterate})
+    lines = [f"Scored iterate: **{iterate}**" + (f" (its own output kept by: {', '.join(others)}; the iterate column)"
+                                                 if others else " (every run of this table)")
+             + "; split: the clients' test splits. "
              "Mean ± sample std over seeds of the q-FFL paper's statistics of the final per-client accuracies "
              "(variance = np.var · 10⁴, in %²); `final-10` = mean accuracy averaged over the last ten evaluations.", ""]
     for setting in dict.fromkeys(r["setting"] for r in rows):
@@ -283,7 +294,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerow(["setting", "method", "hyperparameters", "chosen", "selected_on", "seeds", "diverged"]
                    + [f"{k}_{s}" for k in STATS for s in ("mean", "std")]
                    + ["final10_average_mean", "val_average_mean", "weighting", "selected", "on_edge", "edge",
-                      "unstable", "objective", "flagged", "val_worst10_mean"])
+                      "unstable", "objective", "flagged", "val_worst10_mean", "iterate"])
         for r in rows:
             vals = []
             for k in STATS:
@@ -295,20 +306,21 @@ def write_csv(rows: list[dict], path: Path) -> None:
                         " ".join(map(str, r["seeds"])), r["diverged"]] + vals
                        + [f10, va, r["weighting"], int(r["chosen"]), int(bool(r["edge"])), "; ".join(r["edge"]),
                           int(r["unstable"]), r["objective"], r["flagged"],
-                          np.mean(r["val_worst10"]) if r["val_worst10"] else ""])
+                          np.mean(r["val_worst10"]) if r["val_worst10"] else "", r["iterate"]])
 
 
 def frontier(rows: list[dict], path: Path) -> None:
-    """Mean client accuracy against worst-10 % of every configuration (``build``'s rows), the
-    chosen ones bold with ±1 std bars over the seeds, the Pareto fronts marked:
-    ``fedpcd_app.analysis.figures.configurations_frontier`` on the rows as ``report.csv`` has them."""
+    """Mean client accuracy against worst-10 % of every configuration (``build``'s rows) on the
+    validation split (what selection reads; issue 52), the chosen ones bold with ±1 std bars over the
+    seeds, the Pareto fronts marked: ``fedpcd_app.analysis.figures.configurations_frontier`` on the rows
+    as ``report.csv`` has them."""
     from fedpcd_app.analysis.figures import configurations_frontier
 
     table = []
     for r in rows:
         cells = {}
-        for key, stat in (("mean_acc", "average"), ("worst10_acc", "worst10")):
-            v = np.asarray(r["stats"][stat], dtype=np.float64) / 100
+        for key, stat in (("val_mean_acc", "val_average"), ("val_worst10_acc", "val_worst10")):
+            v = np.asarray(r[stat], dtype=np.float64) / 100
             cells[f"{key}_mean"] = str(v.mean()) if v.size else ""
             cells[f"{key}_std"] = str(v.std(ddof=1)) if v.size > 1 else ""
         table.append({"setting": r["setting"], "method": r["method"], "hyperparameters": r["variant"],
@@ -410,10 +422,12 @@ def main(argv=None) -> int:
                     help="the q = 0 and q = 1 method entries: add the pipeline/step checks (qffl_diagnostics)")
     ap.add_argument("--objective", choices=("mean", "worst10"), default=None,
                     help="select on the validation mean (default: the sweep's [tuning] objective) or its worst-10 %%")
+    ap.add_argument("--iterate", choices=("last", "averaged"), default=None,
+                    help="read the runs as this iterate (default: the sweep's [tuning] iterate, else each run's)")
     ap.add_argument("--mixed-weightings", action="store_true",
                     help="allow a table of rules of different weightings without FedAvg under both")
     args = ap.parse_args(argv)
-    every, _, iterate = build(Path(args.out), args.all_points, args.objective)
+    every, _, iterate = build(Path(args.out), args.all_points, args.objective, args.iterate)
     if not args.mixed_weightings:
         check_weightings(every)
     rows = [r for r in every if r["shown"]]

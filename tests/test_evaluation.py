@@ -152,3 +152,27 @@ def test_averaged_iterate_survives_a_checkpoint(tmp_path):
     assert resumed.state.average["count"] == 4
     with pytest.raises(ConfigError, match="'eval-averaged-iterate'"):  # the other value: refused
         run_honest(fedavg_config(tmp_path / "other", **{"resume-from": str(full.writer.dir)}))
+
+
+# -- issue 52: the last iterate scored beside the averaged one, in the same run ------------------------
+@pytest.mark.slow
+def test_the_last_iterate_is_scored_beside_the_averaged_one(tmp_path):
+    """With eval-averaged-iterate, every evaluation also scores θ_t (``iterate_scores.last``): the
+    numbers a run without the key gives (same training), while the headline fields stay θ̄_t's;
+    summary.json carries the final evaluation's and the final ten's means. AFL (its own output is
+    the average) and runs scoring the last iterate add none."""
+    rounds, averaged = run(tmp_path, "avg", **{"eval-averaged-iterate": True, "val-fraction": 0.2,
+                                               "num-server-rounds": 3})
+    last_rounds, last = run(tmp_path, "last", **{"val-fraction": 0.2, "num-server-rounds": 3})
+    other = averaged["iterate_scores"]["last"]
+    for key in ("mean_acc", "worst10_acc", "std_acc", "jain", "central_acc", "client_acc", "val_mean_acc",
+                "val_worst10_acc", "val_client_acc"):
+        assert other[key] == last[key], key  # θ_T scored as a last-iterate run scores it
+    assert other["final10_mean_acc"] == pytest.approx(last["final10_mean_acc"], abs=1e-15)
+    assert other["final10_num_evals"] == last["final10_num_evals"] == 3
+    assert averaged["client_acc"] != last["client_acc"]  # the headline is still θ̄_T's
+    for r, plain in zip(rounds, last_rounds):
+        assert r["eval"]["iterate_scores"]["last"]["client_acc"] == plain["eval"]["client_acc"]
+    assert "iterate_scores" not in last
+    _, afl = run(tmp_path, "afl", method="afl", **{"eval-averaged-iterate": True})
+    assert "iterate_scores" not in afl

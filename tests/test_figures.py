@@ -250,7 +250,7 @@ def test_configurations_frontier_styles_every_method_apart_and_draws_every_confi
     from matplotlib.colors import to_rgba
 
     rows = _frontier_rows()
-    figures.configurations_frontier(rows, tmp_path / "frontier.png")
+    figures.configurations_frontier(rows, tmp_path / "frontier.png", split="test")
     fig = drawn["frontier.png"]
     ax_all, ax_zoom = fig.axes[:2]
     # every scored configuration drawn (faint), once per method in the method's colour and marker
@@ -286,7 +286,8 @@ def test_configurations_frontier_styles_every_method_apart_and_draws_every_confi
 def test_page_frontier_option_writes_frontier_png_from_report_csv(tmp_path):
     import csv as csv_mod
 
-    rows = _frontier_rows(3, 2)
+    rows = [{**r, "val_mean_acc_mean": r["mean_acc_mean"], "val_worst10_acc_mean": r["worst10_acc_mean"]}
+            for r in _frontier_rows(3, 2)]  # the page's frontier reads the validation split (issue 52)
     with open(tmp_path / "report.csv", "w", newline="") as fh:
         w = csv_mod.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
@@ -314,3 +315,48 @@ def test_page_forest_keeps_the_worst10_selection_apart(tmp_path, drawn):
 
     assert drawn_means(drawn["forest.png"]) == [2.0]
     assert drawn_means(drawn["forest_worst10.png"]) == [-5.0, 10.0]
+
+
+def test_page_figures_are_per_setting_and_validation_only(tmp_path, drawn):
+    """Issue 52: a page of two settings gets one Pareto figure and one forest per setting (never one
+    front pooled over settings), drawn from the validation columns; a CSV without them gets none."""
+    import csv as csv_mod
+
+    fields = ["setting", "method", "hyperparameters", "selected", "mean_acc_mean", "worst10_acc_mean",
+              "val_mean_acc_mean", "val_worst10_acc_mean"]
+    with open(tmp_path / "report.csv", "w", newline="") as fh:
+        w = csv_mod.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for setting, shift in (("skewed", 0.0), ("uniform", 0.3)):
+            for i, (m, wst) in enumerate([(0.5, 0.1), (0.4, 0.3)]):
+                # the test split says the opposite of the validation split: the figure must not read it
+                w.writerow({"setting": setting, "method": "fedavg", "hyperparameters": f"lr={i}",
+                            "selected": int(i == 0), "mean_acc_mean": 1 - m, "worst10_acc_mean": 1 - wst,
+                            "val_mean_acc_mean": m + shift, "val_worst10_acc_mean": wst + shift})
+    head = "setting,method,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm\n"
+    (tmp_path / "report_paired_vs_fedavg.csv").write_text(
+        head + "skewed,fedpcd,fedavg,mean_acc,10,0.02,0.01,0.03,0.01\n"
+        "uniform,fedpcd,fedavg,mean_acc,10,0.01,-0.01,0.03,1\n")
+    names = sorted(p.name for p in figures.page_figures(tmp_path, frontier=True))
+    assert names == ["forest_skewed.png", "forest_uniform.png", "frontier_skewed.png", "frontier_uniform.png",
+                     "pareto_skewed.png", "pareto_uniform.png"]
+    points = sorted(tuple(np.round(p, 6)) for c in drawn["pareto_uniform.png"].axes[0].collections
+                    for p in c.get_offsets())
+    assert (80.0, 40.0) in points and (50.0, 90.0) not in points  # validation numbers of its own setting
+    with pytest.raises(ValueError, match="2 settings"):
+        figures.pareto(list(csv_mod.DictReader(open(tmp_path / "report.csv"))), tmp_path / "x.png")
+    rows = [{k: v for k, v in r.items() if not k.startswith("val_")}
+            for r in csv_mod.DictReader(open(tmp_path / "report.csv"))]
+    assert figures.pareto(rows, tmp_path / "y.png", "skewed") is None  # no validation columns: no front
+
+
+def test_the_declared_iterates_forest_is_forest_png(tmp_path, drawn):
+    """A page declaring the averaged iterate (FedeRage's) keeps the last beside it in
+    ``report_paired_last_vs_*.csv``: the declared iterate's forest is ``forest.png`` and the other's
+    ``forest_last.png`` (it was the other way round: the last iterate was taken for the declared one)."""
+    head = "setting,method,baseline,metric,num_seeds,mean_difference,ci95_low,ci95_high,p_holm,iterate\n"
+    row = "default,federage,fedavg,mean_acc,5,0.01,-0.01,0.03,1,"
+    (tmp_path / "report_paired_vs_fedavg.csv").write_text(head + row + "averaged\n")
+    (tmp_path / "report_paired_last_vs_fedavg.csv").write_text(head + row + "last\n")
+    names = sorted(p.name for p in figures.page_figures(tmp_path))
+    assert names == ["forest.png", "forest_last.png"]

@@ -57,7 +57,7 @@ def test_paired_differences_drift_and_heavy_tail(tmp_path):
     sizes = np.sort([len(y) for y in synthetic.generate(20, 1.0, 1.0, False, 7)[1]])[::-1]
     assert p["draws"] == {7: pytest.approx(sizes[:10].sum() / sizes.sum())}
     text = qp.markdown([p])
-    assert "as quoted; not checked against the paper here" in text
+    assert "Table 1 (as quoted by secondary sources; not checked against the paper here)" in text
     assert "| 0 | Worst 10 % (%) | 18.8 |" in text and "| 1 | Variance | 472 |" in text
     assert "| Worst 10 % (%) | +12.3 |" in text and "| Variance | -252 |" in text  # the quoted 18.8 → 31.1, 724 → 472
     qp.write_csv([p], tmp_path / "runs.csv")

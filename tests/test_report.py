@@ -484,7 +484,8 @@ def test_budget_line_states_equal_unequal_and_declared_budgets(sweep_out):
     # fedavg ran one configuration (its defaults) beside fedpcd's three: marked untuned
     assert report.budget_line(rows, budget=3) == (
         "Budget: 3 configurations per method entry and seed ([tuning] budget = 3); points beyond it (edge and "
-        "neighbour extensions, reductions, the shared lr axis): fedavg -2. Values tried — fedpcd: fedpcd-tau "
+        "neighbour extensions, reductions, the shared lr axis, equal-budget top-ups): fedavg -2. Counted after "
+        "them the budgets are **unequal**: fedavg 1, fedpcd 3. Values tried — fedpcd: fedpcd-tau "
         "{0.01, 0.02, 0.05}. **Untuned** (run at their defaults beside tuned entries: not on equal terms): fedavg.")
     assert "| fedavg | data-size | untuned: its defaults |" in text
     (sweep_out / "sweep.json").write_text(json.dumps({"name": "x", "source": {"tuning": {"budget": 3}}, "runs": [
@@ -553,16 +554,24 @@ def test_holm_is_over_the_whole_report_unless_the_sweep_declares_the_setting(tmp
 
 
 def test_check_wording_cli(tmp_path, capsys):
+    """report --check-wording runs the claim checker (fedpcd_app.analysis.claims; its planted set:
+    tests/test_claims.py): exit 1 on an unsupported claim, 0 on none, 2 without the page."""
     page = tmp_path / "page.md"
     page.write_text("# R\n\nFedPCD wins on every seed.\nThe gain is significant after Holm (p_holm = 0.01).\n")
-    assert report.main(["--check-wording", str(page)]) == 1  # no paired CSV beside it: nothing supports either
+    assert report.main(["--check-wording", str(page)]) == 1  # no CSV beside it: FedPCD is not on the page
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (")
-    assert out[0].endswith("FedPCD wins on every seed.")
-    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,5,0.02,0.01\n")
-    page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert len(out) == 2 and out[0].startswith(f"{page}:3: unsupported (names FedPCD")
+    (tmp_path / "report_paired.csv").write_text(
+        "setting,method,baseline,metric,num_seeds,differences,mean_difference,p_holm\n"
+        "default,fedpcd,fedavg,mean_acc,5,0.01 0.02 0.03 0.02 0.02,0.02,0.01\n")
+    page.write_text("# R\n\nFedPCD − FedAvg: +2.00 pp ā, significant after Holm (p_holm = 0.01).\n")
     assert report.main(["--check-wording", str(page)]) == 0  # the CSV's row supports it
-    (tmp_path / "report_paired.csv").write_text("method,num_seeds,mean_difference,p_holm\nfedpcd,2,0.02,0.01\n")
+    page.write_text("# R\n\nThe gain is significant after Holm (p_holm = 0.01).\n")
+    assert report.main(["--check-wording", str(page)]) == 1  # which pair: not said
+    (tmp_path / "report_paired.csv").write_text(
+        "setting,method,baseline,metric,num_seeds,differences,mean_difference,p_holm\n"
+        "default,fedpcd,fedavg,mean_acc,2,0.01 0.03,0.02,0.01\n")
+    page.write_text("# R\n\nFedPCD − FedAvg: +2.00 pp ā, significant after Holm (p_holm = 0.01).\n")
     assert report.main(["--check-wording", str(page)]) == 1  # two seeds: not a finding
     page.write_text("Nothing is claimed.\n")
     assert report.main(["--check-wording", str(page)]) == 0
@@ -610,3 +619,46 @@ def test_the_worst10_selection_is_reported_beside_the_mean_one(tmp_path):
               for o, f in (("mean", "report.csv"), ("worst10", "report_worst10.csv"))}
     assert chosen["mean"]["hyperparameters"] == "lr=0.1" and chosen["worst10"]["hyperparameters"] == "lr=0.03"
     assert chosen["worst10"]["objective"] == "worst10" and chosen["mean"]["objective"] == "mean"
+
+
+def test_restat_corrects_equivalence_like_significance_in_each_declared_family(tmp_path):
+    """Issue 52: the comparisons the sweep declares primary form one Holm family, the rest the exploratory
+    one; within each, the TOST p-values are Holm-adjusted as the t-test's are, and "equivalent" reads the
+    adjusted TOST (the fairness page's rows as issue 42 left them: AFL − uniform FedAvg, TOST p 0.021, and
+    FedFV's 0.0033 were "equivalent" uncorrected and are not after the correction)."""
+    import shutil
+
+    from fedpcd_app.analysis import stats as ours
+
+    fixture = Path(__file__).parent / "data" / "claims" / "fairness"
+    for path in fixture.glob("report_paired*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    assert report.main(["--restat", str(tmp_path), "--sweep", str(fixture / "sweep.toml")]) == 0
+    rows = {}
+    for path in sorted(tmp_path.glob("report_paired*.csv")):
+        for r in csv.DictReader(open(path)):
+            key = (r["setting"], frozenset({(r["method"], r["hyperparameters"]),
+                                            (r["baseline"], r["baseline_hyperparameters"])}), r["metric"])
+            rows.setdefault(key, r)
+    families = {}
+    for key, r in rows.items():
+        families.setdefault(r["comparison_family"], []).append((key, r))
+    assert set(families) == {"primary", "exploratory"} and len(families["primary"]) == 6
+    for members in families.values():
+        t = ours.holm([float(r["ttest_p"]) for _, r in members])
+        tost = ours.holm([ours.tost_p([float(x) for x in r["differences"].split()], 0.01) for _, r in members])
+        for (_, r), a, b in zip(members, t, tost):
+            assert float(r["p_holm_family"]) == pytest.approx(a, nan_ok=True)
+            assert float(r["tost_p_holm_family"]) == pytest.approx(b, nan_ok=True)
+            assert r["comparison_family_size"] == str(sum(not math.isnan(x) for x in t))
+            assert r["verdict"] == ours.verdict(int(r["num_seeds"]), a, b)
+            assert (r["verdict"] == "equivalent") == (b < 0.05 and not a < 0.05)
+    afl = next(r for _, r in families["exploratory"] if r["method"] == "afl" and r["baseline"] == "fedavg-uniform"
+               and r["metric"] == "mean_acc")
+    assert float(afl["tost_p"]) < 0.05 <= float(afl["tost_p_holm_family"]) and afl["verdict"] == "inconclusive"
+    pcd = next(r for _, r in families["primary"]
+               if r["metric"] == "mean_acc" and "fedpcd" in (r["method"], r["baseline"]))
+    assert pcd["verdict"] == "significant"  # +2.74 pp, raw p 0.0014: inconclusive over 165, significant over 6
+    rendered = report.render_paired(tmp_path)
+    assert "primary comparisons against the baselines their papers name" in rendered
+    assert "the page's declared primary comparisons" in rendered and "exploratory comparisons" in rendered

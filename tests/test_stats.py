@@ -69,48 +69,6 @@ def test_effect_size_and_ttest():
     assert not stats.has_spread(noisy) and stats.has_spread([0.0433, 0.0434])
 
 
-# Rows of a page's paired CSV (report_paired*.csv): what the page's words are checked against.
-ROWS = [
-    {"method": "fedpcd", "baseline": "fedavg-data-size", "metric": "mean_acc", "num_seeds": "10",
-     "mean_difference": "0.0247", "p_holm": "0.12", "seeds_better": "8", "sign_test_p": "0.109", "tost_p": "0.6"},
-    {"method": "ditto", "baseline": "fedpcd", "metric": "mean_acc", "num_seeds": "10",
-     "mean_difference": "0.0320", "p_holm": "0.049", "seeds_better": "10", "sign_test_p": "0.00195", "tost_p": "0.9"},
-    {"method": "fedpcd", "baseline": "fedavg", "metric": "mean_acc", "num_seeds": "2",  # a 2-seed quick sweep
-     "mean_difference": "0.05", "p_holm": "0.004", "seeds_better": "2", "sign_test_p": "0.5", "tost_p": ""},
-    {"method": "fedpcd-uniform", "baseline": "fedavg-uniform", "metric": "mean_acc", "num_seeds": "10",
-     "mean_difference": "0.001", "p_holm": "1.0", "seeds_better": "6", "sign_test_p": "0.75", "tost_p": "0.01"},
-]
-
-# The eight misleading sentences of issue 42, planted in a copy of the fairness page: each is flagged.
-PLANTED = [
-    "FedPCD significantly outperforms data-size FedAvg after Holm's correction (p_holm = 0.12).",
-    "FedPCD is better on 10/10 seeds (p = 0.0625, sign test), a significant improvement.",
-    "FedPCD beats data-size FedAvg by +2.47 pp ā.",
-    "FedPCD and uniform FedAvg are equivalent.",
-    "FedPCD is the best method on this benchmark.",
-    "In the quick sweep FedPCD is significantly ahead of FedAvg (p_holm = 0.004).",
-    "Uniform FedPCD ties uniform FedAvg (p_holm = 1.0).",
-    "Ditto leads FedPCD by −3.20 pp ā, significant after Holm's correction (p_holm = 0.049).",
-]
-SUPPORTED = [
-    "Ditto leads FedPCD by +3.20 pp ā, significant after Holm's correction (p_holm = 0.049).",
-    "FedPCD is ahead of data-size FedAvg by +2.47 pp ā on 8 of 10 seeds, exploratory (p_holm = 0.12).",
-    "Ditto is better on 10/10 seeds (p = 0.002, sign test), significant after Holm's correction (p_holm = 0.049).",
-    "Uniform FedPCD and uniform FedAvg are equivalent within ±1 pp (p_tost = 0.01).",
-    "The difference is not significant.",
-    "Uniform FedPCD − uniform FedAvg: +0.10 pp, inconclusive.",
-]
-
-
-def test_check_wording_flags_the_eight_planted_sentences_and_passes_supported_ones():
-    page = "# Fairness\n\n" + "\n\n".join(PLANTED + SUPPORTED) + "\n"
-    flagged = [s for _, s in stats.check_wording(page, ROWS)]
-    assert flagged == PLANTED
-    # without the CSV nothing comparative is supported, except what is worded as exploratory
-    bare = [s for _, s in stats.check_wording("\n\n".join(SUPPORTED), [])]
-    assert bare == [SUPPORTED[0], SUPPORTED[2], SUPPORTED[3]]
-
-
 def test_tost_equals_two_one_sided_scipy_tests_and_verdict_words():
     d = [0.001, -0.002, 0.0015, 0.0005, -0.001, 0.002]
     low = sps.ttest_1samp(d, -0.01, alternative="greater").pvalue
@@ -126,7 +84,7 @@ PAGE = """# A page
 
 FedPCD beats FedAvg on every seed (+7.38 pp). The gain in W10 is significant (p = 0.01).
 It is significant after Holm's correction over the 12 comparisons (p_holm = 0.02).
-The difference is not significant. FedeRage wins on 5/5 seeds, a sign test p = 0.0625.
+- a list item starts a sentence
 CRAFT wins on 3/3 seeds.
 
 | method | significant |
@@ -137,11 +95,13 @@ CRAFT wins on 3/3 seeds.
 """
 
 
-def test_check_wording_flags_uncorrected_claims_only():
-    flagged = stats.check_wording(PAGE, [{"num_seeds": "12", "mean_difference": "0.01", "p_holm": "0.02"}])
-    texts = [s for _, s in flagged]
-    assert texts == ["FedPCD beats FedAvg on every seed (+7.38 pp).",
-                     "The gain in W10 is significant (p = 0.01).",
-                     "CRAFT wins on 3/3 seeds."]
-    assert [no for no, _ in flagged] == [3, 3, 6]
-    assert stats.check_wording("Nothing to see here.\n") == []
+def test_sentences_skip_tables_and_code_and_keep_their_lines():
+    """What the claim checker (fedpcd_app.analysis.claims, tests/test_claims.py) reads of a page."""
+    found = stats.sentences(PAGE)
+    assert [s for _, s in found] == ["# A page", "FedPCD beats FedAvg on every seed (+7.38 pp).",
+                                     "The gain in W10 is significant (p = 0.01).",
+                                     "It is significant after Holm's correction over the 12 comparisons "
+                                     "(p_holm = 0.02).",
+                                     "- a list item starts a sentence CRAFT wins on 3/3 seeds."]
+    assert [no for no, _ in found] == [1, 3, 3, 4, 5]
+    assert stats._close("0.020", 0.0204) and not stats._close("0.02", 0.026) and stats._close("0.05", 0.01, "<")

@@ -327,3 +327,78 @@ def test_federage_declared_reductions_give_fedavg_weights():
     assert torch.equal(risk_weights(losses, 1.0, 0.1, 0.0), torch.ones(4))
     assert torch.equal(risk_weights(losses, 0.0, 1.0, 0.1), torch.ones(4))
     assert not torch.equal(risk_weights(losses, 1.0, 0.1, 0.3), torch.ones(4))  # a real risk weight
+
+
+# -- issue 52: the paper's iterate, three values per tuned key, equal budgets, declared primaries --------
+def test_selection_reads_the_declared_iterate(tmp_path):
+    """A run scored on the averaged iterate records its last one too (iterate_scores.last): with
+    [tuning] iterate = "last" selection reads that; runs without it (AFL) keep their own."""
+    sw = make_sweep(budget=4, iterate="last", **{"extend-iterates": ["last", "averaged"]})
+    for run in sw.runs:
+        folder = run.folder(tmp_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        lr = dict(run.grid)["lr"]
+        avg, last = peak_at(0.01)(dict(lr=lr)), peak_at(0.03)(dict(lr=lr))  # averaged: 0.01 best, last: 0.03
+        (folder / "summary.json").write_text(json.dumps({
+            "scored_iterate": "averaged", "mean_acc": avg, "val_mean_acc": avg,
+            "iterate_scores": {"last": {"mean_acc": last, "val_mean_acc": last}}}))
+    assert sw.tuning.rules.iterate == "last" and sw.tuning.iterates == ("last", "averaged")
+    pick = {it: dict(tuning.selected_points(sw, tmp_path, iterate=it)[("default", "fedavg")][0])["lr"]
+            for it in ("last", "averaged", "")}
+    assert pick == {"last": 0.03, "averaged": 0.01, "": 0.01}
+    assert dict(tuning.selected_points(sw, tmp_path)[("default", "fedavg")][0])["lr"] == 0.03  # declared: last
+    s = {"scored_iterate": "averaged", "mean_acc": 0.5}
+    assert tuning.view(s, "last") is s  # AFL: no last iterate recorded, its own numbers
+    assert tuning.view({**s, "iterate_scores": {"last": {"mean_acc": 0.6}}}, "last")["scored_iterate"] == "last"
+    with pytest.raises(sweep_mod.SweepError, match="'iterate'"):
+        make_sweep(budget=4, iterate="final")
+
+
+def test_min_values_gives_a_selection_at_a_bound_a_third_value():
+    """β at its bound 0 with one neighbour (0.4) tried: min-values = 3 adds the next value beyond it
+    (a linear step through 0: 0.8), so that no selection rests on two values."""
+    class Space:
+        low, high, integer = 0.0, 1.0, False
+
+    points = {(("fedheal-beta", 0.0), ("lr", 0.1)): [], (("fedheal-beta", 0.4), ("lr", 0.1)): [],
+              (("fedheal-beta", 0.0), ("lr", 0.03)): [], (("fedheal-beta", 0.0), ("lr", 0.3)): []}
+    best = (("fedheal-beta", 0.0), ("lr", 0.1))
+    steps = tuning.edge_steps("fedheal", best, points)
+    assert ("fedheal-beta", 0.8) not in steps
+    steps3 = tuning.edge_steps("fedheal", best, points, min_values=3)
+    assert ("fedheal-beta", 0.8) in steps3 and set(steps) < set(steps3)
+
+
+def test_equal_budgets_top_every_entry_up_to_the_largest_count(tmp_path):
+    sw = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
+                                       {"name": "fedprox", "method": "fedprox", "fedprox-mu": [0.01, 0.1],
+                                        "lr": [0.01, 0.1]}],
+                    **{"equal-budgets": True, "extend-edges": True})
+    finish(sw, tmp_path, lambda g: peak_at(0.03)(g) - g.get("fedprox-mu", 0))
+
+    def run_pass():
+        finish(sw, tmp_path, lambda g: peak_at(0.03)(g) - g.get("fedprox-mu", 0))
+        return []
+
+    log = []
+    assert tuning.extend_edges(sw, tmp_path, run_pass, log=log.append) == []
+    counts = tuning.configuration_counts(sw)["default"]
+    assert len(set(counts.values())) == 1, counts  # equal after extensions, reductions and top-ups
+    assert any("equal-budget top-up" in line for line in log)
+    lrs = sorted({dict(r.grid)["lr"] for r in sw.runs if r.method == "fedavg"})
+    assert 0.0173 in lrs or 0.0548 in lrs  # a geometric midpoint next to the selected 0.03 first
+
+
+def test_primary_comparisons_are_declared_in_the_sweep():
+    sw = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"}, {"name": "fedpcd", "method": "fedpcd",
+                                                                                "fedpcd-tau": 0.02}],
+                    primary=[{"compare": ["fedpcd", "fedavg"], "metrics": ["mean_acc", "worst10_acc"],
+                              "source": "FedPCD paper (000), Table 1"}])
+    assert sw.tuning.primary == (tuning.Primary("fedpcd", "fedavg", ("mean_acc", "worst10_acc"), (),
+                                                "FedPCD paper (000), Table 1"),)
+    for bad, needle in (([{"compare": ["fedpcd"], "metrics": ["mean_acc"]}], "compare"),
+                        ([{"compare": ["fedpcd", "nope"], "metrics": ["mean_acc"]}], "not a method entry"),
+                        ([{"compare": ["fedpcd", "fedavg"], "metrics": ["accuracy"]}], "metrics")):
+        with pytest.raises(sweep_mod.SweepError, match=needle):
+            make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
+                                          {"name": "fedpcd", "method": "fedpcd", "fedpcd-tau": 0.02}], primary=bad)

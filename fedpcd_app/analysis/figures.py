@@ -92,10 +92,12 @@ class FigureError(ValueError):
     """An option does not fit the runs found (one line)."""
 
 
-def _chosen(runs: list[Run], methods_order: list[str]) -> dict[str, list[Run]]:
+def _chosen(runs: list[Run], methods_order: list[str], rules=None) -> dict[str, list[Run]]:
+    """Each method entry at its selected grid point, by the sweep's declared rules (``rules``:
+    :func:`fedpcd_app.analysis.report.rules_of`), as the report selects it."""
     out = {}
     for method in ordered((r.method for r in runs), methods_order):
-        best, by_variant = best_variant([r for r in runs if r.method == method])
+        best, by_variant = best_variant([r for r in runs if r.method == method], rules)
         out[method] = sorted(by_variant[best], key=lambda r: r.seed)
     return out
 
@@ -615,7 +617,7 @@ def forest(rows: list[dict[str, str]], path: Path, metrics=("mean_acc", "worst10
         group = [r for r in rows if r.get("metric") == metric]
         for y, r in enumerate(reversed(group)):
             mean, lo, hi = (100 * _float(r.get(k)) for k in ("mean_difference", "ci95_low", "ci95_high"))
-            p = _float(r.get("p_holm_page", r.get("p_holm")))
+            p = _float(r.get("p_holm_family", r.get("p_holm_page", r.get("p_holm"))))
             n = int(_float(r.get("num_seeds")) or 0)
             sig = n >= stats.MIN_SEEDS and p < stats.ALPHA
             if not np.isnan(lo):
@@ -625,13 +627,15 @@ def forest(rows: list[dict[str, str]], path: Path, metrics=("mean_acc", "worst10
             ax.annotate(note if n >= stats.MIN_SEEDS else f"exploratory, {n} seeds", (1.0, y),
                         xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points",
                         va="center", fontsize=7)
-        labels = [f"{r.get('method')} − {r.get('baseline')}" + (f" [{r['setting']}]" if r.get("setting") else "")
+        labels = [("▶ " if r.get("comparison_family") == "primary" else "")
+                  + f"{r.get('method')} − {r.get('baseline')}" + (f" [{r['setting']}]" if r.get("setting") else "")
                   for r in reversed(group)]
         ax.set_yticks(range(len(group)), labels, fontsize=7)
         ax.axvline(0.0, color="0.6", lw=0.8, ls="--")
         title = {"mean_acc": "ā", "worst10_acc": "W₁₀", "std_acc": "σ_c"}.get(metric, metric)
         ax.set_xlabel(f"paired difference in {title} (pp), 95 % CI")
-        ax.set_title(f"{title}: filled = significant after Holm (≥ {stats.MIN_SEEDS} seeds)", fontsize=9)
+        ax.set_title(f"{title}: filled = significant after Holm over its declared family (≥ {stats.MIN_SEEDS} "
+                     "seeds); ▶ = a declared primary comparison", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -646,13 +650,19 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def pareto(rows: list[dict[str, str]], path: Path, setting: str | None = None) -> Path | None:
-    """Per method entry, every configuration of ``report.csv`` (``rows``) as (mean, worst-10 %)
-    on the validation split (``val_*`` columns; the test split, said in the title, for a CSV
-    written before them), the Pareto front marked and joined, the selection ringed; one panel
-    per method, so that no colour is shared and no legend covers the data."""
+    """Per method entry, every configuration of ``report.csv`` (``rows``) of one ``setting`` (issue
+    52: never several settings pooled into one front) as (mean, worst-10 %) on the validation split
+    (``val_*`` columns: the numbers selection reads; None for a CSV without them, never the test
+    split), the Pareto front marked and joined, the selection ringed; one panel per method, so that
+    no colour is shared and no legend covers the data."""
+    settings = list(dict.fromkeys(r.get("setting", "") for r in rows))
+    if setting is None and len(settings) > 1:
+        raise ValueError(f"pareto: {len(settings)} settings in the rows ({', '.join(settings)}): draw one at a time")
     rows = [r for r in rows if setting is None or r.get("setting") == setting]
     val = any(r.get("val_mean_acc_mean") for r in rows)
-    kx, ky = ("val_mean_acc_mean", "val_worst10_acc_mean") if val else ("mean_acc_mean", "worst10_acc_mean")
+    if not val:
+        return None
+    kx, ky = "val_mean_acc_mean", "val_worst10_acc_mean"
     methods = list(dict.fromkeys(r["method"] for r in rows if r.get(kx) and r.get(ky)))
     if not methods:
         return None
@@ -672,8 +682,9 @@ def pareto(rows: list[dict[str, str]], path: Path, setting: str | None = None) -
         ax.set_ylabel("worst-10 % (%)", fontsize=8)
     for ax in axes[len(methods):]:
         ax.set_visible(False)
-    fig.suptitle(f"every configuration, {'validation' if val else 'test (no validation columns in the CSV)'} "
-                 "split: mean over seeds", fontsize=10)
+    fig.suptitle((f"{setting or settings[0]}: " if (setting or settings[0]) else "")
+                 + "every configuration on the validation split (what selection reads): mean over seeds",
+                 fontsize=10)
     fig.tight_layout()
     handles, labels = axes[0].get_legend_handles_labels()
     _legend_below(fig, axes[0], handles, labels, ncol=3)
@@ -684,16 +695,18 @@ FRONT_ALL = dict(ls=":", color="0.3", lw=1.3, marker="o", ms=12, mfc="none", mec
 FRONT_SELECTED = dict(ls="-", color="k", lw=1.5, marker="o", ms=16, mfc="none", mec="k")
 
 
-def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str = "test") -> Path | None:
+def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str = "validation") -> Path | None:
     """``frontier.png`` of a page: mean client accuracy against worst-10 % for every
     configuration of ``report.csv`` (``rows``), each method entry in its own colour and marker
     (:func:`distinct_colours`, :data:`MARKERS`), its configurations drawn faint and its selected
     one (``selected`` = 1) bold with ±1 std bars over the seeds (the ``*_std`` columns); the
     Pareto front of every configuration (dotted) and of the selected ones (solid) joined; the
     legend outside the axes. Per setting two panels: every configuration, and the same zoomed
-    on the selections. ``split``: ``test`` (the reported ``mean_acc_mean`` /
-    ``worst10_acc_mean``) or ``validation`` (the ``val_*`` columns). Rows without both numbers
-    (an unscored configuration) are counted in the title. None when no row has them."""
+    on the selections; a personal model (``scored_iterate = personal``, Ditto) is drawn but in no front
+    (issue 52: never ranked beside global models). ``split``: ``validation`` (default, the ``val_*``
+    columns: issue 52, the numbers selection reads, so that no front is chosen on the test split beside
+    validation selections) or ``test`` (the reported ``mean_acc_mean`` / ``worst10_acc_mean``). Rows without
+    both numbers (an unscored configuration) are counted in the title. None when no row has them."""
     kx, ky = ("val_mean_acc", "val_worst10_acc") if split == "validation" else ("mean_acc", "worst10_acc")
 
     def xy(r):
@@ -725,7 +738,9 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
                 ax.errorbar(x, y, xerr=None if np.isnan(sx) else sx, yerr=None if np.isnan(sy) else sy, fmt=marker,
                             ms=9, color=colour, mec="k", mew=0.8, elinewidth=0.9, ecolor=colour, alpha=0.95,
                             capsize=2.5, zorder=4)
-            for pts, spec in (([p for _, p in points], FRONT_ALL), ([p for _, p in selected], FRONT_SELECTED)):
+            shared = [(r, p) for r, p in points if r.get("scored_iterate") != "personal"]  # issue 52: a personal
+            chosen = [(r, p) for r, p in selected if r.get("scored_iterate") != "personal"]  # model is no front's
+            for pts, spec in (([p for _, p in shared], FRONT_ALL), ([p for _, p in chosen], FRONT_SELECTED)):
                 if pts:
                     front = sorted((pts[i] for i in pareto_front(pts)), key=lambda p: p[0])
                     ax.plot([x for x, _ in front], [y for _, y in front], zorder=5, **spec)
@@ -753,7 +768,9 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
         colour, marker = style[method]
         handles.setdefault(method, Line2D([], [], ls="", marker=marker, ms=8, color=colour, alpha=0.4,
                                           label=f"{method} (no selection)"))
-    handles["front all"] = Line2D([], [], label="Pareto front, every configuration (ringed)", **FRONT_ALL)
+    personal = sorted({r["method"] for r in rows if r.get("scored_iterate") == "personal"})
+    note = f" (global models; {', '.join(personal)}: personal models, in no front)" if personal else ""
+    handles["front all"] = Line2D([], [], label="Pareto front, every configuration (ringed)" + note, **FRONT_ALL)
     handles["front sel"] = Line2D([], [], label="Pareto front, the selections (ringed)", **FRONT_SELECTED)
     axes[0][1].legend(handles=list(handles.values()), fontsize=7.5, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                       frameon=False)
@@ -763,37 +780,66 @@ def configurations_frontier(rows: list[dict[str, str]], path: Path, split: str =
     return save_figure(fig, path)
 
 
+def _paired_selection(path: Path, row: dict[str, str]) -> tuple[str, str]:
+    from fedpcd_app.analysis.report import _paired_iterate, _paired_objective
+
+    return _paired_objective(path, row), _paired_iterate(path, row)
+
+
 def page_figures(folder: str | Path, dest: str | Path | None = None, frontier: bool = False) -> list[Path]:
-    """``forest.png`` (paired differences of every ``report_paired*.csv``; those of the
-    worst-10 % selection, ``report_paired_worst10*.csv``, apart in ``forest_worst10.png``, so that
-    one comparison label never stands for two selections) and ``pareto.png`` (``report.csv``'s
-    configurations) of a results page's folder, from its CSVs alone (into ``dest``, default the
-    folder); with ``frontier``, ``frontier.png`` too (:func:`configurations_frontier`)."""
+    """A results page's figures from its CSVs alone (into ``dest``, default the folder), per setting
+    (issue 52: a page of several settings gets one file per setting, ``<name>_<setting>.png``):
+
+    * ``forest.png`` — the paired differences of every ``report_paired*.csv`` of the declared selection
+      (validation mean, the page's iterate), the declared primary comparisons marked; the worst-10 %
+      selection's in ``forest_worst10.png`` and another iterate's in ``forest_<iterate>.png``, so that one
+      comparison label never stands for two selections;
+    * ``pareto.png`` — every configuration of ``report.csv`` on the validation split, per method;
+    * with ``frontier``, ``frontier.png`` (:func:`configurations_frontier`, validation split)."""
     folder = Path(folder)
     dest = Path(dest) if dest else folder
-    paired: dict[str, list[dict[str, str]]] = {"forest.png": [], "forest_worst10.png": []}
+    groups: dict[tuple[str, str], list[dict[str, str]]] = {}
+    plain: set[str] = set()  # the iterates of the files named without one: the declared iterate's
     for p in sorted(folder.glob("report_paired*.csv")):
+        named = any(f"_{it}" in p.stem.split("_vs_")[0] for it in ("last", "averaged"))
         with open(p, newline="") as fh:
-            paired["forest_worst10.png" if p.name.startswith("report_paired_worst10") else "forest.png"] += list(
-                csv.DictReader(fh))
+            for r in csv.DictReader(fh):
+                key = _paired_selection(p, r)
+                groups.setdefault(key, []).append(r)
+                if not named and key[1]:
+                    plain.add(key[1])
+    iterates = [it for _, it in groups]
+    main_iterate = (next(iter(plain)) if len(plain) == 1 else
+                    "last" if "last" in iterates else (iterates[0] if iterates else ""))
     written = []
-    for name, rows_of in paired.items():
-        if rows_of and (f := forest(rows_of, dest / name)) is not None:
-            written.append(f)
+
+    def per_setting(rows, stem, draw):
+        settings = list(dict.fromkeys(r.get("setting", "") for r in rows))
+        for setting in settings:
+            name = f"{stem}.png" if len(settings) == 1 else f"{stem}_{_safe(setting)}.png"
+            if (f := draw([r for r in rows if r.get("setting", "") == setting], dest / name)) is not None:
+                written.append(f)
+
+    for (objective, iterate), rows in groups.items():
+        stem = "forest" + ("_worst10" if objective == "worst10" else "") + (
+            f"_{iterate}" if iterate and iterate != main_iterate else "")
+        per_setting(rows, stem, forest)
     if (folder / "report.csv").is_file():
         with open(folder / "report.csv", newline="") as fh:
             rows = list(csv.DictReader(fh))
-        if (f := pareto(rows, dest / "pareto.png")) is not None:
-            written.append(f)
-        if frontier and (f := configurations_frontier(rows, dest / "frontier.png")) is not None:
-            written.append(f)
+        per_setting(rows, "pareto", pareto)
+        if frontier:
+            per_setting(rows, "frontier", configurations_frontier)
     return written
 
 
 def make_figures(out: str | Path, fig_dir: str | Path | None = None, baseline: str | None = None,
                  methods: list[str] | None = None) -> list[Path]:
+    from fedpcd_app.analysis.report import declared_iterate, rules_of
+
     out = Path(out)
-    runs = load_runs(out)
+    runs = load_runs(out, declared_iterate(out))  # the page's iterate (issue 52), selected by the sweep's rules
+    rules = rules_of(out)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with summary.json) at or below {out}")
     if methods:
@@ -809,7 +855,7 @@ def make_figures(out: str | Path, fig_dir: str | Path | None = None, baseline: s
     written: list[Path] = []
     for setting in ordered((r.setting for r in runs), settings_order):
         rs = [r for r in runs if r.setting == setting]
-        chosen = _chosen(rs, methods_order)
+        chosen = _chosen(rs, methods_order, rules)
         try:
             base = _pick_baseline(chosen, baseline)
         except FigureError:

@@ -88,9 +88,11 @@ holm-family = "setting"`` declares the narrower per-setting family), the TOST p 
 else *inconclusive* (:mod:`fedpcd_app.analysis.stats`). Written to ``report.md`` and ``report_paired.csv``;
 ``report.csv``'s ``p_holm`` is each compared row's adjusted p of the first metric (ā by default).
 
-``--check-wording PAGE.md`` lists the comparative sentences of a results page (significant,
-beats, leads, trails, best, tie, equivalent, k/k or every seed) that the rows of the paired CSVs
-beside it do not support (:func:`stats.wording_problems`); exit 1 when there is one, 0 when none.
+``--check-wording PAGE.md`` lists the claim sentences of a results page that the rows of the CSVs
+beside it do not support (:mod:`fedpcd_app.analysis.claims`: each sentence stating a direction, a
+magnitude, a significance, an equivalence or a p-value is parsed into claims — methods, metric,
+setting, direction, number — and checked against that pair's row; an unparseable one fails unless
+it carries a counted ``<!-- claim-exempt: why -->``); exit 1 when there is one, 0 when none.
 ``--restat FOLDER [--margin m]`` re-derives a page's page-wide Holm, TOST and verdicts from its
 stored ``report_paired*.csv`` and renders them to ``FOLDER/paired.md`` (:func:`restat`).
 """
@@ -144,6 +146,7 @@ DEFAULT_SETTING = "default"
 UNKNOWN_WEIGHTING = "unknown"
 BOTH_FEDAVG = APP["fedavg-weighting"].choices  # the FedAvg baselines of a table mixing weightings
 PERSONAL = "personal"  # the scored object of a personalised method (Ditto): each client's personal model
+PRIMARY, EXPLORATORY, PAGE = "primary", "exploratory", "page"  # the comparison families of a page (issue 52)
 
 
 @dataclasses.dataclass
@@ -156,6 +159,7 @@ class Run:
     grid: dict[str, Any]
     summary: dict[str, Any]
     tuned_from: str = ""  # the sweep entry's tuned-from (run.json): where its fixed values were selected
+    view_iterate: str = ""  # the iterate its numbers are read as (load_runs' iterate; "" = its scored one)
 
     @property
     def iterate(self) -> str:
@@ -198,9 +202,26 @@ class Run:
     def rounds(self) -> list[dict[str, Any]]:
         return read_rounds(self.folder) if (self.folder / ROUNDS).is_file() else []
 
+    def evaluations(self) -> list[tuple[int, dict[str, Any]]]:
+        """(round, evaluation record) of ``rounds.jsonl``, as the run's viewed iterate scores them
+        (``iterate_scores[view_iterate]`` laid over the record when it holds that iterate)."""
+        from fedpcd_app.analysis.tuning import view
+
+        out = []
+        for r in self.rounds():
+            if "eval" in r:
+                e = r["eval"]
+                out.append((r["round"], dict(view({"scored_iterate": self.own_iterate, **e}, self.view_iterate))))
+        return out
+
+    @property
+    def own_iterate(self) -> str:
+        """The iterate the run's headline fields scored (before any view)."""
+        return str(self.summary.get("_scored_iterate", self.summary.get("scored_iterate", "last")))
+
     def eval_curve(self, key: str = "mean_acc") -> tuple[np.ndarray, np.ndarray]:
-        """(rounds, values) of the evaluation records of ``rounds.jsonl``."""
-        pts = [(r["round"], r["eval"][key]) for r in self.rounds() if "eval" in r and r["eval"].get(key) is not None]
+        """(rounds, values) of the evaluation records of ``rounds.jsonl`` (the viewed iterate's)."""
+        pts = [(t, e[key]) for t, e in self.evaluations() if e.get(key) is not None]
         return np.array([p[0] for p in pts], dtype=np.int64), np.array([p[1] for p in pts], dtype=np.float64)
 
     @property
@@ -274,9 +295,24 @@ def _label_loose(loose: list[tuple[Path, dict[str, Any]]]) -> list[Run]:
     return runs
 
 
-def load_runs(out: str | Path) -> list[Run]:
+def load_runs(out: str | Path, iterate: str | None = None) -> list[Run]:
     """Every finished run (a folder with ``summary.json``) at or below ``out``: a run
-    folder, a sweep folder or any folder holding runs (see the module doc for labels)."""
+    folder, a sweep folder or any folder holding runs (see the module doc for labels).
+    ``iterate`` (``last`` / ``averaged``): each run's numbers as that iterate scores them
+    (:func:`fedpcd_app.analysis.tuning.view`: a run scored on the averaged iterate also holds its
+    last one, ``iterate_scores``); a run without it keeps its own (AFL, Ditto)."""
+    runs = _load_runs(out)
+    if iterate:
+        from fedpcd_app.analysis.tuning import view
+
+        for run in runs:
+            own = run.summary.get("scored_iterate", "last")
+            run.summary = {**view(run.summary, iterate), "_scored_iterate": own}
+            run.view_iterate = iterate
+    return runs
+
+
+def _load_runs(out: str | Path) -> list[Run]:
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"{out} is not a folder")
@@ -482,9 +518,15 @@ def unbracketed(grid: dict[str, Any], grids: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def declared_iterate(out: str | Path) -> str:
+    """The ``[tuning] iterate`` of the sweep at or below ``out`` ("" when it declares none)."""
+    return tuning_value(out, "iterate") or ""
+
+
 def rules_of(out: str | Path, objective: str | None = None):
     """The selection rules the sweep at or below ``out`` declares in ``[tuning]``
-    (:class:`fedpcd_app.analysis.tuning.Rules`; the defaults without), ``objective`` overriding."""
+    (:class:`fedpcd_app.analysis.tuning.Rules`; the defaults without), ``objective`` overriding.
+    The iterate is left to :func:`load_runs` (the runs are read as the iterate asked for)."""
     from fedpcd_app.analysis.tuning import OBJECTIVES, Rules
 
     rules = Rules(tuning_value(out, "unstable") or "majority", tuning_value(out, "failed-seed-score") or "last",
@@ -556,18 +598,25 @@ def summarize(runs: list[Run], target: float | None = None,
 def _best_marks(rows: list[Row]) -> dict[tuple[int, str], bool]:
     """(row index, column) → is the best mean of that column in its setting."""
     marks = {}
-    for setting in dict.fromkeys(r.setting for r in rows):
-        group = [(i, r) for i, r in enumerate(rows) if r.setting == setting]
+    for setting in dict.fromkeys(r.setting for r in rows):  # personal models are ranked apart (issue 52)
+        for personal in (False, True):
+            _mark_group([(i, r) for i, r in enumerate(rows) if r.setting == setting
+                         and (r.iterate == PERSONAL) == personal], marks, rank=not personal)
+    return marks
+
+
+def _mark_group(group: list[tuple[int, Row]], marks: dict, rank: bool = True) -> None:
+    """The best marks of one table's rows (``rank`` false: none; personal models stand apart)."""
+    if True:
         for key, _, high, _ in METRICS:  # a selection on its grid's edge is never called best
             vals = [math.nan if r.on_edge else r.stats[key][0] for _, r in group]
             finite = [v for v in vals if not math.isnan(v)]
             for (i, _), v in zip(group, vals):
-                marks[(i, key)] = len(finite) > 1 and v == (max(finite) if high else min(finite))
+                marks[(i, key)] = rank and len(finite) > 1 and v == (max(finite) if high else min(finite))
         reach = [r.rounds[0] for _, r in group if r.rounds and r.rounds[2] == len(r.seeds) and not r.on_edge]
         for i, r in group:
-            marks[(i, "rounds")] = (len(group) > 1 and bool(reach) and r.rounds is not None and not r.on_edge
-                                    and r.rounds[2] == len(r.seeds) and r.rounds[0] == min(reach))
-    return marks
+            marks[(i, "rounds")] = (rank and len(group) > 1 and bool(reach) and r.rounds is not None
+                                    and not r.on_edge and r.rounds[2] == len(r.seeds) and r.rounds[0] == min(reach))
 
 
 def format_cell(mean: float, std: float, percent: bool, n: int = 2) -> str:
@@ -605,6 +654,9 @@ class Paired:
     baseline_on_edge: bool = False  # the baseline's selection does
     tost_p: float = math.nan  # TOST p of equivalence within the declared margin (NaN: no margin declared)
     family_name: str = "page"  # the Holm family: "page" (every comparison of the report) or "setting"
+    tost_p_holm: float = math.nan  # the TOST p Holm-adjusted over the same family as p_holm (issue 52)
+    objective: str = ""  # the selection objective of both rows (mean / worst10)
+    iterate: str = ""  # the iterate both rows were read as ("" = their scored one)
 
     @property
     def significant(self) -> bool:
@@ -614,8 +666,9 @@ class Paired:
 
     @property
     def verdict(self) -> str:
-        """:func:`stats.verdict`: exploratory (n seeds) / significant / equivalent / inconclusive."""
-        return stats.verdict(len(self.seeds), self.p_holm, self.tost_p)
+        """:func:`stats.verdict`: exploratory (n seeds) / significant / equivalent / inconclusive, on
+        the p-values corrected alike: the t-test's and the TOST's Holm over the same family."""
+        return stats.verdict(len(self.seeds), self.p_holm, self.tost_p_holm)
 
 
 def paired_tests(diffs) -> tuple[float, float]:
@@ -667,6 +720,8 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS, margin: floa
         for row in rows:
             if row.setting != setting or row is base or row.unstable:
                 continue
+            if (row.iterate == PERSONAL) != (base.iterate == PERSONAL):
+                continue  # personal models are never ranked beside a global model (issue 52)
             seeds = [r.seed for r in row.runs if r.seed in base_by_seed]
             mine = {r.seed: r.summary for r in row.runs}
             for key in metrics:
@@ -688,9 +743,9 @@ def compare(rows: list[Row], baseline: str, metrics=PAIRED_METRICS, margin: floa
         raise ReportError(f"holm-family {family!r}: choose 'page' (the default) or 'setting'")
     groups = [out] if family == "page" else [[p for p in out if p.setting == s]
                                              for s in dict.fromkeys(p.setting for p in out)]
-    for group in groups:  # Holm over each family
-        for p, adj in zip(group, stats.holm([p.ttest_p for p in group])):
-            p.p_holm, p.family = adj, sum(not math.isnan(x.ttest_p) for x in group)
+    for group in groups:  # Holm over each family, the TOST's as the t-test's (issue 52: one correction)
+        for p, adj, tost in zip(group, stats.holm([p.ttest_p for p in group]), stats.holm([p.tost_p for p in group])):
+            p.p_holm, p.family, p.tost_p_holm = adj, sum(not math.isnan(x.ttest_p) for x in group), tost
     first = {(p.setting, p.method, p.variant): p.p_holm for p in out if p.metric == metrics[0]} if metrics else {}
     for row in rows:
         if (row.setting, row.method, row.variant) in first:
@@ -711,16 +766,28 @@ def _diff(value: float, key: str) -> str:
     return f"{100 * value:+.2f} pp" if percent else f"{value:+.4f}"
 
 
-def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -> list[str]:
+FAMILY_WORDS = {
+    "setting": "this table",
+    "page": "the whole report (every setting; declared narrower only by [tuning] holm-family)",
+    PRIMARY: "the page's declared primary comparisons ([[tuning.primary]]: each method against the baseline its "
+             "paper names, on the paper's metrics, declared before the runs)",
+    EXPLORATORY: "the page's exploratory comparisons (every comparison not declared primary, its own family)",
+}
+
+
+def paired_markdown(results: list[Paired], baseline: str, settings: list[str], by_baseline: bool = True) -> list[str]:
     lines = []
     for setting in settings:
         group = [p for p in results if p.setting == setting]
-        lines += ["", f"## {setting}: paired comparison against {baseline}", ""]
+        title = f"paired comparison against {baseline}" if by_baseline else f"primary comparisons against {baseline}"
+        lines += ["", f"## {setting}: {title}", ""]
         if not group:
             lines.append(f"No method entry '{baseline}' in this setting (or nothing to compare with it).")
             continue
         first = group[0]
         base = first.baseline + ("" if first.baseline_variant == NO_GRID else f" [{first.baseline_variant}]")
+        if not by_baseline:
+            base = "its baseline (the baseline column)"
         lines.append(f"Per seed difference method − {base} on the same seed (same partition, initial model "
                      "and sampled clients): mean over the paired seeds with its 95 % confidence interval "
                      "(t-based), the effect size d_z (mean / std of the differences), the two-sided paired "
@@ -728,28 +795,35 @@ def paired_markdown(results: list[Paired], baseline: str, settings: list[str]) -
                      "equivalence and the verdict, the Wilcoxon "
                      "signed-rank p (scipy.stats; — where undefined: one seed, or no spread), and the seeds on "
                      "which the method did better (higher; for σ_c lower) with their exact sign-test p.")
-        lines += ["", "| method | hyperparameters | metric | paired seeds | mean difference [95 % CI] | d_z | "
-                      "t-test p | p_holm | TOST p | verdict | Wilcoxon p | seeds better (sign-test p) |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+        head = "| method | hyperparameters | " + ("" if by_baseline else "baseline | ")
+        lines += ["", head + "metric | paired seeds | mean difference [95 % CI] | d_z | "
+                      "t-test p | p_holm | TOST p | TOST p_holm | verdict | Wilcoxon p | seeds better (sign-test p) |",
+                  "|---|---|" + ("" if by_baseline else "---|")
+                  + "---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
         for p in group:
             title = METRIC_INFO.get(p.metric, (p.metric,))[0]
             better = f"{p.wins}/{len(p.seeds)}" + (f" ({p.ties} tied)" if p.ties else "") + f" (p = {_p(p.sign_p)})"
             ci = "" if math.isnan(p.ci_low) else f" [{_diff(p.ci_low, p.metric)}, {_diff(p.ci_high, p.metric)}]"
             effect = "—" if math.isnan(p.effect) else f"{p.effect:+.2f}"
             hyper = p.variant.replace(",", ", ") + (" ⚠ edge" if p.on_edge else "")
-            lines.append(f"| {p.method} | {hyper} | {title} | {len(p.seeds)} | {_diff(p.mean_diff, p.metric)}{ci} | "
-                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {_p(p.tost_p)} | {p.verdict} | "
+            against = "" if by_baseline else (p.baseline + ("" if p.baseline_variant == NO_GRID
+                                                            else f" [{p.baseline_variant.replace(',', ', ')}]") + " | ")
+            lines.append(f"| {p.method} | {hyper} | {against}{title} | {len(p.seeds)} | "
+                         f"{_diff(p.mean_diff, p.metric)}{ci} | "
+                         f"{effect} | {_p(p.ttest_p)} | {_p(p.p_holm)} | {_p(p.tost_p)} | {_p(p.tost_p_holm)} | "
+                         f"{p.verdict} | "
                          f"{_p(p.wilcoxon_p)} | {better} |")
         metrics = ", ".join(dict.fromkeys(METRIC_INFO.get(p.metric, (p.metric,))[0] for p in group))
         n_rows = len(dict.fromkeys((p.method, p.variant) for p in group))
-        scope = ("this table" if first.family_name == "setting" else
-                 "the whole report (every setting; declared narrower only by [tuning] holm-family)")
+        scope = FAMILY_WORDS.get(first.family_name, first.family_name)
         lines += ["", f"Family: the {group[0].family} comparisons of {scope} with a defined t-test "
                       f"({n_rows} method row(s) here × metrics {metrics}), "
-                      f"Holm-corrected. Verdict: *significant* means p_holm < {stats.ALPHA} over at least "
+                      f"Holm-corrected, the t-tests and the TOSTs alike. Verdict: *significant* means p_holm < "
+                      f"{stats.ALPHA} over at least "
                       f"{stats.MIN_SEEDS} paired seeds (fewer: *exploratory, n seeds*, no significance); "
-                      "*equivalent* means the TOST p within the sweep's declared [tuning] equivalence-margin is "
-                      f"below {stats.ALPHA}; else *inconclusive* (read the interval). \"k/n seeds better\" is a "
+                      "*equivalent* means the TOST p within the sweep's declared [tuning] equivalence-margin, "
+                      f"Holm-adjusted over the same family (TOST p_holm), is below {stats.ALPHA}; else "
+                      "*inconclusive* (read the interval). \"k/n seeds better\" is a "
                       "sign test, not a finding on its own: with 5 seeds, 5/5 is p = 0.0625; with n seeds the "
                       "Wilcoxon p cannot fall below 2/2ⁿ."]
         if first.baseline_on_edge:
@@ -765,7 +839,7 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
     fields = ["setting", "method", "hyperparameters", "baseline", "baseline_hyperparameters", "metric",
               "num_seeds", "seeds", "differences", "mean_difference", "ttest_p", "wilcoxon_p", "seeds_better",
               "seeds_tied", "ci95_low", "ci95_high", "effect_dz", "sign_test_p", "p_holm", "family_size",
-              "significant", "on_edge", "holm_family", "tost_p", "verdict"]
+              "significant", "on_edge", "holm_family", "tost_p", "verdict", "tost_p_holm", "objective", "iterate"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
@@ -778,7 +852,8 @@ def write_paired_csv(results: list[Paired], path: Path) -> None:
                         "seeds_tied": p.ties, "ci95_low": p.ci_low, "ci95_high": p.ci_high, "effect_dz": p.effect,
                         "sign_test_p": p.sign_p, "p_holm": p.p_holm, "family_size": p.family,
                         "significant": int(p.significant), "on_edge": int(p.on_edge),
-                        "holm_family": p.family_name, "tost_p": p.tost_p, "verdict": p.verdict})
+                        "holm_family": p.family_name, "tost_p": p.tost_p, "verdict": p.verdict,
+                        "tost_p_holm": p.tost_p_holm, "objective": p.objective, "iterate": p.iterate})
 
 
 # -- output ------------------------------------------------------------------------------
@@ -790,9 +865,14 @@ def budget_line(rows: list[Row], budget: int | None = None) -> str:
     counts = {m: len({r.variant for r in rows if r.method == m}) for m in dict.fromkeys(r.method for r in rows)}
     if budget is not None:
         extra = {m: n - budget for m, n in counts.items() if n != budget}
-        more = ("; points beyond it (edge and neighbour extensions, reductions, the shared lr axis): "
-                + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
+        more = ("; points beyond it (edge and neighbour extensions, reductions, the shared lr axis, equal-budget "
+                "top-ups): " + ", ".join(f"{m} {d:+d}" for m, d in extra.items())) if extra else ""
         line = f"Budget: {budget} configurations per method entry and seed ([tuning] budget = {budget}){more}."
+        if len(set(counts.values())) == 1:  # issue 52: counted after extensions and reductions
+            line += f" Counted after them, every entry ran {next(iter(counts.values()))} configurations: equal."
+        else:
+            line += (" Counted after them the budgets are **unequal**: " + ", ".join(f"{m} {n}" for m, n in
+                                                                                   counts.items()) + ".")
     elif len(set(counts.values())) == 1:
         n = next(iter(counts.values()))
         line = f"Budget: {n} configuration{'s' if n > 1 else ''} per method entry and seed, the same for every entry."
@@ -835,7 +915,14 @@ def to_markdown(rows: list[Row], title: str = "", all_points: bool = False, budg
         lines += ["", f"## {setting}", ""]
         lines += [scored_line([r for _, r in group]), "",
                   budget_line([r for r in every_row if r.setting == setting], budget), ""]
-        lines += _setting_table(group, marks, all_points)
+        shared = [(i, r) for i, r in group if r.iterate != PERSONAL]
+        personal = [(i, r) for i, r in group if r.iterate == PERSONAL]
+        lines += _setting_table(shared or personal, marks, all_points)
+        if shared and personal:  # issue 52: personal-model scores are never ranked beside global-model scores
+            lines += ["", "Personal models — scored on each client's own model, not on the global model: a "
+                          "different object, so not ranked (no bold) beside the table above and not compared with "
+                          "it in the paired tests:", ""]
+            lines += _setting_table(personal, marks, all_points)
     return "\n".join(lines) + "\n"
 
 
@@ -844,13 +931,15 @@ def _preamble(rows: list[Row], title: str, all_points: bool) -> list[str]:
     lines = [f"# {title}" if title else "# Results", ""]
     splits = sorted({r.selected_on for r in rows} - {""})
     on = f" on the {' or '.join(splits)} split" if splits else ""
+    objective = {r.objective for r in rows}
+    what = "worst-10 % accuracy" if objective == {"worst10"} else "mean ā"
     if all_points:
         lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits), every grid "
-                     f"point; ★ marks each method's chosen grid point (best mean ā over seeds{on}). Accuracies in %, "
+                     f"point; ★ marks each method's chosen grid point (best {what} over seeds{on}). Accuracies in %, "
                      "best per column in bold.")
     else:
         lines.append("Mean ± std over seeds (sample std) of the final round's metrics (test splits); per method the "
-                     f"grid point with the best mean ā over seeds{on}. Accuracies in %, best per column in bold.")
+                     f"grid point with the best {what} over seeds{on}. Accuracies in %, best per column in bold.")
     if "test" in splits:
         lines.append("")
         lines.append("**Warning:** hyperparameters selected on the test split they are reported on (no "
@@ -928,23 +1017,37 @@ def _table_notes(rows: list[Row], notes: list[str]) -> list[str]:
 
 
 def scored_line(rows: list[Row]) -> str:
-    """What a table scored: the iterate(s) and the split."""
-    iterates = sorted({r.iterate for r in rows})
+    """What a table scored: the iterate(s) and the split; a method keeping its own single output under a
+    view of another iterate (AFL's average, :func:`own_output`) is named, not counted as a mix."""
+    own = {r.method: r.iterate for r in rows if r.runs and all(own_output(x) for x in r.runs)}
+    iterates = sorted({r.iterate for r in rows if r.method not in own})
     splits = sorted({r.split for r in rows})
     names = {"last": "the last global model θ_T", "averaged": "the averaged iterate θ̄_T (mean of θ_1..θ_T)",
              "last/averaged": "mixed", PERSONAL: "each client's personal model (Ditto)"}
     what = " and ".join(names.get(i, i) for i in iterates)
+    if own:
+        what += "; " + ", ".join(f"{m}: its own output, {names.get(i, i)} (its paper's; the iterate column)"
+                                 for m, i in own.items())
     mixed = (" — **mixed iterates** (--mixed-iterates): rows are not on equal terms"
              if len(set(iterates) - {PERSONAL}) > 1 else "")
     return f"Scored: {what}, on the {' and '.join(splits)} split(s){mixed}."
 
 
+def own_output(run: Run) -> bool:
+    """The run's method has one scored output, whatever the iterate asked for (AFL: its averaged
+    iterate, its paper's output): it keeps it under a view of another iterate (issue 52)."""
+    return bool(run.view_iterate) and run.iterate != run.view_iterate and not run.summary.get("iterate_scores")
+
+
 def check_iterates(runs: list[Run]) -> None:
-    """One line (ReportError) when a table (a setting) mixes runs scored on different iterates."""
+    """One line (ReportError) when a table (a setting) mixes runs scored on different iterates (a
+    method's own single output under a view of another iterate, AFL's average, is named in the
+    table's iterate column, not refused: each method on the iterate its paper scores)."""
     for setting in dict.fromkeys(r.setting for r in runs):
         by_iterate: dict[str, list[str]] = defaultdict(list)
         for run in runs:  # a personalised method is scored on its personal models beside any iterate
-            if run.setting == setting and run.iterate != PERSONAL and run.method not in by_iterate[run.iterate]:
+            if run.setting == setting and run.iterate != PERSONAL and not own_output(run) \
+                    and run.method not in by_iterate[run.iterate]:
                 by_iterate[run.iterate].append(run.method)
         if len(by_iterate) > 1:
             parts = "; ".join(f"{it}: {', '.join(ms)}" for it, ms in sorted(by_iterate.items()))
@@ -1018,15 +1121,22 @@ def tuning_value(out: str | Path, key: str) -> Any:
 
 def report(out: str | Path, target: float | None = None, all_points: bool = False,
            baseline: str | None = None, metrics=PAIRED_METRICS, mixed_iterates: bool = False,
-           mixed_weightings: bool = False, objective: str | None = None) -> tuple[Path, Path]:
+           mixed_weightings: bool = False, objective: str | None = None,
+           iterate: str | None = None) -> tuple[Path, Path]:
     """``report.md`` (each method's selected grid point; every grid point with ``all_points``)
-    and ``report.csv`` (every grid point, ``selected`` marking the chosen ones)."""
+    and ``report.csv`` (every grid point, ``selected`` marking the chosen ones). ``iterate``
+    (``last`` / ``averaged``): the runs read, selected and tabulated as that iterate scores them
+    (default: the sweep's ``[tuning] iterate``, else each run's scored one); one other than the
+    declared one writes ``report_<iterate>.*`` beside the declared one's."""
     out = Path(out)
-    runs = load_runs(out)
+    declared = declared_iterate(out)
+    iterate = iterate or declared
+    runs = load_runs(out, iterate)
     if not runs:
         raise FileNotFoundError(f"no finished run (a folder with {SUMMARY}) at or below {out}")
     rules = rules_of(out, objective)
     suffix = "" if rules.objective == "mean" else f"_{rules.objective}"  # both selections side by side
+    suffix += f"_{iterate}" if iterate and iterate != declared else ""
     every = summarize(runs, target, sweep_order(out), all_points=True, rules=rules)
     rows = every if all_points else [r for r in every if r.chosen]
     if not mixed_iterates:
@@ -1043,6 +1153,8 @@ def report(out: str | Path, target: float | None = None, all_points: bool = Fals
             raise ReportError(f"--baseline {baseline!r} is not a method of the runs found (methods: {names})")
         results = compare(rows, baseline, metrics, tuning_value(out, "equivalence-margin"),
                           tuning_value(out, "holm-family") or "page")
+        for p in results:
+            p.objective, p.iterate = rules.objective, iterate or ""
     text = to_markdown(rows, title_of(out), all_points, tuning_budget(out), every)
     if baseline:
         text += "\n".join(paired_markdown(results, baseline, settings)) + "\n"
@@ -1065,42 +1177,114 @@ def page_rows(path: str | Path) -> list[dict[str, str]]:
     return rows
 
 
-def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
+def _paired_objective(path: Path, row: dict[str, str]) -> str:
+    """The selection objective of a stored paired row: its ``objective`` column, else the file's name."""
+    return row.get("objective") or ("worst10" if path.name.startswith("report_paired_worst10") else "mean")
+
+
+def _paired_iterate(path: Path, row: dict[str, str]) -> str:
+    """The iterate of a stored paired row: its ``iterate`` column, else a ``_last`` / ``_averaged`` in the
+    file's name, else "" (the runs' scored iterate: pages made before issue 52)."""
+    if row.get("iterate"):
+        return row["iterate"]
+    return next((it for it in ("last", "averaged") if f"_{it}" in path.stem), "")
+
+
+def declared_families(sweep_file: str | Path | None):
+    """(primary comparisons, objective, iterate, margin) a sweep file declares in ``[tuning]``
+    (``[[tuning.primary]]``, :class:`fedpcd_app.analysis.tuning.Primary`); ((), "mean", "", None) without."""
+    if not sweep_file:
+        return (), "mean", "", None
+    import tomllib
+
+    from fedpcd_app.analysis import tuning as tuning_mod
+
+    source = tomllib.loads(Path(sweep_file).read_text())
+    table = source.get("tuning") or {}
+    names = [str(m.get("name")) for m in source.get("methods") or [] if isinstance(m, dict)]
+    try:
+        primary = tuning_mod.parse_primary(table.get("primary", source.get("primary", [])), names)
+    except tuning_mod.TuningError as exc:
+        raise ReportError(f"{sweep_file}: {exc}") from None
+    return primary, table.get("objective", "mean"), table.get("iterate", ""), table.get("equivalence-margin")
+
+
+def is_primary(row: dict[str, str], objective: str, iterate: str, declared, obj: str, it: str) -> bool:
+    """The stored paired ``row`` (of selection ``objective``, ``iterate``) is a declared primary
+    comparison: its two entries, metric and setting declared (either order: A − B is B − A), under the
+    declared objective ``obj`` and iterate ``it``."""
+    if objective != obj or iterate != it:
+        return False
+    pair = {row.get("method", ""), row.get("baseline", "")}
+    return any(pair == {d.method, d.baseline} and row.get("metric") in d.metrics
+               and (not d.settings or row.get("setting") in d.settings) for d in declared)
+
+
+def restat(folder: str | Path, margin: float | None = None, sweep: str | Path | None = None) -> list[Path]:
     """Re-derive a results page's statistics from its stored paired CSVs (``report_paired*.csv``:
-    their per-seed ``differences``), without its runs: ``p_holm_page`` — the t-test p
-    Holm-adjusted over every distinct comparison of the page (all its CSVs, settings, baselines
-    and metrics: the default family; A − B and B − A are one comparison), ``page_family_size``,
-    ``tost_p`` at the equivalence ``margin`` (NaN without one: then nothing may be called a tie) and ``verdict``
-    (:func:`stats.verdict` on the page-wide p). The CSVs are rewritten with these columns
-    added (the earlier ones kept); the paths rewritten."""
+    their per-seed ``differences``), without its runs. One correction rule for every test the page
+    states (issue 52): the comparisons a ``sweep`` file declares primary (``[[tuning.primary]]``: each
+    method against the baseline its paper names, on the paper's metrics, under the declared objective
+    and iterate) form one Holm family, every other comparison of the page the exploratory family; the
+    t-test p and the TOST p of each comparison are Holm-adjusted over its family alike
+    (``p_holm_family``, ``tost_p_holm_family``; ``comparison_family``, ``comparison_family_size``), and
+    ``verdict`` (:func:`stats.verdict`) reads both. Without declared primaries the family is the page's
+    (``page``). A − B and B − A are one comparison; so is one pair of selected configurations under
+    either objective. ``p_holm_page``, ``page_family_size`` (Holm of the t-tests over the whole page,
+    as before issue 52) and ``tost_p`` (raw, at the equivalence ``margin``: the sweep's declared one
+    when not given; NaN without one, and then nothing may be called a tie) are kept. The CSVs are
+    rewritten with these columns added (the earlier ones kept); the paths rewritten."""
     folder = Path(folder)
+    declared, obj, it, declared_margin = declared_families(sweep)
+    margin = margin if margin is not None else declared_margin
     files = sorted(folder.glob("report_paired*.csv"))
     tables = []
     for path in files:
         with open(path, newline="") as fh:
             reader = csv.DictReader(fh)
             tables.append((path, list(reader.fieldnames or []), list(reader)))
-    def ident(r: dict[str, str]) -> tuple:  # one comparison, whichever side is the baseline (A − B is B − A)
+
+    def ident(path: Path, r: dict[str, str]) -> tuple:  # one comparison, whichever side is the baseline
         sides = frozenset({(r.get("method", ""), r.get("hyperparameters", "")),
                            (r.get("baseline", ""), r.get("baseline_hyperparameters", ""))})
-        return r.get("setting", ""), sides, r.get("metric", "")
+        return r.get("setting", ""), sides, r.get("metric", ""), _paired_iterate(path, r)
 
-    unique: dict[tuple, float] = {}
-    for _, _, rows in tables:
+    unique: dict[tuple, tuple[float, float]] = {}
+    family: dict[tuple, str] = {}
+    for path, _, rows in tables:
         for r in rows:
-            unique.setdefault(ident(r), float(r.get("ttest_p") or "nan"))
+            key = ident(path, r)
+            diffs = [float(x) for x in (r.get("differences") or "").split()]
+            if key not in unique:
+                tost = stats.tost_p(diffs, margin) if margin else math.nan  # symmetric: A − B's is B − A's
+                unique[key] = (float(r.get("ttest_p") or "nan"), tost)
+            primary = declared and is_primary(r, _paired_objective(path, r), _paired_iterate(path, r), declared,
+                                              obj, it)
+            family[key] = PRIMARY if primary or family.get(key) == PRIMARY else (EXPLORATORY if declared else PAGE)
     keys = list(unique)
-    adjusted = dict(zip(keys, stats.holm([unique[k] for k in keys])))
-    size = sum(not math.isnan(p) for p in unique.values())
+    page_adjusted = dict(zip(keys, stats.holm([unique[k][0] for k in keys])))
+    page_size = sum(not math.isnan(unique[k][0]) for k in keys)
+    adjusted: dict[tuple, tuple[float, float]] = {}
+    sizes: dict[str, int] = {}
+    for name in dict.fromkeys(family.values()):
+        members = [k for k in keys if family[k] == name]
+        sizes[name] = sum(not math.isnan(unique[k][0]) for k in members)
+        t_adj = stats.holm([unique[k][0] for k in members])
+        tost_adj = stats.holm([unique[k][1] for k in members])
+        adjusted.update({k: (a, b) for k, a, b in zip(members, t_adj, tost_adj)})
+    added = ("p_holm_page", "page_family_size", "tost_p", "verdict", "comparison_family", "comparison_family_size",
+             "p_holm_family", "tost_p_holm_family")
     for path, fields, rows in tables:
         for r in rows:
-            diffs = [float(x) for x in (r.get("differences") or "").split()]
-            p_page = adjusted[ident(r)]
-            tost = stats.tost_p(diffs, margin) if margin else math.nan
-            r.update({"p_holm_page": p_page, "page_family_size": size, "tost_p": tost,
-                      "verdict": stats.verdict(len(diffs), p_page, tost),
-                      "significant": int(len(diffs) >= stats.MIN_SEEDS and p_page < stats.ALPHA)})
-        out = fields + [f for f in ("p_holm_page", "page_family_size", "tost_p", "verdict") if f not in fields]
+            key = ident(path, r)
+            n = len((r.get("differences") or "").split())
+            p_fam, tost_fam = adjusted[key]
+            r.update({"p_holm_page": page_adjusted[key], "page_family_size": page_size, "tost_p": unique[key][1],
+                      "comparison_family": family[key], "comparison_family_size": sizes[family[key]],
+                      "p_holm_family": p_fam, "tost_p_holm_family": tost_fam,
+                      "verdict": stats.verdict(n, p_fam, tost_fam),
+                      "significant": int(n >= stats.MIN_SEEDS and p_fam < stats.ALPHA)})
+        out = fields + [f for f in added if f not in fields]
         with open(path, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=out)
             w.writeheader()
@@ -1109,8 +1293,9 @@ def restat(folder: str | Path, margin: float | None = None) -> list[Path]:
 
 
 def paired_from_csv(rows: list[dict[str, str]]) -> list[Paired]:
-    """:class:`Paired` results read back from a page's paired CSV rows (after :func:`restat`:
-    the page-wide ``p_holm_page`` is the adjusted p, the family the page's)."""
+    """:class:`Paired` results read back from a page's paired CSV rows (after :func:`restat`: the
+    declared family's ``p_holm_family`` and ``tost_p_holm_family`` are the adjusted p-values; before
+    issue 52's restat, the page-wide ``p_holm_page``)."""
     def num(r: dict[str, str], key: str) -> float:
         try:
             return float(r.get(key) or "nan")
@@ -1119,46 +1304,74 @@ def paired_from_csv(rows: list[dict[str, str]]) -> list[Paired]:
 
     out = []
     for r in rows:
+        fam = "p_holm_family" in r
         page = "p_holm_page" in r
+        p_key = "p_holm_family" if fam else "p_holm_page" if page else "p_holm"
+        size_key = "comparison_family_size" if fam else "page_family_size" if page else "family_size"
         out.append(Paired(
             r["setting"], r["method"], r["hyperparameters"], r["baseline"], r["baseline_hyperparameters"], r["metric"],
             [int(x) for x in (r.get("seeds") or "").split()], [float(x) for x in (r.get("differences") or "").split()],
             num(r, "mean_difference"), num(r, "ttest_p"), num(r, "wilcoxon_p"), int(num(r, "seeds_better")),
             int(num(r, "seeds_tied")), num(r, "ci95_low"), num(r, "ci95_high"), num(r, "effect_dz"),
-            num(r, "sign_test_p"), num(r, "p_holm_page" if page else "p_holm"),
-            int(num(r, "page_family_size" if page else "family_size")), r.get("on_edge") == "1",
-            tost_p=num(r, "tost_p"), family_name="page" if page else "setting"))
+            num(r, "sign_test_p"), num(r, p_key), int(num(r, size_key)), r.get("on_edge") == "1",
+            tost_p=num(r, "tost_p"), family_name=r["comparison_family"] if fam else "page" if page else "setting",
+            tost_p_holm=num(r, "tost_p_holm_family" if fam else "tost_p_holm"),
+            objective=r.get("objective", ""), iterate=r.get("iterate", "")))
     return out
 
 
-def render_paired(folder: str | Path) -> str:
-    """The paired-comparison tables of a results page, re-rendered from its stored
-    ``report_paired*.csv`` (run :func:`restat` first: page-wide Holm, verdicts), one table per
-    baseline and setting, each distinct comparison once."""
+def render_paired(folder: str | Path, pattern: str = "report_paired*.csv") -> str:
+    """The paired-comparison tables of a results page, re-rendered from its stored paired CSVs
+    (``pattern``; run :func:`restat` first: the declared families, verdicts): per selection (objective
+    and iterate), the declared primary comparisons in one table, then the exploratory ones, one table
+    per baseline and setting; each distinct comparison once."""
     rows, seen = [], set()
-    for path in sorted(Path(folder).glob("report_paired*.csv")):
+    for path in sorted(Path(folder).glob(pattern)):
         with open(path, newline="") as fh:
             for r in csv.DictReader(fh):
-                key = tuple(r.get(k) for k in ("setting", "method", "hyperparameters", "baseline", "metric"))
+                r = {**r, "objective": _paired_objective(path, r), "iterate": _paired_iterate(path, r)}
+                key = tuple(r.get(k) for k in ("setting", "method", "hyperparameters", "baseline", "metric",
+                                               "objective", "iterate"))
                 if key not in seen:
                     seen.add(key)
                     rows.append(r)
     results = paired_from_csv(rows)
     lines: list[str] = []
-    for baseline in dict.fromkeys(p.baseline for p in results):
-        group = [p for p in results if p.baseline == baseline]
-        lines += paired_markdown(group, baseline, list(dict.fromkeys(p.setting for p in group)))
+    for objective, iterate in dict.fromkeys((p.objective, p.iterate) for p in results):
+        here = [p for p in results if (p.objective, p.iterate) == (objective, iterate)]
+        what = "validation mean" if objective == "mean" else "validation worst-10 %"
+        lines += ["", f"## Selection on the {what}" + (f", {iterate} iterate" if iterate else "")]
+        primary = [p for p in here if p.family_name == PRIMARY]
+        if primary:
+            lines += paired_markdown(primary, "the baselines their papers name (declared primary)",
+                                     list(dict.fromkeys(p.setting for p in primary)), by_baseline=False)
+        rest = [p for p in here if p.family_name != PRIMARY]
+        for baseline in dict.fromkeys(p.baseline for p in rest):
+            group = [p for p in rest if p.baseline == baseline]
+            lines += paired_markdown(group, baseline, list(dict.fromkeys(p.setting for p in group)))
     return "\n".join(lines).replace("\n## ", "\n### ") + "\n"
 
 
 def check_page(path: str | Path) -> list[str]:
-    """``PAGE:LINE: unsupported (why): SENTENCE`` for each comparative sentence of a results page
-    that the numbers of its paired CSVs do not support (:func:`stats.wording_problems`)."""
+    """``PAGE:LINE: unsupported (why): SENTENCE`` for each claim sentence of a results page that its
+    rows do not support (:func:`fedpcd_app.analysis.claims.check_page`: every sentence stating a
+    direction, a magnitude, a significance, an equivalence or a p-value, parsed into claims and
+    checked against its pair's row)."""
+    from fedpcd_app.analysis import claims
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--check-wording: no page {path}")
-    return [f"{path}:{no}: unsupported ({why}): {sentence}"
-            for no, sentence, why in stats.wording_problems(path.read_text(), page_rows(path))]
+    problems, _ = claims.check_page(path)
+    return [f"{path}:{p.line}: unsupported ({p.why}): {p.sentence}" for p in problems]
+
+
+def exemptions(path: str | Path) -> list[str]:
+    """``PAGE:LINE: exempt (why): SENTENCE`` for each sentence carrying ``<!-- claim-exempt: why -->``."""
+    from fedpcd_app.analysis import claims
+
+    _, found = claims.check_page(Path(path))
+    return [f"{path}:{p.line}: exempt ({p.why}): {p.sentence}" for p in found]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1179,6 +1392,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objective", default=None, choices=("mean", "worst10"),
                         help="select each grid point on the validation mean accuracy (default, or the sweep's "
                              "[tuning] objective) or on its worst-10 %%")
+    parser.add_argument("--iterate", default=None, choices=("last", "averaged"),
+                        help="read, select and tabulate the runs as this iterate scores them (default: the sweep's "
+                             "[tuning] iterate, else each run's scored one; runs scored on the averaged iterate "
+                             "also hold their last one)")
     parser.add_argument("--check-wording", default=None, metavar="PAGE.md",
                         help="list the page's claims of significance / 'every seed' without a corrected test "
                              "(exit 1 when there is one); no report is made")
@@ -1186,15 +1403,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-derive a page's statistics from its stored report_paired*.csv (page-wide Holm, "
                              "TOST at --margin, verdict) without its runs, and render them to FOLDER/paired.md")
     parser.add_argument("--margin", type=float, default=None,
-                        help="--restat: the equivalence margin (a fraction, 0.01 = 1 pp) declared before the runs")
+                        help="--restat: the equivalence margin (a fraction, 0.01 = 1 pp) declared before the runs "
+                             "(default: the --sweep file's [tuning] equivalence-margin)")
+    parser.add_argument("--sweep", default=None, metavar="SWEEP.toml",
+                        help="--restat: the page's sweep file, whose [[tuning.primary]] declares the primary "
+                             "comparisons (Holm over them; the rest exploratory, its own family)")
     args = parser.parse_args(argv)
     if args.restat:
-        files = restat(args.restat, args.margin)
+        try:
+            files = restat(args.restat, args.margin, args.sweep)
+        except (ReportError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if not files:
             print(f"error: no report_paired*.csv in {args.restat}", file=sys.stderr)
             return 2
-        (Path(args.restat) / "paired.md").write_text("# Paired comparisons (from the stored CSVs, page-wide Holm)\n"
-                                                   + render_paired(args.restat))
+        (Path(args.restat) / "paired.md").write_text("# Paired comparisons (from the stored CSVs, Holm over each "
+                                                   "declared family)\n" + render_paired(args.restat))
         print("rewrote " + ", ".join(map(str, files)) + f" and {Path(args.restat) / 'paired.md'}")
         return 0
     if args.check_wording:
@@ -1203,7 +1428,10 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        exempt = exemptions(args.check_wording)
         print("\n".join(flagged) if flagged else f"{args.check_wording}: no unsupported claim")
+        if exempt:
+            print(f"{len(exempt)} exemption(s), counted (<!-- claim-exempt: ... -->):\n" + "\n".join(exempt))
         return 1 if flagged else 0
     if not args.out:
         print("error: give a run or sweep folder (or --check-wording PAGE.md)", file=sys.stderr)
@@ -1211,7 +1439,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         md, csv_path = report(args.out, args.target, args.all_points, args.baseline,
                               [m.strip() for m in args.metrics.split(",") if m.strip()], args.mixed_iterates,
-                              args.mixed_weightings, args.objective)
+                              args.mixed_weightings, args.objective, args.iterate)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,10 +13,11 @@ and a checker of a results page's wording against them.
   "tie" or "equivalent" rests on it, else a non-significant result is *inconclusive*.
 * :func:`verdict` — the word a comparison may carry: fewer than :data:`MIN_SEEDS` paired seeds
   is "exploratory, n seeds" (no significance column), else significant / equivalent / inconclusive.
-* :func:`check_wording` — the comparative sentences of a results page (significant, beats,
-  leads, trails, best, tie, equivalent, k/k or every seed) that the page's CSVs' numbers do not
-  support (:func:`wording_problems`); the report's ``--check-wording PAGE.md`` prints them and
-  exits 1.
+* :func:`sentences` — a results page's sentences (code, indented blocks and tables skipped), which
+  the claim checker (:mod:`fedpcd_app.analysis.claims`, ``report --check-wording PAGE.md``) parses
+  into claims and checks against each pair's row; :func:`_close` — a number as cited (its decimals)
+  against a value. (The word-level checker of issue 42 is gone: issue 52 found that it read words,
+  not claims.)
 """
 
 from __future__ import annotations
@@ -129,33 +130,7 @@ def verdict(n: int, p_holm: float, tost: float = math.nan) -> str:
     return "inconclusive"
 
 
-# -- wording ---------------------------------------------------------------------------------
-# A comparative claim, by kind: significance, a direction (beats, leads, ...), "best", a tie or an
-# equivalence, a win counted over seeds ("on every seed", "all 5 seeds", "5/5 seeds", "5 of 5 seeds").
-SIGNIFICANT = re.compile(r"significan", re.I)
-DIRECTION = re.compile(r"\b(?:beats?|beating|outperform(?:s|ed|ing)?|leads?|leading|trails?|trailing|ahead of|"
-                       r"behind|superior|inferior)\b", re.I)
-BEST = re.compile(r"\bthe best (?:method|rule|algorithm|aggregator)\b|\bbest overall\b|\bis (?:the )?best\b", re.I)
-TIE = re.compile(r"\b(?:ties?|tied|tying|equivalent|equivalence|on par)\b", re.I)
-COUNT = re.compile(r"\bon (?:every|each|all) seeds?\b|\bevery seed\b|\ball (?:\d+|three|five|ten) "
-                   r"(?:paired )?seeds\b|\b(\d+)\s*/\s*\1 (?:paired )?seeds\b|\b(\d+) of \2 (?:paired )?seeds\b", re.I)
-CLAIM = re.compile("|".join(r.pattern for r in (SIGNIFICANT, DIRECTION, BEST, TIE, COUNT)), re.I)
-CORRECTED = re.compile(r"\bholm\b|p_holm|p_?\{?holm|corrected", re.I)
-# the sentence denies a significance claim ("not significant", "none is significant")
-NOT_SIGNIFICANT = re.compile(r"\b(?:not|no|none|nor|never|without)\b[^.;]{0,40}significan|\bnon-?significan|"
-                             r"\binsignifican", re.I)
-NOT_TIE = re.compile(r"\b(?:not|no|none|nor|never|without)\b[^.;]{0,30}(?:tie|equivalen)|\bnon-?equivalen|"
-                     r"\btie-?break|\bties? (?:go|goes|break|breaks)\b|\bmeans\b|\bneeds? (?:the )?TOST\b|"
-                     r"\bTOST p of equivalence\b|\b\d+ tied\b", re.I)  # denial/definition/rule/count
-# the sentence words its direction or count as exploratory / inconclusive (no finding claimed)
-QUALIFIED = re.compile(r"exploratory|inconclusive|\bnot significant|\bno evidence\b|\bnot a finding\b", re.I)
-NUM = r"(\d+(?:\.\d+)?(?:e-?\d+)?)"
-P_HOLM = re.compile(r"p_?\{?holm\}?\s*(=|<|≤|>|≥)\s*" + NUM + r"((?:\s*(?:,|and|/)\s*" + NUM + r")*)", re.I)
-P_TOST = re.compile(r"(?:p_tost|tost p|tost,? p)\s*(=|<|≤)\s*" + NUM, re.I)
-SIGN_P = re.compile(r"p\s*=\s*" + NUM + r"[^.;)]{0,12}sign[- ]test|sign[- ]test[^.;)]{0,20}?p\s*=\s*" + NUM, re.I)
-DIFF = re.compile(r"([+−-])\s?(\d+\.\d+)\s*pp\b")
-
-
+# -- pages: sentences and cited numbers (fedpcd_app.analysis.claims reads them) ------------------------
 def sentences(text: str) -> list[tuple[int, str]]:
     """(line number where it starts, sentence) of a markdown page: code blocks, indented
     code and table rows skipped; a list item starts a new sentence."""
@@ -182,7 +157,7 @@ def sentences(text: str) -> list[tuple[int, str]]:
             starts.append((len(joined), no))
             joined += line + " "
         pos = 0
-        for piece in re.split(r"(?<=[.!?])\s+(?=[A-Z*(\[])", joined):
+        for piece in re.split(r"(?:(?<=[.!?])|(?<=[.!?]\*\*))\s+(?=[A-Z*(\[])", joined):
             at = joined.index(piece, pos)
             pos = at + len(piece)
             if piece.strip():
@@ -206,97 +181,3 @@ def _close(cited: str, value: float, op: str = "=") -> bool:
         return float(f"{value:.{digits - 1}e}") == c
     decimals = len(cited.split(".")[1]) if "." in cited else 0
     return abs(round(value, decimals) - c) < 10 ** -(decimals + 6) or (decimals == 0 and abs(value - c) < 0.5)
-
-
-def _num(row: dict, key: str) -> float:
-    try:
-        return float(row.get(key, ""))
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _cited_p_holm(sentence: str) -> list[tuple[str, str]]:
-    """(operator, number) of every p_holm the sentence cites (``p_holm = 0.020, 0.014`` gives two)."""
-    out = []
-    for m in P_HOLM.finditer(sentence):
-        out.append((m.group(1), m.group(2)))
-        out += [(m.group(1), x) for x in re.findall(NUM, m.group(3) or "")]
-    return out
-
-
-def _holm_of(row: dict) -> float:
-    """The adjusted p a page's words rest on: the page-wide family's (``p_holm_page``) when the
-    CSV has it, else the table's (``p_holm``)."""
-    return _num(row, "p_holm_page") if "p_holm_page" in row else _num(row, "p_holm")
-
-
-def _supporting(sentence: str, rows: Sequence[dict]) -> list[dict]:
-    """The rows whose adjusted p the sentence cites (``p_holm = x`` or ``< x``) that are
-    significant (below :data:`ALPHA`, at least :data:`MIN_SEEDS` paired seeds) and, when the
-    sentence cites a difference in pp, whose mean difference (signed) is one of those."""
-    cited = [(op, x) for op, x in _cited_p_holm(sentence) if op in "=<≤"]
-    diffs = [("-" if s in "−-" else "+") + v for s, v in DIFF.findall(sentence)]
-    out = []
-    for row in rows:
-        p, n = _holm_of(row), int(_num(row, "num_seeds")) if not math.isnan(_num(row, "num_seeds")) else 0
-        if math.isnan(p) or p >= ALPHA or n < MIN_SEEDS or not any(_close(x, p, op) for op, x in cited):
-            continue
-        mean = 100 * _num(row, "mean_difference")
-        if diffs and not any(_close(d.lstrip("+"), mean) for d in diffs):
-            continue
-        out.append(row)
-    return out
-
-
-def wording_problems(text: str, rows: Sequence[dict] | None = None) -> list[tuple[int, str, str]]:
-    """(line, sentence, why) of each comparative sentence of a page that its CSVs' numbers do
-    not support (``rows``: the rows of the page's paired CSVs, ``report_paired*.csv``):
-
-    * *significant* needs a cited p_holm (``p_holm = x``) equal to a row's adjusted p (the
-      page-wide family's, ``p_holm_page``, when the CSV has it) that is below :data:`ALPHA` over at
-      least :data:`MIN_SEEDS` paired seeds, and a cited difference in pp, if any, equal to that
-      row's (signed);
-    * beats / outperforms / leads / trails / ahead of / behind, and "k/k seeds" / "every seed",
-      need the same support, or the sentence words them as exploratory / inconclusive; a cited
-      sign-test p must be the exact sign test of the count claimed;
-    * "the best method" needs the support (no qualifier excuses it);
-    * tie / tied / equivalent / on par needs a cited TOST p (``p_tost = x``) equal to a row's
-      ``tost_p`` below :data:`ALPHA` (else: "inconclusive", with the interval).
-    """
-    rows = list(rows or [])
-    out = []
-    for no, s in sentences(text):
-        if not CLAIM.search(s):
-            continue
-        support = _supporting(s, rows)
-        qualified = bool(QUALIFIED.search(s))
-        why = None
-        if SIGNIFICANT.search(s) and not NOT_SIGNIFICANT.search(s) and not support:
-            why = ("'significant' without a cited p_holm of the page's CSVs below "
-                   f"{ALPHA} over >= {MIN_SEEDS} paired seeds" + ("" if rows else " (no paired CSV beside the page)"))
-        elif BEST.search(s) and not support:
-            why = "'best' without a significant row of the page's CSVs cited (p_holm)"
-        elif TIE.search(s) and not NOT_TIE.search(s):
-            tost = [x for op, x in [(m.group(1), m.group(2)) for m in P_TOST.finditer(s)]
-                    if any(_close(x, _num(r, "tost_p"), op) and _num(r, "tost_p") < ALPHA for r in rows)]
-            if not tost:
-                why = ("'tie'/'equivalent' without a cited TOST p (p_tost) below 0.05 in the page's CSVs: "
-                       "say inconclusive")
-        if why is None and DIRECTION.search(s) and not support and not qualified:
-            why = "a direction (beats/leads/trails/...) without a significant p_holm cited or 'exploratory'"
-        if why is None and (m := COUNT.search(s)):
-            k = next((int(g) for g in m.groups() if g), None)
-            for cited in (g for mm in SIGN_P.finditer(s) for g in mm.groups() if g):
-                if k is not None and not _close(cited, sign_test_p(k, k)):
-                    why = f"the cited sign-test p = {cited} is not that of {k}/{k} seeds ({sign_test_p(k, k):.4g})"
-            if why is None and not support and not qualified and not SIGN_P.search(s):
-                why = "a count over seeds without its sign-test p, a significant p_holm, or 'exploratory'"
-        if why is not None:
-            out.append((no, s, why))
-    return out
-
-
-def check_wording(text: str, rows: Sequence[dict] | None = None) -> list[tuple[int, str]]:
-    """The sentences (line number of their paragraph, sentence) that :func:`wording_problems`
-    flags: to be worded as exploratory / inconclusive, or to cite the row that supports them."""
-    return [(no, s) for no, s, _ in wording_problems(text, rows)]

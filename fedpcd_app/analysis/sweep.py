@@ -172,7 +172,7 @@ def _named(entries: Any, what: str) -> list[tuple[str, dict[str, Any]]]:
 
 def parse_sweep(source: Mapping[str, Any]) -> Sweep:
     """Expand a parsed sweep file into its runs (no validation of run-config keys yet)."""
-    known = {"name", "seeds", "base", "settings", "methods", "tuning"}
+    known = {"name", "seeds", "base", "settings", "methods", "tuning", "primary"}
     unknown = sorted(set(source) - known)
     if unknown:
         raise SweepError(f"unknown top-level key(s) {', '.join(unknown)}: a sweep has {', '.join(sorted(known))}")
@@ -198,6 +198,15 @@ def parse_sweep(source: Mapping[str, Any]) -> Sweep:
         except tuning_mod.TuningError as exc:
             raise SweepError(str(exc)) from None
         methods += tuning_mod.fedavg_baselines(methods, base, tuning)
+    if "primary" in source:  # [[primary]]: a sweep without [tuning] declares its primary comparisons here
+        from fedpcd_app.analysis import tuning as tuning_mod
+
+        if tuning is not None and tuning.primary:
+            raise SweepError("primary comparisons are declared twice: [[primary]] and [[tuning.primary]]; keep one")
+        try:
+            tuning_mod.parse_primary(source["primary"], [n for n, _ in methods])
+        except tuning_mod.TuningError as exc:
+            raise SweepError(str(exc).replace("[[tuning.primary]]", "[[primary]]")) from None
     for key in ("seed", "output-dir"):
         if key in base or any(key in e for _, e in settings + methods):
             raise SweepError(f"key '{key}' is set by the sweep itself; use 'seeds' at the top instead" if key == "seed"
@@ -339,6 +348,11 @@ def cut_down(source: Mapping[str, Any], *, sets: list[str] = (), seeds: str | No
             labels = ", ".join(str(m.get("name")) for m in methods)
             raise SweepError(f"--only {' '.join(only)}: no [[methods]] entry matches (entries: {labels})")
         source["methods"] = kept
+        tuning = source.get("tuning")
+        if isinstance(tuning, dict) and isinstance(tuning.get("primary"), list):  # primaries of the kept entries
+            names_kept = {m.get("name") for m in kept} | {"fedavg-data-size", "fedavg-uniform"}
+            tuning["primary"] = [p for p in tuning["primary"] if not isinstance(p, dict)
+                                 or not isinstance(p.get("compare"), list) or set(p["compare"]) <= names_kept]
     if settings:
         known = [e.get("name") for e in source.get("settings") or [{"name": DEFAULT_SETTING}]]
         missing = [n for n in settings if n not in known]

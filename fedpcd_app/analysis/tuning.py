@@ -14,8 +14,16 @@ A sweep file opts in with a ``[tuning]`` table (see :mod:`fedpcd_app.analysis.sw
     extend-objectives = ["mean", "worst10"]  # the selections extended (default: [objective] alone)
     equivalence-margin = 0.01  # the TOST margin of "equivalent" (report), a fraction
     holm-family = "page"    # the Holm family of the report ("setting": per table)
+    iterate = "last"        # issue 52: the iterate selection reads (and the report's tables), the paper's
+    extend-iterates = ["last", "averaged"]  # the iterates whose selections are extended (default: [iterate])
+    min-values = 3          # every tuned key tried at >= 3 values along the selection (with its neighbours)
+    equal-budgets = true    # after the extensions, every entry topped up to the same count of configurations
     [tuning.grids.fedpcd]   # optional: a method entry's own grid, over its declared space
     fedpcd-tau = [0.01, 0.02]
+    [[tuning.primary]]      # issue 52: a primary comparison, declared before the runs (report --restat)
+    compare = ["fedpcd", "fedavg-data-size"]   # method entry − baseline entry
+    metrics = ["mean_acc", "worst10_acc", "std_acc"]
+    source = "FedPCD paper (000), Table 1"
 
 Search space of a method entry (:func:`entry_grid`): the declared space of its registered
 method (the ``grid`` of its ``Params`` fields: the grids of each method's paper, named in its
@@ -59,6 +67,23 @@ nothing is added or ``max-extensions`` passes are done. The added points follow 
 runs only, so rerunning the sweep recomputes the same points and skips the finished ones
 (resumable). Extension runs are beyond the budget; the report states them beside the budget line
 and marks a selection still on an edge (``on_edge``) or not bracketed (``neighbourhood``).
+
+Issue 52. *Iterates*: a run scored on the averaged iterate also records its last iterate
+(``iterate_scores.last`` of ``summary.json``, :mod:`fedpcd_app.server.evaluation`); ``iterate``
+names the one selection reads (:func:`view`: the run's numbers as that iterate gives them; a run
+without it, AFL whose own output is the average or Ditto's personal models, keeps its own), and
+``extend-iterates`` the iterates whose selections are extended (each objective × each iterate).
+*At least three values*: with ``min-values = k`` a tuned numeric key whose line through the selection
+would hold fewer than ``k`` values once its neighbours are run gets one more value beyond the
+farther neighbour (on the side that can still grow), pass after pass, so that no selection rests on
+two values (FedHEAL's β was tried at 0 and 0.4 only). *Equal budgets*: with ``equal-budgets``, once
+an extension pass adds nothing, every entry of a setting with fewer configurations than the
+setting's largest count (budget, coverage points, reductions and extensions all counted) is topped
+up to it (:func:`top_ups`): lr values at its selection's other values, first the geometric midpoints
+of the lr values it tried nearest the selected lr, then steps beyond its lr edges; the extension
+passes then resume (a new selection gets its neighbours), and the passes stop when nothing is added
+or ``max-extensions`` passes are done: the report then counts the configurations of every entry
+and says **unequal** where they still differ.
 """
 
 from __future__ import annotations
@@ -89,8 +114,27 @@ def spaces(method: str) -> dict[str, Grid]:
 
 
 def space_of(method: str, key: str) -> Grid | None:
-    """The declared space of ``key`` for registered ``method``."""
-    return spaces(method).get(key)
+    """The declared space of ``key`` for registered ``method``; a numeric hyperparameter declared
+    without a grid (FedHEAL's β) has its allowed range as bounds (a sweep tuning it over its own
+    list is extended within them: issue 52, its β had been tried at two values)."""
+    found = spaces(method).get(key)
+    if found is not None:
+        return found
+    from strategies.registry import strategy_class
+
+    try:
+        params = strategy_class(method).Params
+    except ConfigError:
+        return None
+    for f, kind in params._fields():
+        meta = f.metadata
+        if meta.get("nested") or params.key_of(f.name) != key or kind not in (int, float) \
+                or isinstance(f.default, bool):
+            continue
+        low = meta.get("low") if meta.get("low") is not None else -math.inf
+        high = meta.get("high") if meta.get("high") is not None else math.inf
+        return Grid((f.default,), low, high)
+    return None
 
 
 UNSTABLE = ("majority", "any")  # a grid point is unstable when more than half of its seeds failed / when one did
@@ -111,6 +155,7 @@ class Rules:
     unstable: str = "majority"
     failed_score: str = "last"
     objective: str = "mean"
+    iterate: str = ""  # the iterate selection reads (:func:`view`); "" = each run's scored one
 
     def is_unstable(self, failed: int, seeds: int) -> bool:
         return failed > 0 if self.unstable == "any" else 2 * failed > seeds
@@ -123,10 +168,39 @@ class Rules:
         """A seed's number under ``key``: a failed seed's at its last evaluation (``last``; 0 when
         it recorded none) or 0 (``zero``)."""
         failed = summary.get("complete", True) is False
-        value = summary.get(key)
+        value = view(summary, self.iterate).get(key)
         if failed and (self.failed_score == "zero" or value is None or not math.isfinite(float(value))):
             return 0.0
         return float(value)
+
+
+ITERATES = ("last", "averaged")  # the global model θ_T / the running mean of θ_1..θ_T
+
+
+def view(summary: Mapping[str, Any], iterate: str = "") -> Mapping[str, Any]:
+    """``summary`` (a run's ``summary.json``) as ``iterate`` scores it: the run's own numbers when it
+    scored that iterate (or ``iterate`` is ""), else its ``iterate_scores[iterate]`` laid over them
+    (``scored_iterate`` then says which); a run that did not score ``iterate`` (AFL, whose output is
+    the averaged iterate; Ditto's personal models; runs made before issue 52) keeps its own."""
+    if not iterate or summary.get("scored_iterate", "last") == iterate:
+        return summary
+    other = (summary.get("iterate_scores") or {}).get(iterate)
+    if not other:
+        return summary
+    return {**summary, **other, "scored_iterate": iterate}
+
+
+@dataclasses.dataclass(frozen=True)
+class Primary:
+    """A primary comparison the sweep declares (``[[tuning.primary]]``): ``method`` − ``baseline``
+    (method entries) on ``metrics``, in ``settings`` (() = every setting), under the declared
+    objective and iterate; ``source``: the paper's table or figure that names it."""
+
+    method: str
+    baseline: str
+    metrics: tuple[str, ...]
+    settings: tuple[str, ...] = ()
+    source: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,12 +214,22 @@ class Tuning:
     equivalence_margin: float | None = None  # TOST margin of "equivalent" (a fraction: 0.01 = 1 pp)
     holm_family: str = "page"
     extend_objectives: tuple[str, ...] = ()  # the selections whose edges/neighbours are extended; () = objective
+    extend_iterates: tuple[str, ...] = ()  # the iterates whose selections are extended; () = rules.iterate
+    min_values: int = 0  # a tuned key's values along the selection, at least (0: no rule)
+    equal_budgets: bool = False  # top every entry up to the setting's largest count of configurations
+    primary: tuple[Primary, ...] = ()  # the declared primary comparisons (report --restat)
 
     @property
     def objectives(self) -> tuple[str, ...]:
         """The objectives whose selections are extended (``extend-objectives``; the declared
         ``objective`` alone by default)."""
         return self.extend_objectives or (self.rules.objective,)
+
+    @property
+    def iterates(self) -> tuple[str, ...]:
+        """The iterates whose selections are extended (``extend-iterates``; the declared
+        ``iterate`` alone by default: "" = each run's scored one)."""
+        return self.extend_iterates or (self.rules.iterate,)
 
 
 class TuningError(ValueError):
@@ -162,7 +246,8 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
     if not isinstance(table, dict):
         raise _error("'tuning' must be a table ([tuning] budget = N, extend-edges = true)")
     known = ("budget", "extend-edges", "max-extensions", "grids", "fedavg-both-weightings", "unstable",
-             "failed-seed-score", "objective", "equivalence-margin", "holm-family", "extend-objectives")
+             "failed-seed-score", "objective", "equivalence-margin", "holm-family", "extend-objectives",
+             "iterate", "extend-iterates", "min-values", "equal-budgets", "primary")
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise _error(f"[tuning]: unknown key(s) {', '.join(unknown)}: it has {', '.join(known)}")
@@ -195,14 +280,57 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
     if margin is not None and (not isinstance(margin, (int, float)) or isinstance(margin, bool) or not margin > 0):
         raise _error("[tuning]: 'equivalence-margin' must be a number > 0 (a fraction: 0.01 = 1 pp), "
                      "e.g. equivalence-margin = 0.01")
-    rules = Rules(words["unstable"], words["failed-seed-score"], words["objective"])
+    iterate = table.get("iterate", "")
+    if iterate not in ("", *ITERATES):
+        raise _error(f"[tuning]: 'iterate' = {iterate!r} must be one of {', '.join(ITERATES)}")
+    rules = Rules(words["unstable"], words["failed-seed-score"], words["objective"], iterate)
     targets = table.get("extend-objectives", [rules.objective])
     if (not isinstance(targets, list) or not targets or any(t not in OBJECTIVES for t in targets)
             or len(set(targets)) != len(targets)):
         raise _error(f"[tuning]: 'extend-objectives' = {targets!r} must be a non-empty list of distinct objectives "
                      f"among {', '.join(OBJECTIVES)}, e.g. extend-objectives = [\"mean\", \"worst10\"]")
+    iterates = table.get("extend-iterates", [iterate])
+    if (not isinstance(iterates, list) or not iterates or any(t not in ("", *ITERATES) for t in iterates)
+            or len(set(iterates)) != len(iterates)):
+        raise _error(f"[tuning]: 'extend-iterates' = {iterates!r} must be a non-empty list of distinct iterates "
+                     f"among {', '.join(ITERATES)}, e.g. extend-iterates = [\"last\", \"averaged\"]")
+    least = table.get("min-values", 0)
+    if not isinstance(least, int) or isinstance(least, bool) or least < 0:
+        raise _error("[tuning]: 'min-values' must be an integer >= 0 (values tried along a tuned key), e.g. 3")
+    equal = table.get("equal-budgets", False)
+    if not isinstance(equal, bool):
+        raise _error("[tuning]: 'equal-budgets' must be true or false")
     return Tuning(budget, extend, most, grids, both, rules, None if margin is None else float(margin),
-                  words["holm-family"], tuple(targets))
+                  words["holm-family"], tuple(targets), tuple(iterates), least, equal,
+                  parse_primary(table.get("primary", []), entries))
+
+
+def parse_primary(items: Any, entries: list[str]) -> tuple[Primary, ...]:
+    """``[[tuning.primary]]`` tables: ``compare = [method entry, baseline entry]``, ``metrics``
+    (report metric keys), optional ``settings`` and ``source`` (one-line error when malformed)."""
+    from fedpcd_app.analysis.report import METRIC_INFO
+
+    if not isinstance(items, list):
+        raise _error("[tuning]: 'primary' must be a list of tables "
+                     "([[tuning.primary]] compare = [A, B], metrics = [...])")
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) - {"compare", "metrics", "settings", "source"}:
+            raise _error("[[tuning.primary]]: keys are compare, metrics, settings, source")
+        pair, metrics = item.get("compare"), item.get("metrics")
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise _error("[[tuning.primary]]: 'compare' must be [method entry, baseline entry]")
+        names = set(entries) | {f"fedavg-{w}" for w in ("data-size", "uniform")}
+        if unknown := [x for x in pair if x not in names]:
+            raise _error(f"[[tuning.primary]]: {unknown[0]!r} is not a method entry ({', '.join(entries)})")
+        known = (*METRIC_INFO, "variance")  # variance: the q-FFL statistic (scripts/qffl_protocols.py)
+        if not (isinstance(metrics, list) and metrics and all(m in known for m in metrics)):
+            raise _error(f"[[tuning.primary]]: 'metrics' must list report metrics ({', '.join(known)})")
+        settings = item.get("settings", [])
+        if not isinstance(settings, list) or not all(isinstance(x, str) for x in settings):
+            raise _error("[[tuning.primary]]: 'settings' must be a list of setting names")
+        out.append(Primary(pair[0], pair[1], tuple(metrics), tuple(settings), str(item.get("source", ""))))
+    return tuple(out)
 
 
 def fedavg_baselines(entries: list[tuple[str, dict[str, Any]]], base: Mapping[str, Any],
@@ -401,7 +529,7 @@ def point_scores(summaries: Mapping[Any, list[dict[str, Any]]], rules: Rules) ->
     a point is a candidate unless :meth:`Rules.is_unstable`; its score is the mean over seeds of
     the objective on the validation split (the test split only when a run has none), a failed
     seed counted by :meth:`Rules.seed_value`."""
-    validation = all(s.get(rules.key(True)) is not None or s.get("complete", True) is False
+    validation = all(view(s, rules.iterate).get(rules.key(True)) is not None or s.get("complete", True) is False
                      for ss in summaries.values() for s in ss)
     key = rules.key(validation)
     out = {}
@@ -412,14 +540,17 @@ def point_scores(summaries: Mapping[Any, list[dict[str, Any]]], rules: Rules) ->
     return out, "validation" if validation else "test"
 
 
-def selected_points(sweep, out: Path,
-                    objective: str | None = None) -> dict[tuple[str, str], tuple[tuple, dict[tuple, list]]]:
+def selected_points(sweep, out: Path, objective: str | None = None,
+                    iterate: str | None = None) -> dict[tuple[str, str], tuple[tuple, dict[tuple, list]]]:
     """(setting, method entry) → (selected grid point, grid point → its RunSpecs), among the
     grid points whose seeds all finished, by the sweep's :class:`Rules` (see the module doc);
-    ``objective`` replaces the declared one (``mean`` / ``worst10``)."""
+    ``objective`` replaces the declared one (``mean`` / ``worst10``), ``iterate`` the declared
+    iterate (``last`` / ``averaged``; :func:`view`)."""
     rules = getattr(getattr(sweep, "tuning", None), "rules", None) or Rules()
     if objective is not None:
         rules = dataclasses.replace(rules, objective=objective)
+    if iterate is not None:
+        rules = dataclasses.replace(rules, iterate=iterate)
     groups: dict[tuple[str, str], dict[tuple, list]] = {}
     for run in sweep.runs:
         groups.setdefault((run.setting, run.method), {}).setdefault(run.grid, []).append(run)
@@ -436,12 +567,27 @@ def selected_points(sweep, out: Path,
     return chosen
 
 
-def edge_steps(method: str, best: tuple, points: Mapping[tuple, Any]) -> list[tuple[str, float | int]]:
+def _beyond(value: float, neighbour: float, up: bool, space) -> float | int:
+    """One step from ``value`` away from ``neighbour`` (geometric: their ratio; linear through 0),
+    clamped to ``space``'s declared bound and rounded as the key is."""
+    if value > 0 and neighbour > 0:
+        ratio = max(value, neighbour) / min(value, neighbour)
+        new = value * ratio if up else value / ratio
+    else:  # a grid through 0: a linear step
+        new = value + (value - neighbour)
+    return _round(min(space.high, new) if up else max(space.low, new), space.integer)
+
+
+def edge_steps(method: str, best: tuple, points: Mapping[tuple, Any],
+               min_values: int = 0) -> list[tuple[str, float | int]]:
     """(key, new value) of each point to add around the selected grid point ``best``: for every
     tuned numeric key, both neighbours of its value (the nearest values tried anywhere for that
     key) at the selection's other values, when not run yet; at the edge of the values tried, one
     geometric step beyond (clamped to the declared bound; a linear step through 0). At a selected
-    reduction (FedeRage γ = 0, ...) only the reducing key and lr act, so only they are bracketed."""
+    reduction (FedeRage γ = 0, ...) only the reducing key and lr act, so only they are bracketed.
+    ``min_values`` (``[tuning] min-values``): when the line through the selection would hold fewer
+    values than that once these points run, one more beyond the farther value on a side that can
+    grow (the upper first)."""
     best_d = dict(best)
     red = reduction_of(method)
     at_reduction = red is not None and best_d.get(red[0]) == red[1]
@@ -463,30 +609,37 @@ def edge_steps(method: str, best: tuple, points: Mapping[tuple, Any]) -> list[tu
             if not other:
                 continue
             neighbour = other[-1] if up else other[0]
-            if value > 0 and neighbour > 0:
-                ratio = max(value, neighbour) / min(value, neighbour)
-                new = value * ratio if up else value / ratio
-            else:  # a grid through 0: a linear step
-                new = value + (value - neighbour)
-            new = _round(min(space.high, new) if up else max(space.low, new), space.integer)
+            new = _beyond(value, neighbour, up, space)
             if new != value and new not in tried:
                 steps.append((key, new))
+        planned = sorted(line | {value} | {v for k, v in steps if k == key})
+        if len(planned) < min_values and len(planned) >= 2:  # one more value beyond the farther end
+            for up in (True, False):
+                end, inner = (planned[-1], planned[-2]) if up else (planned[0], planned[1])
+                new = _beyond(end, inner, up, space)
+                if new != end and new not in planned:
+                    steps.append((key, new))
+                    break
     return steps
 
 
 def extensions(sweep, out: Path) -> list:
     """The RunSpecs (every seed) that extend a selection lying on an extendable grid edge or
-    lacking a neighbour, and are not in the sweep yet: the selections under each objective of
-    ``[tuning] extend-objectives`` (the declared ``objective`` alone by default)."""
+    lacking a neighbour (or, with ``min-values``, a tuned key's third value), and are not in the
+    sweep yet: the selections under each objective of ``[tuning] extend-objectives`` (the declared
+    ``objective`` alone by default) and each iterate of ``extend-iterates``."""
     have = {(r.setting, r.method, r.grid, r.seed) for r in sweep.runs}
     tuning = getattr(sweep, "tuning", None)
     objectives = tuning.objectives if tuning is not None else (Rules().objective,)
-    selections = [item for objective in objectives for item in selected_points(sweep, out, objective).items()]
+    iterates = tuning.iterates if tuning is not None else ("",)
+    least = tuning.min_values if tuning is not None else 0
+    selections = [item for objective in objectives for iterate in iterates
+                  for item in selected_points(sweep, out, objective, iterate).items()]
     new = []
     for (setting, label), (best, points) in selections:
         template = points[best]
         method = str(template[0].overrides.get("method", APP["method"].default))
-        for key, value in edge_steps(method, best, points):
+        for key, value in edge_steps(method, best, points, least):
             grid = tuple((k, value if k == key else v) for k, v in best)
             for run in template:
                 if (setting, label, grid, run.seed) not in have:
@@ -495,21 +648,63 @@ def extensions(sweep, out: Path) -> list:
     return new
 
 
+def configuration_counts(sweep) -> dict[str, dict[str, int]]:
+    """setting → method entry → the configurations (grid points) the sweep runs for it now:
+    its budget, coverage points, reductions, extensions and top-ups all counted."""
+    out: dict[str, dict[str, set]] = {}
+    for r in sweep.runs:
+        out.setdefault(r.setting, {}).setdefault(r.method, set()).add(r.grid)
+    return {s: {m: len(g) for m, g in by.items()} for s, by in out.items()}
+
+
+def top_ups(sweep, out: Path) -> list:
+    """``equal-budgets``: the RunSpecs (every seed) that bring every method entry of a setting to
+    the setting's largest count of configurations (:func:`configuration_counts`): lr values at the
+    entry's selection's other values (the declared objective and iterate), first the geometric
+    midpoints between the lr values it tried, nearest the selected lr first, then one geometric step
+    beyond its smallest and largest lr (within lr's declared bounds), alternately."""
+    counts = configuration_counts(sweep)
+    selections = selected_points(sweep, out)
+    new = []
+    for (setting, label), (best, points) in selections.items():
+        missing = max(counts[setting].values()) - counts[setting][label]
+        best_d = dict(best)
+        if missing <= 0 or "lr" not in best_d:
+            continue
+        tried = sorted({dict(g)["lr"] for g in points if "lr" in dict(g)})
+        at = best_d["lr"]
+        mids = [_round(math.sqrt(a * b), False) for a, b in zip(tried, tried[1:])]
+        mids = sorted((m for m in mids if m not in tried), key=lambda m: (abs(math.log(m / at)), m))
+        ratio = (tried[-1] / tried[0]) ** (1 / (len(tried) - 1)) if len(tried) > 1 else math.sqrt(10)
+        beyond, lo, hi = [], tried[0], tried[-1]
+        for _ in range(missing):
+            hi, lo = _round(min(LR.high, hi * ratio), False), _round(max(LR.low, lo / ratio), False)
+            beyond += [v for v in (hi, lo) if v not in tried and v not in beyond]
+        template = points[best]
+        for lr in (mids + beyond)[:missing]:
+            grid = tuple((k, lr if k == "lr" else v) for k, v in best)
+            for run in template:
+                new.append(dataclasses.replace(run, grid=grid, overrides={**run.overrides, "lr": lr}))
+    return new
+
+
 def extend_edges(sweep, out: Path, run_pass: Callable[[], list], log: Callable[[str], None] = print) -> list:
-    """Extension passes after the sweep's first pass: add :func:`extensions`, run them with
-    ``run_pass`` (returns the failures), until none is left or ``max-extensions`` passes;
-    returns the last pass's failures."""
+    """Extension passes after the sweep's first pass: add :func:`extensions` (and, when none is
+    left and ``equal-budgets`` is declared, :func:`top_ups`), run them with ``run_pass`` (returns
+    the failures), until none is left or ``max-extensions`` passes; returns the last pass's failures."""
     tuning = getattr(sweep, "tuning", None)
     failures: list = []
     if tuning is None or not tuning.extend_edges:
         return failures
     for i in range(tuning.max_extensions):
-        new = extensions(sweep, out)
+        new, what = extensions(sweep, out), "edge extension"
+        if not new and tuning.equal_budgets:
+            new, what = top_ups(sweep, out), "equal-budget top-up"
         if not new:
             break
         points = sorted({f"{r.setting}/{r.method} [{r.variant}]" for r in new})
         todo = sum(not (r.folder(out) / "summary.json").is_file() for r in new)
-        log(f"edge extension {i + 1}/{tuning.max_extensions}: {len(new)} runs ({todo} to run): " + "; ".join(points))
+        log(f"{what} {i + 1}/{tuning.max_extensions}: {len(new)} runs ({todo} to run): " + "; ".join(points))
         sweep.runs.extend(new)
         failures = run_pass()
         if failures:

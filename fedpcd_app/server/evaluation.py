@@ -31,6 +31,18 @@ paper's reported model, ``strategies.afl``): AFL is scored on it with either val
 (the key changes nothing for AFL). ``summary.json`` says what was scored: ``scored_iterate``
 (``"last"`` or ``"averaged"``) and ``scored_split`` (``"test"``: the headline metrics and
 ``final10_*``; ``val_*`` are the validation split's). The average is checkpointed and resumed.
+
+The last iterate beside the averaged one (issue 52). When the averaged iterate is scored
+(``eval-averaged-iterate = true``, a method other than AFL) on the server path, every
+evaluation also scores the round's global model θ_t on the same splits and records it under
+``iterate_scores`` → ``last`` (the same metric keys as the evaluation itself: the fairness
+metrics, ``central_acc``, ``client_acc``, ``val_*``), and :func:`summary_fields` adds the final
+evaluation's (and the final ten's means, ``final10_*``) as ``summary.json``'s
+``iterate_scores.last``. So one sweep gives a page both columns: the iterate a method's paper
+scores (the last model θ_T, FedPCD's and CRAFT's papers) and the averaged one θ̄_T (FedeRage's
+Algorithm 2). The headline fields keep their meaning (the ``scored_iterate``'s numbers); the
+extra scoring reads θ_t after the headline's, so those numbers are unchanged. AFL (its own output
+is the average) and the federated path (personalised methods: Ditto's personal models) add none.
 """
 
 from __future__ import annotations
@@ -155,6 +167,7 @@ class Evaluator:
         import time
 
         t0 = time.perf_counter()
+        last = arrays  # θ_t: scored beside θ̄_t under eval-averaged-iterate (iterate_scores, module doc)
         arrays = self.scored_arrays(arrays, average)
         self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
         out: dict = {}
@@ -169,6 +182,8 @@ class Evaluator:
             out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
         elif self.central is not None:
             out["central_acc"], out["central_loss"] = evaluate(self.model, *self.central, self.cfg.eval_batch_size)
+        if self.mode == "server" and self.averages:
+            out["iterate_scores"] = {"last": self.server_scores(last)}
         present = ~np.isnan(acc)
         out.update(_fairness(acc, loss))
         honest = present.copy()
@@ -189,6 +204,22 @@ class Evaluator:
             out.update({f"val_{k}": v for k, v in _fairness(*val).items()})
             out["val_client_acc"] = val[0].tolist()
         out["eval_seconds"] = time.perf_counter() - t0
+        return out
+
+    def server_scores(self, arrays) -> dict:
+        """The server path's scores of ``arrays`` (the method's evaluation view of them): the
+        fairness metrics, the central test set's, every client's accuracy and loss, and the
+        validation split's (``val_*``) when there is one; no message is sent."""
+        self.model.load_state_dict(self.strategy.evaluation_arrays(arrays).to_torch_state_dict())
+        acc, loss = score_clients(self.model, self._data, self.cfg.eval_batch_size)
+        out: dict = {}
+        out["central_acc"], out["central_loss"] = score_central(self.model, self._data, self.cfg.eval_batch_size)
+        out.update(_fairness(acc, loss))
+        out["client_acc"], out["client_loss"] = acc.tolist(), loss.tolist()
+        if self._data.has_validation:
+            val = score_clients(self.model, self._data, self.cfg.eval_batch_size, split="val")
+            out.update({f"val_{k}": v for k, v in _fairness(*val).items()})
+            out["val_client_acc"] = val[0].tolist()
         return out
 
     def federated_scores(self, server_round: int, arrays, grid,
@@ -274,8 +305,21 @@ def summary_fields(final: dict, evaluations: list[dict], scored_iterate: str = "
     out.update({k: v for k, v in final.items() if k.startswith("val_")})
     last = evaluations[-FINAL_EVALS:]
     out["final10_num_evals"] = len(last)
+    out.update(_final10(last))
+    others = final.get("iterate_scores") or {}
+    if others:  # the other iterates scored beside this one (the last θ_T beside θ̄_T: module doc)
+        out["iterate_scores"] = {}
+        for name, scores in others.items():
+            tail = [e["iterate_scores"][name] for e in last if name in (e.get("iterate_scores") or {})]
+            out["iterate_scores"][name] = {**scores, "final10_num_evals": len(tail), **_final10(tail)}
+    return out
+
+
+def _final10(evaluations: list[dict]) -> dict:
+    """``final10_<key>``: the mean over ``evaluations`` (the final ten) of each of :data:`FINAL_MEAN_KEYS`."""
+    out = {}
     for key in FINAL_MEAN_KEYS:
-        values = [e[key] for e in last if e.get(key) is not None]
+        values = [e[key] for e in evaluations if e.get(key) is not None]
         if values:
             out[f"final10_{key}"] = float(np.mean(values))
     return out
