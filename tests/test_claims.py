@@ -106,11 +106,16 @@ KINDS = {"wrong sign", "wrong magnitude", "'significant' for an inconclusive pai
          "no claim word, a wrong number", "a TOST p of another row"}
 
 
+# the planted paper claims are read against an excerpt of each FedPCD paper (the sentence they quote), so
+# that the planted set runs wherever the suite does, the papers' texts beside the checkout or not
+PAPERS = ROOT / "tests" / "data" / "claims" / "papers"
+
+
 @pytest.fixture(scope="module")
 def ctx():
-    if claims.papers_dir() is None:
-        pytest.skip("the papers' texts (claims.papers_dir, $FEDPCD_PAPERS) are not on this machine")
-    return claims.page_context(FIXTURE / "planted.md", ALIASES, [FIXTURE])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDPCD_PAPERS", str(PAPERS))
+        return claims.page_context(FIXTURE / "planted.md", ALIASES, [FIXTURE])
 
 
 def test_the_planted_set_covers_every_kind_the_issue_names():
@@ -125,9 +130,10 @@ def test_each_planted_sentence_is_flagged_and_its_twin_passes(ctx, kind, false, 
     assert problems == [], (kind, [p.why for p in problems])
 
 
-def test_the_planted_page_is_flagged_in_full_by_the_command(tmp_path, capsys):
+def test_the_planted_page_is_flagged_in_full_by_the_command(tmp_path, capsys, monkeypatch):
     """The whole planted set in one page beside the fixture's CSVs: report --check-wording flags every
     false sentence (exit 1) and passes the page of their twins (exit 0)."""
+    monkeypatch.setenv("FEDPCD_PAPERS", str(PAPERS))
     for path in FIXTURE.glob("*.csv"):
         shutil.copy(path, tmp_path / path.name)
     page = tmp_path / "report.md"

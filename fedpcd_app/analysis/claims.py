@@ -76,6 +76,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from fedcore.config import APP
 from fedpcd_app.analysis import stats
 
 ALPHA = stats.ALPHA
@@ -93,7 +94,7 @@ DISPLAY = {
     "fedmdfg": ["FedMDFG"], "dqnfed": ["DQN-Fed"], "fedmc": ["FedMC+"], "fedmedian": ["FedMedian"],
     "krum": ["Krum"], "feddisco": ["FedDisco"],
 }
-WEIGHTING_WORDS = ("data-size", "uniform")
+WEIGHTING_WORDS = tuple(APP["fedavg-weighting"].choices)  # the words naming a weighting: data-size, uniform
 
 METRICS = {  # metric key → patterns (regex) naming it
     "mean_acc": [r"ā", r"mean (?:client )?accuracy", r"\baverage\b", r"global accuracy"],

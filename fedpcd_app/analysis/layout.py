@@ -13,3 +13,14 @@ NO_GRID = "base"  # the variant label of a method entry without a grid
 def safe(label: str) -> str:
     """A folder (or file) name from a label: keep letters, digits and ``._=,+-``; map the rest to ``_``."""
     return re.sub(r"[^A-Za-z0-9._=,+-]", "_", label)
+
+# (summary key, column title, higher is better, shown as a percentage)
+METRICS: tuple[tuple[str, str, bool, bool], ...] = (
+    ("mean_acc", "ā", True, True),
+    ("std_acc", "σ_c", False, True),
+    ("worst10_acc", "W₁₀", True, True),
+    ("best10_acc", "B₁₀", True, True),
+    ("jain", "Jain", True, False),
+    ("central_acc", "central", True, True),
+)
+METRIC_INFO = {key: (title, high, percent) for key, title, high, percent in METRICS}

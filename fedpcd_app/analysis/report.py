@@ -114,19 +114,9 @@ import numpy as np
 
 from fedcore.config import APP
 from fedpcd_app.analysis import stats
-from fedpcd_app.analysis.layout import MANIFEST, NO_GRID, RUN_FILE
+from fedpcd_app.analysis.layout import MANIFEST, METRIC_INFO, METRICS, NO_GRID, RUN_FILE
 from fedpcd_app.server.results import ROUNDS, SUMMARY, read_rounds, read_summary
 
-# (summary key, column title, higher is better, shown as a percentage)
-METRICS: tuple[tuple[str, str, bool, bool], ...] = (
-    ("mean_acc", "ā", True, True),
-    ("std_acc", "σ_c", False, True),
-    ("worst10_acc", "W₁₀", True, True),
-    ("best10_acc", "B₁₀", True, True),
-    ("jain", "Jain", True, False),
-    ("central_acc", "central", True, True),
-)
-METRIC_INFO = {key: (title, high, percent) for key, title, high, percent in METRICS}
 PAIRED_METRICS = ("mean_acc", "worst10_acc", "std_acc")
 VAL_METRICS = ("val_mean_acc", "val_worst10_acc")  # the validation numbers selection reads (report.csv, Pareto figure)
 

@@ -308,7 +308,7 @@ def parse_tuning(table: Any, entries: list[str]) -> Tuning:
 def parse_primary(items: Any, entries: list[str]) -> tuple[Primary, ...]:
     """``[[tuning.primary]]`` tables: ``compare = [method entry, baseline entry]``, ``metrics``
     (report metric keys), optional ``settings`` and ``source`` (one-line error when malformed)."""
-    from fedpcd_app.analysis.report import METRIC_INFO
+    from fedpcd_app.analysis.layout import METRIC_INFO
 
     if not isinstance(items, list):
         raise _error("[tuning]: 'primary' must be a list of tables "
