@@ -6,8 +6,10 @@ bash scripts/setup.sh
 export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 py="${FEDPCD_VENV:-.venv}/bin/python"
 # one pytest worker per core (pytest-xdist, the test extra; FEDPCD_TEST_WORKERS=0 runs the suite in
-# this process, as a later `-n 0` among the arguments does)
-workers=(-n "${FEDPCD_TEST_WORKERS:-auto}")
+# this process, as a later `-n 0` among the arguments does), each test file on one worker (a module's
+# costly fixtures, a Ray cluster, a built wheel or virtualenv, a copy of the checkout, built once);
+# the 25 slowest tests listed at the end
+workers=(-n "${FEDPCD_TEST_WORKERS:-auto}" --dist loadfile --durations 25)
 if ! "$py" -c "import xdist" 2>/dev/null; then
   echo "setup: pytest-xdist is not installed in $py's environment: the suite runs in one process" >&2
   workers=()
