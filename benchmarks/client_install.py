@@ -180,9 +180,12 @@ def make_client_venv(dest: Path, wheel: Path) -> Path:
     _console_scripts(dists, dest / "bin", python)
     # pip's resolver checks the client extra's requirements against what is linked (no index, no
     # download: a requirement the set lacks, or a version that does not match, fails here)
+    # (without the caller's PYTHONPATH: a path into this environment would show its set to the
+    # virtualenv's interpreter, and a requirement the linked set lacks would pass)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
                            "--no-compile", "-q", f"fedpcd-app[client] @ {wheel.as_uri()}"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={**env, "PYTHONNOUSERSITE": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"pip install of {wheel.name} into {dest} failed:\n{done.stdout}\n{done.stderr}")
     return python
