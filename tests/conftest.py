@@ -33,6 +33,21 @@ def _no_end_of_run_figures(request, monkeypatch):
         monkeypatch.setattr("fedpcd_app.server.report_process.start_report_drawer", lambda: None)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files that start real processes first: those with a ``deployment`` test, then those
+    with a ``slow`` one, each rank in collection order. scripts/test.sh gives each file to one
+    worker, a worker per core; started last, a 2-3 minute deployment file ran on alone while the
+    other worker sat idle."""
+    def file_of(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    rank: dict[str, int] = {}
+    for item in items:
+        r = 0 if item.get_closest_marker("deployment") else 1 if item.get_closest_marker("slow") else 2
+        rank[file_of(item)] = min(rank.get(file_of(item), 2), r)
+    items.sort(key=lambda item: rank[file_of(item)])  # stable: the order within a file kept
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------------------
 # A Ctrl-C reaches the test as KeyboardInterrupt (the app's RunInterrupted and flwr_run's Interrupted are
 # KeyboardInterrupts; tests that raise one on purpose raise tests.helpers.SimulatedCtrlC and catch only

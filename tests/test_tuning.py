@@ -402,3 +402,33 @@ def test_primary_comparisons_are_declared_in_the_sweep():
         with pytest.raises(sweep_mod.SweepError, match=needle):
             make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
                                           {"name": "fedpcd", "method": "fedpcd", "fedpcd-tau": 0.02}], primary=bad)
+
+
+def test_a_reducing_entry_follows_its_baselines_selection_onto_a_top_up_lr(tmp_path):
+    # FedAvg's best lr (0.02) lies between its budget's values: an equal-budget top-up adds the
+    # midpoint 0.0173 and FedAvg selects it; FedProx's reduction mu = 0 follows it there, and the
+    # budgets end equal all the same (the follow-up counted, the others topped up once more)
+    sw = make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
+                                       {"name": "fedprox", "method": "fedprox", "fedprox-mu": [0.01, 0.1],
+                                        "lr": [0.01, 0.1]}],
+                    **{"equal-budgets": True, "extend-edges": True, "max-extensions": 12,
+                       "fedavg-both-weightings": False})
+    score = lambda g: peak_at(0.02)(g) - g.get("fedprox-mu", 0)  # noqa: E731
+
+    def run_pass():
+        finish(sw, tmp_path, score)
+        return []
+
+    run_pass()
+    base_lrs = {dict(g)["lr"] for g in configs(sw, "fedavg")}
+    log = []
+    assert tuning.extend_edges(sw, tmp_path, run_pass, log=log.append) == []
+    (best, _), = [v for k, v in tuning.selected_points(sw, tmp_path).items() if k[1] == "fedavg"]
+    assert dict(best)["lr"] not in base_lrs  # the selection sits on a top-up lr ...
+    reductions = {dict(g)["lr"] for g in configs(sw, "fedprox") if dict(g)["fedprox-mu"] == 0.0}
+    assert dict(best)["lr"] in reductions  # ... and FedProx's reduction was run there
+    assert any("top-up" in line for line in log)
+    counts = tuning.configuration_counts(sw)["default"]
+    assert len(set(counts.values())) == 1, counts
+    # without the follow-up rule the reduction would be missing there: the rule is what adds it
+    assert tuning.reduction_followups(sw, list(tuning.selected_points(sw, tmp_path).items())) == []

@@ -46,7 +46,13 @@ Coverage (:func:`coverage_points`, issue 42). lr is a shared axis: an entry tuni
 every lr value of the sweep's FedAvg entries (its other keys at their defaults), and a method
 declaring a reduction to FedAvg (``hyper(reduces_to=...)``: FedeRage γ = 0, q-FFL q = 0, FedProx
 μ = 0, FedAvgM momentum 0, FedFV α = 1 with τ = 0, FedHEAL β = 0 with threshold < 0) is tried at
-that reduction at every lr the FedAvg entries try. These points are beyond the budget.
+that reduction at every lr the FedAvg entries try. These points are beyond the budget. The FedAvg
+entries' later lr values (extensions, equal-budget top-ups) are not all mirrored: each would grow the
+reducing entry with its baseline, and no two counts could then be equal. What is kept is the
+guarantee that matters to a verdict: wherever the baseline's selection lands (each objective ×
+iterate the extensions read), the reducing entry is run at its reduction at that lr
+(:func:`reduction_followups`, in every extension pass), so its selection can always fall back on
+the baseline's own point.
 
 Selection (:func:`selected_points`, :class:`Rules`). Per setting and method entry, the grid point
 with the best mean over seeds of the objective on the validation split (``val_mean_acc``, or
@@ -645,6 +651,47 @@ def extensions(sweep, out: Path) -> list:
                 if (setting, label, grid, run.seed) not in have:
                     new.append(dataclasses.replace(run, grid=grid, overrides={**run.overrides, key: value}))
                     have.add((setting, label, grid, run.seed))
+    for run in reduction_followups(sweep, selections):
+        if (run.setting, run.method, run.grid, run.seed) not in have:
+            new.append(run)
+            have.add((run.setting, run.method, run.grid, run.seed))
+    return new
+
+
+def _method(runs: list) -> str:
+    return str(runs[0].overrides.get("method", APP["method"].default))
+
+
+def reduction_followups(sweep, selections: list) -> list:
+    """The RunSpecs (every seed) of a reducing entry's reduction at its baseline's selected lr
+    where an equal-budget top-up (or anything else) put that selection at an lr the reduction was
+    not run at (issue 52: FedAvg's selection at a top-up lr 0.245 that FedeRage's γ = 0 never saw).
+    ``selections``: ((setting, entry), (selected grid point, grid point → RunSpecs)) pairs, each
+    objective × iterate the extensions read. The point is a copy of the entry's first reduction
+    point (its other keys as :func:`coverage_points` anchored them) at the baseline's lr."""
+    by_entry: dict[tuple[str, str], dict[tuple, list]] = {}
+    for run in sweep.runs:
+        by_entry.setdefault((run.setting, run.method), {}).setdefault(run.grid, []).append(run)
+    new = []
+    for (setting, base_label), (best, base_points) in selections:
+        lr = dict(best).get("lr")
+        if lr is None:
+            continue
+        base_method = _method(base_points[best])
+        for (other_setting, label), points in by_entry.items():
+            if other_setting != setting or label == base_label:
+                continue
+            red = reduction_of(_method(next(iter(points.values()))))
+            if red is None or red[2] != base_method:
+                continue
+            fixed = {red[0]: red[1], **red[3]}
+            at_red = [g for g in points if "lr" in dict(g)
+                      and all(dict(g).get(k, points[g][0].overrides.get(k)) == v for k, v in fixed.items())]
+            if not at_red or any(dict(g)["lr"] == lr for g in at_red):
+                continue
+            grid = tuple((k, lr if k == "lr" else v) for k, v in at_red[0])
+            new += [dataclasses.replace(run, grid=grid, overrides={**run.overrides, "lr": lr})
+                    for run in points[at_red[0]]]
     return new
 
 
