@@ -8,8 +8,10 @@ py="${FEDPCD_VENV:-.venv}/bin/python"
 # one pytest worker per core (pytest-xdist, the test extra; FEDPCD_TEST_WORKERS=0 runs the suite in
 # this process, as a later `-n 0` among the arguments does), each test file on one worker (a module's
 # costly fixtures, a Ray cluster, a built wheel or virtualenv, a copy of the checkout, built once);
-# the 25 slowest tests listed at the end
-workers=(-n "${FEDPCD_TEST_WORKERS:-auto}" --dist loadfile --durations 25)
+# the 25 slowest tests listed at the end; the files in collection order (tests/conftest.py puts those
+# that start real processes first; xdist's default order, the most tests first, left a 3-minute
+# deployment file to run alone at the end)
+workers=(-n "${FEDPCD_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder --durations 25)
 if ! "$py" -c "import xdist" 2>/dev/null; then
   echo "setup: pytest-xdist is not installed in $py's environment: the suite runs in one process" >&2
   workers=()

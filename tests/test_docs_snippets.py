@@ -195,24 +195,27 @@ def run_block(block: db.Block, copy: Path, scratch: Path, timeout: float = TIMEO
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
     except subprocess.TimeoutExpired:
-        stop_session(proc.pid)
+        stop_session(proc.pid, proc)
         out, _ = proc.communicate()
         return None, out
     finally:
         stop_session(proc.pid)  # whatever the block left running in its session
 
 
-def stop_session(pgid: int, grace: float = 20.0) -> None:
+def stop_session(pgid: int, proc: subprocess.Popen | None = None, grace: float = 20.0) -> None:
     """SIGTERM the block's process group, give its programs ``grace`` seconds to stop what they
     started in sessions of their own (scripts/flwr_run.sh's SuperLink, benchmarks/supernode.py's
     SuperNodes: both stop them on SIGTERM; a SIGKILL first left them running), then SIGKILL what
-    remains of the group."""
+    remains of the group. ``proc``, the group's leader, is reaped as it exits: unreaped, it stays
+    in the group as a zombie, and the whole grace was waited out."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
     end = time.monotonic() + grace
     while time.monotonic() < end:
+        if proc is not None:
+            proc.poll()
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:

@@ -188,8 +188,9 @@ def test_a_ray_run_does_not_wait_on_a_dead_clusters_address_file(short_tmp, tmp_
     assert (short_tmp / "ray" / "ray_current_cluster").read_text() == address
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
+    """One two-node cluster for the file's two tests that join one (starting it is ~16 s here)."""
     from tests.ray_cluster import LocalRayCluster
 
     c = LocalRayCluster()

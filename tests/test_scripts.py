@@ -222,6 +222,10 @@ def test_two_runs_at_once_from_one_checkout_both_complete(tmp_path):
     assert a["config"]["num-clients"] == 4
     assert b["method"] == "fedavg" and b["rounds"] == 2  # the README's override, then the later one
     assert b["config"]["method"] == "fedavg" and b["config"]["num-server-rounds"] == 2
+    from fedpcd_app.server.results import read_rounds
+
+    assert len(read_rounds(outs[1])) == 2 and 0.0 <= b["mean_acc"] <= 1.0
+    assert (outs[1] / "report.md").is_file() and (outs[1] / "figures" / "client_hist.png").is_file()  # flwr run too
     rows = (outs[0] / "clients.csv").read_text().splitlines()
     header = rows[0].split(",")
     sampled = [int(r.split(",")[header.index("times_sampled")]) for r in rows[1:]]
