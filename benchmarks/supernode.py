@@ -274,7 +274,8 @@ def measure_floor(venv_python: Path, model: str, nodes: int, cpu: int, run_confi
                   pythonpath: str = "") -> dict:
     """The floor of a train and of an evaluate message (:mod:`benchmarks.client_floor`): a fresh
     process from the client virtualenv, pinned to ``cpu`` with one thread, that imports torch and
-    flwr and does the message's work; once untimed (its .pyc files, the page cache), then ``reps``
+    flwr and does the message's work; once untimed before the first message of each runtime (its
+    .pyc files, the page cache: what the second message type reads then is warm too), then ``reps``
     times. Its wall seconds (start to exit, seen from here), CPU seconds (``os.wait4``: that child
     alone), the import and work seconds it reports, its peak RSS; the medians, and every repeat.
     ``train_flower`` and ``evaluate_flower``: the same with Flower's ``flwr-clientapp`` runtime
@@ -285,7 +286,8 @@ def measure_floor(venv_python: Path, model: str, nodes: int, cpu: int, run_confi
            "VIRTUAL_ENV": str(venv_python.parent.parent)}
     for kind, flower in (("train", False), ("evaluate", False), ("train", True), ("evaluate", True)):
         runs = []
-        for rep in range(reps + 1):
+        warm = kind == "train"  # the first message type of this runtime warms it up
+        for rep in range(0 if warm else 1, reps + 1):
             cmd = ["taskset", "-c", str(cpu), str(venv_python), str(FLOOR), kind, model, "0", str(nodes),
                    json.dumps(run_config), *(["--flower"] if flower else [])]
             t = time.perf_counter()
