@@ -13,8 +13,8 @@ py="${FEDPCD_VENV:-.venv}/bin/python"
 # deployment file to run alone at the end)
 # one worker more than the cores: the slowest files mostly wait (a killed SuperNode on Flower's 2 x 30 s
 # heartbeat patience, SuperNodes polling every ~3 s, Ray starting), and the extra worker runs tests
-# meanwhile (2 cores, 2026-12-07: 12:38 with two workers on a quiet machine, 12:08 with three beside a
-# nice-19 sweep)
+# meanwhile (2 cores, quiet, 2026-12-07: 12:38 with two workers, 12:15 with three from a clean clone,
+# 13:31 with four)
 workers=(-n "${FEDPCD_TEST_WORKERS:-$(( $(nproc) + 1 ))}" --dist loadfile --no-loadscope-reorder --durations 25)
 if ! "$py" -c "import xdist" 2>/dev/null; then
   echo "setup: pytest-xdist is not installed in $py's environment: the suite runs in one process" >&2
