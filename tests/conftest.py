@@ -37,8 +37,8 @@ def _no_end_of_run_figures(request, monkeypatch):
 def pytest_collection_modifyitems(config, items):
     """The files that start real processes first: those with a ``deployment`` test, then those
     with a ``slow`` one, each rank in collection order. scripts/test.sh gives each file to one
-    worker, a worker per core; started last, a 2-3 minute deployment file ran on alone while the
-    other worker sat idle."""
+    worker (``--no-loadscope-reorder`` keeps this order); started last, a 2-3 minute deployment file
+    ran on alone while the other workers sat idle."""
     def file_of(item) -> str:
         return item.nodeid.split("::")[0]
 

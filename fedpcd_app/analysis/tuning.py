@@ -644,7 +644,7 @@ def extensions(sweep, out: Path) -> list:
     new = []
     for (setting, label), (best, points) in selections:
         template = points[best]
-        method = str(template[0].overrides.get("method", APP["method"].default))
+        method = _method(template)
         for key, value in edge_steps(method, best, points, least):
             grid = tuple((k, value if k == key else v) for k, v in best)
             for run in template:
@@ -659,6 +659,7 @@ def extensions(sweep, out: Path) -> list:
 
 
 def _method(runs: list) -> str:
+    """The registered method of a grid point's runs (an entry's label need not be its name)."""
     return str(runs[0].overrides.get("method", APP["method"].default))
 
 
