@@ -432,3 +432,30 @@ def test_a_reducing_entry_follows_its_baselines_selection_onto_a_top_up_lr(tmp_p
     assert len(set(counts.values())) == 1, counts
     # without the follow-up rule the reduction would be missing there: the rule is what adds it
     assert tuning.reduction_followups(sw, list(tuning.selected_points(sw, tmp_path).items())) == []
+
+
+def test_the_budgets_end_equal_when_the_extension_passes_run_out(tmp_path):
+    # FedAvg's selection keeps moving onto its top-ups (peak at 0.02, between its budget's values),
+    # FedProx's reduction follows it: one pass is not enough to settle, so a final top-up pass
+    # runs after the cap and the budgets end equal all the same
+    def make():
+        return make_sweep(budget=4, methods=[{"name": "fedavg", "method": "fedavg"},
+                                             {"name": "fedprox", "method": "fedprox", "fedprox-mu": [0.01, 0.1],
+                                              "lr": [0.01, 0.1]}],
+                          **{"equal-budgets": True, "extend-edges": True, "max-extensions": 1,
+                             "fedavg-both-weightings": False})
+
+    score = lambda g: peak_at(0.02)(g) - g.get("fedprox-mu", 0)  # noqa: E731
+    sw = make()
+    finish(sw, tmp_path, score)
+    log = []
+    assert tuning.extend_edges(sw, tmp_path, lambda: [finish(sw, tmp_path, score)] and [], log=log.append) == []
+    assert len(log) == 2 and log[0].startswith("edge extension 1/1") and "top-up (final)" in log[1], log
+    assert "max-extensions (1) reached" in log[1]
+    counts = tuning.configuration_counts(sw)["default"]
+    assert len(set(counts.values())) == 1, counts
+    # without the final pass the cap would have left them unequal
+    capped = make()
+    capped.runs.extend(tuning.extensions(capped, tmp_path))
+    unequal = tuning.configuration_counts(capped)["default"]
+    assert len(set(unequal.values())) > 1, unequal

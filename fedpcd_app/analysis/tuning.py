@@ -739,22 +739,35 @@ def top_ups(sweep, out: Path) -> list:
 def extend_edges(sweep, out: Path, run_pass: Callable[[], list], log: Callable[[str], None] = print) -> list:
     """Extension passes after the sweep's first pass: add :func:`extensions` (and, when none is
     left and ``equal-budgets`` is declared, :func:`top_ups`), run them with ``run_pass`` (returns
-    the failures), until none is left or ``max-extensions`` passes; returns the last pass's failures."""
+    the failures), until none is left or ``max-extensions`` passes; returns the last pass's failures.
+
+    With ``equal-budgets``, when the ``max-extensions`` passes ran out with the budgets unequal
+    (a selection that keeps moving: each top-up a new best, each best new neighbours and
+    reductions), one more pass runs the top-ups alone, so the budgets end equal whatever the cap;
+    the log counts the extension points left unrun."""
     tuning = getattr(sweep, "tuning", None)
     failures: list = []
     if tuning is None or not tuning.extend_edges:
         return failures
+
+    def run(new: list, what: str) -> list:
+        points = sorted({f"{r.setting}/{r.method} [{r.variant}]" for r in new})
+        todo = sum(not (r.folder(out) / "summary.json").is_file() for r in new)
+        log(f"{what}: {len(new)} runs ({todo} to run): " + "; ".join(points))
+        sweep.runs.extend(new)
+        return run_pass()
+
     for i in range(tuning.max_extensions):
         new, what = extensions(sweep, out), "edge extension"
         if not new and tuning.equal_budgets:
             new, what = top_ups(sweep, out), "equal-budget top-up"
         if not new:
-            break
-        points = sorted({f"{r.setting}/{r.method} [{r.variant}]" for r in new})
-        todo = sum(not (r.folder(out) / "summary.json").is_file() for r in new)
-        log(f"{what} {i + 1}/{tuning.max_extensions}: {len(new)} runs ({todo} to run): " + "; ".join(points))
-        sweep.runs.extend(new)
-        failures = run_pass()
+            return failures
+        failures = run(new, f"{what} {i + 1}/{tuning.max_extensions}")
         if failures:
-            break
+            return failures
+    if tuning.equal_budgets and (new := top_ups(sweep, out)):
+        left = {(r.setting, r.method, r.grid) for r in extensions(sweep, out)}
+        failures = run(new, f"max-extensions ({tuning.max_extensions}) reached, {len(left)} extension "
+                            "points not run; equal-budget top-up (final)")
     return failures
