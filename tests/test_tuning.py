@@ -459,3 +459,24 @@ def test_the_budgets_end_equal_when_the_extension_passes_run_out(tmp_path):
     capped.runs.extend(tuning.extensions(capped, tmp_path))
     unequal = tuning.configuration_counts(capped)["default"]
     assert len(set(unequal.values())) > 1, unequal
+
+
+def test_a_top_up_short_of_midpoints_takes_the_midpoints_of_its_own_points(tmp_path):
+    # FedAvg tried lr at both of lr's declared bounds: one midpoint, nothing beyond, yet it lacks four
+    # configurations; the midpoints between the values tried and chosen fill the rest
+    low, high = tuning.LR.low, tuning.LR.high
+    sw = make_sweep(budget=6, methods=[{"name": "fedavg", "method": "fedavg"},
+                                       {"name": "fedprox", "method": "fedprox", "fedprox-mu": [0.01, 0.1],
+                                        "lr": [0.01, 0.03, 0.1]}],
+                    **{"equal-budgets": True, "fedavg-both-weightings": False})
+    sw.runs[:] = [r for r in sw.runs if r.method != "fedavg"] + [
+        dataclasses.replace(r, grid=(("lr", lr),), overrides={**r.overrides, "lr": lr})
+        for r in sw.runs if r.method == "fedavg" and dict(r.grid)["lr"] == 0.01 for lr in (low, high)]
+    finish(sw, tmp_path, peak_at(0.03))
+    counts = tuning.configuration_counts(sw)["default"]
+    missing = max(counts.values()) - counts["fedavg"]
+    assert missing >= 3, counts
+    new = {dict(r.grid)["lr"] for r in tuning.top_ups(sw, tmp_path) if r.method == "fedavg"}
+    assert len(new) == missing and not new & {low, high} and all(low < lr < high for lr in new)
+    first = float(f"{math.sqrt(low * high):.3g}")
+    assert first in new  # the one midpoint of the values tried, then the midpoints around it

@@ -710,7 +710,9 @@ def top_ups(sweep, out: Path) -> list:
     the setting's largest count of configurations (:func:`configuration_counts`): lr values at the
     entry's selection's other values (the declared objective and iterate), first the geometric
     midpoints between the lr values it tried, nearest the selected lr first, then one geometric step
-    beyond its smallest and largest lr (within lr's declared bounds), alternately."""
+    beyond its smallest and largest lr (within lr's declared bounds), alternately; when these are
+    fewer than the entry lacks, the midpoints between the values tried and chosen, again, until none
+    is left."""
     counts = configuration_counts(sweep)
     selections = selected_points(sweep, out)
     new = []
@@ -728,8 +730,17 @@ def top_ups(sweep, out: Path) -> list:
         for _ in range(missing):
             hi, lo = _round(min(LR.high, hi * ratio), False), _round(max(LR.low, lo / ratio), False)
             beyond += [v for v in (hi, lo) if v not in tried and v not in beyond]
+        chosen = (mids + beyond)[:missing]
+        # short of candidates (the lr range at its bounds, every midpoint tried): the midpoints of
+        # the values tried and chosen so far, nearest the selected lr first, until enough or none left
+        while len(chosen) < missing:
+            have = sorted({*tried, *chosen})
+            more = {_round(math.sqrt(a * b), False) for a, b in zip(have, have[1:])} - set(have)
+            if not more:
+                break
+            chosen += sorted(more, key=lambda m: (abs(math.log(m / at)), m))[:missing - len(chosen)]
         template = points[best]
-        for lr in (mids + beyond)[:missing]:
+        for lr in chosen:
             grid = tuple((k, lr if k == "lr" else v) for k, v in best)
             for run in template:
                 new.append(dataclasses.replace(run, grid=grid, overrides={**run.overrides, "lr": lr}))
