@@ -11,9 +11,9 @@ py="${FEDPCD_VENV:-.venv}/bin/python"
 # the 25 slowest tests listed at the end; the files in collection order (tests/conftest.py puts those
 # that start real processes first; xdist's default order, the most tests first, left a 3-minute
 # deployment file to run alone at the end)
-# one worker more than the cores: the slowest files mostly wait (a killed SuperNode on Flower's 2 x 30 s
-# heartbeat patience, SuperNodes polling every ~3 s, Ray starting), and the extra worker runs tests
-# meanwhile (2 cores, quiet, 2026-12-07: 12:38 with two workers, 12:15 with three from a clean clone,
+# one worker more than the cores: the slowest files wait part of the time (a killed SuperNode ~50 s on
+# Flower's 2 x 30 s heartbeat patience, SuperNodes polling every ~3 s, Ray starting), and the extra worker
+# runs tests meanwhile (2 cores, quiet, 2026-12-07: 12:38 with two workers, 12:15 with three from a clean clone,
 # 13:31 with four)
 workers=(-n "${FEDPCD_TEST_WORKERS:-$(( $(nproc) + 1 ))}" --dist loadfile --no-loadscope-reorder --durations 25)
 if ! "$py" -c "import xdist" 2>/dev/null; then
